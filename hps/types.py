@@ -1,0 +1,66 @@
+"""Small frozen value types shared across the package."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+Keys = npt.NDArray[np.int64]
+Vectors = npt.NDArray[np.float32]
+Mask = npt.NDArray[np.bool_]
+
+KEY_DTYPE = np.dtype(np.int64)
+VALUE_DTYPE = np.dtype(np.float32)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One embedding table of one model, as the storage tiers see it.
+
+    ``name`` is the qualified ``<model>.<table>`` used by every backend.
+    """
+
+    model: str
+    table: str
+    dim: int
+    default_value: float = 0.0
+    max_keys_per_request: int = 0  # 0: unlimited
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}.{self.table}"
+
+    def default_vectors(self, n: int) -> Vectors:
+        return np.full((n, self.dim), self.default_value, dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class LevelCounts:
+    """Where the unique keys of one lookup were found."""
+
+    l1: int = 0
+    l2: int = 0
+    l3: int = 0
+    default: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.l1 + self.l2 + self.l3 + self.default
+
+
+@dataclass(frozen=True)
+class UpdateBatch:
+    """Decoded online updates for one table: upserts or deletes, with their version.
+
+    ``values`` is ``None`` for deletes. ``version`` is monotonically increasing per producer;
+    an update never overwrites a newer one.
+    """
+
+    table: str  # "<model>.<table>"
+    keys: Keys
+    values: Vectors | None
+    version: int
+    delete: bool = False
+    extras: dict[str, str] = field(default_factory=dict)
