@@ -160,7 +160,12 @@ OverflowPolicy = Literal["evict_random", "evict_least_used", "evict_oldest"]
 
 class VolatileDBConfig(_Frozen):
     type: Literal[
-        "disabled", "hash_map", "parallel_hash_map", "multi_process_hash_map", "redis_cluster", "redis"
+        "disabled",
+        "hash_map",
+        "parallel_hash_map",
+        "multi_process_hash_map",
+        "redis_cluster",
+        "redis",
     ] = "hash_map"
     address: str = "127.0.0.1:7000"
     user_name: str = "default"
@@ -183,6 +188,7 @@ class VolatileDBConfig(_Frozen):
     initial_cache_rate: float = Field(default=1.0, ge=0.0, le=1.0)
     cache_missed_embeddings: bool = False
     update_filters: list[str] = [".+"]
+    hps_socket_timeout_s: float = Field(default=5.0, gt=0.0, description="Redis connect/read")
 
     @model_validator(mode="before")
     @classmethod
@@ -275,7 +281,9 @@ class PSConfig(_Frozen):
                 return m
         from hps.errors import UnknownTableError
 
-        raise UnknownTableError(f"unknown model {name!r}; configured: {[m.model for m in self.models]}")
+        raise UnknownTableError(
+            f"unknown model {name!r}; configured: {[m.model for m in self.models]}"
+        )
 
     @property
     def tables(self) -> list[TableSpec]:

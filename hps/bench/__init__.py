@@ -1,0 +1,8 @@
+"""Benchmarks: each measures our code and its baseline in the same run, one JSON line each.
+
+A bench module exposes ``add_arguments(parser)`` and ``run(args) -> Iterator[dict]``.
+"""
+
+BENCHES: dict[str, str] = {
+    "storage": "hps.bench.storage",
+}

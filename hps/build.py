@@ -1,0 +1,53 @@
+"""build_session: the one place where a ps.json becomes a ready LookupSession."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hps.config import PSConfig
+from hps.lookup import L1Cache, LookupSession
+from hps.storage import EmbeddingStore, open_store
+
+
+def build_session(
+    config: PSConfig,
+    *,
+    persistent_mode: str | None = None,
+    with_cache: bool = True,
+    volatile: EmbeddingStore | None = None,
+    persistent: EmbeddingStore | None = None,
+) -> LookupSession:
+    """Open L2 and L3 as configured (or take ready ones), build the L1 caches, wire them.
+
+    ``persistent_mode`` ("read_write", "read_only", "secondary") overrides how L3 is opened,
+    e.g. by the extra processes of a multi-instance deployment. ``with_cache=False`` builds
+    no L1 (the consumer and the import commands need none).
+    """
+    if volatile is None:
+        volatile = open_store(config.volatile_db)
+    if persistent is None:
+        kw: dict[str, Any] = {"mode": persistent_mode} if persistent_mode else {}
+        persistent = open_store(config.persistent_db, **kw)
+    session = LookupSession(
+        config.models,
+        volatile,
+        persistent,
+        cache_missed_embeddings=config.volatile_db.cache_missed_embeddings,
+    )
+    if with_cache:
+        session.caches.update(_build_caches(config, session))
+    return session
+
+
+def _build_caches(config: PSConfig, session: LookupSession) -> dict[str, L1Cache]:
+    from hps.cache import build_cache, cache_capacity
+    from hps.io.sparse_model import table_rows
+
+    caches: dict[str, L1Cache] = {}
+    for model in config.models:
+        if not model.gpucache:
+            continue
+        for i, spec in enumerate(model.tables):
+            rows = table_rows(model, i, session.persistent)
+            caches[spec.name] = build_cache(spec, model.hps_cache, cache_capacity(model, rows))
+    return caches

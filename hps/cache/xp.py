@@ -1,0 +1,72 @@
+"""The array module an L1 cache runs on: CuPy when a GPU is usable, NumPy otherwise.
+
+The cache is written once against ``xp``; this module picks it at start-up and moves whole
+batches between the host and the device (one transfer each way per batch).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from hps.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+DEVICES = ("auto", "numpy", "cupy")
+
+
+@functools.lru_cache(maxsize=1)
+def _cupy_or_none() -> ModuleType | None:
+    """CuPy when it imports and sees at least one GPU; ``None`` otherwise (logged once)."""
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            log.info("cupy found no GPU; the L1 cache runs on numpy")
+            return None
+        cupy.zeros(1).sum()  # a kernel launch: the driver and the runtime really work
+        return cupy  # type: ignore[no-any-return]
+    except Exception as exc:  # ImportError, CUDARuntimeError, missing driver ...
+        log.info("cupy unusable (%s); the L1 cache runs on numpy", exc)
+        return None
+
+
+def gpu_available() -> bool:
+    return _cupy_or_none() is not None
+
+
+def select_xp(device: str = "auto") -> ModuleType:
+    """``numpy`` or ``cupy`` for ``hps_cache.device`` (``auto``: CuPy when a GPU is usable)."""
+    if device == "numpy":
+        return np
+    if device not in DEVICES:
+        raise ConfigError(f"hps_cache.device: {device!r} is not one of {DEVICES}")
+    cp = _cupy_or_none()
+    if cp is not None:
+        return cp
+    if device == "cupy":
+        raise ConfigError("hps_cache.device is 'cupy' but no usable GPU/CuPy was found")
+    return np
+
+
+def available_xps() -> list[ModuleType]:
+    """Every array module usable here (NumPy, plus CuPy on a GPU): the tests run on each."""
+    cp = _cupy_or_none()
+    return [np] if cp is None else [np, cp]
+
+
+def to_host(a: Any) -> np.ndarray:
+    """A NumPy array of ``a`` (a device-to-host copy for CuPy, a no-op for NumPy)."""
+    if isinstance(a, np.ndarray):
+        return a
+    return a.get()  # type: ignore[no-any-return]
+
+
+def to_xp(xp: ModuleType, a: Any) -> Any:
+    """``a`` as an ``xp`` array (a host-to-device copy for CuPy, a no-op for NumPy)."""
+    return xp.asarray(a)

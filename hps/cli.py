@@ -1,0 +1,49 @@
+"""The ``hps`` console script.
+
+Each area registers its own sub-commands (``register(subparsers)`` in its ``commands``
+module); handlers import their heavy dependencies lazily so ``hps --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from hps.errors import HPSError
+
+COMMAND_MODULES = [
+    "hps.io.commands",  # import, export, lookup
+    "hps.bench.commands",  # bench storage|cache|triton|updates
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hps", description="Hierarchical inference parameter server for embeddings."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except HPSError as exc:
+        print(f"hps {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Key/vector pairs as two ``.npy`` files, streamed without mapping the whole file."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from hps.errors import FormatError
+from hps.types import Keys, Vectors
+
+
+def _open(path: Path) -> tuple[object, tuple[int, ...], np.dtype]:  # type: ignore[type-arg]
+    f = open(path, "rb")
+    try:
+        version = np.lib.format.read_magic(f)
+        shape, fortran, dtype = np.lib.format._read_array_header(f, version)  # type: ignore[attr-defined]
+    except ValueError as exc:
+        f.close()
+        raise FormatError(f"{path}: not a .npy file: {exc}") from None
+    if fortran:
+        f.close()
+        raise FormatError(f"{path}: Fortran-ordered arrays are not supported")
+    return f, shape, dtype
+
+
+def npy_rows(keys_path: str | Path, vectors_path: str | Path, dim: int) -> int:
+    """Validate a key/vector pair and return its row count."""
+    kf, kshape, kdtype = _open(Path(keys_path))
+    vf, vshape, vdtype = _open(Path(vectors_path))
+    kf.close()  # type: ignore[attr-defined]
+    vf.close()  # type: ignore[attr-defined]
+    if len(kshape) != 1 or kdtype.kind not in "iu":
+        raise FormatError(f"{keys_path}: keys must be a 1-D integer array, got {kdtype}{kshape}")
+    if len(vshape) != 2 or vshape[1] != dim or vdtype.kind != "f":
+        raise FormatError(f"{vectors_path}: vectors must be float (n, {dim}), got {vdtype}{vshape}")
+    if vshape[0] != kshape[0]:
+        raise FormatError(f"{keys_path}: {kshape[0]} keys but {vshape[0]} vectors")
+    return int(kshape[0])
+
+
+def read_npy_pair(
+    keys_path: str | Path, vectors_path: str | Path, dim: int, chunk_rows: int = 1 << 18
+) -> Iterator[tuple[Keys, Vectors]]:
+    rows = npy_rows(keys_path, vectors_path, dim)
+    kf, _, kdtype = _open(Path(keys_path))
+    vf, _, vdtype = _open(Path(vectors_path))
+    with kf, vf:  # type: ignore[attr-defined]
+        for lo in range(0, rows, chunk_rows):
+            n = min(chunk_rows, rows - lo)
+            k = np.frombuffer(kf.read(n * kdtype.itemsize), dtype=kdtype)  # type: ignore[attr-defined]
+            v = np.frombuffer(vf.read(n * dim * vdtype.itemsize), dtype=vdtype)  # type: ignore[attr-defined]
+            if k.size != n or v.size != n * dim:
+                raise FormatError(f"{keys_path}: truncated at row {lo}")
+            yield k.astype(np.int64), v.reshape(n, dim).astype(np.float32, copy=False)
+
+
+def write_npy_pair(
+    keys_path: str | Path, vectors_path: str | Path, keys: Keys, vectors: Vectors
+) -> None:
+    np.save(keys_path, np.asarray(keys, dtype=np.int64))
+    np.save(vectors_path, np.asarray(vectors, dtype=np.float32))

@@ -1,0 +1,105 @@
+"""HugeCTR sparse-model folders: ``key`` (raw int64) and ``emb_vector`` (raw float32 rows).
+
+This is what HugeCTR's ``model.save_params_to_files`` wrote for each embedding table
+(``<name>_sparse_<i>.model/``). Both files are headerless and native-endian (little-endian
+on every platform HugeCTR ran on). Readers stream in chunks so tables larger than memory
+import in bounded memory.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hps.errors import SparseModelError
+from hps.types import Keys, Vectors
+
+if TYPE_CHECKING:
+    from hps.config import ModelConfig
+    from hps.storage.base import EmbeddingStore
+
+KEY_FILE = "key"
+VECTOR_FILE = "emb_vector"
+
+
+def sparse_model_rows(path: str | Path, dim: int) -> int:
+    """Rows in a sparse-model folder; raises SparseModelError when the files disagree."""
+    path = Path(path)
+    key_file, vec_file = path / KEY_FILE, path / VECTOR_FILE
+    for f in (key_file, vec_file):
+        if not f.is_file():
+            raise SparseModelError(f"{path}: missing file {f.name!r} (not a HugeCTR sparse model)")
+    key_bytes, vec_bytes = key_file.stat().st_size, vec_file.stat().st_size
+    if key_bytes % 8:
+        raise SparseModelError(f"{key_file}: {key_bytes} bytes is not a whole number of int64 keys")
+    rows = key_bytes // 8
+    if vec_bytes != rows * dim * 4:
+        raise SparseModelError(
+            f"{vec_file}: {vec_bytes} bytes, expected {rows} rows x dim {dim} x 4 = "
+            f"{rows * dim * 4} (truncated file or wrong embedding_vecsize_per_table)"
+        )
+    return rows
+
+
+def read_sparse_model(
+    path: str | Path, dim: int, chunk_rows: int = 1 << 18
+) -> Iterator[tuple[Keys, Vectors]]:
+    """Yield ``(keys, vectors)`` chunks; the whole folder is validated before the first."""
+    path = Path(path)
+    rows = sparse_model_rows(path, dim)
+    with open(path / KEY_FILE, "rb") as kf, open(path / VECTOR_FILE, "rb") as vf:
+        for lo in range(0, rows, chunk_rows):
+            n = min(chunk_rows, rows - lo)
+            keys = np.frombuffer(kf.read(n * 8), dtype="<i8").astype(np.int64, copy=False)
+            vecs = np.frombuffer(vf.read(n * dim * 4), dtype="<f4").reshape(n, dim)
+            yield keys, vecs
+
+
+def write_sparse_model(path: str | Path, keys: Keys, vectors: Vectors) -> None:
+    """Write a whole table (use :class:`SparseModelWriter` for chunks)."""
+    with SparseModelWriter(path) as w:
+        w.write(keys, vectors)
+
+
+class SparseModelWriter:
+    """Append (keys, vectors) chunks to a new sparse-model folder."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._kf = open(self.path / KEY_FILE, "wb")
+        self._vf = open(self.path / VECTOR_FILE, "wb")
+        self.rows = 0
+
+    def write(self, keys: Keys, vectors: Vectors) -> None:
+        keys = np.asarray(keys, dtype="<i8")
+        vectors = np.asarray(vectors, dtype="<f4")
+        if vectors.ndim != 2 or vectors.shape[0] != keys.size:
+            raise SparseModelError(f"{self.path}: {keys.size} keys but vectors {vectors.shape}")
+        self._kf.write(keys.tobytes())
+        self._vf.write(np.ascontiguousarray(vectors).tobytes())
+        self.rows += keys.size
+
+    def close(self) -> None:
+        self._kf.close()
+        self._vf.close()
+
+    def __enter__(self) -> SparseModelWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def table_rows(model: ModelConfig, index: int, persistent: EmbeddingStore | None) -> int:
+    """Rows of a model's ``index``-th table: from its sparse file, else what L3 holds."""
+    spec = model.tables[index]
+    if model.sparse_files and os.path.isdir(model.sparse_files[index]):
+        return sparse_model_rows(model.sparse_files[index], spec.dim)
+    if persistent is not None:
+        return persistent.size(spec.name)
+    return 0

@@ -1,0 +1,205 @@
+"""``rocks_db``: the persistent L3 (rocksdict), one column family per ``<model>.<table>``.
+
+Keys are the 8 little-endian bytes of the int64 key, values the raw float32 row. Reads are
+MultiGet, writes one WriteBatch per chunk of ``max_batch_size``.
+
+Several processes may share one database: at most one opens it read-write; the others open it
+``read_only`` (a snapshot at open time) or as a ``secondary`` instance, which follows the
+writer through :meth:`RocksDBStore.catch_up` (Triton runs each model instance in its own
+process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from itertools import compress
+from typing import Literal
+
+import numpy as np
+import rocksdict as rd
+
+from hps.config import PersistentDBConfig
+from hps.errors import BackendError
+from hps.storage._checks import check_insert, check_keys_arg, table_or_raise
+from hps.types import Keys, Mask, TableSpec, Vectors
+
+Mode = Literal["read_write", "read_only", "secondary"]
+
+
+def _key_bytes(keys: Keys) -> list[bytes]:
+    return keys.astype("<i8", copy=False).view("V8").tolist()  # type: ignore[no-any-return]
+
+
+class RocksDBStore:
+    """Persistent L3 over rocksdict, batch in, batch out."""
+
+    name = "rocks_db"
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        mode: Mode = "read_write",
+        num_threads: int = 16,
+        max_batch_size: int = 65536,
+    ) -> None:
+        self.path = path
+        self.mode = mode
+        self.max_batch_size = max_batch_size
+        self._specs: dict[str, TableSpec] = {}
+        self._cfs: dict[str, rd.Rdict] = {}
+        opts = rd.Options(raw_mode=True)
+        opts.create_if_missing(mode == "read_write")
+        opts.increase_parallelism(num_threads)
+        self._opts = opts
+        access = rd.AccessType.read_write()
+        if mode == "read_only":
+            access = rd.AccessType.read_only()
+        elif mode == "secondary":
+            self._secondary_dir = tempfile.mkdtemp(prefix="hps-rocks-secondary-")
+            access = rd.AccessType.secondary(self._secondary_dir)
+        try:
+            existing = rd.Rdict.list_cf(path, opts) if os.path.exists(path) else ["default"]
+            self._db = rd.Rdict(
+                path,
+                opts,
+                column_families={cf: rd.Options(raw_mode=True) for cf in existing},
+                access_type=access,
+            )
+        except Exception as exc:
+            raise BackendError(f"rocks_db: cannot open {path!r} ({mode}): {exc}") from exc
+        self._existing = set(existing)
+        self._sync = rd.WriteOptions()
+        self._sync.sync = True
+
+    @classmethod
+    def from_config(cls, cfg: PersistentDBConfig, mode: Mode | None = None) -> RocksDBStore:
+        return cls(
+            cfg.path,
+            mode=mode or ("read_only" if cfg.read_only else "read_write"),
+            num_threads=cfg.num_threads,
+            max_batch_size=cfg.max_batch_size,
+        )
+
+    def open_table(self, spec: TableSpec) -> None:
+        self._specs[spec.name] = spec
+        if spec.name in self._cfs:
+            return
+        if spec.name in self._existing:
+            self._cfs[spec.name] = self._db.get_column_family(spec.name)
+        elif self.mode == "read_write":
+            self._cfs[spec.name] = self._db.create_column_family(
+                spec.name, rd.Options(raw_mode=True)
+            )
+            self._existing.add(spec.name)
+
+    def _cf(self, table: str) -> rd.Rdict | None:
+        table_or_raise(self._specs, table)
+        return self._cfs.get(table)  # None: a reader opened before the writer created it
+
+    def catch_up(self) -> None:
+        """Secondary instances: replay what the writer has written since."""
+        if self.mode == "secondary":
+            self._db.try_catch_up_with_primary()
+
+    def fetch(self, table: str, keys: Keys) -> tuple[Vectors, Mask]:
+        spec = table_or_raise(self._specs, table)
+        keys = check_keys_arg(keys)
+        n = keys.size
+        values = np.zeros((n, spec.dim), dtype=np.float32)
+        found = np.zeros(n, dtype=bool)
+        cf = self._cf(table)
+        if cf is None or n == 0:
+            return values, found
+        for lo in range(0, n, self.max_batch_size):
+            hi = min(n, lo + self.max_batch_size)
+            try:
+                got = cf.get(_key_bytes(keys[lo:hi]))
+            except Exception as exc:
+                raise BackendError(f"rocks_db: read of {table} failed: {exc}") from exc
+            mask = np.fromiter(map(bool, got), dtype=bool, count=hi - lo)
+            if mask.any():
+                rows = np.frombuffer(b"".join(compress(got, mask)), dtype=np.float32)
+                values[lo:hi][mask] = rows.reshape(-1, spec.dim)
+            found[lo:hi] = mask
+        return values, found
+
+    def _write(self, table: str, batch: rd.WriteBatch, durable: bool) -> None:
+        try:
+            if durable:
+                self._db.write(batch, self._sync)
+            else:
+                self._db.write(batch)
+        except Exception as exc:
+            raise BackendError(f"rocks_db: write to {table} failed: {exc}") from exc
+
+    def _writable_cf(self, table: str) -> rd.Rdict:
+        cf = self._cf(table)
+        if self.mode != "read_write" or cf is None:
+            raise BackendError(f"rocks_db: {self.path} is open {self.mode}; cannot write {table}")
+        return cf
+
+    def insert(self, table: str, keys: Keys, values: Vectors, *, durable: bool = False) -> None:
+        """Upsert; ``durable`` syncs the WAL before returning (the Kafka applier's commit)."""
+        spec = table_or_raise(self._specs, table)
+        keys, values = check_insert(spec, keys, values)
+        self._writable_cf(table)
+        handle = self._db.get_column_family_handle(table)
+        row_bytes = values.view(f"V{4 * spec.dim}").ravel()
+        for lo in range(0, keys.size, self.max_batch_size):
+            hi = min(keys.size, lo + self.max_batch_size)
+            batch = rd.WriteBatch(raw_mode=True)
+            batch.set_default_column_family(handle)
+            # rocksdict takes one Python object per row: this loop is the driver's API.
+            for k, v in zip(_key_bytes(keys[lo:hi]), row_bytes[lo:hi].tolist(), strict=True):
+                batch.put(k, v)
+            self._write(table, batch, durable)
+
+    def remove(self, table: str, keys: Keys, *, durable: bool = False) -> None:
+        keys = check_keys_arg(keys)
+        self._writable_cf(table)
+        handle = self._db.get_column_family_handle(table)
+        for lo in range(0, keys.size, self.max_batch_size):
+            batch = rd.WriteBatch(raw_mode=True)
+            batch.set_default_column_family(handle)
+            for k in _key_bytes(keys[lo : lo + self.max_batch_size]):
+                batch.delete(k)
+            self._write(table, batch, durable)
+
+    def size(self, table: str) -> int:
+        cf = self._cf(table)
+        if cf is None:
+            return 0
+        # RocksDB keeps only an estimate; count exactly with a key-only scan.
+        return sum(1 for _ in cf.keys())  # noqa: SIM118 (keys only: no value copies)
+
+    def dump(self, table: str, chunk_rows: int = 1 << 18) -> Iterator[tuple[Keys, Vectors]]:
+        """Yield (keys, vectors) chunks of the whole table."""
+        spec = table_or_raise(self._specs, table)
+        cf = self._cf(table)
+        if cf is None:
+            return
+        keys: list[bytes] = []
+        vals: list[bytes] = []
+        for k, v in cf.items():
+            keys.append(k)
+            vals.append(v)
+            if len(keys) == chunk_rows:
+                yield _decode(keys, vals, spec.dim)
+                keys, vals = [], []
+        if keys:
+            yield _decode(keys, vals, spec.dim)
+
+    def close(self) -> None:
+        self._cfs.clear()
+        with contextlib.suppress(Exception):  # closing twice is harmless
+            self._db.close()
+
+
+def _decode(keys: list[bytes], vals: list[bytes], dim: int) -> tuple[Keys, Vectors]:
+    k = np.frombuffer(b"".join(keys), dtype="<i8").astype(np.int64)
+    v = np.frombuffer(b"".join(vals), dtype=np.float32).reshape(-1, dim)
+    return k, v

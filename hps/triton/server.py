@@ -1,0 +1,258 @@
+"""Find, start, probe and stop a ``tritonserver`` process.
+
+One :class:`TritonServer` is used by ``hps serve``, the test fixture and ``hps bench triton``.
+The binary is taken from PATH, else from the ``nvidia-pytriton`` wheel (which ships
+Triton with its Python backend and a backend stub per Python version). The wheel's
+backends folder is copied into a directory of our own with the stub of the running Python
+placed in ``python/``, and the environment is built so that the stub embeds the same
+libpython and sees the same packages as this interpreter (see docs/serving.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hps.errors import BackendUnavailable, ConfigError
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 20.0
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Where a Triton installation keeps its parts."""
+
+    binary: Path
+    backends: Path  # folder holding ``python/`` (libtriton_python.so)
+    stub: Path | None  # stub to place in our backends copy; None: the install has its own
+    libs: tuple[Path, ...] = ()  # extra folders for LD_LIBRARY_PATH
+
+
+def _pytriton_root() -> Path | None:
+    # find_spec does not run pytriton/__init__.py, whose own requirements we do not install.
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def find_triton() -> TritonInstall:
+    """Locate ``tritonserver``: on PATH first, else inside the nvidia-pytriton wheel."""
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        binary = Path(on_path).resolve()
+        return TritonInstall(binary=binary, backends=binary.parent.parent / "backends", stub=None)
+    root = _pytriton_root()
+    if root is None:
+        raise ConfigError(
+            "tritonserver not found: put it on PATH or `pip install --no-deps nvidia-pytriton`"
+        )
+    server = root / "tritonserver"
+    pyver = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = server / "python_backend_stubs" / pyver / "triton_python_backend_stub"
+    if not stub.exists():
+        raise ConfigError(f"nvidia-pytriton has no Python backend stub for Python {pyver}")
+    libs = root.parent / "nvidia_pytriton.libs"
+    return TritonInstall(
+        binary=server / "bin" / "tritonserver",
+        backends=server / "backends",
+        stub=stub,
+        libs=(libs,) if libs.is_dir() else (),
+    )
+
+
+def prepare_backends(install: TritonInstall, dest: Path) -> Path:
+    """A backends folder of our own: the install's, with the stub of this Python in python/."""
+    if install.stub is None:
+        return install.backends
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(install.backends, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(install.stub, dest / "python" / "triton_python_backend_stub")
+    return dest
+
+
+def server_env(install: TritonInstall, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for tritonserver and its Python stubs.
+
+    The stub loads the first ``libpython3.x.so`` the loader finds and the packages of the
+    first ``python3`` on PATH: both must be this interpreter's, else extension modules
+    fail inside models (``undefined symbol``).
+    """
+    env = dict(os.environ if base is None else base)
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([bindir, env.get("PATH", "")]).rstrip(os.pathsep)
+    libdirs = [sysconfig.get_config_var("LIBDIR") or "", *map(str, install.libs)]
+    old = env.get("LD_LIBRARY_PATH", "")
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([d for d in [*libdirs, old] if d])
+    if sys.prefix != sys.base_prefix:
+        env["VIRTUAL_ENV"] = sys.prefix
+    env.pop("PYTHONHOME", None)
+    return env
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface (racy by nature; used right away)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class TritonServer:
+    """A tritonserver child process on chosen (or free) loopback ports.
+
+    ``explicit`` selects ``--model-control-mode explicit`` with ``load_models`` loaded at
+    start (models can then be loaded and unloaded through the model-control API).
+    """
+
+    repository: Path
+    http_port: int = 0
+    grpc_port: int = 0
+    metrics_port: int = 0
+    host: str = "127.0.0.1"
+    explicit: bool = False
+    load_models: list[str] = field(default_factory=list)
+    log_file: Path | None = None
+    extra_args: list[str] = field(default_factory=list)
+    install: TritonInstall | None = None
+    proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    _workdir: Path | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.http_port = self.http_port or free_port()
+        self.grpc_port = self.grpc_port or free_port()
+        self.metrics_port = self.metrics_port or free_port()
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    def command(self, backends: Path) -> list[str]:
+        install = self.install or find_triton()
+        cmd = [
+            str(install.binary),
+            f"--model-repository={self.repository}",
+            f"--backend-directory={backends}",
+            f"--http-address={self.host}",
+            f"--http-port={self.http_port}",
+            f"--grpc-address={self.host}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={self.host}",
+            f"--metrics-port={self.metrics_port}",
+            "--allow-metrics=true",
+            "--allow-gpu-metrics=false",
+            "--strict-readiness=true",
+            "--exit-timeout-secs=10",
+        ]
+        if self.explicit:
+            cmd.append("--model-control-mode=explicit")
+            cmd += [f"--load-model={m}" for m in self.load_models]
+        return cmd + self.extra_args
+
+    def start(self, timeout: float = READY_TIMEOUT_S) -> TritonServer:
+        """Start the server and wait until /v2/health/ready answers 200."""
+        install = self.install = self.install or find_triton()
+        self._workdir = Path(tempfile.mkdtemp(prefix="hps-triton-"))
+        backends = prepare_backends(install, self._workdir / "backends")
+        cmd = self.command(backends)
+        out = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115
+        log.info("starting %s", " ".join(cmd))
+        # Own session: a terminal's Ctrl-C reaches us only, and we stop Triton in order.
+        self.proc = subprocess.Popen(
+            cmd,
+            env=server_env(install),
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            start_new_session=True,
+        )
+        if out:
+            out.close()
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def is_ready(self) -> bool:
+        try:
+            url = f"http://{self.http_url}/v2/health/ready"
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise BackendUnavailable(
+                    f"tritonserver exited with status {self.proc.returncode} during start-up"
+                    + (f"; see {self.log_file}" if self.log_file else "")
+                )
+            if self.is_ready():
+                return
+            time.sleep(0.2)
+        raise BackendUnavailable(f"tritonserver not ready after {timeout:.0f}s")
+
+    def wait(self) -> int:
+        """Block until the server exits; its exit status."""
+        assert self.proc is not None, "server not started"
+        return self.proc.wait()
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM, then SIGKILL of its process group after ``timeout`` (by PID, never by name)."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("tritonserver %d ignored SIGTERM; killing it", proc.pid)
+                # The group is the session we created for it: Triton and its model stubs.
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if proc is not None:
+            _reap_group(proc.pid)
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    def __enter__(self) -> TritonServer:
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _reap_group(pgid: int) -> None:
+    """Kill stubs left behind in the server's process group once Triton itself is gone."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return

@@ -1,0 +1,5 @@
+"""Shared fixtures. Server fixtures live in tests/fixtures/ and start real servers."""
+
+from __future__ import annotations
+
+pytest_plugins: list[str] = []

@@ -1,0 +1,46 @@
+"""Small builders shared by the tests."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import numpy as np
+
+from hps.config import PSConfig, parse_config
+
+
+def unique_name(prefix: str = "m") -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+def make_config(
+    tmp_path: Any, *, models: list[dict[str, Any]] | None = None, **top: Any
+) -> PSConfig:
+    """A ps.json with one two-table model (dims 4 and 8) on hash_map + rocks_db by default."""
+    doc: dict[str, Any] = {
+        "supportlonglong": True,
+        "models": models
+        or [
+            {
+                "model": "demo",
+                "embedding_table_names": ["t0", "t1"],
+                "embedding_vecsize_per_table": [4, 8],
+                "maxnum_catfeature_query_per_table_per_sample": [2, 3],
+                "default_value_for_each_table": [0.5, -1.0],
+                "max_batch_size": 16,
+                "gpucache": False,
+            }
+        ],
+        "volatile_db": {"type": "hash_map"},
+        "persistent_db": {"type": "rocks_db", "path": str(tmp_path / "rocksdb")},
+    }
+    doc.update(top)
+    return parse_config(doc, "test-ps.json")
+
+
+def rows(keys: np.ndarray, dim: int, seed: int = 0) -> np.ndarray:
+    """Deterministic vectors for keys: row i of key k is a function of k."""
+    k = np.asarray(keys, dtype=np.int64)
+    base = (k % 1000).astype(np.float32)[:, None]
+    return (base + np.arange(dim, dtype=np.float32)[None, :] * 0.25 + seed).astype(np.float32)

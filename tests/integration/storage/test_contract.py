@@ -1,0 +1,141 @@
+"""The contract every L2/L3 backend passes, against real servers and real RocksDB files."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hps.config import PersistentDBConfig, VolatileDBConfig
+from hps.errors import DTypeError, InvalidValueError, ShapeError, UnknownTableError
+from hps.storage import EmbeddingStore, open_store
+from hps.types import TableSpec
+from tests.helpers import rows, unique_name
+
+pytestmark = pytest.mark.integration
+
+BACKENDS = ["hash_map", "rocks_db", "redis", "redis_cluster"]
+CHUNK = 7  # a max_batch_size small enough that every batch below is chunked
+
+
+def _open(kind: str, request: pytest.FixtureRequest, tmp_path: Any) -> EmbeddingStore:
+    if kind == "hash_map":
+        store = open_store(VolatileDBConfig(type="hash_map", max_batch_size=CHUNK))
+    elif kind == "rocks_db":
+        cfg = PersistentDBConfig(type="rocks_db", path=str(tmp_path / "db"), max_batch_size=CHUNK)
+        store = open_store(cfg)
+    else:
+        server = request.getfixturevalue("redis_server" if kind == "redis" else "redis_cluster")
+        cfg = VolatileDBConfig(
+            type="redis_cluster", address=server.address, max_batch_size=CHUNK, num_partitions=4
+        )
+        store = open_store(cfg)
+    assert store is not None
+    return store
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[EmbeddingStore]:
+    s = _open(request.param, request, tmp_path)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def spec(store: EmbeddingStore) -> TableSpec:
+    t = TableSpec(model=unique_name(), table="t", dim=5)
+    store.open_table(t)
+    return t
+
+
+KEYS = np.array([0, 1, -1, 2**62, -(2**62), 12345678901, 42, 7, 99, 100, 101], dtype=np.int64)
+
+
+def test_round_trip_in_request_order(store: EmbeddingStore, spec: TableSpec) -> None:
+    store.insert(spec.name, KEYS, rows(KEYS, spec.dim))
+    query = np.array([42, 555, 0, -1, 2**62, 3], dtype=np.int64)
+    values, found = store.fetch(spec.name, query)
+    assert found.tolist() == [True, False, True, True, True, False]
+    np.testing.assert_array_equal(values[found], rows(query[found], spec.dim))
+    assert values.dtype == np.float32 and values.shape == (6, spec.dim)
+    assert store.size(spec.name) == KEYS.size
+
+
+def test_upsert_and_duplicates_keep_the_last(store: EmbeddingStore, spec: TableSpec) -> None:
+    store.insert(spec.name, KEYS, rows(KEYS, spec.dim))
+    dup = np.array([7, 7, 8], dtype=np.int64)
+    vals = np.stack(
+        [rows(dup[:1], spec.dim, 1)[0], rows(dup[:1], spec.dim, 2)[0], rows(dup[2:], spec.dim)[0]]
+    )
+    store.insert(spec.name, dup, vals)
+    got, found = store.fetch(spec.name, np.array([7, 8]))
+    assert found.all()
+    np.testing.assert_array_equal(got, vals[1:])
+    assert store.size(spec.name) == KEYS.size + 1
+
+
+def test_remove(store: EmbeddingStore, spec: TableSpec) -> None:
+    store.insert(spec.name, KEYS, rows(KEYS, spec.dim))
+    store.remove(spec.name, np.array([0, 42, 31337], dtype=np.int64))
+    _, found = store.fetch(spec.name, KEYS)
+    assert found.tolist() == [k not in (0, 42) for k in KEYS.tolist()]
+    assert store.size(spec.name) == KEYS.size - 2
+
+
+def test_tables_are_separate(store: EmbeddingStore, spec: TableSpec) -> None:
+    other = TableSpec(model=spec.model, table="u", dim=3)
+    store.open_table(other)
+    store.insert(spec.name, KEYS, rows(KEYS, spec.dim))
+    store.insert(other.name, KEYS[:3], rows(KEYS[:3], 3, seed=9))
+    got, found = store.fetch(other.name, KEYS)
+    assert found.sum() == 3
+    np.testing.assert_array_equal(got[:3], rows(KEYS[:3], 3, seed=9))
+    assert store.size(other.name) == 3
+
+
+def test_large_batches_are_chunked(store: EmbeddingStore, spec: TableSpec) -> None:
+    keys = np.arange(1000, 1000 + 20 * CHUNK + 3, dtype=np.int64)
+    store.insert(spec.name, keys, rows(keys, spec.dim))
+    got, found = store.fetch(spec.name, keys[::-1])
+    assert found.all()
+    np.testing.assert_array_equal(got, rows(keys[::-1], spec.dim))
+    store.remove(spec.name, keys[: 10 * CHUNK])
+    assert store.size(spec.name) == keys.size - 10 * CHUNK
+
+
+def test_empty_batches(store: EmbeddingStore, spec: TableSpec) -> None:
+    empty = np.empty(0, dtype=np.int64)
+    store.insert(spec.name, empty, np.empty((0, spec.dim), dtype=np.float32))
+    values, found = store.fetch(spec.name, empty)
+    assert values.shape == (0, spec.dim) and found.shape == (0,)
+    store.remove(spec.name, empty)
+    assert store.size(spec.name) == 0
+
+
+@pytest.mark.parametrize(
+    ("keys", "values", "error"),
+    [
+        (np.array([1.5, 2.0]), np.zeros((2, 5), np.float32), DTypeError),
+        (np.array([1, 2]), np.zeros((2, 4), np.float32), ShapeError),
+        (np.array([1, 2, 3]), np.zeros((2, 5), np.float32), ShapeError),
+        (np.array([1, 2]), np.array([[0, 0, 0, 0, np.nan]] * 2, np.float32), InvalidValueError),
+        (np.array([1, 2]), np.ones((2, 5), np.int32), DTypeError),
+    ],
+)
+def test_bad_inserts_change_nothing(
+    store: EmbeddingStore, spec: TableSpec, keys: Any, values: Any, error: type
+) -> None:
+    store.insert(spec.name, KEYS, rows(KEYS, spec.dim))
+    with pytest.raises(error):
+        store.insert(spec.name, keys, values)
+    got, found = store.fetch(spec.name, KEYS)
+    assert found.all()
+    np.testing.assert_array_equal(got, rows(KEYS, spec.dim))
+    assert store.size(spec.name) == KEYS.size
+
+
+def test_unknown_table(store: EmbeddingStore) -> None:
+    with pytest.raises(UnknownTableError, match="nope.t"):
+        store.fetch("nope.t", np.array([1], dtype=np.int64))
