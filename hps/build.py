@@ -34,7 +34,7 @@ def build_session(
         persistent,
         cache_missed_embeddings=config.volatile_db.cache_missed_embeddings,
     )
-    if with_cache:
+    if with_cache and any(m.gpucache for m in config.models):
         session.caches.update(_build_caches(config, session))
     return session
 

@@ -38,7 +38,9 @@ def _rename_deprecated(data: Any, renames: dict[str, str], where: str) -> Any:
         if old in data:
             value = data.pop(old)
             warnings.warn(
-                f"{where}.{old} is deprecated (HugeCTR < 3.4); use {where}.{new}", stacklevel=2
+                f"{where}.{old} is deprecated (HugeCTR < 3.4); use {where}.{new}",
+                FutureWarning,
+                stacklevel=2,
             )
             data.setdefault(new, value)
     return data
@@ -54,6 +56,9 @@ class CacheConfig(_Frozen):
     frequency_file: str | None = None
     warmup_keyset: str | None = None
     default_on_async_miss: bool = False
+    frequency_window: int | None = Field(
+        default=None, ge=0, description="accesses per ageing step of `frequency`; 10 x capacity"
+    )
 
 
 class ModelConfig(_Frozen):

@@ -2,4 +2,6 @@
 
 from __future__ import annotations
 
-pytest_plugins: list[str] = []
+pytest_plugins: list[str] = [
+    "tests.fixtures.redis_servers",
+]

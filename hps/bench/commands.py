@@ -1,4 +1,7 @@
-"""``hps bench <name>``: run one benchmark and print one JSON object per line."""
+"""``hps bench <name> [options]``: run one benchmark, print one JSON object per line.
+
+Bench modules are imported only when run, so one bench's dependencies never break the CLI.
+"""
 
 from __future__ import annotations
 
@@ -11,17 +14,23 @@ from hps.bench import BENCHES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    bench = sub.add_parser("bench", help="run a benchmark (one JSON object per line)")
-    benches = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    for name, module in BENCHES.items():
-        mod = importlib.import_module(module)
-        parser = benches.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
-        mod.add_arguments(parser)
-        parser.set_defaults(func=lambda args, mod=mod: _run(mod, args))
+    bench = sub.add_parser(
+        "bench",
+        help="run a benchmark (one JSON object per line)",
+        description=f"Benchmarks: {', '.join(BENCHES)}. `hps bench NAME --help` lists options.",
+    )
+    bench.add_argument("bench", choices=sorted(BENCHES), metavar="NAME", help=", ".join(BENCHES))
+    bench.add_argument("options", nargs=argparse.REMAINDER, help="options of that benchmark")
+    bench.set_defaults(func=_run)
 
 
-def _run(mod: object, args: argparse.Namespace) -> int:
-    for row in mod.run(args):  # type: ignore[attr-defined]
+def _run(args: argparse.Namespace) -> int:
+    mod = importlib.import_module(BENCHES[args.bench])
+    parser = argparse.ArgumentParser(
+        prog=f"hps bench {args.bench}", description=(mod.__doc__ or "").strip()
+    )
+    mod.add_arguments(parser)
+    for row in mod.run(parser.parse_args(args.options)):
         print(json.dumps(row), flush=True)
     sys.stdout.flush()
     return 0

@@ -25,20 +25,26 @@ def import_chunks(
     *,
     initial_cache_rate: float = 1.0,
     progress: bool = True,
+    process_local_l2: bool = False,
 ) -> int:
     """Write chunks to L3 and the first ``initial_cache_rate`` share of rows to L2.
 
-    Without L3 every row goes to L2. Returns the number of rows imported.
+    Without L3 every row goes to L2. A process-local L2 (the in-process hash map) is
+    skipped unless ``process_local_l2`` is set: it would die with an import command; the
+    serving process fills its own with :func:`preload_volatile`. Returns the rows imported.
     """
+    volatile = session.volatile
+    if volatile is not None and getattr(volatile, "process_local", False) and not process_local_l2:
+        volatile = None
     to_l2 = int(round(initial_cache_rate * total_rows)) if session.persistent else total_rows
     bar = Progress(f"import {spec.name}", total_rows, enabled=progress)
     done = 0
     for keys, vectors in chunks:
         if session.persistent is not None:
             session.persistent.insert(spec.name, keys, vectors)
-        if session.volatile is not None and done < to_l2:
+        if volatile is not None and done < to_l2:
             n = min(keys.size, to_l2 - done)
-            session.volatile.insert(spec.name, keys[:n], vectors[:n])
+            volatile.insert(spec.name, keys[:n], vectors[:n])
         done += keys.size
         bar.advance(keys.size)
     return done
@@ -82,3 +88,27 @@ def import_model(
             session, spec, path, initial_cache_rate=initial_cache_rate, progress=progress
         )
     return imported
+
+
+def preload_volatile(session: LookupSession, initial_cache_rate: float) -> dict[str, int]:
+    """Fill an empty L2 from L3 with ``initial_cache_rate`` of each table's rows.
+
+    This is how a serving process fills its process-local L2 at start-up.
+    """
+    loaded: dict[str, int] = {}
+    store = session.persistent
+    if session.volatile is None or store is None or initial_cache_rate <= 0:
+        return loaded
+    for name, spec in session.tables.items():
+        if session.volatile.size(name):
+            continue
+        budget = int(round(initial_cache_rate * store.size(name)))
+        done = 0
+        for keys, vectors in store.dump(name):  # type: ignore[attr-defined]
+            if done >= budget:
+                break
+            n = min(keys.size, budget - done)
+            session.volatile.insert(spec.name, keys[:n], vectors[:n])
+            done += n
+        loaded[name] = done
+    return loaded

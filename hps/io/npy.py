@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -11,12 +12,21 @@ from hps.errors import FormatError
 from hps.types import Keys, Vectors
 
 
-def _open(path: Path) -> tuple[object, tuple[int, ...], np.dtype]:  # type: ignore[type-arg]
-    f = open(path, "rb")
+def _open(path: Path) -> tuple[BinaryIO, tuple[int, ...], np.dtype[Any]]:
+    """Open a .npy file positioned at its data; returns (file, shape, dtype)."""
     try:
-        version = np.lib.format.read_magic(f)
-        shape, fortran, dtype = np.lib.format._read_array_header(f, version)  # type: ignore[attr-defined]
-    except ValueError as exc:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        major, _ = np.lib.format.read_magic(f)
+        read_header = (
+            np.lib.format.read_array_header_1_0
+            if major == 1
+            else np.lib.format.read_array_header_2_0
+        )
+        shape, fortran, dtype = read_header(f)
+    except (ValueError, OSError) as exc:
         f.close()
         raise FormatError(f"{path}: not a .npy file: {exc}") from None
     if fortran:
@@ -29,8 +39,8 @@ def npy_rows(keys_path: str | Path, vectors_path: str | Path, dim: int) -> int:
     """Validate a key/vector pair and return its row count."""
     kf, kshape, kdtype = _open(Path(keys_path))
     vf, vshape, vdtype = _open(Path(vectors_path))
-    kf.close()  # type: ignore[attr-defined]
-    vf.close()  # type: ignore[attr-defined]
+    kf.close()
+    vf.close()
     if len(kshape) != 1 or kdtype.kind not in "iu":
         raise FormatError(f"{keys_path}: keys must be a 1-D integer array, got {kdtype}{kshape}")
     if len(vshape) != 2 or vshape[1] != dim or vdtype.kind != "f":
@@ -46,11 +56,11 @@ def read_npy_pair(
     rows = npy_rows(keys_path, vectors_path, dim)
     kf, _, kdtype = _open(Path(keys_path))
     vf, _, vdtype = _open(Path(vectors_path))
-    with kf, vf:  # type: ignore[attr-defined]
+    with kf, vf:
         for lo in range(0, rows, chunk_rows):
             n = min(chunk_rows, rows - lo)
-            k = np.frombuffer(kf.read(n * kdtype.itemsize), dtype=kdtype)  # type: ignore[attr-defined]
-            v = np.frombuffer(vf.read(n * dim * vdtype.itemsize), dtype=vdtype)  # type: ignore[attr-defined]
+            k = np.frombuffer(kf.read(n * kdtype.itemsize), dtype=kdtype)
+            v = np.frombuffer(vf.read(n * dim * vdtype.itemsize), dtype=vdtype)
             if k.size != n or v.size != n * dim:
                 raise FormatError(f"{keys_path}: truncated at row {lo}")
             yield k.astype(np.int64), v.reshape(n, dim).astype(np.float32, copy=False)

@@ -19,6 +19,8 @@ BACKENDS: dict[str, str] = {
     "parallel_hash_map": "hps.storage.hash_map:HashMapStore",
     "rocks_db": "hps.storage.rocks_db:RocksDBStore",
     "rocksdb": "hps.storage.rocks_db:RocksDBStore",
+    "redis_cluster": "hps.storage.redis_cluster:RedisStore",
+    "redis": "hps.storage.redis_cluster:RedisStore",
 }
 
 

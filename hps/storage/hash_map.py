@@ -48,6 +48,7 @@ class HashMapStore:
     """In-process L2: int64 keys → float32 rows per table, vectorised over batches."""
 
     name = "hash_map"
+    process_local = True  # dies with the process: bulk imports from other processes skip it
 
     def __init__(
         self,

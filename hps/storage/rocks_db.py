@@ -61,6 +61,8 @@ class RocksDBStore:
         elif mode == "secondary":
             self._secondary_dir = tempfile.mkdtemp(prefix="hps-rocks-secondary-")
             access = rd.AccessType.secondary(self._secondary_dir)
+        if mode != "read_write" and not os.path.exists(os.path.join(path, "CURRENT")):
+            raise BackendError(f"rocks_db: no database at {path!r} to open {mode}; run hps import")
         try:
             existing = rd.Rdict.list_cf(path, opts) if os.path.exists(path) else ["default"]
             self._db = rd.Rdict(

@@ -1,0 +1,253 @@
+"""L1 cache: each policy's hit rate against the oracle, and query/insert throughput vs. a raw take.
+
+``--mode hitrate`` replays synthetic key streams through the cache in batches (dedup, query,
+insert the misses) and compares the hit rate with the oracle:
+
+- ``zipf``: independent draws from a Zipf law over ``--keys`` distinct keys; the oracle is the
+  exact sum of the probabilities of the cache-sized most popular keys (the best static cache).
+- ``drift``: the same law, but every phase moves the hot set: the ranks slide down by
+  ``--drift-shift`` keys and as many cold keys become the hottest. The oracle is the best
+  static choice per phase.
+
+The first ``--warmup`` fraction of each stream (one phase of the drifting one) fills the cache
+and is left out of ``hit_rate``; ``hit_rate_all`` counts every access.
+
+``--mode throughput`` times all-hit queries of ``--tables`` x ``--batch-per-table`` keys at
+``--dim`` (``np.unique`` dedup, query, expansion to request order included) against a raw
+``take`` of the same rows with precomputed indices on the same array module, and inserts
+against a raw scatter of the same rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from hps.cache.embedding_cache import EmbeddingCache
+from hps.cache.policies import POLICIES
+from hps.cache.xp import select_xp, to_host
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mode", choices=("hitrate", "throughput"), default="hitrate")
+    parser.add_argument("--device", choices=("auto", "numpy", "cupy"), default="numpy")
+    parser.add_argument("--seed", type=int, default=7)
+    h = parser.add_argument_group("hitrate")
+    h.add_argument("--keys", type=int, default=1_000_000, help="distinct keys")
+    h.add_argument("--accesses", type=int, default=4_000_000, help="stream length")
+    h.add_argument("--batch", type=int, default=8192, help="accesses per lookup batch")
+    h.add_argument("--alphas", default="0.9,1.1,1.3")
+    h.add_argument("--ratios", default="0.01,0.05,0.2", help="cache rows / distinct keys")
+    h.add_argument("--policies", default=",".join(POLICIES))
+    h.add_argument("--streams", default="zipf,drift")
+    h.add_argument("--phases", type=int, default=4, help="phases of the drifting stream")
+    h.add_argument("--drift-shift", type=float, default=0.01, help="hot-set move, x keys")
+    h.add_argument("--warmup", type=float, default=0.25, help="fraction left out of hit_rate")
+    t = parser.add_argument_group("throughput")
+    t.add_argument("--tables", type=int, default=26)
+    t.add_argument("--batch-per-table", type=int, default=1024)
+    t.add_argument("--dim", type=int, default=128)
+    t.add_argument("--rows", type=int, default=1 << 18, help="resident rows")
+    t.add_argument("--key-alpha", type=float, default=0.0, help="0: uniform keys, else Zipf")
+    t.add_argument("--repeats", type=int, default=30)
+
+
+def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    if args.mode == "throughput":
+        yield from _throughput(args)
+    else:
+        yield from _hitrate(args)
+
+
+# -- hit rate ------------------------------------------------------------------------------
+
+
+def zipf_probabilities(n: int, alpha: float) -> np.ndarray:
+    """p[r] of rank r (0 = hottest) under a Zipf law over ``n`` keys."""
+    w = np.arange(1, n + 1, dtype=np.float64) ** -alpha
+    return w / w.sum()
+
+
+def oracle_hit_rate(p: np.ndarray, capacity: int) -> float:
+    """Best static cache: the probability mass of the ``capacity`` most popular keys."""
+    return float(np.sort(p)[::-1][:capacity].sum())
+
+
+def zipf_stream(
+    p: np.ndarray, length: int, rng: np.random.Generator, phases: int = 1, shift: int = 0
+) -> np.ndarray:
+    """Keys of ``length`` accesses; phase ``k`` gives rank ``r`` the key of rank ``r - k*shift``."""
+    n = p.size
+    key_of_rank = rng.permutation(n).astype(np.int64) * 2654435761 % (1 << 48) + 1
+    cdf = np.cumsum(p)
+    cdf[-1] = 1.0
+    ranks = np.searchsorted(cdf, rng.random(length), side="right").clip(0, n - 1)
+    phase = np.arange(length) * phases // length
+    return key_of_rank[(ranks - phase * shift) % n]
+
+
+def replay(cache: EmbeddingCache, stream: np.ndarray, batch: int, skip: int) -> tuple[float, float]:
+    """(hit rate after the first ``skip`` accesses, hit rate over all) of batched lookups."""
+    zeros = np.zeros((batch, cache.dim), dtype=np.float32)
+    hits = hits_all = 0
+    for lo in range(0, stream.size, batch):
+        chunk = stream[lo : lo + batch]
+        uniq, inverse = np.unique(chunk, return_inverse=True)
+        _, hit = cache.query(uniq)
+        n_hit = int(hit[inverse].sum())
+        hits_all += n_hit
+        if lo >= skip:
+            hits += n_hit
+        miss = uniq[~hit]
+        if miss.size:
+            cache.insert(miss, zeros[: miss.size])
+    measured = stream.size - min(skip, stream.size)
+    return hits / max(1, measured), hits_all / max(1, stream.size)
+
+
+def _hitrate(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    xp = select_xp(args.device)
+    rng = np.random.default_rng(args.seed)
+    policies = [p for p in args.policies.split(",") if p]
+    ratios = [float(r) for r in args.ratios.split(",") if r]
+    n = args.keys
+    for alpha in (float(a) for a in args.alphas.split(",") if a):
+        p = zipf_probabilities(n, alpha)
+        for stream_kind in (s for s in args.streams.split(",") if s):
+            drift = stream_kind == "drift"
+            phases = args.phases if drift else 1
+            shift = int(args.drift_shift * n) if drift else 0
+            stream = zipf_stream(p, args.accesses, rng, phases, shift)
+            # The drifting stream's first phase fills the cache; the others are measured.
+            warm = 1 / phases if drift else args.warmup
+            skip = int(warm * stream.size) // args.batch * args.batch
+            for ratio in ratios:
+                capacity = max(1, int(ratio * n))
+                oracle = oracle_hit_rate(p, capacity)  # the same law in every phase
+                for policy in policies:
+                    cache = EmbeddingCache(4, capacity, xp=xp, policy=policy)
+                    start = time.perf_counter()
+                    rate, rate_all = replay(cache, stream, args.batch, skip)
+                    yield {
+                        "bench": "cache.hitrate",
+                        "policy": policy,
+                        "stream": stream_kind,
+                        "alpha": alpha,
+                        "keys": n,
+                        "accesses": int(stream.size),
+                        "batch": args.batch,
+                        "cache_ratio": ratio,
+                        "capacity": capacity,
+                        "hit_rate": round(rate, 5),
+                        "hit_rate_all": round(rate_all, 5),
+                        "oracle_hit_rate": round(oracle, 5),
+                        "ratio": round(rate / oracle, 4),
+                        "device": xp.__name__,
+                        "seconds": round(time.perf_counter() - start, 2),
+                    }
+
+
+# -- throughput ----------------------------------------------------------------------------
+
+
+def _time(fn: Callable[[], Any], repeats: int, sync: Callable[[], None]) -> float:
+    """Median seconds of ``fn`` over ``repeats`` runs (after one warm-up run)."""
+    fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def _throughput(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    xp = select_xp(args.device)
+    sync: Callable[[], None] = (
+        (lambda: None) if xp is np else (lambda: xp.cuda.Stream.null.synchronize())
+    )
+    rng = np.random.default_rng(args.seed)
+    rows, dim = args.rows, args.dim
+    n = args.tables * args.batch_per_table
+    resident = rng.choice(1 << 40, size=rows, replace=False).astype(np.int64) + 1
+    values = rng.standard_normal((rows, dim), dtype=np.float32)
+    if args.key_alpha > 0:
+        pick = np.searchsorted(np.cumsum(zipf_probabilities(rows, args.key_alpha)), rng.random(n))
+        pick = pick.clip(0, rows - 1)
+    else:
+        pick = rng.integers(0, rows, n)
+    batch = resident[pick]
+    for policy in (p for p in args.policies.split(",") if p):
+        cache = EmbeddingCache(dim, rows, xp=xp, policy=policy)
+        cache.insert(resident, values)
+        # The baseline reads the cache's own arena at rows known in advance.
+        arena = cache._values
+        idx = to_xp(xp, to_host(cache._index.lookup(to_xp(xp, batch))))
+
+        def ours(cache: EmbeddingCache = cache) -> None:
+            uniq, inverse = np.unique(batch, return_inverse=True)
+            vals, _ = cache.query(uniq)
+            vals[inverse]
+
+        def raw(arena: Any = arena, idx: Any = idx) -> None:
+            to_host(arena.take(idx, axis=0))
+
+        t_ours, t_raw = _time(ours, args.repeats, sync), _time(raw, args.repeats, sync)
+        yield _row("query", policy, xp, n, t_ours, t_raw, np.unique(batch).size / n)
+        yield from _insert_throughput(args, xp, sync, policy, resident, values)
+
+
+def _insert_throughput(
+    args: argparse.Namespace,
+    xp: Any,
+    sync: Callable[[], None],
+    policy: str,
+    resident: np.ndarray,
+    values: np.ndarray,
+) -> Iterator[dict[str, Any]]:
+    """Inserts of ``n`` new keys into a full cache (each evicts) vs. a raw row scatter."""
+    n = args.tables * args.batch_per_table
+    rows = resident.size
+    cache = EmbeddingCache(args.dim, rows, xp=xp, policy=policy)
+    cache.insert(resident, values)
+    fresh = iter(range(1 << 41, 1 << 62, n))
+    new_vals = values[:n]
+
+    def ours() -> None:
+        lo = next(fresh)
+        cache.insert(np.arange(lo, lo + n, dtype=np.int64), new_vals, force=True)
+
+    arena = xp.zeros((rows, args.dim), dtype=xp.float32)
+    target = to_xp(xp, np.random.default_rng(1).choice(rows, n, replace=False))
+
+    def raw() -> None:
+        arena[target] = to_xp(xp, new_vals)
+
+    t_ours, t_raw = _time(ours, args.repeats, sync), _time(raw, args.repeats, sync)
+    yield _row("insert", policy, xp, n, t_ours, t_raw, 1.0)
+
+
+def _row(
+    op: str, policy: str, xp: Any, n: int, t_ours: float, t_raw: float, unique: float
+) -> dict[str, Any]:
+    return {
+        "bench": "cache.throughput",
+        "op": op,
+        "policy": policy,
+        "keys": n,
+        "unique_fraction": round(unique, 4),
+        "keys_per_s": round(n / t_ours),
+        "baseline_keys_per_s": round(n / t_raw),
+        "ratio": round(t_raw / t_ours, 4),
+        "device": xp.__name__,
+    }
+
+
+def to_xp(xp: Any, a: Any) -> Any:
+    return xp.asarray(a)

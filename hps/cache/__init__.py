@@ -1,0 +1,58 @@
+"""L1: the embedding cache (CuPy on a GPU, NumPy otherwise), its policies, warm-up and refresh.
+
+``build_cache`` makes one :class:`EmbeddingCache` for one table from its model's ``hps_cache``
+settings; ``cache_capacity`` sizes it (``gpucacheper`` x table rows, or an explicit size).
+"""
+
+from __future__ import annotations
+
+import math
+
+from hps.cache.embedding_cache import EmbeddingCache, cache_nbytes
+from hps.cache.policies import POLICIES
+from hps.cache.xp import available_xps, select_xp
+from hps.config import CacheConfig, ModelConfig
+from hps.errors import ConfigError
+from hps.types import TableSpec
+
+__all__ = [
+    "MIN_CAPACITY",
+    "POLICIES",
+    "EmbeddingCache",
+    "available_xps",
+    "build_cache",
+    "cache_capacity",
+    "cache_nbytes",
+    "select_xp",
+]
+
+# Rows of a cache whose table size is unknown or tiny (an empty L3 filled later by Kafka).
+MIN_CAPACITY = 1024
+
+
+def cache_capacity(model_cfg: ModelConfig, table_rows: int) -> int:
+    """Rows of L1 for a table of ``table_rows`` rows; 0 when the model has ``gpucache: false``.
+
+    ``hps_cache.capacity`` when set, else ``ceil(gpucacheper x table_rows)``, at least
+    :data:`MIN_CAPACITY`.
+    """
+    if not model_cfg.gpucache:
+        return 0
+    if model_cfg.hps_cache.capacity is not None:
+        return model_cfg.hps_cache.capacity
+    return max(MIN_CAPACITY, math.ceil(model_cfg.gpucacheper * max(0, table_rows)))
+
+
+def build_cache(spec: TableSpec, cfg: CacheConfig, capacity: int) -> EmbeddingCache:
+    """One table's cache on the device ``cfg.device`` picks (``auto``: CuPy on a usable GPU)."""
+    if capacity < 1:
+        raise ConfigError(f"{spec.name}: L1 cache capacity must be at least 1 row, got {capacity}")
+    return EmbeddingCache(
+        spec.dim,
+        capacity,
+        xp=select_xp(cfg.device),
+        policy=cfg.policy,
+        static_fraction=cfg.static_fraction,
+        frequency_window=cfg.frequency_window,
+        name=spec.name,
+    )

@@ -1,0 +1,395 @@
+"""EmbeddingCache: the L1 cache of one table on one device, written once against ``xp``.
+
+Layout (all ``xp`` arrays, ``C`` = capacity rows): a :class:`hps.index.KeyIndex` maps a key
+to its row; ``values[C, dim]`` is the arena; ``row_keys``, ``ticks`` (last access) and
+``pinned`` describe each row; a stack holds the free rows; the policy keeps its own per-row
+metadata. Every operation takes a whole batch: keys cross host→device once, vectors
+device→host once, and everything else runs as a few array operations.
+
+Because the index is an open-addressing table sized for all ``C`` keys, a cache at least as
+large as the working set holds all of it: a 100% hit rate, which HugeCTR's set-associative
+cache could not reach (HugeCTR issue 278).
+
+Thread safety: one lock around each operation. A lookup on the request thread and inserts,
+updates or refreshes on a background worker never see a half-written row.
+
+Staleness: a background insert carries vectors read from L2/L3 some time ago. Pass
+``since=cache.version`` (read before that L2/L3 read) to :meth:`insert` / :meth:`update`, and
+keys written by any other operation after that version are skipped, so an older read never
+overwrites a newer write.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from hps.cache.policies import Policy, make_policy, policy_nbytes
+from hps.cache.xp import to_host, to_xp
+from hps.errors import DTypeError, ShapeError
+from hps.index import TOMBSTONE, KeyIndex
+from hps.types import Keys, Mask, Vectors
+
+log = logging.getLogger(__name__)
+
+MAX_LOAD = 0.7
+# Per row beyond the arena and the index: row key 8, tick 8, pinned flag 1, free-stack slot 8.
+ROW_OVERHEAD = 8 + 8 + 1 + 8
+
+
+def index_nbytes(capacity: int) -> int:
+    """Bytes of the KeyIndex sized for ``capacity`` keys (12 per slot)."""
+    slots = max(16, int(capacity / MAX_LOAD) + 1)
+    return (1 << (slots - 1).bit_length()) * 12
+
+
+def cache_nbytes(capacity: int, dim: int, policy: str = "lru") -> int:
+    """Exact bytes an EmbeddingCache of this shape allocates (``hps plan`` uses it)."""
+    return (
+        capacity * (4 * dim + ROW_OVERHEAD)
+        + index_nbytes(capacity)
+        + policy_nbytes(policy, capacity)
+    )
+
+
+def _host_keys(keys: Any) -> Keys:
+    arr = np.asarray(keys)
+    if arr.dtype != np.int64:
+        raise DTypeError(f"L1 cache: keys must be int64, got {arr.dtype}")
+    return arr.reshape(-1)
+
+
+class EmbeddingCache:
+    """int64 keys → float32[dim] rows, at most ``capacity`` of them, evicted by ``policy``."""
+
+    def __init__(
+        self,
+        dim: int,
+        capacity: int,
+        *,
+        xp: ModuleType = np,
+        policy: str = "lru",
+        static_fraction: float = 0.5,
+        frequency_window: int | None = None,
+        name: str = "",
+    ) -> None:
+        if capacity < 1 or dim < 1:
+            raise ValueError(f"L1 cache needs capacity >= 1 and dim >= 1, got {capacity}, {dim}")
+        self.name = name
+        self.dim = dim
+        self.capacity = capacity
+        self.xp = xp
+        self.max_pinned = int(static_fraction * capacity)
+        self._index = KeyIndex(capacity, xp=xp, max_load=MAX_LOAD)
+        self._values = xp.zeros((capacity, dim), dtype=xp.float32)
+        self._row_keys = xp.full(capacity, TOMBSTONE, dtype=xp.int64)
+        self._ticks = xp.zeros(capacity, dtype=xp.int64)
+        self._pinned = xp.zeros(capacity, dtype=bool)
+        self._free = xp.arange(capacity - 1, -1, -1, dtype=xp.int64)  # a stack; top at the end
+        self._n_free = capacity
+        window = 10 * capacity if frequency_window is None else frequency_window
+        self.policy: Policy = make_policy(policy, capacity, self._ticks, xp, window)
+        self._tick = 0
+        self._lock = threading.RLock()
+        self._version = 0
+        self._log: deque[tuple[int, Any]] = deque()
+        self._log_keys = 0
+        self._log_floor = 0
+        self._log_limit = max(1 << 16, capacity)
+        self._stats = dict.fromkeys(
+            ("queries", "hits", "misses", "inserts", "evictions", "rejected", "updates"), 0
+        )
+
+    # -- introspection -------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self.capacity - self._n_free
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self._values, self._row_keys, self._ticks, self._pinned, self._free)
+        return sum(int(a.nbytes) for a in arrays) + self._index.nbytes + self.policy.nbytes
+
+    @property
+    def version(self) -> int:
+        """Increases with every write; pass it back as ``since`` (see the module docstring)."""
+        return self._version
+
+    @property
+    def n_pinned(self) -> int:
+        with self._lock:
+            return int(self._pinned.sum())
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                **self._stats,
+                "size": len(self),
+                "capacity": self.capacity,
+                "pinned": int(self._pinned.sum()),
+                "policy": self.policy.name,
+                "device": self.xp.__name__,
+                "nbytes": self.nbytes,
+            }
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def query(self, keys: Keys) -> tuple[Vectors, Mask]:
+        """Rows of unique ``keys`` and a hit mask (host arrays); missed rows are zeros."""
+        keys = _host_keys(keys)
+        xp = self.xp
+        with self._lock:
+            kd = to_xp(xp, keys)
+            rows = self._index.lookup(kd)
+            hit = rows >= 0
+            n_hit = int(hit.sum())
+            if n_hit == keys.size:
+                out = self._values.take(rows, axis=0)
+            else:
+                out = self._values.take(xp.where(hit, rows, 0), axis=0)
+                out[~hit] = 0.0
+            self._tick += 1
+            self._ticks[rows[hit]] = self._tick
+            if self.policy.on_query(kd, rows, hit):
+                self._age()
+            self._stats["queries"] += 1
+            self._stats["hits"] += n_hit
+            self._stats["misses"] += keys.size - n_hit
+            return to_host(out), to_host(hit)
+
+    def resident(self, keys: Keys) -> Mask:
+        keys = _host_keys(keys)
+        with self._lock:
+            return to_host(self._index.lookup(to_xp(self.xp, keys)) >= 0)
+
+    def resident_keys(self) -> Keys:
+        with self._lock:
+            return to_host(self._row_keys[self._occupied()])
+
+    def pinned_keys(self) -> Keys:
+        with self._lock:
+            return to_host(self._row_keys[self._pinned])
+
+    def dump(self) -> tuple[Keys, Vectors]:
+        """All resident keys and their vectors (host arrays)."""
+        with self._lock:
+            rows = self.xp.flatnonzero(self._occupied())
+            return to_host(self._row_keys[rows]), to_host(self._values[rows])
+
+    # -- writes --------------------------------------------------------------------------
+
+    def insert(
+        self, keys: Keys, values: Vectors, *, since: int | None = None, force: bool = False
+    ) -> None:
+        """Upsert; evicts by policy when full, never a pinned row.
+
+        With more new keys than there is room for, what fits is kept by policy; the
+        ``frequency`` policy also turns away keys asked for less often than the rows they
+        would evict, unless ``force`` (prefetch, warm-up). Reserved keys (the two smallest
+        int64 values) are not cacheable and are skipped.
+        """
+        keys, values = self._batch(keys, values)
+        with self._lock:
+            self._insert(keys, values, since=since, force=force)
+
+    def _insert(self, keys: Keys, values: Vectors, *, since: int | None, force: bool) -> Any:
+        """Insert under the lock; returns the rows now holding ``keys`` (-1: not admitted)."""
+        xp = self.xp
+        rows_out = xp.full(keys.size, -1, dtype=xp.int64)
+        kd = to_xp(xp, keys)
+        ok = kd > TOMBSTONE
+        if since is not None:
+            ok &= ~self._written_since(kd, since)
+        self._tick += 1
+        rows = self._index.lookup(kd)
+        present = ok & (rows >= 0)
+        fresh = xp.flatnonzero(ok & (rows < 0))
+        vd = to_xp(xp, values)
+        if bool(present.any()):
+            prow = rows[present]
+            self._values[prow] = vd[present]
+            self._ticks[prow] = self._tick
+            rows_out[present] = prow
+        if fresh.size:
+            rows_out[fresh] = self._place(kd[fresh], vd[fresh], rows, force)
+        written = rows_out >= 0
+        self._record(kd[written])
+        return rows_out
+
+    def _place(self, keys: Any, values: Any, current: Any, force: bool) -> Any:
+        """Put absent keys into free or evicted rows; returns their rows (-1: turned away)."""
+        xp = self.xp
+        m = int(keys.size)
+        admit = xp.ones(m, dtype=bool)
+        need = m - self._n_free
+        if need > 0:
+            evictable = self._occupied() & ~self._pinned
+            evictable[current[current >= 0]] = False  # rows this batch just upserted stay
+            cand = xp.flatnonzero(evictable)
+            victims, admit = self._choose_victims(keys, cand, need, force)
+            self._evict_rows(victims)
+        idx = xp.flatnonzero(admit)
+        n = min(int(idx.size), self._n_free)
+        idx = idx[:n]
+        out = xp.full(m, -1, dtype=xp.int64)
+        if n == 0:
+            self._stats["rejected"] += m
+            return out
+        rows = self._free[self._n_free - n : self._n_free]
+        self._n_free -= n
+        k = keys[idx]
+        self._index.insert(k, rows)
+        self._values[rows] = values[idx]
+        self._row_keys[rows] = k
+        self._ticks[rows] = self._tick
+        self._pinned[rows] = False
+        self.policy.on_insert(k, rows)
+        out[idx] = rows
+        self._stats["inserts"] += n
+        self._stats["rejected"] += m - n
+        return out
+
+    def _choose_victims(self, keys: Any, cand: Any, need: int, force: bool) -> tuple[Any, Any]:
+        """Rows to evict so that ``need`` more keys fit, and which newcomers to admit."""
+        xp = self.xp
+        m, e = int(keys.size), int(cand.size)
+        admit = xp.ones(m, dtype=bool)
+        if e == 0:
+            return cand, admit
+        prio = self.policy.priority(cand)
+        if not self.policy.admission or force:
+            if need >= e:
+                return cand, admit
+            return cand[xp.argpartition(prio, need - 1)[:need]], admit
+        # Newcomers compete with the evictable rows: the `need` lowest of both go.
+        both = xp.concatenate([prio, self.policy.newcomer_priority(keys, self._tick)])
+        drop = xp.argpartition(both, need - 1)[:need]
+        admit[drop[drop >= e] - e] = False
+        return cand[drop[drop < e]], admit
+
+    def _evict_rows(self, rows: Any) -> None:
+        if rows.size == 0:
+            return
+        keys = self._row_keys[rows]
+        self.policy.on_evict(keys, rows)
+        self._index.remove(keys)
+        self._row_keys[rows] = TOMBSTONE
+        self._pinned[rows] = False
+        self._free[self._n_free : self._n_free + rows.size] = rows
+        self._n_free += int(rows.size)
+        self._stats["evictions"] += int(rows.size)
+
+    def update(self, keys: Keys, values: Vectors, *, since: int | None = None) -> Mask:
+        """Overwrite the rows of keys already resident; returns which were updated."""
+        keys, values = self._batch(keys, values)
+        xp = self.xp
+        with self._lock:
+            kd = to_xp(xp, keys)
+            rows = self._index.lookup(kd)
+            hit = rows >= 0
+            if since is not None:
+                hit &= ~self._written_since(kd, since)
+            self._values[rows[hit]] = to_xp(xp, values)[hit]
+            self._record(kd)
+            self._stats["updates"] += int(hit.sum())
+            return to_host(hit)
+
+    def evict(self, keys: Keys) -> None:
+        """Drop keys (pinned ones too: this is an explicit removal, not a policy choice)."""
+        keys = np.unique(_host_keys(keys))
+        with self._lock:
+            kd = to_xp(self.xp, keys)
+            rows = self._index.lookup(kd)
+            self._evict_rows(rows[rows >= 0])
+            self._record(kd)
+
+    def pin(self, keys: Keys, values: Vectors) -> None:
+        """Upsert ``keys`` and add them to the static hot set, hottest first.
+
+        The pinned set holds at most ``static_fraction x capacity`` rows; keys past that are
+        inserted as ordinary rows. Pinned rows are never evicted by policy.
+        """
+        keys, values = self._batch(keys, values)
+        with self._lock:
+            rows = self._insert(keys, values, since=None, force=True)
+            rows = rows[rows >= 0]
+            room = max(0, self.max_pinned - int(self._pinned.sum()))
+            fresh = rows[~self._pinned[rows]][:room]
+            self._pinned[fresh] = True
+
+    def unpin(self, keys: Keys) -> None:
+        keys = _host_keys(keys)
+        with self._lock:
+            rows = self._index.lookup(to_xp(self.xp, keys))
+            self._pinned[rows[rows >= 0]] = False
+
+    def clear(self) -> None:
+        with self._lock:
+            self._index.clear()
+            self._row_keys.fill(TOMBSTONE)
+            self._pinned.fill(False)
+            self._free[:] = self.xp.arange(self.capacity - 1, -1, -1, dtype=self.xp.int64)
+            self._n_free = self.capacity
+            self.policy.clear()
+            self._version += 1
+            self._log.clear()
+            self._log_keys = 0
+            self._log_floor = self._version
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _occupied(self) -> Any:
+        return self._row_keys != TOMBSTONE
+
+    def _batch(self, keys: Any, values: Any) -> tuple[Keys, Vectors]:
+        from hps.storage._checks import last_occurrence
+
+        keys = _host_keys(keys)
+        vals = np.asarray(values, dtype=np.float32)
+        if vals.ndim != 2 or vals.shape != (keys.size, self.dim):
+            raise ShapeError(
+                f"L1 cache {self.name}: expected vectors ({keys.size}, {self.dim}), "
+                f"got {vals.shape}"
+            )
+        return last_occurrence(keys, vals)
+
+    def _age(self) -> None:
+        """End of a frequency window: halve counts and re-choose the pinned hot set."""
+        self.policy.age()
+        if not self.policy.adaptive_pinning or self.max_pinned == 0:
+            return
+        rows = self.xp.flatnonzero(self._occupied())
+        self._pinned.fill(False)
+        if rows.size > self.max_pinned:
+            prio = self.policy.priority(rows)
+            k = rows.size - self.max_pinned
+            rows = rows[self.xp.argpartition(prio, k - 1)[k:]]
+        self._pinned[rows] = True
+
+    def _record(self, keys: Any) -> None:
+        """Log the keys a write touched, for ``since`` checks of later writes."""
+        self._version += 1
+        if keys.size == 0:
+            return
+        self._log.append((self._version, keys))
+        self._log_keys += int(keys.size)
+        while self._log_keys > self._log_limit and len(self._log) > 1:
+            version, old = self._log.popleft()
+            self._log_keys -= int(old.size)
+            self._log_floor = version
+
+    def _written_since(self, keys: Any, since: int) -> Any:
+        """Mask of ``keys`` that a write after version ``since`` touched (all, if unknown)."""
+        xp = self.xp
+        if since < self._log_floor:
+            log.debug("L1 %s: write log no longer covers version %d", self.name, since)
+            return xp.ones(keys.size, dtype=bool)
+        recent = [k for v, k in self._log if v > since]
+        if not recent:
+            return xp.zeros(keys.size, dtype=bool)
+        return xp.isin(keys, xp.concatenate(recent))

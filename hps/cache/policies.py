@@ -1,0 +1,175 @@
+"""Eviction policies of the L1 cache: per-row metadata in ``xp`` arrays, vectorised choices.
+
+A policy ranks rows by a composite int64 *priority* (lower is evicted first); the cache picks
+victims with one ``argpartition`` over the evictable rows, never a loop over keys. Every
+priority ends in the row's last-access tick, so ties fall back to LRU order.
+
+- ``lru``: the tick alone (HugeCTR's default). Every miss is admitted.
+- ``lfu``: accesses while resident, then the tick. Every miss is admitted; no ageing.
+- ``frequency``: static + dynamic (seeds 002 and 004). A pinned hot set of
+  ``static_fraction x capacity`` rows is never evicted; it comes from a frequency file at
+  warm-up and is re-chosen from observed frequencies every ``frequency_window`` accesses.
+  The dynamic rest is ranked by frequency (counts while resident, a count-min sketch for
+  keys that are not), and a missed key is admitted only if it is asked for at least as often
+  as the row it would evict (TinyLFU). Counters halve every window, so a drifting hot set
+  takes over within about one window.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from hps.cache.sketch import CountMinSketch, sketch_nbytes
+
+POLICIES = ("lru", "lfu", "frequency")
+TICK_BITS = 40
+_TICK_MASK = (1 << TICK_BITS) - 1
+_MAX_COUNT = (1 << 22) - 1
+
+
+def compose(xp: ModuleType, counts: Any, ticks: Any) -> Any:
+    """int64 priority: count in the high bits, last-access tick in the low ``TICK_BITS``."""
+    c = xp.minimum(counts.astype(xp.int64), _MAX_COUNT)
+    return (c << TICK_BITS) | (ticks.astype(xp.int64) & _TICK_MASK)
+
+
+class Policy:
+    """LRU; the base of the other policies. ``ticks`` is the cache's per-row last access."""
+
+    name = "lru"
+    admission = False  # whether missed keys must out-rank the rows they would evict
+    adaptive_pinning = False
+
+    def __init__(self, capacity: int, ticks: Any, xp: ModuleType) -> None:
+        self.capacity = capacity
+        self.ticks = ticks
+        self.xp = xp
+
+    @staticmethod
+    def extra_nbytes(capacity: int) -> int:
+        """Bytes of metadata beyond the cache's own arrays (for ``hps plan``)."""
+        return 0
+
+    @property
+    def nbytes(self) -> int:
+        return 0
+
+    def on_query(self, keys: Any, rows: Any, hit: Any) -> bool:
+        """Hits and misses of one query (unique keys); True when the window ended (age now)."""
+        return False
+
+    def on_insert(self, keys: Any, rows: Any) -> None:
+        """Missed keys placed in ``rows``."""
+
+    def on_evict(self, keys: Any, rows: Any) -> None:
+        """Rows about to be freed (still holding their metadata)."""
+
+    def priority(self, rows: Any) -> Any:
+        return self.ticks[rows]
+
+    def newcomer_priority(self, keys: Any, tick: int) -> Any:
+        """Priority a missed key would have once admitted (used only with ``admission``)."""
+        return self.xp.full(keys.size, tick, dtype=self.xp.int64)
+
+    def age(self) -> None:
+        """End of a frequency window."""
+
+    def clear(self) -> None:
+        """Forget all metadata (the cache was cleared)."""
+
+
+class LFUPolicy(Policy):
+    name = "lfu"
+
+    def __init__(self, capacity: int, ticks: Any, xp: ModuleType) -> None:
+        super().__init__(capacity, ticks, xp)
+        self.counts = xp.zeros(capacity, dtype=xp.int32)
+
+    @staticmethod
+    def extra_nbytes(capacity: int) -> int:
+        return 4 * capacity
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.counts.nbytes)
+
+    def on_query(self, keys: Any, rows: Any, hit: Any) -> bool:
+        self.counts[rows[hit]] += 1
+        return False
+
+    def on_insert(self, keys: Any, rows: Any) -> None:
+        self.counts[rows] = 1
+
+    def priority(self, rows: Any) -> Any:
+        return compose(self.xp, self.counts[rows], self.ticks[rows])
+
+    def clear(self) -> None:
+        self.counts.fill(0)
+
+
+class FrequencyPolicy(LFUPolicy):
+    name = "frequency"
+    admission = True
+    adaptive_pinning = True
+
+    def __init__(self, capacity: int, ticks: Any, xp: ModuleType, window: int) -> None:
+        super().__init__(capacity, ticks, xp)
+        self.sketch = CountMinSketch(capacity, xp)
+        self.window = window
+        self._seen = 0
+
+    @staticmethod
+    def extra_nbytes(capacity: int) -> int:
+        return 4 * capacity + sketch_nbytes(capacity)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.counts.nbytes) + self.sketch.nbytes
+
+    def on_query(self, keys: Any, rows: Any, hit: Any) -> bool:
+        self.counts[rows[hit]] += 1
+        self.sketch.add(keys[~hit])
+        self._seen += int(keys.size)
+        if self.window and self._seen >= self.window:
+            self._seen = 0
+            return True
+        return False
+
+    def on_insert(self, keys: Any, rows: Any) -> None:
+        # A newcomer starts with what the sketch saw of it while it was not resident.
+        self.counts[rows] = self.xp.maximum(self.sketch.estimate(keys), 1)
+
+    def on_evict(self, keys: Any, rows: Any) -> None:
+        self.sketch.raise_to(keys, self.counts[rows])
+
+    def newcomer_priority(self, keys: Any, tick: int) -> Any:
+        est = self.xp.maximum(self.sketch.estimate(keys), 1)
+        return compose(self.xp, est, self.xp.full(keys.size, tick, dtype=self.xp.int64))
+
+    def age(self) -> None:
+        self.counts >>= 1
+        self.sketch.age()
+
+    def clear(self) -> None:
+        super().clear()
+        self.sketch.clear()
+        self._seen = 0
+
+
+def make_policy(name: str, capacity: int, ticks: Any, xp: ModuleType, window: int) -> Policy:
+    if name == "lru":
+        return Policy(capacity, ticks, xp)
+    if name == "lfu":
+        return LFUPolicy(capacity, ticks, xp)
+    if name == "frequency":
+        return FrequencyPolicy(capacity, ticks, xp, window)
+    from hps.errors import ConfigError
+
+    raise ConfigError(f"hps_cache.policy: unknown policy {name!r}; known: {POLICIES}")
+
+
+def policy_nbytes(name: str, capacity: int) -> int:
+    return {"lru": Policy, "lfu": LFUPolicy, "frequency": FrequencyPolicy}[name].extra_nbytes(
+        capacity
+    )

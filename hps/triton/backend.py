@@ -1,0 +1,123 @@
+"""What the model.py adapters share inside a Triton Python-backend process.
+
+Imported only by model.py files (it imports ``triton_python_backend_utils``, which exists
+only inside Triton's Python stub).
+
+Tensors cross the stub through DLPack, not ``as_numpy()`` / ``Tensor(name, array)``: the
+stub's pybind11 NumPy bridge predates NumPy 2 and silently corrupts data under it (an
+INT64 input arrived as ``[1, 1, 1]`` for ``[1, 2, 3]``; outputs came back empty).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from hps.triton.metrics import MetricsExporter
+from hps.triton.request import error_reply
+
+log = logging.getLogger(__name__)
+
+_CAPSULE_NOISE = "PyCapsule_GetPointer called with incorrect name"
+
+
+def _quiet_capsule_hook(default: Any) -> Any:
+    """Drop one known-harmless unraisable error, pass the others on.
+
+    ``Tensor.from_dlpack`` renames the consumed capsule ``used_dlpack`` where NumPy's
+    capsule destructor expects ``used_dltensor``; the destructor then reports an unraisable
+    ValueError for every output. The stub owns and frees the tensor itself (checked: no
+    growth over thousands of requests), so the report is noise.
+    """
+
+    def hook(unraisable: Any) -> None:
+        exc = unraisable.exc_value
+        if isinstance(exc, ValueError) and str(exc) == _CAPSULE_NOISE:
+            return
+        default(unraisable)
+
+    return hook
+
+
+sys.unraisablehook = _quiet_capsule_hook(sys.unraisablehook)
+
+
+def input_array(request: Any, name: str) -> np.ndarray:
+    """Input ``name`` of a request as a NumPy array (a view of the stub's buffer)."""
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        raise KeyError(f"request has no input {name}")
+    return np.from_dlpack(tensor)
+
+
+def output_tensor(name: str, array: np.ndarray) -> Any:
+    return pb_utils.Tensor.from_dlpack(name, np.ascontiguousarray(array))
+
+
+def error_response(exc: BaseException) -> Any:
+    """A response carrying a Triton error for this request only."""
+    message, code = error_reply(exc)
+    return pb_utils.InferenceResponse(
+        output_tensors=[], error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code))
+    )
+
+
+def model_parameters(args: dict[str, str]) -> dict[str, str]:
+    """The ``parameters`` of the model's config.pbtxt, as strings."""
+    params = json.loads(args["model_config"]).get("parameters", {})
+    return {k: v.get("string_value", "") for k, v in params.items()}
+
+
+class ModelProcess:
+    """One Triton model instance: its ps.json model, its LookupSession and its metrics.
+
+    config.pbtxt parameters: ``ps_config`` (ps.json; relative to the model's folder),
+    ``hps_model`` (the ps.json model; default: the Triton model's name), ``base_dir``
+    (where relative paths in ps.json start; default: the ps.json's folder) and
+    ``metrics_interval_s`` (how often counters reach Triton's /metrics; 0: every batch).
+    """
+
+    def __init__(self, args: dict[str, str]) -> None:
+        from hps.build import build_session
+        from hps.triton.deploy import fill_local_l2, only_model, prepare_tables, serving_config
+
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        params = model_parameters(args)
+        ps_path = Path(args["model_repository"]) / params.get("ps_config", "ps.json")
+        self.name = params.get("hps_model") or args["model_name"]
+        base = params.get("base_dir") or str(ps_path.parent)
+        config = serving_config(ps_path, base)
+        self.config = only_model(config, self.name)
+        self.model = self.config.model(self.name)
+        start = time.perf_counter()
+        prepare_tables(self.config)
+        several = self.model.hps_instances > 1
+        self.session = build_session(self.config, persistent_mode="read_only")
+        rows = fill_local_l2(self.session, self.config, self.model)
+        log.info(
+            "%s (%s): ready in %.1fs; L2 %s%s, L3 %s read-only",
+            args["model_instance_name"],
+            self.name,
+            time.perf_counter() - start,
+            self.config.volatile_db.type,
+            f" ({rows} rows loaded here)" if rows else "",
+            self.config.persistent_db.type,
+        )
+        if several and self.config.volatile_db.type in ("hash_map", "parallel_hash_map"):
+            log.warning("%s: every instance holds its own L2 (%s)", self.name, "hash_map")
+        interval = float(params.get("metrics_interval_s") or 1.0)
+        self.metrics = MetricsExporter(
+            pb_utils, self.name, args["model_instance_name"], self.session, interval
+        )
+
+    def close(self) -> None:
+        self.metrics.flush()
+        self.metrics.close()
+        self.session.close()

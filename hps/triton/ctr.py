@@ -1,0 +1,113 @@
+"""The example CTR model: sum-pooled embeddings + dense features through a small MLP.
+
+Weights live in one ``.npz`` file (the model's ``dense_file`` in ps.json) holding
+``num_dense`` (a scalar) and ``w0, b0, w1, b1, ...``: ReLU between layers, a sigmoid on the
+last one, which has one output (the click probability). The same code runs on NumPy or
+CuPy (``xp``); the network is tiny next to the embedding lookup.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from hps.errors import ConfigError, ShapeError
+from hps.types import Vectors
+
+Array = npt.NDArray[np.float32]
+
+
+def array_module(device: str = "auto") -> Any:
+    """CuPy when asked for (or ``auto`` and a GPU is usable), else NumPy."""
+    if device == "numpy":
+        return np
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return cupy
+    except Exception:  # no CuPy, no driver, no device: NumPy serves
+        if device == "cupy":
+            raise ConfigError("device 'cupy' asked for but CuPy or a GPU is unavailable") from None
+    return np
+
+
+def make_weights(
+    path: str | Path,
+    num_dense: int,
+    emb_width: int,
+    hidden: tuple[int, ...] = (64, 32),
+    seed: int = 0,
+) -> None:
+    """Write random (He-initialised) weights for ``num_dense + emb_width`` inputs."""
+    rng = np.random.default_rng(seed)
+    sizes = [num_dense + emb_width, *hidden, 1]
+    arrays: dict[str, np.ndarray] = {"num_dense": np.array(num_dense)}
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        arrays[f"w{i}"] = (rng.standard_normal((n_in, n_out)) * np.sqrt(2.0 / n_in)).astype(
+            np.float32
+        )
+        arrays[f"b{i}"] = (rng.standard_normal(n_out) * 0.01).astype(np.float32)
+    np.savez(path, **arrays)
+
+
+def xp_f32(xp: Any, a: np.ndarray) -> Any:
+    return xp.asarray(a, dtype=xp.float32)
+
+
+class DenseNetwork:
+    """The MLP of the example CTR model, loaded from its ``.npz`` weights."""
+
+    def __init__(self, path: str | Path, device: str = "auto") -> None:
+        try:
+            with np.load(path) as f:
+                self.num_dense = int(f["num_dense"])
+                n = sum(1 for k in f.files if k.startswith("w"))
+                host = [(f[f"w{i}"], f[f"b{i}"]) for i in range(n)]
+        except (OSError, KeyError, ValueError) as exc:
+            raise ConfigError(f"dense_file {path}: not CTR weights of hps demo ({exc})") from None
+        if not host or host[-1][0].shape[1] != 1:
+            raise ConfigError(f"dense_file {path}: the last layer must have one output")
+        self.xp = array_module(device)
+        self.layers = [(xp_f32(self.xp, w), xp_f32(self.xp, b)) for w, b in host]
+        self.input_width = host[0][0].shape[0]
+
+    def __call__(self, dense: Array, pooled: Vectors) -> Array:
+        """Click probabilities ``[batch]`` of ``dense [batch, num_dense]`` and embeddings."""
+        xp = self.xp
+        x = xp.concatenate([xp.asarray(dense), xp.asarray(pooled)], axis=1)
+        if x.shape[1] != self.input_width:
+            raise ShapeError(f"the network takes {self.input_width} inputs, got {x.shape[1]}")
+        for i, (w, b) in enumerate(self.layers):
+            x = x @ w + b
+            if i < len(self.layers) - 1:
+                x = xp.maximum(x, 0)
+        out = 1.0 / (1.0 + xp.exp(-x[:, 0]))
+        return np.asarray(out.get() if hasattr(out, "get") else out, dtype=np.float32)
+
+
+def pool_embeddings(
+    vectors: Vectors, num_keys: np.ndarray, offsets: np.ndarray, dims: list[int]
+) -> Vectors:
+    """Sum the vectors of each sample within each table: ``[batch, sum(dims)]``.
+
+    ``vectors`` is the flat output of ``lookup_request`` (table after table); ``offsets``
+    holds each table's CSR row offsets ``[tables, batch + 1]``.
+    """
+    batch = offsets.shape[1] - 1
+    out = np.zeros((batch, sum(dims)), dtype=np.float32)
+    v_off = col = 0
+    for t, dim in enumerate(dims):
+        n = int(num_keys[t])
+        rows = vectors[v_off : v_off + n * dim].reshape(n, dim)
+        nonempty = np.diff(offsets[t]) > 0
+        if n:
+            # CSR segments are contiguous: empty ones consume no rows and stay zero.
+            starts = offsets[t][:-1][nonempty]
+            out[nonempty, col : col + dim] = np.add.reduceat(rows, starts, axis=0)
+        v_off += n * dim
+        col += dim
+    return out

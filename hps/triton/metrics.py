@@ -1,0 +1,117 @@
+"""HPS counters in Triton's own /metrics, through the Python backend's custom metrics.
+
+Every metric call of the stub is a round trip to the server process (about 12 us), and
+calls from two threads at once crashed the stub, so nothing is sent per key or per
+request: requests are tallied locally and the deltas of ``LookupSession.stats()`` are sent
+from the thread that runs ``execute`` at most every ``interval`` seconds (and at
+``finalize``). Families (instances of one model add up in the counters):
+
+- ``hps_requests_total{model}``, ``hps_request_errors_total{model,code}``
+- ``hps_lookups_total{model,table}``, ``hps_keys_total{model,table}``
+- ``hps_hits_total{model,table,level}``: unique keys of each lookup by the level that
+  answered (l1, l2, l3, default); ``hps_hit_rate{model,table,level,instance}``: their
+  share since the instance started
+- ``hps_lookup_latency_us{model}``: a histogram of the time a request spends in HPS.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from hps.lookup import LEVELS
+
+LATENCY_BUCKETS_US = [100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000]
+
+
+FAMILIES = {
+    "requests": ("hps_requests_total", "COUNTER", "Lookup requests answered"),
+    "errors": ("hps_request_errors_total", "COUNTER", "Requests answered with an error"),
+    "lookups": ("hps_lookups_total", "COUNTER", "Table lookups"),
+    "keys": ("hps_keys_total", "COUNTER", "Keys looked up (duplicates included)"),
+    "hits": ("hps_hits_total", "COUNTER", "Unique keys of lookups by the level answering"),
+    "rate": ("hps_hit_rate", "GAUGE", "Share of unique keys answered by level"),
+    "latency": ("hps_lookup_latency_us", "HISTOGRAM", "Time a request spends in HPS"),
+}
+
+
+class MetricsExporter:
+    """Sends the deltas of a session's counters to Triton's metric families."""
+
+    def __init__(
+        self, pb_utils: Any, model: str, instance: str, session: Any, interval: float = 1.0
+    ) -> None:
+        self.session = session
+        self.model = model
+        self.instance = instance
+        self.interval = interval
+        fam = pb_utils.MetricFamily
+        self._families = {
+            key: fam(name=name, description=text, kind=getattr(fam, kind))
+            for key, (name, kind, text) in FAMILIES.items()
+        }
+        self._metrics: dict[tuple[str, ...], Any] = {}
+        self._last: dict[str, dict[str, int]] = {}
+        self._latencies: list[float] = []
+        self._requests = 0
+        self._errors: dict[str, int] = {}
+        self._next = 0.0
+
+    def _metric(self, family: str, **labels: str) -> Any:
+        key = (family, *labels.values())
+        metric = self._metrics.get(key)
+        if metric is None:
+            fam = self._families[family]
+            kw = {"buckets": LATENCY_BUCKETS_US} if family == "latency" else {}
+            metric = self._metrics[key] = fam.Metric(labels={"model": self.model, **labels}, **kw)
+        return metric
+
+    def observe(self, seconds: float) -> None:
+        self._latencies.append(seconds)
+        self._requests += 1
+
+    def error(self, code: str) -> None:
+        self._errors[code] = self._errors.get(code, 0) + 1
+
+    def maybe_flush(self) -> None:
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + self.interval
+            self.flush()
+
+    def flush(self) -> None:
+        """Send what accumulated since the last flush."""
+        if self._requests:
+            self._metric("requests").increment(self._requests)
+            self._requests = 0
+        for code, n in self._errors.items():
+            self._metric("errors", code=code).increment(n)
+        self._errors.clear()
+        if self._latencies:
+            hist = self._metric("latency")
+            for us in (np.asarray(self._latencies) * 1e6).tolist():
+                hist.observe(us)
+            self._latencies.clear()
+        for table, counts in self.session.stats()["tables"].items():
+            last = self._last.get(table, {})
+            short = table.split(".", 1)[1]
+            for name in ("lookups", "keys", *LEVELS):
+                delta = counts[name] - last.get(name, 0)
+                if delta:
+                    family = "hits" if name in LEVELS else name
+                    labels = {"table": short, "level": name} if name in LEVELS else {"table": short}
+                    self._metric(family, **labels).increment(delta)
+            unique = sum(counts[level] for level in LEVELS)
+            if unique and counts != last:
+                for level in LEVELS:
+                    self._metric("rate", table=short, level=level, instance=self.instance).set(
+                        counts[level] / unique
+                    )
+            self._last[table] = dict(counts)
+
+    def close(self) -> None:
+        # Metrics must go before their families (the stub refuses the other order).
+        self._metrics.clear()
+        self._families.clear()

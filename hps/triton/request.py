@@ -1,0 +1,124 @@
+"""Requests of the Triton models as NumPy arrays in, NumPy arrays out; errors as messages.
+
+Pure NumPy (no Triton import), so it is unit-tested without a server. The model.py adapters
+take the input tensors, call :func:`lookup_hps_request` / :func:`parse_ctr_request`, and
+turn an exception into a per-request Triton error with :func:`error_reply`.
+
+HugeCTR's client sends ``KEYS`` as ``[1, n]`` and ``NUMKEYS`` as ``[1, tables]`` (Triton's
+batch dimension first) and reads ``OUTPUT0`` as ``[1, n x dim]``. A request with batch
+size ``B > 1`` is ``B`` such lookups, one per row; its rows must come out equally long.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from hps.errors import (
+    BackendUnavailable,
+    DTypeError,
+    HPSError,
+    RequestError,
+    ShapeError,
+    UnknownTableError,
+)
+from hps.types import Keys, Vectors
+
+Lookup = Callable[[Keys, npt.NDArray[np.integer]], Vectors]
+
+
+def _check(name: str, array: np.ndarray, kind: str, dtype: str) -> None:
+    if array.dtype.kind != kind or array.dtype.itemsize != np.dtype(dtype).itemsize:
+        raise DTypeError(f"input {name} must be {dtype.upper()}, got {array.dtype}")
+    if array.ndim != 2:
+        raise ShapeError(
+            f"input {name} must have shape [batch, n] (HugeCTR sends [1, n]), "
+            f"got {list(array.shape)}"
+        )
+
+
+def lookup_hps_request(keys: np.ndarray, numkeys: np.ndarray, lookup: Lookup) -> Vectors:
+    """Answer one HPS-interface request: ``OUTPUT0`` of shape ``[batch, n x dim]``.
+
+    ``lookup(flat_keys, counts_per_table)`` is ``LookupSession.lookup_request`` bound to a
+    model; it validates counts, limits and tables and raises typed errors.
+    """
+    _check("KEYS", keys, "i", "int64")
+    _check("NUMKEYS", numkeys, "i", "int32")
+    if keys.shape[0] != numkeys.shape[0]:
+        raise ShapeError(
+            f"KEYS has batch size {keys.shape[0]} but NUMKEYS has {numkeys.shape[0]}"
+        )
+    if keys.shape[0] == 1:
+        return lookup(keys[0], numkeys[0]).reshape(1, -1)
+    rows = [lookup(k, c) for k, c in zip(keys, numkeys, strict=True)]
+    if len({r.size for r in rows}) > 1:
+        raise ShapeError(
+            f"the {len(rows)} rows of this request give vectors of different lengths "
+            f"{sorted({r.size for r in rows})}; send one request per row"
+        )
+    return np.stack(rows)
+
+
+@dataclass(frozen=True)
+class CTRBatch:
+    """A parsed CTR request: ``batch`` samples of dense features and keys per table."""
+
+    batch: int
+    dense: npt.NDArray[np.float32]  # [batch, num_dense]
+    keys: Keys  # flat, table-major, as CATCOLUMN
+    num_keys: npt.NDArray[np.int64]  # keys per table
+    offsets: npt.NDArray[np.int64]  # [tables, batch + 1] CSR row offsets within each table
+
+
+def parse_ctr_request(
+    des: np.ndarray, catcolumn: np.ndarray, rowindex: np.ndarray, num_tables: int, num_dense: int
+) -> CTRBatch:
+    """Validate HugeCTR's CTR inputs (``DES``, ``CATCOLUMN``, ``ROWINDEX``), batch size 1.
+
+    ``ROWINDEX`` holds, table after table, the ``batch + 1`` CSR offsets of each sample's
+    keys within that table's part of ``CATCOLUMN`` (tables in the model's order).
+    """
+    _check("DES", des, "f", "float32")
+    _check("CATCOLUMN", catcolumn, "i", "int64")
+    _check("ROWINDEX", rowindex, "i", "int32")
+    if not des.shape[0] == catcolumn.shape[0] == rowindex.shape[0] == 1:
+        raise ShapeError("DES, CATCOLUMN and ROWINDEX must have batch dimension 1 ([1, n])")
+    rows = rowindex[0].astype(np.int64)
+    if rows.size % num_tables or rows.size // num_tables < 2:
+        raise ShapeError(
+            f"ROWINDEX has {rows.size} offsets; expected tables ({num_tables}) x (samples + 1)"
+        )
+    batch = rows.size // num_tables - 1
+    offsets = rows.reshape(num_tables, batch + 1)
+    if (offsets[:, 0] != 0).any() or (np.diff(offsets, axis=1) < 0).any():
+        raise ShapeError("ROWINDEX offsets of each table must start at 0 and never decrease")
+    num_keys = offsets[:, -1]
+    keys = catcolumn[0]
+    if int(num_keys.sum()) != keys.size:
+        raise ShapeError(
+            f"ROWINDEX accounts for {int(num_keys.sum())} keys but CATCOLUMN has {keys.size}"
+        )
+    if des[0].size != batch * num_dense:
+        raise ShapeError(
+            f"DES has {des[0].size} values; expected {batch} samples x {num_dense} dense features"
+        )
+    return CTRBatch(batch, des[0].reshape(batch, num_dense), keys, num_keys, offsets)
+
+
+# Triton's error codes (pb_utils.TritonError.<CODE>), by HPS error type, most specific first.
+_CODES: tuple[tuple[type[BaseException], str], ...] = (
+    (UnknownTableError, "NOT_FOUND"),
+    (RequestError, "INVALID_ARG"),
+    (BackendUnavailable, "UNAVAILABLE"),
+    (HPSError, "INTERNAL"),
+)
+
+
+def error_reply(exc: BaseException) -> tuple[str, str]:
+    """The message and Triton error code a failed request is answered with."""
+    code = next((c for t, c in _CODES if isinstance(exc, t)), "INTERNAL")
+    return f"{type(exc).__name__}: {exc}", code

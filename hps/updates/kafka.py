@@ -1,0 +1,124 @@
+"""confluent-kafka plumbing shared by the producer, the consumer and the listeners.
+
+Driver exceptions are translated here into :mod:`hps.errors`; nothing else in
+``hps.updates`` catches ``KafkaException`` itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from hps.errors import BackendError, BackendUnavailable, ConfigError
+
+log = logging.getLogger(__name__)
+
+# A consumer group's join waits about half the session timeout on some brokers (Tansu), and a
+# crashed member holds its partitions for a whole one: 10 s (Kafka's pre-3.0 default) keeps
+# fail-over short. Both can be overridden through update_source.hps_kafka_config.
+CONSUMER_DEFAULTS: dict[str, Any] = {
+    "session.timeout.ms": 10_000,
+    "heartbeat.interval.ms": 1_000,
+    "auto.offset.reset": "earliest",
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    # Tansu does not wake a waiting fetch when data arrives: bound the wait.
+    "fetch.wait.max.ms": 100,
+}
+
+DEFAULT_PARTITIONS = 8
+
+
+def kafka_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Python keyword names to librdkafka names: ``security_protocol`` → ``security.protocol``."""
+    return {k.replace("_", "."): v for k, v in kwargs.items()}
+
+
+def merged(brokers: str, *layers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``bootstrap.servers`` plus each layer of settings, later layers winning."""
+    conf: dict[str, Any] = {"bootstrap.servers": brokers}
+    for layer in layers:
+        if layer:
+            conf.update(layer)
+    return conf
+
+
+def translate(exc: BaseException, what: str) -> BackendError:
+    """A confluent-kafka exception as an HPS error (retriable ones as BackendUnavailable)."""
+    err = exc.args[0] if exc.args else None
+    name = err.name() if hasattr(err, "name") else type(exc).__name__
+    text = err.str() if hasattr(err, "str") else str(exc)
+    retriable = bool(getattr(err, "retriable", lambda: False)()) or name in {
+        "_TRANSPORT",
+        "_ALL_BROKERS_DOWN",
+        "_TIMED_OUT",
+        "REQUEST_TIMED_OUT",
+        "_MSG_TIMED_OUT",
+    }
+    cls = BackendUnavailable if retriable else BackendError
+    return cls(f"kafka: {what}: {name}: {text}")
+
+
+def ensure_topics(
+    brokers: str,
+    topics: Iterable[str],
+    *,
+    num_partitions: int = DEFAULT_PARTITIONS,
+    config: Mapping[str, Any] | None = None,
+    timeout_s: float = 15.0,
+) -> dict[str, int]:
+    """Create the topics that do not exist yet; return each topic's partition count."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    wanted = sorted(set(topics))
+    if not wanted:
+        return {}
+    admin = AdminClient(_admin_conf(brokers, config))
+    try:
+        existing = admin.list_topics(timeout=timeout_s).topics
+        missing = [t for t in wanted if t not in existing]
+        if missing:
+            futures = admin.create_topics(
+                [NewTopic(t, num_partitions=num_partitions, replication_factor=1) for t in missing],
+                operation_timeout=timeout_s,
+                request_timeout=timeout_s,
+            )
+            for topic, fut in futures.items():
+                try:
+                    fut.result()
+                    log.info("created topic %s with %d partitions", topic, num_partitions)
+                except KafkaException as exc:
+                    if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+                        raise
+        counts: dict[str, int] = {}
+        for t in wanted:
+            meta = admin.list_topics(topic=t, timeout=timeout_s).topics.get(t)
+            if meta is None or meta.error is not None or not meta.partitions:
+                raise BackendUnavailable(f"kafka: topic {t!r} has no partitions yet")
+            counts[t] = len(meta.partitions)
+        return counts
+    except KafkaException as exc:
+        raise translate(exc, f"creating topics {_short_list(wanted)}") from None
+
+
+def _short_list(topics: list[str]) -> str:
+    return ", ".join(topics[:3]) + (f" (+{len(topics) - 3})" if len(topics) > 3 else "")
+
+
+def _admin_conf(brokers: str, config: Mapping[str, Any] | None) -> dict[str, Any]:
+    # Only client-level settings (security, timeouts) apply to the admin client.
+    skip = ("enable.", "auto.", "session.", "heartbeat.", "fetch.", "group.", "isolation.", "acks")
+    layer = {k: v for k, v in (config or {}).items() if not k.startswith(skip)}
+    return merged(brokers, layer)
+
+
+def check_config(conf: Mapping[str, Any], role: str) -> None:
+    """Reject settings that would break our delivery guarantees."""
+    if role == "consumer" and conf.get("enable.auto.commit") not in (False, "false"):
+        raise ConfigError("hps_kafka_config: enable.auto.commit must stay false (commit after apply)")
+    if role == "consumer" and conf.get("enable.auto.offset.store") not in (False, "false"):
+        raise ConfigError("hps_kafka_config: enable.auto.offset.store must stay false")
+    if role == "producer" and conf.get("enable.idempotence") not in (True, "true"):
+        raise ConfigError("producer: enable.idempotence must stay true (ordered, no duplicates)")

@@ -1,0 +1,234 @@
+"""The training side: :class:`Publisher` sends embedding updates to ``hps_et.<model>.<table>``.
+
+Guarantees: an idempotent producer (no duplicates, order kept per partition), every key of a
+table always on the same partition (``hps.updates.partition.partition_of``), so the updates
+of one key reach the consumer in the order they were published; messages of at most
+``max_message_bytes``; delivery failures raised by :meth:`Publisher.flush` (and ``close``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from hps.errors import BackendError, BackendUnavailable, DTypeError, InvalidValueError, ShapeError
+from hps.types import Keys, Vectors
+from hps.updates import codec
+from hps.updates.kafka import (
+    DEFAULT_PARTITIONS,
+    check_config,
+    ensure_topics,
+    kafka_kwargs,
+    merged,
+    translate,
+)
+from hps.updates.partition import split_by_partition
+
+log = logging.getLogger(__name__)
+
+PRODUCER_DEFAULTS: dict[str, Any] = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "linger.ms": 5,
+    "compression.type": "none",
+}
+
+
+class Publisher:
+    """Publish embedding updates for HPS to consume.
+
+    ``brokers`` is Kafka's ``bootstrap.servers``. Security and other librdkafka settings go in
+    ``config`` (librdkafka names) or as keywords with underscores for dots, e.g.
+    ``Publisher("b:9093", security_protocol="SASL_SSL", sasl_mechanism="PLAIN", ...)``.
+    Missing topics are created with ``num_partitions`` partitions.
+    """
+
+    def __init__(
+        self,
+        brokers: str,
+        *,
+        config: Mapping[str, Any] | None = None,
+        num_partitions: int = DEFAULT_PARTITIONS,
+        max_message_bytes: int = 900_000,
+        create_topics: bool = True,
+        **kafka_config: Any,
+    ) -> None:
+        from confluent_kafka import KafkaException, Producer
+
+        if max_message_bytes < codec.HEADER_SIZE + codec.KEY_SIZE + 4:
+            raise ValueError(f"max_message_bytes {max_message_bytes} cannot hold a single row")
+        self.brokers = brokers
+        self.num_partitions = num_partitions
+        self.max_message_bytes = max_message_bytes
+        self.create_topics = create_topics
+        self._user_conf = merged(brokers, config, kafka_kwargs(kafka_config))
+        conf = merged(
+            brokers,
+            PRODUCER_DEFAULTS,
+            {"message.max.bytes": max(1_000_000, max_message_bytes + 65_536)},
+            config,
+            kafka_kwargs(kafka_config),
+        )
+        check_config(conf, "producer")
+        try:
+            self._producer = Producer(conf)
+        except KafkaException as exc:
+            raise translate(exc, "creating the producer") from None
+        self._partitions: dict[str, int] = {}
+        self._errors: list[str] = []
+        self._lock = threading.Lock()
+        self._last_version = 0
+        self._closed = False
+        self.messages_sent = 0
+
+    # -- public API -------------------------------------------------------------------------
+
+    def publish(
+        self, model: str, table: str, keys: Keys, vectors: Vectors, version: int | None = None
+    ) -> int:
+        """Queue upserts of ``keys`` → ``vectors`` for ``<model>.<table>``; return the version.
+
+        Duplicate keys in one call: the last row wins. Call :meth:`flush` to wait for delivery.
+        """
+        k = _keys(keys)
+        v = _vectors(vectors, k.size)
+        ver = self._version(version)
+        topic = codec.topic_name(model, table)
+        row_bytes = codec.native_row_bytes(v.shape[1])
+        for part, rows in split_by_partition(k, self._partition_count(topic), self._rows(row_bytes)):
+            self._produce(topic, codec.encode(k[rows], v[rows], ver), part)
+        return ver
+
+    def delete(self, model: str, table: str, keys: Keys, version: int | None = None) -> int:
+        """Queue deletes of ``keys`` from every level of ``<model>.<table>``; return the version."""
+        k = _keys(keys)
+        ver = self._version(version)
+        topic = codec.topic_name(model, table)
+        for part, rows in split_by_partition(
+            k, self._partition_count(topic), self._rows(codec.KEY_SIZE)
+        ):
+            self._produce(topic, codec.encode(k[rows], None, ver, delete=True), part)
+        return ver
+
+    def produce_raw(self, topic: str, payload: bytes, partition: int | None = None) -> None:
+        """Send an already-encoded payload (e.g. ``codec.encode_hugectr``) as it is."""
+        self._produce(topic, payload, partition)
+
+    def flush(self, timeout_s: float = 60.0) -> None:
+        """Wait until every queued message is delivered; raise if any could not be."""
+        remaining = self._producer.flush(timeout_s)
+        errors, self._errors = self._errors, []
+        if errors:
+            more = f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""
+            raise BackendError(
+                f"kafka: {len(errors)} update messages not delivered: {'; '.join(errors[:3])}{more}"
+            )
+        if remaining:
+            raise BackendUnavailable(f"kafka: {remaining} messages still undelivered after {timeout_s}s")
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Flush and release the producer (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.flush(timeout_s)
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # do not hide the original error behind a delivery error
+            try:
+                self.close(timeout_s=5.0)
+            except BackendError as err:
+                log.warning("while closing after an error: %s", err)
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _version(self, version: int | None) -> int:
+        with self._lock:
+            if version is None:
+                version = max(time.time_ns(), self._last_version + 1)
+            elif not 0 <= int(version) <= codec.UINT64_MAX:
+                raise InvalidValueError(f"version {version} does not fit in uint64")
+            self._last_version = max(self._last_version, int(version))
+            return int(version)
+
+    def _rows(self, row_bytes: int) -> int:
+        return max(1, (self.max_message_bytes - codec.HEADER_SIZE) // row_bytes)
+
+    def _partition_count(self, topic: str) -> int:
+        count = self._partitions.get(topic)
+        if count is None:
+            if self.create_topics:
+                count = ensure_topics(
+                    self.brokers, [topic], num_partitions=self.num_partitions, config=self._user_conf
+                )[topic]
+            else:
+                count = self._existing_partitions(topic)
+            self._partitions[topic] = count
+        return count
+
+    def _existing_partitions(self, topic: str) -> int:
+        from confluent_kafka import KafkaException
+
+        try:
+            meta = self._producer.list_topics(topic=topic, timeout=15.0).topics.get(topic)
+        except KafkaException as exc:
+            raise translate(exc, f"metadata of {topic}") from None
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise BackendError(f"kafka: topic {topic!r} does not exist (create_topics=False)")
+        return len(meta.partitions)
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self._errors.append(f"{msg.topic()}[{msg.partition()}]: {err.name()}: {err.str()}")
+
+    def _produce(self, topic: str, payload: bytes, partition: int | None) -> None:
+        from confluent_kafka import KafkaException
+
+        if self._closed:
+            raise BackendError("publisher is closed")
+        kwargs: dict[str, Any] = {"on_delivery": self._on_delivery}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                self._producer.produce(topic, payload, **kwargs)
+                break
+            except BufferError:  # local queue full: serve delivery reports, then retry
+                self._producer.poll(0.05)
+            except KafkaException as exc:
+                raise translate(exc, f"producing to {topic}") from None
+        self._producer.poll(0)
+        self.messages_sent += 1
+
+
+def _keys(keys: Keys) -> np.ndarray:
+    k = np.asarray(keys)
+    if k.dtype.kind not in "iu":
+        raise DTypeError(f"keys must be integers, got {k.dtype}")
+    if k.ndim != 1:
+        raise ShapeError(f"keys must be 1-D, got shape {k.shape}")
+    if k.dtype == np.uint64 and k.size and k.max() > np.iinfo(np.int64).max:
+        raise InvalidValueError("keys must fit in int64")
+    return k.astype(np.int64, copy=False)
+
+
+def _vectors(vectors: Vectors, n: int) -> np.ndarray:
+    v = np.asarray(vectors)
+    if v.dtype.kind not in "fiu":
+        raise DTypeError(f"vectors must be float32-compatible numbers, got {v.dtype}")
+    v = v.astype(np.float32, copy=False)
+    if v.ndim != 2 or v.shape[0] != n or v.shape[1] == 0:
+        raise ShapeError(f"vectors must have shape ({n}, dim), got {v.shape}")
+    if not np.isfinite(v).all():
+        raise InvalidValueError("vectors contain NaN or inf")
+    return v

@@ -1,0 +1,209 @@
+"""The Redis L2 against real servers: a single node and a 3-master Redis Cluster."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+
+from hps.config import VolatileDBConfig
+from hps.errors import BackendError, BackendUnavailable, ConfigError, retriable
+from hps.storage import open_store
+from hps.storage.redis_cluster import RedisStore, hash_name, partition_of
+from hps.testing.redis import RedisClusterServers, RedisServer, free_port
+from hps.types import TableSpec
+from tests.helpers import rows, unique_name
+
+pytestmark = pytest.mark.integration
+
+
+def make_store(address: str, **cfg: Any) -> RedisStore:
+    store = open_store(VolatileDBConfig(type="redis_cluster", address=address, **cfg))
+    assert isinstance(store, RedisStore)
+    return store
+
+
+def new_table(store: RedisStore, dim: int = 8) -> TableSpec:
+    spec = TableSpec(model=unique_name(), table="t", dim=dim)
+    store.open_table(spec)
+    return spec
+
+
+@pytest.fixture(params=["single", "cluster"])
+def address(request: pytest.FixtureRequest) -> str:
+    name = "redis_address" if request.param == "single" else "redis_cluster_address"
+    return str(request.getfixturevalue(name))
+
+
+def test_round_trip_chunked_over_partitions(address: str) -> None:
+    store = make_store(address, num_partitions=8, max_batch_size=100)
+    spec = new_table(store)
+    keys = np.random.default_rng(1).permutation(np.arange(-500, 1500, dtype=np.int64))
+    store.insert(spec.name, keys, rows(keys, spec.dim))
+    query = np.concatenate([keys[::-1], np.arange(5000, 5100, dtype=np.int64)])
+    values, found = store.fetch(spec.name, query)
+    assert found.tolist() == [True] * keys.size + [False] * 100
+    np.testing.assert_array_equal(values[: keys.size], rows(keys[::-1], spec.dim))
+    assert store.size(spec.name) == keys.size
+    store.remove(spec.name, keys[:1234])
+    assert store.size(spec.name) == keys.size - 1234
+    assert store.cluster is (address.count(",") > 0)
+    store.close()
+
+
+def test_layout_is_the_documented_one(redis_address: str) -> None:
+    store = make_store(redis_address, num_partitions=4)
+    spec = new_table(store, dim=3)
+    keys = np.array([7, -2], dtype=np.int64)
+    vals = rows(keys, 3)
+    store.insert(spec.name, keys, vals)
+    raw = redis.Redis.from_url(f"redis://{redis_address}")
+    for key, row, p in zip(keys.tolist(), vals, partition_of(keys, 4).tolist(), strict=True):
+        field = int(key).to_bytes(8, "little", signed=True)
+        assert raw.hget(f"hps_et{{{spec.name}/p{p}}}", field) == row.tobytes()
+    assert raw.keys("hps_ts*") == []  # no capacity limit: no bookkeeping
+    raw.close()
+
+
+def test_partitions_spread_over_the_cluster_nodes(
+    redis_cluster_address: str, redis_cluster: RedisClusterServers
+) -> None:
+    store = make_store(redis_cluster_address, num_partitions=16)
+    spec = new_table(store)
+    keys = np.arange(3000, dtype=np.int64)
+    store.insert(spec.name, keys, rows(keys, spec.dim))
+    per_node = []
+    for node in redis_cluster.nodes:
+        with contextlib.closing(node.client()) as c:
+            names = c.keys("hps_et*")
+            per_node.append(len(names))
+            assert sum(c.hlen(n) for n in names) > 0
+    assert all(n > 0 for n in per_node), per_node
+    assert sum(per_node) == 16
+    assert store.size(spec.name) == keys.size
+
+
+def test_existing_rows_of_another_dimension_are_refused(address: str) -> None:
+    store = make_store(address, num_partitions=2)
+    spec = new_table(store, dim=4)
+    store.insert(spec.name, np.arange(10), rows(np.arange(10), 4))
+    with pytest.raises(ConfigError, match="dimension is 6"):
+        store.open_table(TableSpec(model=spec.model, table=spec.table, dim=6))
+
+
+def test_a_stopped_redis_is_unavailable_quickly_then_back(address: str, request: Any) -> None:
+    server = request.getfixturevalue("redis_server" if "," not in address else "redis_cluster")
+    store = make_store(address, num_partitions=4)
+    spec = new_table(store)
+    keys = np.arange(100, dtype=np.int64)
+    store.insert(spec.name, keys, rows(keys, spec.dim))
+    server.stop()
+    try:
+        for call in (
+            lambda: store.fetch(spec.name, keys),
+            lambda: store.insert(spec.name, keys, rows(keys, spec.dim)),
+            lambda: make_store(address),
+        ):
+            start = time.monotonic()
+            with pytest.raises(BackendUnavailable) as info:
+                call()
+            assert time.monotonic() - start < 3.0
+            assert retriable(info.value)
+    finally:
+        server.start()
+    store.insert(spec.name, keys, rows(keys, spec.dim))  # reconnects on its own
+    values, found = store.fetch(spec.name, keys)
+    assert found.all()
+    np.testing.assert_array_equal(values, rows(keys, spec.dim))
+
+
+def test_data_survives_a_reconnect(address: str, request: Any) -> None:
+    server = request.getfixturevalue("redis_server" if "," not in address else "redis_cluster")
+    nodes = server.nodes if hasattr(server, "nodes") else [server.node]
+    store = make_store(address, num_partitions=8)
+    spec = new_table(store)
+    keys = np.arange(1000, dtype=np.int64)
+    store.insert(spec.name, keys, rows(keys, spec.dim))
+    killed = 0
+    for node in nodes:
+        with contextlib.closing(node.client()) as c:
+            killed += c.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+    assert killed > 0
+    values, found = store.fetch(spec.name, keys)
+    assert found.all()
+    np.testing.assert_array_equal(values, rows(keys, spec.dim))
+
+
+def test_a_hung_redis_times_out(redis_address: str, redis_server: RedisServer) -> None:
+    store = make_store(redis_address, hps_socket_timeout_s=0.5)
+    spec = new_table(store)
+    assert redis_server.node.pid is not None
+    os.kill(redis_server.node.pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(BackendUnavailable, match="Timeout|timed out"):
+            store.fetch(spec.name, np.arange(10))
+        assert time.monotonic() - start < 3.0
+    finally:
+        os.kill(redis_server.node.pid, signal.SIGCONT)
+    assert store.fetch(spec.name, np.arange(10))[1].sum() == 0
+
+
+def test_several_addresses_of_a_single_node_are_refused(redis_address: str) -> None:
+    with pytest.raises(ConfigError, match="not in cluster mode"):
+        make_store(f"{redis_address},127.0.0.1:{free_port()}")
+
+
+def test_any_reachable_cluster_node_is_enough(redis_cluster_address: str) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    store = make_store(f"{dead},{redis_cluster_address.split(',')[1]}")
+    assert store.cluster
+    spec = new_table(store)
+    store.insert(spec.name, np.arange(50), rows(np.arange(50), spec.dim))
+    assert store.size(spec.name) == 50
+
+
+# -- authentication -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    acl = ["--user", "alice", "on", ">alice-pw", "~*", "&*", "+@all", "--requirepass", "secret"]
+    server = RedisServer(Path(tmp_path_factory.mktemp("redis-auth")), extra_args=acl)
+    server.node.password = "secret"
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize(("user", "password"), [("default", "secret"), ("alice", "alice-pw")])
+def test_password_and_acl_user(secured: RedisServer, user: str, password: str) -> None:
+    store = make_store(secured.address, user_name=user, password=password)
+    spec = new_table(store)
+    store.insert(spec.name, np.arange(20), rows(np.arange(20), spec.dim))
+    assert store.fetch(spec.name, np.arange(20))[1].all()
+
+
+@pytest.mark.parametrize(("user", "password"), [("alice", "wrong"), ("default", "")])
+def test_bad_credentials_are_not_retriable(secured: RedisServer, user: str, password: str) -> None:
+    with pytest.raises(BackendError) as info:
+        make_store(secured.address, user_name=user, password=password)
+    assert not retriable(info.value)
+    assert "Redis" in str(info.value)
+
+
+def test_hash_name_matches_what_the_store_writes(redis_address: str) -> None:
+    store = make_store(redis_address, num_partitions=1)
+    spec = new_table(store, dim=2)
+    store.insert(spec.name, np.array([5]), np.ones((1, 2), np.float32))
+    raw = redis.Redis.from_url(f"redis://{redis_address}")
+    assert raw.hlen(hash_name(spec.name, 0)) == 1
+    raw.close()

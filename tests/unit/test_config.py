@@ -1,0 +1,176 @@
+"""ps.json parsing: HugeCTR's files as they are, defaults, and errors that name key and file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hps.config import load_config, parse_config
+from hps.errors import ConfigError
+
+HUGECTR_PS = {
+    "supportlonglong": True,
+    "volatile_db": {
+        "type": "redis_cluster",
+        "address": "127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002",
+        "user_name": "default",
+        "password": "",
+        "num_partitions": 8,
+        "max_get_batch_size": 100000,
+        "max_set_batch_size": 100000,
+        "overflow_margin": 10000000,
+        "overflow_resolution_target": 0.8,
+        "initial_cache_rate": 1.0,
+        "update_filters": [".+"],
+    },
+    "persistent_db": {
+        "type": "rocks_db",
+        "path": "/hugectr/rocksdb",
+        "num_threads": 16,
+        "read_only": False,
+        "max_get_batch_size": 1000,
+        "max_set_batch_size": 10000,
+    },
+    "update_source": {"type": "kafka_message_queue", "brokers": "127.0.0.1:9092"},
+    "models": [
+        {
+            "model": "wdl",
+            "sparse_files": ["/wdl/0_sparse_2000.model", "/wdl/1_sparse_2000.model"],
+            "dense_file": "/wdl/_dense_2000.model",
+            "network_file": "/wdl/wdl.json",
+            "num_of_worker_buffer_in_pool": 4,
+            "num_of_refresher_buffer_in_pool": 1,
+            "deployed_device_list": [0],
+            "max_batch_size": 64,
+            "default_value_for_each_table": [0.0, 0.0],
+            "maxnum_des_feature_per_sample": 13,
+            "maxnum_catfeature_query_per_table_per_sample": [2, 26],
+            "embedding_vecsize_per_table": [1, 16],
+            "embedding_table_names": ["table1", "table2"],
+            "hit_rate_threshold": 0.9,
+            "gpucacheper": 0.5,
+            "gpucache": True,
+            "cache_refresh_percentage_per_iteration": 0.2,
+            "refresh_delay": 0,
+            "refresh_interval": 0,
+            "use_static_table": False,
+            "embedding_cache_type": "dynamic",
+            "use_context_stream": True,
+            "use_hctr_cache_implementation": True,
+            "thread_pool_size": 16,
+            "init_ec": True,
+            "enable_pagelock": False,
+            "fp8_quant": False,
+            "label_dim": 1,
+            "slot_num": 28,
+        }
+    ],
+}
+
+
+def _write(tmp_path: Path, doc: object) -> Path:
+    p = tmp_path / "ps.json"
+    p.write_text(json.dumps(doc))
+    return p
+
+
+def test_hugectr_file_loads_with_deprecation_warnings(tmp_path: Path) -> None:
+    with pytest.warns(FutureWarning, match="max_get_batch_size is deprecated"):
+        cfg = load_config(_write(tmp_path, HUGECTR_PS))
+    assert cfg.volatile_db.max_batch_size == 100000
+    assert cfg.persistent_db.max_batch_size == 1000
+    model = cfg.model("wdl")
+    assert [t.name for t in model.tables] == ["wdl.table1", "wdl.table2"]
+    assert [t.dim for t in model.tables] == [1, 16]
+    assert model.tables[1].max_keys_per_request == 64 * 26
+    assert cfg.update_source.enabled
+
+
+def test_hugectr_defaults() -> None:
+    cfg = parse_config({"models": [{"model": "m", "embedding_vecsize_per_table": [8]}]})
+    m = cfg.models[0]
+    assert (m.gpucacheper, m.hit_rate_threshold, m.max_batch_size) == (0.2, 0.9, 64)
+    v = cfg.volatile_db
+    assert (v.type, v.num_partitions, v.max_batch_size) == ("hash_map", 16, 65536)
+    assert (v.overflow_policy, v.overflow_resolution_target, v.initial_cache_rate) == (
+        "evict_random",
+        0.8,
+        1.0,
+    )
+    assert cfg.persistent_db.max_batch_size == 65536
+    u = cfg.update_source
+    assert (u.poll_timeout_ms, u.max_batch_size, u.failure_backoff_ms, u.max_commit_interval) == (
+        500,
+        8192,
+        50,
+        32,
+    )
+    assert [t.table for t in m.tables] == ["sparse_embedding0"]
+    assert not u.enabled
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"volatile_db": {"typo_key": 1}}, "volatile_db.typo_key: unknown key"),
+        ({"volatile_db": {"num_partitions": "many"}}, "volatile_db.num_partitions"),
+        ({"persistent_db": {"type": "leveldb"}}, "persistent_db.type"),
+        (
+            {
+                "models": [
+                    {
+                        "model": "m",
+                        "embedding_vecsize_per_table": [8, 4],
+                        "embedding_table_names": ["a"],
+                    }
+                ]
+            },
+            "embedding_table_names has 1 names",
+        ),
+        (
+            {
+                "models": [
+                    {
+                        "model": "m",
+                        "embedding_vecsize_per_table": [8],
+                        "embedding_table_names": ["bad.name"],
+                    }
+                ]
+            },
+            "invalid table name 'bad.name'",
+        ),
+        (
+            {"models": [{"model": "m", "embedding_vecsize_per_table": [8], "gpucacheper": 2}]},
+            "models[0].gpucacheper",
+        ),
+        ({"models": [{"model": "m"}]}, "models[0].embedding_vecsize_per_table: Field required"),
+        (
+            {"update_source": {"type": "kafka", "brokerz": "x"}},
+            "update_source.brokerz: unknown key",
+        ),
+        ({"volatile_db": {"update_filters": ["("]}}, "invalid regular expression"),
+    ],
+)
+def test_errors_name_the_key_and_the_file(tmp_path: Path, patch: dict, message: str) -> None:
+    doc = {"models": [{"model": "m", "embedding_vecsize_per_table": [8]}], **patch}
+    with pytest.raises(ConfigError) as err:
+        load_config(_write(tmp_path, doc))
+    assert message in str(err.value)
+    assert str(tmp_path / "ps.json") in str(err.value)
+
+
+def test_invalid_json_and_missing_file(tmp_path: Path) -> None:
+    p = tmp_path / "ps.json"
+    p.write_text("{ not json")
+    with pytest.raises(ConfigError, match="invalid JSON at line 1"):
+        load_config(p)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "absent.json")
+
+
+def test_models_are_frozen() -> None:
+    cfg = parse_config({"models": [{"model": "m", "embedding_vecsize_per_table": [8]}]})
+    with pytest.raises(Exception, match="frozen"):
+        cfg.models[0].gpucacheper = 0.5  # type: ignore[misc]

@@ -1,0 +1,125 @@
+"""LookupSession over the embedded tiers (hash_map L2 + RocksDB L3), no L1."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hps.build import build_session
+from hps.errors import (
+    BackendUnavailable,
+    BatchTooLargeError,
+    DTypeError,
+    InvalidValueError,
+    ShapeError,
+    UnknownTableError,
+)
+from hps.lookup import LookupSession
+from tests.helpers import make_config, rows
+
+
+@pytest.fixture
+def session(tmp_path: Path) -> Iterator[LookupSession]:
+    s = build_session(make_config(tmp_path))
+    yield s
+    s.close()
+
+
+def test_levels_and_defaults_in_request_order(session: LookupSession) -> None:
+    l2_keys = np.array([1, 2, 3], dtype=np.int64)
+    l3_keys = np.array([10, 11], dtype=np.int64)
+    assert session.volatile is not None and session.persistent is not None
+    session.volatile.insert("demo.t0", l2_keys, rows(l2_keys, 4))
+    session.persistent.insert("demo.t0", l3_keys, rows(l3_keys, 4))
+    query = np.array([11, 1, 99, 1, 3, 10], dtype=np.int64)
+    got = session.lookup("demo.t0", query)
+    expected = rows(query, 4)
+    expected[2] = 0.5  # the table's default value
+    np.testing.assert_array_equal(got, expected)
+    counts = session.stats()["tables"]["demo.t0"]
+    assert (counts["l2"], counts["l3"], counts["default"], counts["keys"]) == (2, 2, 1, 6)
+
+
+def test_multi_table_request(session: LookupSession) -> None:
+    k0, k1 = np.array([5, 6], np.int64), np.array([7, 8, 9], np.int64)
+    session.insert("demo.t0", k0, rows(k0, 4))
+    session.insert("demo.t1", k1[:2], rows(k1[:2], 8))
+    out = session.lookup_request("demo", np.concatenate([k0, k1]), np.array([2, 3], np.int32))
+    expected = np.concatenate([rows(k0, 4).ravel(), rows(k1[:2], 8).ravel(), np.full(8, -1.0)])
+    np.testing.assert_array_equal(out, expected.astype(np.float32))
+
+
+def test_backfill_into_l2(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, volatile_db={"type": "hash_map", "cache_missed_embeddings": True})
+    s = build_session(cfg)
+    keys = np.array([4, 5], np.int64)
+    assert s.persistent is not None and s.volatile is not None
+    s.persistent.insert("demo.t0", keys, rows(keys, 4))
+    s.lookup("demo.t0", keys)
+    s.drain()
+    values, found = s.volatile.fetch("demo.t0", keys)
+    assert found.all()
+    np.testing.assert_array_equal(values, rows(keys, 4))
+    s.close()
+
+
+@pytest.mark.parametrize(
+    ("keys", "num_keys", "error", "message"),
+    [
+        (np.array([1.0, 2.0]), [1, 1], DTypeError, "keys must be int64"),
+        (np.array([1, 2, 3]), [1, 1], ShapeError, "add up to 2 but 3 keys"),
+        (np.array([1, 2]), [3, -1], ShapeError, "negative key count"),
+        (np.array([1, 2]), [2], ShapeError, "1 key counts for 2 tables"),
+        (np.arange(33), [33, 0], BatchTooLargeError, "33 keys exceed the limit of 32"),
+        (np.array([1, 2]), [1.0, 1.0], ShapeError, "must be integers"),
+    ],
+)
+def test_bad_requests(
+    session: LookupSession, keys: np.ndarray, num_keys: list, error: type, message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        session.lookup_request("demo", keys, np.asarray(num_keys))
+
+
+def test_unknown_model_and_table(session: LookupSession) -> None:
+    with pytest.raises(UnknownTableError, match="unknown model 'nope'"):
+        session.lookup_request("nope", np.array([1]), np.array([1, 0]))
+    with pytest.raises(UnknownTableError, match="demo.t9"):
+        session.lookup("demo.t9", np.array([1]))
+
+
+def test_bad_insert_changes_nothing(session: LookupSession) -> None:
+    keys = np.array([1, 2], np.int64)
+    session.insert("demo.t0", keys, rows(keys, 4))
+    with pytest.raises(InvalidValueError):
+        session.insert("demo.t0", keys, np.full((2, 4), np.nan, np.float32))
+    with pytest.raises(ShapeError):
+        session.insert("demo.t0", keys, np.ones((2, 5), np.float32))
+    np.testing.assert_array_equal(session.lookup("demo.t0", keys), rows(keys, 4))
+
+
+def test_remove_from_every_level(session: LookupSession) -> None:
+    keys = np.array([1, 2], np.int64)
+    session.insert("demo.t0", keys, rows(keys, 4))
+    session.remove("demo.t0", keys[:1])
+    got = session.lookup("demo.t0", keys)
+    np.testing.assert_array_equal(got[0], np.full(4, 0.5, np.float32))
+    np.testing.assert_array_equal(got[1], rows(keys[1:], 4)[0])
+
+
+def test_l2_down_falls_through_to_l3(session: LookupSession) -> None:
+    keys = np.array([3], np.int64)
+    session.insert("demo.t0", keys, rows(keys, 4))
+
+    class Down:
+        def fetch(self, *_: object) -> None:
+            raise BackendUnavailable("redis down")
+
+    real, session.volatile = session.volatile, Down()  # type: ignore[assignment]
+    try:
+        np.testing.assert_array_equal(session.lookup("demo.t0", keys), rows(keys, 4))
+    finally:
+        session.volatile = real
