@@ -5,4 +5,5 @@ A bench module exposes ``add_arguments(parser)`` and ``run(args) -> Iterator[dic
 
 BENCHES: dict[str, str] = {
     "storage": "hps.bench.storage",
+    "cache": "hps.bench.cache",
 }

@@ -29,7 +29,7 @@ import numpy as np
 
 from hps.cache.embedding_cache import EmbeddingCache
 from hps.cache.policies import POLICIES
-from hps.cache.xp import select_xp, to_host
+from hps.cache.xp import select_xp, to_host, to_xp
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -247,7 +247,3 @@ def _row(
         "ratio": round(t_raw / t_ours, 4),
         "device": xp.__name__,
     }
-
-
-def to_xp(xp: Any, a: Any) -> Any:
-    return xp.asarray(a)

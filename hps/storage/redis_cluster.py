@@ -10,15 +10,17 @@ With a finite ``overflow_margin`` (rows per partition, as in HugeCTR) each parti
 a sorted set ``hps_ts{<model>.<table>/p<i>}`` (same slot) scoring every key by the time of its
 last write (``evict_oldest``) or of its last write or read (``evict_least_used``). After an
 insert leaves a partition above the margin, rows are evicted down to
-``overflow_resolution_target x overflow_margin``: lowest scores first, or random fields
-(``HRANDFIELD``) for ``evict_random`` and for rows without a score. Without a margin no
-bookkeeping is kept and a fetch is a plain pipelined HMGET.
+``overflow_resolution_target x overflow_margin``: lowest scores first (rows without a score,
+written while no margin was configured, count as oldest), or random fields (``HRANDFIELD``)
+for ``evict_random``. Without a margin no bookkeeping is kept and a fetch is a plain
+pipelined HMGET.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
@@ -223,6 +225,21 @@ class RedisStore:
                 pipe.execute_command("HLEN", h)
             return sum(int(n) for n in pipe.execute())
 
+    def dump(self, table: str, chunk_rows: int = 1 << 16) -> Iterator[tuple[Keys, Vectors]]:
+        """Yield (keys, vectors) chunks of the whole table (HSCAN of each partition)."""
+        t = self._table(table)
+        for h in t.hashes:
+            cursor: Any = 0
+            while True:
+                with translated(f"dump {table}"):
+                    cursor, page = self._r.hscan(h, cursor, count=chunk_rows)
+                if page:
+                    keys = np.frombuffer(b"".join(page), "<i8").astype(np.int64)
+                    vals = np.frombuffer(b"".join(page.values()), np.float32)
+                    yield keys, vals.reshape(keys.size, t.spec.dim)
+                if int(cursor) == 0:
+                    break
+
     def close(self) -> None:
         self._r.close()
 
@@ -240,6 +257,8 @@ class RedisStore:
         """Evict rows of partition ``p`` until it holds at most the resolution target."""
         table = t.spec.name
         with translated(f"evicting from {table} partition {p}"):
+            if self._stamped and int(self._r.zcard(t.stamps[p])) < length:
+                self._adopt(t, p)
             for _ in range(_EVICT_ROUNDS):
                 excess = length - self._target
                 if excess <= 0:
@@ -258,3 +277,19 @@ class RedisStore:
                         pipe.execute_command("ZREM", t.stamps[p], *victims[lo : lo + self._batch])
                 pipe.execute_command("HLEN", t.hashes[p])
                 length = int(pipe.execute()[-1])
+
+    def _adopt(self, t: _Table, p: int) -> None:
+        """Score 0 (evicted first) for rows that have no timestamp yet.
+
+        Rows written while no overflow_margin was configured have no score; this scans the
+        partition once (HSCAN; ZADD NX keeps the scores that exist).
+        """
+        cursor = 0
+        while True:
+            cursor, page = self._r.hscan(t.hashes[p], cursor, count=self._batch)
+            if page:
+                fields = list(page)
+                zero = [b"0"] * len(fields)
+                self._r.execute_command("ZADD", t.stamps[p], "NX", *_interleave(zero, fields))
+            if int(cursor) == 0:
+                return

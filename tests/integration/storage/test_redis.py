@@ -207,3 +207,16 @@ def test_hash_name_matches_what_the_store_writes(redis_address: str) -> None:
     raw = redis.Redis.from_url(f"redis://{redis_address}")
     assert raw.hlen(hash_name(spec.name, 0)) == 1
     raw.close()
+
+
+def test_dump_yields_every_row(address: str) -> None:
+    store = make_store(address, num_partitions=4)
+    spec = new_table(store, dim=3)
+    keys = np.arange(-300, 700, dtype=np.int64)
+    store.insert(spec.name, keys, rows(keys, 3))
+    chunks = list(store.dump(spec.name, chunk_rows=100))
+    got_keys = np.concatenate([k for k, _ in chunks])
+    got_vals = np.concatenate([v for _, v in chunks])
+    order = np.argsort(got_keys)
+    np.testing.assert_array_equal(got_keys[order], keys)
+    np.testing.assert_array_equal(got_vals[order], rows(keys, 3))

@@ -124,7 +124,7 @@ def test_removed_rows_leave_the_bookkeeping(address: str) -> None:
 
 
 def test_rows_without_timestamps_are_still_evicted(address: str) -> None:
-    """Rows written before a margin was configured have no score: random eviction takes them."""
+    """Rows written while no margin was configured have no score: they count as oldest."""
     plain = open_store(VolatileDBConfig(type="redis", address=address, num_partitions=1))
     assert plain is not None
     store, spec = limited(address, "evict_oldest")
