@@ -16,6 +16,9 @@ from hps.errors import HPSError
 COMMAND_MODULES = [
     "hps.io.commands",  # import, export, lookup
     "hps.bench.commands",  # bench storage|cache|triton|updates
+    "hps.cache.commands",  # plan, freq
+    "hps.triton.commands",  # demo, serve, query
+    "hps.updates.commands",  # consume, publish
 ]
 
 

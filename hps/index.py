@@ -1,12 +1,18 @@
 """A vectorised open-addressing index: int64 key → int32 row, in NumPy or CuPy arrays.
 
 The L2 hash map and the L1 cache store their rows in dense arenas and use this index to
-find a key's row. Every operation takes a whole batch and runs a handful of array
-operations per probe round (triangular probing over a power-of-two table), never a Python
-loop over keys.
+find a key's row. Slots come in groups of ``GROUP`` (8 keys: one 64-byte cache line); a key
+hashes to a group and the probe sequence visits whole groups (triangular steps over a
+power-of-two number of groups). One probe round reads one group per pending key as a
+``(n, GROUP)`` block, so most keys resolve in the first round and every operation is a
+handful of array operations per round, never a Python loop over keys.
+
+Invariant: a key sits in the first group of its probe sequence that had a free slot when it
+was inserted, and slots never turn back to ``EMPTY`` (removal leaves a ``TOMBSTONE``), so a
+lookup stops at the first group that still has an ``EMPTY`` slot.
 
 Two key values are reserved as slot markers (``EMPTY`` and ``TOMBSTONE``, the two smallest
-int64 values); ``check_keys`` rejects them with a clear error.
+int64 values); ``check_keys`` rejects them with a clear error, and lookups never find them.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from hps.errors import InvalidValueError
 
 EMPTY = np.int64(np.iinfo(np.int64).min)
 TOMBSTONE = np.int64(np.iinfo(np.int64).min + 1)
+GROUP = 8
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
@@ -41,6 +48,26 @@ def mix(keys: Any, xp: ModuleType = np) -> Any:
     return x
 
 
+def _bytes(mask: Any) -> Any:
+    """A ``(n, GROUP)`` bool mask as n uint64 words, one byte (0 or 1) per slot."""
+    return mask.view(np.uint64).reshape(-1)
+
+
+_BYTE_INDEX = np.uint64(0x0706050403020100)
+
+
+def _first_byte(words: Any, xp: ModuleType) -> Any:
+    """Index (0-7) of the lowest non-zero byte of each non-zero little-endian word."""
+    low = words & (~words + np.uint64(1))  # lowest set bit, 1 << (8 * index)
+    return 7 - ((low * _BYTE_INDEX) >> np.uint64(56)).astype(xp.int64)
+
+
+def slots_for(capacity: int, max_load: float = 0.7) -> int:
+    """Slots a KeyIndex allocates for ``capacity`` keys: a power of two, at least 16."""
+    slots = max(16, int(capacity / max_load) + 1)
+    return 1 << (slots - 1).bit_length()
+
+
 class KeyIndex:
     """Map unique int64 keys to int32 rows; grows by doubling past ``max_load``."""
 
@@ -49,13 +76,15 @@ class KeyIndex:
         self.max_load = max_load
         self._used = 0
         self._tombs = 0
-        self._alloc(max(16, int(capacity / max_load) + 1))
+        self._min_slots = slots_for(capacity, max_load)
+        self._alloc(self._min_slots)
 
     def _alloc(self, slots: int) -> None:
-        size = 1 << (slots - 1).bit_length()
-        self._mask = np.uint64(size - 1)
+        size = max(16, 1 << (slots - 1).bit_length())
+        self._gmask = np.uint64(size // GROUP - 1)
         self.slot_keys = self.xp.full(size, EMPTY, dtype=self.xp.int64)
         self.slot_rows = self.xp.full(size, -1, dtype=self.xp.int32)
+        self._groups = self.slot_keys.reshape(-1, GROUP)
 
     def __len__(self) -> int:
         return self._used
@@ -68,34 +97,50 @@ class KeyIndex:
     def nbytes(self) -> int:
         return int(self.slot_keys.nbytes + self.slot_rows.nbytes)
 
-    def _positions(self, keys: Any) -> Any:
-        """Slot position of each key, -1 where absent."""
+    def _home(self, keys: Any) -> Any:
+        return (mix(keys, self.xp) & self._gmask).astype(self.xp.int64)
+
+    def _find(self, keys: Any, *, rows: bool) -> Any:
+        """Row (``rows``) or slot position of each key, -1 where absent.
+
+        A reserved key may "match" an EMPTY or TOMBSTONE slot: its row reads as -1, and
+        :meth:`_positions` drops it.
+        """
         xp = self.xp
-        n = keys.size
-        out = xp.full(n, -1, dtype=xp.int64)
-        if n == 0:
-            return out
-        pending = xp.arange(n)
-        pos = mix(keys, xp) & self._mask
-        k = keys
-        for r in range(1, self.slots + 1):
-            tk = self.slot_keys[pos]
-            hit = tk == k
-            out[pending[hit]] = pos[hit].astype(xp.int64)
-            go_on = ~hit & (tk != EMPTY)
-            pending, pos, k = pending[go_on], pos[go_on], k[go_on]
-            if pending.size == 0:
+        if keys.size == 0:
+            return xp.full(0, -1, dtype=xp.int64)
+        gmask = int(self._gmask)
+        g, k, pending = self._home(keys), keys, None
+        for r in range(1, gmask + 2):
+            block = self._groups.take(g, axis=0)
+            match = _bytes(block == k[:, None])
+            pos = g * GROUP + _first_byte(match, xp)
+            found = match != 0
+            got = self.slot_rows.take(pos) if rows else pos
+            if pending is None:
+                out = xp.where(found, got, np.int64(-1))
+            else:
+                out[pending[found]] = got[found]
+            rest = xp.flatnonzero(~found)
+            if rest.size == 0:
                 break
-            pos = (pos + np.uint64(r)) & self._mask
+            # A group with an EMPTY slot ends the probe: the key would have gone there.
+            rest = rest[_bytes(block.take(rest, axis=0) == EMPTY) == 0]
+            if rest.size == 0:
+                break
+            pending = rest if pending is None else pending[rest]
+            g, k = (g[rest] + r) & gmask, k[rest]
         return out
+
+    def _positions(self, keys: Any) -> Any:
+        """Slot position of each key, -1 where absent (reserved keys are always absent)."""
+        pos = self._find(keys, rows=False)
+        pos[keys <= TOMBSTONE] = -1
+        return pos
 
     def lookup(self, keys: Any) -> Any:
         """Row of each key (int64), -1 where absent."""
-        pos = self._positions(keys)
-        rows = self.xp.full(keys.size, -1, dtype=self.xp.int64)
-        found = pos >= 0
-        rows[found] = self.slot_rows[pos[found]]
-        return rows
+        return self._find(keys, rows=True)
 
     def insert(self, keys: Any, rows: Any) -> None:
         """Add keys that are unique and not yet present, pointing at ``rows``."""
@@ -105,36 +150,42 @@ class KeyIndex:
             return
         if (self._used + self._tombs + n) > self.max_load * self.slots:
             self._rehash(self._used + n)
+        gmask = int(self._gmask)
         pending = xp.arange(n)
-        pos = mix(keys, xp) & self._mask
-        for r in range(1, self.slots + 1):
-            tk = self.slot_keys[pos]
-            free = (tk == EMPTY) | (tk == TOMBSTONE)
-            cand, cpos = pending[free], pos[free]
-            # Several keys may claim one slot: whichever write lands wins, the rest probe on.
-            self.slot_keys[cpos] = keys[cand]
-            won = self.slot_keys[cpos] == keys[cand]
-            self.slot_rows[cpos[won]] = rows[cand[won]].astype(xp.int32)
-            self._tombs -= int((tk[free][won] == TOMBSTONE).sum())
-            placed = xp.zeros(n, dtype=bool)
-            placed[cand[won]] = True
-            keep = ~placed[pending]
-            pending, pos = pending[keep], pos[keep]
+        g = self._home(keys)
+        step = xp.zeros(n, dtype=xp.int64)
+        for _ in range(n + gmask + 2):
+            free = _bytes(self._groups.take(g, axis=0) <= TOMBSTONE)  # EMPTY or TOMBSTONE
+            claim = xp.flatnonzero(free != 0)
+            slot = g[claim] * GROUP + _first_byte(free[claim], xp)
+            # Keys sharing a group claim the same first free slot: one write lands, the
+            # others try the same group again; keys whose group is full move on.
+            want = keys[pending[claim]]
+            was_tomb = self.slot_keys[slot] == TOMBSTONE
+            self.slot_keys[slot] = want
+            won = self.slot_keys[slot] == want
+            self.slot_rows[slot[won]] = rows[pending[claim[won]]].astype(xp.int32)
+            self._tombs -= int(was_tomb[won].sum())
+            keep = xp.ones(pending.size, dtype=bool)
+            keep[claim[won]] = False
+            full = xp.flatnonzero(free == 0)
+            step[full] += 1
+            g[full] = (g[full] + step[full]) & gmask
+            pending, g, step = pending[keep], g[keep], step[keep]
             if pending.size == 0:
                 break
-            pos = (pos + np.uint64(r)) & self._mask
         self._used += n
 
     def remove(self, keys: Any) -> Any:
         """Remove keys; returns the row each pointed at (-1 where absent)."""
         pos = self._positions(keys)
         found = pos >= 0
-        fpos = pos[found]
         rows = self.xp.full(keys.size, -1, dtype=self.xp.int64)
-        rows[found] = self.slot_rows[fpos]
+        rows[found] = self.slot_rows[pos[found]]
+        fpos = self.xp.unique(pos[found])  # a key listed twice is removed once
         self.slot_keys[fpos] = TOMBSTONE
         self.slot_rows[fpos] = -1
-        removed = int(found.sum())
+        removed = int(fpos.size)
         self._used -= removed
         self._tombs += removed
         return rows
@@ -146,7 +197,7 @@ class KeyIndex:
 
     def _rehash(self, need: int) -> None:
         keys, rows = self.items()
-        self._alloc(max(int(need / self.max_load) + 1, 16))
+        self._alloc(max(self._min_slots, slots_for(need, self.max_load)))
         self._used = 0
         self._tombs = 0
         self.insert(keys, rows)

@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 pytest_plugins: list[str] = [
+    "tests.fixtures.kafka",
     "tests.fixtures.redis_servers",
 ]

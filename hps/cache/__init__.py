@@ -43,8 +43,13 @@ def cache_capacity(model_cfg: ModelConfig, table_rows: int) -> int:
     return max(MIN_CAPACITY, math.ceil(model_cfg.gpucacheper * max(0, table_rows)))
 
 
-def build_cache(spec: TableSpec, cfg: CacheConfig, capacity: int) -> EmbeddingCache:
-    """One table's cache on the device ``cfg.device`` picks (``auto``: CuPy on a usable GPU)."""
+def build_cache(
+    spec: TableSpec, cfg: CacheConfig, capacity: int, device_id: int | None = None
+) -> EmbeddingCache:
+    """One table's cache on the device ``cfg.device`` picks (``auto``: CuPy on a usable GPU).
+
+    ``device_id`` chooses the GPU (one of ``deployed_device_list``; default: the current one).
+    """
     if capacity < 1:
         raise ConfigError(f"{spec.name}: L1 cache capacity must be at least 1 row, got {capacity}")
     return EmbeddingCache(
@@ -55,4 +60,5 @@ def build_cache(spec: TableSpec, cfg: CacheConfig, capacity: int) -> EmbeddingCa
         static_fraction=cfg.static_fraction,
         frequency_window=cfg.frequency_window,
         name=spec.name,
+        device_id=device_id,
     )

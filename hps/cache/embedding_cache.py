@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from hps.cache.policies import Policy, make_policy, policy_nbytes
-from hps.cache.xp import to_host, to_xp
+from hps.cache.xp import device_scope, to_host, to_xp
 from hps.errors import DTypeError, ShapeError
 from hps.index import TOMBSTONE, KeyIndex
 from hps.types import Keys, Mask, Vectors
@@ -77,6 +77,7 @@ class EmbeddingCache:
         static_fraction: float = 0.5,
         frequency_window: int | None = None,
         name: str = "",
+        device_id: int | None = None,
     ) -> None:
         if capacity < 1 or dim < 1:
             raise ValueError(f"L1 cache needs capacity >= 1 and dim >= 1, got {capacity}, {dim}")
@@ -85,6 +86,22 @@ class EmbeddingCache:
         self.capacity = capacity
         self.xp = xp
         self.max_pinned = int(static_fraction * capacity)
+        self.device_id = device_id
+        self._scope = device_scope(xp, device_id)
+        with self._scope:
+            self._alloc(policy, frequency_window)
+        self._lock = threading.RLock()
+        self._version = 0
+        self._log: deque[tuple[int, Any]] = deque()
+        self._log_keys = 0
+        self._log_floor = 0
+        self._log_limit = max(1 << 16, capacity)
+        self._stats = dict.fromkeys(
+            ("queries", "hits", "misses", "inserts", "evictions", "rejected", "updates"), 0
+        )
+
+    def _alloc(self, policy: str, frequency_window: int | None) -> None:
+        xp, capacity, dim = self.xp, self.capacity, self.dim
         self._index = KeyIndex(capacity, xp=xp, max_load=MAX_LOAD)
         self._values = xp.zeros((capacity, dim), dtype=xp.float32)
         self._row_keys = xp.full(capacity, TOMBSTONE, dtype=xp.int64)
@@ -95,15 +112,6 @@ class EmbeddingCache:
         window = 10 * capacity if frequency_window is None else frequency_window
         self.policy: Policy = make_policy(policy, capacity, self._ticks, xp, window)
         self._tick = 0
-        self._lock = threading.RLock()
-        self._version = 0
-        self._log: deque[tuple[int, Any]] = deque()
-        self._log_keys = 0
-        self._log_floor = 0
-        self._log_limit = max(1 << 16, capacity)
-        self._stats = dict.fromkeys(
-            ("queries", "hits", "misses", "inserts", "evictions", "rejected", "updates"), 0
-        )
 
     # -- introspection -------------------------------------------------------------------
 
@@ -122,11 +130,11 @@ class EmbeddingCache:
 
     @property
     def n_pinned(self) -> int:
-        with self._lock:
+        with self._lock, self._scope:
             return int(self._pinned.sum())
 
     def stats(self) -> dict[str, Any]:
-        with self._lock:
+        with self._lock, self._scope:
             return {
                 **self._stats,
                 "size": len(self),
@@ -139,22 +147,30 @@ class EmbeddingCache:
 
     # -- reads ---------------------------------------------------------------------------
 
-    def query(self, keys: Keys) -> tuple[Vectors, Mask]:
-        """Rows of unique ``keys`` and a hit mask (host arrays); missed rows are zeros."""
+    def query(self, keys: Keys, inverse: Any = None) -> tuple[Vectors, Mask]:
+        """Rows of unique ``keys`` and their hit mask (host arrays); missed rows are zeros.
+
+        With ``inverse`` (``np.unique``'s, mapping request positions to ``keys``) the rows
+        come back already in request order, ``len(inverse)`` of them, in one gather; the
+        hit mask still describes ``keys``.
+        """
         keys = _host_keys(keys)
         xp = self.xp
-        with self._lock:
+        with self._lock, self._scope:
             kd = to_xp(xp, keys)
             rows = self._index.lookup(kd)
             hit = rows >= 0
-            n_hit = int(hit.sum())
-            if n_hit == keys.size:
-                out = self._values.take(rows, axis=0)
-            else:
-                out = self._values.take(xp.where(hit, rows, 0), axis=0)
-                out[~hit] = 0.0
+            n_hit = int(xp.count_nonzero(hit))
+            all_hit = n_hit == keys.size
+            idx = rows if all_hit else xp.where(hit, rows, 0)
+            inv = None if inverse is None else to_xp(xp, np.asarray(inverse).reshape(-1))
+            if inv is not None:
+                idx = idx[inv]
+            out = self._values.take(idx, axis=0)
+            if not all_hit:
+                out[~(hit if inv is None else hit[inv])] = 0.0
             self._tick += 1
-            self._ticks[rows[hit]] = self._tick
+            self._ticks[rows if all_hit else rows[hit]] = self._tick
             if self.policy.on_query(kd, rows, hit):
                 self._age()
             self._stats["queries"] += 1
@@ -164,20 +180,20 @@ class EmbeddingCache:
 
     def resident(self, keys: Keys) -> Mask:
         keys = _host_keys(keys)
-        with self._lock:
+        with self._lock, self._scope:
             return to_host(self._index.lookup(to_xp(self.xp, keys)) >= 0)
 
     def resident_keys(self) -> Keys:
-        with self._lock:
+        with self._lock, self._scope:
             return to_host(self._row_keys[self._occupied()])
 
     def pinned_keys(self) -> Keys:
-        with self._lock:
+        with self._lock, self._scope:
             return to_host(self._row_keys[self._pinned])
 
     def dump(self) -> tuple[Keys, Vectors]:
         """All resident keys and their vectors (host arrays)."""
-        with self._lock:
+        with self._lock, self._scope:
             rows = self.xp.flatnonzero(self._occupied())
             return to_host(self._row_keys[rows]), to_host(self._values[rows])
 
@@ -194,7 +210,7 @@ class EmbeddingCache:
         int64 values) are not cacheable and are skipped.
         """
         keys, values = self._batch(keys, values)
-        with self._lock:
+        with self._lock, self._scope:
             self._insert(keys, values, since=since, force=force)
 
     def _insert(self, keys: Keys, values: Vectors, *, since: int | None, force: bool) -> Any:
@@ -288,7 +304,7 @@ class EmbeddingCache:
         """Overwrite the rows of keys already resident; returns which were updated."""
         keys, values = self._batch(keys, values)
         xp = self.xp
-        with self._lock:
+        with self._lock, self._scope:
             kd = to_xp(xp, keys)
             rows = self._index.lookup(kd)
             hit = rows >= 0
@@ -302,7 +318,7 @@ class EmbeddingCache:
     def evict(self, keys: Keys) -> None:
         """Drop keys (pinned ones too: this is an explicit removal, not a policy choice)."""
         keys = np.unique(_host_keys(keys))
-        with self._lock:
+        with self._lock, self._scope:
             kd = to_xp(self.xp, keys)
             rows = self._index.lookup(kd)
             self._evict_rows(rows[rows >= 0])
@@ -315,7 +331,7 @@ class EmbeddingCache:
         inserted as ordinary rows. Pinned rows are never evicted by policy.
         """
         keys, values = self._batch(keys, values)
-        with self._lock:
+        with self._lock, self._scope:
             rows = self._insert(keys, values, since=None, force=True)
             rows = rows[rows >= 0]
             room = max(0, self.max_pinned - int(self._pinned.sum()))
@@ -324,12 +340,12 @@ class EmbeddingCache:
 
     def unpin(self, keys: Keys) -> None:
         keys = _host_keys(keys)
-        with self._lock:
+        with self._lock, self._scope:
             rows = self._index.lookup(to_xp(self.xp, keys))
             self._pinned[rows[rows >= 0]] = False
 
     def clear(self) -> None:
-        with self._lock:
+        with self._lock, self._scope:
             self._index.clear()
             self._row_keys.fill(TOMBSTONE)
             self._pinned.fill(False)

@@ -169,7 +169,8 @@ def make_policy(name: str, capacity: int, ticks: Any, xp: ModuleType, window: in
     raise ConfigError(f"hps_cache.policy: unknown policy {name!r}; known: {POLICIES}")
 
 
+_CLASSES: dict[str, type[Policy]] = {"lru": Policy, "lfu": LFUPolicy, "frequency": FrequencyPolicy}
+
+
 def policy_nbytes(name: str, capacity: int) -> int:
-    return {"lru": Policy, "lfu": LFUPolicy, "frequency": FrequencyPolicy}[name].extra_nbytes(
-        capacity
-    )
+    return _CLASSES[name].extra_nbytes(capacity)

@@ -6,6 +6,7 @@ batches between the host and the device (one transfer each way per batch).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from types import ModuleType
@@ -30,7 +31,7 @@ def _cupy_or_none() -> ModuleType | None:
             log.info("cupy found no GPU; the L1 cache runs on numpy")
             return None
         cupy.zeros(1).sum()  # a kernel launch: the driver and the runtime really work
-        return cupy  # type: ignore[no-any-return]
+        return cupy
     except Exception as exc:  # ImportError, CUDARuntimeError, missing driver ...
         log.info("cupy unusable (%s); the L1 cache runs on numpy", exc)
         return None
@@ -64,9 +65,16 @@ def to_host(a: Any) -> np.ndarray:
     """A NumPy array of ``a`` (a device-to-host copy for CuPy, a no-op for NumPy)."""
     if isinstance(a, np.ndarray):
         return a
-    return a.get()  # type: ignore[no-any-return]
+    return a.get()
 
 
 def to_xp(xp: ModuleType, a: Any) -> Any:
     """``a`` as an ``xp`` array (a host-to-device copy for CuPy, a no-op for NumPy)."""
     return xp.asarray(a)
+
+
+def device_scope(xp: ModuleType, device_id: int | None) -> Any:
+    """A reusable context that makes ``device_id`` current for CuPy (a no-op otherwise)."""
+    if xp is np or device_id is None:
+        return contextlib.nullcontext()
+    return xp.cuda.Device(device_id)

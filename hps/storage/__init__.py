@@ -17,6 +17,7 @@ __all__ = ["BACKENDS", "EmbeddingStore", "open_store"]
 BACKENDS: dict[str, str] = {
     "hash_map": "hps.storage.hash_map:HashMapStore",
     "parallel_hash_map": "hps.storage.hash_map:HashMapStore",
+    "multi_process_hash_map": "hps.storage.multi_process_hash_map:SharedHashMapStore",
     "rocks_db": "hps.storage.rocks_db:RocksDBStore",
     "rocksdb": "hps.storage.rocks_db:RocksDBStore",
     "redis_cluster": "hps.storage.redis_cluster:RedisStore",

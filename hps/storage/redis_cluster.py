@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -55,7 +56,8 @@ def stamp_name(table: str, partition: int) -> bytes:
 
 def key_fields(keys: Keys) -> list[bytes]:
     """Each int64 key as its 8 little-endian bytes (one C-level pass, zero bytes kept)."""
-    return keys.astype("<i8", copy=False).view("V8").tolist()  # type: ignore[no-any-return]
+    fields: list[bytes] = keys.astype("<i8", copy=False).view("V8").tolist()
+    return fields
 
 
 def group_by_partition(keys: Keys, num_partitions: int) -> tuple[np.ndarray, list[tuple]]:
@@ -71,6 +73,15 @@ def group_by_partition(keys: Keys, num_partitions: int) -> tuple[np.ndarray, lis
     return order, list(
         zip(used.tolist(), (ends - counts)[used].tolist(), ends[used].tolist(), strict=True)
     )
+
+
+def _unsort(replies: list[Any], order: np.ndarray, groups: int) -> list[Any]:
+    """Replies of keys taken in ``order`` (partition order), put back in request order."""
+    if groups <= 1:  # one partition: the stable sort left the keys in request order
+        return replies
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(order.size)
+    return list(itemgetter(*inverse.tolist())(replies))
 
 
 def _pair_items(reply: Any) -> tuple[list[Any], list[Any]]:
@@ -154,8 +165,8 @@ class RedisStore:
         t = self._table(table)
         keys = check_keys_arg(keys)
         dim = t.spec.dim
-        values = np.zeros((keys.size, dim), np.float32)
-        found = np.zeros(keys.size, np.bool_)
+        found = np.ones(keys.size, np.bool_)
+        pieces: list[bytes] = []  # one row per key, request order; joined once at the end
         for start in range(0, keys.size, self._batch):
             chunk = keys[start : start + self._batch]
             order, groups = group_by_partition(chunk, self._partitions)
@@ -168,14 +179,19 @@ class RedisStore:
                     self._stamp(pipe, t, groups, fields, b"XX")
                 replies = pipe.execute()
             flat = list(chain.from_iterable(replies[: len(groups)]))
-            hit = np.fromiter(map(bool, flat), np.bool_, count=len(flat))
-            rows = np.frombuffer(b"".join(filter(None, flat)), np.float32)
-            if rows.size != int(hit.sum()) * dim:
-                raise BackendError(f"fetch {table}: Redis holds rows that are not {dim} floats")
-            pos = order[hit] + start
-            values[pos] = rows.reshape(-1, dim)
-            found[pos] = True
-        return values, found
+            got = _unsort(flat, order, len(groups))
+            if got.count(None):
+                hit = np.fromiter(map(bool, got), np.bool_, count=len(got))
+                found[start : start + hit.size] = hit
+                filled = np.empty(hit.size, object)
+                filled[:] = got
+                filled[~hit] = bytes(4 * dim)
+                got = filled.tolist()
+            pieces += got
+        blob = bytearray().join(pieces)  # writable: the caller may fill rows in place
+        if len(blob) != 4 * dim * keys.size:
+            raise BackendError(f"fetch {table}: Redis holds rows that are not {dim} floats")
+        return np.frombuffer(blob, np.float32).reshape(keys.size, dim), found
 
     def insert(self, table: str, keys: Keys, values: Vectors) -> None:
         t = self._table(table)
@@ -185,7 +201,7 @@ class RedisStore:
             chunk = keys[start : start + self._batch]
             order, groups = group_by_partition(chunk, self._partitions)
             fields = key_fields(chunk[order])
-            rows = values[start : start + self._batch][order].view(row).ravel().tolist()
+            rows = values[start : start + self._batch].view(row).ravel()[order].tolist()
             with translated(f"insert {table}"):
                 pipe = self._r.pipeline(transaction=False)
                 for p, lo, hi in groups:
@@ -231,8 +247,9 @@ class RedisStore:
         for h in t.hashes:
             cursor: Any = 0
             while True:
+                page: dict[bytes, bytes]
                 with translated(f"dump {table}"):
-                    cursor, page = self._r.hscan(h, cursor, count=chunk_rows)
+                    cursor, page = self._r.hscan(h, cursor, count=chunk_rows)  # type: ignore[assignment]
                 if page:
                     keys = np.frombuffer(b"".join(page), "<i8").astype(np.int64)
                     vals = np.frombuffer(b"".join(page.values()), np.float32)
@@ -267,7 +284,8 @@ class RedisStore:
                 if self._stamped:
                     victims = _pair_items(self._r.zpopmin(t.stamps[p], excess))[0]
                 if not victims:
-                    victims = list(self._r.hrandfield(t.hashes[p], excess) or [])
+                    sample: Any = self._r.hrandfield(t.hashes[p], excess)
+                    victims = list(sample or [])
                 if not victims:
                     return
                 pipe = self._r.pipeline(transaction=False)

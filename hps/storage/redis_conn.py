@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,10 +55,25 @@ def translated(where: str) -> Iterator[None]:
         yield
     except (AuthenticationError, AuthorizationError) as exc:
         raise BackendError(f"{where}: Redis refused the credentials: {exc}") from exc
+    except RedisConnectionError as exc:
+        if _certificate_refused(exc):  # a configuration problem: retrying will not help
+            raise BackendError(f"{where}: TLS certificate refused: {exc}") from exc
+        raise BackendUnavailable(f"{where}: Redis unavailable: {exc}") from exc
     except _UNAVAILABLE as exc:
         raise BackendUnavailable(f"{where}: Redis unavailable: {exc}") from exc
     except RedisError as exc:
         raise BackendError(f"{where}: Redis error: {exc}") from exc
+
+
+def _certificate_refused(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(5):  # redis-py raises ConnectionError from the ssl error's context
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def parse_addresses(address: str) -> list[tuple[str, int]]:
@@ -127,7 +143,7 @@ def _tls_connection_class(cfg: VolatileDBConfig) -> type[SSLConnection]:
 
 def _probe(host: str, port: int, common: dict[str, Any], tls: type | None) -> bool:
     """Whether the node at host:port runs in cluster mode (raises redis errors)."""
-    extra = {"connection_class": tls} if tls else {}
+    extra: dict[str, Any] = {"connection_class": tls} if tls else {}
     pool = ConnectionPool(host=host, port=port, **common, **extra)
     client = redis.Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))
     try:
@@ -161,13 +177,14 @@ def connect(cfg: VolatileDBConfig) -> tuple[Client, bool]:
             errors.append(str(exc.__cause__))
     if cluster is None:
         raise BackendUnavailable(f"{where}: no node reachable ({'; '.join(errors)})")
+    log.info("Redis at %s: %s", cfg.address, "a cluster" if cluster else "a single node")
     if not cluster:
         if len(nodes) > 1:
             raise ConfigError(
                 f"volatile_db.address lists {len(nodes)} nodes but {host}:{port} is not in "
                 "cluster mode (cluster_enabled:0); give one address for a single Redis"
             )
-        pool_kwargs = {"connection_class": tls} if tls else {}
+        pool_kwargs: dict[str, Any] = {"connection_class": tls} if tls else {}
         pool = ConnectionPool(host=host, port=port, **common, **pool_kwargs)
         return redis.Redis(connection_pool=pool, retry=Retry(NoBackoff(), 1)), False
     retry = Retry(NoBackoff(), 1)

@@ -94,12 +94,16 @@ class RedisNode:
         extra_args: Sequence[str] = (),
         password: str | None = None,
         username: str | None = None,
+        client_kwargs: dict[str, Any] | None = None,
     ) -> None:
+        """``extra_args`` go to redis-server after ours ("{port}" in them is this node's port);
+        ``client_kwargs`` (e.g. TLS settings) go to the admin clients of :meth:`client`."""
         self.port = port if port is not None else free_port(cluster_bus=cluster)
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.cluster = cluster
-        self.extra_args = list(extra_args)
+        self.extra_args = [a.replace("{port}", str(self.port)) for a in extra_args]
+        self.client_kwargs = dict(client_kwargs or {})
         self.password = password
         self.username = username
         self.pidfile = self.workdir / "redis.pid"
@@ -166,7 +170,7 @@ class RedisNode:
 
         return redis.Redis(
             host=HOST, port=self.port, username=self.username, password=self.password,
-            socket_timeout=10, **kwargs,
+            socket_timeout=10, **{**self.client_kwargs, **kwargs},
         )  # fmt: skip
 
     def flush(self) -> None:
@@ -205,8 +209,11 @@ class RedisServer:
 class RedisClusterServers:
     """A Redis Cluster of ``masters`` nodes, no replicas; ``.address`` is the first node."""
 
-    def __init__(self, workdir: Path, masters: int = 3) -> None:
-        self.nodes = [RedisNode(Path(workdir) / f"node{i}", cluster=True) for i in range(masters)]
+    def __init__(self, workdir: Path, masters: int = 3, **node_kwargs: Any) -> None:
+        self.nodes = [
+            RedisNode(Path(workdir) / f"node{i}", cluster=True, **node_kwargs)
+            for i in range(masters)
+        ]
         self._created = False
 
     @property

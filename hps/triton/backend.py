@@ -86,7 +86,7 @@ class ModelProcess:
 
     def __init__(self, args: dict[str, str]) -> None:
         from hps.build import build_session
-        from hps.triton.deploy import fill_local_l2, only_model, prepare_tables, serving_config
+        from hps.triton.deploy import fill_l2, only_model, prepare_tables, serving_config
 
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         params = model_parameters(args)
@@ -98,9 +98,8 @@ class ModelProcess:
         self.model = self.config.model(self.name)
         start = time.perf_counter()
         prepare_tables(self.config)
-        several = self.model.hps_instances > 1
         self.session = build_session(self.config, persistent_mode="read_only")
-        rows = fill_local_l2(self.session, self.config, self.model)
+        rows = fill_l2(self.session, self.config, self.model)
         log.info(
             "%s (%s): ready in %.1fs; L2 %s%s, L3 %s read-only",
             args["model_instance_name"],
@@ -110,11 +109,9 @@ class ModelProcess:
             f" ({rows} rows loaded here)" if rows else "",
             self.config.persistent_db.type,
         )
-        if several and self.config.volatile_db.type in ("hash_map", "parallel_hash_map"):
-            log.warning("%s: every instance holds its own L2 (%s)", self.name, "hash_map")
         interval = float(params.get("metrics_interval_s") or 1.0)
         self.metrics = MetricsExporter(
-            pb_utils, self.name, args["model_instance_name"], self.session, interval
+            pb_utils, args["model_name"], args["model_instance_name"], self.session, interval
         )
 
     def close(self) -> None:

@@ -4,18 +4,24 @@ Every metric call of the stub is a round trip to the server process (about 12 us
 calls from two threads at once crashed the stub, so nothing is sent per key or per
 request: requests are tallied locally and the deltas of ``LookupSession.stats()`` are sent
 from the thread that runs ``execute`` at most every ``interval`` seconds (and at
-``finalize``). Families (instances of one model add up in the counters):
+``finalize``).
 
-- ``hps_requests_total{model}``, ``hps_request_errors_total{model,code}``
-- ``hps_lookups_total{model,table}``, ``hps_keys_total{model,table}``
-- ``hps_hits_total{model,table,level}``: unique keys of each lookup by the level that
-  answered (l1, l2, l3, default); ``hps_hit_rate{model,table,level,instance}``: their
-  share since the instance started
-- ``hps_lookup_latency_us{model}``: a histogram of the time a request spends in HPS.
+Every series carries ``model`` (the Triton model) and ``process`` (``<instance>:<pid>``):
+two stubs holding a metric of identical labels share one Prometheus series, and the
+first to let go of it frees it under the other (Triton counts references per stub), which
+crashed the server. Sum over ``process`` for a model's totals. Families:
+
+- ``hps_requests_total``, ``hps_request_errors_total{code}``
+- ``hps_lookups_total{table}``, ``hps_keys_total{table}``
+- ``hps_hits_total{table,level}``: unique keys of each lookup by the level that answered
+  (l1, l2, l3, default); ``hps_hit_rate{table,level}``: their share since the process
+  started
+- ``hps_lookup_latency_us``: a histogram of the time a request spends in HPS.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -44,8 +50,7 @@ class MetricsExporter:
         self, pb_utils: Any, model: str, instance: str, session: Any, interval: float = 1.0
     ) -> None:
         self.session = session
-        self.model = model
-        self.instance = instance
+        self.labels = {"model": model, "process": f"{instance}:{os.getpid()}"}
         self.interval = interval
         fam = pb_utils.MetricFamily
         self._families = {
@@ -65,7 +70,7 @@ class MetricsExporter:
         if metric is None:
             fam = self._families[family]
             kw = {"buckets": LATENCY_BUCKETS_US} if family == "latency" else {}
-            metric = self._metrics[key] = fam.Metric(labels={"model": self.model, **labels}, **kw)
+            metric = self._metrics[key] = fam.Metric(labels={**self.labels, **labels}, **kw)
         return metric
 
     def observe(self, seconds: float) -> None:
@@ -106,9 +111,7 @@ class MetricsExporter:
             unique = sum(counts[level] for level in LEVELS)
             if unique and counts != last:
                 for level in LEVELS:
-                    self._metric("rate", table=short, level=level, instance=self.instance).set(
-                        counts[level] / unique
-                    )
+                    self._metric("rate", table=short, level=level).set(counts[level] / unique)
             self._last[table] = dict(counts)
 
     def close(self) -> None:

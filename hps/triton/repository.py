@@ -24,7 +24,8 @@ CTR_SUFFIX = "_ctr"
 
 def templates_dir() -> Path:
     """model_repository/ of this checkout (or ``$HPS_MODEL_REPOSITORY``)."""
-    path = Path(os.environ.get(TEMPLATES_ENV) or Path(__file__).resolve().parents[2] / "model_repository")
+    default = Path(__file__).resolve().parents[2] / "model_repository"
+    path = Path(os.environ.get(TEMPLATES_ENV) or default)
     if not (path / "hps_embedding" / "config.pbtxt").is_file():
         raise ConfigError(f"no model templates in {path}; set {TEMPLATES_ENV} to model_repository/")
     return path
@@ -32,7 +33,9 @@ def templates_dir() -> Path:
 
 def set_parameter(text: str, key: str, value: str) -> str:
     """Set one string parameter of a config.pbtxt written like the templates."""
-    pattern = re.compile(r'(\{\s*key:\s*"' + re.escape(key) + r'",?\s*value:\s*\{\s*string_value:\s*)"[^"]*"')
+    pattern = re.compile(
+        r'(\{\s*key:\s*"' + re.escape(key) + r'",?\s*value:\s*\{\s*string_value:\s*)"[^"]*"'
+    )
     escaped = value.replace("\\", "\\\\").replace('"', '\\"')
     text, n = pattern.subn(lambda m: f'{m.group(1)}"{escaped}"', text)
     if n != 1:
@@ -65,7 +68,9 @@ def served_models(config: PSConfig) -> list[ServedModel]:
     return out
 
 
-def copy_template(template: str, dest: Path, name: str, instances: int, params: dict[str, str]) -> None:
+def copy_template(
+    template: str, dest: Path, name: str, instances: int, params: dict[str, str]
+) -> None:
     src = templates_dir() / template
     target = dest / name
     if target.exists():

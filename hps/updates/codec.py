@@ -159,7 +159,9 @@ def decode(payload: bytes | None, *, timestamp_ns: int = 0, has_key: bool = Fals
         if has_key:
             raise DecodeError("HugeCTR-format message with a Kafka key (HugeCTR never set one)")
         return _decode_hugectr(view, timestamp_ns)
-    raise DecodeError(f"unknown magic {magic!r} ({len(payload)} bytes); expected b'HPSU' or b'HCTR'")
+    raise DecodeError(
+        f"unknown magic {magic!r} ({len(payload)} bytes); expected b'HPSU' or b'HCTR'"
+    )
 
 
 def _decode_native(view: memoryview) -> Decoded:
@@ -206,6 +208,15 @@ def _decode_hugectr(view: memoryview, timestamp_ns: int) -> Decoded:
             f"{row}-byte [key][value] pairs"
         )
     dim = value_size // 4
+    if body == 0:  # HugeCTR's beacon: a header and nothing else
+        return Decoded(
+            np.empty(0, np.int64),
+            np.empty((0, dim), np.float32),
+            timestamp_ns,
+            False,
+            dim,
+            "hugectr",
+        )
     rows = np.frombuffer(view, dtype=_hugectr_row(value_size), offset=HUGECTR_HEADER_SIZE)
     keys = rows["key"].astype(np.int64)
     values = np.ascontiguousarray(rows["value"]).view("<f4").reshape(rows.size, dim)

@@ -107,17 +107,37 @@ def _short_list(topics: list[str]) -> str:
     return ", ".join(topics[:3]) + (f" (+{len(topics) - 3})" if len(topics) > 3 else "")
 
 
+CONSUMER_ONLY = (
+    "enable.auto.",
+    "auto.offset.",
+    "session.",
+    "heartbeat.",
+    "fetch.",
+    "group.",
+    "isolation.",
+    "max.poll.",
+    "partition.assignment.",
+)
+
+
+def client_settings(config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The settings of ``config`` that apply to a producer or admin client (security, ...)."""
+    return {k: v for k, v in (config or {}).items() if not k.startswith(CONSUMER_ONLY)}
+
+
 def _admin_conf(brokers: str, config: Mapping[str, Any] | None) -> dict[str, Any]:
-    # Only client-level settings (security, timeouts) apply to the admin client.
-    skip = ("enable.", "auto.", "session.", "heartbeat.", "fetch.", "group.", "isolation.", "acks")
-    layer = {k: v for k, v in (config or {}).items() if not k.startswith(skip)}
+    layer = client_settings(config)
+    for k in ("enable.idempotence", "acks", "linger.ms", "message.max.bytes", "compression.type"):
+        layer.pop(k, None)
     return merged(brokers, layer)
 
 
 def check_config(conf: Mapping[str, Any], role: str) -> None:
     """Reject settings that would break our delivery guarantees."""
     if role == "consumer" and conf.get("enable.auto.commit") not in (False, "false"):
-        raise ConfigError("hps_kafka_config: enable.auto.commit must stay false (commit after apply)")
+        raise ConfigError(
+            "hps_kafka_config: enable.auto.commit must stay false (commit after apply)"
+        )
     if role == "consumer" and conf.get("enable.auto.offset.store") not in (False, "false"):
         raise ConfigError("hps_kafka_config: enable.auto.offset.store must stay false")
     if role == "producer" and conf.get("enable.idempotence") not in (True, "true"):

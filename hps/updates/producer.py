@@ -100,7 +100,9 @@ class Publisher:
         ver = self._version(version)
         topic = codec.topic_name(model, table)
         row_bytes = codec.native_row_bytes(v.shape[1])
-        for part, rows in split_by_partition(k, self._partition_count(topic), self._rows(row_bytes)):
+        for part, rows in split_by_partition(
+            k, self._partition_count(topic), self._rows(row_bytes)
+        ):
             self._produce(topic, codec.encode(k[rows], v[rows], ver), part)
         return ver
 
@@ -129,7 +131,9 @@ class Publisher:
                 f"kafka: {len(errors)} update messages not delivered: {'; '.join(errors[:3])}{more}"
             )
         if remaining:
-            raise BackendUnavailable(f"kafka: {remaining} messages still undelivered after {timeout_s}s")
+            raise BackendUnavailable(
+                f"kafka: {remaining} messages still undelivered after {timeout_s}s"
+            )
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Flush and release the producer (idempotent)."""
@@ -169,7 +173,10 @@ class Publisher:
         if count is None:
             if self.create_topics:
                 count = ensure_topics(
-                    self.brokers, [topic], num_partitions=self.num_partitions, config=self._user_conf
+                    self.brokers,
+                    [topic],
+                    num_partitions=self.num_partitions,
+                    config=self._user_conf,
                 )[topic]
             else:
                 count = self._existing_partitions(topic)

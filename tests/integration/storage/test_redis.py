@@ -51,6 +51,7 @@ def test_round_trip_chunked_over_partitions(address: str) -> None:
     query = np.concatenate([keys[::-1], np.arange(5000, 5100, dtype=np.int64)])
     values, found = store.fetch(spec.name, query)
     assert found.tolist() == [True] * keys.size + [False] * 100
+    assert values.flags.writeable and values.dtype == np.float32
     np.testing.assert_array_equal(values[: keys.size], rows(keys[::-1], spec.dim))
     assert store.size(spec.name) == keys.size
     store.remove(spec.name, keys[:1234])

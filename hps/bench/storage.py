@@ -1,0 +1,254 @@
+"""L2/L3 storage: fetch and insert throughput of one backend against its raw driver baseline.
+
+``--rows`` rows of ``--dim`` floats are loaded through the backend, then ``--repeats`` random
+batches of ``--batch`` keys are fetched, and as many inserted (overwrites), alternating with
+the baseline on the same batch. Baselines, their inputs prepared before the clock starts:
+
+- ``hash_map``: a NumPy gather ``values[idx]`` / scatter ``values[idx] = batch`` with row
+  indices known in advance (no hashing at all);
+- ``redis`` / ``redis_cluster``: redis-py pipelined HMGET / HSET of the same bytes in the
+  same partition hashes (the store's own data), replies left undecoded;
+- ``rocksdb``: a raw rocksdict ``Rdict.get(list_of_keys)`` / ``WriteBatch`` on a second
+  database holding the same rows.
+
+Without ``--address`` a throwaway redis-server (or 3-master cluster) is started and stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hps.config import PersistentDBConfig, VolatileDBConfig
+from hps.storage import open_store
+from hps.storage.base import EmbeddingStore
+from hps.types import TableSpec
+
+BACKENDS = ("hash_map", "redis", "redis_cluster", "rocksdb")
+Prepared = Any
+
+
+@dataclass
+class Harness:
+    """A loaded store plus the raw baseline for one backend."""
+
+    store: EmbeddingStore
+    spec: TableSpec
+    baseline: str
+    prepare: Callable[[np.ndarray, np.ndarray, np.ndarray], Prepared]  # idx, keys, values
+    raw_fetch: Callable[[Prepared], object]
+    raw_insert: Callable[[Prepared], object]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=BACKENDS, default="hash_map")
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=65_536, help="keys per fetch / insert")
+    parser.add_argument("--repeats", type=int, default=10, help="timed batches per op")
+    parser.add_argument("--address", help="Redis host:port (any node of a cluster)")
+    parser.add_argument("--path", help="RocksDB folder (a temporary one otherwise)")
+    parser.add_argument("--partitions", type=int, default=16, help="Redis num_partitions")
+    parser.add_argument("--seed", type=int, default=7)
+
+
+def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    rng = np.random.default_rng(args.seed)
+    keys = rng.permutation(args.rows).astype(np.int64) * 7919 + 1
+    values = rng.standard_normal((args.rows, args.dim), dtype=np.float32)
+    spec = TableSpec(model="bench", table="t", dim=args.dim)
+    with contextlib.ExitStack() as stack:
+        h = _harness(args, spec, keys, values, stack)
+        common = {
+            "bench": "storage",
+            "backend": args.backend,
+            "rows": args.rows,
+            "dim": args.dim,
+            "batch": args.batch,
+            "repeats": args.repeats,
+            "baseline": h.baseline,
+            **h.extra,
+        }
+        for op in ("fetch", "insert"):
+            ours, base = _time_op(op, h, keys, values, args, rng)
+            n = args.repeats * args.batch
+            yield {
+                **common,
+                "op": op,
+                "keys_per_s": round(n / ours),
+                "baseline_keys_per_s": round(n / base),
+                "ratio": round(base / ours, 3),
+            }
+        h.store.close()
+
+
+def _time_op(
+    op: str, h: Harness, keys: np.ndarray, values: np.ndarray, args: argparse.Namespace,
+    rng: np.random.Generator,
+) -> tuple[float, float]:  # fmt: skip
+    ours = base = 0.0
+    for r in range(args.repeats + 1):  # round 0 warms up and is not counted
+        idx = rng.integers(0, keys.size, args.batch)
+        k = keys[idx]
+        v = values[idx] + np.float32(r + 1)
+        prepared = h.prepare(idx, k, v)
+        calls: tuple[tuple[Callable[..., object], tuple[Any, ...]], ...] = (
+            ((h.store.fetch, (h.spec.name, k)), (h.raw_fetch, (prepared,)))
+            if op == "fetch"
+            else ((h.store.insert, (h.spec.name, k, v)), (h.raw_insert, (prepared,)))
+        )
+        spent = [0.0, 0.0]
+        for slot in (0, 1) if r % 2 else (1, 0):
+            fn, fargs = calls[slot]
+            t0 = time.perf_counter()
+            fn(*fargs)
+            spent[slot] = time.perf_counter() - t0
+        if r:
+            ours += spent[0]
+            base += spent[1]
+    return ours, base
+
+
+def _harness(
+    args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, values: np.ndarray,
+    stack: contextlib.ExitStack,
+) -> Harness:  # fmt: skip
+    if args.backend == "hash_map":
+        return _hash_map(args, spec, keys, values)
+    if args.backend == "rocksdb":
+        return _rocksdb(args, spec, keys, values, stack)
+    return _redis(args, spec, keys, values, stack)
+
+
+def _load(store: EmbeddingStore, spec: TableSpec, keys: np.ndarray, values: np.ndarray,
+          batch: int) -> dict[str, int]:  # fmt: skip
+    """Load every row through the store; its load rate goes into the report."""
+    store.open_table(spec)
+    start = time.perf_counter()
+    for lo in range(0, keys.size, batch):
+        store.insert(spec.name, keys[lo : lo + batch], values[lo : lo + batch])
+    return {"load_keys_per_s": round(keys.size / (time.perf_counter() - start))}
+
+
+def _hash_map(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray,
+              values: np.ndarray) -> Harness:  # fmt: skip
+    store = open_store(VolatileDBConfig(type="hash_map", max_batch_size=args.batch))
+    assert store is not None
+    loaded = _load(store, spec, keys, values, args.batch)
+    raw = values.copy()
+
+    def put(p: Prepared) -> None:
+        raw[p[0]] = p[1]
+
+    nbytes = store.nbytes(spec.name)  # type: ignore[attr-defined]
+    return Harness(
+        store, spec, "numpy gather/scatter with precomputed row indices",
+        prepare=lambda idx, k, v: (idx, v),
+        raw_fetch=lambda p: raw[p[0]],
+        raw_insert=put,
+        extra={**loaded, "bytes_per_row": round(nbytes / keys.size, 1),
+               "raw_bytes_per_row": 8 + 4 * spec.dim},
+    )  # fmt: skip
+
+
+def _rocksdb(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, values: np.ndarray,
+             stack: contextlib.ExitStack) -> Harness:  # fmt: skip
+    import rocksdict as rd
+
+    from hps.storage.redis_cluster import key_fields
+
+    tmp = args.path or stack.enter_context(tempfile.TemporaryDirectory(prefix="hps-bench-"))
+    root = Path(tmp)
+    store = open_store(PersistentDBConfig(type="rocks_db", path=str(root / "hps"),
+                                          max_batch_size=args.batch))  # fmt: skip
+    assert store is not None
+    loaded = _load(store, spec, keys, values, args.batch)
+    opts = rd.Options(raw_mode=True)
+    opts.create_if_missing(True)
+    db = rd.Rdict(str(root / "raw"), opts)
+    stack.callback(db.close)
+    row = f"V{4 * spec.dim}"
+
+    def put(p: Prepared) -> None:
+        wb = rd.WriteBatch(raw_mode=True)
+        for kb, vb in zip(p[0], p[1], strict=True):
+            wb.put(kb, vb)
+        db.write(wb)
+
+    for lo in range(0, keys.size, args.batch):
+        put((key_fields(keys[lo : lo + args.batch]),
+             values[lo : lo + args.batch].view(row).ravel().tolist()))  # fmt: skip
+    return Harness(
+        store, spec, "rocksdict Rdict.get(list of key bytes) / WriteBatch, second database",
+        prepare=lambda idx, k, v: (key_fields(k), v.view(row).ravel().tolist()),
+        raw_fetch=lambda p: db.get(p[0]),
+        raw_insert=put,
+        extra=loaded,
+    )  # fmt: skip
+
+
+def _redis(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, values: np.ndarray,
+           stack: contextlib.ExitStack) -> Harness:  # fmt: skip
+    from hps.storage.redis_cluster import group_by_partition, hash_name, key_fields
+    from hps.testing.redis import throwaway_redis
+
+    address = args.address
+    if not address:
+        server = stack.enter_context(throwaway_redis(cluster=args.backend == "redis_cluster"))
+        address = ",".join(server.addresses)
+    cfg = VolatileDBConfig(type=args.backend, address=address, num_partitions=args.partitions,
+                           max_batch_size=args.batch)  # fmt: skip
+    store = open_store(cfg)
+    assert store is not None
+    client = store._r  # type: ignore[attr-defined]  # the baseline uses the same connections
+    before = _used_memory(store)
+    loaded = _load(store, spec, keys, values, args.batch)
+    used = _used_memory(store) - before
+    hashes = [hash_name(spec.name, p) for p in range(args.partitions)]
+    row = f"V{4 * spec.dim}"
+
+    def prepare(idx: np.ndarray, k: np.ndarray, v: np.ndarray) -> Prepared:
+        order, groups = group_by_partition(k, args.partitions)
+        fields = key_fields(k[order])
+        rows = v[order].view(row).ravel().tolist()
+        gets, sets = [], []
+        for p, lo, hi in groups:
+            gets.append((hashes[p], fields[lo:hi]))
+            pairs: list[Any] = [None] * (2 * (hi - lo))
+            pairs[0::2], pairs[1::2] = fields[lo:hi], rows[lo:hi]
+            sets.append((hashes[p], pairs))
+        return gets, sets
+
+    def pipelined(command: str, calls: list[tuple[bytes, list[Any]]]) -> object:
+        pipe = client.pipeline(transaction=False)
+        for name, rest in calls:
+            pipe.execute_command(command, name, *rest)
+        return pipe.execute()
+
+    return Harness(
+        store, spec, "redis-py pipelined HMGET/HSET, same hashes, replies not decoded",
+        prepare=prepare,
+        raw_fetch=lambda p: pipelined("HMGET", p[0]),
+        raw_insert=lambda p: pipelined("HSET", p[1]),
+        extra={**loaded, "cluster": bool(store.cluster), "partitions": args.partitions,  # type: ignore[attr-defined]
+               "redis_bytes_per_row": round(used / keys.size, 1),
+               "raw_bytes_per_row": 8 + 4 * spec.dim},
+    )  # fmt: skip
+
+
+def _used_memory(store: Any) -> int:
+    """Sum of ``used_memory`` over the Redis node(s) the store talks to."""
+    client = store._r
+    if store.cluster:
+        nodes = [n.redis_connection for n in client.get_primaries()]
+        return sum(int(c.info("memory")["used_memory"]) for c in nodes)
+    return int(client.info("memory")["used_memory"])

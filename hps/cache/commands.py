@@ -1,0 +1,72 @@
+"""``hps plan`` (memory per tier, before loading) and ``hps freq`` (a frequency file from a log)."""
+
+from __future__ import annotations
+
+import argparse
+
+from hps.errors import ConfigError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="print the memory each tier will take per table, before anything is loaded",
+        description="Table rows come from the sizes of the sparse-model files (nothing is "
+        "read) or from --rows. L1 is exact; L2/L3 use each backend's per-row cost "
+        "(docs/cache.md).",
+    )
+    p.add_argument("--config", required=True, help="ps.json")
+    p.add_argument(
+        "--rows",
+        action="append",
+        default=[],
+        metavar="MODEL.TABLE=N",
+        help="rows of a table without sparse files (repeatable)",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_plan)
+
+    p = sub.add_parser(
+        "freq",
+        help="count an access log into a frequency file for warm-up (hps_cache.frequency_file)",
+    )
+    p.add_argument("log", help="access log: raw int64 keys, one per access (keyset format)")
+    p.add_argument("--out", required=True, help="frequency file to write (.npz: keys, counts)")
+    p.add_argument("--top", type=int, default=0, help="keep only the N hottest keys")
+    p.set_defaults(func=_freq)
+
+
+def parse_rows(items: list[str]) -> dict[str, int]:
+    rows: dict[str, int] = {}
+    for item in items:
+        name, _, n = item.partition("=")
+        try:
+            rows[name] = int(n)
+        except ValueError:
+            raise ConfigError(f"--rows {item!r}: expected MODEL.TABLE=N") from None
+        if rows[name] < 0:
+            raise ConfigError(f"--rows {item!r}: rows must be >= 0")
+    return rows
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from hps.cache.plan import format_text, plan, to_json
+    from hps.config import load_config
+
+    plans = plan(load_config(args.config), parse_rows(args.rows))
+    print(to_json(plans) if args.json else format_text(plans))
+    return 0
+
+
+def _freq(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from hps.cache.warmup import count_access_log, write_frequency_file
+
+    keys, counts = count_access_log(args.log)
+    if 0 < args.top < keys.size:
+        top = np.argpartition(-counts, args.top - 1)[: args.top]
+        keys, counts = keys[top], counts[top]
+    write_frequency_file(args.out, keys, counts)
+    print(f"{args.out}: {keys.size} keys, {int(np.sum(counts))} accesses")
+    return 0

@@ -1,0 +1,225 @@
+"""``hps plan``: the memory each tier will take, per table, before anything is loaded.
+
+HugeCTR users could not predict it (HugeCTR issue 427). Seed 000's sizing rule is
+``unique keys x vector size x sizeof(float)``; the real cost adds each tier's per-row
+overhead, which this module takes from the code that allocates it:
+
+- L1: :func:`hps.cache.cache_nbytes` (arena + row metadata + index + policy state), exact,
+  for each cache; every Triton instance is a process with its own caches, spread over the
+  ``deployed_device_list`` (device memory with CuPy, host memory with NumPy).
+- L2: the in-process ``hash_map``'s and the shared ``multi_process_hash_map``'s own
+  ``bytes_per_row``; for Redis an estimate of its hash encoding (field, value and dict entry,
+  rounded to jemalloc size classes; a sorted-set entry more when ``overflow_margin`` is set).
+  ``hash_map`` lives in each instance process, so it counts once per instance.
+- L3: a RocksDB estimate: key, value and ~16 bytes of per-entry SST overhead, x 1.1 for
+  leveled compaction's space amplification, on disk.
+
+Table rows come from the sizes of the sparse-model files (nothing is read), or from
+``--rows model.table=N``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hps.cache import cache_capacity, cache_nbytes
+from hps.config import UINT64_MAX, ModelConfig, PSConfig, VolatileDBConfig
+from hps.errors import ConfigError
+
+ROCKSDB_ENTRY_OVERHEAD = 16
+ROCKSDB_SPACE_AMP = 1.1
+REDIS_ZSET_ENTRY = 96  # skiplist node + dict entry + member sds, per row, with overflow_margin
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    table: str
+    dim: int
+    rows: int
+    rows_from: str  # "sparse_files" | "given" | "unknown"
+    cache_rows: int
+    cache_bytes: int  # one cache
+    cache_memory: str  # "gpu" | "host"
+    devices: int
+    instances_per_device: int
+    cache_bytes_per_device: int
+    l2_type: str
+    l2_rows: int
+    l2_bytes: int  # all copies (one per instance for the in-process hash_map)
+    l3_bytes: int
+    raw_bytes: int  # seed 000's rule: rows x dim x 4
+
+
+def _jemalloc(n: int) -> int:
+    """Size class jemalloc serves an ``n``-byte allocation from (4 classes per doubling)."""
+    if n <= 16:
+        return 8 if n <= 8 else 16
+    step = 1 << max(4, (n - 1).bit_length() - 3)
+    return -(-n // step) * step
+
+
+def redis_bytes_per_row(dim: int, bounded: bool) -> float:
+    """Estimated Redis memory per row of a partition hash (hashtable encoding)."""
+    value = 4 * dim
+    value_sds = _jemalloc(value + (3 if value < 256 else 5) + 1)
+    field_sds = _jemalloc(8 + 3 + 1)
+    entry = _jemalloc(24)
+    bucket = 8 * 1.5  # the bucket array is 1-2 pointers per entry
+    return value_sds + field_sds + entry + bucket + (REDIS_ZSET_ENTRY if bounded else 0)
+
+
+def l2_bytes_per_row(cfg: VolatileDBConfig, dim: int) -> float:
+    bounded = cfg.overflow_margin < UINT64_MAX
+    if cfg.type in ("redis", "redis_cluster"):
+        return redis_bytes_per_row(dim, bounded)
+    from hps.storage import BACKENDS
+
+    module, cls = BACKENDS[cfg.type].split(":")
+    per_row = getattr(importlib.import_module(module), cls).bytes_per_row
+    if cfg.type in ("hash_map", "parallel_hash_map"):
+        return float(per_row(dim, bounded=bounded))
+    return float(per_row(dim))
+
+
+def l3_bytes_per_row(dim: int) -> float:
+    return (8 + 4 * dim + ROCKSDB_ENTRY_OVERHEAD) * ROCKSDB_SPACE_AMP
+
+
+def _rows(model: ModelConfig, index: int, given: dict[str, int]) -> tuple[int, str]:
+    from hps.io.sparse_model import sparse_model_rows
+
+    spec = model.tables[index]
+    if spec.name in given:
+        return given[spec.name], "given"
+    if model.sparse_files and Path(model.sparse_files[index]).is_dir():
+        return sparse_model_rows(model.sparse_files[index], spec.dim), "sparse_files"
+    return 0, "unknown"
+
+
+def _cache_memory(model: ModelConfig) -> str:
+    device = model.hps_cache.device
+    if device == "auto":
+        from hps.cache.xp import gpu_available
+
+        return "gpu" if gpu_available() else "host"
+    return "gpu" if device == "cupy" else "host"
+
+
+def plan(config: PSConfig, rows: dict[str, int] | None = None) -> list[TablePlan]:
+    """One :class:`TablePlan` per table of every model."""
+    given = dict(rows or {})
+    unknown = set(given) - {t.name for t in config.tables}
+    if unknown:
+        raise ConfigError(f"--rows names unknown tables {sorted(unknown)}")
+    vdb, out = config.volatile_db, []
+    for model in config.models:
+        devices = max(1, len(model.deployed_device_list))
+        per_device = math.ceil(model.hps_instances / devices)
+        memory = _cache_memory(model) if model.gpucache else "host"
+        for i, spec in enumerate(model.tables):
+            n, source = _rows(model, i, given)
+            cap = cache_capacity(model, n)
+            one = cache_nbytes(cap, spec.dim, model.hps_cache.policy) if cap else 0
+            l2_rows = 0
+            if vdb.type != "disabled":
+                l2_rows = min(n, vdb.overflow_margin)
+                if not vdb.cache_missed_embeddings:
+                    l2_rows = min(l2_rows, math.ceil(vdb.initial_cache_rate * n))
+            copies = model.hps_instances if vdb.type in ("hash_map", "parallel_hash_map") else 1
+            l2 = l2_rows * l2_bytes_per_row(vdb, spec.dim) * copies if l2_rows else 0
+            l3 = n * l3_bytes_per_row(spec.dim) if config.persistent_db.type != "disabled" else 0
+            out.append(
+                TablePlan(
+                    table=spec.name,
+                    dim=spec.dim,
+                    rows=n,
+                    rows_from=source,
+                    cache_rows=cap,
+                    cache_bytes=one,
+                    cache_memory=memory,
+                    devices=devices,
+                    instances_per_device=per_device,
+                    cache_bytes_per_device=one * per_device,
+                    l2_type=vdb.type,
+                    l2_rows=l2_rows,
+                    l2_bytes=int(l2),
+                    l3_bytes=int(l3),
+                    raw_bytes=n * spec.dim * 4,
+                )
+            )
+    return out
+
+
+def totals(plans: list[TablePlan]) -> dict[str, int]:
+    """Sums over tables (cache per device: every table's caches on one device)."""
+    return {
+        "cache_bytes_per_device": sum(p.cache_bytes_per_device for p in plans),
+        "l2_bytes": sum(p.l2_bytes for p in plans),
+        "l3_bytes": sum(p.l3_bytes for p in plans),
+        "raw_bytes": sum(p.raw_bytes for p in plans),
+    }
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def format_text(plans: list[TablePlan]) -> str:
+    header = ("table", "dim", "rows", "L1 rows", "L1/device", "L1 on", "L2", "L3", "raw")
+    lines = [header]
+    for p in plans:
+        rows = f"{p.rows:,}" + ("" if p.rows_from != "unknown" else " (unknown)")
+        l1 = f"{human(p.cache_bytes_per_device)}"
+        if p.instances_per_device > 1:
+            l1 += f" ({p.instances_per_device}x{human(p.cache_bytes)})"
+        lines.append(
+            (
+                p.table,
+                str(p.dim),
+                rows,
+                f"{p.cache_rows:,}",
+                l1,
+                f"{p.cache_memory} x{p.devices}",
+                f"{human(p.l2_bytes)} ({p.l2_type})",
+                human(p.l3_bytes),
+                human(p.raw_bytes),
+            )
+        )
+    t = totals(plans)
+    lines.append(
+        (
+            "total",
+            "",
+            "",
+            "",
+            human(t["cache_bytes_per_device"]),
+            "",
+            human(t["l2_bytes"]),
+            human(t["l3_bytes"]),
+            human(t["raw_bytes"]),
+        )
+    )
+    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
+    return "\n".join("  ".join(_cells(row, widths)) for row in lines)
+
+
+def _cells(row: tuple[str, ...], widths: list[int]) -> list[str]:
+    """The first column left-aligned, the numbers right-aligned."""
+    return [
+        c.ljust(w) if i == 0 else c.rjust(w)
+        for i, (c, w) in enumerate(zip(row, widths, strict=True))
+    ]
+
+
+def to_json(plans: list[TablePlan]) -> str:
+    doc: dict[str, Any] = {"tables": [asdict(p) for p in plans], "totals": totals(plans)}
+    return json.dumps(doc, indent=2)

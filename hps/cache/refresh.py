@@ -1,0 +1,123 @@
+"""Periodic refresh of L1 from L2/L3, as HugeCTR's ``refresh_interval`` / ``refresh_delay``.
+
+Every ``refresh_interval`` seconds (the first time after ``refresh_delay``) the refresher
+walks all resident keys of each cache and re-reads them from L2/L3 through
+``refresh(table, keys)`` (``LookupSession.refresh``), one slice of
+``cache_refresh_percentage_per_iteration`` x capacity keys at a time, so the cache lock is
+held briefly and lookups interleave. A key that no lower level holds any more leaves L1.
+``refresh_interval`` 0 disables it, as in HugeCTR.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hps.config import PSConfig
+
+log = logging.getLogger(__name__)
+
+RefreshFn = Callable[[str, Any], Any]
+
+
+class Refresher:
+    """Background thread refreshing the resident keys of ``caches`` every ``interval`` s."""
+
+    def __init__(
+        self,
+        caches: Mapping[str, Any],
+        refresh: RefreshFn,
+        *,
+        interval: float,
+        delay: float = 0.0,
+        percentage: float = 0.0,
+    ) -> None:
+        self.caches = caches
+        self.refresh = refresh
+        self.interval = interval
+        self.delay = delay
+        self.percentage = percentage
+        self.passes = 0
+        self.keys_refreshed = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.interval > 0 and bool(self.caches)
+
+    def slice_size(self, cache: Any) -> int:
+        """Keys per slice: ``percentage`` x capacity (the whole cache when 0)."""
+        if self.percentage <= 0:
+            return max(1, cache.capacity)
+        return max(1, math.ceil(self.percentage * cache.capacity))
+
+    def run_pass(self) -> int:
+        """Refresh every resident key of every cache once, slice by slice; returns keys done."""
+        done = 0
+        for table, cache in list(self.caches.items()):
+            keys = cache.resident_keys()
+            step = self.slice_size(cache)
+            for lo in range(0, keys.size, step):
+                if self._stop.is_set():
+                    return done
+                try:
+                    self.refresh(table, keys[lo : lo + step])
+                except Exception as exc:  # a failing tier must not kill the thread
+                    log.warning("L1 refresh of %s failed: %s", table, exc)
+                    break
+                done += min(step, keys.size - lo)
+        self.passes += 1
+        self.keys_refreshed += done
+        return done
+
+    def _loop(self) -> None:
+        if self._stop.wait(self.delay):
+            return
+        while not self._stop.is_set():
+            start = time.monotonic()
+            n = self.run_pass()
+            log.debug("L1 refresh pass: %d keys in %.3f s", n, time.monotonic() - start)
+            if self._stop.wait(self.interval):
+                return
+
+    def start(self) -> Refresher:
+        """Start the thread (a no-op when disabled)."""
+        if self.enabled and self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="hps-l1-refresh", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def __enter__(self) -> Refresher:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def refreshers_for(session: Any, config: PSConfig) -> list[Refresher]:
+    """One (unstarted) Refresher per model with a cache and ``refresh_interval`` > 0."""
+    out = []
+    for model in config.models:
+        caches = {t.name: session.caches[t.name] for t in model.tables if t.name in session.caches}
+        r = Refresher(
+            caches,
+            session.refresh,
+            interval=model.refresh_interval,
+            delay=model.refresh_delay,
+            percentage=model.cache_refresh_percentage_per_iteration,
+        )
+        if r.enabled:
+            out.append(r)
+    return out

@@ -1,0 +1,157 @@
+"""One table in the shared segment: a dense row arena in extents, found by a BucketIndex.
+
+Rows ``[0, rows)`` of a table are always dense: removing rows moves the last ones into the
+holes (and repoints their keys), so there is no free list to share between processes and
+trailing row extents go back to the segment as the table shrinks. Row ``g`` lives in row
+extent ``row_ext[g // rows_per_ext]``, laid out as ``row_keys`` int64[R] · ``ticks``
+uint32[R] · padding · ``values`` float32[R, dim], the values aligned to ``4 * dim`` bytes
+from the segment's start so the whole segment can be read as one ``(-1, dim)`` array.
+
+Callers hold the segment's lock: shared for :meth:`ShmTable.fetch` and :meth:`dump`,
+exclusive for the rest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hps.storage._shm_index import BucketIndex
+from hps.storage._shm_segment import E, EntryView, NoSpace, Segment
+from hps.storage.overflow import choose_victims
+
+
+def rows_per_extent(extent: int, dim: int) -> int:
+    """Rows of ``dim`` floats one row extent holds (worst-case alignment padding)."""
+    return (extent - 4 * dim) // (12 + 4 * dim)
+
+
+class ShmTable:
+    """Rows of one table (views into the segment; cheap to build per call)."""
+
+    def __init__(self, seg: Segment, slot: int) -> None:
+        self.seg = seg
+        self.entry = EntryView(seg, slot)
+        self.meta = self.entry.meta
+        self.index = BucketIndex(seg, self.entry)
+        self.dim = int(self.meta[E.DIM])
+        self.rpe = int(self.meta[E.ROWS_PER_EXT])
+
+    @property
+    def rows(self) -> int:
+        return int(self.meta[E.ROWS])
+
+    @property
+    def extents(self) -> int:
+        return int(self.meta[E.N_ROW_EXT] + self.meta[E.N_BUCKETS])
+
+    def _where(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Indices of rows ``g`` in the int64 (key), uint32 (tick) and value views."""
+        j, local = np.divmod(g, self.rpe)
+        off = self.seg.offset(self.entry.row_ext[j].astype(np.int64))
+        assert isinstance(off, np.ndarray)
+        key = off // 8 + local
+        tick = (off + 8 * self.rpe) // 4 + local
+        value = -(-(off + 12 * self.rpe) // (4 * self.dim)) + local
+        return key, tick, value
+
+    def fetch(self, keys: np.ndarray, tick: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """Values and found mask; ``tick`` (evict_least_used) stamps the rows found."""
+        rows = self.index.lookup(keys)
+        found = rows >= 0
+        every = bool(found.all())
+        _, t, v = self._where(rows if every else rows[found])
+        got = self.seg.values(self.dim).take(v, axis=0)
+        if tick is not None:
+            self.seg.u32[t] = tick
+        if every:
+            return got, found
+        values = np.zeros((keys.size, self.dim), dtype=np.float32)
+        values[found] = got
+        return values, found
+
+    def upsert(self, keys: np.ndarray, values: np.ndarray, tick: int) -> None:
+        """Insert or overwrite unique keys. Raises NoSpace with the table consistent."""
+        rows = self.index.lookup(keys)
+        new = rows < 0
+        n_new = int(new.sum())
+        if n_new:
+            n = self.rows
+            g = np.arange(n, n + n_new, dtype=np.int64)
+            try:
+                self._reserve(n + n_new)
+                self.index.insert(keys[new], g)
+            except NoSpace:
+                self._trim()
+                raise
+            self.meta[E.ROWS] = n + n_new
+            rows[new] = g
+        k, t, v = self._where(rows)
+        self.seg.i64[k] = keys
+        self.seg.u32[t] = tick
+        self.seg.values(self.dim)[v] = values
+
+    def _reserve(self, n_rows: int) -> None:
+        have = int(self.meta[E.N_ROW_EXT])
+        need = -(-n_rows // self.rpe)
+        if need > have:
+            if need > self.seg.row_ext_cap:
+                raise NoSpace(f"{n_rows} rows exceed the segment")
+            self.entry.row_ext[have:need] = self.seg.alloc(need - have)
+            self.meta[E.N_ROW_EXT] = need
+
+    def _trim(self) -> None:
+        """Give back row extents past the last row (and the buckets of an empty table)."""
+        keep = -(-self.rows // self.rpe)
+        have = int(self.meta[E.N_ROW_EXT])
+        if have > keep:
+            self.seg.free(self.entry.row_ext[keep:have].astype(np.int64))
+            self.meta[E.N_ROW_EXT] = keep
+        if self.rows == 0 and self.meta[E.N_BUCKETS]:
+            self.index.release()
+
+    def remove(self, keys: np.ndarray) -> int:
+        """Remove unique keys (absent ones are ignored); returns how many were present."""
+        g = self.index.remove(keys)
+        g = g[g >= 0]
+        self._compact(g)
+        return int(g.size)
+
+    def evict(self, policy: str, count: int, rng: np.random.Generator) -> int:
+        """Evict ``count`` rows chosen by ``policy``; returns how many went."""
+        n = self.rows
+        ticks = None
+        if policy != "evict_random":
+            ticks = self.seg.u32[self._where(np.arange(n, dtype=np.int64))[1]]
+        victims = choose_victims(policy, count, n, ticks, rng).astype(np.int64)
+        self.index.remove(self.seg.i64[self._where(victims)[0]])
+        self._compact(victims)
+        return int(victims.size)
+
+    def _compact(self, gone: np.ndarray) -> None:
+        """Rows ``gone`` (already out of the index): move the last rows into their holes."""
+        if gone.size == 0:
+            return
+        n = self.rows
+        m = n - gone.size
+        gone = np.sort(gone)
+        holes = gone[gone < m]
+        stay = np.ones(n - m, dtype=bool)
+        stay[gone[gone >= m] - m] = False
+        movers = m + np.flatnonzero(stay)
+        if holes.size:
+            sk, st, sv = self._where(movers)
+            dk, dt, dv = self._where(holes)
+            i64, u32, vals = self.seg.i64, self.seg.u32, self.seg.values(self.dim)
+            keys = i64[sk]
+            i64[dk] = keys
+            u32[dt] = u32[st]
+            vals[dv] = vals.take(sv, axis=0)
+            self.index.set_rows(keys, holes)
+        self.meta[E.ROWS] = m
+        self._trim()
+
+    def dump(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Keys and values of rows ``[lo, hi)``."""
+        g = np.arange(lo, min(hi, self.rows), dtype=np.int64)
+        k, _, v = self._where(g)
+        return self.seg.i64[k], self.seg.values(self.dim).take(v, axis=0)

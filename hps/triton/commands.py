@@ -1,0 +1,138 @@
+"""``hps demo``, ``hps serve`` and ``hps query``."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hps.triton.server import TritonServer
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="create a small synthetic CTR model to serve (if absent)")
+    p.add_argument("--dir", default="demo", help="folder of the demo model (default: demo)")
+    p.add_argument("--tables", type=int, default=26, help="embedding tables (default: 26)")
+    p.add_argument("--rows", type=int, default=100_000, help="rows of the largest table")
+    p.add_argument("--dim", type=int, default=16, help="embedding vector size (default: 16)")
+    p.add_argument("--instances", type=int, default=1, help="Triton instances of the model")
+    p.add_argument("--force", action="store_true", help="overwrite an existing demo")
+    p.set_defaults(func=_demo)
+
+    p = sub.add_parser(
+        "serve",
+        help="serve a ps.json through Triton (default: the demo model)",
+        description="Validate the config, import its sparse_files into L3 where needed, "
+        "prepare a model repository and run tritonserver until Ctrl-C or SIGTERM.",
+    )
+    p.add_argument("--config", help="ps.json (default: create and serve demo/ps.json)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--repository", help="where to write the model repository (default: temp)")
+    p.add_argument("--metrics-interval", type=float, default=1.0, help="seconds between updates")
+    p.set_defaults(func=_serve)
+
+    p = sub.add_parser("query", help="send one request to a served model and print the answer")
+    p.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP (or gRPC) address")
+    p.add_argument("--grpc", action="store_true", help="use gRPC instead of HTTP")
+    p.add_argument("--model", default="demo", help="Triton model name (default: demo)")
+    p.add_argument("--config", help="ps.json of the model (default: the one it is served from)")
+    p.add_argument("--table", help="table of the keys (default: the model's first)")
+    p.add_argument("--keys", help="comma-separated int64 keys (embedding models)")
+    p.add_argument("--samples", type=int, default=2, help="random samples (CTR models)")
+    p.set_defaults(func=_query)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from hps.triton.demo import create_demo
+
+    existed = (Path(args.dir) / "ps.json").exists() and not args.force
+    path = create_demo(
+        args.dir,
+        num_tables=args.tables,
+        max_rows=args.rows,
+        dim=args.dim,
+        instances=args.instances,
+        force=args.force,
+    )
+    print(f"{'using existing' if existed else 'created'} demo model: {path}")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from hps.triton.deploy import prepare_tables, serving_config
+    from hps.triton.repository import prepare_repository
+    from hps.triton.server import TritonServer
+
+    if args.config is None:
+        from hps.triton.demo import create_demo
+
+        args.config = str(create_demo("demo"))
+    config = serving_config(args.config)
+    with tempfile.TemporaryDirectory(prefix="hps-repo-") as tmp:
+        repo = Path(args.repository or tmp)
+        names = prepare_repository(config, repo, metrics_interval_s=args.metrics_interval)
+        for table, rows in prepare_tables(config, progress=True).items():
+            print(f"imported {table}: {rows:,} rows")
+        server = TritonServer(
+            repo,
+            http_port=args.http_port,
+            grpc_port=args.grpc_port,
+            metrics_port=args.metrics_port,
+            host=args.host,
+            explicit=True,
+            load_models=names,
+        )
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            server.start()
+            _print_banner(server, names, args.config)
+            return server.wait()
+        except KeyboardInterrupt:
+            print("stopping tritonserver", file=sys.stderr)
+            return 0
+        finally:
+            server.stop()
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _print_banner(server: TritonServer, names: list[str], config: str) -> None:
+    from hps.triton.repository import CTR_SUFFIX
+
+    tries = [
+        f"hps query --url {server.http_url} --model {name} "
+        + ("--samples 2" if name.endswith(CTR_SUFFIX) else "--keys 1,2,3")
+        for name in names
+    ]
+    print(
+        f"\nServing {', '.join(names)} from {config}\n"
+        f"  HTTP {server.http_url}   gRPC {server.grpc_url}   metrics {server.metrics_url}\n"
+        "Try:\n" + "".join(f"  {t}\n" for t in tries),
+        flush=True,
+    )
+
+
+def _query(args: argparse.Namespace) -> int:
+    from hps.triton.client import query
+
+    for line in query(
+        args.url,
+        args.model,
+        grpc=args.grpc,
+        config=args.config,
+        table=args.table,
+        keys=args.keys,
+        samples=args.samples,
+    ):
+        print(line)
+    return 0

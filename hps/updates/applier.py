@@ -1,0 +1,151 @@
+"""Apply decoded update batches to L3 then L2, then tell the L1 listeners.
+
+Ordering and idempotence: each key's last applied version is kept in a side table
+(:mod:`hps.updates.versions`). A row is applied only when its version is >= the stored one,
+so an older update never overwrites a newer one and replaying messages after a crash (at-
+least-once delivery) rewrites the same values. Within one call, the rows of a key collapse
+to the one with the highest version (the latest in stream order among equals).
+
+Write order per table: data to L3 (unsynced), data to L2, then the versions to the same
+store as the data with a synced write, which also syncs the L3 data written before it. A
+crash before that sync leaves versions no newer than the data, so the replay re-applies.
+A failing tier raises :class:`hps.errors.BackendError`; the caller retries the same batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hps.errors import UnknownTableError
+from hps.storage.base import EmbeddingStore
+from hps.types import Keys, TableSpec, UpdateBatch, Vectors
+from hps.updates.versions import VersionTable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What one table's part of a batch changed."""
+
+    table: str
+    keys: Keys  # upserted keys
+    values: Vectors  # their new vectors
+    deleted: Keys
+    stale: int  # rows dropped because a newer version was already applied
+
+
+Listener = Callable[[Applied], None]
+
+
+def model_filter(patterns: Iterable[str]) -> Callable[[str], bool]:
+    """``update_filters``: a model's updates apply when any regex *searches* its name."""
+    compiled = [re.compile(p) for p in patterns]
+    return lambda model: any(c.search(model) for c in compiled)
+
+
+@dataclass
+class _Route:
+    spec: TableSpec
+    stores: list[EmbeddingStore]  # L3 first
+    versions: VersionTable
+
+
+class Applier:
+    """Applies :class:`hps.types.UpdateBatch` lists to the stores of the configured tables.
+
+    ``persistent_models`` / ``volatile_models`` decide per model which tiers take its updates
+    (ps.json's ``update_filters``); a tier passed as ``None`` takes none.
+    """
+
+    def __init__(
+        self,
+        tables: Mapping[str, TableSpec],
+        *,
+        volatile: EmbeddingStore | None,
+        persistent: EmbeddingStore | None,
+        volatile_models: Callable[[str], bool] = lambda m: True,
+        persistent_models: Callable[[str], bool] = lambda m: True,
+        listeners: Sequence[Listener] = (),
+    ) -> None:
+        self.listeners = list(listeners)
+        self._routes: dict[str, _Route] = {}
+        for name, spec in tables.items():
+            stores: list[EmbeddingStore] = []
+            if persistent is not None and persistent_models(spec.model):
+                stores.append(persistent)
+            if volatile is not None and volatile_models(spec.model):
+                stores.append(volatile)
+            if not stores:
+                continue
+            for store in stores:
+                store.open_table(spec)
+            durable = stores[0] is persistent
+            self._routes[name] = _Route(
+                spec, stores, VersionTable(stores[0], spec, durable=durable)
+            )
+
+    @property
+    def tables(self) -> dict[str, TableSpec]:
+        """The tables whose updates this applier writes somewhere."""
+        return {name: r.spec for name, r in self._routes.items()}
+
+    def apply(self, batches: Sequence[UpdateBatch]) -> list[Applied]:
+        """Apply ``batches`` (in stream order); raise BackendError if a tier fails."""
+        by_table: dict[str, list[UpdateBatch]] = {}
+        for b in batches:
+            if b.keys.size:
+                by_table.setdefault(b.table, []).append(b)
+        done = []
+        for table, group in by_table.items():
+            route = self._routes.get(table)
+            if route is None:
+                raise UnknownTableError(f"no tier takes updates of table {table!r}")
+            done.append(self._apply_table(route, group))
+        for applied in done:
+            for listener in self.listeners:
+                try:
+                    listener(applied)
+                except Exception:  # L1 upkeep must not fail a batch L2/L3 already hold
+                    log.exception("update listener failed for %s", applied.table)
+        return done
+
+    def _apply_table(self, route: _Route, group: list[UpdateBatch]) -> Applied:
+        spec = route.spec
+        keys, versions, deletes, values = _latest_per_key(group, spec.dim)
+        stored = route.versions.get(keys)
+        keep = versions >= stored
+        up = keep & ~deletes
+        rm = keep & deletes
+        up_keys, up_values, rm_keys = keys[up], values[up], keys[rm]
+        for store in route.stores:
+            if up_keys.size:
+                store.insert(spec.name, up_keys, up_values)
+            if rm_keys.size:
+                store.remove(spec.name, rm_keys)
+        if keep.any():
+            route.versions.put(keys[keep], versions[keep])
+        return Applied(spec.name, up_keys, up_values, rm_keys, int((~keep).sum()))
+
+
+def _latest_per_key(
+    group: list[UpdateBatch], dim: int
+) -> tuple[Keys, np.ndarray, np.ndarray, Vectors]:
+    """Concatenate a table's batches and keep, per key, the highest version (latest in order)."""
+    keys = np.concatenate([b.keys for b in group]).astype(np.int64, copy=False)
+    versions = np.concatenate([np.full(b.keys.size, b.version, dtype=np.uint64) for b in group])
+    deletes = np.concatenate([np.full(b.keys.size, b.delete, dtype=bool) for b in group])
+    values = np.concatenate(
+        [np.zeros((b.keys.size, dim), np.float32) if b.values is None else b.values for b in group]
+    )
+    order = np.lexsort((np.arange(keys.size), versions, keys))
+    sorted_keys = keys[order]
+    last = np.ones(keys.size, dtype=bool)
+    last[:-1] = sorted_keys[1:] != sorted_keys[:-1]
+    win = order[last]
+    return keys[win], versions[win], deletes[win], values[win]

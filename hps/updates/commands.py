@@ -1,0 +1,133 @@
+"""``hps consume`` (the update service) and ``hps publish`` (push a whole table to Kafka)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "consume",
+        help="apply online updates from Kafka to L2/L3 (SIGTERM: finish the batch, commit, exit)",
+    )
+    p.add_argument("--config", required=True, help="ps.json (update_source says where from)")
+    p.add_argument("--brokers", help="override update_source.brokers")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.set_defaults(func=_consume)
+
+    p = sub.add_parser(
+        "publish",
+        help="publish a whole table as online updates (roll out an offline-trained model)",
+    )
+    p.add_argument("--table", required=True, help="<model>.<table>")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--sparse", metavar="DIR", help="HugeCTR sparse-model folder")
+    src.add_argument("--npy", nargs=2, metavar=("KEYS", "VECTORS"), help=".npy key/vector pair")
+    p.add_argument("--config", help="ps.json: brokers, Kafka settings and the table's dim")
+    p.add_argument("--brokers", help="bootstrap servers (default: the config's)")
+    p.add_argument("--dim", type=int, help="vector size (default: the config's)")
+    p.add_argument("--version", type=int, help="update version (default: time.time_ns())")
+    p.add_argument("--partitions", type=int, default=8, help="partitions of new topics")
+    p.add_argument("--chunk-rows", type=int, default=1 << 16, help="rows read per chunk")
+    p.add_argument("--max-message-bytes", type=int, default=900_000)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_publish)
+
+
+def _consume(args: argparse.Namespace) -> int:
+    from hps.build import build_session
+    from hps.config import load_config
+    from hps.updates.runtime import build_service
+
+    config = load_config(args.config)
+    if args.brokers:
+        us = config.update_source.model_copy(update={"brokers": args.brokers})
+        config = config.model_copy(update={"update_source": us})
+    session = build_session(config, with_cache=False)
+    stop = threading.Event()
+    try:
+        consumer = build_service(config, session)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        if args.metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            start_http_server(args.metrics_port, addr="0.0.0.0")
+        log.info(
+            "consuming %d topics from %s as group %r",
+            len(consumer.source.topics),
+            config.update_source.brokers,
+            config.update_source.hps_group_id,
+        )
+        try:
+            consumer.run(stop)
+        finally:
+            consumer.close()
+        log.info(
+            "stopped after %d batches, %d rows applied", consumer.batches, consumer.rows_applied
+        )
+    finally:
+        session.close()
+    return 0
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from hps.errors import ConfigError, RequestError
+    from hps.io.npy import npy_rows, read_npy_pair
+    from hps.io.progress import Progress
+    from hps.io.sparse_model import read_sparse_model, sparse_model_rows
+    from hps.updates.kafka import client_settings
+    from hps.updates.producer import Publisher
+
+    model, sep, table = args.table.partition(".")
+    if not sep or not model or not table:
+        raise RequestError(f"--table must be <model>.<table>, got {args.table!r}")
+    brokers, dim, kafka_conf = args.brokers, args.dim, {}
+    if args.config:
+        from hps.config import load_config
+
+        config = load_config(args.config)
+        spec = {t.name: t for t in config.tables}.get(args.table)
+        if spec is None:
+            raise ConfigError(f"{args.config}: no table {args.table!r}")
+        brokers = brokers or config.update_source.brokers
+        dim = dim or spec.dim
+        kafka_conf = client_settings(config.update_source.hps_kafka_config)
+    if not brokers:
+        raise ConfigError("give --brokers or --config")
+    chunks: Any
+    if args.sparse:
+        if not dim:
+            raise ConfigError("a sparse-model folder needs --dim or --config")
+        total = sparse_model_rows(args.sparse, dim)
+        chunks = read_sparse_model(args.sparse, dim, args.chunk_rows)
+    else:
+        if not dim:
+            import numpy as np
+
+            dim = int(np.load(args.npy[1], mmap_mode="r").shape[-1])
+        total = npy_rows(args.npy[0], args.npy[1], dim)
+        chunks = read_npy_pair(args.npy[0], args.npy[1], dim, args.chunk_rows)
+    progress = Progress(f"publish {args.table}", total, enabled=not args.quiet)
+    with Publisher(
+        brokers,
+        config=kafka_conf,
+        num_partitions=args.partitions,
+        max_message_bytes=args.max_message_bytes,
+    ) as pub:
+        version = args.version
+        for keys, vectors in chunks:
+            # One version for the whole table: it is one model snapshot.
+            version = pub.publish(model, table, keys, vectors, version=version)
+            progress.advance(keys.size)
+        pub.flush()
+    print(
+        f"{args.table}: published {total} rows as version {version} ({pub.messages_sent} messages)"
+    )
+    return 0

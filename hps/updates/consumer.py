@@ -1,0 +1,205 @@
+"""The update loop: poll a batch, dead-letter what cannot be decoded, apply, then commit.
+
+Semantics (docs/updates.md):
+
+- A batch is one message waited for up to ``poll_timeout_ms``, plus what is already fetched,
+  until it holds ``max_batch_size`` rows (keys).
+- It is applied to L3 and L2 (:class:`hps.updates.applier.Applier`, durably), and only then
+  are its offsets stored; stored offsets are committed after at most ``max_commit_interval``
+  batches, whenever a poll finds nothing, on a rebalance and on shutdown. A crash replays at
+  most those batches, and the per-key versions make the replay change nothing.
+- A message that cannot be decoded (or names an unknown table, has the wrong dimension or
+  non-finite values) goes to the dead-letter topic with the reason; the rest is applied.
+- When a tier fails, the same batch is retried after ``failure_backoff_ms``, doubling up to
+  ``MAX_BACKOFF_S``: nothing is skipped. A stop request during the backoff leaves the batch
+  uncommitted (it is redelivered on restart).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from hps.config import UpdateSourceConfig
+from hps.errors import (
+    BackendError,
+    FormatError,
+    InvalidValueError,
+    RequestError,
+    ShapeError,
+    UnknownTableError,
+)
+from hps.types import TableSpec, UpdateBatch
+from hps.updates import codec, metrics
+from hps.updates.applier import Applier
+from hps.updates.deadletter import DeadLetters
+from hps.updates.source import MessageSource
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_S = 5.0
+LAG_INTERVAL_S = 1.0
+DRAIN_CHUNK = 256
+
+
+def decode_message(msg: Any, tables: Mapping[str, TableSpec]) -> UpdateBatch:
+    """A consumed Kafka message as an UpdateBatch; FormatError/RequestError when it is bad."""
+    model, table = codec.parse_topic(msg.topic())
+    spec = tables.get(f"{model}.{table}")
+    if spec is None:
+        raise UnknownTableError(f"no configured table {model}.{table} for topic {msg.topic()}")
+    _, ts_ms = msg.timestamp()
+    d = codec.decode(msg.value(), timestamp_ns=max(ts_ms, 0) * 1_000_000, has_key=bool(msg.key()))
+    metrics.MESSAGES.labels(d.format).inc()
+    if d.values is not None and d.keys.size:
+        if d.dim != spec.dim:
+            raise ShapeError(f"{spec.name}: vectors of dim {d.dim}, the table has dim {spec.dim}")
+        if not np.isfinite(d.values).all():
+            raise InvalidValueError(f"{spec.name}: vectors contain NaN or infinity")
+    return UpdateBatch(spec.name, d.keys, d.values, int(d.version), d.delete)
+
+
+class UpdateConsumer:
+    """Runs the loop over a :class:`MessageSource` into an :class:`Applier`."""
+
+    def __init__(
+        self,
+        source: MessageSource,
+        applier: Applier,
+        settings: UpdateSourceConfig,
+        *,
+        dead_letters: DeadLetters | None = None,
+    ) -> None:
+        self.source = source
+        self.applier = applier
+        self.tables = applier.tables
+        self.settings = settings
+        self.dead_letters = dead_letters
+        self.batches = 0
+        self.rows_applied = 0
+        self._uncommitted = 0
+        self._last_lag = 0.0
+
+    def run(self, stop: threading.Event) -> None:
+        """Loop until ``stop`` is set; the current batch is finished and committed first."""
+        try:
+            while not stop.is_set():
+                self.run_once(stop)
+        finally:
+            self._commit_final()
+
+    def close(self) -> None:
+        """Leave the group and release the Kafka clients (after :meth:`run`)."""
+        self.source.close()
+        if self.dead_letters is not None:
+            self.dead_letters.close()
+
+    def run_once(self, stop: threading.Event) -> int:
+        """Poll, apply and store one batch; returns the number of messages handled."""
+        first = self.source.poll(self.settings.poll_timeout_ms / 1000)
+        if first is None:
+            self._idle()
+            return 0
+        msgs = [first]
+        updates: list[UpdateBatch] = []
+        bad: list[tuple[Any, str]] = []
+        rows = self._decode(first, updates, bad)
+        while rows < self.settings.max_batch_size:
+            more = self.source.drain(DRAIN_CHUNK)
+            if not more:
+                break
+            msgs.extend(more)
+            for m in more:
+                rows += self._decode(m, updates, bad)
+        if not self._apply(updates, bad, stop):
+            return 0  # stopped while a tier was down: nothing stored, redelivered later
+        self.source.store(msgs)
+        self.batches += 1
+        self._uncommitted += 1
+        if self._uncommitted >= self.settings.max_commit_interval:
+            self._commit(asynchronous=True)
+        self._export_lag()
+        return len(msgs)
+
+    def _decode(self, msg: Any, updates: list[UpdateBatch], bad: list[tuple[Any, str]]) -> int:
+        try:
+            upd = decode_message(msg, self.tables)
+        except (FormatError, RequestError) as exc:
+            bad.append((msg, f"{type(exc).__name__}: {exc}"))
+            return 0
+        if upd.keys.size:
+            updates.append(upd)
+        return int(upd.keys.size)
+
+    def _apply(self, updates: list[UpdateBatch], bad: list[tuple[Any, str]], stop: Any) -> bool:
+        attempt = 0
+        pending_dead = list(bad)
+        while True:
+            try:
+                if pending_dead:
+                    self._send_dead(pending_dead)
+                    pending_dead = []
+                start = time.perf_counter()
+                for applied in self.applier.apply(updates):
+                    metrics.APPLIED_ROWS.labels(applied.table, "upsert").inc(applied.keys.size)
+                    metrics.APPLIED_ROWS.labels(applied.table, "delete").inc(applied.deleted.size)
+                    if applied.stale:
+                        metrics.STALE_ROWS.labels(applied.table).inc(applied.stale)
+                    self.rows_applied += applied.keys.size + applied.deleted.size
+                metrics.BATCH_SECONDS.observe(time.perf_counter() - start)
+                return True
+            except BackendError as exc:
+                metrics.FAILURES.inc()
+                delay = min(self.settings.failure_backoff_ms / 1000 * 2**attempt, MAX_BACKOFF_S)
+                log.warning(
+                    "applying %d updates failed (%s); retrying in %.2fs", len(updates), exc, delay
+                )
+                attempt += 1
+                if stop.wait(delay):
+                    log.warning("stopping with an unapplied batch; it will be redelivered")
+                    return False
+
+    def _send_dead(self, bad: list[tuple[Any, str]]) -> None:
+        for msg, reason in bad:
+            metrics.DEAD_LETTERS.labels(reason.split(":", 1)[0]).inc()
+            if self.dead_letters is None:
+                log.error(
+                    "dropping undecodable message %s[%d]@%d: %s",
+                    msg.topic(),
+                    msg.partition(),
+                    msg.offset(),
+                    reason,
+                )
+            else:
+                self.dead_letters.send(msg, reason)
+        if self.dead_letters is not None:
+            self.dead_letters.flush()
+
+    def _idle(self) -> None:
+        if self._uncommitted:
+            self._commit(asynchronous=True)
+        self._export_lag()
+
+    def _commit(self, *, asynchronous: bool) -> None:
+        try:
+            self.source.commit(asynchronous=asynchronous)
+            self._uncommitted = 0
+        except BackendError as exc:  # offsets stay stored; the next commit carries them
+            log.warning("commit failed: %s", exc)
+
+    def _commit_final(self) -> None:
+        if self._uncommitted:
+            self._commit(asynchronous=False)
+
+    def _export_lag(self) -> None:
+        now = time.monotonic()
+        if now - self._last_lag < LAG_INTERVAL_S:
+            return
+        self._last_lag = now
+        for (topic, partition), lag in self.source.lag().items():
+            metrics.CONSUMER_LAG.labels(topic, str(partition)).set(lag)

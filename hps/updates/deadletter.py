@@ -1,0 +1,72 @@
+"""The dead-letter topic: messages that cannot be decoded, with the reason in a header.
+
+Each dead letter keeps the original key and payload and adds the headers ``hps_reason``,
+``hps_topic``, ``hps_partition``, ``hps_offset`` and ``hps_timestamp_ms``. The consumer
+flushes dead letters before committing past them, so none is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from hps.errors import BackendUnavailable
+from hps.updates.kafka import client_settings, ensure_topics, merged, translate
+
+log = logging.getLogger(__name__)
+
+
+class DeadLetters:
+    def __init__(self, brokers: str, topic: str, config: Mapping[str, Any] | None = None) -> None:
+        from confluent_kafka import KafkaException, Producer
+
+        self.topic = topic
+        ensure_topics(brokers, [topic], num_partitions=1, config=config)
+        producer_conf = client_settings(config)
+        try:
+            self._producer = Producer(
+                merged(brokers, {"enable.idempotence": True, "linger.ms": 0}, producer_conf)
+            )
+        except KafkaException as exc:
+            raise translate(exc, "creating the dead-letter producer") from None
+        self._errors: list[str] = []
+        self.sent = 0
+
+    def send(self, msg: Any, reason: str) -> None:
+        """Queue ``msg`` (a confluent-kafka Message) with ``reason``; :meth:`flush` delivers."""
+        _, ts = msg.timestamp()
+        headers = [
+            ("hps_reason", reason.encode()),
+            ("hps_topic", msg.topic().encode()),
+            ("hps_partition", str(msg.partition()).encode()),
+            ("hps_offset", str(msg.offset()).encode()),
+            ("hps_timestamp_ms", str(ts).encode()),
+        ]
+        log.warning("dead letter %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), reason)
+        while True:
+            try:
+                self._producer.produce(
+                    self.topic, msg.value(), msg.key(), headers=headers, on_delivery=self._report
+                )
+                break
+            except BufferError:
+                self._producer.poll(0.05)
+        self.sent += 1
+
+    def _report(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self._errors.append(f"{err.name()}: {err.str()}")
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Deliver every queued dead letter or raise BackendUnavailable (the batch is retried)."""
+        remaining = self._producer.flush(timeout_s)
+        errors, self._errors = self._errors, []
+        if remaining or errors:
+            raise BackendUnavailable(
+                f"kafka: dead letters not delivered to {self.topic} "
+                f"({remaining} pending; {'; '.join(errors[:3])})"
+            )
+
+    def close(self) -> None:
+        self._producer.flush(5.0)

@@ -1,0 +1,103 @@
+"""Fresh L1 caches: serving processes learn which keys changed and refresh the resident ones.
+
+Two passes per update message (docs/updates.md, "Freshness"):
+
+1. **At once**, from the message itself: resident rows get the new vectors, deleted keys leave
+   L1. A lookup then returns the new vector within the time the message takes to reach the
+   process (broker fetch wait + decode), without waiting for L2/L3.
+2. **Once L2/L3 hold the update** (``ready``; for a shared L2 that is when the consumer group
+   has committed past the message) and ``grace_s`` later, the resident rows of the same keys
+   are re-read from L2/L3. This catches a key that a concurrent lookup loaded from L2 *before*
+   the update reached L2 (it missed pass 1 because it was not resident yet), and an out-of-
+   order older message whose vectors pass 1 installed: L2/L3 keep the newest version.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hps.types import Keys, Vectors
+from hps.updates import metrics
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GRACE_S = 0.5
+MAX_PENDING_KEYS = 1 << 22
+
+
+@dataclass
+class _Pending:
+    table: str
+    keys: Keys
+    token: Any  # handed to ``ready``
+    since: float
+
+
+class L1Refresher:
+    """Applies both passes to a LookupSession's L1 caches (``session.caches``)."""
+
+    def __init__(self, session: Any, *, grace_s: float = DEFAULT_GRACE_S) -> None:
+        self.session = session
+        self.grace_s = grace_s
+        self._pending: deque[_Pending] = deque()
+        self._pending_keys = 0
+        self.dropped = 0
+
+    def tracks(self, table: str) -> bool:
+        return self.session.caches.get(table) is not None
+
+    def now(self, table: str, keys: Keys, values: Vectors | None) -> None:
+        """Pass 1: ``values`` for upserts, ``None`` for deletes."""
+        cache = self.session.caches.get(table)
+        if cache is None or keys.size == 0:
+            return
+        if values is None:
+            cache.evict(keys)
+        else:
+            keys, values = _last_per_key(keys, values)
+            self.session.refresh(table, keys, values)
+        metrics.L1_REFRESHED.labels(table).inc(keys.size)
+
+    def later(self, table: str, keys: Keys, token: Any = None) -> None:
+        """Queue pass 2 for ``keys``; it runs when ``ready(token)`` holds (see :meth:`run_due`)."""
+        if not self.tracks(table) or keys.size == 0:
+            return
+        self._pending.append(_Pending(table, keys, token, time.monotonic()))
+        self._pending_keys += keys.size
+        while self._pending_keys > MAX_PENDING_KEYS:  # L2/L3 writer gone for long: give up
+            old = self._pending.popleft()
+            self._pending_keys -= old.keys.size
+            self.dropped += old.keys.size
+            log.warning("L1 re-read queue full: %d keys rely on pass 1 only", old.keys.size)
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def run_due(self, ready: Callable[[Any], bool] = lambda token: True) -> int:
+        """Pass 2 for the queued updates that are old enough and ready, in order."""
+        done = 0
+        deadline = time.monotonic() - self.grace_s
+        while self._pending and self._pending[0].since <= deadline:
+            head = self._pending[0]
+            if not ready(head.token):
+                break
+            self._pending.popleft()
+            self._pending_keys -= head.keys.size
+            self.session.refresh(head.table, head.keys)
+            done += 1
+        return done
+
+
+def _last_per_key(keys: Keys, values: Vectors) -> tuple[Keys, Vectors]:
+    """Sorted unique keys with each key's last vector (what ``session.refresh`` expects)."""
+    uniq, idx = np.unique(keys[::-1], return_index=True)
+    last = keys.size - 1 - idx
+    return uniq, values[last]

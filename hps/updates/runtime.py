@@ -1,0 +1,216 @@
+"""Wiring: the ``hps consume`` service, the embedded applier and the L1 freshness listener.
+
+Which one a serving process runs (:func:`start_updates`):
+
+- **embedded** (``volatile_db`` is the in-process ``hash_map``): nothing outside the process
+  can update its L2, so it runs the applier itself in a background thread: every partition
+  from the beginning (its L2 starts empty), no consumer group, no commits; L3 too when this
+  process opened it read-write. L1 is refreshed right after each apply.
+- **shared** (Redis, or no L2): ``hps consume`` applies to L2/L3; the serving process only
+  runs a listener that refreshes its L1 (:mod:`hps.updates.freshness`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from hps.config import PSConfig
+from hps.errors import ConfigError, FormatError, RequestError
+from hps.updates import codec
+from hps.updates.applier import Applied, Applier, model_filter
+from hps.updates.consumer import UpdateConsumer, decode_message
+from hps.updates.deadletter import DeadLetters
+from hps.updates.freshness import L1Refresher
+from hps.updates.source import MessageSource
+
+log = logging.getLogger(__name__)
+
+LISTENER_POLL_S = 0.1
+COMMITTED_CHECK_S = 0.2
+
+
+def is_process_local(store: Any) -> bool:
+    return bool(getattr(store, "process_local", False))
+
+
+def is_writable(store: Any) -> bool:
+    return store is not None and getattr(store, "mode", "read_write") == "read_write"
+
+
+def build_applier(
+    config: PSConfig, session: Any, *, shared_only: bool, listeners: list[Any] | None = None
+) -> Applier:
+    """An Applier over the session's stores; ``shared_only`` skips a process-local L2."""
+    volatile = session.volatile
+    if volatile is not None and shared_only and is_process_local(volatile):
+        log.warning(
+            "volatile_db %r lives inside each serving process: hps consume applies updates to "
+            "L3 only; serving processes apply them to their own L2",
+            config.volatile_db.type,
+        )
+        volatile = None
+    persistent = session.persistent if is_writable(session.persistent) else None
+    applier = Applier(
+        session.tables,
+        volatile=volatile,
+        persistent=persistent,
+        volatile_models=model_filter(config.volatile_db.update_filters),
+        persistent_models=model_filter(config.persistent_db.update_filters),
+        listeners=listeners or [],
+    )
+    if not applier.tables:
+        raise ConfigError(
+            f"{config.source}: no table takes online updates (check volatile_db, persistent_db "
+            "and their update_filters)"
+        )
+    return applier
+
+
+def topics_of(tables: Any) -> list[str]:
+    return sorted(codec.topic_name(s.model, s.table) for s in tables.values())
+
+
+def _check_enabled(config: PSConfig) -> None:
+    if not config.update_source.enabled:
+        raise ConfigError(
+            f"{config.source}: update_source.type is 'null'; set it to 'kafka_message_queue'"
+        )
+
+
+def build_service(config: PSConfig, session: Any) -> UpdateConsumer:
+    """The ``hps consume`` loop over ``session`` (built without L1), in the consumer group."""
+    _check_enabled(config)
+    us = config.update_source
+    applier = build_applier(config, session, shared_only=True)
+    kafka_conf = dict(us.hps_kafka_config)
+    source = MessageSource(
+        us.brokers,
+        topics_of(applier.tables),
+        mode="group",
+        group_id=us.hps_group_id,
+        config=kafka_conf,
+    )
+    dead = (
+        DeadLetters(us.brokers, us.hps_dead_letter_topic, kafka_conf)
+        if (us.hps_dead_letter_topic)
+        else None
+    )
+    return UpdateConsumer(source, applier, us, dead_letters=dead)
+
+
+class UpdateThread:
+    """A background update thread; ``stop()`` finishes its batch and joins it."""
+
+    def __init__(self, name: str, body: Callable[[threading.Event], None]) -> None:
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+        self._body = body
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._body(self.stop_event)
+        except BaseException as exc:  # surfaced through .error and the log
+            self.error = exc
+            log.exception("%s stopped", self.thread.name)
+
+    def is_alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self.stop_event.set()
+        self.thread.join(timeout_s)
+
+
+def start_background_applier(session: Any, config: PSConfig) -> UpdateThread:
+    """Embedded mode: apply every update to this process's L2 (and L3 if writable) and L1."""
+    _check_enabled(config)
+    us = config.update_source
+    refresher = L1Refresher(session)
+
+    def refresh(applied: Applied) -> None:
+        refresher.now(applied.table, applied.keys, applied.values)
+        refresher.now(applied.table, applied.deleted, None)
+        refresher.later(applied.table, applied.keys)
+        refresher.later(applied.table, applied.deleted)
+
+    applier = build_applier(config, session, shared_only=False, listeners=[refresh])
+    source = MessageSource(
+        us.brokers,
+        topics_of(applier.tables),
+        mode="replay",
+        group_id=f"{us.hps_group_id}-embedded-{uuid.uuid4().hex[:8]}",
+        config=dict(us.hps_kafka_config),
+    )
+    consumer = UpdateConsumer(source, applier, us)
+
+    def body(stop: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                consumer.run_once(stop)
+                refresher.run_due()
+        finally:
+            source.close()
+
+    return UpdateThread("hps-embedded-applier", body)
+
+
+def start_l1_listener(session: Any, config: PSConfig) -> UpdateThread:
+    """Shared mode: keep this process's L1 fresh from the update topics (no L2/L3 writes)."""
+    _check_enabled(config)
+    us = config.update_source
+    refresher = L1Refresher(session)
+    tables = {name: spec for name, spec in session.tables.items() if refresher.tracks(name)}
+    # The service's group id lets ``committed`` read how far hps consume has applied.
+    source = MessageSource(
+        us.brokers,
+        topics_of(tables),
+        mode="tail",
+        group_id=us.hps_group_id,
+        config=dict(us.hps_kafka_config),
+    )
+
+    def body(stop: threading.Event) -> None:
+        last_check = 0.0
+        try:
+            while not stop.is_set():
+                msg = source.poll(LISTENER_POLL_S)
+                msgs = [msg, *source.drain(255)] if msg is not None else []
+                for m in msgs:
+                    _refresh_from(m, tables, refresher)
+                now = time.monotonic()
+                if refresher.pending and now - last_check >= COMMITTED_CHECK_S:
+                    last_check = now
+                    committed = source.committed()
+                    refresher.run_due(lambda tok, c=committed: c.get(tok[:2], -1) > tok[2])
+        finally:
+            source.close()
+
+    return UpdateThread("hps-l1-listener", body)
+
+
+def _refresh_from(msg: Any, tables: Any, refresher: L1Refresher) -> None:
+    try:
+        upd = decode_message(msg, tables)
+    except (FormatError, RequestError) as exc:
+        log.debug("listener skips %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), exc)
+        return
+    refresher.now(upd.table, upd.keys, None if upd.delete else upd.values)
+    refresher.later(upd.table, upd.keys, (msg.topic(), msg.partition(), msg.offset()))
+
+
+def start_updates(session: Any, config: PSConfig) -> UpdateThread | None:
+    """What a serving process calls: the embedded applier or the L1 listener (or nothing)."""
+    if not config.update_source.enabled:
+        return None
+    if session.volatile is not None and is_process_local(session.volatile):
+        return start_background_applier(session, config)
+    if not session.caches:
+        return None
+    return start_l1_listener(session, config)

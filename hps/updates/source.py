@@ -1,0 +1,174 @@
+"""Where update messages come from: one confluent-kafka consumer in one of three modes.
+
+- ``group``: joins the consumer group, offsets stored only for applied messages and committed
+  by the caller (``hps consume``; the embedded applier when it owns L3).
+- ``replay``: every partition from the beginning, no group, no commits (an in-process L2 that
+  starts empty must see every retained update).
+- ``tail``: every partition from the end, no commits (L1 freshness listeners). With the
+  service's ``group.id`` it can still read the group's committed offsets (``committed``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from hps.errors import BackendError
+from hps.updates.kafka import CONSUMER_DEFAULTS, check_config, ensure_topics, merged, translate
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["group", "replay", "tail"]
+TopicPartitionKey = tuple[str, int]
+
+
+class MessageSource:
+    def __init__(
+        self,
+        brokers: str,
+        topics: Sequence[str],
+        *,
+        mode: Mode,
+        group_id: str,
+        config: Mapping[str, Any] | None = None,
+        num_partitions: int = 8,
+    ) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException
+
+        self.mode = mode
+        self.topics = sorted(set(topics))
+        conf = merged(brokers, CONSUMER_DEFAULTS, {"group.id": group_id}, config)
+        check_config(conf, "consumer")
+        counts = ensure_topics(brokers, self.topics, num_partitions=num_partitions, config=config)
+        self._assigned: list[Any] = []
+        self._last_error_log = 0.0
+        try:
+            self._consumer = Consumer(conf)
+            if mode == "group":
+                self._consumer.subscribe(
+                    self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke
+                )
+            else:
+                from confluent_kafka import TopicPartition
+
+                start = OFFSET_BEGINNING if mode == "replay" else OFFSET_END
+                self._assigned = [
+                    TopicPartition(t, p, start) for t in self.topics for p in range(counts[t])
+                ]
+                self._consumer.assign(self._assigned)
+        except KafkaException as exc:
+            raise translate(exc, f"consuming {len(self.topics)} topics") from None
+
+    # -- rebalance callbacks (group mode; run inside poll) ----------------------------------
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        self._assigned = list(partitions)
+        log.info("assigned %s", _describe(partitions))
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        # Every message handed out before this poll is applied and stored: commit it now.
+        log.info("revoked %s", _describe(partitions))
+        self.commit(asynchronous=False)
+        self._assigned = []
+
+    # -- messages ---------------------------------------------------------------------------
+
+    def poll(self, timeout_s: float) -> Any | None:
+        """The next message (None on timeout); transient errors are logged and skipped."""
+        msg = self._consumer.poll(timeout_s)
+        if msg is None or self._is_error(msg):
+            return None
+        return msg
+
+    def drain(self, max_messages: int) -> list[Any]:
+        """Messages already fetched, without waiting."""
+        if max_messages <= 0:
+            return []
+        return [m for m in self._consumer.consume(max_messages, 0) if not self._is_error(m)]
+
+    def _is_error(self, msg: Any) -> bool:
+        err = msg.error()
+        if err is None:
+            return False
+        if err.fatal():
+            raise BackendError(f"kafka: fatal consumer error: {err.name()}: {err.str()}")
+        now = time.monotonic()
+        if now - self._last_error_log > 10:
+            self._last_error_log = now
+            log.warning("kafka: %s: %s", err.name(), err.str())
+        return True
+
+    # -- offsets ----------------------------------------------------------------------------
+
+    def store(self, msgs: Sequence[Any]) -> None:
+        """Mark ``msgs`` as applied (group mode): their next offsets are committed later."""
+        if self.mode != "group" or not msgs:
+            return
+        from confluent_kafka import KafkaException, TopicPartition
+
+        nxt: dict[TopicPartitionKey, int] = {}
+        for m in msgs:
+            key = (m.topic(), m.partition())
+            nxt[key] = max(nxt.get(key, -1), m.offset() + 1)
+        try:
+            self._consumer.store_offsets(
+                offsets=[TopicPartition(t, p, o) for (t, p), o in nxt.items()]
+            )
+        except KafkaException as exc:  # a partition revoked meanwhile: its new owner replays
+            log.info("offsets not stored (%s); the new owner re-applies them", exc)
+
+    def commit(self, *, asynchronous: bool) -> None:
+        if self.mode != "group":
+            return
+        from confluent_kafka import KafkaException
+
+        try:
+            self._consumer.commit(asynchronous=asynchronous)
+        except KafkaException as exc:
+            if exc.args[0].name() != "_NO_OFFSET":  # nothing new to commit
+                raise translate(exc, "commit") from None
+
+    def committed(self, timeout_s: float = 5.0) -> dict[TopicPartitionKey, int]:
+        """The group's committed next offsets of the partitions this source reads."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        parts = [TopicPartition(tp.topic, tp.partition) for tp in self._assigned]
+        if not parts:
+            return {}
+        try:
+            got = self._consumer.committed(parts, timeout=timeout_s)
+        except KafkaException as exc:
+            raise translate(exc, "reading committed offsets") from None
+        return {(tp.topic, tp.partition): tp.offset for tp in got if tp.offset >= 0}
+
+    def lag(self) -> dict[TopicPartitionKey, int]:
+        """Messages behind the high watermark, per assigned partition (cached watermarks)."""
+        from confluent_kafka import KafkaException
+
+        out: dict[TopicPartitionKey, int] = {}
+        if not self._assigned:
+            return out
+        try:
+            positions = self._consumer.position(self._assigned)
+            for tp in positions:
+                _, high = self._consumer.get_watermark_offsets(tp, cached=True)
+                if high >= 0 and tp.offset >= 0:
+                    out[(tp.topic, tp.partition)] = max(0, high - tp.offset)
+        except KafkaException as exc:
+            log.debug("lag unavailable: %s", exc)
+        return out
+
+    @property
+    def assignment(self) -> list[TopicPartitionKey]:
+        return [(tp.topic, tp.partition) for tp in self._assigned]
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError):  # already closed
+            self._consumer.close()
+
+
+def _describe(partitions: list[Any]) -> str:
+    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions) or "nothing"

@@ -1,0 +1,250 @@
+"""SharedHashMapStore in one process: its structure against a dict model, eviction, lifecycle.
+
+The multi-process behaviour (locks, crashes, sharing) is in
+tests/integration/storage/test_multi_process_hash_map.py.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hps.config import VolatileDBConfig
+from hps.errors import BackendError, ConfigError, InvalidValueError
+from hps.index import EMPTY, TOMBSTONE
+from hps.storage import open_store
+from hps.storage._shm_segment import MAX_TABLES, H
+from hps.storage.multi_process_hash_map import SharedHashMapStore
+from hps.types import TableSpec
+from tests.helpers import rows, unique_name
+
+MiB = 1024 * 1024
+Opener = Callable[..., SharedHashMapStore]
+
+
+@pytest.fixture
+def opener() -> Iterator[Opener]:
+    """Open stores on one fresh segment name; closes them and checks the files are gone."""
+    name = unique_name("hps_test_shm")
+    opened: list[SharedHashMapStore] = []
+
+    def open_(size: int = 8 * MiB, **kw: Any) -> SharedHashMapStore:
+        kw.setdefault("seed", 0)
+        s = SharedHashMapStore(name, size, **kw)
+        opened.append(s)
+        return s
+
+    yield open_
+    for s in opened:
+        s.close()
+    for suffix in ("", ".lock", ".users"):
+        path = f"/dev/shm/{name}{suffix}"
+        if os.path.exists(path):
+            os.unlink(path)
+            pytest.fail(f"{path} was left behind")
+
+
+def _extents_accounted(store: SharedHashMapStore) -> None:
+    st = store.stats()
+    used = sum(t["extents"] for t in st["tables"].values())
+    assert used + st["free_extents"] == st["extents"], st
+
+
+def test_matches_a_dict_through_splits_removals_and_compaction(opener: Opener) -> None:
+    store = opener(16 * MiB)
+    spec = TableSpec("m", "t", 3)
+    store.open_table(spec)
+    rng = np.random.default_rng(1)
+    model: dict[int, np.ndarray] = {}
+    for step in range(40):
+        keys = rng.integers(-(2**40), 2**40, 4000) if step % 3 else rng.choice(
+            np.array(list(model) or [1], dtype=np.int64), 500
+        )
+        if step % 4 == 3:
+            store.remove(spec.name, keys)
+            for k in keys.tolist():
+                model.pop(k, None)
+        else:
+            vals = rows(keys, 3, seed=step)
+            store.insert(spec.name, keys, vals)
+            model.update(zip(keys.tolist(), vals, strict=True))
+        probe = np.concatenate([np.array(list(model), dtype=np.int64), keys, [EMPTY, TOMBSTONE]])
+        got, found = store.fetch(spec.name, probe)
+        expect = np.array([k in model for k in probe.tolist()])
+        np.testing.assert_array_equal(found, expect)
+        np.testing.assert_array_equal(got[found], np.stack([model[k] for k in probe[found].tolist()]))
+        assert store.size(spec.name) == len(model)
+    _extents_accounted(store)
+    assert store.stats()["tables"][spec.name]["extents"] > 10  # buckets split, rows spread
+    store.remove(spec.name, np.array(list(model), dtype=np.int64))
+    assert store.size(spec.name) == 0
+    assert store.stats()["free_extents"] == store.stats()["extents"]  # all given back
+
+
+def test_tombstones_are_recycled_without_growth(opener: Opener) -> None:
+    store = opener(4 * MiB)
+    spec = TableSpec("m", "t", 2)
+    store.open_table(spec)
+    for i in range(30):
+        keys = np.arange(i * 3000, i * 3000 + 3000, dtype=np.int64)
+        store.insert(spec.name, keys, rows(keys, 2))
+        store.remove(spec.name, keys[:2900])
+    assert store.size(spec.name) == 30 * 100
+    got, found = store.fetch(spec.name, np.arange(0, 90_000, dtype=np.int64))
+    assert found.sum() == 3000
+    _extents_accounted(store)
+
+
+def test_reserved_keys(opener: Opener) -> None:
+    store = opener()
+    spec = TableSpec("m", "t", 2)
+    store.open_table(spec)
+    with pytest.raises(InvalidValueError, match="reserved"):
+        store.insert(spec.name, np.array([1, EMPTY]), np.zeros((2, 2), np.float32))
+    store.insert(spec.name, np.array([5]), np.ones((1, 2), np.float32))
+    store.remove(spec.name, np.array([EMPTY, TOMBSTONE]))
+    _, found = store.fetch(spec.name, np.array([EMPTY, TOMBSTONE, 5]))
+    assert found.tolist() == [False, False, True]
+    assert store.size(spec.name) == 1
+
+
+def test_full_segment_evicts_and_keeps_the_newest_batch(opener: Opener) -> None:
+    store = opener(2 * MiB, overflow_policy="evict_oldest")
+    a, b = TableSpec("m", "a", 32), TableSpec("m", "b", 32)
+    store.open_table(a)
+    store.open_table(b)
+    for i in range(12):
+        keys = np.arange(i * 2000, (i + 1) * 2000, dtype=np.int64)
+        store.insert(a.name if i < 8 else b.name, keys, rows(keys, 32))
+        _, found = store.fetch(a.name if i < 8 else b.name, keys)
+        assert found.all()
+    total = store.size(a.name) + store.size(b.name)
+    assert 0 < total < 12 * 2000
+    _, found = store.fetch(a.name, np.arange(0, 2000, dtype=np.int64))
+    assert not found.any()  # the oldest rows went first
+    _extents_accounted(store)
+
+
+def test_a_batch_that_can_never_fit_changes_nothing(opener: Opener) -> None:
+    store = opener(1 * MiB)
+    spec = TableSpec("m", "t", 64)
+    store.open_table(spec)
+    keys = np.arange(100, dtype=np.int64)
+    store.insert(spec.name, keys, rows(keys, 64))
+    big = np.arange(1000, 200_000, dtype=np.int64)
+    with pytest.raises(BackendError, match="shared_memory_size"):
+        store.insert(spec.name, big, np.zeros((big.size, 64), np.float32))
+    got, found = store.fetch(spec.name, keys)
+    assert found.all()
+    np.testing.assert_array_equal(got, rows(keys, 64))
+
+
+@pytest.mark.parametrize("policy", ["evict_oldest", "evict_least_used", "evict_random"])
+def test_overflow_margin(opener: Opener, policy: str) -> None:
+    store = opener(overflow_margin=1000, overflow_policy=policy, overflow_resolution_target=0.5)
+    spec = TableSpec("m", "t", 4)
+    store.open_table(spec)
+    first = np.arange(0, 600, dtype=np.int64)
+    second = np.arange(600, 1000, dtype=np.int64)
+    store.insert(spec.name, first, rows(first, 4))
+    store.insert(spec.name, second, rows(second, 4))
+    store.fetch(spec.name, first[:100])  # recently used
+    third = np.arange(1000, 1100, dtype=np.int64)
+    store.insert(spec.name, third, rows(third, 4))
+    assert store.size(spec.name) == 500
+    _, f_first = store.fetch(spec.name, first[:100])
+    _, f_third = store.fetch(spec.name, third)
+    if policy == "evict_oldest":
+        assert not f_first.any() and f_third.all()
+    elif policy == "evict_least_used":
+        assert f_first.all() and f_third.all()
+    everything = np.arange(0, 1100, dtype=np.int64)
+    got, found = store.fetch(spec.name, everything)
+    assert found.sum() == 500
+    np.testing.assert_array_equal(got[found], rows(everything[found], 4))
+
+
+def test_tables_registry_is_shared_and_checked(opener: Opener) -> None:
+    one, two = opener(), opener()
+    one.open_table(TableSpec("m", "a", 4))
+    one.open_table(TableSpec("m", "b", 2))
+    two.open_table(TableSpec("m", "b", 2))  # another order, same entry
+    keys = np.arange(10, dtype=np.int64)
+    one.insert("m.b", keys, rows(keys, 2))
+    got, found = two.fetch("m.b", keys)
+    assert found.all()
+    np.testing.assert_array_equal(got, rows(keys, 2))
+    with pytest.raises(ConfigError, match="dimension 4"):
+        two.open_table(TableSpec("m", "a", 8))
+    assert one.stats()["attached"] == 2
+
+
+def test_registry_full(opener: Opener) -> None:
+    store = opener()
+    for i in range(MAX_TABLES):
+        store.open_table(TableSpec("m", f"t{i}", 1))
+    with pytest.raises(BackendError, match="table entries"):
+        store.open_table(TableSpec("m", "one_more", 1))
+
+
+def test_dirty_segment_is_wiped_and_stays_usable(opener: Opener) -> None:
+    store = opener()
+    spec = TableSpec("m", "t", 4)
+    store.open_table(spec)
+    keys = np.arange(5000, dtype=np.int64)
+    store.insert(spec.name, keys, rows(keys, 4))
+    store._seg.h[H.DIRTY] = 1  # what a writer killed mid-update leaves behind
+    _, found = store.fetch(spec.name, keys)
+    assert not found.any() and store.size(spec.name) == 0
+    assert store.stats()["wipes"] == 1
+    _extents_accounted(store)
+    store.insert(spec.name, keys, rows(keys, 4))
+    assert store.fetch(spec.name, keys)[1].all()
+
+
+def test_lifecycle_auto_remove_and_persistence(opener: Opener) -> None:
+    keep = opener(shared_memory_auto_remove=False)
+    keep.open_table(TableSpec("m", "t", 2))
+    keys = np.arange(7, dtype=np.int64)
+    keep.insert("m.t", keys, rows(keys, 2))
+    path = keep.path
+    keep.close()
+    assert os.path.exists(path)
+    again = opener()  # attaches to the kept segment; auto-removes when it closes
+    again.open_table(TableSpec("m", "t", 2))
+    assert again.fetch("m.t", keys)[1].all()
+    assert again.stats()["attached"] == 1
+    again.close()
+    assert not os.path.exists(path) and not os.path.exists(path + ".lock")
+
+
+def test_config_errors(tmp_path: Any) -> None:
+    with pytest.raises(ConfigError, match="shared_memory_name"):
+        SharedHashMapStore("a/b", 8 * MiB)
+    with pytest.raises(ConfigError, match="too small"):
+        SharedHashMapStore(unique_name("hps_test_shm"), 100 * 1024)
+    name = unique_name("hps_test_shm")
+    cfg = VolatileDBConfig(
+        type="multi_process_hash_map", shared_memory_name=name, shared_memory_size=8 * MiB
+    )
+    store = open_store(cfg)
+    assert isinstance(store, SharedHashMapStore) and store.path == f"/dev/shm/{name}"
+    with pytest.raises(ConfigError, match="do not fit"):
+        store.open_table(TableSpec("m", "huge", 100_000))
+    store.close()
+    assert not os.path.exists(f"/dev/shm/{name}")
+
+
+@pytest.mark.parametrize(("dim", "limit"), [(16, 1.45), (64, 1.15)])
+def test_bytes_per_row(opener: Opener, dim: int, limit: float) -> None:
+    store = opener(256 * MiB)
+    spec = TableSpec("m", "t", dim)
+    store.open_table(spec)
+    keys = np.random.default_rng(0).integers(0, 2**62, 200_000)
+    store.insert(spec.name, keys, np.zeros((keys.size, dim), np.float32))
+    per_row = store.nbytes(spec.name) / store.size(spec.name)
+    assert per_row < limit * (8 + 4 * dim), per_row

@@ -1,0 +1,140 @@
+"""The applier: versions decide, replays change nothing, deletes leave tombstones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hps.errors import UnknownTableError
+from hps.storage.hash_map import HashMapStore
+from hps.types import TableSpec, UpdateBatch
+from hps.updates.applier import Applied, Applier, model_filter
+
+SPEC = TableSpec("m", "t", 3)
+OTHER = TableSpec("skip_me", "t", 2)
+
+
+def vec(keys: list[int], seed: float) -> np.ndarray:
+    return np.array([[k + seed] * 3 for k in keys], dtype=np.float32)
+
+
+def up(keys: list[int], seed: float, version: int) -> UpdateBatch:
+    return UpdateBatch(SPEC.name, np.array(keys, np.int64), vec(keys, seed), version)
+
+
+def rm(keys: list[int], version: int) -> UpdateBatch:
+    return UpdateBatch(SPEC.name, np.array(keys, np.int64), None, version, delete=True)
+
+
+@pytest.fixture
+def stores() -> tuple[HashMapStore, HashMapStore]:
+    return HashMapStore(), HashMapStore()
+
+
+def make(stores: tuple[HashMapStore, HashMapStore], **kw: object) -> Applier:
+    l2, l3 = stores
+    return Applier({SPEC.name: SPEC}, volatile=l2, persistent=l3, **kw)  # type: ignore[arg-type]
+
+
+def state(store: HashMapStore, keys: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    return store.fetch(SPEC.name, np.array(keys, np.int64))
+
+
+def test_upserts_reach_both_tiers(stores: tuple[HashMapStore, HashMapStore]) -> None:
+    make(stores).apply([up([1, 2], 0.5, 10)])
+    for store in stores:
+        values, found = state(store, [1, 2, 3])
+        assert found.tolist() == [True, True, False]
+        np.testing.assert_array_equal(values[:2], vec([1, 2], 0.5))
+
+
+def test_older_version_never_overwrites(stores: tuple[HashMapStore, HashMapStore]) -> None:
+    a = make(stores)
+    a.apply([up([1, 2], 0.5, 20)])
+    (applied,) = a.apply([up([1, 3], 0.9, 10)])
+    assert applied.stale == 1 and applied.keys.tolist() == [3]
+    values, _ = state(stores[1], [1, 3])
+    np.testing.assert_array_equal(values, np.concatenate([vec([1], 0.5), vec([3], 0.9)]))
+
+
+def test_replay_changes_nothing(stores: tuple[HashMapStore, HashMapStore]) -> None:
+    stream = [up([1, 2, 3], 0.1, 1), up([2], 0.2, 2), rm([3], 3), up([1], 0.3, 4)]
+    a = make(stores)
+    for b in stream:
+        a.apply([b])
+    before = [state(s, [1, 2, 3]) for s in stores]
+    # A crash after the 2nd message: everything from there is delivered again, in one batch.
+    a.apply(stream[1:])
+    a.apply(stream)  # and a full replay
+    for store, (values, found) in zip(stores, before, strict=True):
+        v2, f2 = state(store, [1, 2, 3])
+        assert f2.tolist() == found.tolist() == [True, True, False]
+        np.testing.assert_array_equal(v2[:2], values[:2])
+    np.testing.assert_array_equal(before[0][0][:2], np.concatenate([vec([1], 0.3), vec([2], 0.2)]))
+
+
+def test_delete_tombstone_blocks_an_older_upsert(stores: tuple[HashMapStore, HashMapStore]) -> None:
+    a = make(stores)
+    a.apply([up([5], 0.5, 1)])
+    a.apply([rm([5], 5)])
+    (applied,) = a.apply([up([5], 0.7, 4)])
+    assert applied.stale == 1
+    assert not state(stores[0], [5])[1].any() and not state(stores[1], [5])[1].any()
+    a.apply([up([5], 0.8, 6)])  # a newer upsert brings it back
+    np.testing.assert_array_equal(state(stores[1], [5])[0], vec([5], 0.8))
+
+
+def test_within_a_batch_the_latest_row_of_a_key_wins(
+    stores: tuple[HashMapStore, HashMapStore],
+) -> None:
+    batch = UpdateBatch(
+        SPEC.name,
+        np.array([7, 8, 7], np.int64),
+        np.concatenate([vec([7], 1), vec([8], 1), vec([7], 2)]),
+        3,
+    )
+    (applied,) = make(stores).apply([up([7], 9, 4), batch, up([8], 5, 3)])
+    np.testing.assert_array_equal(
+        state(stores[0], [7, 8])[0], np.concatenate([vec([7], 9), vec([8], 5)])
+    )
+    assert applied.keys.tolist() == [7, 8]  # sorted, unique
+
+
+def test_listeners_see_what_was_applied(stores: tuple[HashMapStore, HashMapStore]) -> None:
+    seen: list[Applied] = []
+    make(stores, listeners=[seen.append]).apply([up([1, 2], 0, 2), rm([2], 3)])
+    assert seen[0].keys.tolist() == [1] and seen[0].deleted.tolist() == [2]
+
+
+def test_a_failing_listener_does_not_fail_the_batch(
+    stores: tuple[HashMapStore, HashMapStore],
+) -> None:
+    def boom(_: Applied) -> None:
+        raise RuntimeError("L1 gone")
+
+    make(stores, listeners=[boom]).apply([up([1], 0, 1)])
+    assert state(stores[1], [1])[1].all()
+
+
+def test_filters_route_models_to_tiers() -> None:
+    l2, l3 = HashMapStore(), HashMapStore()
+    tables = {SPEC.name: SPEC, OTHER.name: OTHER}
+    a = Applier(
+        tables,
+        volatile=l2,
+        persistent=l3,
+        persistent_models=model_filter(["^m$"]),
+        volatile_models=model_filter(["^nothing$"]),
+    )
+    assert set(a.tables) == {SPEC.name}
+    a.apply([up([1], 0, 1)])
+    assert l3.fetch(SPEC.name, np.array([1]))[1].all()
+    l2.open_table(SPEC)  # the applier never opened it there
+    assert not l2.fetch(SPEC.name, np.array([1]))[1].any()
+    with pytest.raises(UnknownTableError):
+        a.apply([UpdateBatch(OTHER.name, np.array([1]), np.ones((1, 2), np.float32), 1)])
+
+
+def test_default_filter_matches_every_model() -> None:
+    f = model_filter([".+"])
+    assert f("demo") and f("hps_x") and not model_filter(["^hps_.+$"])("demo")
