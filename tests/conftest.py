@@ -5,4 +5,5 @@ from __future__ import annotations
 pytest_plugins: list[str] = [
     "tests.fixtures.kafka",
     "tests.fixtures.redis_servers",
+    "tests.fixtures.triton",
 ]

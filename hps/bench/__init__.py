@@ -6,4 +6,7 @@ A bench module exposes ``add_arguments(parser)`` and ``run(args) -> Iterator[dic
 BENCHES: dict[str, str] = {
     "storage": "hps.bench.storage",
     "cache": "hps.bench.cache",
+    "shm": "hps.bench.shm",
+    "updates": "hps.bench.updates",
+    "triton": "hps.bench.triton",
 }

@@ -97,7 +97,7 @@ def replay(cache: EmbeddingCache, stream: np.ndarray, batch: int, skip: int) -> 
     for lo in range(0, stream.size, batch):
         chunk = stream[lo : lo + batch]
         uniq, inverse = np.unique(chunk, return_inverse=True)
-        _, hit = cache.query(uniq)
+        _, hit = cache.query(uniq, inverse)
         n_hit = int(hit[inverse].sum())
         hits_all += n_hit
         if lo >= skip:

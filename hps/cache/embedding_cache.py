@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from hps.cache.policies import Policy, make_policy, policy_nbytes
+from hps.cache.policies import AGE, NOTHING, Policy, make_policy, policy_nbytes
 from hps.cache.xp import device_scope, to_host, to_xp
 from hps.errors import DTypeError, ShapeError
 from hps.index import TOMBSTONE, KeyIndex
@@ -112,6 +112,7 @@ class EmbeddingCache:
         window = 10 * capacity if frequency_window is None else frequency_window
         self.policy: Policy = make_policy(policy, capacity, self._ticks, xp, window)
         self._tick = 0
+        self._window_tick = 0
 
     # -- introspection -------------------------------------------------------------------
 
@@ -171,8 +172,14 @@ class EmbeddingCache:
                 out[~(hit if inv is None else hit[inv])] = 0.0
             self._tick += 1
             self._ticks[rows if all_hit else rows[hit]] = self._tick
-            if self.policy.on_query(kd, rows, hit):
-                self._age()
+            counts = None
+            if inv is not None and self.policy.counts_accesses:
+                counts = xp.bincount(inv, minlength=keys.size)
+            event = self.policy.on_query(kd, rows, hit, counts)
+            if event == AGE:
+                self.policy.age(self._tick)
+            if event != NOTHING:
+                self._repin()
             self._stats["queries"] += 1
             self._stats["hits"] += n_hit
             self._stats["misses"] += keys.size - n_hit
@@ -374,12 +381,16 @@ class EmbeddingCache:
             )
         return last_occurrence(keys, vals)
 
-    def _age(self) -> None:
-        """End of a frequency window: halve counts and re-choose the pinned hot set."""
-        self.policy.age()
+    def _repin(self) -> None:
+        """Re-choose the pinned hot set: the most frequent rows used since the last choice.
+
+        A hot set that moved on leaves the pinned set at once, not after its counts decayed.
+        """
         if not self.policy.adaptive_pinning or self.max_pinned == 0:
             return
-        rows = self.xp.flatnonzero(self._occupied())
+        recent = self._occupied() & (self._ticks > self._window_tick)
+        self._window_tick = self._tick
+        rows = self.xp.flatnonzero(recent)
         self._pinned.fill(False)
         if rows.size > self.max_pinned:
             prio = self.policy.priority(rows)

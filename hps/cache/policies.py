@@ -23,6 +23,8 @@ from typing import Any
 from hps.cache.sketch import CountMinSketch, sketch_nbytes
 
 POLICIES = ("lru", "lfu", "frequency")
+# What on_query asks of the cache: nothing, re-choose the pinned set, or age then re-choose.
+NOTHING, REPIN, AGE = 0, 1, 2
 TICK_BITS = 40
 _TICK_MASK = (1 << TICK_BITS) - 1
 _MAX_COUNT = (1 << 22) - 1
@@ -39,6 +41,7 @@ class Policy:
 
     name = "lru"
     admission = False  # whether missed keys must out-rank the rows they would evict
+    counts_accesses = False  # whether on_query wants each key's accesses in the request
     adaptive_pinning = False
 
     def __init__(self, capacity: int, ticks: Any, xp: ModuleType) -> None:
@@ -55,9 +58,13 @@ class Policy:
     def nbytes(self) -> int:
         return 0
 
-    def on_query(self, keys: Any, rows: Any, hit: Any) -> bool:
-        """Hits and misses of one query (unique keys); True when the window ended (age now)."""
-        return False
+    def on_query(self, keys: Any, rows: Any, hit: Any, counts: Any) -> bool:
+        """One query of unique ``keys`` (``counts``: accesses of each in the request, or None).
+
+        Returns NOTHING, REPIN (re-choose the pinned hot set) or AGE (:meth:`age`, then
+        re-choose).
+        """
+        return NOTHING
 
     def on_insert(self, keys: Any, rows: Any) -> None:
         """Missed keys placed in ``rows``."""
@@ -72,8 +79,8 @@ class Policy:
         """Priority a missed key would have once admitted (used only with ``admission``)."""
         return self.xp.full(keys.size, tick, dtype=self.xp.int64)
 
-    def age(self) -> None:
-        """End of a frequency window."""
+    def age(self, tick: int) -> None:
+        """End of a frequency window (``tick``: the cache's clock now)."""
 
     def clear(self) -> None:
         """Forget all metadata (the cache was cleared)."""
@@ -81,6 +88,7 @@ class Policy:
 
 class LFUPolicy(Policy):
     name = "lfu"
+    counts_accesses = True
 
     def __init__(self, capacity: int, ticks: Any, xp: ModuleType) -> None:
         super().__init__(capacity, ticks, xp)
@@ -94,9 +102,9 @@ class LFUPolicy(Policy):
     def nbytes(self) -> int:
         return int(self.counts.nbytes)
 
-    def on_query(self, keys: Any, rows: Any, hit: Any) -> bool:
-        self.counts[rows[hit]] += 1
-        return False
+    def on_query(self, keys: Any, rows: Any, hit: Any, counts: Any) -> bool:
+        self.counts[rows[hit]] += 1 if counts is None else counts[hit].astype(self.xp.int32)
+        return NOTHING
 
     def on_insert(self, keys: Any, rows: Any) -> None:
         self.counts[rows] = 1
@@ -112,12 +120,18 @@ class FrequencyPolicy(LFUPolicy):
     name = "frequency"
     admission = True
     adaptive_pinning = True
+    count_cap = 15  # as TinyLFU's 4-bit counters: a stale hot key fades in a few windows
+    repins_per_window = 8  # the pinned set follows a moving hot set faster than counts age
+    stale_windows = 4
+    stale_shift = 2
 
     def __init__(self, capacity: int, ticks: Any, xp: ModuleType, window: int) -> None:
         super().__init__(capacity, ticks, xp)
         self.sketch = CountMinSketch(capacity, xp)
         self.window = window
         self._seen = 0
+        self._since_repin = 0
+        self._window_ends = xp.zeros(0, dtype=xp.int64)
 
     @staticmethod
     def extra_nbytes(capacity: int) -> int:
@@ -127,34 +141,56 @@ class FrequencyPolicy(LFUPolicy):
     def nbytes(self) -> int:
         return int(self.counts.nbytes) + self.sketch.nbytes
 
-    def on_query(self, keys: Any, rows: Any, hit: Any) -> bool:
-        self.counts[rows[hit]] += 1
-        self.sketch.add(keys[~hit])
+    def on_query(self, keys: Any, rows: Any, hit: Any, counts: Any) -> bool:
+        xp, r = self.xp, rows[hit]
+        add = 1 if counts is None else counts[hit].astype(xp.int32)
+        self.counts[r] = xp.minimum(self.counts[r] + add, self.count_cap)
+        miss = ~hit
+        self.sketch.add(keys[miss], 1 if counts is None else counts[miss])
+        if not self.window:
+            return NOTHING
         self._seen += int(keys.size)
-        if self.window and self._seen >= self.window:
-            self._seen = 0
-            return True
-        return False
+        self._since_repin += int(keys.size)
+        if self._seen >= self.window:
+            self._seen = self._since_repin = 0
+            return AGE
+        if self._since_repin * self.repins_per_window >= self.window:
+            self._since_repin = 0
+            return REPIN
+        return NOTHING
+
+    def _estimate(self, keys: Any) -> Any:
+        return self.xp.clip(self.sketch.estimate(keys), 1, self.count_cap)
 
     def on_insert(self, keys: Any, rows: Any) -> None:
         # A newcomer starts with what the sketch saw of it while it was not resident.
-        self.counts[rows] = self.xp.maximum(self.sketch.estimate(keys), 1)
+        self.counts[rows] = self._estimate(keys)
 
     def on_evict(self, keys: Any, rows: Any) -> None:
         self.sketch.raise_to(keys, self.counts[rows])
 
     def newcomer_priority(self, keys: Any, tick: int) -> Any:
-        est = self.xp.maximum(self.sketch.estimate(keys), 1)
+        est = self._estimate(keys)
         return compose(self.xp, est, self.xp.full(keys.size, tick, dtype=self.xp.int64))
 
-    def age(self) -> None:
+    def age(self, tick: int) -> None:
         self.counts >>= 1
         self.sketch.age()
+        self._window_ends = self.xp.concatenate(
+            [self._window_ends[-(self.stale_windows - 1) :], self.xp.asarray([tick])]
+        )
+
+    def priority(self, rows: Any) -> Any:
+        # A row untouched for whole windows is presumed stale: its count counts for less.
+        xp, ticks = self.xp, self.ticks[rows]
+        idle = self._window_ends.size - xp.searchsorted(self._window_ends, ticks, side="right")
+        shift = xp.maximum(idle - 1, 0) * self.stale_shift
+        return compose(xp, self.counts[rows] >> shift.astype(xp.int32), ticks)
 
     def clear(self) -> None:
         super().clear()
         self.sketch.clear()
-        self._seen = 0
+        self._seen = self._since_repin = 0
 
 
 def make_policy(name: str, capacity: int, ticks: Any, xp: ModuleType, window: int) -> Policy:

@@ -70,9 +70,16 @@ class CountMinSketch:
         offsets = rows * np.uint64(self.width)
         return (idx + offsets).astype(xp.int64)
 
-    def add(self, keys: Any, count: int = 1) -> None:
-        if keys.size:
-            scatter_add(self.xp, self.table, self._slots(keys).ravel(), np.int32(count))
+    def add(self, keys: Any, count: Any = 1) -> None:
+        """Count ``keys`` once each, or ``count[i]`` times for key ``i``."""
+        if keys.size == 0:
+            return
+        slots = self._slots(keys)
+        if isinstance(count, int):
+            scatter_add(self.xp, self.table, slots.ravel(), np.int32(count))
+            return
+        vals = self.xp.broadcast_to(count.astype(self.xp.int32)[None, :], slots.shape)
+        scatter_add(self.xp, self.table, slots.ravel(), vals.ravel())
 
     def raise_to(self, keys: Any, counts: Any) -> None:
         """Make every counter of each key at least its count (keeps an evicted row's history)."""

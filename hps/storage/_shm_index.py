@@ -20,7 +20,8 @@ import numpy as np
 
 from hps.errors import BackendError
 from hps.index import EMPTY, TOMBSTONE, mix
-from hps.storage._shm_segment import E, EntryView, Segment
+from hps.storage._shm_layout import E, EntryView
+from hps.storage._shm_segment import Segment
 
 BUCKET_HEADER = 64
 GROUP = 8  # slots per probe group: one 64-byte cache line of keys
@@ -60,16 +61,16 @@ class BucketIndex:
 
     # -- addressing (vectorised over bucket ids) -----------------------------------------
 
-    def _meta(self, ext: np.ndarray) -> np.ndarray:
+    def _meta(self, ext: np.ndarray | np.integer) -> np.ndarray:
         """Word index of each bucket's header in the segment's int64 view."""
-        return self.seg.offset(ext) // 8  # type: ignore[no-any-return]
+        return self.seg.offset(ext) // 8
 
-    def _kbase(self, ext: np.ndarray) -> np.ndarray:
-        return (self.seg.offset(ext) + BUCKET_HEADER) // 8  # type: ignore[no-any-return]
+    def _kbase(self, ext: np.ndarray | np.integer) -> np.ndarray:
+        return (self.seg.offset(ext) + BUCKET_HEADER) // 8
 
-    def _rbase(self, ext: np.ndarray) -> np.ndarray:
+    def _rbase(self, ext: np.ndarray | np.integer) -> np.ndarray:
         off = self.seg.offset(ext) + BUCKET_HEADER + 8 * self.slots
-        return off // 4  # type: ignore[no-any-return]
+        return off // 4
 
     def _home(self, h: np.ndarray, ext: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """First group of each key (global group index) and its bucket's first group."""
@@ -90,18 +91,24 @@ class BucketIndex:
         h = mix(keys)
         ext = self._route(h)
         pending = np.flatnonzero(keys > TOMBSTONE)  # reserved keys would match free slots
-        g, gbase = self._home(h[pending], ext[pending])
-        k = keys[pending]
+        if pending.size == n:
+            g, gbase = self._home(h, ext)
+            k = keys
+        else:
+            g, gbase = self._home(h[pending], ext[pending])
+            k = keys[pending]
         groups, gmask = self.seg.groups, int(self._gmask)
         for r in range(1, gmask + 2):
-            if pending.size == 0:
-                break
             block = groups.take(g, axis=0)
             match = _words(block == k[:, None])
             fi = np.flatnonzero(match)
             slot[pending[fi]] = g[fi] * GROUP + _first_byte(match[fi])
+            if fi.size == k.size:
+                break
             # A group with an EMPTY slot ends the probe: the key would have gone there.
             rest = np.flatnonzero((match == 0) & (_words(block == EMPTY) == 0))
+            if rest.size == 0:
+                break
             pending, k, gbase = pending[rest], k[rest], gbase[rest]
             g = gbase + ((g[rest] - gbase + r) & gmask)
         return ext, slot
@@ -109,7 +116,7 @@ class BucketIndex:
     def _row_index(self, ext: np.ndarray, word: np.ndarray) -> np.ndarray:
         """Index in the int32 view of the row stored next to slot ``word`` of ``ext``."""
         # rows start 8 * slots bytes after the keys: int32 index = 2 * key base + 2S + local
-        return word + self._kbase(ext) + 2 * self.slots  # type: ignore[no-any-return]
+        return word + self._kbase(ext) + 2 * self.slots
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """Row of each key (int64), -1 where absent."""

@@ -1,12 +1,7 @@
-"""The shared-memory segment of ``multi_process_hash_map``: layout, extents, locks, lifecycle.
+"""The shared-memory segment of ``multi_process_hash_map``: mapping, extents, locks, lifecycle.
 
 One file under ``/dev/shm`` (POSIX shared memory, as ``shm_open`` names it) holds the whole
-L2 of a node; every process maps it. Layout, in bytes::
-
-    [0, 4096)              header: int64 words, see ``H``
-    [FREE_OFF, ...)        free-extent stack: int32 extent ids
-    [TABLES_OFF, ...)      MAX_TABLES table entries of ENTRY_BYTES each (see ``EntryView``)
-    [DATA_OFF, SIZE)       N_EXT extents of EXTENT bytes: index buckets and row extents
+L2 of a node; every process maps it (layout: ``_shm_layout``).
 
 Two lock files sit next to the segment. ``<name>.lock`` is the readers-writer lock
 (``flock`` LOCK_SH to read, LOCK_EX to write); the kernel drops it when a holder dies.
@@ -15,9 +10,11 @@ it into LOCK_EX on close is the last user (crashed processes do not count) and r
 files when ``shared_memory_auto_remove`` is set. Plain files are used rather than
 ``multiprocessing.shared_memory`` so that no resource tracker ever unlinks the segment.
 
-Writers set ``DIRTY`` while they change the structure. A writer killed half-way leaves it
-set; the next process to take the lock wipes all rows (L2 is a cache: lookups fall back to
-L3) and keeps the table registry, so other processes' handles stay valid.
+A writer sets the header's ``DIRTY`` flag while it holds the lock, and a table's own flag
+before it changes that table. A writer killed half-way leaves them set; the next process to
+take the lock clears the rows of the flagged tables only (L2 is a cache: lookups fall back
+to L3), keeps the table registry (other processes' handles stay valid) and rebuilds the
+free-extent stack from what the surviving tables hold.
 """
 
 from __future__ import annotations
@@ -28,147 +25,29 @@ import fcntl
 import logging
 import mmap
 import os
-import re
-import tempfile
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
-from enum import IntEnum
 
 import numpy as np
 
 from hps.errors import BackendError, ConfigError, HPSError
+from hps.storage._shm_layout import (
+    MAGIC,
+    MAX_EXTENT,
+    MAX_TABLES,
+    NAME_BYTES,
+    NAME_RE,
+    VERSION,
+    E,
+    EntryView,
+    Geometry,
+    H,
+    NoSpace,
+    default_directory,
+    plan,
+)
 
 log = logging.getLogger(__name__)
-
-MAGIC = 0x31504D5348535048  # b"HPSHSMP1", little-endian
-VERSION = 1
-PAGE = 4096
-MIN_EXTENT = 64 * 1024
-MAX_EXTENT = 16 * 1024 * 1024
-MAX_TABLES = 64
-ENTRY_META = 192  # bytes of int64 fields and the name at the start of a table entry
-NAME_BYTES = 128
-NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
-
-
-class H(IntEnum):
-    """Header words (int64)."""
-
-    MAGIC = 0
-    VERSION = 1
-    SIZE = 2
-    EXTENT = 3
-    N_EXT = 4
-    ROW_EXT_CAP = 5
-    DIR_LEN = 6
-    MAX_TABLES = 7
-    FREE_OFF = 8
-    TABLES_OFF = 9
-    ENTRY_BYTES = 10
-    DATA_OFF = 11
-    READY = 12
-    DIRTY = 13
-    ATTACHED = 14
-    TICK = 15
-    FREE_TOP = 16
-    COMMITTED = 17  # extents [0, COMMITTED) are backed by fallocate'd pages
-    WIPES = 18
-
-
-class E(IntEnum):
-    """Table entry words (int64); the name's bytes follow at byte 64."""
-
-    STATE = 0  # 0 free, 1 in use
-    DIM = 1
-    ROWS = 2
-    ROWS_PER_EXT = 3
-    N_ROW_EXT = 4
-    N_BUCKETS = 5
-    NAME_LEN = 6
-
-
-class NoSpace(Exception):
-    """No free extent (internal: the store evicts and retries, or raises BackendError)."""
-
-
-@dataclass(frozen=True)
-class Geometry:
-    size: int
-    extent: int
-    n_ext: int
-    row_ext_cap: int
-    dir_len: int
-    free_off: int
-    tables_off: int
-    entry_bytes: int
-    data_off: int
-
-
-def _pow2_floor(x: int) -> int:
-    return 1 << (max(1, x).bit_length() - 1)
-
-
-def _round_up(x: int, to: int) -> int:
-    return -(-x // to) * to
-
-
-def plan(size: int, allocation_rate: int) -> Geometry:
-    """Lay out a segment of ``size`` bytes: ~1024 extents of 64 KiB .. 16 MiB each."""
-    cap = max(MIN_EXTENT, min(MAX_EXTENT, _pow2_floor(allocation_rate)))
-    extent = min(cap, max(MIN_EXTENT, _pow2_floor(size // 1024)))
-    n0 = size // extent
-    dir_len = max(64, 4 << (max(1, n0) - 1).bit_length())
-    entry = _round_up(ENTRY_META + 4 * n0 + 4 * dir_len, 64)
-    tables_off = _round_up(PAGE + 4 * n0, 64)
-    data_off = _round_up(tables_off + MAX_TABLES * entry, PAGE)
-    n_ext = (size - data_off) // extent if size > data_off else 0
-    if n_ext < 4:
-        raise ConfigError(
-            f"volatile_db.shared_memory_size: {size} bytes is too small for the shared hash "
-            f"map; need at least {data_off + 4 * extent} bytes"
-        )
-    return Geometry(size, extent, n_ext, n0, dir_len, PAGE, tables_off, entry, data_off)
-
-
-def default_directory() -> str:
-    """Where POSIX shared memory lives (``/dev/shm``), or the temp dir where there is none."""
-    shm = "/dev/shm"
-    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
-
-
-class EntryView:
-    """Numpy views of one table entry: int64 fields, row-extent list, bucket directory."""
-
-    def __init__(self, seg: Segment, slot: int) -> None:
-        off = seg.tables_off + slot * seg.entry_bytes
-        self.slot = slot
-        self.meta = seg.i64[off // 8 : off // 8 + len(E)]
-        r0 = (off + ENTRY_META) // 4
-        self.row_ext = seg.i32[r0 : r0 + seg.row_ext_cap]
-        self.dir = seg.i32[r0 + seg.row_ext_cap : r0 + seg.row_ext_cap + seg.dir_len]
-        self._name = seg.u8[off + 64 : off + 64 + NAME_BYTES]
-
-    @property
-    def name(self) -> str:
-        return bytes(self._name[: int(self.meta[E.NAME_LEN])]).decode()
-
-    def claim(self, name: str, dim: int, rows_per_ext: int) -> None:
-        raw = name.encode()
-        self._name[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-        self.meta[:] = 0
-        self.meta[E.NAME_LEN] = len(raw)
-        self.meta[E.DIM] = dim
-        self.meta[E.ROWS_PER_EXT] = rows_per_ext
-        self.dir[:] = -1
-        self.meta[E.STATE] = 1
-
-    def reset(self) -> None:
-        """Forget every row (the extents themselves are returned by the caller)."""
-        self.meta[E.ROWS] = 0
-        self.meta[E.N_ROW_EXT] = 0
-        self.meta[E.N_BUCKETS] = 0
-        self.dir[:] = -1
 
 
 class Segment:
@@ -195,7 +74,9 @@ class Segment:
         self._paths = (self.path, self.path + ".lock", self.path + ".users")
         self._geo = plan(size, allocation_rate)
         self._tlock = threading.Lock()
+        self._pid = os.getpid()
         self._closed = False
+        self._touched: list[EntryView] = []  # tables flagged dirty by the current write
         self._users = self._join()
         self._lock = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -205,6 +86,7 @@ class Segment:
                     self.h[H.ATTACHED] = 0  # counts left behind by crashed processes
                 self.h[H.ATTACHED] += 1
         except BaseException:
+            self._drop_mapping()
             os.close(self._lock)
             os.close(self._users)
             raise
@@ -244,10 +126,14 @@ class Segment:
             elif existing != size:
                 log.warning(
                     "shared memory %s exists with %d bytes (configured %d): using it as is",
-                    self.path, existing, size,
+                    self.path,
+                    existing,
+                    size,
                 )
-            self._fd = fd
             self._mm = mmap.mmap(fd, existing or size)
+            self._fd = fd
+            with contextlib.suppress(AttributeError, OSError):  # where shmem THP is "advise"
+                self._mm.madvise(mmap.MADV_HUGEPAGE)
         except OSError as exc:
             os.close(fd)
             raise BackendError(f"multi_process_hash_map: cannot map {self.path}: {exc}") from exc
@@ -259,6 +145,8 @@ class Segment:
             try:
                 self._init(geo)
             except NoSpace as exc:
+                if existing == 0:
+                    os.unlink(self.path)
                 raise BackendError(f"multi_process_hash_map: {self.path}: {exc}") from None
         elif self.h[H.MAGIC] != MAGIC or self.h[H.VERSION] != VERSION:
             raise BackendError(
@@ -290,11 +178,18 @@ class Segment:
         self.u8[: geo.data_off] = 0
         h = self.h
         for key, value in (
-            (H.SIZE, geo.size), (H.EXTENT, geo.extent), (H.N_EXT, geo.n_ext),
-            (H.ROW_EXT_CAP, geo.row_ext_cap), (H.DIR_LEN, geo.dir_len),
-            (H.MAX_TABLES, MAX_TABLES), (H.FREE_OFF, geo.free_off),
-            (H.TABLES_OFF, geo.tables_off), (H.ENTRY_BYTES, geo.entry_bytes),
-            (H.DATA_OFF, geo.data_off), (H.MAGIC, MAGIC), (H.VERSION, VERSION),
+            (H.SIZE, geo.size),
+            (H.EXTENT, geo.extent),
+            (H.N_EXT, geo.n_ext),
+            (H.ROW_EXT_CAP, geo.row_ext_cap),
+            (H.DIR_LEN, geo.dir_len),
+            (H.MAX_TABLES, MAX_TABLES),
+            (H.FREE_OFF, geo.free_off),
+            (H.TABLES_OFF, geo.tables_off),
+            (H.ENTRY_BYTES, geo.entry_bytes),
+            (H.DATA_OFF, geo.data_off),
+            (H.MAGIC, MAGIC),
+            (H.VERSION, VERSION),
         ):
             h[key] = value
         self._geometry()
@@ -319,6 +214,8 @@ class Segment:
         if self._closed:
             return
         self._closed = True
+        if os.getpid() != self._pid:
+            return  # a forked child shares our lock files' descriptions: leave them alone
         with self._tlock:
             fcntl.flock(self._lock, fcntl.LOCK_EX)
             try:
@@ -330,11 +227,18 @@ class Segment:
             finally:
                 fcntl.flock(self._lock, fcntl.LOCK_UN)
         self._values.clear()
-        del self.u8, self.i64, self.i32, self.u32, self.groups, self.h, self.free_stack
-        with contextlib.suppress(BufferError):  # a caller still holds a view: GC unmaps
-            self._mm.close()
-        for fd in (self._fd, self._lock, self._users):
-            os.close(fd)
+        self._drop_mapping()
+        os.close(self._lock)
+        os.close(self._users)
+
+    def _drop_mapping(self) -> None:
+        for view in ("u8", "i64", "i32", "u32", "groups", "h", "free_stack"):
+            self.__dict__.pop(view, None)
+        if hasattr(self, "_mm"):
+            with contextlib.suppress(BufferError):  # a caller still holds a view: GC unmaps
+                self._mm.close()
+        if hasattr(self, "_fd"):
+            os.close(self._fd)
 
     # -- locking -----------------------------------------------------------------------
 
@@ -346,9 +250,17 @@ class Segment:
         finally:
             fcntl.flock(self._lock, fcntl.LOCK_UN)
 
+    def _check_process(self) -> None:
+        if os.getpid() != self._pid:
+            raise BackendError(
+                f"multi_process_hash_map: this store was opened by process {self._pid}; "
+                "open a new one in a forked child"
+            )
+
     @contextlib.contextmanager
     def reading(self) -> Iterator[None]:
         """Shared lock (several readers of any process); repairs a segment left dirty."""
+        self._check_process()
         with self._tlock:
             while True:
                 fcntl.flock(self._lock, fcntl.LOCK_SH)
@@ -357,7 +269,7 @@ class Segment:
                 fcntl.flock(self._lock, fcntl.LOCK_UN)
                 with self._flock(fcntl.LOCK_EX):
                     if self.h[H.DIRTY]:
-                        self.wipe()
+                        self.repair()
             try:
                 yield
             finally:
@@ -366,27 +278,49 @@ class Segment:
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
         """Exclusive lock; the structure is marked dirty until the block ends cleanly."""
+        self._check_process()
         with self._tlock, self._flock(fcntl.LOCK_EX):
             if self.h[H.DIRTY]:
-                self.wipe()
+                self.repair()
             self.h[H.DIRTY] = 1
+            self._touched = []
             try:
                 yield
             except BaseException as exc:
                 if isinstance(exc, HPSError | NoSpace):
-                    self.h[H.DIRTY] = 0  # raised at a consistent point by design
+                    self._clean()  # raised at a consistent point by design
                 raise
-            self.h[H.DIRTY] = 0
+            self._clean()
 
-    def wipe(self) -> None:
-        """Drop every row of every table, keep the registry. Call under the write lock."""
-        log.warning("%s: a writer died mid-update; clearing the shared L2", self.path)
+    def touch(self, entry: EntryView) -> None:
+        """Flag a table as being changed (call under the write lock, before changing it)."""
+        if not entry.meta[E.DIRTY]:
+            entry.meta[E.DIRTY] = 1
+            self._touched.append(entry)
+
+    def _clean(self) -> None:
+        for entry in self._touched:
+            entry.meta[E.DIRTY] = 0
+        self._touched = []
+        self.h[H.DIRTY] = 0
+
+    def repair(self) -> None:
+        """After a writer died mid-update: clear the tables it was changing, rebuild the
+        free extents from the others. Call under the write lock."""
+        held = [np.empty(0, dtype=np.int64)]
         for slot in range(MAX_TABLES):
             entry = EntryView(self, slot)
-            if entry.meta[E.STATE]:
+            if not entry.meta[E.STATE]:
+                continue
+            if entry.meta[E.DIRTY]:
+                log.warning("%s: a writer died changing %s; clearing it", self.path, entry.name)
                 entry.reset()
-        self._reset_extents()
-        self.h[H.WIPES] += 1
+            else:
+                held.append(entry.extents())
+        free = np.setdiff1d(np.arange(self.n_ext, dtype=np.int64), np.concatenate(held))
+        self.free_stack[: free.size] = free[::-1]
+        self.h[H.FREE_TOP] = free.size
+        self.h[H.REPAIRS] += 1
         self.h[H.DIRTY] = 0
 
     # -- extents -----------------------------------------------------------------------
@@ -413,8 +347,9 @@ class Segment:
     def free_extents(self) -> int:
         return int(self.h[H.FREE_TOP])
 
-    def offset(self, ext: np.ndarray | int) -> np.ndarray | int:
-        return self.data_off + ext * self.extent
+    def offset(self, ext: np.ndarray | np.integer | int) -> np.ndarray:
+        """Byte offset of extents ``ext`` (an array; 0-d for one extent)."""
+        return self.data_off + np.asarray(ext, dtype=np.int64) * self.extent
 
     def values(self, dim: int) -> np.ndarray:
         """The whole segment as float32 rows of ``dim``: row r starts at byte ``4 * dim * r``."""

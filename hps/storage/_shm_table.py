@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from hps.storage._shm_index import BucketIndex
-from hps.storage._shm_segment import E, EntryView, NoSpace, Segment
+from hps.storage._shm_layout import E, EntryView, NoSpace
+from hps.storage._shm_segment import Segment
 from hps.storage.overflow import choose_victims
 
 
@@ -46,23 +47,30 @@ class ShmTable:
 
     def _where(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Indices of rows ``g`` in the int64 (key), uint32 (tick) and value views."""
-        j, local = np.divmod(g, self.rpe)
-        off = self.seg.offset(self.entry.row_ext[j].astype(np.int64))
-        assert isinstance(off, np.ndarray)
-        key = off // 8 + local
-        tick = (off + 8 * self.rpe) // 4 + local
-        value = -(-(off + 12 * self.rpe) // (4 * self.dim)) + local
-        return key, tick, value
+        off, local = self._split(g)
+        return off // 8 + local, self._ticks(off, local), self._values(off, local)
+
+    def _split(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Byte offset of each row's extent, and the row's place in it."""
+        j = g // self.rpe
+        off = self.seg.offset(self.entry.row_ext[j])
+        return off, g - j * self.rpe
+
+    def _ticks(self, off: np.ndarray, local: np.ndarray) -> np.ndarray:
+        return (off + 8 * self.rpe) // 4 + local
+
+    def _values(self, off: np.ndarray, local: np.ndarray) -> np.ndarray:
+        return -(-(off + 12 * self.rpe) // (4 * self.dim)) + local
 
     def fetch(self, keys: np.ndarray, tick: int | None) -> tuple[np.ndarray, np.ndarray]:
         """Values and found mask; ``tick`` (evict_least_used) stamps the rows found."""
         rows = self.index.lookup(keys)
         found = rows >= 0
         every = bool(found.all())
-        _, t, v = self._where(rows if every else rows[found])
-        got = self.seg.values(self.dim).take(v, axis=0)
+        off, local = self._split(rows if every else rows[found])
+        got = self.seg.values(self.dim).take(self._values(off, local), axis=0)
         if tick is not None:
-            self.seg.u32[t] = tick
+            self.seg.u32[self._ticks(off, local)] = tick
         if every:
             return got, found
         values = np.zeros((keys.size, self.dim), dtype=np.float32)
@@ -71,6 +79,7 @@ class ShmTable:
 
     def upsert(self, keys: np.ndarray, values: np.ndarray, tick: int) -> None:
         """Insert or overwrite unique keys. Raises NoSpace with the table consistent."""
+        self.seg.touch(self.entry)
         rows = self.index.lookup(keys)
         new = rows < 0
         n_new = int(new.sum())
@@ -111,6 +120,7 @@ class ShmTable:
 
     def remove(self, keys: np.ndarray) -> int:
         """Remove unique keys (absent ones are ignored); returns how many were present."""
+        self.seg.touch(self.entry)
         g = self.index.remove(keys)
         g = g[g >= 0]
         self._compact(g)
@@ -118,6 +128,7 @@ class ShmTable:
 
     def evict(self, policy: str, count: int, rng: np.random.Generator) -> int:
         """Evict ``count`` rows chosen by ``policy``; returns how many went."""
+        self.seg.touch(self.entry)
         n = self.rows
         ticks = None
         if policy != "evict_random":

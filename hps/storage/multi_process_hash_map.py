@@ -10,7 +10,8 @@ row arena of extents plus an extendible-hashing key index of bucket extents
 (``_shm_table``, ``_shm_index``), both growing one extent at a time. Reads take a shared
 ``flock``, writes an exclusive one, so no process ever sees a half-written row; the kernel
 drops the lock of a process that dies, and a writer that dies mid-update leaves a dirty
-mark that makes the next process clear the rows (L2 is a cache). When no extent is free,
+mark on the tables it was changing, whose rows the next process clears (L2 is a cache).
+When no extent is free,
 the table holding the most extents sheds rows by ``overflow_policy`` down to
 ``overflow_resolution_target`` of its size; ``overflow_margin`` bounds each table's rows as
 in ``hash_map``.
@@ -30,7 +31,8 @@ from hps.errors import BackendError, ConfigError
 from hps.index import check_keys
 from hps.storage._checks import check_insert, check_keys_arg, last_occurrence, table_or_raise
 from hps.storage._shm_index import MAX_LOAD
-from hps.storage._shm_segment import MAX_TABLES, E, EntryView, H, NoSpace, Segment
+from hps.storage._shm_layout import MAX_TABLES, E, EntryView, H, NoSpace
+from hps.storage._shm_segment import Segment
 from hps.storage._shm_table import ShmTable, rows_per_extent
 from hps.types import Keys, Mask, TableSpec, Vectors
 
@@ -69,6 +71,7 @@ class SharedHashMapStore:
         self._finalizer = weakref.finalize(self, self._seg.close)
         self._specs: dict[str, TableSpec] = {}
         self._slots: dict[str, int] = {}
+        self._tables: dict[str, ShmTable] = {}
         self._rng = np.random.default_rng(seed)
         self._rng_lock = threading.Lock()
 
@@ -99,10 +102,10 @@ class SharedHashMapStore:
             slot = self._seg.table_slot(spec.name, spec.dim, rpe)
         self._specs[spec.name] = spec
         self._slots[spec.name] = slot
+        self._tables[spec.name] = ShmTable(self._seg, slot)  # views only: valid until close
 
     def _table(self, name: str) -> ShmTable:
-        table_or_raise(self._specs, name)
-        return ShmTable(self._seg, self._slots[name])
+        return table_or_raise(self._tables, name)
 
     def _chunks(self, n: int) -> Iterator[slice]:
         for lo in range(0, n, self.max_batch_size):
@@ -233,11 +236,12 @@ class SharedHashMapStore:
                 "extents": seg.n_ext,
                 "free_extents": seg.free_extents,
                 "attached": int(seg.h[H.ATTACHED]),
-                "wipes": int(seg.h[H.WIPES]),
+                "repairs": int(seg.h[H.REPAIRS]),
                 "tables": tables,
             }
 
     def close(self) -> None:
         self._specs.clear()
         self._slots.clear()
+        self._tables.clear()
         self._finalizer()

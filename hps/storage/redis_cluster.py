@@ -23,7 +23,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -32,71 +31,19 @@ from hps.config import VolatileDBConfig
 from hps.errors import BackendError, ConfigError, UnknownTableError
 from hps.storage._checks import check_insert, check_keys_arg
 from hps.storage.redis_conn import Client, connect, translated
+from hps.storage.redis_layout import (
+    group_by_partition,
+    hash_name,
+    interleave,
+    key_fields,
+    pair_items,
+    stamp_name,
+    unsort,
+)
 from hps.types import Keys, Mask, TableSpec, Vectors
 
 UNLIMITED = 2**63  # overflow_margin at or above this means "no capacity limit"
-_MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: spreads sequential keys
-_SHIFT = np.uint64(32)
 _EVICT_ROUNDS = 4  # rounds per overflow: stale scores or concurrent writers may need more
-
-
-def partition_of(keys: Keys, num_partitions: int) -> np.ndarray:
-    """Partition index of each key (vectorised; stable across processes and releases)."""
-    mixed = keys.view(np.uint64) * _MIX  # wraps modulo 2**64
-    return ((mixed >> _SHIFT) % np.uint64(num_partitions)).astype(np.intp)
-
-
-def hash_name(table: str, partition: int) -> bytes:
-    return f"hps_et{{{table}/p{partition}}}".encode()
-
-
-def stamp_name(table: str, partition: int) -> bytes:
-    return f"hps_ts{{{table}/p{partition}}}".encode()
-
-
-def key_fields(keys: Keys) -> list[bytes]:
-    """Each int64 key as its 8 little-endian bytes (one C-level pass, zero bytes kept)."""
-    fields: list[bytes] = keys.astype("<i8", copy=False).view("V8").tolist()
-    return fields
-
-
-def group_by_partition(keys: Keys, num_partitions: int) -> tuple[np.ndarray, list[tuple]]:
-    """``order`` sorting keys by partition and ``[(partition, lo, hi)]`` runs in that order."""
-    if num_partitions == 1:
-        return np.arange(keys.size), [(0, 0, keys.size)] if keys.size else []
-    part = partition_of(keys, num_partitions)
-    small = part.astype(np.uint16) if num_partitions <= 65536 else part
-    order = np.argsort(small, kind="stable")  # radix sort for 16-bit ints
-    counts = np.bincount(part, minlength=num_partitions)
-    ends = np.cumsum(counts)
-    used = np.flatnonzero(counts)
-    return order, list(
-        zip(used.tolist(), (ends - counts)[used].tolist(), ends[used].tolist(), strict=True)
-    )
-
-
-def _unsort(replies: list[Any], order: np.ndarray, groups: int) -> list[Any]:
-    """Replies of keys taken in ``order`` (partition order), put back in request order."""
-    if groups <= 1:  # one partition: the stable sort left the keys in request order
-        return replies
-    inverse = np.empty_like(order)
-    inverse[order] = np.arange(order.size)
-    return list(itemgetter(*inverse.tolist())(replies))
-
-
-def _pair_items(reply: Any) -> tuple[list[Any], list[Any]]:
-    """(firsts, seconds) of a pair reply, flat ``[a, b, ...]`` or nested ``[[a, b], ...]``
-
-    (redis-py's shape for WITHVALUES / WITHSCORES replies differs between its versions)."""
-    flat = list(chain.from_iterable(x if isinstance(x, list | tuple) else (x,) for x in reply))
-    return flat[0::2], flat[1::2]
-
-
-def _interleave(a: list[Any], b: list[Any]) -> list[Any]:
-    out: list[Any] = [None] * (2 * len(a))
-    out[0::2] = a
-    out[1::2] = b
-    return out
 
 
 @dataclass(frozen=True)
@@ -143,7 +90,7 @@ class RedisStore:
             for h in t.hashes:
                 pipe.execute_command("HRANDFIELD", h, 1, "WITHVALUES")
             samples = pipe.execute()
-        widths = {len(v) for s in samples for v in _pair_items(s)[1]}
+        widths = {len(v) for s in samples for v in pair_items(s)[1]}
         if widths - {4 * spec.dim}:
             raise ConfigError(
                 f"table {spec.name}: Redis already holds rows of {sorted(w / 4 for w in widths)} "
@@ -179,7 +126,7 @@ class RedisStore:
                     self._stamp(pipe, t, groups, fields, b"XX")
                 replies = pipe.execute()
             flat = list(chain.from_iterable(replies[: len(groups)]))
-            got = _unsort(flat, order, len(groups))
+            got = unsort(flat, order, len(groups))
             if got.count(None):
                 hit = np.fromiter(map(bool, got), np.bool_, count=len(got))
                 found[start : start + hit.size] = hit
@@ -205,7 +152,7 @@ class RedisStore:
             with translated(f"insert {table}"):
                 pipe = self._r.pipeline(transaction=False)
                 for p, lo, hi in groups:
-                    pairs = _interleave(fields[lo:hi], rows[lo:hi])
+                    pairs = interleave(fields[lo:hi], rows[lo:hi])
                     pipe.execute_command("HSET", t.hashes[p], *pairs)
                 if self._stamped:
                     self._stamp(pipe, t, groups, fields)
@@ -268,7 +215,7 @@ class RedisStore:
         now = str(time.time_ns() // 1000).encode()
         for p, lo, hi in groups:
             part = fields[lo:hi]
-            pipe.execute_command("ZADD", t.stamps[p], *flags, *_interleave([now] * len(part), part))
+            pipe.execute_command("ZADD", t.stamps[p], *flags, *interleave([now] * len(part), part))
 
     def _evict(self, t: _Table, p: int, length: int) -> None:
         """Evict rows of partition ``p`` until it holds at most the resolution target."""
@@ -282,7 +229,7 @@ class RedisStore:
                     return
                 victims: list[bytes] = []
                 if self._stamped:
-                    victims = _pair_items(self._r.zpopmin(t.stamps[p], excess))[0]
+                    victims = pair_items(self._r.zpopmin(t.stamps[p], excess))[0]
                 if not victims:
                     sample: Any = self._r.hrandfield(t.hashes[p], excess)
                     victims = list(sample or [])
@@ -308,6 +255,6 @@ class RedisStore:
             if page:
                 fields = list(page)
                 zero = [b"0"] * len(fields)
-                self._r.execute_command("ZADD", t.stamps[p], "NX", *_interleave(zero, fields))
+                self._r.execute_command("ZADD", t.stamps[p], "NX", *interleave(zero, fields))
             if int(cursor) == 0:
                 return

@@ -86,7 +86,9 @@ class ModelProcess:
 
     def __init__(self, args: dict[str, str]) -> None:
         from hps.build import build_session
+        from hps.cache.warmup import warm_up_session
         from hps.triton.deploy import fill_l2, only_model, prepare_tables, serving_config
+        from hps.updates.runtime import start_updates
 
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         params = model_parameters(args)
@@ -100,21 +102,26 @@ class ModelProcess:
         prepare_tables(self.config)
         self.session = build_session(self.config, persistent_mode="read_only")
         rows = fill_l2(self.session, self.config, self.model)
+        warm = sum(warm_up_session(self.session, self.config).values())
         log.info(
-            "%s (%s): ready in %.1fs; L2 %s%s, L3 %s read-only",
+            "%s (%s): ready in %.1fs; L1 %d rows warm; L2 %s%s; L3 %s read-only",
             args["model_instance_name"],
             self.name,
             time.perf_counter() - start,
+            warm,
             self.config.volatile_db.type,
             f" ({rows} rows loaded here)" if rows else "",
             self.config.persistent_db.type,
         )
+        self.updates = start_updates(self.session, self.config)  # Kafka, when configured
         interval = float(params.get("metrics_interval_s") or 1.0)
         self.metrics = MetricsExporter(
             pb_utils, args["model_name"], args["model_instance_name"], self.session, interval
         )
 
     def close(self) -> None:
+        if self.updates is not None:
+            self.updates.stop()
         self.metrics.flush()
         self.metrics.close()
         self.session.close()

@@ -55,7 +55,7 @@ def demo_config(
                 "max_batch_size": max_batch_size,
                 "deployed_device_list": [0],
                 "gpucache": True,
-                "gpucacheper": 0.5,
+                "gpucacheper": 1.0,
                 "hit_rate_threshold": 0.9,
                 "hps_instances": instances,
             }

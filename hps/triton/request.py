@@ -30,9 +30,16 @@ from hps.types import Keys, Vectors
 Lookup = Callable[[Keys, npt.NDArray[np.integer]], Vectors]
 
 
-def _check(name: str, array: np.ndarray, kind: str, dtype: str) -> None:
-    if array.dtype.kind != kind or array.dtype.itemsize != np.dtype(dtype).itemsize:
-        raise DTypeError(f"input {name} must be {dtype.upper()}, got {array.dtype}")
+TRITON_TYPES = {
+    "INT64": np.dtype(np.int64),
+    "INT32": np.dtype(np.int32),
+    "FP32": np.dtype(np.float32),
+}
+
+
+def _check(name: str, array: np.ndarray, triton_type: str) -> None:
+    if array.dtype != TRITON_TYPES[triton_type]:
+        raise DTypeError(f"input {name} must be {triton_type}, got {array.dtype}")
     if array.ndim != 2:
         raise ShapeError(
             f"input {name} must have shape [batch, n] (HugeCTR sends [1, n]), "
@@ -46,8 +53,8 @@ def lookup_hps_request(keys: np.ndarray, numkeys: np.ndarray, lookup: Lookup) ->
     ``lookup(flat_keys, counts_per_table)`` is ``LookupSession.lookup_request`` bound to a
     model; it validates counts, limits and tables and raises typed errors.
     """
-    _check("KEYS", keys, "i", "int64")
-    _check("NUMKEYS", numkeys, "i", "int32")
+    _check("KEYS", keys, "INT64")
+    _check("NUMKEYS", numkeys, "INT32")
     if keys.shape[0] != numkeys.shape[0]:
         raise ShapeError(
             f"KEYS has batch size {keys.shape[0]} but NUMKEYS has {numkeys.shape[0]}"
@@ -82,9 +89,9 @@ def parse_ctr_request(
     ``ROWINDEX`` holds, table after table, the ``batch + 1`` CSR offsets of each sample's
     keys within that table's part of ``CATCOLUMN`` (tables in the model's order).
     """
-    _check("DES", des, "f", "float32")
-    _check("CATCOLUMN", catcolumn, "i", "int64")
-    _check("ROWINDEX", rowindex, "i", "int32")
+    _check("DES", des, "FP32")
+    _check("CATCOLUMN", catcolumn, "INT64")
+    _check("ROWINDEX", rowindex, "INT32")
     if not des.shape[0] == catcolumn.shape[0] == rowindex.shape[0] == 1:
         raise ShapeError("DES, CATCOLUMN and ROWINDEX must have batch dimension 1 ([1, n])")
     rows = rowindex[0].astype(np.int64)

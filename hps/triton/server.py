@@ -132,6 +132,7 @@ class TritonServer:
     log_file: Path | None = None
     extra_args: list[str] = field(default_factory=list)
     install: TritonInstall | None = None
+    stop_timeout: float = STOP_TIMEOUT_S
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _workdir: Path | None = field(default=None, init=False)
 
@@ -141,16 +142,21 @@ class TritonServer:
         self.metrics_port = self.metrics_port or free_port()
 
     @property
+    def client_host(self) -> str:
+        """Where clients on this machine reach it (a wildcard address is not one)."""
+        return "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
+
+    @property
     def http_url(self) -> str:
-        return f"{self.host}:{self.http_port}"
+        return f"{self.client_host}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
-        return f"{self.host}:{self.grpc_port}"
+        return f"{self.client_host}:{self.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self.host}:{self.metrics_port}/metrics"
+        return f"http://{self.client_host}:{self.metrics_port}/metrics"
 
     def command(self, backends: Path) -> list[str]:
         install = self.install or find_triton()
@@ -167,7 +173,7 @@ class TritonServer:
             "--allow-metrics=true",
             "--allow-gpu-metrics=false",
             "--strict-readiness=true",
-            "--exit-timeout-secs=10",
+            "--exit-timeout-secs=5",
         ]
         if self.explicit:
             cmd.append("--model-control-mode=explicit")
@@ -225,13 +231,13 @@ class TritonServer:
         assert self.proc is not None, "server not started"
         return self.proc.wait()
 
-    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        """SIGTERM, then SIGKILL of its process group after ``timeout`` (by PID, never by name)."""
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL of its process group after ``stop_timeout`` (by PID)."""
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
-                proc.wait(timeout)
+                proc.wait(self.stop_timeout)
             except subprocess.TimeoutExpired:
                 log.warning("tritonserver %d ignored SIGTERM; killing it", proc.pid)
                 # The group is the session we created for it: Triton and its model stubs.

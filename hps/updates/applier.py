@@ -4,11 +4,14 @@ Ordering and idempotence: each key's last applied version is kept in a side tabl
 (:mod:`hps.updates.versions`). A row is applied only when its version is >= the stored one,
 so an older update never overwrites a newer one and replaying messages after a crash (at-
 least-once delivery) rewrites the same values. Within one call, the rows of a key collapse
-to the one with the highest version (the latest in stream order among equals).
+to the one with the highest version (the latest in stream order among equals). Rows at or
+above their partition's watermark skip the per-key read (``UpdateBatch.extras["partition"]``
+names the partition; without it every row is checked).
 
-Write order per table: data to L3 (unsynced), data to L2, then the versions to the same
-store as the data with a synced write, which also syncs the L3 data written before it. A
-crash before that sync leaves versions no newer than the data, so the replay re-applies.
+Write order per table: data to L3 (unsynced), data to L2, the per-key versions, then the
+partition watermarks with a synced write, which also syncs everything written before it. A
+crash before that sync leaves versions and watermarks no newer than the data, so the replay
+re-applies.
 A failing tier raises :class:`hps.errors.BackendError`; the caller retries the same batch.
 """
 
@@ -24,7 +27,7 @@ import numpy as np
 from hps.errors import UnknownTableError
 from hps.storage.base import EmbeddingStore
 from hps.types import Keys, TableSpec, UpdateBatch, Vectors
-from hps.updates.versions import VersionTable
+from hps.updates.versions import VersionTable, Watermarks
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,7 @@ class _Route:
     spec: TableSpec
     stores: list[EmbeddingStore]  # L3 first
     versions: VersionTable
+    watermarks: Watermarks
 
 
 class Applier:
@@ -85,9 +89,8 @@ class Applier:
                 continue
             for store in stores:
                 store.open_table(spec)
-            durable = stores[0] is persistent
             self._routes[name] = _Route(
-                spec, stores, VersionTable(stores[0], spec, durable=durable)
+                spec, stores, VersionTable(stores[0], spec), Watermarks(stores[0], spec)
             )
 
     @property
@@ -117,8 +120,11 @@ class Applier:
 
     def _apply_table(self, route: _Route, group: list[UpdateBatch]) -> Applied:
         spec = route.spec
-        keys, versions, deletes, values = _latest_per_key(group, spec.dim)
-        stored = route.versions.get(keys)
+        keys, versions, deletes, values, parts = _latest_per_key(group, spec.dim)
+        slow = (parts < 0) | (versions < route.watermarks.of(parts))
+        stored = np.zeros(keys.size, dtype=np.uint64)
+        if slow.any():
+            stored[slow] = route.versions.get(keys[slow])
         keep = versions >= stored
         up = keep & ~deletes
         rm = keep & deletes
@@ -129,17 +135,25 @@ class Applier:
             if rm_keys.size:
                 store.remove(spec.name, rm_keys)
         if keep.any():
-            route.versions.put(keys[keep], versions[keep])
+            known = parts[keep] >= 0
+            route.versions.put(keys[keep], versions[keep], durable=not known.any())
+            route.watermarks.advance(parts[keep], versions[keep], durable=True)
         return Applied(spec.name, up_keys, up_values, rm_keys, int((~keep).sum()))
 
 
 def _latest_per_key(
     group: list[UpdateBatch], dim: int
-) -> tuple[Keys, np.ndarray, np.ndarray, Vectors]:
-    """Concatenate a table's batches and keep, per key, the highest version (latest in order)."""
+) -> tuple[Keys, np.ndarray, np.ndarray, Vectors, np.ndarray]:
+    """Concatenate a table's batches and keep, per key, the highest version (latest in order).
+
+    Returns keys (sorted), versions, delete flags, vectors and the partition of each row.
+    """
     keys = np.concatenate([b.keys for b in group]).astype(np.int64, copy=False)
     versions = np.concatenate([np.full(b.keys.size, b.version, dtype=np.uint64) for b in group])
     deletes = np.concatenate([np.full(b.keys.size, b.delete, dtype=bool) for b in group])
+    parts = np.concatenate(
+        [np.full(b.keys.size, int(b.extras.get("partition", -1)), np.int64) for b in group]
+    )
     values = np.concatenate(
         [np.zeros((b.keys.size, dim), np.float32) if b.values is None else b.values for b in group]
     )
@@ -148,4 +162,4 @@ def _latest_per_key(
     last = np.ones(keys.size, dtype=bool)
     last[:-1] = sorted_keys[1:] != sorted_keys[:-1]
     win = order[last]
-    return keys[win], versions[win], deletes[win], values[win]
+    return keys[win], versions[win], deletes[win], values[win], parts[win]

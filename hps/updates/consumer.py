@@ -2,8 +2,8 @@
 
 Semantics (docs/updates.md):
 
-- A batch is one message waited for up to ``poll_timeout_ms``, plus what is already fetched,
-  until it holds ``max_batch_size`` rows (keys).
+- A batch is one message waited for up to ``poll_timeout_ms``, plus messages already fetched
+  until it holds ``max_batch_size`` rows (keys); it may end a few messages over.
 - It is applied to L3 and L2 (:class:`hps.updates.applier.Applier`, durably), and only then
   are its offsets stored; stored offsets are committed after at most ``max_commit_interval``
   batches, whenever a poll finds nothing, on a rebalance and on shutdown. A crash replays at
@@ -61,7 +61,8 @@ def decode_message(msg: Any, tables: Mapping[str, TableSpec]) -> UpdateBatch:
             raise ShapeError(f"{spec.name}: vectors of dim {d.dim}, the table has dim {spec.dim}")
         if not np.isfinite(d.values).all():
             raise InvalidValueError(f"{spec.name}: vectors contain NaN or infinity")
-    return UpdateBatch(spec.name, d.keys, d.values, int(d.version), d.delete)
+    extras = {"partition": str(msg.partition())}
+    return UpdateBatch(spec.name, d.keys, d.values, int(d.version), d.delete, extras)
 
 
 class UpdateConsumer:
@@ -82,6 +83,7 @@ class UpdateConsumer:
         self.dead_letters = dead_letters
         self.batches = 0
         self.rows_applied = 0
+        self.failures = 0
         self._uncommitted = 0
         self._last_lag = 0.0
 
@@ -109,8 +111,10 @@ class UpdateConsumer:
         updates: list[UpdateBatch] = []
         bad: list[tuple[Any, str]] = []
         rows = self._decode(first, updates, bad)
-        while rows < self.settings.max_batch_size:
-            more = self.source.drain(DRAIN_CHUNK)
+        limit = self.settings.max_batch_size
+        while rows < limit:
+            per_msg = max(1, rows // len(msgs))  # drain about as many as still fit
+            more = self.source.drain(max(1, min(DRAIN_CHUNK, (limit - rows) // per_msg)))
             if not more:
                 break
             msgs.extend(more)
@@ -155,6 +159,7 @@ class UpdateConsumer:
                 return True
             except BackendError as exc:
                 metrics.FAILURES.inc()
+                self.failures += 1
                 delay = min(self.settings.failure_backoff_ms / 1000 * 2**attempt, MAX_BACKOFF_S)
                 log.warning(
                     "applying %d updates failed (%s); retrying in %.2fs", len(updates), exc, delay

@@ -89,11 +89,19 @@ class L1Refresher:
             head = self._pending[0]
             if not ready(head.token):
                 break
+            if done == 0:
+                self._catch_up()
+            self.session.refresh(head.table, head.keys)  # if it raises, the entry stays queued
             self._pending.popleft()
             self._pending_keys -= head.keys.size
-            self.session.refresh(head.table, head.keys)
             done += 1
         return done
+
+    def _catch_up(self) -> None:
+        # A secondary RocksDB instance sees the writer's updates only after catching up.
+        catch_up = getattr(getattr(self.session, "persistent", None), "catch_up", None)
+        if catch_up is not None:
+            catch_up()
 
 
 def _last_per_key(keys: Keys, values: Vectors) -> tuple[Keys, Vectors]:

@@ -46,7 +46,7 @@ def merged(brokers: str, *layers: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def translate(exc: BaseException, what: str) -> BackendError:
     """A confluent-kafka exception as an HPS error (retriable ones as BackendUnavailable)."""
-    err = exc.args[0] if exc.args else None
+    err: Any = exc.args[0] if exc.args else None
     name = err.name() if hasattr(err, "name") else type(exc).__name__
     text = err.str() if hasattr(err, "str") else str(exc)
     retriable = bool(getattr(err, "retriable", lambda: False)()) or name in {

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hps.config import PSConfig
-from hps.errors import ConfigError, FormatError, RequestError
+from hps.errors import ConfigError, FormatError, HPSError, RequestError
 from hps.updates import codec
 from hps.updates.applier import Applied, Applier, model_filter
 from hps.updates.consumer import UpdateConsumer, decode_message
@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 LISTENER_POLL_S = 0.1
 COMMITTED_CHECK_S = 0.2
+RETRY_S = 1.0
 
 
 def is_process_local(store: Any) -> bool:
@@ -106,7 +107,13 @@ def build_service(config: PSConfig, session: Any) -> UpdateConsumer:
 class UpdateThread:
     """A background update thread; ``stop()`` finishes its batch and joins it."""
 
-    def __init__(self, name: str, body: Callable[[threading.Event], None]) -> None:
+    def __init__(
+        self,
+        name: str,
+        body: Callable[[threading.Event], None],
+        refresher: L1Refresher | None = None,
+    ) -> None:
+        self.refresher = refresher  # for introspection: pending re-reads, dropped keys
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
         self._body = body
@@ -153,12 +160,16 @@ def start_background_applier(session: Any, config: PSConfig) -> UpdateThread:
     def body(stop: threading.Event) -> None:
         try:
             while not stop.is_set():
-                consumer.run_once(stop)
-                refresher.run_due()
+                try:
+                    consumer.run_once(stop)
+                    refresher.run_due()
+                except HPSError as exc:  # a broker or tier hiccup must not end serving updates
+                    log.warning("embedded applier: %s; retrying", exc)
+                    stop.wait(RETRY_S)
         finally:
             source.close()
 
-    return UpdateThread("hps-embedded-applier", body)
+    return UpdateThread("hps-embedded-applier", body, refresher)
 
 
 def start_l1_listener(session: Any, config: PSConfig) -> UpdateThread:
@@ -187,12 +198,24 @@ def start_l1_listener(session: Any, config: PSConfig) -> UpdateThread:
                 now = time.monotonic()
                 if refresher.pending and now - last_check >= COMMITTED_CHECK_S:
                     last_check = now
-                    committed = source.committed()
-                    refresher.run_due(lambda tok, c=committed: c.get(tok[:2], -1) > tok[2])
+                    try:
+                        refresher.run_due(_applied_by_group(source.committed()))
+                    except HPSError as exc:  # broker or L2 away: pass 2 waits, pass 1 goes on
+                        log.warning("L1 listener: %s; retrying", exc)
         finally:
             source.close()
 
-    return UpdateThread("hps-l1-listener", body)
+    return UpdateThread("hps-l1-listener", body, refresher)
+
+
+def _applied_by_group(committed: dict[tuple[str, int], int]) -> Callable[[Any], bool]:
+    """Whether the consumer group has committed past a (topic, partition, offset) token."""
+
+    def ready(token: Any) -> bool:
+        topic, partition, offset = token
+        return committed.get((topic, partition), -1) > offset
+
+    return ready
 
 
 def _refresh_from(msg: Any, tables: Any, refresher: L1Refresher) -> None:

@@ -36,7 +36,7 @@ class MessageSource:
         config: Mapping[str, Any] | None = None,
         num_partitions: int = 8,
     ) -> None:
-        from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException
 
         self.mode = mode
         self.topics = sorted(set(topics))
@@ -54,13 +54,19 @@ class MessageSource:
             else:
                 from confluent_kafka import TopicPartition
 
-                start = OFFSET_BEGINNING if mode == "replay" else OFFSET_END
-                self._assigned = [
-                    TopicPartition(t, p, start) for t in self.topics for p in range(counts[t])
-                ]
-                self._consumer.assign(self._assigned)
+                parts = [TopicPartition(t, p) for t in self.topics for p in range(counts[t])]
+                for tp in parts:
+                    tp.offset = OFFSET_BEGINNING if mode == "replay" else self._end(tp)
+                self._assigned = parts
+                self._consumer.assign(parts)
         except KafkaException as exc:
             raise translate(exc, f"consuming {len(self.topics)} topics") from None
+
+    def _end(self, tp: Any) -> int:
+        # An explicit offset rather than OFFSET_END: the source is positioned on return, so
+        # nothing published after the constructor returns is missed.
+        _, high = self._consumer.get_watermark_offsets(tp, timeout=10.0)
+        return int(high)
 
     # -- rebalance callbacks (group mode; run inside poll) ----------------------------------
 
@@ -126,7 +132,10 @@ class MessageSource:
         from confluent_kafka import KafkaException
 
         try:
-            self._consumer.commit(asynchronous=asynchronous)
+            if asynchronous:
+                self._consumer.commit(asynchronous=True)
+            else:
+                self._consumer.commit(asynchronous=False)
         except KafkaException as exc:
             if exc.args[0].name() != "_NO_OFFSET":  # nothing new to commit
                 raise translate(exc, "commit") from None

@@ -1,10 +1,18 @@
-"""Per-key update versions, kept in a side table next to the data they protect.
+"""Per-key update versions and per-partition watermarks, kept next to the data they protect.
 
-The side table of ``<model>.<table>`` is ``<model>.<table>__hps_version`` in the same store
-(L3 when the table's updates go to L3, else L2), so it lives and dies with the data, and a
-synced write of it also syncs the data written before it (one RocksDB WAL). A version is a
-uint64 stored as four float32 holding its 16-bit limbs, which every backend keeps exactly.
-Deleted keys keep their version (a tombstone), so a replayed older upsert cannot resurrect them.
+Side tables of ``<model>.<table>``, in the same store as its data (L3 when the table's
+updates go to L3, else L2), so they live and die with the data, and a synced write of them
+also syncs the data written before it (one RocksDB WAL):
+
+- ``<model>.<table>__hps_version``: the version of each key's last applied update. Deleted
+  keys keep theirs (a tombstone), so a replayed older upsert cannot resurrect them.
+- ``<model>.<table>__hps_watermark``: per Kafka partition, the highest version applied from
+  it. A key's updates always travel in the same partition (the producer partitions by key),
+  so a row whose version is at least its partition's watermark is newer than anything stored
+  for its key and needs no per-key read: the common, in-order case costs no read at all.
+
+A version (uint64) is stored as four float32 holding its 16-bit limbs, which every backend
+keeps exactly.
 """
 
 from __future__ import annotations
@@ -16,14 +24,12 @@ import numpy as np
 from hps.storage.base import EmbeddingStore
 from hps.types import Keys, TableSpec
 
-SUFFIX = "__hps_version"
+VERSION_SUFFIX = "__hps_version"
+WATERMARK_SUFFIX = "__hps_watermark"
 LIMBS = 4
+UINT64_MAX = np.uint64(2**64 - 1)
 _SHIFTS = np.arange(LIMBS, dtype=np.uint64) * np.uint64(16)
 _MASK = np.uint64(0xFFFF)
-
-
-def side_spec(spec: TableSpec) -> TableSpec:
-    return TableSpec(model=spec.model, table=spec.table + SUFFIX, dim=LIMBS)
 
 
 def to_limbs(versions: np.ndarray) -> np.ndarray:
@@ -36,26 +42,67 @@ def from_limbs(limbs: np.ndarray) -> np.ndarray:
     return np.bitwise_or.reduce(parts << _SHIFTS[None, :], axis=1).astype(np.uint64)
 
 
-class VersionTable:
-    """Read and write the versions of one table's keys (0 means never updated)."""
-
-    def __init__(self, store: EmbeddingStore, spec: TableSpec, *, durable: bool) -> None:
+class _SideTable:
+    def __init__(self, store: EmbeddingStore, spec: TableSpec, suffix: str) -> None:
         self.store = store
-        self.spec = side_spec(spec)
+        self.spec = TableSpec(model=spec.model, table=spec.table + suffix, dim=LIMBS)
         # Only a store that can sync (rocks_db) is asked to; the others are volatile anyway.
-        self.durable = durable and "durable" in inspect.signature(store.insert).parameters
+        self.can_sync = "durable" in inspect.signature(store.insert).parameters
         store.open_table(self.spec)
 
     def get(self, keys: Keys) -> np.ndarray:
+        """Stored versions of ``keys`` (0 where none)."""
         limbs, found = self.store.fetch(self.spec.name, keys)
         versions = np.zeros(keys.size, dtype=np.uint64)
         versions[found] = from_limbs(limbs[found])
         return versions
 
-    def put(self, keys: Keys, versions: np.ndarray) -> None:
-        """Record versions; with ``durable`` the write (and all before it) is synced."""
+    def put(self, keys: Keys, versions: np.ndarray, *, durable: bool) -> None:
+        """Store versions; ``durable`` syncs this write and every write before it."""
         limbs = to_limbs(versions)
-        if self.durable:
+        if durable and self.can_sync:
             self.store.insert(self.spec.name, keys, limbs, durable=True)  # type: ignore[call-arg]
         else:
             self.store.insert(self.spec.name, keys, limbs)
+
+
+class VersionTable(_SideTable):
+    """Per-key versions of one table (0 means never updated)."""
+
+    def __init__(self, store: EmbeddingStore, spec: TableSpec) -> None:
+        super().__init__(store, spec, VERSION_SUFFIX)
+
+
+class Watermarks(_SideTable):
+    """Per-partition highest applied version of one table, cached after the first read."""
+
+    def __init__(self, store: EmbeddingStore, spec: TableSpec) -> None:
+        super().__init__(store, spec, WATERMARK_SUFFIX)
+        self._known: dict[int, np.uint64] = {}
+
+    def of(self, partitions: np.ndarray) -> np.ndarray:
+        """The watermark of each row's partition; rows of unknown partition (< 0) get the max."""
+        uniq = np.unique(partitions)
+        missing = [int(p) for p in uniq if p >= 0 and int(p) not in self._known]
+        if missing:
+            got = self.get(np.array(missing, dtype=np.int64))
+            self._known.update(zip(missing, got, strict=True))
+        table = {int(p): self._known.get(int(p), UINT64_MAX) for p in uniq}
+        lookup = np.array([table[int(p)] for p in uniq], dtype=np.uint64)
+        return lookup[np.searchsorted(uniq, partitions)]
+
+    def advance(self, partitions: np.ndarray, versions: np.ndarray, *, durable: bool) -> None:
+        """Raise the watermarks to the highest version each partition delivered."""
+        known = partitions >= 0
+        if not known.any():
+            return
+        parts, vers = partitions[known], versions[known]
+        order = np.lexsort((vers, parts))
+        last = np.ones(order.size, dtype=bool)
+        last[:-1] = parts[order][1:] != parts[order][:-1]
+        top_p, top_v = parts[order][last], vers[order][last]
+        current = self.of(top_p)
+        newer = top_v > current
+        if newer.any():
+            self.put(top_p[newer].astype(np.int64), top_v[newer], durable=durable)
+            self._known.update(zip(top_p[newer].tolist(), top_v[newer], strict=True))

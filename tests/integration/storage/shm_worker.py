@@ -41,8 +41,12 @@ def say(obj: object) -> None:
 
 
 def main(role: str, name: str, size: int, *args: str) -> None:
-    store = SharedHashMapStore(name, size, overflow_policy="evict_oldest",
-                               overflow_margin=int(args[0]) if role == "margin" else 2**64 - 1)
+    store = SharedHashMapStore(
+        name,
+        size,
+        overflow_policy="evict_oldest",
+        overflow_margin=int(args[0]) if role == "margin" else 2**64 - 1,
+    )
     spec = TableSpec("m", "t", DIM)
     store.open_table(spec)
     if role == "write":  # write KEYS as writer 0, version 1
@@ -69,13 +73,22 @@ def main(role: str, name: str, size: int, *args: str) -> None:
         keys = np.arange(10_000, 11_000, dtype=np.int64)
         store.insert(spec.name, keys, encode(keys, 1, 1))
         say({"size": store.size(spec.name)})
+    elif role == "fill":  # another table, past what the segment holds
+        other = TableSpec("m", "u", DIM)
+        store.open_table(other)
+        keys = np.arange(int(args[0]), dtype=np.int64)
+        store.insert(other.name, keys, encode(keys, 2, 1))
+        _, found = store.fetch(other.name, keys[-10_000:])
+        say({"size": store.size(other.name), "last": int(found.sum())})
     elif role == "hold-read":
         with store._seg.reading():
             say("locked")
             time.sleep(600)
     elif role == "hold-write":
         with store._seg.writing():
-            store._table(spec.name).meta[2] = 123_456  # half-done: a bogus row count
+            table = store._table(spec.name)
+            store._seg.touch(table.entry)  # as every change of a table starts
+            table.meta[2] = 123_456  # half-done: a bogus row count
             say("locked")
             time.sleep(600)
     elif role == "attach":  # then: "close" closes cleanly, "exit" leaves without closing

@@ -16,13 +16,21 @@ from tests.helpers import rows, unique_name
 
 pytestmark = pytest.mark.integration
 
-BACKENDS = ["hash_map", "rocks_db", "redis", "redis_cluster"]
+BACKENDS = ["hash_map", "multi_process_hash_map", "rocks_db", "redis", "redis_cluster"]
 CHUNK = 7  # a max_batch_size small enough that every batch below is chunked
 
 
 def _open(kind: str, request: pytest.FixtureRequest, tmp_path: Any) -> EmbeddingStore:
     if kind == "hash_map":
         store = open_store(VolatileDBConfig(type="hash_map", max_batch_size=CHUNK))
+    elif kind == "multi_process_hash_map":
+        cfg = VolatileDBConfig(
+            type=kind,
+            shared_memory_name=unique_name("hps_contract"),
+            shared_memory_size=64 * 1024 * 1024,
+            max_batch_size=CHUNK,
+        )
+        store = open_store(cfg)
     elif kind == "rocks_db":
         cfg = PersistentDBConfig(type="rocks_db", path=str(tmp_path / "db"), max_batch_size=CHUNK)
         store = open_store(cfg)

@@ -17,7 +17,8 @@ import redis
 from hps.config import VolatileDBConfig
 from hps.errors import BackendError, BackendUnavailable, ConfigError, retriable
 from hps.storage import open_store
-from hps.storage.redis_cluster import RedisStore, hash_name, partition_of
+from hps.storage.redis_cluster import RedisStore
+from hps.storage.redis_layout import hash_name, partition_of
 from hps.testing.redis import RedisClusterServers, RedisServer, free_port
 from hps.types import TableSpec
 from tests.helpers import rows, unique_name

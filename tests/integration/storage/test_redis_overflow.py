@@ -10,7 +10,8 @@ import redis
 
 from hps.config import VolatileDBConfig
 from hps.storage import open_store
-from hps.storage.redis_cluster import RedisStore, stamp_name
+from hps.storage.redis_cluster import RedisStore
+from hps.storage.redis_layout import stamp_name
 from hps.types import TableSpec
 from tests.helpers import rows, unique_name
 

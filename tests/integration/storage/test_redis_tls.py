@@ -13,7 +13,8 @@ import pytest
 from hps.config import VolatileDBConfig
 from hps.errors import BackendError, ConfigError, retriable
 from hps.storage import open_store
-from hps.testing.redis import RedisServer, free_port
+from hps.storage.redis_cluster import RedisStore
+from hps.testing.redis import RedisClusterServers, RedisServer
 from hps.types import TableSpec
 from tests.helpers import rows, unique_name
 
@@ -54,24 +55,48 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tls_server(certs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    port = free_port()
-    server = RedisServer(
-        tmp_path_factory.mktemp("redis-tls"),
-        port=port,
-        extra_args=[
-            "--port", "0", "--tls-port", str(port),
-            "--tls-cert-file", str(certs / "server.crt"),
-            "--tls-key-file", str(certs / "server.key"),
-            "--tls-ca-cert-file", str(certs / "ca.crt"),
-            "--tls-auth-clients", "yes",
-        ],
-    )  # fmt: skip
+    server = RedisServer(tmp_path_factory.mktemp("redis-tls"), extra_args=_server_args(certs))
     server.start()
     yield server
     server.stop()
 
 
-def tls_config(server: RedisServer, certs: Path, **extra: object) -> VolatileDBConfig:
+def _server_args(certs: Path) -> list[str]:
+    return [
+        "--port", "0", "--tls-port", "{port}",
+        "--tls-cert-file", str(certs / "server.crt"),
+        "--tls-key-file", str(certs / "server.key"),
+        "--tls-ca-cert-file", str(certs / "ca.crt"),
+        "--tls-auth-clients", "yes",
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(
+    certs: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RedisClusterServers]:
+    admin = {
+        "ssl": True,
+        "ssl_ca_certs": str(certs / "ca.crt"),
+        "ssl_certfile": str(certs / "client.crt"),
+        "ssl_keyfile": str(certs / "client.key"),
+        "ssl_check_hostname": False,
+    }
+    cluster = RedisClusterServers(
+        tmp_path_factory.mktemp("redis-tls-cluster"),
+        extra_args=[*_server_args(certs), "--tls-cluster", "yes"],
+        client_kwargs=admin,
+    )
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def tls_config(
+    server: RedisServer | RedisClusterServers, certs: Path, **extra: object
+) -> VolatileDBConfig:
     return VolatileDBConfig.model_validate(
         {
             "type": "redis",
@@ -95,6 +120,21 @@ def test_round_trip_over_tls_with_sni(tls_server: RedisServer, certs: Path) -> N
     values, found = store.fetch(spec.name, keys)
     assert found.all()
     np.testing.assert_array_equal(values, rows(keys, 4))
+    store.close()
+
+
+def test_round_trip_over_a_tls_cluster(tls_cluster: RedisClusterServers, certs: Path) -> None:
+    store = open_store(tls_config(tls_cluster, certs, tls_server_name_identification=SERVER_NAME))
+    assert isinstance(store, RedisStore) and store.cluster
+    spec = TableSpec(model=unique_name(), table="t", dim=4)
+    store.open_table(spec)
+    keys = np.arange(2000, dtype=np.int64)
+    store.insert(spec.name, keys, rows(keys, 4))
+    values, found = store.fetch(spec.name, keys)
+    assert found.all()
+    np.testing.assert_array_equal(values, rows(keys, 4))
+    per_node = [len(n.client().keys("hps_et*")) for n in tls_cluster.nodes]
+    assert all(per_node), per_node  # the partitions spread over the TLS nodes
     store.close()
 
 

@@ -7,14 +7,14 @@ import pytest
 from redis import exceptions as rx
 
 from hps.errors import BackendError, BackendUnavailable, ConfigError, retriable
-from hps.storage.redis_cluster import (
+from hps.storage.redis_conn import parse_addresses, translated
+from hps.storage.redis_layout import (
     group_by_partition,
     hash_name,
     key_fields,
     partition_of,
     stamp_name,
 )
-from hps.storage.redis_conn import parse_addresses, translated
 
 
 def test_key_fields_are_8_byte_little_endian_with_zero_bytes_kept() -> None:

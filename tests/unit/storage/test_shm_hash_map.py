@@ -17,7 +17,7 @@ from hps.config import VolatileDBConfig
 from hps.errors import BackendError, ConfigError, InvalidValueError
 from hps.index import EMPTY, TOMBSTONE
 from hps.storage import open_store
-from hps.storage._shm_segment import MAX_TABLES, H
+from hps.storage._shm_layout import MAX_TABLES, E, H
 from hps.storage.multi_process_hash_map import SharedHashMapStore
 from hps.types import TableSpec
 from tests.helpers import rows, unique_name
@@ -54,30 +54,44 @@ def _extents_accounted(store: SharedHashMapStore) -> None:
     assert used + st["free_extents"] == st["extents"], st
 
 
+def _encode(keys: np.ndarray, step: int) -> np.ndarray:
+    """Rows that name their key (40 bits in two exact float32 columns) and the step."""
+    k = keys.astype(np.int64) + 2**40
+    return np.stack([k & 0xFFFFF, k >> 20, np.full(k.size, step)], axis=1).astype(np.float32)
+
+
 def test_matches_a_dict_through_splits_removals_and_compaction(opener: Opener) -> None:
     store = opener(16 * MiB)
     spec = TableSpec("m", "t", 3)
     store.open_table(spec)
     rng = np.random.default_rng(1)
-    model: dict[int, np.ndarray] = {}
+    model: dict[int, int] = {}  # key -> step of its last write
+
+    def check(probe: np.ndarray) -> None:
+        got, found = store.fetch(spec.name, probe)
+        expect = np.array([k in model for k in probe.tolist()])
+        np.testing.assert_array_equal(found, expect)
+        steps = np.array([model[k] for k in probe[found].tolist()], dtype=np.int64)
+        want = _encode(probe[found], 0)
+        want[:, 2] = steps
+        np.testing.assert_array_equal(got[found], want)
+
     for step in range(40):
-        keys = rng.integers(-(2**40), 2**40, 4000) if step % 3 else rng.choice(
-            np.array(list(model) or [1], dtype=np.int64), 500
-        )
+        if step % 3:
+            keys = rng.integers(-(2**40), 2**40, 4000)
+        else:
+            keys = rng.choice(np.array(list(model) or [1], dtype=np.int64), 500)
         if step % 4 == 3:
             store.remove(spec.name, keys)
             for k in keys.tolist():
                 model.pop(k, None)
         else:
-            vals = rows(keys, 3, seed=step)
-            store.insert(spec.name, keys, vals)
-            model.update(zip(keys.tolist(), vals, strict=True))
-        probe = np.concatenate([np.array(list(model), dtype=np.int64), keys, [EMPTY, TOMBSTONE]])
-        got, found = store.fetch(spec.name, probe)
-        expect = np.array([k in model for k in probe.tolist()])
-        np.testing.assert_array_equal(found, expect)
-        np.testing.assert_array_equal(got[found], np.stack([model[k] for k in probe[found].tolist()]))
+            store.insert(spec.name, keys, _encode(keys, step))
+            model.update(dict.fromkeys(keys.tolist(), step))
+        sample = rng.choice(np.array(list(model), dtype=np.int64), 1000)
+        check(np.concatenate([sample, keys, [EMPTY, TOMBSTONE]]))
         assert store.size(spec.name) == len(model)
+    check(np.array(list(model), dtype=np.int64))
     _extents_accounted(store)
     assert store.stats()["tables"][spec.name]["extents"] > 10  # buckets split, rows spread
     store.remove(spec.name, np.array(list(model), dtype=np.int64))
@@ -191,19 +205,28 @@ def test_registry_full(opener: Opener) -> None:
         store.open_table(TableSpec("m", "one_more", 1))
 
 
-def test_dirty_segment_is_wiped_and_stays_usable(opener: Opener) -> None:
+def test_a_writer_death_clears_only_the_tables_it_was_changing(opener: Opener) -> None:
     store = opener()
-    spec = TableSpec("m", "t", 4)
-    store.open_table(spec)
+    a, b = TableSpec("m", "a", 4), TableSpec("m", "b", 4)
     keys = np.arange(5000, dtype=np.int64)
-    store.insert(spec.name, keys, rows(keys, 4))
-    store._seg.h[H.DIRTY] = 1  # what a writer killed mid-update leaves behind
-    _, found = store.fetch(spec.name, keys)
-    assert not found.any() and store.size(spec.name) == 0
-    assert store.stats()["wipes"] == 1
+    for spec in (a, b):
+        store.open_table(spec)
+        store.insert(spec.name, keys, rows(keys, 4))
+    # What a writer killed while changing table a leaves behind: both flags set, and an
+    # extent taken from the free stack that no table records yet.
+    store._seg.h[H.DIRTY] = 1
+    store._table(a.name).meta[E.DIRTY] = 1
+    store._seg.h[H.FREE_TOP] -= 1
+    _, found = store.fetch(a.name, keys)
+    assert not found.any() and store.size(a.name) == 0
+    got, found = store.fetch(b.name, keys)
+    assert found.all()
+    np.testing.assert_array_equal(got, rows(keys, 4))
+    assert store.stats()["repairs"] == 1
+    _extents_accounted(store)  # the leaked extent is free again
+    store.insert(a.name, keys, rows(keys, 4))
+    assert store.fetch(a.name, keys)[1].all()
     _extents_accounted(store)
-    store.insert(spec.name, keys, rows(keys, 4))
-    assert store.fetch(spec.name, keys)[1].all()
 
 
 def test_lifecycle_auto_remove_and_persistence(opener: Opener) -> None:
@@ -248,3 +271,36 @@ def test_bytes_per_row(opener: Opener, dim: int, limit: float) -> None:
     store.insert(spec.name, keys, np.zeros((keys.size, dim), np.float32))
     per_row = store.nbytes(spec.name) / store.size(spec.name)
     assert per_row < limit * (8 + 4 * dim), per_row
+
+
+def test_a_foreign_file_is_refused_and_left_alone() -> None:
+    name = unique_name("hps_test_shm")
+    path = f"/dev/shm/{name}"
+    with open(path, "wb") as f:
+        f.write(b"not ours" * 1024 * 1024)
+    try:
+        with pytest.raises(BackendError, match="not an HPS shared hash map"):
+            SharedHashMapStore(name, 8 * MiB)
+        with open(path, "rb") as f:
+            assert f.read(8) == b"not ours"
+    finally:
+        for suffix in ("", ".lock", ".users"):
+            os.unlink(path + suffix)
+
+
+def test_a_forked_child_must_open_its_own_store(opener: Opener) -> None:
+    store = opener()
+    store.open_table(TableSpec("m", "t", 2))
+    pid = os.fork()
+    if pid == 0:  # child: refused, and closing leaves the parent's locks alone
+        code = 1
+        try:
+            store.fetch("m.t", np.arange(3))
+        except BackendError as exc:
+            code = 0 if "forked child" in str(exc) else 2
+        store.close()
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    store.insert("m.t", np.arange(3), np.ones((3, 2), np.float32))
+    assert store.fetch("m.t", np.arange(3))[1].all()

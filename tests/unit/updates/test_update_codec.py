@@ -120,9 +120,11 @@ def test_tombstone_and_keyed_hugectr_are_rejected() -> None:
 def test_random_bytes_never_crash(payload: bytes) -> None:
     for prefix in (b"", b"HPSU", b"HCTR", GOOD[:24]):
         try:
-            codec.decode(prefix + payload)
+            d = codec.decode(prefix + payload)
         except DecodeError:
-            pass
+            continue
+        assert d.keys.dtype == np.int64
+        assert d.values is None or d.values.shape == (d.keys.size, d.dim)
 
 
 def test_topic_names() -> None:

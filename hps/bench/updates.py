@@ -1,0 +1,267 @@
+"""Online updates: apply throughput against raw consume+decode, and publish-to-lookup freshness.
+
+Apply phase: ``--rows`` updates of ``--dim`` floats are published as ``--publish-rows``-key
+calls (as a training job would, over ``--key-space`` keys), then read twice from the broker:
+
+- baseline: the same messages consumed and decoded (``codec.decode``), nothing applied;
+- ours: the consumer path (decode, per-key versions, L3 rocks_db durably then L2 hash_map).
+
+Both are timed from the first message to the last; ``ratio = apply_per_s / baseline_per_s``.
+``store_only_per_s`` writes the same rows straight into fresh stores (no Kafka, no versions),
+the ceiling of any apply path on this machine; ``apply_vs_store_only`` is our share of it.
+
+Freshness phase, default ``update_source`` settings: ``--samples`` times, new vectors for
+``--sample-keys`` keys (half resident in L1) are published and a lookup is repeated until it
+returns them; the time from ``publish()`` returning to that lookup is the sample. Mode
+``embedded``: a serving session with L1 + hash_map L2 + rocks_db L3 runs the applier itself;
+``shared``: ``hps consume`` (a thread) writes L3 and the serving session (L3 secondary + L1)
+runs the L1 listener. Without ``--brokers`` a throwaway Tansu broker is started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hps.config import PSConfig, parse_config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--brokers", help="a running Kafka (default: start Tansu)")
+    parser.add_argument("--rows", type=int, default=400_000, help="updates in the apply phase")
+    parser.add_argument("--dim", type=int, default=32)
+    parser.add_argument("--publish-rows", type=int, default=4096, help="keys per publish()")
+    parser.add_argument("--key-space", type=int, default=1_000_000)
+    parser.add_argument("--samples", type=int, default=100, help="freshness samples per mode")
+    parser.add_argument("--sample-keys", type=int, default=64)
+    parser.add_argument("--modes", default="embedded,shared", help="freshness modes to run")
+    parser.add_argument("--dir", help="folder for RocksDB (a temporary one otherwise)")
+
+
+def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    with contextlib.ExitStack() as stack:
+        brokers = args.brokers
+        if not brokers:
+            from hps.testing.kafka import TansuBroker
+
+            brokers = stack.enter_context(TansuBroker()).bootstrap
+        workdir = Path(args.dir or stack.enter_context(tempfile.TemporaryDirectory()))
+        apply_row = _apply_phase(args, brokers, workdir)
+        yield apply_row
+        summary: dict[str, Any] = dict(apply_row, phase="summary")
+        for mode in [m for m in args.modes.split(",") if m]:
+            row = _freshness_phase(args, brokers, workdir, mode)
+            yield row
+            summary.setdefault("freshness_p50_ms", row["freshness_p50_ms"])
+            summary.setdefault("freshness_p99_ms", row["freshness_p99_ms"])
+            summary[f"freshness_{mode}_p99_ms"] = row["freshness_p99_ms"]
+        yield summary
+
+
+def _config(brokers: str, workdir: Path, dim: int, **update_source: Any) -> PSConfig:
+    model = f"bench{uuid.uuid4().hex[:8]}"
+    return parse_config(
+        {
+            "models": [
+                {
+                    "model": model,
+                    "embedding_table_names": ["t"],
+                    "embedding_vecsize_per_table": [dim],
+                    "hps_cache": {"capacity": 100_000, "device": "numpy"},
+                }
+            ],
+            "volatile_db": {"type": "hash_map"},
+            "persistent_db": {"type": "rocks_db", "path": str(workdir / model)},
+            "update_source": {"type": "kafka_message_queue", "brokers": brokers, **update_source},
+        },
+        "bench-updates",
+    )
+
+
+def _apply_phase(args: argparse.Namespace, brokers: str, workdir: Path) -> dict[str, Any]:
+    from hps.build import build_session
+    from hps.updates.applier import Applier
+    from hps.updates.consumer import UpdateConsumer, decode_message
+    from hps.updates.producer import Publisher
+    from hps.updates.runtime import topics_of
+    from hps.updates.source import MessageSource
+
+    cfg = _config(brokers, workdir, args.dim)
+    model = cfg.models[0].model
+    rng = np.random.default_rng(0)
+    with Publisher(brokers) as pub:
+        for lo in range(0, args.rows, args.publish_rows):
+            n = min(args.publish_rows, args.rows - lo)
+            keys = rng.choice(args.key_space, size=n, replace=False)
+            pub.publish(model, "t", keys, rng.standard_normal((n, args.dim), np.float32))
+        pub.flush()
+        messages = pub.messages_sent
+    session = build_session(cfg, with_cache=False)
+    topics = topics_of(session.tables)
+    us = cfg.update_source
+
+    def source() -> MessageSource:
+        return MessageSource(brokers, topics, mode="replay", group_id="bench", config={})
+
+    # Baseline: consume and decode the same messages, nothing else.
+    raw = source()
+    seen, rows, start = 0, 0, 0.0
+    decoded = []
+    while seen < messages:
+        first = raw.poll(1.0)
+        if first is None:
+            continue
+        start = start or time.perf_counter()
+        for m in [first, *raw.drain(256)]:
+            decoded.append(decode_message(m, session.tables))
+            rows += decoded[-1].keys.size
+            seen += 1
+    baseline_s = time.perf_counter() - start
+    raw.close()
+    store_s = _store_only(decoded, cfg, workdir, us.max_batch_size)
+
+    applier = Applier(session.tables, volatile=session.volatile, persistent=session.persistent)
+    timed = _FirstMessageClock(source())
+    consumer = UpdateConsumer(timed, applier, us)  # type: ignore[arg-type]
+    stop = threading.Event()
+    seen = 0
+    while seen < messages:
+        seen += consumer.run_once(stop)
+    apply_s = time.perf_counter() - timed.first
+    consumer.close()
+    stored = session.persistent.size(f"{model}.t") if session.persistent else 0
+    session.close()
+    apply_per_s, baseline_per_s, store_per_s = rows / apply_s, rows / baseline_s, rows / store_s
+    return {
+        "bench": "updates",
+        "phase": "apply",
+        "rows": rows,
+        "messages": messages,
+        "dim": args.dim,
+        "l2": "hash_map",
+        "l3": "rocks_db (synced per batch)",
+        "rows_in_l3": stored,
+        "apply_per_s": round(apply_per_s),
+        "baseline_per_s": round(baseline_per_s),
+        "ratio": round(apply_per_s / baseline_per_s, 3),
+        "store_only_per_s": round(store_per_s),
+        "apply_vs_store_only": round(apply_per_s / store_per_s, 3),
+    }
+
+
+def _store_only(batches: list[Any], cfg: PSConfig, workdir: Path, batch_rows: int) -> float:
+    """Seconds to write the same rows straight into fresh L3 + L2 stores, one synced write per
+    ``batch_rows`` rows and no Kafka, no versions: the ceiling of any apply path."""
+    from hps.storage import open_store
+
+    spec = cfg.tables[0]
+    l3 = open_store(cfg.persistent_db.model_copy(update={"path": str(workdir / "store-only")}))
+    l2 = open_store(cfg.volatile_db)
+    assert l3 is not None and l2 is not None
+    for store in (l3, l2):
+        store.open_table(spec)
+    keys = np.concatenate([b.keys for b in batches])
+    values = np.concatenate([b.values for b in batches])
+    start = time.perf_counter()
+    for lo in range(0, keys.size, batch_rows):
+        k, v = keys[lo : lo + batch_rows], values[lo : lo + batch_rows]
+        l3.insert(spec.name, k, v, durable=True)  # type: ignore[call-arg]
+        l2.insert(spec.name, k, v)
+    elapsed = time.perf_counter() - start
+    l3.close()
+    l2.close()
+    return elapsed
+
+
+class _FirstMessageClock:
+    """A MessageSource that notes when it first hands out a message."""
+
+    def __init__(self, source: Any) -> None:
+        self._source = source
+        self.first = 0.0
+
+    def poll(self, timeout_s: float) -> Any:
+        msg = self._source.poll(timeout_s)
+        if msg is not None and not self.first:
+            self.first = time.perf_counter()
+        return msg
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._source, name)
+
+
+def _freshness_phase(
+    args: argparse.Namespace, brokers: str, workdir: Path, mode: str
+) -> dict[str, Any]:
+    from hps.build import build_session
+    from hps.updates.producer import Publisher
+    from hps.updates.runtime import build_service, start_updates
+
+    cfg = _config(brokers, workdir, args.dim)
+    if mode == "shared":
+        cfg = cfg.model_copy(
+            update={"volatile_db": cfg.volatile_db.model_copy(update={"type": "disabled"})}
+        )
+    model = cfg.models[0].model
+    table = f"{model}.t"
+    rng = np.random.default_rng(1)
+    base = np.arange(args.sample_keys * (args.samples + 1), dtype=np.int64)
+    writer = service = stop = thread = None
+    if mode == "shared":
+        writer = build_session(cfg, with_cache=False)
+        writer.insert(table, base, np.zeros((base.size, args.dim), np.float32), durable=True)
+        service = build_service(cfg, writer)
+        stop = threading.Event()
+        thread = threading.Thread(target=service.run, args=(stop,), daemon=True)
+        thread.start()
+        session = build_session(cfg, persistent_mode="secondary")
+    elif mode == "embedded":
+        session = build_session(cfg)
+    else:
+        raise ValueError(f"unknown freshness mode {mode!r}; use embedded or shared")
+    handle = start_updates(session, cfg)
+    latencies: list[float] = []
+    try:
+        with Publisher(brokers) as pub:
+            for i in range(args.samples + 1):  # sample 0 warms up (first fetch, assignment)
+                keys = base[i * args.sample_keys : (i + 1) * args.sample_keys]
+                session.lookup(table, keys[: keys.size // 2])  # half of them resident in L1
+                vectors = rng.standard_normal((keys.size, args.dim), np.float32)
+                pub.publish(model, "t", keys, vectors)
+                t0 = time.perf_counter()
+                deadline = t0 + 30
+                while not np.array_equal(session.lookup(table, keys), vectors):
+                    if time.perf_counter() > deadline:
+                        raise TimeoutError(f"{mode}: update not visible after 30 s")
+                    time.sleep(0.001)
+                if i:
+                    latencies.append((time.perf_counter() - t0) * 1000)
+    finally:
+        if handle is not None:
+            handle.stop()
+        session.close()
+        if thread is not None and stop is not None and service is not None and writer:
+            stop.set()
+            thread.join(30)
+            service.close()
+            writer.close()
+    lat = np.array(latencies)
+    return {
+        "bench": "updates",
+        "phase": "freshness",
+        "mode": mode,
+        "samples": lat.size,
+        "keys_per_sample": args.sample_keys,
+        "freshness_p50_ms": round(float(np.percentile(lat, 50)), 1),
+        "freshness_p99_ms": round(float(np.percentile(lat, 99)), 1),
+        "freshness_max_ms": round(float(lat.max()), 1),
+    }

@@ -1,0 +1,164 @@
+"""The layout of the ``multi_process_hash_map`` segment: geometry, header words, table entries.
+
+Bytes of a segment::
+
+    [0, 4096)              header: int64 words, see ``H``
+    [FREE_OFF, ...)        free-extent stack: int32 extent ids
+    [TABLES_OFF, ...)      MAX_TABLES table entries of ENTRY_BYTES each (see ``EntryView``)
+    [DATA_OFF, SIZE)       N_EXT extents of EXTENT bytes: index buckets and row extents
+
+A table entry holds int64 fields (``E``), the table's name (at byte 64), the ids of its row
+extents (int32[ROW_EXT_CAP], at byte ENTRY_META) and its bucket directory (int32[DIR_LEN]).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hps.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hps.storage._shm_segment import Segment
+
+MAGIC = 0x31504D5348535048  # b"HPSHSMP1", little-endian
+VERSION = 1
+PAGE = 4096
+MIN_EXTENT = 64 * 1024
+MAX_EXTENT = 16 * 1024 * 1024
+MAX_TABLES = 64
+ENTRY_META = 192  # bytes of int64 fields and the name at the start of a table entry
+NAME_BYTES = 128
+NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+class H(IntEnum):
+    """Header words (int64)."""
+
+    MAGIC = 0
+    VERSION = 1
+    SIZE = 2
+    EXTENT = 3
+    N_EXT = 4
+    ROW_EXT_CAP = 5
+    DIR_LEN = 6
+    MAX_TABLES = 7
+    FREE_OFF = 8
+    TABLES_OFF = 9
+    ENTRY_BYTES = 10
+    DATA_OFF = 11
+    READY = 12
+    DIRTY = 13
+    ATTACHED = 14
+    TICK = 15
+    FREE_TOP = 16
+    COMMITTED = 17  # extents [0, COMMITTED) are backed by fallocate'd pages
+    REPAIRS = 18
+
+
+class E(IntEnum):
+    """Table entry words (int64); the name's bytes follow at byte 64."""
+
+    STATE = 0  # 0 free, 1 in use
+    DIM = 1
+    ROWS = 2
+    ROWS_PER_EXT = 3
+    N_ROW_EXT = 4
+    N_BUCKETS = 5
+    NAME_LEN = 6
+    DIRTY = 7  # a writer is changing this table (see Segment.touch)
+
+
+class NoSpace(Exception):
+    """No free extent (internal: the store evicts and retries, or raises BackendError)."""
+
+
+@dataclass(frozen=True)
+class Geometry:
+    size: int
+    extent: int
+    n_ext: int
+    row_ext_cap: int
+    dir_len: int
+    free_off: int
+    tables_off: int
+    entry_bytes: int
+    data_off: int
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(1, x).bit_length() - 1)
+
+
+def _round_up(x: int, to: int) -> int:
+    return -(-x // to) * to
+
+
+def plan(size: int, allocation_rate: int) -> Geometry:
+    """Lay out a segment of ``size`` bytes: ~1024 extents of 64 KiB .. 16 MiB each."""
+    cap = max(MIN_EXTENT, min(MAX_EXTENT, _pow2_floor(allocation_rate)))
+    extent = min(cap, max(MIN_EXTENT, _pow2_floor(size // 1024)))
+    n0 = size // extent
+    dir_len = max(64, 4 << (max(1, n0) - 1).bit_length())
+    entry = _round_up(ENTRY_META + 4 * n0 + 4 * dir_len, 64)
+    tables_off = _round_up(PAGE + 4 * n0, 64)
+    data_off = _round_up(tables_off + MAX_TABLES * entry, PAGE)
+    n_ext = (size - data_off) // extent if size > data_off else 0
+    if n_ext < 4:
+        raise ConfigError(
+            f"volatile_db.shared_memory_size: {size} bytes is too small for the shared hash "
+            f"map; need at least {data_off + 4 * extent} bytes"
+        )
+    return Geometry(size, extent, n_ext, n0, dir_len, PAGE, tables_off, entry, data_off)
+
+
+def default_directory() -> str:
+    """Where POSIX shared memory lives (``/dev/shm``), or the temp dir where there is none."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
+
+
+class EntryView:
+    """Numpy views of one table entry: int64 fields, row-extent list, bucket directory."""
+
+    def __init__(self, seg: Segment, slot: int) -> None:
+        off = seg.tables_off + slot * seg.entry_bytes
+        self.slot = slot
+        self.meta = seg.i64[off // 8 : off // 8 + len(E)]
+        r0 = (off + ENTRY_META) // 4
+        self.row_ext = seg.i32[r0 : r0 + seg.row_ext_cap]
+        self.dir = seg.i32[r0 + seg.row_ext_cap : r0 + seg.row_ext_cap + seg.dir_len]
+        self._name = seg.u8[off + 64 : off + 64 + NAME_BYTES]
+
+    @property
+    def name(self) -> str:
+        return bytes(self._name[: int(self.meta[E.NAME_LEN])]).decode()
+
+    def claim(self, name: str, dim: int, rows_per_ext: int) -> None:
+        raw = name.encode()
+        self._name[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+        self.meta[:] = 0
+        self.meta[E.NAME_LEN] = len(raw)
+        self.meta[E.DIM] = dim
+        self.meta[E.ROWS_PER_EXT] = rows_per_ext
+        self.dir[:] = -1
+        self.meta[E.STATE] = 1
+
+    def reset(self) -> None:
+        """Forget every row (the caller rebuilds the free extents)."""
+        self.meta[E.ROWS] = 0
+        self.meta[E.N_ROW_EXT] = 0
+        self.meta[E.N_BUCKETS] = 0
+        self.dir[:] = -1
+        self.meta[E.DIRTY] = 0
+
+    def extents(self) -> np.ndarray:
+        """Every extent this table holds: its row extents and its buckets."""
+        rows = self.row_ext[: int(self.meta[E.N_ROW_EXT])]
+        return np.concatenate([rows, np.unique(self.dir[self.dir >= 0])]).astype(np.int64)

@@ -1,0 +1,78 @@
+"""The Redis L2's data layout: partitioning, Redis key names, field bytes (docs/redis.md).
+
+Pure functions over whole NumPy batches, shared by the store and ``hps bench storage``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import chain
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
+
+from hps.types import Keys
+
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: spreads sequential keys
+_SHIFT = np.uint64(32)
+
+
+def partition_of(keys: Keys, num_partitions: int) -> np.ndarray:
+    """Partition index of each key (vectorised; stable across processes and releases)."""
+    mixed = keys.view(np.uint64) * _MIX  # wraps modulo 2**64
+    return ((mixed >> _SHIFT) % np.uint64(num_partitions)).astype(np.intp)
+
+
+def hash_name(table: str, partition: int) -> bytes:
+    return f"hps_et{{{table}/p{partition}}}".encode()
+
+
+def stamp_name(table: str, partition: int) -> bytes:
+    return f"hps_ts{{{table}/p{partition}}}".encode()
+
+
+def key_fields(keys: Keys) -> list[bytes]:
+    """Each int64 key as its 8 little-endian bytes (one C-level pass, zero bytes kept)."""
+    fields: list[bytes] = keys.astype("<i8", copy=False).view("V8").tolist()
+    return fields
+
+
+def group_by_partition(keys: Keys, num_partitions: int) -> tuple[np.ndarray, list[tuple]]:
+    """``order`` sorting keys by partition and ``[(partition, lo, hi)]`` runs in that order."""
+    if num_partitions == 1:
+        return np.arange(keys.size), [(0, 0, keys.size)] if keys.size else []
+    part = partition_of(keys, num_partitions)
+    small = part.astype(np.uint16) if num_partitions <= 65536 else part
+    order = np.argsort(small, kind="stable")  # radix sort for 16-bit ints
+    counts = np.bincount(part, minlength=num_partitions)
+    ends = np.cumsum(counts)
+    used = np.flatnonzero(counts)
+    return order, list(
+        zip(used.tolist(), (ends - counts)[used].tolist(), ends[used].tolist(), strict=True)
+    )
+
+
+def unsort(replies: list[Any], order: np.ndarray, groups: int) -> Sequence[Any]:
+    """Replies of keys taken in ``order`` (partition order), put back in request order."""
+    if groups <= 1:  # one partition: the stable sort left the keys in request order
+        return replies
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(order.size)
+    reordered: tuple[Any, ...] = itemgetter(*inverse.tolist())(replies)  # >= 2 keys: a tuple
+    return reordered
+
+
+def pair_items(reply: Any) -> tuple[list[Any], list[Any]]:
+    """(firsts, seconds) of a pair reply, flat ``[a, b, ...]`` or nested ``[[a, b], ...]``
+
+    (redis-py's shape for WITHVALUES / WITHSCORES replies differs between its versions)."""
+    flat = list(chain.from_iterable(x if isinstance(x, list | tuple) else (x,) for x in reply))
+    return flat[0::2], flat[1::2]
+
+
+def interleave(a: list[Any], b: list[Any]) -> list[Any]:
+    out: list[Any] = [None] * (2 * len(a))
+    out[0::2] = a
+    out[1::2] = b
+    return out

@@ -1,0 +1,48 @@
+"""``hps bench storage`` runs end to end on tiny sizes and prints the promised fields."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from hps.cli import main
+
+pytestmark = pytest.mark.integration
+
+FIELDS = {"bench", "backend", "op", "keys_per_s", "baseline_keys_per_s", "ratio", "baseline"}
+
+
+def bench(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict[str, Any]]:
+    argv = ["bench", "storage", "--rows", "3000", "--dim", "8", "--batch", "512", "--repeats", "2"]
+    assert main([*argv, *args]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+@pytest.mark.parametrize(
+    ("backend", "server"),
+    [("hash_map", None), ("rocksdb", None), ("redis", "redis_server"),
+     ("redis_cluster", "redis_cluster")],
+)  # fmt: skip
+def test_bench_storage_reports_both_ops(
+    backend: str, server: str | None, capsys: pytest.CaptureFixture[str], request: Any,
+    tmp_path: Any,
+) -> None:  # fmt: skip
+    extra = ["--path", str(tmp_path)] if backend == "rocksdb" else []
+    if server:
+        extra = ["--address", request.getfixturevalue(server).address]
+    out = bench(capsys, "--backend", backend, *extra)
+    assert [r["op"] for r in out] == ["fetch", "insert"]
+    for r in out:
+        assert r.keys() >= FIELDS
+        assert r["bench"] == "storage" and r["backend"] == backend
+        assert r["keys_per_s"] > 0 and r["baseline_keys_per_s"] > 0
+        assert r["ratio"] == pytest.approx(r["keys_per_s"] / r["baseline_keys_per_s"], rel=0.01)
+    if backend == "hash_map":
+        assert out[0]["raw_bytes_per_row"] == 8 + 4 * 8 and out[0]["bytes_per_row"] > 0
+    if server:
+        assert out[0]["cluster"] is (backend == "redis_cluster")
+        fixture = request.getfixturevalue(server)
+        nodes = getattr(fixture, "nodes", None) or [fixture.node]
+        assert all(n.client().keys("hps_et{bench.t/*") == [] for n in nodes)  # cleaned up

@@ -1,0 +1,63 @@
+"""Model repositories prepared from the model_repository/ templates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hps.config import load_config
+from hps.errors import ConfigError
+from hps.triton.repository import prepare_repository, render_config, templates_dir
+
+
+def test_render_config_fills_name_count_and_parameters() -> None:
+    text = (templates_dir() / "hps_embedding" / "config.pbtxt").read_text()
+    out = render_config(text, "wdl", 3, {"ps_config": '/a "b"/ps.json', "hps_model": "wdl"})
+    assert 'name: "wdl"' in out and 'name: "hps_embedding"' not in out
+    assert "count: 3" in out
+    assert r'string_value: "/a \"b\"/ps.json"' in out
+    assert 'key: "hps_model", value: { string_value: "wdl" }' in out
+    assert "max_batch_size: 1024" in out  # HugeCTR's interface is kept
+    with pytest.raises(ConfigError, match="no parameter 'nope'"):
+        render_config(text, "wdl", 1, {"nope": "x"})
+
+
+def write_ps(tmp_path: Path, dense_file: str, instances: int) -> Path:
+    doc = {
+        "models": [
+            {
+                "model": "wdl",
+                "embedding_vecsize_per_table": [4],
+                "dense_file": dense_file,
+                "hps_instances": instances,
+            }
+        ]
+    }
+    path = tmp_path / "ps.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_prepare_repository_with_a_ctr_model(tmp_path: Path) -> None:
+    config = load_config(write_ps(tmp_path, "dense.npz", 2))
+    names = prepare_repository(config, tmp_path / "repo", base_dir=tmp_path, metrics_interval_s=0)
+    assert names == ["wdl", "wdl_ctr"]
+    for name, inputs in (("wdl", "NUMKEYS"), ("wdl_ctr", "ROWINDEX")):
+        text = (tmp_path / "repo" / name / "config.pbtxt").read_text()
+        assert f'name: "{name}"' in text and inputs in text and "count: 2" in text
+        assert f'string_value: "{(tmp_path / "ps.json").resolve()}"' in text
+        assert 'key: "metrics_interval_s", value: { string_value: "0" }' in text
+        assert (tmp_path / "repo" / name / "1" / "model.py").is_file()
+
+
+def test_hugectr_dense_files_get_no_ctr_model(tmp_path: Path) -> None:
+    config = load_config(write_ps(tmp_path, "wdl_dense_20000.model", 1))
+    assert prepare_repository(config, tmp_path / "repo") == ["wdl"]
+
+
+def test_missing_templates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HPS_MODEL_REPOSITORY", str(tmp_path))
+    with pytest.raises(ConfigError, match="no model templates"):
+        templates_dir()

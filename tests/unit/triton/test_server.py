@@ -1,0 +1,77 @@
+"""Finding tritonserver, its environment, and starting/stopping a process by PID."""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+
+from hps.errors import BackendUnavailable
+from hps.triton.server import TritonInstall, TritonServer, find_triton, prepare_backends, server_env
+
+
+def test_find_triton_in_the_wheel() -> None:
+    install = find_triton()
+    assert install.binary.is_file() and os.access(install.binary, os.X_OK)
+    assert (install.backends / "python" / "libtriton_python.so").is_file()
+    if install.stub is not None:  # the wheel: a stub for this Python
+        assert f"{sys.version_info.major}.{sys.version_info.minor}" in str(install.stub)
+
+
+def test_prepare_backends_places_the_stub(tmp_path: Path) -> None:
+    install = find_triton()
+    backends = prepare_backends(install, tmp_path / "backends")
+    if install.stub is not None:
+        assert (backends / "python" / "triton_python_backend_stub").is_file()
+        assert (backends / "python" / "libtriton_python.so").is_file()
+
+
+def test_environment_puts_this_python_first() -> None:
+    install = TritonInstall(Path("/x/tritonserver"), Path("/x"), None, (Path("/libs"),))
+    env = server_env(install, {"PATH": "/usr/bin", "LD_LIBRARY_PATH": "/old", "PYTHONHOME": "/h"})
+    assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+    libdir = sysconfig.get_config_var("LIBDIR")
+    assert env["LD_LIBRARY_PATH"].split(os.pathsep) == [libdir, "/libs", "/old"]
+    assert "PYTHONHOME" not in env
+
+
+def test_command_line() -> None:
+    install = TritonInstall(Path("/x/tritonserver"), Path("/x"), None)
+    server = TritonServer(Path("/repo"), explicit=True, load_models=["a", "b"], install=install)
+    cmd = server.command(Path("/backends"))
+    assert cmd[0] == "/x/tritonserver"
+    assert "--model-repository=/repo" in cmd and "--backend-directory=/backends" in cmd
+    assert "--model-control-mode=explicit" in cmd
+    assert cmd[-2:] == ["--load-model=a", "--load-model=b"]
+    ports = {server.http_port, server.grpc_port, server.metrics_port}
+    assert len(ports) == 3 and f"--http-port={server.http_port}" in cmd
+    assert TritonServer(Path("/r"), host="0.0.0.0", http_port=9).http_url == "127.0.0.1:9"
+
+
+def fake_install(tmp_path: Path, script: str) -> TritonInstall:
+    binary = tmp_path / "tritonserver"
+    binary.write_text("#!/bin/sh\n" + script + "\n")
+    binary.chmod(0o755)
+    (tmp_path / "backends").mkdir()
+    return TritonInstall(binary, tmp_path / "backends", None)
+
+
+def test_a_server_that_dies_at_start_up_is_reported(tmp_path: Path) -> None:
+    server = TritonServer(tmp_path, install=fake_install(tmp_path, "exit 3"))
+    with pytest.raises(BackendUnavailable, match="exited with status 3"):
+        server.start(timeout=10)
+    assert server.proc is None
+
+
+def test_a_server_ignoring_sigterm_is_killed(tmp_path: Path) -> None:
+    install = fake_install(tmp_path, "trap '' TERM\nsleep 30")
+    server = TritonServer(tmp_path, install=install, stop_timeout=0.5)
+    start = time.monotonic()
+    with pytest.raises(BackendUnavailable, match="not ready"):
+        server.start(timeout=1.0)
+    assert time.monotonic() - start < 10
+    assert server.proc is None
