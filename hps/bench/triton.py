@@ -45,7 +45,7 @@ def zipf_requests(
     n: int, batch: int, rows: list[int], alpha: float, rng: np.random.Generator
 ) -> list[dict[str, np.ndarray]]:
     """``n`` HPS requests: per table ``batch`` keys from a Zipf law over its rows."""
-    out = []
+    out: list[dict[str, np.ndarray]] = []
     for _ in range(n):
         keys = np.concatenate([(rng.zipf(alpha, batch) - 1) % r for r in rows]).astype(np.int64)
         numkeys = np.full((1, len(rows)), batch, dtype=np.int32)

@@ -149,8 +149,9 @@ class FrequencyPolicy(LFUPolicy):
         self.sketch.add(keys[miss], 1 if counts is None else counts[miss])
         if not self.window:
             return NOTHING
-        self._seen += int(keys.size)
-        self._since_repin += int(keys.size)
+        n = int(keys.size) if counts is None else int(counts.sum())
+        self._seen += n
+        self._since_repin += n
         if self._seen >= self.window:
             self._seen = self._since_repin = 0
             return AGE

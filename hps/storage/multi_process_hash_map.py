@@ -116,15 +116,19 @@ class SharedHashMapStore:
     def fetch(self, table: str, keys: Keys) -> tuple[Vectors, Mask]:
         t = self._table(table)
         keys = check_keys_arg(keys)
+        if keys.size <= self.max_batch_size:
+            return self._fetch_chunk(t, keys)
         values = np.zeros((keys.size, t.dim), dtype=np.float32)
         found = np.zeros(keys.size, dtype=bool)
-        touch = self.overflow_policy == "evict_least_used"
         for part in self._chunks(keys.size):
-            with self._seg.reading():
-                # Readers race on the tick only; any recent tick is good enough for LRU.
-                tick = self._seg.next_tick() if touch else None
-                values[part], found[part] = t.fetch(keys[part], tick)
+            values[part], found[part] = self._fetch_chunk(t, keys[part])
         return values, found
+
+    def _fetch_chunk(self, t: ShmTable, keys: Keys) -> tuple[Vectors, Mask]:
+        with self._seg.reading():
+            # Readers race on the tick only; any recent tick is good enough for LRU.
+            touch = self.overflow_policy == "evict_least_used"
+            return t.fetch(keys, self._seg.next_tick() if touch else None)
 
     def size(self, table: str) -> int:
         t = self._table(table)

@@ -88,7 +88,6 @@ class ModelProcess:
         from hps.build import build_session
         from hps.cache.warmup import warm_up_session
         from hps.triton.deploy import fill_l2, only_model, prepare_tables, serving_config
-        from hps.updates.runtime import start_updates
 
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         params = model_parameters(args)
@@ -113,7 +112,11 @@ class ModelProcess:
             f" ({rows} rows loaded here)" if rows else "",
             self.config.persistent_db.type,
         )
-        self.updates = start_updates(self.session, self.config)  # Kafka, when configured
+        self.updates = None
+        if self.config.update_source.enabled:  # Kafka: the embedded applier or an L1 listener
+            from hps.updates.runtime import start_updates
+
+            self.updates = start_updates(self.session, self.config)
         interval = float(params.get("metrics_interval_s") or 1.0)
         self.metrics = MetricsExporter(
             pb_utils, args["model_name"], args["model_instance_name"], self.session, interval

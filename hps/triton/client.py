@@ -22,7 +22,7 @@ class Client:
         if grpc:
             import tritonclient.grpc as module
         else:
-            import tritonclient.http as module  # type: ignore[no-redef]
+            import tritonclient.http as module
         self.module: Any = module
         self.url = url
         self.grpc = grpc

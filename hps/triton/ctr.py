@@ -51,7 +51,7 @@ def make_weights(
             np.float32
         )
         arrays[f"b{i}"] = (rng.standard_normal(n_out) * 0.01).astype(np.float32)
-    np.savez(path, **arrays)
+    np.savez(path, **arrays)  # type: ignore[arg-type]
 
 
 def xp_f32(xp: Any, a: np.ndarray) -> Any:

@@ -218,8 +218,9 @@ def fill_l2(session: LookupSession, config: PSConfig, model: ModelConfig) -> int
         return _fill(session, model, share, lambda spec: True)
     base = _state_base(config)
     assert base is not None  # a shared L2 always has one
+    l2 = session.volatile
     with _locked(base):
-        return _fill(session, model, share, lambda spec: session.volatile.size(spec.name) == 0)
+        return _fill(session, model, share, lambda spec: l2.size(spec.name) == 0)
 
 
 def _fill(
