@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from hps.cache.policies import AGE, NOTHING, Policy, make_policy, policy_nbytes
+from hps.cache.policies import WINDOW_PER_ROW, Policy, make_policy, policy_nbytes
 from hps.cache.xp import device_scope, to_host, to_xp
 from hps.errors import DTypeError, ShapeError
 from hps.index import TOMBSTONE, KeyIndex
@@ -109,7 +109,7 @@ class EmbeddingCache:
         self._pinned = xp.zeros(capacity, dtype=bool)
         self._free = xp.arange(capacity - 1, -1, -1, dtype=xp.int64)  # a stack; top at the end
         self._n_free = capacity
-        window = 10 * capacity if frequency_window is None else frequency_window
+        window = WINDOW_PER_ROW * capacity if frequency_window is None else frequency_window
         self.policy: Policy = make_policy(policy, capacity, self._ticks, xp, window)
         self._tick = 0
         self._window_tick = 0
@@ -175,10 +175,8 @@ class EmbeddingCache:
             counts = None
             if inv is not None and self.policy.counts_accesses:
                 counts = xp.bincount(inv, minlength=keys.size)
-            event = self.policy.on_query(kd, rows, hit, counts)
-            if event == AGE:
-                self.policy.age(self._tick)
-            if event != NOTHING:
+            if self.policy.on_query(kd, rows, hit, counts):
+                self.policy.age()
                 self._repin()
             self._stats["queries"] += 1
             self._stats["hits"] += n_hit

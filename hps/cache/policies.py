@@ -8,11 +8,14 @@ priority ends in the row's last-access tick, so ties fall back to LRU order.
 - ``lfu``: accesses while resident, then the tick. Every miss is admitted; no ageing.
 - ``frequency``: static + dynamic (seeds 002 and 004). A pinned hot set of
   ``static_fraction x capacity`` rows is never evicted; it comes from a frequency file at
-  warm-up and is re-chosen from observed frequencies every ``frequency_window`` accesses.
-  The dynamic rest is ranked by frequency (counts while resident, a count-min sketch for
-  keys that are not), and a missed key is admitted only if it is asked for at least as often
-  as the row it would evict (TinyLFU). Counters halve every window, so a drifting hot set
-  takes over within about one window.
+  warm-up and is re-chosen every ``frequency_window`` accesses among the rows used in that
+  window, by frequency. The dynamic rest is ranked by frequency (accesses while resident,
+  capped; a count-min sketch for keys that are not), and a missed key is admitted only if it
+  was asked for at least as often as the row it would evict (TinyLFU's admission). All counts
+  halve at the end of each window, so a drifting hot set takes over within about a window.
+  The window (default ``WINDOW_PER_ROW`` x capacity accesses) trades precision on a stable
+  popularity law (longer) against speed of adaptation to drift (shorter); docs/cache.md
+  shows both measured.
 """
 
 from __future__ import annotations
@@ -23,8 +26,7 @@ from typing import Any
 from hps.cache.sketch import CountMinSketch, sketch_nbytes
 
 POLICIES = ("lru", "lfu", "frequency")
-# What on_query asks of the cache: nothing, re-choose the pinned set, or age then re-choose.
-NOTHING, REPIN, AGE = 0, 1, 2
+WINDOW_PER_ROW = 50  # default frequency_window: accesses per cache row
 TICK_BITS = 40
 _TICK_MASK = (1 << TICK_BITS) - 1
 _MAX_COUNT = (1 << 22) - 1
@@ -61,10 +63,10 @@ class Policy:
     def on_query(self, keys: Any, rows: Any, hit: Any, counts: Any) -> bool:
         """One query of unique ``keys`` (``counts``: accesses of each in the request, or None).
 
-        Returns NOTHING, REPIN (re-choose the pinned hot set) or AGE (:meth:`age`, then
-        re-choose).
+        Returns True when a frequency window ended: the cache then calls :meth:`age` and
+        re-chooses its pinned hot set.
         """
-        return NOTHING
+        return False
 
     def on_insert(self, keys: Any, rows: Any) -> None:
         """Missed keys placed in ``rows``."""
@@ -79,8 +81,8 @@ class Policy:
         """Priority a missed key would have once admitted (used only with ``admission``)."""
         return self.xp.full(keys.size, tick, dtype=self.xp.int64)
 
-    def age(self, tick: int) -> None:
-        """End of a frequency window (``tick``: the cache's clock now)."""
+    def age(self) -> None:
+        """End of a frequency window."""
 
     def clear(self) -> None:
         """Forget all metadata (the cache was cleared)."""
@@ -104,7 +106,7 @@ class LFUPolicy(Policy):
 
     def on_query(self, keys: Any, rows: Any, hit: Any, counts: Any) -> bool:
         self.counts[rows[hit]] += 1 if counts is None else counts[hit].astype(self.xp.int32)
-        return NOTHING
+        return False
 
     def on_insert(self, keys: Any, rows: Any) -> None:
         self.counts[rows] = 1
@@ -120,18 +122,13 @@ class FrequencyPolicy(LFUPolicy):
     name = "frequency"
     admission = True
     adaptive_pinning = True
-    count_cap = 15  # as TinyLFU's 4-bit counters: a stale hot key fades in a few windows
-    repins_per_window = 8  # the pinned set follows a moving hot set faster than counts age
-    stale_windows = 4
-    stale_shift = 2
+    count_cap = 63  # bounded counts: a hot set that moved on fades within a few windows
 
     def __init__(self, capacity: int, ticks: Any, xp: ModuleType, window: int) -> None:
         super().__init__(capacity, ticks, xp)
         self.sketch = CountMinSketch(capacity, xp)
         self.window = window
         self._seen = 0
-        self._since_repin = 0
-        self._window_ends = xp.zeros(0, dtype=xp.int64)
 
     @staticmethod
     def extra_nbytes(capacity: int) -> int:
@@ -142,23 +139,17 @@ class FrequencyPolicy(LFUPolicy):
         return int(self.counts.nbytes) + self.sketch.nbytes
 
     def on_query(self, keys: Any, rows: Any, hit: Any, counts: Any) -> bool:
-        xp, r = self.xp, rows[hit]
+        xp, r, miss = self.xp, rows[hit], ~hit
         add = 1 if counts is None else counts[hit].astype(xp.int32)
         self.counts[r] = xp.minimum(self.counts[r] + add, self.count_cap)
-        miss = ~hit
         self.sketch.add(keys[miss], 1 if counts is None else counts[miss])
         if not self.window:
-            return NOTHING
-        n = int(keys.size) if counts is None else int(counts.sum())
-        self._seen += n
-        self._since_repin += n
-        if self._seen >= self.window:
-            self._seen = self._since_repin = 0
-            return AGE
-        if self._since_repin * self.repins_per_window >= self.window:
-            self._since_repin = 0
-            return REPIN
-        return NOTHING
+            return False
+        self._seen += int(keys.size) if counts is None else int(counts.sum())
+        if self._seen < self.window:
+            return False
+        self._seen = 0
+        return True
 
     def _estimate(self, keys: Any) -> Any:
         return self.xp.clip(self.sketch.estimate(keys), 1, self.count_cap)
@@ -171,27 +162,17 @@ class FrequencyPolicy(LFUPolicy):
         self.sketch.raise_to(keys, self.counts[rows])
 
     def newcomer_priority(self, keys: Any, tick: int) -> Any:
-        est = self._estimate(keys)
-        return compose(self.xp, est, self.xp.full(keys.size, tick, dtype=self.xp.int64))
+        ticks = self.xp.full(keys.size, tick, dtype=self.xp.int64)
+        return compose(self.xp, self._estimate(keys), ticks)
 
-    def age(self, tick: int) -> None:
+    def age(self) -> None:
         self.counts >>= 1
         self.sketch.age()
-        self._window_ends = self.xp.concatenate(
-            [self._window_ends[-(self.stale_windows - 1) :], self.xp.asarray([tick])]
-        )
-
-    def priority(self, rows: Any) -> Any:
-        # A row untouched for whole windows is presumed stale: its count counts for less.
-        xp, ticks = self.xp, self.ticks[rows]
-        idle = self._window_ends.size - xp.searchsorted(self._window_ends, ticks, side="right")
-        shift = xp.maximum(idle - 1, 0) * self.stale_shift
-        return compose(xp, self.counts[rows] >> shift.astype(xp.int32), ticks)
 
     def clear(self) -> None:
         super().clear()
         self.sketch.clear()
-        self._seen = self._since_repin = 0
+        self._seen = 0
 
 
 def make_policy(name: str, capacity: int, ticks: Any, xp: ModuleType, window: int) -> Policy:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -43,6 +44,7 @@ class TansuBroker:
     """One Tansu broker on a free loopback port; ``bootstrap`` is "127.0.0.1:PORT"."""
 
     def __init__(self, workdir: str | Path | None = None) -> None:
+        self._own_dir = workdir is None  # a folder of our own is removed by stop()
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hps-tansu-"))
         self.port = 0
         self.pid: int | None = None
@@ -122,6 +124,8 @@ class TansuBroker:
                 os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
         self.pid = None
+        if self._own_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> TansuBroker:
         return self.start()

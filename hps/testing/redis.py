@@ -82,6 +82,10 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
         time.sleep(0.02)
 
 
+class _PortTaken(Exception):
+    pass
+
+
 class RedisNode:
     """One ``redis-server`` process on a fixed loopback port."""
 
@@ -98,11 +102,13 @@ class RedisNode:
     ) -> None:
         """``extra_args`` go to redis-server after ours ("{port}" in them is this node's port);
         ``client_kwargs`` (e.g. TLS settings) go to the admin clients of :meth:`client`."""
+        self._pick_port = port is None
+        self._started = False
         self.port = port if port is not None else free_port(cluster_bus=cluster)
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.cluster = cluster
-        self.extra_args = [a.replace("{port}", str(self.port)) for a in extra_args]
+        self.extra_args = list(extra_args)
         self.client_kwargs = dict(client_kwargs or {})
         self.password = password
         self.username = username
@@ -115,10 +121,28 @@ class RedisNode:
         return f"{HOST}:{self.port}"
 
     def start(self, timeout: float = 10.0) -> None:
-        """Launch the server (daemonized) and wait until it accepts connections."""
+        """Launch the server (daemonized) and wait until it accepts connections.
+
+        A port picked by us that another process grabbed before the first start is replaced
+        by a fresh one; a restart always reuses the port it had.
+        """
         if self.running:
             return
+        retries = 3 if self._pick_port and not self._started else 0
+        for attempt in range(retries + 1):
+            try:
+                self._launch(timeout)
+            except _PortTaken:
+                if attempt == retries:
+                    raise RuntimeError(f"port {self.port} is taken") from None
+                self.port = free_port(cluster_bus=self.cluster)
+                continue
+            self._started = True
+            return
+
+    def _launch(self, timeout: float) -> None:
         self.pidfile.unlink(missing_ok=True)
+        self.logfile.write_text("")
         args = [
             redis_server_binary(),
             "--port", str(self.port), "--bind", HOST,
@@ -129,16 +153,19 @@ class RedisNode:
         if self.cluster:
             args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                      "--cluster-node-timeout", "2000"]  # fmt: skip
-        subprocess.run(args + self.extra_args, check=True, stdout=subprocess.DEVNULL)
+        args += [a.replace("{port}", str(self.port)) for a in self.extra_args]
+        subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
         try:
             _wait(self._accepting, timeout, f"redis-server on {self.address}")
         except RuntimeError as exc:
-            log = self.logfile.read_text()[-2000:] if self.logfile.exists() else ""
-            raise RuntimeError(f"{exc}\n{log}") from None
+            raise RuntimeError(f"{exc}\n{self.logfile.read_text()[-2000:]}") from None
         self.pid = int(self.pidfile.read_text())
 
     def _accepting(self) -> bool:
         if not self.pidfile.exists():
+            # redis-server writes its pidfile only once it listens; a bind failure is logged.
+            if "Address already in use" in self.logfile.read_text():
+                raise _PortTaken(self.port)
             return False
         try:
             with socket.create_connection((HOST, self.port), timeout=0.5):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -11,6 +13,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from hps.config import PSConfig
     from hps.triton.server import TritonServer
 
 
@@ -93,7 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
             server.start()
-            _print_banner(server, names, args.config)
+            _print_banner(server, config, args.config)
             return server.wait()
         except KeyboardInterrupt:
             print("stopping tritonserver", file=sys.stderr)
@@ -106,16 +109,30 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def _print_banner(server: TritonServer, names: list[str], config: str) -> None:
-    from hps.triton.repository import CTR_SUFFIX
+def _hps_command() -> str:
+    """How the user can run this very ``hps`` again (a venv's is often not on PATH)."""
+    me = Path(sys.argv[0]).resolve()
+    on_path = shutil.which("hps")
+    if on_path and Path(on_path).resolve() == me:
+        return "hps"
+    if me.name == "hps":
+        return os.path.relpath(me) if me.is_relative_to(Path.cwd()) else str(me)
+    return f"{sys.executable} -m hps.cli"
 
+
+def _print_banner(server: TritonServer, config: PSConfig, path: str) -> None:
+    from hps.triton.repository import served_models
+
+    hps = _hps_command()
+    served = served_models(config)
     tries = [
-        f"hps query --url {server.http_url} --model {name} "
-        + ("--samples 2" if name.endswith(CTR_SUFFIX) else "--keys 1,2,3")
-        for name in names
+        f"{hps} query --url {server.http_url} --model {m.triton_name} "
+        + ("--samples 2" if m.template == "hps_ctr" else "--keys 1,2,3")
+        for m in served
     ]
+    names = [m.triton_name for m in served]
     print(
-        f"\nServing {', '.join(names)} from {config}\n"
+        f"\nServing {', '.join(names)} from {path}\n"
         f"  HTTP {server.http_url}   gRPC {server.grpc_url}   metrics {server.metrics_url}\n"
         "Try:\n" + "".join(f"  {t}\n" for t in tries),
         flush=True,

@@ -55,6 +55,13 @@ def serving_config(path: str | Path, base_dir: str | Path | None = None) -> PSCo
                 "sparse_files": [_absolute(p, base) for p in m.sparse_files],
                 "dense_file": _absolute(m.dense_file, base),
                 "network_file": _absolute(m.network_file, base),
+                "hps_cache": m.hps_cache.model_copy(
+                    update={
+                        k: _absolute(v, base)
+                        for k in ("frequency_file", "warmup_keyset")
+                        if (v := getattr(m.hps_cache, k))
+                    }
+                ),
             }
         )
         for m in config.models

@@ -198,7 +198,9 @@ class UpdateConsumer:
             log.warning("commit failed: %s", exc)
 
     def _commit_final(self) -> None:
-        if self._uncommitted:
+        # Synchronous even when the last asynchronous commit covered everything: on return,
+        # every stored offset has reached the broker.
+        if self.batches:
             self._commit(asynchronous=False)
 
     def _export_lag(self) -> None:

@@ -36,7 +36,7 @@ def wait_for_banner(proc: subprocess.Popen[str], timeout: float = 90.0) -> list[
         if not line:
             pytest.fail(f"hps serve exited early ({proc.poll()}):\n" + "".join(lines))
         lines.append(line)
-        if line.strip().startswith("hps query") and "--samples" in line:
+        if "query --url" in line and "--samples" in line:
             return lines
     pytest.fail("no banner from hps serve:\n" + "".join(lines))
 
@@ -65,7 +65,7 @@ def test_demo_serve_query_and_sigterm(tmp_path: Path) -> None:
     )
     try:
         banner = "".join(wait_for_banner(proc))
-        assert f"hps query --url 127.0.0.1:{http} --model demo --keys 1,2,3" in banner
+        assert f" -m hps.cli query --url 127.0.0.1:{http} --model demo --keys 1,2,3" in banner
         lines = run_hps(
             "query",
             "--url",

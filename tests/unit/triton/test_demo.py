@@ -76,3 +76,19 @@ class FakeError(Exception):
 def test_translate_client_errors(msg: str, status: str, kind: type) -> None:
     err = translate(FakeError(msg, status))
     assert type(err) is kind and str(err) == msg
+
+
+def test_banner_command_runs_this_hps(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import sys
+
+    from hps.triton.commands import _hps_command
+
+    script = tmp_path / "venv" / "bin" / "hps"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(script)])
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert _hps_command() == "venv/bin/hps"
+    monkeypatch.setattr(sys, "argv", ["/somewhere/cli.py"])
+    assert _hps_command() == f"{sys.executable} -m hps.cli"

@@ -41,7 +41,13 @@ def write_ps(tmp_path: Path, *, instances: int = 1, volatile: dict | None = None
 
 
 def test_relative_paths_resolve_against_the_base_dir(tmp_path: Path) -> None:
-    config = serving_config(write_ps(tmp_path), base_dir=tmp_path)
+    path = write_ps(tmp_path)
+    doc = json.loads(path.read_text())
+    doc["models"][0]["hps_cache"] = {"warmup_keyset": "keys/{table}.keyset"}
+    path.write_text(json.dumps(doc))
+    config = serving_config(path, base_dir=tmp_path)
+    assert config.models[0].hps_cache.warmup_keyset == str(tmp_path / "keys/{table}.keyset")
+    assert config.models[0].hps_cache.frequency_file is None
     assert config.models[0].sparse_files == [
         str(tmp_path / "tables/t0"),
         str(tmp_path / "tables/t1"),
