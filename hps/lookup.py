@@ -14,13 +14,14 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
 
 from hps.config import ModelConfig
 from hps.errors import BackendUnavailable, BatchTooLargeError, ShapeError
-from hps.storage._checks import check_insert, check_keys_arg, table_or_raise
+from hps.storage._checks import check_insert, check_keys_arg, last_occurrence, table_or_raise
 from hps.storage.base import EmbeddingStore
 from hps.types import Keys, Mask, TableSpec, Vectors
 
@@ -30,9 +31,11 @@ log = logging.getLogger(__name__)
 class L1Cache(Protocol):
     """What the session needs of an L1 cache (hps.cache.EmbeddingCache implements it)."""
 
+    @property
+    def version(self) -> int: ...
     def query(self, keys: Keys) -> tuple[Vectors, Mask]: ...
-    def insert(self, keys: Keys, values: Vectors) -> None: ...
-    def update(self, keys: Keys, values: Vectors) -> Mask: ...
+    def insert(self, keys: Keys, values: Vectors, *, since: int | None = None) -> None: ...
+    def update(self, keys: Keys, values: Vectors, *, since: int | None = None) -> Mask: ...
     def evict(self, keys: Keys) -> None: ...
     def resident(self, keys: Keys) -> Mask: ...
     def pin(self, keys: Keys, values: Vectors) -> None: ...
@@ -164,13 +167,16 @@ class LookupSession:
             self._counts[spec.name]["default"] += miss.size
             self._background(self.prefetch, spec.name, missed)
             return values
+        # A write to L1 after this version (a Kafka update) wins over what we read below.
+        since = cache.version
         found = np.zeros(miss.size, dtype=bool)
         values[miss] = self._fetch_lower(spec, missed, found)
         if found.any():
+            keys, rows = missed[found], values[miss[found]]
             if above:
-                self._background(cache.insert, missed[found], values[miss[found]].copy())
+                self._background(partial(cache.insert, since=since), keys, rows.copy())
             else:
-                cache.insert(missed[found], values[miss[found]])
+                cache.insert(keys, rows, since=since)
         return values
 
     def _fetch_lower(self, spec: TableSpec, keys: Keys, found_out: Mask | None = None) -> Vectors:
@@ -242,15 +248,16 @@ class LookupSession:
         cache = self.caches.get(table)
         if cache is None:
             return
-        keys = np.unique(check_keys_arg(keys))
         if values is not None:
-            keys, values = check_insert(spec, keys, values)
+            keys, values = last_occurrence(*check_insert(spec, keys, values))
             cache.update(keys, values)
             return
+        keys = np.unique(check_keys_arg(keys))
         keys = keys[cache.resident(keys)]
+        since = cache.version
         found = np.zeros(keys.size, dtype=bool)
         fresh = self._fetch_lower(spec, keys, found)
-        cache.update(keys[found], fresh[found])
+        cache.update(keys[found], fresh[found], since=since)
         cache.evict(keys[~found])
 
     def prefetch(self, table: str, keys: Any) -> int:
@@ -261,9 +268,10 @@ class LookupSession:
             return 0
         keys = np.unique(check_keys_arg(keys))
         keys = keys[~cache.resident(keys)]
+        since = cache.version
         found = np.zeros(keys.size, dtype=bool)
         values = self._fetch_lower(spec, keys, found)
-        cache.insert(keys[found], values[found])
+        cache.insert(keys[found], values[found], since=since)
         return int(found.sum())
 
     def warm_up(self, table: str, keys: Any, *, pin: bool = False) -> int:

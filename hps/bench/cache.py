@@ -38,7 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=7)
     h = parser.add_argument_group("hitrate")
     h.add_argument("--keys", type=int, default=1_000_000, help="distinct keys")
-    h.add_argument("--accesses", type=int, default=4_000_000, help="stream length")
+    h.add_argument(
+        "--accesses", type=int, default=0, help="stream length (0: max(4M, 60 x cache rows))"
+    )
     h.add_argument("--batch", type=int, default=8192, help="accesses per lookup batch")
     h.add_argument("--alphas", default="0.9,1.1,1.3")
     h.add_argument("--ratios", default="0.01,0.05,0.2", help="cache rows / distinct keys")
@@ -111,22 +113,26 @@ def replay(cache: EmbeddingCache, stream: np.ndarray, batch: int, skip: int) -> 
 
 def _hitrate(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     xp = select_xp(args.device)
-    rng = np.random.default_rng(args.seed)
     policies = [p for p in args.policies.split(",") if p]
     ratios = [float(r) for r in args.ratios.split(",") if r]
     n = args.keys
     for alpha in (float(a) for a in args.alphas.split(",") if a):
         p = zipf_probabilities(n, alpha)
-        for stream_kind in (s for s in args.streams.split(",") if s):
-            drift = stream_kind == "drift"
+        for kind in (s for s in args.streams.split(",") if s):
+            drift = kind == "drift"
             phases = args.phases if drift else 1
             shift = int(args.drift_shift * n) if drift else 0
-            stream = zipf_stream(p, args.accesses, rng, phases, shift)
-            # The drifting stream's first phase fills the cache; the others are measured.
-            warm = 1 / phases if drift else args.warmup
-            skip = int(warm * stream.size) // args.batch * args.batch
+            streams: dict[int, np.ndarray] = {}
             for ratio in ratios:
                 capacity = max(1, int(ratio * n))
+                length = args.accesses or max(4_000_000, 60 * capacity)
+                if length not in streams:
+                    rng = np.random.default_rng(args.seed)
+                    streams[length] = zipf_stream(p, length, rng, phases, shift)
+                stream = streams[length]
+                # The drifting stream's first phase fills the cache; the others are measured.
+                warm = 1 / phases if drift else args.warmup
+                skip = int(warm * stream.size) // args.batch * args.batch
                 oracle = oracle_hit_rate(p, capacity)  # the same law in every phase
                 for policy in policies:
                     cache = EmbeddingCache(4, capacity, xp=xp, policy=policy)
@@ -135,7 +141,7 @@ def _hitrate(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
                     yield {
                         "bench": "cache.hitrate",
                         "policy": policy,
-                        "stream": stream_kind,
+                        "stream": kind,
                         "alpha": alpha,
                         "keys": n,
                         "accesses": int(stream.size),

@@ -249,7 +249,7 @@ class EmbeddingCache:
         admit = xp.ones(m, dtype=bool)
         need = m - self._n_free
         if need > 0:
-            evictable = self._occupied() & ~self._pinned
+            evictable = self._occupied()
             evictable[current[current >= 0]] = False  # rows this batch just upserted stay
             cand = xp.flatnonzero(evictable)
             victims, admit = self._choose_victims(keys, cand, need, force)

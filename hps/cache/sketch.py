@@ -27,16 +27,6 @@ def sketch_nbytes(capacity: int) -> int:
     return DEPTH * sketch_width(capacity) * 4
 
 
-def scatter_add(xp: ModuleType, target: Any, index: Any, value: Any) -> None:
-    """``target[index] += value`` with repeated indices all counted."""
-    if xp is np:
-        np.add.at(target, index, value)
-    else:
-        import cupyx
-
-        cupyx.scatter_add(target, index, value)
-
-
 def scatter_max(xp: ModuleType, target: Any, index: Any, value: Any) -> None:
     """``target[index] = max(target[index], value)`` with repeated indices all applied."""
     if xp is np:
@@ -71,15 +61,19 @@ class CountMinSketch:
         return (idx + offsets).astype(xp.int64)
 
     def add(self, keys: Any, count: Any = 1) -> None:
-        """Count ``keys`` once each, or ``count[i]`` times for key ``i``."""
+        """Count unique ``keys`` once each, or ``count[i]`` times for key ``i``.
+
+        Conservative update: only the counters at a key's current minimum grow (each becomes
+        at least estimate + count), which keeps collisions from inflating estimates.
+        """
         if keys.size == 0:
             return
+        xp = self.xp
         slots = self._slots(keys)
-        if isinstance(count, int):
-            scatter_add(self.xp, self.table, slots.ravel(), np.int32(count))
-            return
-        vals = self.xp.broadcast_to(count.astype(self.xp.int32)[None, :], slots.shape)
-        scatter_add(self.xp, self.table, slots.ravel(), vals.ravel())
+        est = self.table[slots].min(axis=0)
+        new = est + (count if isinstance(count, int) else count.astype(xp.int32))
+        vals = xp.broadcast_to(new.astype(xp.int32)[None, :], slots.shape)
+        scatter_max(xp, self.table, slots.ravel(), vals.ravel())
 
     def raise_to(self, keys: Any, counts: Any) -> None:
         """Make every counter of each key at least its count (keeps an evicted row's history)."""

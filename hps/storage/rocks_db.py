@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from itertools import compress
@@ -27,6 +28,15 @@ from hps.storage._checks import check_insert, check_keys_arg, table_or_raise
 from hps.types import Keys, Mask, TableSpec, Vectors
 
 Mode = Literal["read_write", "read_only", "secondary"]
+
+
+def _cf_options() -> rd.Options:
+    """Column-family options: raw bytes, and a bloom filter so misses skip the data blocks."""
+    opts = rd.Options(raw_mode=True)
+    table = rd.BlockBasedOptions()
+    table.set_bloom_filter(10, False)
+    opts.set_block_based_table_factory(table)
+    return opts
 
 
 def _key_bytes(keys: Keys) -> list[bytes]:
@@ -68,7 +78,7 @@ class RocksDBStore:
             self._db = rd.Rdict(
                 path,
                 opts,
-                column_families={cf: rd.Options(raw_mode=True) for cf in existing},
+                column_families={cf: _cf_options() for cf in existing},
                 access_type=access,
             )
         except Exception as exc:
@@ -199,6 +209,8 @@ class RocksDBStore:
         self._cfs.clear()
         with contextlib.suppress(Exception):  # closing twice is harmless
             self._db.close()
+        if self.mode == "secondary":
+            shutil.rmtree(self._secondary_dir, ignore_errors=True)
 
 
 def _decode(keys: list[bytes], vals: list[bytes], dim: int) -> tuple[Keys, Vectors]:

@@ -1,6 +1,6 @@
 """Triton serving: the tritonserver process, model repositories, request parsing, metrics.
 
-Nothing here imports ``triton_python_backend_utils`` at module level except the modules
-that only run inside a model process (:mod:`hps.triton.metrics`), so ``import hps`` and the
-``hps serve`` command work without Triton's Python backend.
+Only :mod:`hps.triton.backend` imports ``triton_python_backend_utils``, and only the
+model.py files under model_repository/ import it, inside Triton's Python stub; ``import
+hps`` and the ``hps serve`` / ``hps query`` commands work without it.
 """

@@ -56,9 +56,7 @@ def lookup_hps_request(keys: np.ndarray, numkeys: np.ndarray, lookup: Lookup) ->
     _check("KEYS", keys, "INT64")
     _check("NUMKEYS", numkeys, "INT32")
     if keys.shape[0] != numkeys.shape[0]:
-        raise ShapeError(
-            f"KEYS has batch size {keys.shape[0]} but NUMKEYS has {numkeys.shape[0]}"
-        )
+        raise ShapeError(f"KEYS has batch size {keys.shape[0]} but NUMKEYS has {numkeys.shape[0]}")
     if keys.shape[0] == 1:
         return lookup(keys[0], numkeys[0]).reshape(1, -1)
     rows = [lookup(k, c) for k, c in zip(keys, numkeys, strict=True)]

@@ -1,0 +1,16 @@
+"""Every L1 test runs on each usable array module: NumPy here, CuPy too on a GPU."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+
+from hps.cache.xp import available_xps
+
+XPS = available_xps()
+
+
+@pytest.fixture(params=XPS, ids=[m.__name__ for m in XPS])
+def xp(request: pytest.FixtureRequest) -> ModuleType:
+    return request.param  # type: ignore[no-any-return]

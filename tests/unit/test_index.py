@@ -1,0 +1,97 @@
+"""KeyIndex against a plain dict: random batches of inserts, removals and lookups."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hps.cache.xp import available_xps, to_host
+from hps.errors import InvalidValueError
+from hps.index import EMPTY, GROUP, TOMBSTONE, KeyIndex, check_keys, slots_for
+
+XPS = available_xps()
+
+# Small key universes force collisions, full groups and long probe chains.
+keys_st = st.lists(st.integers(-(2**63) + 2, 2**63 - 1) | st.integers(0, 40), max_size=30)
+ops_st = st.lists(st.tuples(st.sampled_from(["insert", "remove", "lookup"]), keys_st), max_size=25)
+
+
+def _check(index: KeyIndex, model: dict[int, int], xp: ModuleType) -> None:
+    assert len(index) == len(model)
+    keys, rows = index.items()
+    assert dict(zip(to_host(keys).tolist(), to_host(rows).tolist(), strict=True)) == model
+
+
+@pytest.mark.parametrize("xp", XPS, ids=[m.__name__ for m in XPS])
+@settings(max_examples=150, deadline=None)
+@given(ops=ops_st, capacity=st.sampled_from([1, 4, 16]))
+def test_index_matches_a_dict(xp: ModuleType, ops: list[tuple[str, list[int]]], capacity: int) -> None:
+    index, model, next_row = KeyIndex(capacity, xp=xp), {}, 0
+    for op, raw in ops:
+        keys = np.array(raw, dtype=np.int64)
+        kd = xp.asarray(keys)
+        if op == "insert":
+            fresh = [k for k in dict.fromkeys(raw) if k not in model]
+            rows = np.arange(next_row, next_row + len(fresh), dtype=np.int64)
+            next_row += len(fresh)
+            index.insert(xp.asarray(np.array(fresh, dtype=np.int64)), xp.asarray(rows))
+            model.update(zip(fresh, rows.tolist(), strict=True))
+        elif op == "remove":
+            got = to_host(index.remove(kd)).tolist()
+            assert got == [model.get(k, -1) for k in raw]
+            for k in raw:
+                model.pop(k, None)
+        else:
+            assert to_host(index.lookup(kd)).tolist() == [model.get(k, -1) for k in raw]
+        _check(index, model, xp)
+
+
+@pytest.mark.parametrize("xp", XPS, ids=[m.__name__ for m in XPS])
+def test_growth_rehash_and_tombstone_reuse(xp: ModuleType) -> None:
+    index = KeyIndex(8, xp=xp)
+    start_slots = index.slots
+    keys = np.arange(1, 2001, dtype=np.int64) * 7919
+    index.insert(xp.asarray(keys), xp.asarray(np.arange(keys.size)))
+    assert index.slots > start_slots and len(index) == keys.size
+    # Churn: remove and re-insert many times; tombstones must not fill the table.
+    for round_ in range(20):
+        drop = keys[round_ * 50 : round_ * 50 + 50]
+        index.remove(xp.asarray(drop))
+        index.insert(xp.asarray(drop + 1), xp.asarray(np.arange(50)))
+        keys[round_ * 50 : round_ * 50 + 50] = drop + 1
+    rows = to_host(index.lookup(xp.asarray(keys)))
+    assert (rows >= 0).all() and len(index) == keys.size
+    assert index.slots <= 2 * slots_for(keys.size)
+
+
+@pytest.mark.parametrize("xp", XPS, ids=[m.__name__ for m in XPS])
+def test_reserved_keys_are_never_found_and_removing_them_changes_nothing(xp: ModuleType) -> None:
+    index = KeyIndex(4, xp=xp)
+    index.insert(xp.asarray(np.array([5, 6], dtype=np.int64)), xp.asarray(np.array([0, 1])))
+    index.remove(xp.asarray(np.array([5], dtype=np.int64)))  # leaves a TOMBSTONE slot
+    reserved = xp.asarray(np.array([EMPTY, TOMBSTONE], dtype=np.int64))
+    assert to_host(index.lookup(reserved)).tolist() == [-1, -1]
+    assert to_host(index.remove(reserved)).tolist() == [-1, -1]
+    assert len(index) == 1 and to_host(index.lookup(xp.asarray(np.array([6])))).tolist() == [1]
+    with pytest.raises(InvalidValueError, match="reserved"):
+        check_keys(np.array([1, EMPTY], dtype=np.int64))
+
+
+@pytest.mark.parametrize("xp", XPS, ids=[m.__name__ for m in XPS])
+def test_duplicate_keys_in_one_removal_count_once(xp: ModuleType) -> None:
+    index = KeyIndex(4, xp=xp)
+    index.insert(xp.asarray(np.array([1, 2, 3], dtype=np.int64)), xp.asarray(np.arange(3)))
+    rows = index.remove(xp.asarray(np.array([2, 2, 9], dtype=np.int64)))
+    assert to_host(rows).tolist() == [1, 1, -1]
+    assert len(index) == 2
+    _check(index, {1: 0, 3: 2}, xp)
+
+
+def test_one_group_is_one_cache_line() -> None:
+    index = KeyIndex(1000)
+    assert index.slots % GROUP == 0
+    assert index.slot_keys.reshape(-1, GROUP).strides[0] == 64
