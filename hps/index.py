@@ -56,10 +56,14 @@ def _bytes(mask: Any) -> Any:
 _BYTE_INDEX = np.uint64(0x0706050403020100)
 
 
+def _only_byte(words: Any, xp: ModuleType) -> Any:
+    """Index (0-7) of the one byte set to 1 in each word (garbage where none or several)."""
+    return 7 - ((words * _BYTE_INDEX) >> np.uint64(56)).astype(xp.int64)
+
+
 def _first_byte(words: Any, xp: ModuleType) -> Any:
     """Index (0-7) of the lowest non-zero byte of each non-zero little-endian word."""
-    low = words & (~words + np.uint64(1))  # lowest set bit, 1 << (8 * index)
-    return 7 - ((low * _BYTE_INDEX) >> np.uint64(56)).astype(xp.int64)
+    return _only_byte(words & (~words + np.uint64(1)), xp)  # lowest set bit: 1 << (8 * i)
 
 
 def slots_for(capacity: int, max_load: float = 0.7) -> int:
@@ -101,11 +105,7 @@ class KeyIndex:
         return (mix(keys, self.xp) & self._gmask).astype(self.xp.int64)
 
     def _find(self, keys: Any, *, rows: bool) -> Any:
-        """Row (``rows``) or slot position of each key, -1 where absent.
-
-        A reserved key may "match" an EMPTY or TOMBSTONE slot: its row reads as -1, and
-        :meth:`_positions` drops it.
-        """
+        """Row (``rows``) or slot position of each key, -1 where absent (reserved keys too)."""
         xp = self.xp
         if keys.size == 0:
             return xp.full(0, -1, dtype=xp.int64)
@@ -114,14 +114,18 @@ class KeyIndex:
         for r in range(1, gmask + 2):
             block = self._groups.take(g, axis=0)
             match = _bytes(block == k[:, None])
-            pos = g * GROUP + _first_byte(match, xp)
+            # A key sits in at most one slot; a reserved key may match several marker slots,
+            # so its byte index is clipped into the group and it is never "found".
+            pos = g * GROUP + (_only_byte(match, xp) & 7)
             found = match != 0
-            got = self.slot_rows.take(pos) if rows else pos
             if pending is None:
-                out = xp.where(found, got, np.int64(-1))
+                valid = keys > TOMBSTONE
+                found &= valid
+                out = xp.where(found, self.slot_rows.take(pos) if rows else pos, np.int64(-1))
+                rest = xp.flatnonzero(~found & valid)
             else:
-                out[pending[found]] = got[found]
-            rest = xp.flatnonzero(~found)
+                out[pending[found]] = (self.slot_rows.take(pos) if rows else pos)[found]
+                rest = xp.flatnonzero(~found)
             if rest.size == 0:
                 break
             # A group with an EMPTY slot ends the probe: the key would have gone there.
@@ -134,9 +138,7 @@ class KeyIndex:
 
     def _positions(self, keys: Any) -> Any:
         """Slot position of each key, -1 where absent (reserved keys are always absent)."""
-        pos = self._find(keys, rows=False)
-        pos[keys <= TOMBSTONE] = -1
-        return pos
+        return self._find(keys, rows=False)
 
     def lookup(self, keys: Any) -> Any:
         """Row of each key (int64), -1 where absent."""

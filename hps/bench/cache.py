@@ -193,8 +193,8 @@ def _throughput(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
         cache = EmbeddingCache(dim, rows, xp=xp, policy=policy)
         cache.insert(resident, values)
         # The baseline reads the cache's own arena at rows known in advance.
-        arena = cache._values
-        idx = to_xp(xp, to_host(cache._index.lookup(to_xp(xp, batch))))
+        arena = cache._rows.values
+        idx = cache._rows.lookup(to_xp(xp, batch))
 
         def ours(cache: EmbeddingCache = cache) -> None:
             uniq, inverse = np.unique(batch, return_inverse=True)

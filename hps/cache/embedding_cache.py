@@ -1,14 +1,14 @@
 """EmbeddingCache: the L1 cache of one table on one device, written once against ``xp``.
 
-Layout (all ``xp`` arrays, ``C`` = capacity rows): a :class:`hps.index.KeyIndex` maps a key
-to its row; ``values[C, dim]`` is the arena; ``row_keys``, ``ticks`` (last access) and
-``pinned`` describe each row; a stack holds the free rows; the policy keeps its own per-row
-metadata. Every operation takes a whole batch: keys cross host→device once, vectors
-device→host once, and everything else runs as a few array operations.
+Its rows live in a :class:`hps.cache.rows.RowStore` (an open-addressing index sized for all
+``capacity`` keys over a ``capacity x dim`` arena); this class adds the eviction policy, the
+static hot set, the lock and the write log. Every operation takes a whole batch: keys cross
+host→device once, vectors device→host once, and everything else runs as a few array
+operations.
 
-Because the index is an open-addressing table sized for all ``C`` keys, a cache at least as
-large as the working set holds all of it: a 100% hit rate, which HugeCTR's set-associative
-cache could not reach (HugeCTR issue 278).
+Because the index holds all ``capacity`` keys, a cache at least as large as the working set
+holds all of it: a 100% hit rate, which HugeCTR's set-associative cache could not reach
+(HugeCTR issue 278).
 
 Thread safety: one lock around each operation. A lookup on the request thread and inserts,
 updates or refreshes on a background worker never see a half-written row.
@@ -16,45 +16,29 @@ updates or refreshes on a background worker never see a half-written row.
 Staleness: a background insert carries vectors read from L2/L3 some time ago. Pass
 ``since=cache.version`` (read before that L2/L3 read) to :meth:`insert` / :meth:`update`, and
 keys written by any other operation after that version are skipped, so an older read never
-overwrites a newer write.
+overwrites a newer write (:mod:`hps.cache.writelog`).
 """
 
 from __future__ import annotations
 
-import logging
 import threading
-from collections import deque
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from hps.cache.policies import WINDOW_PER_ROW, Policy, make_policy, policy_nbytes
+from hps.cache.rows import RowStore, rows_nbytes
+from hps.cache.writelog import WriteLog
 from hps.cache.xp import device_scope, to_host, to_xp
 from hps.errors import DTypeError, ShapeError
-from hps.index import TOMBSTONE, KeyIndex
+from hps.index import TOMBSTONE
 from hps.types import Keys, Mask, Vectors
-
-log = logging.getLogger(__name__)
-
-MAX_LOAD = 0.7
-# Per row beyond the arena and the index: row key 8, tick 8, pinned flag 1, free-stack slot 8.
-ROW_OVERHEAD = 8 + 8 + 1 + 8
-
-
-def index_nbytes(capacity: int) -> int:
-    """Bytes of the KeyIndex sized for ``capacity`` keys (12 per slot)."""
-    slots = max(16, int(capacity / MAX_LOAD) + 1)
-    return (1 << (slots - 1).bit_length()) * 12
 
 
 def cache_nbytes(capacity: int, dim: int, policy: str = "lru") -> int:
     """Exact bytes an EmbeddingCache of this shape allocates (``hps plan`` uses it)."""
-    return (
-        capacity * (4 * dim + ROW_OVERHEAD)
-        + index_nbytes(capacity)
-        + policy_nbytes(policy, capacity)
-    )
+    return rows_nbytes(capacity, dim) + policy_nbytes(policy, capacity)
 
 
 def _host_keys(keys: Any) -> Keys:
@@ -91,48 +75,37 @@ class EmbeddingCache:
         with self._scope:
             self._alloc(policy, frequency_window)
         self._lock = threading.RLock()
-        self._version = 0
-        self._log: deque[tuple[int, Any]] = deque()
-        self._log_keys = 0
-        self._log_floor = 0
-        self._log_limit = max(1 << 16, capacity)
+        self._log = WriteLog(xp, max(1 << 16, capacity))
         self._stats = dict.fromkeys(
             ("queries", "hits", "misses", "inserts", "evictions", "rejected", "updates"), 0
         )
 
     def _alloc(self, policy: str, frequency_window: int | None) -> None:
-        xp, capacity, dim = self.xp, self.capacity, self.dim
-        self._index = KeyIndex(capacity, xp=xp, max_load=MAX_LOAD)
-        self._values = xp.zeros((capacity, dim), dtype=xp.float32)
-        self._row_keys = xp.full(capacity, TOMBSTONE, dtype=xp.int64)
-        self._ticks = xp.zeros(capacity, dtype=xp.int64)
-        self._pinned = xp.zeros(capacity, dtype=bool)
-        self._free = xp.arange(capacity - 1, -1, -1, dtype=xp.int64)  # a stack; top at the end
-        self._n_free = capacity
+        capacity = self.capacity
+        self._rows = RowStore(capacity, self.dim, self.xp)
         window = WINDOW_PER_ROW * capacity if frequency_window is None else frequency_window
-        self.policy: Policy = make_policy(policy, capacity, self._ticks, xp, window)
+        self.policy: Policy = make_policy(policy, capacity, self._rows.ticks, self.xp, window)
         self._tick = 0
         self._window_tick = 0
 
     # -- introspection -------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return self.capacity - self._n_free
+        return len(self._rows)
 
     @property
     def nbytes(self) -> int:
-        arrays = (self._values, self._row_keys, self._ticks, self._pinned, self._free)
-        return sum(int(a.nbytes) for a in arrays) + self._index.nbytes + self.policy.nbytes
+        return self._rows.nbytes + self.policy.nbytes
 
     @property
     def version(self) -> int:
         """Increases with every write; pass it back as ``since`` (see the module docstring)."""
-        return self._version
+        return self._log.version
 
     @property
     def n_pinned(self) -> int:
         with self._lock, self._scope:
-            return int(self._pinned.sum())
+            return int(self._rows.pinned.sum())
 
     def stats(self) -> dict[str, Any]:
         with self._lock, self._scope:
@@ -140,7 +113,7 @@ class EmbeddingCache:
                 **self._stats,
                 "size": len(self),
                 "capacity": self.capacity,
-                "pinned": int(self._pinned.sum()),
+                "pinned": int(self._rows.pinned.sum()),
                 "policy": self.policy.name,
                 "device": self.xp.__name__,
                 "nbytes": self.nbytes,
@@ -148,18 +121,22 @@ class EmbeddingCache:
 
     # -- reads ---------------------------------------------------------------------------
 
-    def query(self, keys: Keys, inverse: Any = None) -> tuple[Vectors, Mask]:
+    def query(self, keys: Keys, inverse: Any = None, *, counts: Any = None) -> tuple[Vectors, Mask]:
         """Rows of unique ``keys`` and their hit mask (host arrays); missed rows are zeros.
 
         With ``inverse`` (``np.unique``'s, mapping request positions to ``keys``) the rows
         come back already in request order, ``len(inverse)`` of them, in one gather; the
-        hit mask still describes ``keys``.
+        hit mask still describes ``keys``. ``lfu`` and ``frequency`` count every access of
+        the request: from ``inverse``, or from ``counts`` (accesses per key) when the rows
+        are wanted per unique key.
         """
         keys = _host_keys(keys)
+        if counts is not None and np.shape(counts) != keys.shape:
+            raise ShapeError(f"L1 {self.name}: {np.shape(counts)} counts for {keys.size} keys")
         xp = self.xp
         with self._lock, self._scope:
             kd = to_xp(xp, keys)
-            rows = self._index.lookup(kd)
+            rows = self._rows.lookup(kd)
             hit = rows >= 0
             n_hit = int(xp.count_nonzero(hit))
             all_hit = n_hit == keys.size
@@ -167,13 +144,16 @@ class EmbeddingCache:
             inv = None if inverse is None else to_xp(xp, np.asarray(inverse).reshape(-1))
             if inv is not None:
                 idx = idx[inv]
-            out = self._values.take(idx, axis=0)
+            out = self._rows.values.take(idx, axis=0)
             if not all_hit:
                 out[~(hit if inv is None else hit[inv])] = 0.0
             self._tick += 1
-            self._ticks[rows if all_hit else rows[hit]] = self._tick
-            counts = None
-            if inv is not None and self.policy.counts_accesses:
+            self._rows.ticks[rows if all_hit else rows[hit]] = self._tick
+            if not self.policy.counts_accesses:
+                counts = None
+            elif counts is not None:
+                counts = to_xp(xp, np.asarray(counts).reshape(-1))
+            elif inv is not None:
                 counts = xp.bincount(inv, minlength=keys.size)
             if self.policy.on_query(kd, rows, hit, counts):
                 self.policy.age()
@@ -186,21 +166,21 @@ class EmbeddingCache:
     def resident(self, keys: Keys) -> Mask:
         keys = _host_keys(keys)
         with self._lock, self._scope:
-            return to_host(self._index.lookup(to_xp(self.xp, keys)) >= 0)
+            return to_host(self._rows.lookup(to_xp(self.xp, keys)) >= 0)
 
     def resident_keys(self) -> Keys:
         with self._lock, self._scope:
-            return to_host(self._row_keys[self._occupied()])
+            return to_host(self._rows.row_keys[self._rows.occupied()])
 
     def pinned_keys(self) -> Keys:
         with self._lock, self._scope:
-            return to_host(self._row_keys[self._pinned])
+            return to_host(self._rows.row_keys[self._rows.pinned])
 
     def dump(self) -> tuple[Keys, Vectors]:
         """All resident keys and their vectors (host arrays)."""
         with self._lock, self._scope:
-            rows = self.xp.flatnonzero(self._occupied())
-            return to_host(self._row_keys[rows]), to_host(self._values[rows])
+            rows = self.xp.flatnonzero(self._rows.occupied())
+            return to_host(self._rows.row_keys[rows]), to_host(self._rows.values[rows])
 
     # -- writes --------------------------------------------------------------------------
 
@@ -225,54 +205,44 @@ class EmbeddingCache:
         kd = to_xp(xp, keys)
         ok = kd > TOMBSTONE
         if since is not None:
-            ok &= ~self._written_since(kd, since)
+            ok &= ~self._log.since(kd, since)
         self._tick += 1
-        rows = self._index.lookup(kd)
+        rows = self._rows.lookup(kd)
         present = ok & (rows >= 0)
         fresh = xp.flatnonzero(ok & (rows < 0))
         vd = to_xp(xp, values)
         if bool(present.any()):
             prow = rows[present]
-            self._values[prow] = vd[present]
-            self._ticks[prow] = self._tick
+            self._rows.values[prow] = vd[present]
+            self._rows.ticks[prow] = self._tick
             rows_out[present] = prow
         if fresh.size:
             rows_out[fresh] = self._place(kd[fresh], vd[fresh], rows, force)
         written = rows_out >= 0
-        self._record(kd[written])
+        self._log.record(kd[written])
         return rows_out
 
     def _place(self, keys: Any, values: Any, current: Any, force: bool) -> Any:
         """Put absent keys into free or evicted rows; returns their rows (-1: turned away)."""
-        xp = self.xp
+        xp, store = self.xp, self._rows
         m = int(keys.size)
         admit = xp.ones(m, dtype=bool)
-        need = m - self._n_free
+        need = m - store.n_free
         if need > 0:
-            evictable = self._occupied()
+            evictable = store.occupied() & ~store.pinned
             evictable[current[current >= 0]] = False  # rows this batch just upserted stay
             cand = xp.flatnonzero(evictable)
             victims, admit = self._choose_victims(keys, cand, need, force)
             self._evict_rows(victims)
-        idx = xp.flatnonzero(admit)
-        n = min(int(idx.size), self._n_free)
-        idx = idx[:n]
+        idx = xp.flatnonzero(admit)[: store.n_free]
         out = xp.full(m, -1, dtype=xp.int64)
-        if n == 0:
-            self._stats["rejected"] += m
-            return out
-        rows = self._free[self._n_free - n : self._n_free]
-        self._n_free -= n
-        k = keys[idx]
-        self._index.insert(k, rows)
-        self._values[rows] = values[idx]
-        self._row_keys[rows] = k
-        self._ticks[rows] = self._tick
-        self._pinned[rows] = False
-        self.policy.on_insert(k, rows)
-        out[idx] = rows
+        n = int(idx.size)
         self._stats["inserts"] += n
         self._stats["rejected"] += m - n
+        if n:
+            rows = store.place(keys[idx], values[idx], self._tick)
+            self.policy.on_insert(keys[idx], rows)
+            out[idx] = rows
         return out
 
     def _choose_victims(self, keys: Any, cand: Any, need: int, force: bool) -> tuple[Any, Any]:
@@ -296,13 +266,8 @@ class EmbeddingCache:
     def _evict_rows(self, rows: Any) -> None:
         if rows.size == 0:
             return
-        keys = self._row_keys[rows]
-        self.policy.on_evict(keys, rows)
-        self._index.remove(keys)
-        self._row_keys[rows] = TOMBSTONE
-        self._pinned[rows] = False
-        self._free[self._n_free : self._n_free + rows.size] = rows
-        self._n_free += int(rows.size)
+        self.policy.on_evict(self._rows.row_keys[rows], rows)
+        self._rows.release(rows)
         self._stats["evictions"] += int(rows.size)
 
     def update(self, keys: Keys, values: Vectors, *, since: int | None = None) -> Mask:
@@ -311,12 +276,12 @@ class EmbeddingCache:
         xp = self.xp
         with self._lock, self._scope:
             kd = to_xp(xp, keys)
-            rows = self._index.lookup(kd)
+            rows = self._rows.lookup(kd)
             hit = rows >= 0
             if since is not None:
-                hit &= ~self._written_since(kd, since)
-            self._values[rows[hit]] = to_xp(xp, values)[hit]
-            self._record(kd)
+                hit &= ~self._log.since(kd, since)
+            self._rows.values[rows[hit]] = to_xp(xp, values)[hit]
+            self._log.record(kd)
             self._stats["updates"] += int(hit.sum())
             return to_host(hit)
 
@@ -325,9 +290,9 @@ class EmbeddingCache:
         keys = np.unique(_host_keys(keys))
         with self._lock, self._scope:
             kd = to_xp(self.xp, keys)
-            rows = self._index.lookup(kd)
+            rows = self._rows.lookup(kd)
             self._evict_rows(rows[rows >= 0])
-            self._record(kd)
+            self._log.record(kd)
 
     def pin(self, keys: Keys, values: Vectors) -> None:
         """Upsert ``keys`` and add them to the static hot set, hottest first.
@@ -339,33 +304,23 @@ class EmbeddingCache:
         with self._lock, self._scope:
             rows = self._insert(keys, values, since=None, force=True)
             rows = rows[rows >= 0]
-            room = max(0, self.max_pinned - int(self._pinned.sum()))
-            fresh = rows[~self._pinned[rows]][:room]
-            self._pinned[fresh] = True
+            pinned = self._rows.pinned
+            room = max(0, self.max_pinned - int(pinned.sum()))
+            pinned[rows[~pinned[rows]][:room]] = True
 
     def unpin(self, keys: Keys) -> None:
         keys = _host_keys(keys)
         with self._lock, self._scope:
-            rows = self._index.lookup(to_xp(self.xp, keys))
-            self._pinned[rows[rows >= 0]] = False
+            rows = self._rows.lookup(to_xp(self.xp, keys))
+            self._rows.pinned[rows[rows >= 0]] = False
 
     def clear(self) -> None:
         with self._lock, self._scope:
-            self._index.clear()
-            self._row_keys.fill(TOMBSTONE)
-            self._pinned.fill(False)
-            self._free[:] = self.xp.arange(self.capacity - 1, -1, -1, dtype=self.xp.int64)
-            self._n_free = self.capacity
+            self._rows.clear()
             self.policy.clear()
-            self._version += 1
             self._log.clear()
-            self._log_keys = 0
-            self._log_floor = self._version
 
     # -- internals -----------------------------------------------------------------------
-
-    def _occupied(self) -> Any:
-        return self._row_keys != TOMBSTONE
 
     def _batch(self, keys: Any, values: Any) -> tuple[Keys, Vectors]:
         from hps.storage._checks import last_occurrence
@@ -386,35 +341,11 @@ class EmbeddingCache:
         """
         if not self.policy.adaptive_pinning or self.max_pinned == 0:
             return
-        recent = self._occupied() & (self._ticks > self._window_tick)
+        store = self._rows
+        rows = self.xp.flatnonzero(store.occupied() & (store.ticks > self._window_tick))
         self._window_tick = self._tick
-        rows = self.xp.flatnonzero(recent)
-        self._pinned.fill(False)
+        store.pinned.fill(False)
         if rows.size > self.max_pinned:
-            prio = self.policy.priority(rows)
             k = rows.size - self.max_pinned
-            rows = rows[self.xp.argpartition(prio, k - 1)[k:]]
-        self._pinned[rows] = True
-
-    def _record(self, keys: Any) -> None:
-        """Log the keys a write touched, for ``since`` checks of later writes."""
-        self._version += 1
-        if keys.size == 0:
-            return
-        self._log.append((self._version, keys))
-        self._log_keys += int(keys.size)
-        while self._log_keys > self._log_limit and len(self._log) > 1:
-            version, old = self._log.popleft()
-            self._log_keys -= int(old.size)
-            self._log_floor = version
-
-    def _written_since(self, keys: Any, since: int) -> Any:
-        """Mask of ``keys`` that a write after version ``since`` touched (all, if unknown)."""
-        xp = self.xp
-        if since < self._log_floor:
-            log.debug("L1 %s: write log no longer covers version %d", self.name, since)
-            return xp.ones(keys.size, dtype=bool)
-        recent = [k for v, k in self._log if v > since]
-        if not recent:
-            return xp.zeros(keys.size, dtype=bool)
-        return xp.isin(keys, xp.concatenate(recent))
+            rows = rows[self.xp.argpartition(self.policy.priority(rows), k - 1)[k:]]
+        store.pinned[rows] = True

@@ -24,12 +24,16 @@ def _check(index: KeyIndex, model: dict[int, int], xp: ModuleType) -> None:
     assert len(index) == len(model)
     keys, rows = index.items()
     assert dict(zip(to_host(keys).tolist(), to_host(rows).tolist(), strict=True)) == model
+    reserved = xp.asarray(np.array([EMPTY, TOMBSTONE, 7, EMPTY], dtype=np.int64))
+    assert to_host(index.lookup(reserved)).tolist() == [-1, -1, model.get(7, -1), -1]
 
 
 @pytest.mark.parametrize("xp", XPS, ids=[m.__name__ for m in XPS])
 @settings(max_examples=150, deadline=None)
 @given(ops=ops_st, capacity=st.sampled_from([1, 4, 16]))
-def test_index_matches_a_dict(xp: ModuleType, ops: list[tuple[str, list[int]]], capacity: int) -> None:
+def test_index_matches_a_dict(
+    xp: ModuleType, ops: list[tuple[str, list[int]]], capacity: int
+) -> None:
     index, model, next_row = KeyIndex(capacity, xp=xp), {}, 0
     for op, raw in ops:
         keys = np.array(raw, dtype=np.int64)

@@ -1,0 +1,79 @@
+"""RowStore: where one cache keeps its rows, in ``xp`` arrays; no policy and no lock.
+
+``C`` = capacity rows: a :class:`hps.index.KeyIndex` maps a key to its row, ``values[C, dim]``
+is the arena, ``row_keys`` / ``ticks`` (last access) / ``pinned`` describe each row, and a
+stack holds the free rows. :class:`hps.cache.EmbeddingCache` decides what goes where; this
+class only executes, a whole batch at a time.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from hps.index import TOMBSTONE, KeyIndex, slots_for
+
+MAX_LOAD = 0.7
+# Per row beyond the arena and the index: row key 8, tick 8, pinned flag 1, free-stack slot 8.
+ROW_OVERHEAD = 8 + 8 + 1 + 8
+
+
+def rows_nbytes(capacity: int, dim: int) -> int:
+    """Exact bytes a RowStore allocates: arena, row metadata and the index (12 per slot)."""
+    return capacity * (4 * dim + ROW_OVERHEAD) + slots_for(capacity, MAX_LOAD) * 12
+
+
+class RowStore:
+    def __init__(self, capacity: int, dim: int, xp: ModuleType) -> None:
+        self.capacity, self.dim, self.xp = capacity, dim, xp
+        self.index = KeyIndex(capacity, xp=xp, max_load=MAX_LOAD)
+        self.values = xp.zeros((capacity, dim), dtype=xp.float32)
+        self.row_keys = xp.full(capacity, TOMBSTONE, dtype=xp.int64)
+        self.ticks = xp.zeros(capacity, dtype=xp.int64)
+        self.pinned = xp.zeros(capacity, dtype=bool)
+        self.free = xp.arange(capacity - 1, -1, -1, dtype=xp.int64)  # a stack; top at the end
+        self.n_free = capacity
+
+    def __len__(self) -> int:
+        return self.capacity - self.n_free
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.values, self.row_keys, self.ticks, self.pinned, self.free)
+        return sum(int(a.nbytes) for a in arrays) + self.index.nbytes
+
+    def lookup(self, keys: Any) -> Any:
+        """Row of each key (``xp`` int64), -1 where absent."""
+        return self.index.lookup(keys)
+
+    def occupied(self) -> Any:
+        return self.row_keys != TOMBSTONE
+
+    def place(self, keys: Any, values: Any, tick: int) -> Any:
+        """Put absent, unique ``keys`` into free rows (at most ``n_free``); returns the rows."""
+        n = int(keys.size)
+        rows = self.free[self.n_free - n : self.n_free].copy()
+        self.n_free -= n
+        self.index.insert(keys, rows)
+        self.values[rows] = values
+        self.row_keys[rows] = keys
+        self.ticks[rows] = tick
+        self.pinned[rows] = False
+        return rows
+
+    def release(self, rows: Any) -> None:
+        """Free occupied ``rows`` (unique): their keys leave the index."""
+        if rows.size == 0:
+            return
+        self.index.remove(self.row_keys[rows])
+        self.row_keys[rows] = TOMBSTONE
+        self.pinned[rows] = False
+        self.free[self.n_free : self.n_free + rows.size] = rows
+        self.n_free += int(rows.size)
+
+    def clear(self) -> None:
+        self.index.clear()
+        self.row_keys.fill(TOMBSTONE)
+        self.pinned.fill(False)
+        self.free[:] = self.xp.arange(self.capacity - 1, -1, -1, dtype=self.xp.int64)
+        self.n_free = self.capacity

@@ -1,0 +1,75 @@
+"""``hps bench cache`` on tiny streams: the fields, the oracle, and sane ratios (no timing)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from hps.bench.cache import oracle_hit_rate, zipf_probabilities, zipf_stream
+from hps.cli import main
+
+
+def test_oracle_is_the_mass_of_the_most_popular_keys() -> None:
+    p = zipf_probabilities(1000, 1.1)
+    assert p.sum() == pytest.approx(1.0) and (np.diff(p) < 0).all()
+    assert oracle_hit_rate(p, 10) == pytest.approx(p[:10].sum())
+    assert oracle_hit_rate(p, 1000) == pytest.approx(1.0)
+
+
+def _top10(stream: np.ndarray) -> set[int]:
+    keys, counts = np.unique(stream, return_counts=True)
+    return set(keys[np.argsort(-counts)[:10]].tolist())
+
+
+def test_drift_moves_the_hot_set() -> None:
+    p = zipf_probabilities(1000, 1.3)
+    stream = zipf_stream(p, 40_000, np.random.default_rng(0), phases=2, shift=100)
+    first, second = stream[:20_000], stream[20_000:]
+    assert not _top10(first) & _top10(second)
+
+
+def test_hitrate_mode_prints_the_promised_fields(capsys: pytest.CaptureFixture) -> None:
+    args = ["bench", "cache", "--keys", "5000", "--accesses", "60000", "--batch", "1024"]
+    assert main([*args, "--alphas", "1.1", "--ratios", "0.05,1.0"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 2 * 2 * 3  # streams x ratios x policies
+    for row in rows:
+        for field in (
+            "bench",
+            "policy",
+            "stream",
+            "alpha",
+            "keys",
+            "cache_ratio",
+            "hit_rate",
+            "oracle_hit_rate",
+            "ratio",
+        ):
+            assert field in row
+        assert 0 < row["hit_rate"] <= row["oracle_hit_rate"] + 0.05
+        if row["cache_ratio"] == 1.0:
+            # The whole key set fits: the only misses are first accesses (and their repeats
+            # in the same batch), never an eviction.
+            assert row["hit_rate"] == pytest.approx(_only_cold_misses(row["stream"]), abs=1e-5)
+
+
+def _only_cold_misses(kind: str) -> float:
+    drift = kind == "drift"
+    p = zipf_probabilities(5000, 1.1)
+    stream = zipf_stream(p, 60_000, np.random.default_rng(7), 4 if drift else 1, 50 if drift else 0)
+    skip = 15_000 // 1024 * 1024
+    _, first, inverse = np.unique(stream, return_index=True, return_inverse=True)
+    batch = np.arange(stream.size) // 1024
+    cold = batch == (first // 1024)[inverse]
+    return 1 - cold[skip:].sum() / (stream.size - skip)
+
+
+def test_throughput_mode_prints_the_promised_fields(capsys: pytest.CaptureFixture) -> None:
+    args = ["bench", "cache", "--mode", "throughput", "--rows", "4096", "--tables", "2"]
+    assert main([*args, "--batch-per-table", "256", "--dim", "8", "--repeats", "2"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {r["op"] for r in rows} == {"query", "query_then_expand", "insert"}
+    for row in rows:
+        assert row["keys_per_s"] > 0 and row["baseline_keys_per_s"] > 0 and row["ratio"] > 0

@@ -1,0 +1,109 @@
+"""Concurrent use of one cache, and the ``since`` guard against stale background writes."""
+
+from __future__ import annotations
+
+import threading
+from types import ModuleType
+
+import numpy as np
+
+from hps.cache import EmbeddingCache
+
+DIM = 4
+
+
+def rows_for(keys: np.ndarray, version: float) -> np.ndarray:
+    out = np.empty((keys.size, DIM), dtype=np.float32)
+    out[:, 0] = keys
+    out[:, 1:] = version
+    return out
+
+
+def test_an_older_read_never_overwrites_a_newer_write(xp: ModuleType) -> None:
+    cache = EmbeddingCache(DIM, 16, xp=xp)
+    keys = np.array([5, 6], dtype=np.int64)
+    token = cache.version  # taken before reading L2/L3 for a background insert
+    cache.update(np.array([5], dtype=np.int64), rows_for(np.array([5]), 2.0))  # not resident
+    cache.insert(keys, rows_for(keys, 1.0), since=token)  # the stale background insert
+    assert cache.resident(keys).tolist() == [False, True]
+    cache.insert(keys, rows_for(keys, 2.0), since=cache.version)
+    values, hit = cache.query(keys)
+    assert hit.all() and (values[:, 1] == 2.0).all()
+    token = cache.version
+    cache.update(keys[:1], rows_for(keys[:1], 3.0))
+    mask = cache.update(keys, rows_for(keys, 1.5), since=token)
+    assert mask.tolist() == [False, True]
+    values, _ = cache.query(keys)
+    assert values[:, 1].tolist() == [3.0, 1.5]
+
+
+def test_a_token_older_than_the_write_log_drops_the_whole_insert(xp: ModuleType) -> None:
+    cache = EmbeddingCache(DIM, 8, xp=xp)
+    token = cache.version
+    many = np.arange(1000, 1000 + (1 << 16) + 10, dtype=np.int64)
+    for chunk in np.array_split(many, 4):
+        cache.update(chunk, rows_for(chunk, 1.0))  # logged, none resident
+    cache.insert(np.array([1], dtype=np.int64), rows_for(np.array([1]), 1.0), since=token)
+    assert len(cache) == 0
+    cache.insert(np.array([1], dtype=np.int64), rows_for(np.array([1]), 1.0))
+    assert len(cache) == 1
+    token = cache.version
+    cache.clear()
+    cache.insert(np.array([2], dtype=np.int64), rows_for(np.array([2]), 1.0), since=token)
+    assert len(cache) == 0
+
+
+def _churn(cache: EmbeddingCache) -> list[str]:
+    """Two writers and two readers on one cache; returns what the readers saw go wrong."""
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def writer(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        version = 0.0
+        while not stop.is_set():
+            version += 1
+            keys = np.unique(rng.integers(0, 200, 40)).astype(np.int64)
+            op = rng.integers(0, 4)
+            if op == 0:
+                cache.insert(keys, rows_for(keys, version), force=bool(rng.integers(0, 2)))
+            elif op == 1:
+                cache.update(keys, rows_for(keys, version))
+            elif op == 2:
+                cache.evict(keys[:5])
+            else:
+                cache.pin(keys[:3], rows_for(keys[:3], version))
+
+    def reader(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(300):
+            request = rng.integers(0, 200, 64).astype(np.int64)
+            uniq, inverse = np.unique(request, return_inverse=True)
+            values, hit = cache.query(uniq, inverse)
+            want = np.where(hit[inverse], request, 0).astype(np.float32)
+            if not np.array_equal(values[:, 0], want):
+                errors.append(f"{cache.policy.name}: wrong rows {values[:, 0]} for {request}")
+                return
+            if len(cache) > cache.capacity:
+                errors.append("over capacity")
+                return
+
+    writers = [threading.Thread(target=writer, args=(s,)) for s in (1, 2)]
+    readers = [threading.Thread(target=reader, args=(s,)) for s in (3, 4)]
+    for t in writers + readers:
+        t.start()
+    for t in readers:
+        t.join()
+    stop.set()
+    for t in writers:
+        t.join()
+    return errors
+
+
+def test_readers_never_see_a_wrong_row_while_writers_churn(xp: ModuleType) -> None:
+    for policy in ("lru", "lfu", "frequency"):
+        cache = EmbeddingCache(DIM, 64, xp=xp, policy=policy, frequency_window=100)
+        errors = _churn(cache)
+        assert not errors, errors[0]
+        keys, values = cache.dump()
+        np.testing.assert_array_equal(values[:, 0], keys.astype(np.float32))

@@ -1,0 +1,131 @@
+"""``hps plan``: sizes per tier from the sparse files' sizes, checked against real allocations."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hps.cache import EmbeddingCache, cache_capacity
+from hps.cache.plan import _jemalloc, l3_bytes_per_row, plan, redis_bytes_per_row
+from hps.cli import main
+from hps.config import parse_config
+from hps.errors import ConfigError
+from hps.io.sparse_model import write_sparse_model
+from hps.storage.hash_map import HashMapStore
+from hps.types import TableSpec
+
+
+def ps_json(tmp_path: Path, **volatile: object) -> Path:
+    write_sparse_model(
+        tmp_path / "t0", np.arange(1000, dtype=np.int64), np.zeros((1000, 16), np.float32)
+    )
+    doc = {
+        "supportlonglong": True,
+        "models": [
+            {
+                "model": "m",
+                "embedding_table_names": ["t0", "t1"],
+                "embedding_vecsize_per_table": [16, 32],
+                "sparse_files": [str(tmp_path / "t0"), str(tmp_path / "missing")],
+                "gpucacheper": 0.5,
+                "deployed_device_list": [0, 1],
+                "hps_instances": 4,
+                "hps_cache": {"policy": "frequency", "device": "numpy"},
+            }
+        ],
+        "volatile_db": {"type": "hash_map", **volatile},
+        "persistent_db": {"type": "rocks_db", "path": str(tmp_path / "db")},
+    }
+    path = tmp_path / "ps.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_plan_uses_the_real_per_row_costs(tmp_path: Path) -> None:
+    cfg = parse_config(json.loads(ps_json(tmp_path).read_text()))
+    t0, t1 = plan(cfg, {"m.t1": 5000})
+    assert (t0.rows, t0.rows_from, t1.rows, t1.rows_from) == (1000, "sparse_files", 5000, "given")
+    model = cfg.models[0]
+    assert t0.cache_rows == cache_capacity(model, 1000) and t1.cache_rows == 2500
+    real = EmbeddingCache(32, t1.cache_rows, policy="frequency")
+    assert t1.cache_bytes == real.nbytes  # exactly what the cache allocates
+    assert (t1.devices, t1.instances_per_device) == (2, 2)
+    assert t1.cache_bytes_per_device == 2 * real.nbytes and t1.cache_memory == "host"
+    # hash_map lives in each of the 4 instance processes
+    assert t1.l2_bytes == int(5000 * HashMapStore.bytes_per_row(32) * 4)
+    assert t1.l3_bytes == int(5000 * l3_bytes_per_row(32))
+    assert t1.raw_bytes == 5000 * 32 * 4
+    assert not (tmp_path / "db").exists()  # nothing was opened
+
+
+def test_l2_rows_follow_initial_cache_rate_and_overflow_margin(tmp_path: Path) -> None:
+    cfg = parse_config(
+        json.loads(ps_json(tmp_path, initial_cache_rate=0.3, overflow_margin=200).read_text())
+    )
+    (t0, _) = plan(cfg, {"m.t1": 0})
+    assert t0.l2_rows == 200
+    cfg = parse_config(json.loads(ps_json(tmp_path, initial_cache_rate=0.1).read_text()))
+    assert plan(cfg, {"m.t1": 0})[0].l2_rows == 100
+
+
+def test_redis_estimate() -> None:
+    assert [_jemalloc(n) for n in (1, 9, 17, 24, 33, 65, 100, 513)] == [
+        8,
+        16,
+        32,
+        32,
+        48,
+        80,
+        112,
+        640,
+    ]
+    per_row = redis_bytes_per_row(16, bounded=False)
+    assert 64 + 8 < per_row < 64 + 8 + 100
+    assert redis_bytes_per_row(16, bounded=True) > per_row
+
+
+def test_plan_command_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = ps_json(tmp_path)
+    assert main(["plan", "--config", str(path), "--rows", "m.t1=5000"]) == 0
+    text = capsys.readouterr().out
+    assert "m.t0" in text and "m.t1" in text and "total" in text and "hash_map" in text
+    assert main(["plan", "--config", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [t["rows_from"] for t in doc["tables"]] == ["sparse_files", "unknown"]
+    assert doc["totals"]["raw_bytes"] == 1000 * 16 * 4
+
+
+def test_plan_rejects_bad_rows(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = ps_json(tmp_path)
+    assert main(["plan", "--config", str(path), "--rows", "m.t1=lots"]) == 2
+    assert "MODEL.TABLE=N" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="unknown tables"):
+        plan(parse_config(json.loads(path.read_text())), {"m.nope": 3})
+
+
+def test_plan_for_a_table_spec_matches_build(tmp_path: Path) -> None:
+    from hps.cache import build_cache
+    from hps.config import CacheConfig
+
+    cache = build_cache(TableSpec("m", "t", 8), CacheConfig(device="numpy"), 123)
+    assert (
+        cache.nbytes
+        == plan(
+            parse_config(
+                {
+                    "models": [
+                        {
+                            "model": "m",
+                            "embedding_table_names": ["t"],
+                            "embedding_vecsize_per_table": [8],
+                            "hps_cache": {"capacity": 123, "device": "numpy"},
+                        }
+                    ]
+                }
+            ),
+            {"m.t": 1},
+        )[0].cache_bytes
+    )

@@ -1,0 +1,223 @@
+"""L1 inside the LookupSession: dedup, misses from L2/L3, the sync/async threshold, prefetch,
+warm-up and refresh, over the embedded tiers (hash_map L2 + RocksDB L3)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hps.build import build_session
+from hps.cache import EmbeddingCache
+from hps.cache.refresh import Refresher, refreshers_for
+from hps.cache.warmup import warm_up_session, write_frequency_file
+from hps.config import PSConfig
+from hps.io.keyset import write_keyset
+from hps.lookup import LookupSession
+from tests.helpers import make_config, rows
+
+TABLE = "demo.t0"
+
+
+def config(tmp_path: Path, **model: Any) -> PSConfig:
+    hps_cache = {"capacity": 64, "device": "numpy", **model.pop("hps_cache", {})}
+    doc = {
+        "model": "demo",
+        "embedding_table_names": ["t0"],
+        "embedding_vecsize_per_table": [4],
+        "maxnum_catfeature_query_per_table_per_sample": [64],
+        "default_value_for_each_table": [0.5],
+        "max_batch_size": 16,
+        "gpucache": True,
+        "hps_cache": hps_cache,
+        **model,
+    }
+    return make_config(tmp_path, models=[doc])
+
+
+@pytest.fixture
+def stored(tmp_path: Path) -> np.ndarray:
+    """200 rows in L2 and L3, written by a session that is closed again."""
+    keys = np.arange(1, 201, dtype=np.int64) * 11
+    s = build_session(config(tmp_path), with_cache=False)
+    s.insert(TABLE, keys, rows(keys, 4))
+    s.close()
+    return keys
+
+
+def open_session(tmp_path: Path, **model: Any) -> LookupSession:
+    return build_session(config(tmp_path, **model))
+
+
+def cache_of(session: LookupSession) -> EmbeddingCache:
+    cache = session.caches[TABLE]
+    assert isinstance(cache, EmbeddingCache)
+    return cache
+
+
+@pytest.fixture
+def session(tmp_path: Path, stored: np.ndarray) -> Iterator[LookupSession]:
+    s = open_session(tmp_path, hit_rate_threshold=0.5)
+    yield s
+    s.close()
+
+
+def test_misses_come_from_l2_l3_and_fill_l1(session: LookupSession, stored: np.ndarray) -> None:
+    request = np.array([stored[0], stored[1], stored[0], 999_999], dtype=np.int64)
+    got = session.lookup(TABLE, request)
+    expected = rows(request, 4)
+    expected[3] = 0.5  # in no level: the default
+    np.testing.assert_array_equal(got, expected)
+    assert cache_of(session).resident(request).tolist() == [True, True, True, False]
+    np.testing.assert_array_equal(session.lookup(TABLE, request), expected)
+    counts = session.stats()["tables"][TABLE]
+    assert counts["l1"] == 2  # the second lookup's unique stored keys
+
+
+def _insert_threads(cache: EmbeddingCache) -> list[str]:
+    names: list[str] = []
+    original = cache.insert
+
+    def insert(*args: Any, **kw: Any) -> None:
+        names.append(threading.current_thread().name)
+        original(*args, **kw)
+
+    cache.insert = insert  # type: ignore[method-assign]
+    return names
+
+
+def test_below_the_threshold_inserts_on_the_request_path(
+    session: LookupSession, stored: np.ndarray
+) -> None:
+    names = _insert_threads(cache_of(session))
+    session.lookup(TABLE, stored[:10])  # hit rate 0 < 0.5
+    assert names == [threading.current_thread().name]
+    assert cache_of(session).resident(stored[:10]).all()  # no drain needed
+
+
+def test_above_the_threshold_inserts_in_the_background(
+    session: LookupSession, stored: np.ndarray
+) -> None:
+    session.lookup(TABLE, stored[:9])
+    names = _insert_threads(cache_of(session))
+    got = session.lookup(TABLE, stored[:10])  # 9 of 10 hit: 0.9 >= 0.5
+    np.testing.assert_array_equal(got, rows(stored[:10], 4))  # the miss is never a default
+    session.drain()
+    assert names and names[0].startswith("hps-l1")
+    assert cache_of(session).resident(stored[9:10]).all()
+
+
+def test_default_on_async_miss_is_an_opt_in(tmp_path: Path, stored: np.ndarray) -> None:
+    s = open_session(tmp_path, hit_rate_threshold=0.5, hps_cache={"default_on_async_miss": True})
+    try:
+        s.lookup(TABLE, stored[:9])
+        got = s.lookup(TABLE, stored[:10])
+        np.testing.assert_array_equal(got[:9], rows(stored[:9], 4))
+        np.testing.assert_array_equal(got[9], np.full(4, 0.5, np.float32))  # HugeCTR's way
+        s.drain()
+        np.testing.assert_array_equal(s.lookup(TABLE, stored[9:10]), rows(stored[9:10], 4))
+    finally:
+        s.close()
+
+
+def test_prefetch_loads_keys_ahead_of_requests(session: LookupSession, stored: np.ndarray) -> None:
+    assert session.prefetch(TABLE, np.concatenate([stored[20:30], [424242]])) == 10
+    assert cache_of(session).resident(stored[20:30]).all()
+    session.lookup(TABLE, stored[20:30])
+    assert session.stats()["tables"][TABLE]["l1"] == 10
+
+
+def test_a_cache_as_large_as_the_table_is_prefilled(tmp_path: Path, stored: np.ndarray) -> None:
+    s = open_session(tmp_path, gpucacheper=1.0, hps_cache={"capacity": None})
+    try:
+        assert warm_up_session(s, config(tmp_path)) == {TABLE: stored.size}
+        before = s.stats()["tables"][TABLE]
+        got = s.lookup(TABLE, stored)
+        np.testing.assert_array_equal(got, rows(stored, 4))
+        after = s.stats()["tables"][TABLE]
+        delta = {level: after[level] - before[level] for level in ("l1", "l2", "l3")}
+        assert delta == {"l1": stored.size, "l2": 0, "l3": 0}  # a 100% hit rate
+    finally:
+        s.close()
+
+
+def test_warm_up_from_a_frequency_file_and_a_keyset(tmp_path: Path, stored: np.ndarray) -> None:
+    freq = tmp_path / "demo.t0.freq.npz"
+    write_frequency_file(freq, stored[:100], np.arange(100, 0, -1))  # stored[0] is hottest
+    keyset = tmp_path / "t0.keys"
+    write_keyset(keyset, np.concatenate([stored[150:170], [stored[0]]]))
+    cache_cfg = {
+        "policy": "frequency",
+        "capacity": 40,
+        "static_fraction": 0.25,
+        "frequency_file": str(tmp_path / "{model}.{table}.freq.npz"),
+        "warmup_keyset": str(tmp_path / "{table}.keys"),
+    }
+    cfg = config(tmp_path, hps_cache=cache_cfg)
+    s = build_session(cfg)
+    try:
+        assert warm_up_session(s, cfg) == {TABLE: 40}
+        cache = cache_of(s)
+        assert set(cache.pinned_keys().tolist()) == set(stored[:10].tolist())
+        assert cache.resident(stored[:40]).all()  # the 40 hottest fill the cache
+        assert not cache.resident(stored[150:170]).any()  # no room left for the keyset
+    finally:
+        s.close()
+
+
+def test_refresh_rereads_resident_keys_in_slices(
+    session: LookupSession, stored: np.ndarray
+) -> None:
+    session.lookup(TABLE, stored[:20])
+    fresh = rows(stored[:20], 4) + 100
+    assert session.volatile is not None and session.persistent is not None
+    for store in (session.volatile, session.persistent):  # behind the cache's back
+        store.insert(TABLE, stored[:20], fresh)
+        store.remove(TABLE, stored[:2])
+    calls: list[int] = []
+
+    def refresh(table: str, keys: np.ndarray) -> None:
+        calls.append(keys.size)
+        session.refresh(table, keys)
+
+    refresher = Refresher(session.caches, refresh, interval=1.0, percentage=0.1)  # 64 rows
+    assert refresher.run_pass() == 20
+    assert calls == [7, 7, 6]
+    cache = cache_of(session)
+    assert not cache.resident(stored[:2]).any()  # gone from L2/L3: gone from L1
+    values, hit = cache.query(np.sort(stored[2:20]))
+    assert hit.all()
+    np.testing.assert_array_equal(values, fresh[2:])
+
+
+def test_refresher_thread_runs_after_its_delay_and_stops(
+    session: LookupSession, stored: np.ndarray
+) -> None:
+    session.lookup(TABLE, stored[:5])
+    seen = threading.Event()
+
+    def refresh(table: str, keys: np.ndarray) -> None:
+        seen.set()
+
+    with Refresher(session.caches, refresh, interval=0.01, delay=0.05) as r:
+        start = time.monotonic()
+        assert seen.wait(5)
+        assert time.monotonic() - start >= 0.04
+    assert r.passes >= 1
+    assert not Refresher(session.caches, refresh, interval=0).start().enabled
+
+
+def test_refreshers_follow_the_config(tmp_path: Path, stored: np.ndarray) -> None:
+    cfg = config(tmp_path, refresh_interval=30.0, refresh_delay=5.0)
+    s = build_session(cfg)
+    try:
+        (r,) = refreshers_for(s, cfg)
+        assert (r.interval, r.delay, list(r.caches)) == (30.0, 5.0, [TABLE])
+        assert refreshers_for(s, config(tmp_path)) == []  # refresh_interval 0: disabled
+    finally:
+        s.close()
