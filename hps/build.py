@@ -16,12 +16,14 @@ def build_session(
     with_cache: bool = True,
     volatile: EmbeddingStore | None = None,
     persistent: EmbeddingStore | None = None,
+    device_id: int | None = None,
 ) -> LookupSession:
     """Open L2 and L3 as configured (or take ready ones), build the L1 caches, wire them.
 
     ``persistent_mode`` ("read_write", "read_only", "secondary") overrides how L3 is opened,
     e.g. by the extra processes of a multi-instance deployment. ``with_cache=False`` builds
-    no L1 (the consumer and the import commands need none).
+    no L1 (the consumer and the import commands need none). ``device_id`` places the L1
+    caches on that GPU (default: each model's first ``deployed_device_list`` entry).
     """
     if volatile is None:
         volatile = open_store(config.volatile_db)
@@ -35,11 +37,13 @@ def build_session(
         cache_missed_embeddings=config.volatile_db.cache_missed_embeddings,
     )
     if with_cache and any(m.gpucache for m in config.models):
-        session.caches.update(_build_caches(config, session))
+        session.caches.update(_build_caches(config, session, device_id))
     return session
 
 
-def _build_caches(config: PSConfig, session: LookupSession) -> dict[str, L1Cache]:
+def _build_caches(
+    config: PSConfig, session: LookupSession, device_id: int | None
+) -> dict[str, L1Cache]:
     from hps.cache import build_cache, cache_capacity
     from hps.io.sparse_model import table_rows
 
@@ -49,5 +53,7 @@ def _build_caches(config: PSConfig, session: LookupSession) -> dict[str, L1Cache
             continue
         for i, spec in enumerate(model.tables):
             rows = table_rows(model, i, session.persistent)
-            caches[spec.name] = build_cache(spec, model.hps_cache, cache_capacity(model, rows))
+            device = model.deployed_device_list[0] if device_id is None else device_id
+            capacity = cache_capacity(model, rows)
+            caches[spec.name] = build_cache(spec, model.hps_cache, capacity, device_id=device)
     return caches

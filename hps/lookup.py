@@ -33,8 +33,10 @@ class L1Cache(Protocol):
 
     @property
     def version(self) -> int: ...
-    def query(self, keys: Keys) -> tuple[Vectors, Mask]: ...
-    def insert(self, keys: Keys, values: Vectors, *, since: int | None = None) -> None: ...
+    def query(self, keys: Keys, inverse: Any = None) -> tuple[Vectors, Mask]: ...
+    def insert(
+        self, keys: Keys, values: Vectors, *, since: int | None = None, force: bool = False
+    ) -> None: ...
     def update(self, keys: Keys, values: Vectors, *, since: int | None = None) -> Mask: ...
     def evict(self, keys: Keys) -> None: ...
     def resident(self, keys: Keys) -> Mask: ...
@@ -142,39 +144,46 @@ class LookupSession:
         if keys.size == 0:
             return np.empty((0, spec.dim), dtype=np.float32)
         uniq, inverse = np.unique(keys, return_inverse=True)
+        inverse = inverse.reshape(-1)
         counts = self._counts[spec.name]
         counts["lookups"] += 1
         counts["keys"] += keys.size
         cache = self.caches.get(spec.name)
         if cache is None:
-            values = self._fetch_lower(spec, uniq)
-        else:
-            values = self._lookup_cached(spec, cache, uniq)
-        return values[inverse.reshape(-1)]
+            return self._fetch_lower(spec, uniq)[inverse]
+        return self._lookup_cached(spec, cache, uniq, inverse)
 
-    def _lookup_cached(self, spec: TableSpec, cache: L1Cache, uniq: Keys) -> Vectors:
-        values, hit = cache.query(uniq)
+    def _lookup_cached(
+        self, spec: TableSpec, cache: L1Cache, uniq: Keys, inverse: np.ndarray
+    ) -> Vectors:
+        """Rows in request order: L1 gathers the hits straight into place (one gather)."""
+        values, hit = cache.query(uniq, inverse)
         n_hit = int(hit.sum())
         self._counts[spec.name]["l1"] += n_hit
         if n_hit == uniq.size:
             return values
         miss = np.flatnonzero(~hit)
         missed = uniq[miss]
+        slot = np.full(uniq.size, -1, dtype=np.int64)  # unique key -> its row among the misses
+        slot[miss] = np.arange(miss.size)
+        at = slot[inverse]
+        where = np.flatnonzero(at >= 0)  # request positions of missed keys
         model = self._model_of[spec.name]
         above = n_hit / uniq.size >= model.hit_rate_threshold
         if above and model.hps_cache.default_on_async_miss:
-            values[miss] = spec.default_value
+            values[where] = spec.default_value
             self._counts[spec.name]["default"] += miss.size
             self._background(self.prefetch, spec.name, missed)
             return values
         # A write to L1 after this version (a Kafka update) wins over what we read below.
         since = cache.version
         found = np.zeros(miss.size, dtype=bool)
-        values[miss] = self._fetch_lower(spec, missed, found)
+        fetched = self._fetch_lower(spec, missed, found)
+        values[where] = fetched[at[where]]
         if found.any():
-            keys, rows = missed[found], values[miss[found]]
+            keys, rows = missed[found], fetched[found]
             if above:
-                self._background(partial(cache.insert, since=since), keys, rows.copy())
+                self._background(partial(cache.insert, since=since), keys, rows)
             else:
                 cache.insert(keys, rows, since=since)
         return values
@@ -260,6 +269,12 @@ class LookupSession:
         cache.update(keys[found], fresh[found], since=since)
         cache.evict(keys[~found])
 
+    def catch_up(self) -> None:
+        """Let a secondary L3 replay what its writer wrote since (a no-op otherwise)."""
+        catch_up = getattr(self.persistent, "catch_up", None)
+        if catch_up is not None:
+            catch_up()
+
     def prefetch(self, table: str, keys: Any) -> int:
         """Load keys that are not resident from L2/L3 into L1; returns how many were loaded."""
         spec = table_or_raise(self.tables, table)
@@ -271,7 +286,8 @@ class LookupSession:
         since = cache.version
         found = np.zeros(keys.size, dtype=bool)
         values = self._fetch_lower(spec, keys, found)
-        cache.insert(keys[found], values[found], since=since)
+        # force: keys asked for ahead of use must not be turned away by admission.
+        cache.insert(keys[found], values[found], since=since, force=True)
         return int(found.sum())
 
     def warm_up(self, table: str, keys: Any, *, pin: bool = False) -> int:

@@ -35,8 +35,10 @@ class Refresher:
         interval: float,
         delay: float = 0.0,
         percentage: float = 0.0,
+        before_pass: Callable[[], None] | None = None,
     ) -> None:
         self.caches = caches
+        self.before_pass = before_pass
         self.refresh = refresh
         self.interval = interval
         self.delay = delay
@@ -59,6 +61,8 @@ class Refresher:
     def run_pass(self) -> int:
         """Refresh every resident key of every cache once, slice by slice; returns keys done."""
         done = 0
+        if self.before_pass is not None:
+            self.before_pass()  # e.g. a secondary L3 catching up with its writer
         for table, cache in list(self.caches.items()):
             keys = cache.resident_keys()
             step = self.slice_size(cache)
@@ -117,6 +121,7 @@ def refreshers_for(session: Any, config: PSConfig) -> list[Refresher]:
             interval=model.refresh_interval,
             delay=model.refresh_delay,
             percentage=model.cache_refresh_percentage_per_iteration,
+            before_pass=session.catch_up,
         )
         if r.enabled:
             out.append(r)

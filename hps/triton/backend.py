@@ -15,13 +15,17 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from hps.triton.metrics import MetricsExporter
 from hps.triton.request import error_reply
+
+if TYPE_CHECKING:
+    from hps.config import ModelConfig, PSConfig
+    from hps.lookup import LookupSession
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +79,28 @@ def model_parameters(args: dict[str, str]) -> dict[str, str]:
     return {k: v.get("string_value", "") for k, v in params.items()}
 
 
+def open_session(config: PSConfig, model: ModelConfig) -> tuple[LookupSession, str]:
+    """The instance's session, and how it opened L3.
+
+    Without Kafka updates a read-only snapshot will do. With them, a single instance on the
+    in-process L2 applies updates itself (embedded mode), so it is L3's writer; if another
+    process holds the writer's lock (e.g. the old instance during a reload), it follows as a
+    secondary instead. Otherwise `hps consume` writes and instances follow as secondaries.
+    """
+    from hps.build import build_session
+    from hps.errors import BackendError
+
+    if not config.update_source.enabled:
+        return build_session(config, persistent_mode="read_only"), "read_only"
+    embedded = config.volatile_db.type in ("hash_map", "parallel_hash_map")
+    if embedded and model.hps_instances == 1:
+        try:
+            return build_session(config, persistent_mode="read_write"), "read_write"
+        except BackendError as exc:
+            log.warning("L3 writer lock held elsewhere (%s); following it as a secondary", exc)
+    return build_session(config, persistent_mode="secondary"), "secondary"
+
+
 class ModelProcess:
     """One Triton model instance: its ps.json model, its LookupSession and its metrics.
 
@@ -85,7 +111,7 @@ class ModelProcess:
     """
 
     def __init__(self, args: dict[str, str]) -> None:
-        from hps.build import build_session
+        from hps.cache.refresh import refreshers_for
         from hps.cache.warmup import warm_up_session
         from hps.triton.deploy import fill_l2, only_model, prepare_tables, serving_config
 
@@ -99,11 +125,11 @@ class ModelProcess:
         self.model = self.config.model(self.name)
         start = time.perf_counter()
         prepare_tables(self.config)
-        self.session = build_session(self.config, persistent_mode="read_only")
+        self.session, mode = open_session(self.config, self.model)
         rows = fill_l2(self.session, self.config, self.model)
         warm = sum(warm_up_session(self.session, self.config).values())
         log.info(
-            "%s (%s): ready in %.1fs; L1 %d rows warm; L2 %s%s; L3 %s read-only",
+            "%s (%s): ready in %.1fs; L1 %d rows warm; L2 %s%s; L3 %s (%s)",
             args["model_instance_name"],
             self.name,
             time.perf_counter() - start,
@@ -111,7 +137,9 @@ class ModelProcess:
             self.config.volatile_db.type,
             f" ({rows} rows loaded here)" if rows else "",
             self.config.persistent_db.type,
+            mode,
         )
+        self.refreshers = [r.start() for r in refreshers_for(self.session, self.config)]
         self.updates = None
         if self.config.update_source.enabled:  # Kafka: the embedded applier or an L1 listener
             from hps.updates.runtime import start_updates
@@ -123,6 +151,8 @@ class ModelProcess:
         )
 
     def close(self) -> None:
+        for refresher in self.refreshers:
+            refresher.stop()
         if self.updates is not None:
             self.updates.stop()
         self.metrics.flush()
