@@ -57,7 +57,7 @@ class CacheConfig(_Frozen):
     warmup_keyset: str | None = None
     default_on_async_miss: bool = False
     frequency_window: int | None = Field(
-        default=None, ge=0, description="accesses per ageing step of `frequency`; default 50 x capacity"
+        default=None, ge=0, description="accesses per ageing step of `frequency` (50 x capacity)"
     )
 
 

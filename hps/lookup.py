@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hps.config import ModelConfig
+from hps.dedup import unique_inverse
 from hps.errors import BackendUnavailable, BatchTooLargeError, ShapeError
 from hps.storage._checks import check_insert, check_keys_arg, last_occurrence, table_or_raise
 from hps.storage.base import EmbeddingStore
@@ -143,8 +144,7 @@ class LookupSession:
     def _lookup(self, spec: TableSpec, keys: Keys) -> Vectors:
         if keys.size == 0:
             return np.empty((0, spec.dim), dtype=np.float32)
-        uniq, inverse = np.unique(keys, return_inverse=True)
-        inverse = inverse.reshape(-1)
+        uniq, inverse = unique_inverse(keys)
         counts = self._counts[spec.name]
         counts["lookups"] += 1
         counts["keys"] += keys.size

@@ -13,7 +13,8 @@ The first ``--warmup`` fraction of each stream (one phase of the drifting one) f
 and is left out of ``hit_rate``; ``hit_rate_all`` counts every access.
 
 ``--mode throughput`` times all-hit queries of ``--tables`` x ``--batch-per-table`` keys at
-``--dim`` (``np.unique`` dedup, query, expansion to request order included) against a raw
+``--dim`` (dedup with ``hps.dedup.unique_inverse``, query, expansion to request order
+included) against a raw
 ``take`` of the same rows with precomputed indices on the same array module, and inserts
 against a raw scatter of the same rows.
 """
@@ -30,6 +31,7 @@ import numpy as np
 from hps.cache.embedding_cache import EmbeddingCache
 from hps.cache.policies import POLICIES
 from hps.cache.xp import select_xp, to_host, to_xp
+from hps.dedup import unique_inverse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -197,11 +199,11 @@ def _throughput(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
         idx = cache._rows.lookup(to_xp(xp, batch))
 
         def ours(cache: EmbeddingCache = cache) -> None:
-            uniq, inverse = np.unique(batch, return_inverse=True)
+            uniq, inverse = unique_inverse(batch)
             cache.query(uniq, inverse)
 
         def ours_expand(cache: EmbeddingCache = cache) -> None:
-            uniq, inverse = np.unique(batch, return_inverse=True)
+            uniq, inverse = unique_inverse(batch)
             vals, _ = cache.query(uniq)
             vals[inverse]
 
