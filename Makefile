@@ -26,6 +26,7 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check hps tests model_repository
+	$(BIN)/mypy hps
 	$(BIN)/pytest -q tests
 
 lint: $(STAMP)

@@ -229,7 +229,7 @@ class LookupSession:
         keys, values = check_insert(spec, keys, values)
         if self.persistent is not None:
             kw = {"durable": True} if durable else {}
-            self.persistent.insert(table, keys, values, **kw)  # type: ignore[call-arg]
+            self.persistent.insert(table, keys, values, **kw)
         if self.volatile is not None:
             self.volatile.insert(table, keys, values)
         cache = self.caches.get(table)

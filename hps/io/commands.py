@@ -5,8 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from hps.config import PSConfig
+    from hps.lookup import LookupSession
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,12 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_lookup)
 
 
-def _session(config_path: str, **kw: object):  # type: ignore[no-untyped-def]
+def _session(config_path: str, **kw: Any) -> tuple[PSConfig, LookupSession]:
     from hps.build import build_session
     from hps.config import load_config
 
     config = load_config(config_path)
-    return config, build_session(config, with_cache=False, **kw)  # type: ignore[arg-type]
+    return config, build_session(config, with_cache=False, **kw)
 
 
 def _import(args: argparse.Namespace) -> int:
@@ -84,8 +89,9 @@ def _import(args: argparse.Namespace) -> int:
                 session, spec, args.sparse, initial_cache_rate=rate, progress=progress
             )
         elif args.npy:
-            total = npy_rows(*args.npy, spec.dim)
-            chunks = read_npy_pair(*args.npy, spec.dim)
+            keys_path, vectors_path = args.npy
+            total = npy_rows(keys_path, vectors_path, spec.dim)
+            chunks = read_npy_pair(keys_path, vectors_path, spec.dim)
             rows = import_chunks(
                 session, spec, chunks, total, initial_cache_rate=rate, progress=progress
             )

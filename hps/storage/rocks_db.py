@@ -40,7 +40,8 @@ def _cf_options() -> rd.Options:
 
 
 def _key_bytes(keys: Keys) -> list[bytes]:
-    return keys.astype("<i8", copy=False).view("V8").tolist()  # type: ignore[no-any-return]
+    keys_bytes: list[bytes] = keys.astype("<i8", copy=False).view("V8").tolist()
+    return keys_bytes
 
 
 class RocksDBStore:
@@ -129,12 +130,12 @@ class RocksDBStore:
         for lo in range(0, n, self.max_batch_size):
             hi = min(n, lo + self.max_batch_size)
             try:
-                got = cf.get(_key_bytes(keys[lo:hi]))
+                got: list[bytes | None] = cf.get(_key_bytes(keys[lo:hi]))  # type: ignore[arg-type,assignment]
             except Exception as exc:
                 raise BackendError(f"rocks_db: read of {table} failed: {exc}") from exc
-            mask = np.fromiter(map(bool, got), dtype=bool, count=hi - lo)
+            mask = np.fromiter(map(bool, got), dtype=np.bool_, count=hi - lo)
             if mask.any():
-                rows = np.frombuffer(b"".join(compress(got, mask)), dtype=np.float32)
+                rows = np.frombuffer(b"".join(compress(got, mask)), dtype=np.float32)  # type: ignore[arg-type]
                 values[lo:hi][mask] = rows.reshape(-1, spec.dim)
             found[lo:hi] = mask
         return values, found
@@ -197,7 +198,7 @@ class RocksDBStore:
         keys: list[bytes] = []
         vals: list[bytes] = []
         for k, v in cf.items():
-            keys.append(k)
+            keys.append(k)  # type: ignore[arg-type]
             vals.append(v)
             if len(keys) == chunk_rows:
                 yield _decode(keys, vals, spec.dim)

@@ -89,7 +89,7 @@ GOOD = codec.encode(np.arange(3), np.ones((3, 4), np.float32), 9)
     ("payload", "reason"),
     [
         (b"", "unknown magic"),
-        (b"XXXX" + GOOD[4:], "unknown magic"),
+        (b"ZZZZ" + GOOD[4:], "unknown magic"),
         (GOOD[:10], "truncated header"),
         (GOOD[:-1], "truncated message"),
         (GOOD + b"\0", "trailing bytes"),
