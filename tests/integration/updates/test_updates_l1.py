@@ -17,12 +17,13 @@ from tests.helpers import rows
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.parametrize("l3", ["disabled", "rocks_db"])
 def test_embedded_applier_updates_l2_and_resident_l1(
-    tmp_path: Path, kafka_broker: TansuBroker
+    tmp_path: Path, kafka_broker: TansuBroker, l3: str
 ) -> None:
-    cfg = update_config(
-        tmp_path, kafka_broker.bootstrap, persistent={"type": "disabled"}, gpucache=True
-    )
+    """Embedded mode: the serving process applies updates itself (to L3 too when it writes it)."""
+    persistent = {"type": l3, "path": str(tmp_path / "rocksdb")}
+    cfg = update_config(tmp_path, kafka_broker.bootstrap, persistent=persistent, gpucache=True)
     model = cfg.models[0].model
     table = f"{model}.t0"
     session = build_session(cfg)
@@ -52,6 +53,9 @@ def test_embedded_applier_updates_l2_and_resident_l1(
             )
             assert not session.caches[table].resident(keys[:8]).any()
         np.testing.assert_array_equal(session.lookup(table, keys[8:]), rows(keys[8:], 4, seed=2))
+        if session.persistent is not None:  # deletes left L3 too; upserts reached it
+            _, found = session.persistent.fetch(table, keys)
+            assert found.tolist() == [False] * 8 + [True] * 56
     finally:
         handle.stop()
         session.close()
