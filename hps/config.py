@@ -13,7 +13,7 @@ import json
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -163,7 +163,29 @@ class ModelConfig(_Frozen):
 OverflowPolicy = Literal["evict_random", "evict_least_used", "evict_oldest"]
 
 
-class VolatileDBConfig(_Frozen):
+class _DatabaseConfig(_Frozen):
+    """What both databases share: HugeCTR's old batch-size keys and ``update_filters``."""
+
+    _section: ClassVar[str]
+    update_filters: list[str] = [".+"]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated(cls, data: Any) -> Any:
+        return _rename_deprecated(
+            data,
+            {"max_get_batch_size": "max_batch_size", "max_set_batch_size": "max_batch_size"},
+            cls._section,
+        )
+
+    @field_validator("update_filters")
+    @classmethod
+    def _regexes(cls, v: list[str]) -> list[str]:
+        return _check_regexes(v)
+
+
+class VolatileDBConfig(_DatabaseConfig):
+    _section = "volatile_db"
     type: Literal[
         "disabled",
         "hash_map",
@@ -192,45 +214,16 @@ class VolatileDBConfig(_Frozen):
     overflow_resolution_target: float = Field(default=0.8, gt=0.0, le=1.0)
     initial_cache_rate: float = Field(default=1.0, ge=0.0, le=1.0)
     cache_missed_embeddings: bool = False
-    update_filters: list[str] = [".+"]
     hps_socket_timeout_s: float = Field(default=5.0, gt=0.0, description="Redis connect/read")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _deprecated(cls, data: Any) -> Any:
-        return _rename_deprecated(
-            data,
-            {"max_get_batch_size": "max_batch_size", "max_set_batch_size": "max_batch_size"},
-            "volatile_db",
-        )
 
-    @field_validator("update_filters")
-    @classmethod
-    def _regexes(cls, v: list[str]) -> list[str]:
-        return _check_regexes(v)
-
-
-class PersistentDBConfig(_Frozen):
+class PersistentDBConfig(_DatabaseConfig):
+    _section = "persistent_db"
     type: Literal["disabled", "rocks_db", "rocksdb"] = "disabled"
     path: str = "/tmp/rocksdb"
     num_threads: int = Field(default=16, ge=1)
     read_only: bool = False
     max_batch_size: int = Field(default=65536, ge=1)
-    update_filters: list[str] = [".+"]
-
-    @model_validator(mode="before")
-    @classmethod
-    def _deprecated(cls, data: Any) -> Any:
-        return _rename_deprecated(
-            data,
-            {"max_get_batch_size": "max_batch_size", "max_set_batch_size": "max_batch_size"},
-            "persistent_db",
-        )
-
-    @field_validator("update_filters")
-    @classmethod
-    def _regexes(cls, v: list[str]) -> list[str]:
-        return _check_regexes(v)
 
 
 class UpdateSourceConfig(_Frozen):
