@@ -14,6 +14,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -149,6 +150,24 @@ class ModelProcess:
         self.metrics = MetricsExporter(
             pb_utils, args["model_name"], args["model_instance_name"], self.session, interval
         )
+
+    def answer(self, requests: list[Any], compute: Callable[[Any], np.ndarray]) -> list[Any]:
+        """One response per request: ``OUTPUT0 = compute(request)``, or that request's error.
+
+        Each request succeeds or fails on its own; latency and errors reach the metrics.
+        """
+        responses = []
+        for request in requests:
+            start = time.perf_counter()
+            try:
+                out = compute(request)
+                responses.append(pb_utils.InferenceResponse([output_tensor("OUTPUT0", out)]))
+                self.metrics.observe(time.perf_counter() - start)
+            except Exception as exc:
+                responses.append(error_response(exc))
+                self.metrics.error(error_reply(exc)[1])
+        self.metrics.maybe_flush()
+        return responses
 
     def close(self) -> None:
         for refresher in self.refreshers:

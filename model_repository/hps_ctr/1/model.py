@@ -1,12 +1,8 @@
 """An example CTR model: HPS lookup + dense network in one model (DES, CATCOLUMN, ROWINDEX)."""
 
-import time
-
-import triton_python_backend_utils as pb_utils
-
-from hps.triton.backend import ModelProcess, error_response, input_array, output_tensor
+from hps.triton.backend import ModelProcess, input_array
 from hps.triton.ctr import DenseNetwork, pool_embeddings
-from hps.triton.request import error_reply, parse_ctr_request
+from hps.triton.request import parse_ctr_request
 
 
 class TritonPythonModel:
@@ -17,28 +13,19 @@ class TritonPythonModel:
         self.dims = [t.dim for t in model.tables]
 
     def execute(self, requests):
-        responses = []
-        session, name = self.process.session, self.process.name
-        for request in requests:  # each request succeeds or fails on its own
-            start = time.perf_counter()
-            try:
-                batch = parse_ctr_request(
-                    input_array(request, "DES"),
-                    input_array(request, "CATCOLUMN"),
-                    input_array(request, "ROWINDEX"),
-                    len(self.dims),
-                    self.network.num_dense,
-                )
-                vectors = session.lookup_request(name, batch.keys, batch.num_keys)
-                pooled = pool_embeddings(vectors, batch.num_keys, batch.offsets, self.dims)
-                scores = self.network(batch.dense, pooled).reshape(1, -1)
-                responses.append(pb_utils.InferenceResponse([output_tensor("OUTPUT0", scores)]))
-                self.process.metrics.observe(time.perf_counter() - start)
-            except Exception as exc:
-                responses.append(error_response(exc))
-                self.process.metrics.error(error_reply(exc)[1])
-        self.process.metrics.maybe_flush()
-        return responses
+        return self.process.answer(requests, self.scores)
+
+    def scores(self, request):
+        batch = parse_ctr_request(
+            input_array(request, "DES"),
+            input_array(request, "CATCOLUMN"),
+            input_array(request, "ROWINDEX"),
+            len(self.dims),
+            self.network.num_dense,
+        )
+        vectors = self.process.session.lookup_request(self.process.name, batch.keys, batch.num_keys)
+        pooled = pool_embeddings(vectors, batch.num_keys, batch.offsets, self.dims)
+        return self.network(batch.dense, pooled).reshape(1, -1)
 
     def finalize(self):
         self.process.close()
