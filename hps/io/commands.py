@@ -112,7 +112,7 @@ def _export(args: argparse.Namespace) -> int:
     try:
         store = session.persistent or session.volatile
         if store is None or not hasattr(store, "dump"):
-            raise RequestError("export needs a rocks_db L3 or a hash_map L2")
+            raise RequestError("export needs an L3 (rocks_db) or an L2 that can list its rows")
         if args.table not in session.tables:
             from hps.errors import UnknownTableError
 
