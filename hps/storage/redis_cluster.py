@@ -108,16 +108,21 @@ class RedisStore:
 
     # -- data -------------------------------------------------------------------------------
 
+    def _chunks(self, keys: Keys) -> Iterator[tuple[int, np.ndarray, list[Any], list[bytes]]]:
+        """Per chunk of ``max_batch_size`` keys: its start, the order that groups it by
+        partition, the ``(partition, lo, hi)`` groups and the keys' field bytes in that order."""
+        for start in range(0, keys.size, self._batch):
+            chunk = keys[start : start + self._batch]
+            order, groups = group_by_partition(chunk, self._partitions)
+            yield start, order, groups, key_fields(chunk[order])
+
     def fetch(self, table: str, keys: Keys) -> tuple[Vectors, Mask]:
         t = self._table(table)
         keys = check_keys_arg(keys)
         dim = t.spec.dim
         found = np.ones(keys.size, np.bool_)
         pieces: list[bytes] = []  # one row per key, request order; joined once at the end
-        for start in range(0, keys.size, self._batch):
-            chunk = keys[start : start + self._batch]
-            order, groups = group_by_partition(chunk, self._partitions)
-            fields = key_fields(chunk[order])
+        for start, order, groups, fields in self._chunks(keys):
             with translated(f"fetch {table}"):
                 pipe = self._r.pipeline(transaction=False)
                 for p, lo, hi in groups:
@@ -144,10 +149,7 @@ class RedisStore:
         t = self._table(table)
         keys, values = check_insert(t.spec, keys, values)
         row = f"V{4 * t.spec.dim}"
-        for start in range(0, keys.size, self._batch):
-            chunk = keys[start : start + self._batch]
-            order, groups = group_by_partition(chunk, self._partitions)
-            fields = key_fields(chunk[order])
+        for start, order, groups, fields in self._chunks(keys):
             rows = values[start : start + self._batch].view(row).ravel()[order].tolist()
             with translated(f"insert {table}"):
                 pipe = self._r.pipeline(transaction=False)
@@ -168,10 +170,7 @@ class RedisStore:
     def remove(self, table: str, keys: Keys) -> None:
         t = self._table(table)
         keys = check_keys_arg(keys)
-        for start in range(0, keys.size, self._batch):
-            chunk = keys[start : start + self._batch]
-            order, groups = group_by_partition(chunk, self._partitions)
-            fields = key_fields(chunk[order])
+        for _, _, groups, fields in self._chunks(keys):
             with translated(f"remove {table}"):
                 pipe = self._r.pipeline(transaction=False)
                 for p, lo, hi in groups:

@@ -20,7 +20,7 @@ from hps.triton.repository import prepare_repository
 from hps.triton.server import TritonServer
 from hps.updates import Publisher
 from hps.updates.runtime import build_service
-from tests.fixtures.kafka import FAST_GROUP, running, wait_for
+from tests.fixtures.kafka import running, update_source_doc, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -48,14 +48,7 @@ def _doc(root: Path, model: str, brokers: str) -> dict[str, object]:
             "allocation_rate": 4 * 1024**2,
         },
         "persistent_db": {"type": "rocks_db", "path": str(root / "rocksdb")},
-        "update_source": {
-            "type": "kafka_message_queue",
-            "brokers": brokers,
-            "poll_timeout_ms": 200,
-            "hps_group_id": f"g-{model}",
-            "hps_dead_letter_topic": f"dead.{model}",
-            "hps_kafka_config": FAST_GROUP,
-        },
+        "update_source": update_source_doc(brokers, model),
     }
 
 
