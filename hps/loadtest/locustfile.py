@@ -58,7 +58,10 @@ def _init(environment: Environment, **_: Any) -> None:
         verify_per_table=o.verify_keys,
         seed=o.hps_seed,
     )
-    STATE["thresholds"] = load_thresholds(o.thresholds, o.threshold or [])
+    # Without limits of its own a run fails on any failure, as Locust alone would.
+    STATE["thresholds"] = load_thresholds(o.thresholds, o.threshold or []) or {
+        "*": {"max_fail_ratio": 0.0}
+    }
     for cls, weight in opts.weights(o.mix).items():
         USERS[cls].weight = weight
     Updater.wait_time = constant_pacing(o.update_batch_rows / max(o.update_rows_per_s, 1e-9))

@@ -73,7 +73,7 @@ def locust_command(run: LocustRun, grace_s: int = 120) -> list[str]:
         "timeout", "-k", "20", str(run.run_time_s + grace_s),
         sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
         "-u", str(run.users), "-r", str(run.spawn_rate), "-t", f"{run.run_time_s}s",
-        "--stop-timeout", "10", "--csv", str(prefix), "--csv-full-history",
+        "--stop-timeout", "10", "--only-summary", "--csv", str(prefix), "--csv-full-history",
         "--html", str(run.report_dir / "report.html"), "--loglevel", "WARNING",
         "--hps-config", str(run.config), "--hps-report-dir", str(run.report_dir),
         "--triton-grpc", run.triton_grpc, "--triton-http", run.triton_http,
