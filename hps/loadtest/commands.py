@@ -41,8 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--threshold", action="append", default=[], help="TYPE:limit=value,...")
     g.add_argument("--seed", type=int, default=0)
     s = p.add_argument_group("stack (started unless --triton-grpc is given)")
-    s.add_argument("--l2", choices=("hash_map", "multi_process_hash_map", "redis",
-                   "redis_cluster"), help="override volatile_db.type (redis_cluster: 3 nodes)")  # fmt: skip
+    s.add_argument(
+        "--l2",
+        choices=("hash_map", "multi_process_hash_map", "redis", "redis_cluster"),
+        help="override volatile_db.type (redis: one redis-server; redis_cluster: 3 nodes)",
+    )
     s.add_argument("--instances", type=int, help="override hps_instances of every model")
     s.add_argument("--no-admin", action="store_true", help="do not start the control plane")
     r = p.add_argument_group("an existing deployment")

@@ -5,9 +5,9 @@ Run it through ``hps loadtest`` (which starts the stack and picks the users), or
 ``locust -f loadtests/locustfile.py --headless --hps-config ps.json --triton-grpc H:P ...``
 (``locust -f loadtests/locustfile.py --help`` lists the HPS options). Request types, as
 Locust's statistics and the thresholds name them: ``grpc lookup``, ``http lookup``,
-``grpc ctr``, ``grpc bad request``, ``kafka publish``, ``kafka freshness`` and ``GET
-<route>`` (the control plane). A wrong vector or score is a failure (``WrongAnswer``); a bad request that Triton
-does not refuse with a client error is a failure too.
+``grpc ctr``, ``grpc bad request``, ``kafka publish``, ``kafka freshness`` and
+``GET <route>`` (the control plane). A wrong vector or score is a failure
+(``WrongAnswer``); a bad request that Triton does not refuse with a client error is one too.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc.experimental.gevent as grpc_gevent
 import numpy as np
@@ -74,7 +74,9 @@ def _init(environment: Environment, **_: Any) -> None:
         started = STATE["started"]
         if started is not None:
             t = time.monotonic() - started
-            STATE["recorder"].record(t, f"{request_type} {name}", response_time, bool(kw.get("exception")))
+            STATE["recorder"].record(
+                t, f"{request_type} {name}", response_time, bool(kw.get("exception"))
+            )
 
     environment.events.request.add_listener(on_request)
 
@@ -86,7 +88,8 @@ def _quitting(environment: Environment, **_: Any) -> None:
     if o is None or "thresholds" not in STATE:
         return
     stats = environment.stats
-    violations = evaluate(STATE["thresholds"], stats.entries.values(), stats.total)
+    entries: list[Any] = list(stats.entries.values())  # StatsEntry: a thresholds.Entry
+    violations = evaluate(STATE["thresholds"], entries, cast(Any, stats.total))
     report = Path(o.hps_report_dir) if o.hps_report_dir else None
     rows = []
     if report is not None:
@@ -94,8 +97,14 @@ def _quitting(environment: Environment, **_: Any) -> None:
         rows = STATE["recorder"].write(report / "stages.csv")
         (report / "verdict.json").write_text(
             json.dumps(
-                {"passed": not violations, "violations": [str(v) for v in violations],
-                 "thresholds": STATE["thresholds"], "stages": rows}, indent=1)  # fmt: skip
+                {
+                    "passed": not violations,
+                    "violations": [str(v) for v in violations],
+                    "thresholds": STATE["thresholds"],
+                    "stages": rows,
+                },
+                indent=1,
+            )  # fmt: skip
             + "\n"
         )
     for v in violations:
@@ -109,8 +118,9 @@ class HPSShape(LoadTestShape):
     use_common_options = True
 
     def tick(self) -> tuple[int, float] | None:
-        o = self.runner.environment.parsed_options if self.runner else None
-        if o is None or "recorder" not in STATE:
+        runner = self.runner
+        o = runner.environment.parsed_options if runner else None
+        if runner is None or o is None or "recorder" not in STATE:
             return None
         if STATE["started"] is None:
             STATE["started"] = time.monotonic()
@@ -118,7 +128,7 @@ class HPSShape(LoadTestShape):
         index = stage_at(plan, self.get_run_time())
         if index is None:
             return None
-        fixed = sum(c.fixed_count for c in self.runner.user_classes if c.fixed_count)
+        fixed = sum(int(c.fixed_count) for c in runner.user_classes)
         return plan[index][1] + fixed, float(o.spawn_rate or 10)
 
 
@@ -275,7 +285,8 @@ class Prober(KafkaUser):
         n = min(o.freshness_keys, t.fresh_keys.size)
         keys = self.rng.choice(t.fresh_keys, n, replace=False)
         vectors = self.rng.standard_normal((n, t.spec.dim), dtype=np.float32)
-        inputs = dict(zip(("KEYS", "NUMKEYS"), (a[None] for a in self.work.probe_request(ti, keys))))
+        probe_keys, numkeys = self.work.probe_request(ti, keys)
+        inputs = {"KEYS": probe_keys[None], "NUMKEYS": numkeys[None]}
 
         def call() -> int:
             self.publisher.publish(self.work.name, t.spec.table, keys, vectors)
@@ -305,7 +316,7 @@ class AdminReader(FastHttpUser):
     def _get(self, path: str, name: str, check: Callable[[Any], None]) -> None:
         with self.rest("GET", path, name=name) as resp:  # request type: "GET <route>"
             if resp.status_code != 200:
-                resp.failure(f"status {resp.status_code}: {resp.text[:200]}")
+                resp.failure(f"status {resp.status_code}: {(resp.text or "")[:200]}")
             elif resp.js is None:
                 resp.failure("not JSON")
             else:

@@ -58,7 +58,9 @@ def weights(mix: str) -> dict[str, int]:
     for part in (p.strip() for p in mix.split(",") if p.strip()):
         kind, _, w = part.partition("=")
         if kind not in USER_KINDS[:4]:
-            raise ConfigError(f"--mix {mix!r}: unknown reader {kind!r}; known: grpc, http, ctr, bad")
+            raise ConfigError(
+                f"--mix {mix!r}: unknown reader {kind!r}; known: grpc, http, ctr, bad"
+            )
         try:
             out[kind] = int(w or 1)
         except ValueError:

@@ -183,8 +183,9 @@ def start_stack(
             _spawn(stack, "hps consume", run_dir, ["consume", "--config", str(ps_path)])
         if admin and has_admin():
             port = free_port()
-            _spawn(stack, "hps admin", run_dir, ["admin", "--config", str(ps_path), "--host",
-                   "127.0.0.1", "--port", str(port), "--triton-url", stack.triton_http])  # fmt: skip
+            admin_args = ["admin", "--config", str(ps_path), "--host", "127.0.0.1",
+                          "--port", str(port), "--triton-url", stack.triton_http]  # fmt: skip
+            _spawn(stack, "hps admin", run_dir, admin_args)
             stack.admin_url = f"http://127.0.0.1:{port}"
             _wait_http(stack, "hps admin", f"{stack.admin_url}/healthz")
     except BaseException:
@@ -241,9 +242,11 @@ def _wait_http(stack: Stack, name: str, url: str, timeout_s: float = READY_TIMEO
             raise BackendUnavailable(
                 f"{name} exited with status {proc.returncode}; see its log in the run folder"
             )
-        with contextlib.suppress(urllib.error.URLError, OSError):
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
+        with (
+            contextlib.suppress(urllib.error.URLError, OSError),
+            urllib.request.urlopen(url, timeout=2) as resp,
+        ):
+            if resp.status == 200:
+                return
         time.sleep(0.5)
     raise BackendUnavailable(f"{name} not ready at {url} after {timeout_s:.0f}s")

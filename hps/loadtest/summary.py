@@ -65,8 +65,11 @@ def format_summary(
         k = knee(stages, knee_p99_ms)
         lines.append(
             f"knee (p99 <= {knee_p99_ms:g} ms): "
-            + (f"{k['users']} users, {k['rps']} req/s, p50 {k['p50_ms']} ms, p99 {k['p99_ms']} ms"
-               if k else "none: every stage broke the bound")  # fmt: skip
+            + (
+                f"{k['users']} users, {k['rps']} req/s, p50 {k['p50_ms']} ms, p99 {k['p99_ms']} ms"
+                if k
+                else "none: every stage broke the bound"
+            )  # fmt: skip
         )
     for count, what in rep["failures"][:5]:
         lines.append(f"  {count} x {what[:150]}")
@@ -74,6 +77,6 @@ def format_summary(
     if violations:
         lines += [f"THRESHOLD BROKEN: {v}" for v in violations]
     outcome = {0: "PASSED", 1: "FAILED (thresholds)", 124: "FAILED (timed out)"}
-    lines.append(f"{outcome.get(exit_code, f'FAILED (locust exit {exit_code})')}; "
-                 f"reports: {report_dir} (report.html, locust_*.csv, stages.csv, *.log)")  # fmt: skip
+    verdict = outcome.get(exit_code, f"FAILED (locust exit {exit_code})")
+    lines.append(f"{verdict}; reports: {report_dir} (report.html, locust_*.csv, stages.csv, *.log)")
     return "\n".join(lines)

@@ -88,7 +88,9 @@ def _split(spec: TableSpec, keys: np.ndarray, exponent: float, rng: np.random.Ge
     }
 
 
-def _from_sparse(spec: TableSpec, path: str, exponent: float, rng: np.random.Generator) -> TableKeys:
+def _from_sparse(
+    spec: TableSpec, path: str, exponent: float, rng: np.random.Generator
+) -> TableKeys:
     from hps.io.sparse_model import KEY_FILE, VECTOR_FILE, sparse_model_rows
 
     rows = sparse_model_rows(path, spec.dim)
@@ -104,7 +106,9 @@ def _from_sparse(spec: TableSpec, path: str, exponent: float, rng: np.random.Gen
     )
 
 
-def _from_l3(spec: TableSpec, store: object, exponent: float, rng: np.random.Generator) -> TableKeys:
+def _from_l3(
+    spec: TableSpec, store: object, exponent: float, rng: np.random.Generator
+) -> TableKeys:
     chunks, total = [], 0
     for keys, _ in store.dump(spec.name):  # type: ignore[attr-defined]
         chunks.append(np.asarray(keys, dtype=np.int64))
@@ -115,9 +119,7 @@ def _from_l3(spec: TableSpec, store: object, exponent: float, rng: np.random.Gen
     parts = _split(spec, keys, exponent, rng)
     vkeys = keys[parts.pop("verify_index")]
     vectors, found = store.fetch(spec.name, vkeys)  # type: ignore[attr-defined]
-    return TableKeys(
-        verify_keys=vkeys[found], verify_vectors=np.asarray(vectors)[found], **parts
-    )
+    return TableKeys(verify_keys=vkeys[found], verify_vectors=np.asarray(vectors)[found], **parts)
 
 
 @dataclass
@@ -201,8 +203,13 @@ class Workload:
         return [
             ("counts exceed keys", {"KEYS": two[None], "NUMKEYS": np.full((1, n), 2, np.int32)}),
             ("negative count", {"KEYS": two[None], "NUMKEYS": _counts(n, 0, -1, 3)}),
-            ("too many keys", {"KEYS": t0.draw(limit + 1, np.random.default_rng())[None],
-                               "NUMKEYS": counts[None]}),  # fmt: skip
+            (
+                "too many keys",
+                {
+                    "KEYS": t0.draw(limit + 1, np.random.default_rng())[None],
+                    "NUMKEYS": counts[None],
+                },
+            ),  # fmt: skip
             ("wrong dtype", {"KEYS": two.astype(np.int32)[None], "NUMKEYS": _counts(n, 0, 2)}),
         ]
 
@@ -240,7 +247,9 @@ class LookupRequest:
             pos, want = self.checks[t]
             bad = ~np.isclose(rows[pos], want, rtol=1e-5, atol=1e-6).all(axis=1)
             if bad.any():
-                raise WrongAnswer(f"table {t}: {int(bad.sum())}/{pos.size} known keys got wrong vectors")
+                raise WrongAnswer(
+                    f"table {t}: {int(bad.sum())}/{pos.size} known keys got wrong vectors"
+                )
             start += n * dim
 
 
@@ -293,7 +302,9 @@ def load_workload(
     have_sparse = bool(mc.sparse_files) and all(os.path.isdir(p) for p in mc.sparse_files)
     tables: list[TableKeys] = []
     if have_sparse:
-        tables = [_from_sparse(s, p, zipf, rng) for s, p in zip(specs, mc.sparse_files, strict=True)]
+        tables = [
+            _from_sparse(s, p, zipf, rng) for s, p in zip(specs, mc.sparse_files, strict=True)
+        ]
     elif config.persistent_db.type != "disabled" and os.path.isdir(config.persistent_db.path):
         from hps.build import build_session
 
