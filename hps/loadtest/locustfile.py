@@ -316,7 +316,7 @@ class AdminReader(FastHttpUser):
     def _get(self, path: str, name: str, check: Callable[[Any], None]) -> None:
         with self.rest("GET", path, name=name) as resp:  # request type: "GET <route>"
             if resp.status_code != 200:
-                resp.failure(f"status {resp.status_code}: {(resp.text or "")[:200]}")
+                resp.failure(f"status {resp.status_code}: {(resp.text or '')[:200]}")
             elif resp.js is None:
                 resp.failure("not JSON")
             else:
