@@ -5,6 +5,11 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hps.loadtest.resources import ResourceSampler
+    from hps.loadtest.stack import Stack
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,6 +53,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     s.add_argument("--instances", type=int, help="override hps_instances of every model")
     s.add_argument("--no-admin", action="store_true", help="do not start the control plane")
+    s.add_argument(
+        "--sample-interval",
+        type=float,
+        default=5.0,
+        help="s between memory samples of the serving processes (resources.csv)",
+    )
+    s.add_argument("--warmup", type=float, help="s before memory growth counts (default: 20%%)")
+    s.add_argument(
+        "--max-growth-mb",
+        type=float,
+        help="fail when RSS or /dev/shm grow more than this after warm-up (soak)",
+    )
     r = p.add_argument_group("an existing deployment")
     r.add_argument("--triton-grpc", help="Triton gRPC address host:port")
     r.add_argument("--triton-http", help="Triton HTTP address host:port")
@@ -72,6 +89,7 @@ def _loadtest(args: argparse.Namespace) -> int:
     if remote != bool(args.triton_http):
         raise ConfigError("give both --triton-grpc and --triton-http, or neither")
     stack = None
+    sampler = None
     if not remote:
         from hps.loadtest.stack import start_stack
 
@@ -102,11 +120,39 @@ def _loadtest(args: argparse.Namespace) -> int:
         )  # fmt: skip
         print(f"running Locust for {args.run_time}s ({args.shape}, {args.users} readers)",
               flush=True)  # fmt: skip
-        code = run_locust(run)
+        sampler = _sampler(stack, report, args.sample_interval)
+        try:
+            code = run_locust(run)
+        finally:
+            if sampler is not None:
+                sampler.stop()
     finally:
         if stack is not None:
             stack.stop()
     knee = args.knee_p99_ms if args.shape == "ramp" else None
     started = stack.started if stack else None
     print(format_summary(report, code, started=started, knee_p99_ms=knee))
+    if sampler is not None:
+        warmup = args.warmup if args.warmup is not None else 0.2 * args.run_time
+        growth = sampler.growth_mb(warmup)
+        last = sampler.samples[-1]
+        print(f"memory of hps serve + tritonserver + stubs ({last[1]} processes): RSS "
+              f"{last[2] / 2**20:.0f} MB, /dev/shm {last[3] / 2**20:.0f} MB" + (
+              f"; growth after {warmup:.0f}s warm-up: RSS {growth[0]:+.1f} MB, /dev/shm "
+              f"{growth[1]:+.1f} MB" if growth else ""))  # fmt: skip
+        if args.max_growth_mb is not None and growth and max(growth) > args.max_growth_mb:
+            print(f"FAILED: memory grew more than {args.max_growth_mb:g} MB after warm-up")
+            code = code or 1
     return code
+
+
+def _sampler(stack: Stack | None, report: Path, interval_s: float) -> ResourceSampler | None:
+    """Memory sampling of the serving processes this command started."""
+    if stack is None or stack.serve_pid is None:
+        return None
+    from hps.config import load_config
+    from hps.loadtest.resources import ResourceSampler
+
+    shm = load_config(stack.config_path).volatile_db.shared_memory_name
+    out = report / "resources.csv"
+    return ResourceSampler(stack.serve_pid, out, interval_s=interval_s, extra_shm=(shm,)).start()

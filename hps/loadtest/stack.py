@@ -52,6 +52,10 @@ class Stack:
     _procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     _servers: list[Any] = field(default_factory=list)  # RedisServer, TansuBroker, ...
 
+    @property
+    def serve_pid(self) -> int | None:
+        return next((p.pid for n, p in self._procs if n == "hps serve"), None)
+
     def stop(self) -> None:
         """Stop in reverse order: SIGTERM by PID, SIGKILL of its group after a grace period."""
         for name, proc in reversed(self._procs):
