@@ -189,7 +189,9 @@ def start_stack(
             port = free_port()
             admin_args = ["admin", "--config", str(ps_path), "--host", "127.0.0.1",
                           "--port", str(port), "--triton-url", stack.triton_http]  # fmt: skip
-            _spawn(stack, "hps admin", run_dir, admin_args)
+            # It reads Triton's hit rates from the metrics port this stack chose.
+            env = {**os.environ, "HPS_TRITON_METRICS_URL": stack.metrics_url}
+            _spawn(stack, "hps admin", run_dir, admin_args, env)
             stack.admin_url = f"http://127.0.0.1:{port}"
             _wait_http(stack, "hps admin", f"{stack.admin_url}/healthz")
     except BaseException:
@@ -224,7 +226,9 @@ def _start_servers(stack: Stack, doc: dict[str, Any], run_dir: Path) -> None:
         us["brokers"] = stack.brokers = broker.bootstrap
 
 
-def _spawn(stack: Stack, name: str, run_dir: Path, args: list[str]) -> None:
+def _spawn(
+    stack: Stack, name: str, run_dir: Path, args: list[str], env: dict[str, str] | None = None
+) -> None:
     logfile = run_dir / f"{name.split()[-1]}.log"
     with open(logfile, "ab") as out:
         proc = subprocess.Popen(
@@ -232,6 +236,7 @@ def _spawn(stack: Stack, name: str, run_dir: Path, args: list[str]) -> None:
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env=env,
             start_new_session=True,  # its own group: a stuck one is killed with its children
         )
     stack._procs.append((name, proc))
