@@ -66,6 +66,7 @@ def _init(environment: Environment, **_: Any) -> None:
         USERS[cls].weight = weight
     Updater.wait_time = constant_pacing(o.update_batch_rows / max(o.update_rows_per_s, 1e-9))
     Prober.wait_time = constant_pacing(o.freshness_interval)
+    AdminReader.host = o.admin_url  # FastHttpUser needs it when the user is created
     plan = stages(o.hps_shape, o.num_users or 1, float(o.run_time or 60), o.ramp_steps)
     STATE["recorder"] = StageRecorder(plan, READ_TYPES)
     STATE["started"] = None
@@ -310,7 +311,6 @@ class AdminReader(FastHttpUser):
 
     def on_start(self) -> None:
         self.work = STATE["workload"]
-        self.host = self.environment.parsed_options.admin_url
         self.rng = np.random.default_rng()
 
     def _get(self, path: str, name: str, check: Callable[[Any], None]) -> None:

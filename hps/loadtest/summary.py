@@ -17,6 +17,14 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def _num(text: str) -> float:
+    """A number of Locust's CSV ("N/A" where no request succeeded)."""
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0
+
+
 def read_report(report_dir: Path) -> dict[str, Any]:
     """Per request type (``"grpc lookup"``, ..., ``"Aggregated"``): counts and latencies."""
     types: dict[str, dict[str, float]] = {}
@@ -25,10 +33,10 @@ def read_report(report_dir: Path) -> dict[str, Any]:
         types[name] = {
             "requests": int(r["Request Count"]),
             "failures": int(r["Failure Count"]),
-            "rps": float(r["Requests/s"]),
-            "p50_ms": float(r["50%"] or 0),
-            "p95_ms": float(r["95%"] or 0),
-            "p99_ms": float(r["99%"] or 0),
+            "rps": _num(r["Requests/s"]),
+            "p50_ms": _num(r["50%"]),
+            "p95_ms": _num(r["95%"]),
+            "p99_ms": _num(r["99%"]),
         }
     verdict_file = report_dir / "verdict.json"
     verdict = json.loads(verdict_file.read_text()) if verdict_file.exists() else {}

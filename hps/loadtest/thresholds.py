@@ -2,7 +2,8 @@
 
 A thresholds file is JSON: request type -> limits. The request type is Locust's
 ``"<type> <name>"`` (e.g. ``"grpc lookup"``, ``"kafka freshness"``, ``"admin GET /readyz"``),
-``"Aggregated"`` for all requests together, or ``"*"`` for every type that ran::
+``"Aggregated"`` for all requests together, or ``"*"`` for every type that ran (a type's own
+limits override those of ``"*"``)::
 
     {"*": {"max_fail_ratio": 0.0},
      "grpc lookup": {"p99_ms": 2000, "min_rps": 5},
@@ -11,8 +12,9 @@ A thresholds file is JSON: request type -> limits. The request type is Locust's
 Limits: ``max_fail_ratio`` (failures / requests), ``p50_ms``, ``p95_ms``, ``p99_ms`` (upper
 bounds), ``min_rps`` (a floor on throughput: a collapse fails the run) and
 ``min_requests`` (the type must have run at least that often; a type named with it that
-never ran fails too). Options add to or override the file:
-``--threshold "grpc lookup:p99_ms=500,max_fail_ratio=0"`` (repeatable, ``;``-separated).
+never ran fails too). A run without a single request always fails. Options add to or
+override the file: ``--threshold "grpc lookup:p99_ms=500,max_fail_ratio=0"`` (repeatable,
+``;``-separated).
 """
 
 from __future__ import annotations
@@ -110,17 +112,18 @@ def evaluate(
     if total is not None:
         by_type[AGGREGATED] = total
     out: list[Violation] = []
+    if total is not None and total.num_requests == 0:  # nothing ran: nothing was tested
+        out.append(Violation(AGGREGATED, "min_requests", 1, 0))
+    every = thresholds.get(ALL, {})
+    for rtype, entry in by_type.items():
+        # A type's own limits override the "*" ones (Aggregated takes only its own).
+        limits = thresholds.get(rtype, {}) if rtype == AGGREGATED else {
+            **every, **thresholds.get(rtype, {})
+        }  # fmt: skip
+        out += _entry_violations(rtype, entry, limits)
     for rtype, limits in thresholds.items():
-        targets = [e for t, e in by_type.items() if t != AGGREGATED] if rtype == ALL else []
-        if rtype != ALL:
-            entry = by_type.get(rtype)
-            if entry is None:
-                if "min_requests" in limits:
-                    out.append(Violation(rtype, "min_requests", limits["min_requests"], 0))
-                continue
-            targets = [entry]
-        for entry in targets:
-            out += _entry_violations(entry_type(entry) if rtype == ALL else rtype, entry, limits)
+        if rtype not in by_type and rtype != ALL and "min_requests" in limits:
+            out.append(Violation(rtype, "min_requests", limits["min_requests"], 0))
     return out
 
 

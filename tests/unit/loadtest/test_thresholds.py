@@ -83,3 +83,10 @@ def test_violations() -> None:
         ("kafka freshness", "min_requests"),
     }
     assert not evaluate(load_thresholds(None, ["grpc lookup:p99_ms=1000"]), [fast], total)
+    # A type's own limit overrides "*".
+    relaxed = load_thresholds(None, ["*:max_fail_ratio=0", "http lookup:max_fail_ratio=0.5"])
+    assert not evaluate(relaxed, [fast, failing], total)
+    nothing = Entry(None, "Aggregated", [])
+    assert [str(v) for v in evaluate({}, [], nothing)] == [
+        "Aggregated: min_requests 0 (must be >= 1)"
+    ]
