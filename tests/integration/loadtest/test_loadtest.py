@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from hps.cli import main
-from hps.loadtest.stack import Stack, start_stack
+from hps.loadtest.stack import Stack, has_admin, start_stack
 from hps.loadtest.summary import read_report
 from hps.triton.demo import create_demo
 
@@ -52,12 +52,16 @@ def test_short_mixed_run_meets_the_ci_thresholds(
     ])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "PASSED" in out and "started: tansu; hps serve" in out
+    assert "PASSED" in out and "started: tansu; hps serve" in out, out
     rep = read_report(report)
     types = rep["types"]
     for name in ("grpc lookup", "http lookup", "grpc ctr", "grpc bad request",
                  "kafka publish", "kafka freshness"):  # fmt: skip
         assert types[name]["requests"] > 0 and types[name]["failures"] == 0, (name, types)
+    if has_admin():  # the control plane is installed: its read routes were load-tested too
+        for name in ("GET /readyz", "GET /v1/models", "GET /v1/models/{model}/tables/{table}"):
+            assert types[name]["requests"] > 0, (name, types)
+        assert types["GET /v1/models"]["failures"] == 0
     # 2000 rows/s in batches of 500: about 4 publishes a second.
     assert types["kafka publish"]["rps"] > 2
     assert rep["verdict"]["passed"] and rep["verdict"]["stages"][0]["requests"] > 0
