@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -79,10 +80,9 @@ def _loadtest(args: argparse.Namespace) -> int:
     from hps.loadtest.runner import LocustRun, run_locust
     from hps.loadtest.summary import format_summary
 
-    try:
-        import locust  # noqa: F401  (only checks that the extra is installed)
-    except ImportError:
-        raise ConfigError("Locust is missing: pip install 'hps[load]'") from None
+    # Locust runs in its own process: importing it here would monkey-patch this one for gevent.
+    if importlib.util.find_spec("locust") is None:
+        raise ConfigError("Locust is missing: pip install 'hps[load]'")
     report = Path(args.report_dir or f"loadtest-reports/{time.strftime('%Y%m%d-%H%M%S')}")
     report.mkdir(parents=True, exist_ok=True)
     remote = bool(args.triton_grpc)
