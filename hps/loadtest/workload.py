@@ -306,16 +306,14 @@ def load_workload(
             _from_sparse(s, p, zipf, rng) for s, p in zip(specs, mc.sparse_files, strict=True)
         ]
     elif config.persistent_db.type != "disabled" and os.path.isdir(config.persistent_db.path):
-        from hps.build import build_session
+        from hps.tiers import Tiers
 
-        only = config.model_copy(
-            update={"volatile_db": config.volatile_db.model_copy(update={"type": "disabled"})}
-        )
-        session = build_session(only, with_cache=False, persistent_mode="read_only")
+        tiers = Tiers.open(config, l3_mode="read_only", l2=False)
         try:
-            tables = [_from_l3(s, session.persistent, zipf, rng) for s in specs]
+            tiers.open_tables(specs)
+            tables = [_from_l3(s, tiers.persistent, zipf, rng) for s in specs]
         finally:
-            session.close()
+            tiers.close()
     else:
         raise ConfigError(
             f"{mc.model}: no sparse_files and no local L3 to read the tables' keys from"
