@@ -156,6 +156,7 @@ def start_stack(
     """Start everything the ps.json needs; on failure, stop what was started and raise."""
     from hps.config import parse_config
 
+    run_dir = run_dir.resolve()  # redis-server changes into its --dir before opening its log
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         doc = json.loads(Path(config).read_text())
