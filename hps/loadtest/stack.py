@@ -212,8 +212,8 @@ def _start_servers(stack: Stack, doc: dict[str, Any], run_dir: Path) -> None:
             if n > 1
             else RedisServer(run_dir / "redis")
         )
-        server.start()
         stack._servers.append(server)
+        _start(server, "redis-server", run_dir / "redis")
         stack.started.append(f"redis-server x{len(server.addresses)}")
         vdb["address"] = ",".join(server.addresses)
     us = doc.get("update_source") or {}
@@ -221,10 +221,17 @@ def _start_servers(stack: Stack, doc: dict[str, Any], run_dir: Path) -> None:
         from hps.testing.kafka import TansuBroker
 
         broker = TansuBroker(run_dir / "tansu")
-        broker.start()
         stack._servers.append(broker)
+        _start(broker, "the Tansu broker", run_dir / "tansu")
         stack.started.append("tansu (Kafka protocol)")
         us["brokers"] = stack.brokers = broker.bootstrap
+
+
+def _start(server: Any, what: str, logs: Path) -> None:
+    try:
+        server.start()
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+        raise BackendUnavailable(f"could not start {what}: {exc} (logs in {logs})") from None
 
 
 def _spawn(
