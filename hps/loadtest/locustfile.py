@@ -213,7 +213,8 @@ class BadRequester(TritonUser):
     def bad(self) -> None:
         from hps.errors import RequestError, UnknownTableError
 
-        what, inputs = self.work.bad_requests()[int(self.rng.integers(0, 4))]
+        bad = self.work.bad_requests()
+        what, inputs = bad[int(self.rng.integers(0, len(bad)))]
 
         def call() -> int:
             try:
