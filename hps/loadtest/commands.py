@@ -71,7 +71,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--triton-http", help="Triton HTTP address host:port")
     r.add_argument("--admin-url", default="", help="control plane URL (hps admin)")
     r.add_argument("--brokers", default="", help="Kafka bootstrap servers (publisher users)")
-    r.add_argument("--ctr", action="store_true", help="the model is served as <model>_ctr too")
+    r.add_argument("--ctr", action="store_true",
+                   help="load <model>_ctr too (default: when Triton says it is ready)")  # fmt: skip
     p.set_defaults(func=_loadtest)
 
 
@@ -101,7 +102,7 @@ def _loadtest(args: argparse.Namespace) -> int:
     try:
         config = stack.config_path if stack else Path(args.config)
         brokers = stack.brokers if stack else args.brokers
-        ctr = stack.ctr if stack else args.ctr
+        ctr = stack.ctr if stack else args.ctr or _ctr_served(args)
         mix = args.mix if ctr else ",".join(
             p for p in args.mix.split(",") if not p.strip().startswith("ctr"))  # fmt: skip
         rate = args.updates if args.updates is not None else (1000.0 if brokers else 0.0)
@@ -144,6 +145,23 @@ def _loadtest(args: argparse.Namespace) -> int:
             print(f"FAILED: memory grew more than {args.max_growth_mb:g} MB after warm-up")
             code = code or 1
     return code
+
+
+def _ctr_served(args: argparse.Namespace) -> bool:
+    """Whether the running Triton serves the model's CTR model (``<model>_ctr``)."""
+    import urllib.error
+    import urllib.request
+
+    from hps.config import load_config
+
+    config = load_config(args.config)
+    model = args.model or config.models[0].model
+    url = f"http://{args.triton_http}/v2/models/{model}_ctr/ready"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def _sampler(stack: Stack | None, report: Path, interval_s: float) -> ResourceSampler | None:

@@ -87,7 +87,7 @@ def test_a_broken_threshold_fails_the_run_and_the_stack_stops(
     code = main([
         "loadtest", "--config", str(cluster_stack.config_path), "--report-dir", str(tmp_path),
         "--triton-grpc", cluster_stack.triton_grpc, "--triton-http", cluster_stack.triton_http,
-        "--brokers", cluster_stack.brokers, "--ctr", "--run-time", "8", "--users", "2",
+        "--brokers", cluster_stack.brokers, "--run-time", "8", "--users", "2",
         "--samples", "32", "--mix", "grpc=1,ctr=1", "--updates", "1000",
         "--threshold", "grpc lookup:p99_ms=0.001",
     ])  # fmt: skip
