@@ -42,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="bulk updates per second (0: none; default 1000 when Kafka is "
                    "configured); starting a stack, a ps.json without Kafka gets one")  # fmt: skip
     g.add_argument("--update-batch-rows", type=int, default=500)
+    g.add_argument("--update-phases", type=int, default=0,
+                   help="N: cut the run in N phases, bulk updates in every second one, and "
+                   "compare reads with and without them")  # fmt: skip
     g.add_argument("--freshness-interval", type=float, default=1.0, help="s between probes")
     g.add_argument("--thresholds", default="", help="JSON file of limits per request type")
     g.add_argument("--threshold", action="append", default=[], help="TYPE:limit=value,...")
@@ -114,6 +117,7 @@ def _loadtest(args: argparse.Namespace) -> int:
             shape=args.shape, ramp_steps=args.ramp_steps, model=args.model,
             admin_url=stack.admin_url if stack else args.admin_url, brokers=brokers,
             update_rows_per_s=rate, update_batch_rows=args.update_batch_rows,
+            update_phases=args.update_phases,
             freshness_interval=args.freshness_interval, mix=mix, zipf=args.zipf,
             samples=args.samples, keys_per_sample=args.keys_per_sample,
             verify_keys=args.verify_keys, thresholds=args.thresholds,

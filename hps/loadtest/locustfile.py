@@ -25,7 +25,7 @@ from locust import FastHttpUser, LoadTestShape, User, constant, constant_pacing,
 from locust.env import Environment
 
 from hps.loadtest import options as opts
-from hps.loadtest.steps import StageRecorder, stage_at, stages
+from hps.loadtest.steps import StageRecorder, stage_at, stages, updates_on
 from hps.loadtest.thresholds import evaluate, load_thresholds
 from hps.loadtest.workload import Workload, WrongAnswer, load_workload
 
@@ -67,7 +67,8 @@ def _init(environment: Environment, **_: Any) -> None:
     Updater.wait_time = constant_pacing(o.update_batch_rows / max(o.update_rows_per_s, 1e-9))
     Prober.wait_time = constant_pacing(o.freshness_interval)
     AdminReader.host = o.admin_url  # FastHttpUser needs it when the user is created
-    plan = stages(o.hps_shape, o.num_users or 1, float(o.run_time or 60), o.ramp_steps)
+    run_time = float(o.run_time or 60)
+    plan = stages(o.hps_shape, o.num_users or 1, run_time, o.ramp_steps, o.update_phases)
     STATE["recorder"] = StageRecorder(plan, READ_TYPES)
     STATE["started"] = None
 
@@ -96,6 +97,7 @@ def _quitting(environment: Environment, **_: Any) -> None:
     if report is not None:
         report.mkdir(parents=True, exist_ok=True)
         rows = STATE["recorder"].write(report / "stages.csv")
+        updates = STATE["recorder"].compare_updates(o.update_phases)
         (report / "verdict.json").write_text(
             json.dumps(
                 {
@@ -103,9 +105,10 @@ def _quitting(environment: Environment, **_: Any) -> None:
                     "violations": [str(v) for v in violations],
                     "thresholds": STATE["thresholds"],
                     "stages": rows,
+                    "reads_and_updates": updates,
                 },
                 indent=1,
-            )  # fmt: skip
+            )
             + "\n"
         )
     for v in violations:
@@ -251,6 +254,10 @@ class Updater(KafkaUser):
     @task
     def publish(self) -> None:
         o = self.environment.parsed_options
+        started = STATE["started"]
+        t = time.monotonic() - started if started is not None else 0.0
+        if not updates_on(o.update_phases, stage_at(STATE["recorder"].plan, t)):
+            return  # a phase without bulk updates
         t = self.work.tables[int(self.rng.integers(0, len(self.work.tables)))]
         if t.bulk_keys.size == 0:
             return

@@ -27,6 +27,8 @@ def add_locust_options(parser: Any) -> None:
     add("--mix", default=DEFAULT_MIX, help="reader weights, e.g. grpc=4,http=2,ctr=1,bad=1")
     add("--update-rows-per-s", type=float, default=1000.0, help="bulk update rate (rows/s)")
     add("--update-batch-rows", type=int, default=500, help="rows per bulk publish()")
+    add("--update-phases", type=int, default=0,
+        help="N > 0: cut the run in N phases, bulk updates in every second one")  # fmt: skip
     add("--freshness-interval", type=float, default=1.0, help="seconds between probes")
     add("--freshness-keys", type=int, default=8, help="keys per freshness probe")
     add("--freshness-timeout", type=float, default=10.0, help="a probe fails after this")

@@ -22,11 +22,15 @@ import numpy as np
 SHAPES = ("steady", "ramp", "spike")
 
 
-def stages(shape: str, users: int, run_time: float, steps: int = 8) -> list[tuple[float, int]]:
-    """``(end time in s, reader users)`` per stage of ``shape``."""
+def stages(
+    shape: str, users: int, run_time: float, steps: int = 8, phases: int = 0
+) -> list[tuple[float, int]]:
+    """``(end time in s, reader users)`` per stage of ``shape`` (``phases``: see
+    :func:`updates_on`; a steady run is cut into that many equal stages)."""
     users = max(1, users)
     if shape == "steady":
-        return [(run_time, users)]
+        n = max(1, phases)
+        return [(run_time * (i + 1) / n, users) for i in range(n)]
     if shape == "ramp":
         steps = max(1, min(steps, users))
         return [
@@ -37,6 +41,12 @@ def stages(shape: str, users: int, run_time: float, steps: int = 8) -> list[tupl
         base = max(1, users // 4)
         return [(run_time * 0.4, base), (run_time * 0.6, users), (run_time, base)]
     raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
+
+
+def updates_on(phases: int, stage: int | None) -> bool:
+    """With ``phases`` (> 0), bulk updates flow in odd stages only (off, on, off, on, ...),
+    so reads with and without updates are compared within one run; 0: always on."""
+    return phases <= 0 or (stage is not None and stage % 2 == 1)
 
 
 def stage_at(plan: list[tuple[float, int]], t: float) -> int | None:
@@ -94,6 +104,23 @@ class StageRecorder:
         stage.end = max(stage.end, t)
         stage.times_ms.append(response_ms)
         stage.failures += int(failed)
+
+    def compare_updates(self, phases: int) -> dict[str, dict[str, float | int]]:
+        """Reads pooled over the stages without bulk updates and over those with them."""
+        if phases <= 0:
+            return {}
+        out = {}
+        for label, on in (("without", False), ("with", True)):
+            picked = [s for i, s in enumerate(self.stats) if updates_on(phases, i) == on]
+            pooled = StageStats(picked[0].users if picked else 0, 0.0)
+            for s in picked:
+                pooled.times_ms += s.times_ms
+                pooled.failures += s.failures
+            pooled.end = sum(s.end - s.start for s in picked)
+            row = pooled.row(0)
+            del row["stage"]
+            out[label] = row
+        return out
 
     def rows(self) -> list[dict[str, float | int]]:
         return [s.row(i) for i, s in enumerate(self.stats)]

@@ -79,6 +79,14 @@ def format_summary(
                 else "none: every stage broke the bound"
             )  # fmt: skip
         )
+    ab = rep["verdict"].get("reads_and_updates") or {}
+    if ab.get("with") and ab.get("without") and ab["without"]["p99_ms"]:
+        w, wo = ab["with"], ab["without"]
+        lines.append(
+            f"reads without bulk updates: {wo['rps']:.1f}/s p50 {wo['p50_ms']:.0f} ms p99 "
+            f"{wo['p99_ms']:.0f} ms; with them: {w['rps']:.1f}/s p50 {w['p50_ms']:.0f} ms "
+            f"p99 {w['p99_ms']:.0f} ms (p99 x{w['p99_ms'] / wo['p99_ms']:.2f})"
+        )
     for count, what in rep["failures"][:5]:
         lines.append(f"  {count} x {what[:150]}")
     violations = rep["verdict"].get("violations")

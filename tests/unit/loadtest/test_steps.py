@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hps.loadtest.steps import StageRecorder, knee, stage_at, stages
+from hps.loadtest.steps import StageRecorder, knee, stage_at, stages, updates_on
 
 
 def test_shapes() -> None:
@@ -36,3 +36,20 @@ def test_recorder_and_knee(tmp_path: Path) -> None:
     k = knee(rows, p99_bound_ms=100)
     assert k is not None and k["stage"] == 1 and k["users"] == 2
     assert knee(rows, p99_bound_ms=1) is None
+
+
+def test_update_phases_compare_reads_with_and_without_updates() -> None:
+    plan = stages("steady", 4, 40, phases=4)
+    assert plan == [(10, 4), (20, 4), (30, 4), (40, 4)]
+    assert [updates_on(4, i) for i in range(4)] == [False, True, False, True]
+    assert updates_on(0, None) and not updates_on(4, None)
+    rec = StageRecorder(plan, {"grpc lookup"})
+    for i in range(400):  # 10 reads a second; twice as slow while updates flow
+        t = i / 10
+        on = updates_on(4, stage_at(plan, t))
+        rec.record(t, "grpc lookup", 20.0 if on else 10.0, False)
+    got = rec.compare_updates(4)
+    assert got["without"]["requests"] == got["with"]["requests"] == 200
+    assert got["without"]["p99_ms"] == 10.0 and got["with"]["p99_ms"] == 20.0
+    assert got["with"]["rps"] == pytest.approx(10, rel=0.05)
+    assert rec.compare_updates(0) == {}
