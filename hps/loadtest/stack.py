@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hps.errors import BackendUnavailable, ConfigError
-from hps.triton.server import free_port
+from hps.net import free_port
 
 log = logging.getLogger(__name__)
 
