@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from hps.errors import BackendUnavailable, BatchTooLargeError, ShapeError
 from hps.storage._checks import check_insert, check_keys_arg, last_occurrence, table_or_raise
 from hps.storage.base import EmbeddingStore
 from hps.types import Keys, Mask, TableSpec, Vectors
+
+if TYPE_CHECKING:
+    from hps.fused import FusedLookup
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,7 @@ class L1Cache(Protocol):
     def evict(self, keys: Keys) -> None: ...
     def resident(self, keys: Keys) -> Mask: ...
     def pin(self, keys: Keys, values: Vectors) -> None: ...
+    def query_into(self, keys: Keys, out: Vectors) -> tuple[np.ndarray, int]: ...
 
 
 LEVELS = ("l1", "l2", "l3", "default")
@@ -77,6 +81,8 @@ class LookupSession:
         }
         self._latency_s = 0.0
         self._requests = 0
+        # ps.json fuse_embedding_table: build_session installs hps.fused.FusedLookup.
+        self.fused: FusedLookup | None = None
 
     # -- lookups -------------------------------------------------------------------------
 
@@ -111,16 +117,24 @@ class LookupSession:
         for spec, n in zip(specs, counts.tolist(), strict=True):
             self._check_batch(spec, n)
         start = time.perf_counter()
-        sizes = [int(n) * s.dim for s, n in zip(specs, counts, strict=True)]
-        out = np.empty(sum(sizes), dtype=np.float32)
-        k_off = v_off = 0
-        for spec, n, size in zip(specs, counts.tolist(), sizes, strict=True):
-            out[v_off : v_off + size] = self._lookup(spec, keys[k_off : k_off + n]).ravel()
-            k_off += n
-            v_off += size
+        if self.fused is not None:
+            out = self.fused.lookup(cfg, keys, counts.tolist())
+        else:
+            out = self._lookup_tables(specs, keys, counts.tolist())
         with self._lock:
             self._latency_s += time.perf_counter() - start
             self._requests += 1
+        return out
+
+    def _lookup_tables(self, specs: Sequence[TableSpec], keys: Keys, counts: list[int]) -> Vectors:
+        """The reference path of lookup_request: one table at a time."""
+        sizes = [n * s.dim for s, n in zip(specs, counts, strict=True)]
+        out = np.empty(sum(sizes), dtype=np.float32)
+        k_off = v_off = 0
+        for spec, n, size in zip(specs, counts, sizes, strict=True):
+            out[v_off : v_off + size] = self._lookup(spec, keys[k_off : k_off + n]).ravel()
+            k_off += n
+            v_off += size
         return out
 
     def _model(self, model: str) -> ModelConfig:
