@@ -17,6 +17,7 @@ is the default, ``"fuse_embedding_table": false`` selects the reference.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,6 @@ from hps.dedup import unique_inverse
 from hps.types import Keys, TableSpec, Vectors
 
 if TYPE_CHECKING:
-    from hps.config import ModelConfig
     from hps.lookup import L1Cache, LookupSession
 
 
@@ -36,10 +36,9 @@ class FusedLookup:
     def __init__(self, session: LookupSession) -> None:
         self.session = session
 
-    def lookup(self, cfg: ModelConfig, keys: Keys, counts: list[int]) -> Vectors:
+    def lookup(self, specs: Sequence[TableSpec], keys: Keys, counts: list[int]) -> Vectors:
         """Flat vectors of already validated ``keys`` (``counts[i]`` for table ``i``)."""
         session = self.session
-        specs = cfg.tables
         total = sum(n * s.dim for s, n in zip(specs, counts, strict=True))
         out = np.empty(total, dtype=np.float32)
         pending: list[tuple[TableSpec, L1Cache | None, Keys, Vectors, np.ndarray, int]] = []

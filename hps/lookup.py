@@ -66,6 +66,7 @@ class LookupSession:
         self.models = {m.model: m for m in models}
         self.tables: dict[str, TableSpec] = {t.name: t for m in models for t in m.tables}
         self._model_of = {t.name: m for m in models for t in m.tables}
+        self._specs = {m.model: m.tables for m in models}  # ModelConfig.tables builds anew
         self.volatile = volatile
         self.persistent = persistent
         self.caches: dict[str, L1Cache] = dict(caches or {})
@@ -101,7 +102,7 @@ class LookupSession:
     def lookup_request(self, model: str, keys: Any, num_keys: Any) -> Vectors:
         """HugeCTR's request shape: flat keys of all tables + keys per table → flat vectors."""
         cfg = self._model(model)
-        specs = cfg.tables
+        specs = self._specs[cfg.model]
         keys = check_keys_arg(keys)
         counts = np.asarray(num_keys).reshape(-1)
         if counts.dtype.kind not in "iu":
@@ -118,7 +119,7 @@ class LookupSession:
             self._check_batch(spec, n)
         start = time.perf_counter()
         if self.fused is not None:
-            out = self.fused.lookup(cfg, keys, counts.tolist())
+            out = self.fused.lookup(specs, keys, counts.tolist())
         else:
             out = self._lookup_tables(specs, keys, counts.tolist())
         with self._lock:

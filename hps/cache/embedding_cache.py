@@ -82,6 +82,7 @@ class EmbeddingCache:
             ("queries", "hits", "misses", "inserts", "evictions", "rejected", "updates"), 0
         )
         self._kernel = kernels.kernel_for(xp)
+        self._no_keys = xp.zeros(0, dtype=xp.int64)
 
     def _alloc(self, policy: str, frequency_window: int | None) -> None:
         capacity = self.capacity
@@ -187,14 +188,21 @@ class EmbeddingCache:
             access = self.policy.access_counts()
             counts, cap = access if access is not None else (None, 0)
             miss_pos, n_hit = self._kernel(self._rows, keys, out, self._tick, counts, cap)
-            missed = np.unique(keys[miss_pos], return_counts=True)
-            if self.policy.on_misses(to_xp(self.xp, missed[0]), to_xp(self.xp, missed[1]),
-                                     keys.size):  # fmt: skip
+            n_missed = 0
+            if miss_pos.size:
+                missed, times = np.unique(keys[miss_pos], return_counts=True)
+                n_missed = missed.size
+                if self.policy.on_misses(to_xp(self.xp, missed), to_xp(self.xp, times),
+                                         keys.size):  # fmt: skip
+                    self.policy.age()
+                    self._repin()
+            elif self.policy.on_misses(self._no_keys, self._no_keys, keys.size):
                 self.policy.age()
                 self._repin()
-            self._stats["queries"] += 1
-            self._stats["hits"] += n_hit
-            self._stats["misses"] += missed[0].size
+            stats = self._stats
+            stats["queries"] += 1
+            stats["hits"] += n_hit
+            stats["misses"] += n_missed
             return miss_pos, n_hit
 
     def resident(self, keys: Keys) -> Mask:

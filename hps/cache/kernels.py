@@ -65,9 +65,14 @@ def _probe_gather_py(
     umask = np.uint64(gmask)
     empty, tomb = np.int64(EMPTY), np.int64(TOMBSTONE)
     dim = values.shape[1]
-    n_miss = 0
-    n_hit = 0
-    for i in range(keys.shape[0]):
+    udim = np.uint64(dim)
+    flat_values = values.reshape(-1)  # flat arrays and unsigned offsets: a plain copy loop
+    flat_out = out.reshape(-1)
+    n = keys.shape[0]
+    found = np.empty(n, dtype=np.int64)
+    # Two loops in one call: the probes alone keep many cache misses in flight (the copies
+    # in between would stall them), then one copy pass writes the rows in request order.
+    for i in range(n):
         k = keys[i]
         row = -1
         if k > tomb:
@@ -93,14 +98,21 @@ def _probe_gather_py(
                     break
                 g = (g + r) & gmask
                 r += 1
+        found[i] = row
+    n_miss = 0
+    n_hit = 0
+    for i in range(n):
+        row = found[i]
+        dst = np.uint64(i) * udim
         if row < 0:
             miss_pos[n_miss] = i
             n_miss += 1
             for d in range(dim):
-                out[i, d] = 0.0
+                flat_out[dst + np.uint64(d)] = 0.0
         else:
+            src = np.uint64(row) * udim
             for d in range(dim):
-                out[i, d] = values[row, d]
+                flat_out[dst + np.uint64(d)] = flat_values[src + np.uint64(d)]
             if ticks[row] != tick:
                 ticks[row] = tick
                 n_hit += 1
@@ -120,7 +132,9 @@ def cpu_kernel() -> ProbeGather | None:
     except ImportError:
         log.info("numba not installed: the L1 cache uses its NumPy path")
         return None
-    kernel: ProbeGather = numba.njit(cache=True, nogil=True)(_probe_gather_py)
+    kernel: ProbeGather = numba.njit(cache=True, nogil=True, error_model="numpy")(
+        _probe_gather_py
+    )
     return kernel
 
 
