@@ -216,7 +216,7 @@ def _throughput(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
         def raw(arena: Any = arena, idx: Any = idx) -> None:
             to_host(arena.take(idx, axis=0))
 
-        fns = [ours, reference, ours_expand, raw]
+        fns: list[Callable[[], Any]] = [ours, reference, ours_expand, raw]
         t_ours, t_ref, t_expand, t_raw = _time(fns, args.repeats, sync)
         unique = np.unique(batch).size / n
         kernel = "compiled" if kernel_for(xp) is not None else "numpy"

@@ -90,7 +90,7 @@ def _probe_gather_py(
                 for j in range(GROUP):
                     sk = slot_keys[base + j]
                     if sk == k:
-                        row = np.int64(slot_rows[base + j])
+                        row = int(slot_rows[base + j])
                         break
                     if sk == empty:
                         ended = True
