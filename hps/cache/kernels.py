@@ -10,8 +10,11 @@ it is one loop.
 Back-ends, picked once per process (:func:`cpu_kernel`):
 
 - numba (``numba.njit(cache=True, nogil=True)``): the CPU path, compiled on first use and
-  cached on disk (``__pycache__`` next to this module, or ``NUMBA_CACHE_DIR``), so a Triton
-  instance pays the compilation once per installation, not per start. ``nogil`` lets the
+  cached on disk (``__pycache__`` next to this module when writable, else numba's user cache
+  folder or ``NUMBA_CACHE_DIR``), so a Triton instance pays the compilation (about 3-6 s
+  here) once per installation, not per start; loading the cached kernel and numba takes
+  about 1-1.5 s. An image can compile it at build time with
+  ``python -c "from hps.cache.kernels import warm_up; warm_up()"``. ``nogil`` lets the
   instances' request threads and the background L1 work run side by side.
 - a CuPy raw kernel (:mod:`hps.cache.kernels_cupy`) for caches on a GPU.
 - none: :meth:`hps.cache.EmbeddingCache.query_into` falls back to the NumPy reference path
@@ -33,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from hps.index import EMPTY, GROUP, TOMBSTONE
+from hps.index import EMPTY
 
 log = logging.getLogger(__name__)
 
@@ -45,96 +48,17 @@ NO_COUNTS = np.zeros(0, dtype=np.int32)
 COUNT_CAP_NONE = np.iinfo(np.int32).max
 
 
-def _probe_gather_py(
-    slot_keys: np.ndarray,
-    slot_rows: np.ndarray,
-    gmask: int,
-    values: np.ndarray,
-    keys: np.ndarray,
-    out: np.ndarray,
-    ticks: np.ndarray,
-    tick: int,
-    counts: np.ndarray,
-    cap: int,
-    miss_pos: np.ndarray,
-) -> tuple[int, int]:
-    """The kernel's body; compiled by numba. Run as Python only by a test, on a few keys."""
-    m1 = np.uint64(0xBF58476D1CE4E5B9)
-    m2 = np.uint64(0x94D049BB133111EB)
-    s30, s27, s31 = np.uint64(30), np.uint64(27), np.uint64(31)
-    umask = np.uint64(gmask)
-    empty, tomb = np.int64(EMPTY), np.int64(TOMBSTONE)
-    dim = values.shape[1]
-    udim = np.uint64(dim)
-    flat_values = values.reshape(-1)  # flat arrays and unsigned offsets: a plain copy loop
-    flat_out = out.reshape(-1)
-    n = keys.shape[0]
-    found = np.empty(n, dtype=np.int64)
-    # Two loops in one call: the probes alone keep many cache misses in flight (the copies
-    # in between would stall them), then one copy pass writes the rows in request order.
-    for i in range(n):
-        k = keys[i]
-        row = -1
-        if k > tomb:
-            x = np.uint64(k)
-            x = x ^ (x >> s30)
-            x = x * m1
-            x = x ^ (x >> s27)
-            x = x * m2
-            x = x ^ (x >> s31)
-            g = np.int64(x & umask)
-            r = 1
-            while True:
-                base = g * GROUP
-                ended = False
-                for j in range(GROUP):
-                    sk = slot_keys[base + j]
-                    if sk == k:
-                        row = int(slot_rows[base + j])
-                        break
-                    if sk == empty:
-                        ended = True
-                if row >= 0 or ended or r > gmask + 1:
-                    break
-                g = (g + r) & gmask
-                r += 1
-        found[i] = row
-    n_miss = 0
-    n_hit = 0
-    for i in range(n):
-        row = found[i]
-        dst = np.uint64(i) * udim
-        if row < 0:
-            miss_pos[n_miss] = i
-            n_miss += 1
-            for d in range(dim):
-                flat_out[dst + np.uint64(d)] = 0.0
-        else:
-            src = np.uint64(row) * udim
-            for d in range(dim):
-                flat_out[dst + np.uint64(d)] = flat_values[src + np.uint64(d)]
-            if ticks[row] != tick:
-                ticks[row] = tick
-                n_hit += 1
-            if counts.shape[0]:
-                c = counts[row] + 1
-                counts[row] = c if c < cap else cap
-    return n_miss, n_hit
-
-
 @functools.lru_cache(maxsize=1)
 def cpu_kernel() -> ProbeGather | None:
     """The compiled CPU kernel, or ``None`` (no numba, or ``HPS_KERNELS=numpy``)."""
     if os.environ.get("HPS_KERNELS", "").lower() == "numpy":
         return None
     try:
-        import numba
+        from hps.cache._numba_kernel import probe_gather
     except ImportError:
         log.info("numba not installed: the L1 cache uses its NumPy path")
         return None
-    kernel: ProbeGather = numba.njit(cache=True, nogil=True, error_model="numpy")(
-        _probe_gather_py
-    )
+    kernel: ProbeGather = probe_gather
     return kernel
 
 
