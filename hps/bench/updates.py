@@ -184,7 +184,8 @@ def _l3_ceiling(batches: list[Any], workdir: Path, batch_rows: int) -> float:
     for lo in range(0, keys.size, batch_rows):
         batch = rd.WriteBatch(raw_mode=True)
         batch.set_default_column_family(handle)
-        for k, v in zip(key_bytes[lo : lo + batch_rows], row_bytes[lo : lo + batch_rows]):
+        chunk = slice(lo, lo + batch_rows)
+        for k, v in zip(key_bytes[chunk], row_bytes[chunk], strict=True):
             batch.put(k, v)
         db.write(batch, sync)
     elapsed = time.perf_counter() - start
