@@ -28,6 +28,7 @@ from hps.config import PersistentDBConfig, VolatileDBConfig
 from hps.errors import BackendError
 from hps.storage import rocks_rows
 from hps.storage.base import AccessMode, EmbeddingStore
+from hps.storage.keybytes import key_bytes
 from hps.types import Keys, Mask, TableSpec, Vectors
 from hps.validate import table_or_raise
 
@@ -42,11 +43,6 @@ def _cf_options() -> rd.Options:
     table.set_bloom_filter(10, False)
     opts.set_block_based_table_factory(table)
     return opts
-
-
-def _key_bytes(keys: Keys) -> list[bytes]:
-    keys_bytes: list[bytes] = keys.astype("<i8", copy=False).view("V8").tolist()
-    return keys_bytes
 
 
 class RocksDBStore(EmbeddingStore):
@@ -161,7 +157,7 @@ class RocksDBStore(EmbeddingStore):
         for lo in range(0, n, self.max_batch_size):
             hi = min(n, lo + self.max_batch_size)
             try:
-                got: list[bytes | None] = cf.get(_key_bytes(keys[lo:hi]))  # type: ignore[arg-type,assignment]
+                got: list[bytes | None] = cf.get(key_bytes(keys[lo:hi]))  # type: ignore[arg-type,assignment]
                 parts = rocks_rows.decode(got, spec.dim)
             except Exception as exc:
                 raise BackendError(f"rocks_db: read of {table} failed: {exc}") from exc
@@ -207,7 +203,7 @@ class RocksDBStore(EmbeddingStore):
             batch.set_default_column_family(handle)
             # rocksdict takes one Python object per row: this loop is the driver's API.
             rows = rocks_rows.encode(values[lo:hi], vers)
-            for k, v in zip(_key_bytes(keys[lo:hi]), rows, strict=True):
+            for k, v in zip(key_bytes(keys[lo:hi]), rows, strict=True):
                 batch.put(k, v)
             self._write(table, batch, durable)
 
@@ -217,7 +213,7 @@ class RocksDBStore(EmbeddingStore):
         for lo in range(0, keys.size, self.max_batch_size):
             batch = rd.WriteBatch(raw_mode=True)
             batch.set_default_column_family(handle)
-            for k in _key_bytes(keys[lo : lo + self.max_batch_size]):
+            for k in key_bytes(keys[lo : lo + self.max_batch_size]):
                 batch.delete(k)
             self._write(table, batch, durable)
 
