@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -26,9 +26,6 @@ from hps.errors import BatchTooLargeError, ShapeError, UnknownTableError
 from hps.tiers import IN_L2, IN_L3, Tiers
 from hps.types import Keys, Mask, TableSpec, Vectors
 from hps.validate import as_keys, as_rows, table_or_raise
-
-if TYPE_CHECKING:
-    from hps.fused import FusedLookup
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +48,12 @@ class L1Cache(Protocol):
     def resident(self, keys: Keys) -> Mask: ...
     def pin(self, keys: Keys, values: Vectors) -> None: ...
     def query_into(self, keys: Keys, out: Vectors) -> tuple[np.ndarray, int]: ...
+
+
+class RequestLookup(Protocol):
+    """A whole-request lookup installed by build_session (hps.fused.FusedLookup)."""
+
+    def lookup(self, specs: Sequence[TableSpec], keys: Keys, counts: list[int]) -> Vectors: ...
 
 
 LEVELS = ("l1", "l2", "l3", "default")
@@ -83,7 +86,7 @@ class LookupSession:
         self._latency_s = 0.0
         self._requests = 0
         # ps.json fuse_embedding_table: build_session installs hps.fused.FusedLookup.
-        self.fused: FusedLookup | None = None
+        self.fused: RequestLookup | None = None
 
     # -- lookups -------------------------------------------------------------------------
 
