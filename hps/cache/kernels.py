@@ -5,7 +5,7 @@ for each key it walks the :class:`hps.index.KeyIndex` probe sequence, copies the
 the output (request order), stamps the row's last-access tick and bumps its access count,
 and notes the position of each miss. In NumPy this is a dedup, a few probe rounds, a tick
 scatter, a count scatter, a gather and an expansion: several passes over memory. Compiled,
-it is one loop.
+it is one call of three straight passes with prefetching (:mod:`hps.cache._numba_kernel`).
 
 Back-ends, picked once per process (:func:`cpu_kernel`):
 
