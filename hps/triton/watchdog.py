@@ -9,6 +9,11 @@ when a model answers with that error, or when ``max_timeouts`` probes in a row t
 reloads it through the model-control API with the admin key: unload (the model's
 readiness, and with ``--strict-readiness`` the server's, turns false), then load (new
 stubs). Other errors (a model an operator unloaded on purpose, say) are left alone.
+
+Triton 2.51 never finishes unloading the old version once a request has failed on the
+dead stub (it stays UNLOADING), so the watchdog does not wait for that: the load starts
+as soon as the model is no longer READY, and the stuck version only costs a clean exit
+(see docs/security.md, "What stays open").
 """
 
 from __future__ import annotations
@@ -130,11 +135,9 @@ class Watchdog:
         start = time.monotonic()
         log.warning("model %s is unhealthy (%s); reloading it", model, reason)
         try:
-            self.control.unload(model)
-            deadline = start + 30.0
-            while self.control.states().get(model) in ("READY", "UNLOADING"):
-                if time.monotonic() > deadline:
-                    break
+            self.control.unload(model)  # readiness false from here on
+            deadline = start + 5.0
+            while self.control.states().get(model) == "READY" and time.monotonic() < deadline:
                 time.sleep(0.05)
             self.control.load(model)
         except HPSError as exc:
