@@ -137,8 +137,13 @@ def _run(server: TritonServer, config: PSConfig, args: argparse.Namespace, key: 
         server.start()
         if args.watchdog_interval > 0:
             probes = probe_inputs(config)
+            assert server.proc is not None
             watchdog = Watchdog(
-                server.http_url, server.admin_key, probes, interval=args.watchdog_interval
+                server.http_url,
+                server.admin_key,
+                probes,
+                interval=args.watchdog_interval,
+                server_pid=server.proc.pid,
             )
             watchdog.start()
         _print_banner(server, config, args.config, key)
