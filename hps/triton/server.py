@@ -16,7 +16,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -29,7 +28,14 @@ from pathlib import Path
 from hps.errors import BackendUnavailable, ConfigError, HPSError
 from hps.triton.admin import restricted_args
 from hps.triton.control import ModelControl
-from hps.triton.lifecycle import die_with_parent, owned_tempdir, regions, shm_prefix
+from hps.triton.lifecycle import (  # free_port: re-exported
+    die_with_parent,
+    free_port,
+    owned_tempdir,
+    reap_group,
+    regions,
+    shm_prefix,
+)
 
 log = logging.getLogger(__name__)
 
@@ -108,13 +114,6 @@ def server_env(install: TritonInstall, base: dict[str, str] | None = None) -> di
         env["VIRTUAL_ENV"] = sys.prefix
     env.pop("PYTHONHOME", None)
     return env
-
-
-def free_port() -> int:
-    """A free TCP port on the loopback interface (racy by nature; used right away)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -279,7 +278,7 @@ class TritonServer:
         if proc is not None:
             if proc.returncode != 0:
                 problems.append(f"tritonserver exited with status {proc.returncode}")
-            _reap_group(proc.pid)
+            reap_group(proc.pid)
             left = regions(self.shm_prefix)
             if left:
                 problems.append(f"{len(left)} shared-memory regions left behind (removed)")
@@ -295,11 +294,3 @@ class TritonServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _reap_group(pgid: int) -> None:
-    """Kill stubs left behind in the server's process group once Triton itself is gone."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        return
