@@ -173,7 +173,7 @@ def _rocksdb(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, values
              stack: contextlib.ExitStack) -> Harness:  # fmt: skip
     import rocksdict as rd
 
-    from hps.storage.redis_layout import key_fields
+    from hps.storage.keybytes import key_bytes
 
     tmp = args.path or stack.enter_context(tempfile.TemporaryDirectory(prefix="hps-bench-"))
     root = Path(tmp)
@@ -195,11 +195,11 @@ def _rocksdb(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, values
         db.write(wb)
 
     for lo in range(0, keys.size, args.batch):
-        put((key_fields(keys[lo : lo + args.batch]),
+        put((key_bytes(keys[lo : lo + args.batch]),
              values[lo : lo + args.batch].view(row).ravel().tolist()))  # fmt: skip
     return Harness(
         store, spec, "rocksdict Rdict.get(list of key bytes) / WriteBatch, second database",
-        prepare=lambda idx, k, v: (key_fields(k), v.view(row).ravel().tolist()),
+        prepare=lambda idx, k, v: (key_bytes(k), v.view(row).ravel().tolist()),
         raw_fetch=lambda p: db.get(p[0]),
         raw_insert=put,
         extra=loaded,
@@ -208,7 +208,8 @@ def _rocksdb(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, values
 
 def _redis(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, values: np.ndarray,
            stack: contextlib.ExitStack) -> Harness:  # fmt: skip
-    from hps.storage.redis_layout import group_by_partition, hash_name, key_fields
+    from hps.storage.keybytes import key_bytes
+    from hps.storage.redis_layout import group_by_partition, hash_name
     from hps.testing.redis import throwaway_redis
 
     address = args.address
@@ -231,7 +232,7 @@ def _redis(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, values: 
 
     def prepare(idx: np.ndarray, k: np.ndarray, v: np.ndarray) -> Prepared:
         order, groups = group_by_partition(k, args.partitions)
-        fields = key_fields(k[order])
+        fields = key_bytes(k[order])
         rows = v[order].view(row).ravel().tolist()
         gets, sets = [], []
         for p, lo, hi in groups:

@@ -132,13 +132,6 @@ def check_ports(host: str, ports: dict[str, int]) -> None:
                 ) from None
 
 
-def free_port() -> int:
-    """A free TCP port on the loopback interface (racy by nature; used right away)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def reap_group(pgid: int) -> None:
     """Kill stubs left behind in the server's process group once Triton itself is gone."""
     try:

@@ -26,16 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hps.errors import BackendUnavailable, ConfigError, HPSError
+from hps.net import free_port
 from hps.triton.admin import restricted_args
 from hps.triton.control import ModelControl
-from hps.triton.lifecycle import (  # free_port: re-exported
-    die_with_parent,
-    free_port,
-    owned_tempdir,
-    reap_group,
-    regions,
-    shm_prefix,
-)
+from hps.triton.lifecycle import die_with_parent, owned_tempdir, reap_group, regions, shm_prefix
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from hps.errors import HPSError
 from hps.triton.client import Client
 from hps.triton.demo import table_vectors
 from hps.triton.lifecycle import pid_alive, regions
-from hps.triton.server import free_port
+from hps.net import free_port
 from tests.integration.triton.test_serve_cli import HPS, run_hps, wait_for_banner
 
 pytestmark = pytest.mark.integration
