@@ -36,7 +36,7 @@ from hps.triton.control import ModelControl
 log = logging.getLogger(__name__)
 
 UNHEALTHY = "is not healthy"
-STUB_POLL_S = 0.25
+STUB_POLL_S = 0.5
 Inputs = dict[str, np.ndarray]
 
 
@@ -53,19 +53,23 @@ def stub_pids(server_pid: int) -> dict[str, set[int]]:
     """Model name -> PIDs of its Python stubs, the children of ``server_pid`` (Linux /proc).
 
     A stub's command line is ``triton_python_backend_stub <repo>/<model>/<version>/model.py
-    ...``.
+    ...``. Reads ``/proc/<pid>/task/*/children``: a few small files, not every process.
     """
-    stubs: dict[str, set[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    children: set[int] = set()
+    for task in Path(f"/proc/{server_pid}/task").glob("*/children"):
         try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) != server_pid:
-                continue
-            args = (stat.parent / "cmdline").read_bytes().split(b"\0")
-        except (OSError, ValueError, IndexError):
+            children.update(int(pid) for pid in task.read_text().split())
+        except (OSError, ValueError):
+            continue
+    stubs: dict[str, set[int]] = {}
+    for pid in children:
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
             continue
         if len(args) > 1 and args[0].endswith(b"triton_python_backend_stub"):
             model = Path(args[1].decode(errors="replace")).parent.parent.name
-            stubs.setdefault(model, set()).add(int(stat.parent.name))
+            stubs.setdefault(model, set()).add(pid)
     return stubs
 
 
