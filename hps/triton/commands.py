@@ -153,6 +153,7 @@ def _run(server: TritonServer, config: PSConfig, args: argparse.Namespace, key: 
     except KeyboardInterrupt:
         print("stopping: draining requests, then tritonserver", file=sys.stderr)
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the drain
         if watchdog is not None:
             watchdog.stop()
         problems = server.stop()
