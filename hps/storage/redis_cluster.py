@@ -84,6 +84,11 @@ class RedisStore(EmbeddingStore):
     def bytes_per_row(cls, dim: int, *, bounded: bool = False) -> float:
         return redis_bytes_per_row(dim, bounded)
 
+    @property
+    def client(self) -> Client:
+        """The driver client (``hps bench storage`` measures raw commands over it)."""
+        return self._r
+
     # -- tables -----------------------------------------------------------------------------
 
     def open_table(self, spec: TableSpec) -> None:
