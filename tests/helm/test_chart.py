@@ -92,12 +92,18 @@ def test_serving_pod(profile: str) -> None:
     by_name = {c["name"]: c for c in containers(spec)}
     triton, admin = by_name["triton"], by_name["control-plane"]
     assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
-    assert triton["startupProbe"]["failureThreshold"] * triton["startupProbe"]["periodSeconds"] >= 600
+    assert (
+        triton["startupProbe"]["failureThreshold"] * triton["startupProbe"]["periodSeconds"] >= 600
+    )
     assert admin["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert "preStop" in triton["lifecycle"]
-    assert spec["terminationGracePeriodSeconds"] > int(triton["lifecycle"]["preStop"]["exec"]["command"][1])
+    assert spec["terminationGracePeriodSeconds"] > int(
+        triton["lifecycle"]["preStop"]["exec"]["command"][1]
+    )
     volumes = {v["name"]: v for v in spec["volumes"]}
-    assert volumes["shm"]["emptyDir"]["medium"] == "Memory" and volumes["shm"]["emptyDir"]["sizeLimit"]
+    assert (
+        volumes["shm"]["emptyDir"]["medium"] == "Memory" and volumes["shm"]["emptyDir"]["sizeLimit"]
+    )
     if persistent:
         assert "l3" not in volumes
         assert workload["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "l3"
@@ -125,9 +131,12 @@ def test_everything_features() -> None:
     }
     assert egress_ports == {53, 6379, 9093}
     spec = serving_workload(docs)["spec"]["template"]["spec"]
-    assert spec["topologySpreadConstraints"][0]["labelSelector"]["matchLabels"][
-        "app.kubernetes.io/component"
-    ] == "serving"
+    assert (
+        spec["topologySpreadConstraints"][0]["labelSelector"]["matchLabels"][
+            "app.kubernetes.io/component"
+        ]
+        == "serving"
+    )
     assert spec["imagePullSecrets"] == [{"name": "registry-credentials"}]
     assert all("@sha256:" in c["image"] for c in containers(spec))
     assert not [s for s in of_kind(docs, "Secret")]  # admin.existingSecret given
