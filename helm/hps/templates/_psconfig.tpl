@@ -1,8 +1,9 @@
 {{/*
 The ps.json of one role, from values (README: "The ps.json files"). Roles:
   serving   Triton (`hps serve`) and the control plane
-  import    the init container: L3 only, so that a pod joining later never writes an old
-            snapshot over the updates the shared L2 already holds
+  import    the init container: L3, and Redis only without Kafka (with Kafka a pod joining
+            later must not write an old snapshot over updates Redis already holds; an
+            in-process or per-pod L2 is filled by the serving processes themselves)
   updater   the per-pod sidecar: L3 only (its own consumer group, given on the command line)
   l2        the L2 updater Deployment: the shared L2 only (the group of ps.json)
 Secrets are named by environment variable (hps_password_env, hps_kafka_config_env), never
@@ -29,7 +30,7 @@ written here.
 
 {{- $vdb := dict "type" "disabled" -}}
 {{- $redis := $v.l2.redis -}}
-{{- if or (eq $role "import") (eq $role "updater") -}}
+{{- if or (eq $role "updater") (and (eq $role "import") (or $v.kafka.enabled (ne $v.l2.mode "redis"))) -}}
 {{- else if eq $v.l2.mode "embedded" -}}
 {{- $vdb = merge (dict "type" "hash_map") (deepCopy $v.l2.extra) -}}
 {{- else if eq $v.l2.mode "pod" -}}
