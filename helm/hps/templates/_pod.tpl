@@ -59,6 +59,7 @@ spec:
     - name: model-demo
       image: {{ $hpsImage }}
       imagePullPolicy: {{ $v.images.hps.pullPolicy }}
+      workingDir: /tmp  # a volume: the root filesystem is read-only
       command: [hps, demo, --dir, {{ $v.modelSource.mountPath | quote }}, --tables, {{ $v.modelSource.demo.tables | quote }}, --rows, {{ $v.modelSource.demo.rows | quote }}, --dim, {{ $v.modelSource.demo.dim | quote }}]
       {{- include "hps.containerSecurity" . | nindent 6 }}
       resources:
@@ -80,6 +81,7 @@ spec:
     - name: import
       image: {{ $hpsImage }}
       imagePullPolicy: {{ $v.images.hps.pullPolicy }}
+      workingDir: /tmp  # a volume: the root filesystem is read-only
       command: [hps, import, --config, /etc/hps/ps-import.json, --quiet]
       {{- include "hps.containerSecurity" . | nindent 6 }}
       resources:
@@ -93,6 +95,7 @@ spec:
     - name: triton
       image: {{ include "hps.image" (dict "image" $v.images.serving "root" .) }}
       imagePullPolicy: {{ $v.images.serving.pullPolicy }}
+      workingDir: /tmp  # a volume: the root filesystem is read-only
       command: [hps, serve, --config, /etc/hps/ps.json, --host, 0.0.0.0, --http-port, {{ $v.triton.httpPort | quote }}, --grpc-port, {{ $v.triton.grpcPort | quote }}, --metrics-port, {{ $v.triton.metricsPort | quote }}, --repository, /var/run/hps/repository]
       {{- include "hps.containerSecurity" . | nindent 6 }}
       env:
@@ -138,6 +141,7 @@ spec:
     - name: control-plane
       image: {{ $hpsImage }}
       imagePullPolicy: {{ $v.images.hps.pullPolicy }}
+      workingDir: /tmp  # a volume: the root filesystem is read-only
       command: [hps, admin, --config, /etc/hps/ps.json, --host, 0.0.0.0, --port, {{ $v.controlPlane.port | quote }}, --triton-url, {{ printf "127.0.0.1:%v" $v.triton.httpPort | quote }}, --token-file, /var/run/secrets/hps/token]
       {{- include "hps.containerSecurity" . | nindent 6 }}
       env:
@@ -169,6 +173,7 @@ spec:
     - name: updater
       image: {{ $hpsImage }}
       imagePullPolicy: {{ $v.images.hps.pullPolicy }}
+      workingDir: /tmp  # a volume: the root filesystem is read-only
       # Its own consumer group per pod: every pod's L3 receives every update. With
       # persistence the pod name is stable, so a restarted pod resumes where its L3 stopped;
       # without it a new pod (new name, fresh L3) replays what Kafka retains.
