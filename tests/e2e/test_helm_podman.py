@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import importlib
 import importlib.util
 import time
 import urllib.request
@@ -41,42 +42,50 @@ import yaml
 from hps.testing.redis import free_port
 from hps.triton.client import Client
 from hps.triton.demo import table_vectors
-from tests.helm.chart import ROOT, of_kind, profile_values, render
+from tests.helm.chart import of_kind, profile_values, render
 
 pytestmark = pytest.mark.integration
 
-SERVING_TAG = "localhost/hps-serving:helm-test"
-HPS_TAG = "localhost/hps:helm-test"
-DOCKER = ROOT / "docker"
 START_TIMEOUT_S = 600
 
 
-def _images_available() -> bool:
-    return (DOCKER / "Dockerfile.serving").exists() and importlib.util.find_spec(
-        "tests.images.podman"
-    ) is not None
+def _images() -> Any:
+    """The image tests' module (docker/ and tests/images of the images issue), if merged."""
+    if importlib.util.find_spec("tests.images") is None:
+        return None
+    return importlib.import_module("tests.images.conftest")
 
 
 @pytest.fixture(scope="module")
 def podman(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    if not _images_available():
+    """Podman, with both images built as the image tests build them (cached layers)."""
+    images = _images()
+    if images is None:
         pytest.xfail("docker/ and tests/images (the images issue) are not on this branch yet")
     from tests.fixtures.wheel import build_wheel
-    from tests.images.podman import Podman
 
-    pm = Podman()
+    pm = images.Podman()
     base = pm.ensure_base()
     wheel = build_wheel(tmp_path_factory.mktemp("wheel"))
-    pm.build(DOCKER / "Dockerfile.serving", wheel, SERVING_TAG, {"BASE_IMAGE": base})
-    pm.build(DOCKER / "Dockerfile.hps", wheel, HPS_TAG, {"BASE_IMAGE": base})
+    for dockerfile, tag in (
+        ("Dockerfile.serving", images.SERVING_IMAGE),
+        ("Dockerfile.hps", images.HPS_IMAGE),
+    ):
+        pm.build(images.DOCKER / dockerfile, wheel, tag, {"BASE_IMAGE": base})
     return pm
 
 
+def _image(tag: str) -> dict[str, str]:
+    repository, _, version = tag.rpartition(":")
+    return {"repository": repository, "tag": version}
+
+
 def _values(ports: dict[str, int]) -> dict[str, Any]:
+    images = _images()
     values = profile_values("single-pod")
     values["images"] = {
-        "serving": {"repository": SERVING_TAG.split(":")[0], "tag": "helm-test"},
-        "hps": {"repository": HPS_TAG.split(":")[0], "tag": "helm-test"},
+        "serving": _image(images.SERVING_IMAGE),
+        "hps": _image(images.HPS_IMAGE),
     }
     values["triton"] = {
         **values["triton"],
