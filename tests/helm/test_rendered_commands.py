@@ -36,7 +36,7 @@ def _expand(arg: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), arg)
 
 
-def _hps_containers(profile: str) -> list[tuple[str, dict[str, Any]]]:
+def _hps_containers(profile: str | dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return [
         (f"{name}/{c['name']}", c)
         for name, spec in pod_specs(manifests(profile))
@@ -82,8 +82,24 @@ def test_admin_command() -> None:
                 assert args.command == "admin", where
 
 
-@pytest.mark.parametrize("profile", PROFILES)
-def test_config_files_load(profile: str, monkeypatch: pytest.MonkeyPatch) -> None:
+REDIS = {"mode": "redis", "redis": {"address": "r:6379", "existingSecret": "r"}}
+KAFKA = {
+    "enabled": True,
+    "brokers": "k:9092",
+    "existingSecret": "k",
+    "secretKeys": {"sasl.password": "pw"},
+}
+CASES: dict[str, Any] = {
+    **{p: p for p in PROFILES},
+    "redis without kafka": {"l2": REDIS},
+    "embedded with kafka": {"kafka": KAFKA},
+    "redis with kafka": {"l2": REDIS, "kafka": KAFKA},
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_config_files_load(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    profile = CASES[case]
     docs = manifests(profile)
     files = config_files(docs)
     used = set()

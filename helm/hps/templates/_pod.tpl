@@ -84,6 +84,10 @@ spec:
       workingDir: /tmp  # a volume: the root filesystem is read-only
       command: [hps, import, --config, /etc/hps/ps-import.json, --quiet]
       {{- include "hps.containerSecurity" . | nindent 6 }}
+      {{- with include "hps.secretEnv" (dict "root" . "redis" (not .Values.kafka.enabled) "kafka" false) }}
+      env:
+        {{- . | nindent 8 }}
+      {{- end }}
       resources:
         {{- toYaml $v.importer.resources | nindent 8 }}
       volumeMounts:
@@ -91,6 +95,7 @@ spec:
         - {name: l3, mountPath: /var/lib/hps/l3}
         - {name: model-source, mountPath: {{ $v.modelSource.mountPath }}, readOnly: true}
         - {name: tmp, mountPath: /tmp}
+        {{- include "hps.redisTLSMount" . | nindent 8 }}
   containers:
     - name: triton
       image: {{ include "hps.image" (dict "image" $v.images.serving "root" .) }}
