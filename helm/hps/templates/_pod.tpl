@@ -151,6 +151,8 @@ spec:
       {{- include "hps.containerSecurity" . | nindent 6 }}
       env:
         {{- include "hps.adminEnv" . | nindent 8 }}
+        - name: HPS_TRITON_METRICS_URL  # Triton's hit rates and latencies, read by /v1 routes
+          value: {{ printf "http://127.0.0.1:%v/metrics" $v.triton.metricsPort | quote }}
         {{- include "hps.secretEnv" (dict "root" . "redis" true "kafka" true) | nindent 8 }}
       ports:
         - {name: admin, containerPort: {{ $v.controlPlane.port }}, protocol: TCP}
