@@ -15,8 +15,10 @@ boundary, so callers never see them::
     ├── FormatError               a file or message that cannot be decoded
     │   ├── SparseModelError      truncated / inconsistent HugeCTR sparse-model folder
     │   └── DecodeError           a Kafka payload that cannot be decoded
+    │       └── VersionError      an update version too far ahead of its message's timestamp
     └── BackendError              a storage tier failed
         └── BackendUnavailable    the tier cannot be reached right now (retriable)
+            └── CircuitOpenError  skipped without trying: the tier failed moments ago
 
 ``retriable(exc)`` tells whether retrying the same call may succeed; ``http_status(exc)``
 maps an error to the status code an HTTP/Triton edge should answer with.
@@ -76,6 +78,10 @@ class DecodeError(FormatError):
     pass
 
 
+class VersionError(DecodeError):
+    """An update whose version lies beyond the allowed bound (it would pin its keys)."""
+
+
 class BackendError(HPSError):
     """A storage tier failed."""
 
@@ -97,3 +103,7 @@ def retriable(exc: BaseException) -> bool:
 def http_status(exc: BaseException) -> int:
     """The HTTP status an edge should answer with for ``exc``."""
     return exc.status if isinstance(exc, HPSError) else 500
+
+
+class CircuitOpenError(BackendUnavailable):
+    """Not tried: the tier failed moments ago and is skipped for a back-off period."""

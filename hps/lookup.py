@@ -21,7 +21,7 @@ import numpy as np
 
 from hps.config import ModelConfig
 from hps.dedup import unique_inverse
-from hps.errors import BackendUnavailable, BatchTooLargeError, ShapeError
+from hps.errors import BackendUnavailable, BatchTooLargeError, CircuitOpenError, ShapeError
 from hps.storage._checks import check_insert, check_keys_arg, last_occurrence, table_or_raise
 from hps.storage.base import EmbeddingStore
 from hps.types import Keys, Mask, TableSpec, Vectors
@@ -196,6 +196,8 @@ class LookupSession:
         if self.volatile is not None:
             try:
                 values, found = self.volatile.fetch(spec.name, keys)
+            except CircuitOpenError:
+                pass  # L2 failed moments ago and is skipped for a while (hps.storage.breaker)
             except BackendUnavailable as exc:
                 log.warning("L2 unavailable, reading L3: %s", exc)
         if values is None:
@@ -333,5 +335,5 @@ class LookupSession:
 
 def _log_failure(future: Future[Any]) -> None:
     exc = future.exception()
-    if exc is not None:
+    if exc is not None and not isinstance(exc, CircuitOpenError):
         log.warning("background L1 work failed: %s", exc)

@@ -30,6 +30,7 @@ import numpy as np
 from hps.config import VolatileDBConfig
 from hps.errors import BackendError, ConfigError, UnknownTableError
 from hps.storage._checks import check_insert, check_keys_arg
+from hps.storage.breaker import CircuitBreaker
 from hps.storage.redis_conn import Client, connect, translated
 from hps.storage.redis_layout import (
     group_by_partition,
@@ -70,6 +71,9 @@ class RedisStore:
         self._stamped = self._limited and self._policy != "evict_random"
         self._touch = self._limited and self._policy == "evict_least_used"
         self._tables: dict[str, _Table] = {}
+        self.breaker = CircuitBreaker(
+            f"Redis L2 at {cfg.address}", cfg.hps_breaker_backoff_s, cfg.hps_breaker_max_backoff_s
+        )
 
     @classmethod
     def from_config(cls, cfg: VolatileDBConfig) -> RedisStore:
@@ -117,6 +121,10 @@ class RedisStore:
             yield start, order, groups, key_fields(chunk[order])
 
     def fetch(self, table: str, keys: Keys) -> tuple[Vectors, Mask]:
+        with self.breaker.guard(f"fetch {table}"):
+            return self._fetch(table, keys)
+
+    def _fetch(self, table: str, keys: Keys) -> tuple[Vectors, Mask]:
         t = self._table(table)
         keys = check_keys_arg(keys)
         dim = t.spec.dim
@@ -146,6 +154,10 @@ class RedisStore:
         return np.frombuffer(blob, np.float32).reshape(keys.size, dim), found
 
     def insert(self, table: str, keys: Keys, values: Vectors) -> None:
+        with self.breaker.guard(f"insert {table}"):
+            self._insert(table, keys, values)
+
+    def _insert(self, table: str, keys: Keys, values: Vectors) -> None:
         t = self._table(table)
         keys, values = check_insert(t.spec, keys, values)
         row = f"V{4 * t.spec.dim}"
@@ -168,6 +180,10 @@ class RedisStore:
                         self._evict(t, p, int(length))
 
     def remove(self, table: str, keys: Keys) -> None:
+        with self.breaker.guard(f"remove {table}"):
+            self._remove(table, keys)
+
+    def _remove(self, table: str, keys: Keys) -> None:
         t = self._table(table)
         keys = check_keys_arg(keys)
         for _, _, groups, fields in self._chunks(keys):
@@ -180,6 +196,10 @@ class RedisStore:
                 pipe.execute()
 
     def size(self, table: str) -> int:
+        with self.breaker.guard(f"size {table}"):
+            return self._size(table)
+
+    def _size(self, table: str) -> int:
         t = self._table(table)
         with translated(f"size {table}"):
             pipe = self._r.pipeline(transaction=False)
