@@ -131,9 +131,7 @@ class CircuitBreaker:
                 self._trips += 1
                 self._open_until = now + self._backoff
                 self._last_error = str(exc)
-                log.warning(
-                    "%s failed (%s); skipping it for %.1fs", self.name, exc, self._backoff
-                )
+                log.warning("%s failed (%s); skipping it for %.1fs", self.name, exc, self._backoff)
             if probe:
                 self._probing = False
 

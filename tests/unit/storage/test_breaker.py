@@ -48,9 +48,9 @@ def test_one_probe_after_the_backoff_closes_it_when_it_answers() -> None:
     fail(b)
     clock.now += 1.0
     assert b.state == "half_open"
-    with b.guard("probe"):
-        # while the probe runs, everybody else still skips
-        with pytest.raises(CircuitOpenError, match="a probe is in flight"), b.guard("other"):
+    with b.guard("probe"):  # while the probe runs, everybody else still skips
+        other = b.guard("other")
+        with pytest.raises(CircuitOpenError, match="a probe is in flight"), other:
             pass
     assert b.state == "closed"
     ok(b)
