@@ -20,8 +20,9 @@ boundary, so callers never see them::
         └── BackendUnavailable    the tier cannot be reached right now (retriable)
             └── CircuitOpenError  skipped without trying: the tier failed moments ago
 
-``retriable(exc)`` tells whether retrying the same call may succeed; ``http_status(exc)``
-maps an error to the status code an HTTP/Triton edge should answer with.
+Each class carries ``status``, the HTTP status an HTTP edge answers with (the control plane
+maps errors to responses with it, in one place). ``BackendUnavailable`` is the one error for
+which retrying the same call may succeed.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ class HPSError(Exception):
     """Base of every error HPS raises on purpose."""
 
     status: int = 500
-    is_retriable: bool = False
 
 
 class ConfigError(HPSError):
@@ -92,17 +92,6 @@ class BackendUnavailable(BackendError):
     """The tier cannot be reached right now; the same call may succeed later."""
 
     status = 503
-    is_retriable = True
-
-
-def retriable(exc: BaseException) -> bool:
-    """Whether retrying the failed call may succeed."""
-    return isinstance(exc, HPSError) and exc.is_retriable
-
-
-def http_status(exc: BaseException) -> int:
-    """The HTTP status an edge should answer with for ``exc``."""
-    return exc.status if isinstance(exc, HPSError) else 500
 
 
 class CircuitOpenError(BackendUnavailable):

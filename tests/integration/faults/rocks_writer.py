@@ -12,6 +12,7 @@ import sys
 import numpy as np
 
 from hps.storage.rocks_db import RocksDBStore
+from hps.tiers import Tiers
 from hps.types import TableSpec, UpdateBatch
 from hps.updates.applier import Applier
 
@@ -50,7 +51,7 @@ def expected(upto: int) -> dict[int, np.ndarray]:
 def main() -> None:
     path, start, end = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     store = RocksDBStore(path, mode="read_write")
-    applier = Applier({SPEC.name: SPEC}, volatile=None, persistent=store)
+    applier = Applier({SPEC.name: SPEC}, Tiers(None, store))
     print("ready", flush=True)
     for i in range(start, end):
         applier.apply([batch(i)])
