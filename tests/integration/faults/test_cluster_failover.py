@@ -172,12 +172,12 @@ def test_master_killed_replica_promoted_requests_succeed_no_update_lost(
         assert during > 0
         all_keys = np.array(sorted(want), dtype=np.int64)
         rows = np.stack([want[k] for k in all_keys.tolist()])
-        assert session.persistent is not None and session.volatile is not None
-        v3, f3 = session.persistent.fetch(table, all_keys)
+        assert session.tiers.persistent is not None and session.tiers.volatile is not None
+        v3, f3 = session.tiers.persistent.fetch(table, all_keys)
         assert f3.all()
         np.testing.assert_array_equal(v3, rows)
         wait_for(lambda: _l2_answers(session, table), 30, "L2 to answer again")
-        v2, f2 = session.volatile.fetch(table, all_keys)
+        v2, f2 = session.tiers.volatile.fetch(table, all_keys)
         stale = int((~np.all(v2[f2] == rows[f2], axis=1)).sum())
         print(
             f"\nmaster SIGKILLed; replica promoted after {promoted_after:.1f}s; "
@@ -191,7 +191,7 @@ def test_master_killed_replica_promoted_requests_succeed_no_update_lost(
 
 def _l2_answers(session, table: str) -> bool:  # type: ignore[no-untyped-def]
     try:
-        session.volatile.fetch(table, np.arange(10, dtype=np.int64))
+        session.tiers.volatile.fetch(table, np.arange(10, dtype=np.int64))
         return True
     except Exception:
         return False
@@ -199,5 +199,5 @@ def _l2_answers(session, table: str) -> bool:  # type: ignore[no-untyped-def]
 
 def l3_holds(session, table: str, want: dict) -> bool:  # type: ignore[no-untyped-def,type-arg]
     keys = np.array(sorted(want), dtype=np.int64)
-    values, found = session.persistent.fetch(table, keys)
+    values, found = session.tiers.persistent.fetch(table, keys)
     return bool(found.all() and np.array_equal(values, np.stack([want[k] for k in keys.tolist()])))
