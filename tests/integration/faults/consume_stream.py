@@ -96,14 +96,6 @@ class Launcher:
         self.proc.wait(30)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def applied_rows(port: int) -> float:
     """``hps_updates_applied_rows_total`` summed, from ``hps consume --metrics-port``."""
     import urllib.request

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from hps.config import VolatileDBConfig
+from hps.net import free_port
 from hps.storage.redis_cluster import RedisStore
 from hps.storage.rocks_db import RocksDBStore
 from hps.testing.kafka import TansuBroker
@@ -33,7 +34,6 @@ from tests.integration.faults.consume_stream import (
     applied_rows,
     committed,
     expected,
-    free_port,
     sentinels_of,
     step,
 )
