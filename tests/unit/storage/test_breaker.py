@@ -139,3 +139,19 @@ def test_concurrent_callers_let_exactly_one_probe_through() -> None:
         t.join()
     assert (len(admitted), len(skipped)) == (1, 7)
     assert b.state == "closed"
+
+
+def test_config_keys_and_their_bounds() -> None:
+    from hps.config import parse_config
+    from hps.errors import ConfigError
+
+    model = {"model": "m", "embedding_table_names": ["t"], "embedding_vecsize_per_table": [4]}
+    vdb = {"type": "redis", "hps_breaker_backoff_s": 0.5, "hps_breaker_max_backoff_s": 2.0}
+    cfg = parse_config({"models": [model], "volatile_db": vdb}, "ps.json")
+    assert (cfg.volatile_db.hps_breaker_backoff_s, cfg.volatile_db.hps_breaker_max_backoff_s) == (
+        0.5,
+        2.0,
+    )
+    vdb["hps_breaker_max_backoff_s"] = 0.1
+    with pytest.raises(ConfigError, match="hps_breaker_max_backoff_s must be >="):
+        parse_config({"models": [model], "volatile_db": vdb}, "ps.json")
