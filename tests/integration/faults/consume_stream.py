@@ -132,10 +132,14 @@ class TopicReader:
         return [m for m in self.read if m.offset() < offsets.get(m.partition(), 0)]  # type: ignore[attr-defined]
 
     def all(self) -> list[object]:
-        """Everything until the topic stays quiet for four polls."""
-        idle = 0
+        """Everything, once the topic has stayed quiet for four polls after the first message
+        (a fresh reader on a loaded machine may see nothing for a while)."""
+        deadline, idle = time.monotonic() + 30, 0
         while idle < 4:
-            idle = 0 if self._poll() else idle + 1
+            if self._poll():
+                idle = 0
+            elif self.read or time.monotonic() > deadline:
+                idle += 1
         return self.read
 
     def _poll(self) -> int:
