@@ -244,6 +244,22 @@ class VolatileDBConfig(_DatabaseConfig):
             data = {**data, "password": _from_env(var, "hps_password_env")}  # resolved at load
         return data
 
+    hps_breaker_backoff_s: float = Field(
+        default=1.0, ge=0.0, description="skip Redis this long after a failure (0: never skip)"
+    )
+    hps_breaker_max_backoff_s: float = Field(
+        default=10.0, ge=0.0, description="the back-off doubles after each failed probe, to this"
+    )
+
+    @model_validator(mode="after")
+    def _breaker_bounds(self) -> VolatileDBConfig:
+        if self.hps_breaker_max_backoff_s < self.hps_breaker_backoff_s:
+            raise ValueError(
+                "hps_breaker_max_backoff_s must be >= hps_breaker_backoff_s "
+                f"({self.hps_breaker_max_backoff_s} < {self.hps_breaker_backoff_s})"
+            )
+        return self
+
     @property
     def bounded(self) -> bool:
         """Whether ``overflow_margin`` limits the rows (anything below :data:`NO_LIMIT`)."""
@@ -270,6 +286,11 @@ class UpdateSourceConfig(_Frozen):
     max_commit_interval: int = Field(default=32, ge=1)
     hps_group_id: str = "hps"
     hps_dead_letter_topic: str = "hps_et.dead_letter"
+    hps_max_version_ahead_s: float = Field(
+        default=300.0,
+        ge=0.0,
+        description="an update version (ns) beyond its message's timestamp + this is refused",
+    )
     hps_kafka_config: dict[str, str | int | bool] = {}
     hps_kafka_config_env: dict[str, str] = Field(
         default={}, description="librdkafka setting -> env variable holding it (secrets)"

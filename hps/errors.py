@@ -15,8 +15,10 @@ boundary, so callers never see them::
     ├── FormatError               a file or message that cannot be decoded
     │   ├── SparseModelError      truncated / inconsistent HugeCTR sparse-model folder
     │   └── DecodeError           a Kafka payload that cannot be decoded
+    │       └── VersionError      an update version too far ahead of its message's timestamp
     └── BackendError              a storage tier failed
         └── BackendUnavailable    the tier cannot be reached right now (retriable)
+            └── CircuitOpenError  skipped without trying: the tier failed moments ago
 
 Each class carries ``status``, the HTTP status an HTTP edge answers with (the control plane
 maps errors to responses with it, in one place). ``BackendUnavailable`` is the one error for
@@ -76,6 +78,10 @@ class DecodeError(FormatError):
     pass
 
 
+class VersionError(DecodeError):
+    """An update whose version lies beyond the allowed bound (it would pin its keys)."""
+
+
 class BackendError(HPSError):
     """A storage tier failed."""
 
@@ -86,3 +92,7 @@ class BackendUnavailable(BackendError):
     """The tier cannot be reached right now; the same call may succeed later."""
 
     status = 503
+
+
+class CircuitOpenError(BackendUnavailable):
+    """Not tried: the tier failed moments ago and is skipped for a back-off period."""

@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from hps.config import ModelConfig
 from hps.dedup import unique_inverse
-from hps.errors import BatchTooLargeError, ShapeError, UnknownTableError
+from hps.errors import BatchTooLargeError, CircuitOpenError, ShapeError, UnknownTableError
 from hps.tiers import IN_L2, IN_L3, Tiers
 from hps.types import Keys, Mask, TableSpec, Vectors
 from hps.validate import as_keys, as_rows, table_or_raise
@@ -323,5 +323,5 @@ class LookupSession:
 
 def _log_failure(future: Future[object]) -> None:
     exc = future.exception()
-    if exc is not None:
+    if exc is not None and not isinstance(exc, CircuitOpenError):
         log.warning("background L1 work failed: %s", exc)

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hps.config import PSConfig
-from hps.errors import BackendUnavailable
+from hps.errors import BackendUnavailable, CircuitOpenError
 from hps.storage import AccessMode, EmbeddingStore, open_store
 from hps.types import Keys, TableSpec, Vectors
 
@@ -70,6 +70,8 @@ class Tiers:
             try:
                 values, found = self.volatile.fetch(spec.name, keys)
                 level[found] = IN_L2
+            except CircuitOpenError:
+                pass  # L2 failed moments ago and is skipped for a while (hps.storage.breaker)
             except BackendUnavailable as exc:
                 log.warning("L2 unavailable, reading L3: %s", exc)
         if values is None:

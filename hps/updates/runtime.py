@@ -195,7 +195,7 @@ def start_l1_listener(session: LookupSession, config: PSConfig) -> UpdateThread:
                 msg = source.poll(LISTENER_POLL_S)
                 msgs = [msg, *source.drain(255)] if msg is not None else []
                 for m in msgs:
-                    _refresh_from(m, tables, refresher)
+                    _refresh_from(m, tables, refresher, us.hps_max_version_ahead_s)
                 now = time.monotonic()
                 if refresher.pending and now - last_check >= COMMITTED_CHECK_S:
                     last_check = now
@@ -219,9 +219,11 @@ def _applied_by_group(committed: dict[tuple[str, int], int]) -> Callable[[Any], 
     return ready
 
 
-def _refresh_from(msg: Any, tables: Mapping[str, TableSpec], refresher: L1Refresher) -> None:
+def _refresh_from(
+    msg: Any, tables: Mapping[str, TableSpec], refresher: L1Refresher, ahead_s: float
+) -> None:
     try:
-        upd = decode_message(msg, tables)
+        upd = decode_message(msg, tables, max_version_ahead_s=ahead_s)
     except (FormatError, RequestError) as exc:
         log.debug("listener skips %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), exc)
         return

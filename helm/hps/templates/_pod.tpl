@@ -184,7 +184,7 @@ spec:
       # Its own consumer group per pod: every pod's L3 receives every update. With
       # persistence the pod name is stable, so a restarted pod resumes where its L3 stopped;
       # without it a new pod (new name, fresh L3) replays what Kafka retains.
-      command: [hps, consume, --config, /etc/hps/ps-updater.json, --metrics-port, {{ $v.kafka.updater.metricsPort | quote }}, --group-id, {{ printf "%s-l3-$(POD_NAME)" $fullname | quote }}]
+      command: [hps, consume, --config, /etc/hps/ps-updater.json, --metrics-port, {{ $v.kafka.updater.metricsPort | quote }}, --metrics-address, 0.0.0.0, --group-id, {{ printf "%s-l3-$(POD_NAME)" $fullname | quote }}]
       {{- include "hps.containerSecurity" . | nindent 6 }}
       env:
         - name: POD_NAME

@@ -122,6 +122,7 @@ def test_a_stopped_redis_is_unavailable_quickly_then_back(address: str, request:
             assert isinstance(info.value, BackendUnavailable)
     finally:
         server.start()
+    time.sleep(store.breaker.stats().backoff_s)  # the circuit breaker's back-off, then a probe
     store.insert(spec.name, keys, rows(keys, spec.dim))  # reconnects on its own
     values, found = store.fetch(spec.name, keys)
     assert found.all()
@@ -157,6 +158,7 @@ def test_a_hung_redis_times_out(redis_address: str, redis_server: RedisServer) -
         assert time.monotonic() - start < 3.0
     finally:
         os.kill(redis_server.node.pid, signal.SIGCONT)
+    time.sleep(store.breaker.stats().backoff_s)  # the circuit breaker's back-off, then a probe
     assert store.fetch(spec.name, np.arange(10))[1].sum() == 0
 
 

@@ -208,3 +208,38 @@ def test_refresher_passes() -> None:
     assert r.run_due(lambda tok: tok < 7) == 0 and r.pending == 1
     assert r.run_due(lambda tok: tok <= 7) == 1 and r.pending == 0
     assert session.calls[-1] == ([3, 5], None)  # pass 2 re-reads from L2/L3
+
+
+def test_versions_far_ahead_of_the_timestamp_are_dead_lettered_not_pinned() -> None:
+    ts_ns = Msg(b"", 3).timestamp()[1] * 1_000_000  # the broker timestamp of offset 3
+    bound = ts_ns + 300 * 10**9  # hps_max_version_ahead_s defaults to 300
+    msgs = [
+        upsert([1], 2**64 - 1, 0),  # would pin key 1 forever
+        upsert([2], bound + 1_000_000 * 2, 1),  # just past its own bound (its ts is +1 ms)
+        upsert([1, 2], 5, 2),  # so keys 1 and 2 take this later, ordinary update
+        upsert([3], bound, 3),  # exactly at the bound: accepted
+    ]
+    consumer, source, dead, l2, l3 = make(msgs)
+    consumer.run_once(threading.Event())
+    assert [o for o, _ in dead.sent] == [0, 1]
+    assert all(r.startswith("VersionError: update version") for _, r in dead.sent)
+    assert "hps_max_version_ahead_s" in dead.sent[0][1]
+    assert source.stored == [0, 1, 2, 3]
+    for store in (l2, l3):
+        values, found = store.fetch(SPEC.name, np.array([1, 2, 3]))
+        assert found.all()
+        np.testing.assert_array_equal(values[:, 0], [1, 2, 3])
+
+
+def test_the_version_bound_is_configurable() -> None:
+    ts_ns = Msg(b"", 0).timestamp()[1] * 1_000_000
+    consumer, _, dead, _, l3 = make(
+        [upsert([1], ts_ns + 2 * 10**9, 0)], hps_max_version_ahead_s=1.0
+    )
+    consumer.run_once(threading.Event())
+    assert len(dead.sent) == 1 and "at most 1s" in dead.sent[0][1]
+    consumer, _, dead, _, l3 = make(
+        [upsert([1], ts_ns + 2 * 10**9, 0)], hps_max_version_ahead_s=3.0
+    )
+    consumer.run_once(threading.Event())
+    assert not dead.sent and l3.fetch(SPEC.name, np.array([1]))[1].all()
