@@ -3,7 +3,6 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-PYTRITON := nvidia-pytriton==0.7.0
 
 .PHONY: install serve test lint clean
 
@@ -11,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
-	$(BIN)/pip install -q --no-deps $(PYTRITON)
+	$(BIN)/hps install-triton --force -- -q  # nvidia-pytriton, --no-deps (docs/deploy.md)
 	@command -v redis-server >/dev/null || { \
 	  echo "installing redis-server (apt)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -25,7 +24,7 @@ serve: $(STAMP)
 	$(BIN)/hps serve --config demo/ps.json
 
 test: $(STAMP)
-	$(BIN)/ruff check hps tests model_repository
+	$(BIN)/ruff check hps tests
 	$(BIN)/mypy hps
 	$(BIN)/pytest -q tests
 
