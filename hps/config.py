@@ -22,7 +22,8 @@ from hps.types import TableSpec
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
 INT32_MAX = 2**31 - 1
-UINT64_MAX = 2**64 - 1
+NO_LIMIT = 2**64 - 1
+"""``overflow_margin`` when none is set: the one "no capacity limit" value of every L2."""
 
 
 class _Frozen(BaseModel):
@@ -209,12 +210,17 @@ class VolatileDBConfig(_DatabaseConfig):
     tls_client_certificate: str = "client_cert.pem"
     tls_client_key: str = "client_key.pem"
     tls_server_name_identification: str = "redis.localhost"
-    overflow_margin: int = Field(default=UINT64_MAX, ge=1)
+    overflow_margin: int = Field(default=NO_LIMIT, ge=1)
     overflow_policy: OverflowPolicy = "evict_random"
     overflow_resolution_target: float = Field(default=0.8, gt=0.0, le=1.0)
     initial_cache_rate: float = Field(default=1.0, ge=0.0, le=1.0)
     cache_missed_embeddings: bool = False
     hps_socket_timeout_s: float = Field(default=5.0, gt=0.0, description="Redis connect/read")
+
+    @property
+    def bounded(self) -> bool:
+        """Whether ``overflow_margin`` limits the rows (anything below :data:`NO_LIMIT`)."""
+        return self.overflow_margin < NO_LIMIT
 
 
 class PersistentDBConfig(_DatabaseConfig):

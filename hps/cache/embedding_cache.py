@@ -323,7 +323,7 @@ class EmbeddingCache:
     # -- internals -----------------------------------------------------------------------
 
     def _batch(self, keys: Any, values: Any) -> tuple[Keys, Vectors]:
-        from hps.storage._checks import last_occurrence
+        from hps.dedup import last_occurrence
 
         keys = _host_keys(keys)
         vals = np.asarray(values, dtype=np.float32)

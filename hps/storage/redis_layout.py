@@ -76,3 +76,24 @@ def interleave(a: list[Any], b: list[Any]) -> list[Any]:
     out[0::2] = a
     out[1::2] = b
     return out
+
+
+REDIS_ZSET_ENTRY = 96  # skiplist node + dict entry + member sds, per row, with overflow_margin
+
+
+def _jemalloc(n: int) -> int:
+    """Size class jemalloc serves an ``n``-byte allocation from (4 classes per doubling)."""
+    if n <= 16:
+        return 8 if n <= 8 else 16
+    step = 1 << max(4, (n - 1).bit_length() - 3)
+    return -(-n // step) * step
+
+
+def redis_bytes_per_row(dim: int, bounded: bool) -> float:
+    """Estimated Redis memory per row of a partition hash (hashtable encoding)."""
+    value = 4 * dim
+    value_sds = _jemalloc(value + (3 if value < 256 else 5) + 1)
+    field_sds = _jemalloc(8 + 3 + 1)
+    entry = _jemalloc(24)
+    bucket = 8 * 1.5  # the bucket array is 1-2 pointers per entry
+    return value_sds + field_sds + entry + bucket + (REDIS_ZSET_ENTRY if bounded else 0)
