@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Debian packages the test suite runs (tests/images: podman with runc, mmdebstrap for the base)
+TEST_APT := podman runc mmdebstrap
 
-.PHONY: install serve test lint clean
+.PHONY: install serve test test-tools lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +25,14 @@ serve: $(STAMP)
 	$(BIN)/hps demo --dir demo
 	$(BIN)/hps serve --config demo/ps.json
 
-test: $(STAMP)
+test-tools:
+	@missing=$$(for c in $(TEST_APT); do command -v $$c >/dev/null || echo $$c; done); \
+	[ -z "$$missing" ] || { \
+	  echo "installing $$missing (apt)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing >/dev/null; }
+
+test: $(STAMP) test-tools
 	$(BIN)/ruff check hps tests
 	$(BIN)/mypy hps
 	$(BIN)/pytest -q tests
