@@ -15,7 +15,15 @@ import warnings
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from hps.errors import ConfigError
 from hps.types import TableSpec
@@ -70,8 +78,8 @@ class ModelConfig(_Frozen):
     deployed_device_list: list[int] = [0]
     max_batch_size: int = Field(default=64, ge=1)
     embedding_table_names: list[str] = []
-    embedding_vecsize_per_table: list[int]
-    maxnum_catfeature_query_per_table_per_sample: list[int] = []
+    embedding_vecsize_per_table: list[StrictInt]  # `true` is not a dim of 1
+    maxnum_catfeature_query_per_table_per_sample: list[StrictInt] = []
     maxnum_des_feature_per_sample: int = Field(default=26, ge=0)
     default_value_for_each_table: list[float] = [0.0]
     gpucache: bool = True
@@ -269,6 +277,13 @@ class PSConfig(_Frozen):
     persistent_db: PersistentDBConfig = PersistentDBConfig()
     update_source: UpdateSourceConfig = UpdateSourceConfig()
     source: str = Field(default="<memory>", exclude=True, description="file it was read from")
+
+    @field_validator("models")
+    @classmethod
+    def _some_models(cls, v: list[ModelConfig]) -> list[ModelConfig]:
+        if not v:
+            raise ValueError("needs at least one model (an empty list would serve nothing)")
+        return v
 
     @model_validator(mode="after")
     def _unique_models(self) -> PSConfig:

@@ -28,6 +28,7 @@ from hps.types import RESERVED_KEYS
 EMPTY = np.int64(RESERVED_KEYS[0])
 TOMBSTONE = np.int64(RESERVED_KEYS[1])
 GROUP = 8
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing's multiplier
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hps.config import ModelConfig
-from hps.dedup import last_occurrence, unique_inverse
+from hps.dedup import unique_inverse
 from hps.errors import BatchTooLargeError, ShapeError, UnknownTableError
 from hps.tiers import IN_L2, IN_L3, Tiers
 from hps.types import Keys, Mask, TableSpec, Vectors
@@ -239,8 +239,7 @@ class LookupSession:
         if cache is None:
             return
         if values is not None:
-            keys, values = last_occurrence(*as_rows(spec, keys, values))
-            cache.update(keys, values)
+            cache.update(*as_rows(spec, keys, values))  # the cache keeps a key's last row
             return
         keys = np.unique(as_keys(keys))
         keys = keys[cache.resident(keys)]

@@ -76,10 +76,13 @@ def import_tables(
     force: bool = False,
     progress: bool = False,
 ) -> dict[str, int]:
-    """Import what is new or changed (everything with ``force``); rows imported per table."""
+    """Import what is new or changed (everything with ``force``); rows imported per table.
+
+    A missing L3 is created (empty if there is nothing to import), so readers can open it.
+    """
     sources = sparse_sources(config) if sources is None else sources
     state = topo.state_dir
-    if state is None or not sources:
+    if state is None:
         return {}  # no L3 and no shared L2: every serving process loads its own L2
     with import_lock(state):
         record = ImportRecord(state)
@@ -96,7 +99,7 @@ def import_tables(
                 log.info("%s: L3 already holds %s", s.spec.name, s.files[0].parent)
                 record.mark(s)
             todo = [s for s in todo if s not in held]
-        if not todo:
+        if not todo and not fresh:
             return {}  # L3 may have a writer of its own (hps consume): open it only to import
         for s in todo:
             duplicates = s.validate()

@@ -1,6 +1,6 @@
 """Redis as the L2: one node or a Redis Cluster (config types ``redis_cluster`` and ``redis``).
 
-Layout (docs/storage-redis.md): the rows of table ``<model>.<table>`` are hash-partitioned
+Layout (docs/redis.md): the rows of table ``<model>.<table>`` are hash-partitioned
 into ``num_partitions`` Redis hashes named ``hps_et{<model>.<table>/p<i>}``; the braces are a
 cluster hash tag, so each partition lives in one slot (a Cluster spreads the partitions over
 its nodes) and one partition's commands form one pipeline. A field is the key as 8 bytes
@@ -30,12 +30,12 @@ import numpy as np
 from hps.config import PersistentDBConfig, VolatileDBConfig
 from hps.errors import BackendError, ConfigError, UnknownTableError
 from hps.storage.base import AccessMode, EmbeddingStore
+from hps.storage.keybytes import key_bytes
 from hps.storage.redis_conn import Client, connect, translated
 from hps.storage.redis_layout import (
     group_by_partition,
     hash_name,
     interleave,
-    key_fields,
     pair_items,
     redis_bytes_per_row,
     stamp_name,
@@ -84,6 +84,11 @@ class RedisStore(EmbeddingStore):
     def bytes_per_row(cls, dim: int, *, bounded: bool = False) -> float:
         return redis_bytes_per_row(dim, bounded)
 
+    @property
+    def client(self) -> Client:
+        """The driver client (``hps bench storage`` measures raw commands over it)."""
+        return self._r
+
     # -- tables -----------------------------------------------------------------------------
 
     def open_table(self, spec: TableSpec) -> None:
@@ -122,7 +127,7 @@ class RedisStore(EmbeddingStore):
         for start in range(0, keys.size, self._batch):
             chunk = keys[start : start + self._batch]
             order, groups = group_by_partition(chunk, self._partitions)
-            yield start, order, groups, key_fields(chunk[order])
+            yield start, order, groups, key_bytes(chunk[order])
 
     def fetch(self, table: str, keys: Keys) -> tuple[Vectors, Mask]:
         t = self._table(table)

@@ -12,15 +12,15 @@ from typing import Any
 
 import numpy as np
 
+from hps.index import GOLDEN
 from hps.types import Keys
 
-_MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: spreads sequential keys
 _SHIFT = np.uint64(32)
 
 
 def partition_of(keys: Keys, num_partitions: int) -> np.ndarray:
     """Partition index of each key (vectorised; stable across processes and releases)."""
-    mixed = keys.view(np.uint64) * _MIX  # wraps modulo 2**64
+    mixed = keys.view(np.uint64) * GOLDEN  # Fibonacci hashing; wraps modulo 2**64
     return ((mixed >> _SHIFT) % np.uint64(num_partitions)).astype(np.intp)
 
 
@@ -30,12 +30,6 @@ def hash_name(table: str, partition: int) -> bytes:
 
 def stamp_name(table: str, partition: int) -> bytes:
     return f"hps_ts{{{table}/p{partition}}}".encode()
-
-
-def key_fields(keys: Keys) -> list[bytes]:
-    """Each int64 key as its 8 little-endian bytes (one C-level pass, zero bytes kept)."""
-    fields: list[bytes] = keys.astype("<i8", copy=False).view("V8").tolist()
-    return fields
 
 
 def group_by_partition(keys: Keys, num_partitions: int) -> tuple[np.ndarray, list[tuple]]:

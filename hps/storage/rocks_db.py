@@ -24,6 +24,7 @@ import rocksdict as rd
 from hps.config import PersistentDBConfig, VolatileDBConfig
 from hps.errors import BackendError
 from hps.storage.base import AccessMode, EmbeddingStore
+from hps.storage.keybytes import key_bytes
 from hps.types import Keys, Mask, TableSpec, Vectors
 from hps.validate import table_or_raise
 
@@ -38,11 +39,6 @@ def _cf_options() -> rd.Options:
     table.set_bloom_filter(10, False)
     opts.set_block_based_table_factory(table)
     return opts
-
-
-def _key_bytes(keys: Keys) -> list[bytes]:
-    keys_bytes: list[bytes] = keys.astype("<i8", copy=False).view("V8").tolist()
-    return keys_bytes
 
 
 class RocksDBStore(EmbeddingStore):
@@ -144,7 +140,7 @@ class RocksDBStore(EmbeddingStore):
         for lo in range(0, n, self.max_batch_size):
             hi = min(n, lo + self.max_batch_size)
             try:
-                got: list[bytes | None] = cf.get(_key_bytes(keys[lo:hi]))  # type: ignore[arg-type,assignment]
+                got: list[bytes | None] = cf.get(key_bytes(keys[lo:hi]))  # type: ignore[arg-type,assignment]
             except Exception as exc:
                 raise BackendError(f"rocks_db: read of {table} failed: {exc}") from exc
             mask = np.fromiter(map(bool, got), dtype=np.bool_, count=hi - lo)
@@ -180,7 +176,7 @@ class RocksDBStore(EmbeddingStore):
             batch = rd.WriteBatch(raw_mode=True)
             batch.set_default_column_family(handle)
             # rocksdict takes one Python object per row: this loop is the driver's API.
-            for k, v in zip(_key_bytes(keys[lo:hi]), row_bytes[lo:hi].tolist(), strict=True):
+            for k, v in zip(key_bytes(keys[lo:hi]), row_bytes[lo:hi].tolist(), strict=True):
                 batch.put(k, v)
             self._write(table, batch, durable)
 
@@ -190,7 +186,7 @@ class RocksDBStore(EmbeddingStore):
         for lo in range(0, keys.size, self.max_batch_size):
             batch = rd.WriteBatch(raw_mode=True)
             batch.set_default_column_family(handle)
-            for k in _key_bytes(keys[lo : lo + self.max_batch_size]):
+            for k in key_bytes(keys[lo : lo + self.max_batch_size]):
                 batch.delete(k)
             self._write(table, batch, durable)
 

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from hps.io.sparse_model import read_sparse_model
+from hps.net import free_port
 from hps.triton.client import Client
 from hps.triton.demo import create_demo
-from hps.triton.server import free_port
 from tests.images.conftest import GRACE_S, SHM_SIZE, Containers
 from tests.images.podman import Podman
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hps.net import free_port
 from hps.triton.demo import table_vectors
-from hps.triton.server import free_port
 from tests.helpers import wait_for_banner
 
 pytestmark = pytest.mark.integration

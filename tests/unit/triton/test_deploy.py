@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from hps.build import build_session
+from hps.errors import ConfigError
 from hps.io.imports import sparse_sources
 from hps.io.loader import Loader
-from hps.errors import ConfigError
 from hps.io.sparse_model import write_sparse_model
 from hps.storage.rocks_db import RocksDBStore
 from hps.tiers import Tiers

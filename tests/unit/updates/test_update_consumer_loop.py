@@ -189,6 +189,7 @@ class FakeCache:
 class FakeSession:
     def __init__(self) -> None:
         self.caches = {SPEC.name: FakeCache()}
+        self.tiers = Tiers(None, None)
         self.calls: list[tuple[list[int], Any]] = []
 
     def refresh(self, table: str, keys: np.ndarray, values: Any = None) -> None:
@@ -197,7 +198,7 @@ class FakeSession:
 
 def test_refresher_passes() -> None:
     session = FakeSession()
-    r = L1Refresher(session, grace_s=0.0)
+    r = L1Refresher(session, grace_s=0.0)  # type: ignore[arg-type]
     r.now(SPEC.name, np.array([5, 3, 5]), np.array([[1, 1], [2, 2], [3, 3]], np.float32))
     # passed on as received: session.refresh de-duplicates (last row of a key wins)
     assert session.calls == [([5, 3, 5], [[1, 1], [2, 2], [3, 3]])]
