@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # Debian packages the test suite runs (tests/images: podman with runc, mmdebstrap for the base)
 TEST_APT := podman runc mmdebstrap
 
-.PHONY: install serve test test-tools lint clean
+.PHONY: install serve test test-tools lint loadtest clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +32,15 @@ test-tools:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing >/dev/null; }
 
+# Load test of the demo model on this machine (docs/loadtest.md); e.g.
+# make loadtest LOADTEST_ARGS="--shape ramp --users 64 --run-time 160 --updates 10000"
+LOADTEST_ARGS ?= --run-time 60 --updates 1000
+loadtest: $(STAMP)
+	$(BIN)/hps demo --dir demo
+	$(BIN)/hps loadtest --config demo/ps.json $(LOADTEST_ARGS)
+
 test: $(STAMP) test-tools
-	$(BIN)/ruff check hps tests
+	$(BIN)/ruff check hps tests loadtests
 	$(BIN)/mypy hps
 	$(BIN)/pytest -q tests
 
@@ -42,4 +49,4 @@ lint: $(STAMP)
 	$(BIN)/mypy hps
 
 clean:
-	rm -rf $(VENV) demo .pytest_cache
+	rm -rf $(VENV) demo .pytest_cache loadtest-reports

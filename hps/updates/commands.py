@@ -19,6 +19,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, help="ps.json (update_source says where from)")
     p.add_argument("--brokers", help="override update_source.brokers")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument(
+        "--group-id",
+        help="override update_source.hps_group_id (e.g. one group per pod for a pod-local L3)",
+    )
     p.set_defaults(func=_consume)
 
     p = sub.add_parser(
@@ -46,8 +50,9 @@ def _consume(args: argparse.Namespace) -> int:
     from hps.updates.runtime import build_service
 
     config = load_config(args.config)
-    if args.brokers:
-        us = config.update_source.model_copy(update={"brokers": args.brokers})
+    overrides = {"brokers": args.brokers, "hps_group_id": args.group_id}
+    if update := {k: v for k, v in overrides.items() if v}:
+        us = config.update_source.model_copy(update=update)
         config = config.model_copy(update={"update_source": us})
     session = build_session(config, with_cache=False)
     stop = threading.Event()

@@ -1,0 +1,228 @@
+{{/* The serving pod: init (model source, import), triton, control plane, updater sidecar. */}}
+{{- define "hps.servingPod" -}}
+{{- $v := .Values -}}
+{{- $fullname := include "hps.fullname" . -}}
+{{- $hpsImage := include "hps.image" (dict "image" $v.images.hps "root" .) -}}
+metadata:
+  labels:
+    {{- include "hps.labels" . | nindent 4 }}
+    app.kubernetes.io/component: serving
+    {{- with $v.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  annotations:
+    checksum/config: {{ include (print $.Template.BasePath "/configmap.yaml") . | sha256sum }}
+    {{- with $v.podAnnotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  serviceAccountName: {{ include "hps.serviceAccountName" . }}
+  automountServiceAccountToken: false
+  enableServiceLinks: false
+  terminationGracePeriodSeconds: {{ $v.terminationGracePeriodSeconds }}
+  securityContext:
+    {{- toYaml $v.podSecurityContext | nindent 4 }}
+  {{- with $v.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- if $v.triton.runtimeClassName }}
+  runtimeClassName: {{ $v.triton.runtimeClassName }}
+  {{- end }}
+  {{- if $v.priorityClassName }}
+  priorityClassName: {{ $v.priorityClassName }}
+  {{- end }}
+  {{- with $v.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $v.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $v.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- if $v.topologySpreadConstraints }}
+  topologySpreadConstraints:
+    {{- range $v.topologySpreadConstraints }}
+    {{- $c := deepCopy . }}
+    {{- if not $c.labelSelector }}
+    {{- $_ := set $c "labelSelector" (dict "matchLabels" (include "hps.servingSelector" $ | fromYaml)) }}
+    {{- end }}
+    - {{- toYaml $c | nindent 6 }}
+    {{- end }}
+  {{- end }}
+  initContainers:
+    {{- if eq $v.modelSource.type "demo" }}
+    - name: model-demo
+      image: {{ $hpsImage }}
+      imagePullPolicy: {{ $v.images.hps.pullPolicy }}
+      workingDir: /tmp  # a volume: the root filesystem is read-only
+      command: [hps, demo, --dir, {{ $v.modelSource.mountPath | quote }}, --tables, {{ $v.modelSource.demo.tables | quote }}, --rows, {{ $v.modelSource.demo.rows | quote }}, --dim, {{ $v.modelSource.demo.dim | quote }}]
+      {{- include "hps.containerSecurity" . | nindent 6 }}
+      resources:
+        {{- toYaml $v.importer.resources | nindent 8 }}
+      volumeMounts:
+        - {name: model-source, mountPath: {{ $v.modelSource.mountPath }}}
+        - {name: tmp, mountPath: /tmp}
+    {{- else if eq $v.modelSource.type "image" }}
+    - name: model-copy
+      image: {{ include "hps.image" (dict "image" $v.modelSource.image "root" .) }}
+      imagePullPolicy: {{ $v.modelSource.image.pullPolicy }}
+      command: [cp, -R, {{ printf "%s/." $v.modelSource.image.path | quote }}, {{ $v.modelSource.mountPath | quote }}]
+      {{- include "hps.containerSecurity" . | nindent 6 }}
+      resources:
+        {{- toYaml $v.importer.resources | nindent 8 }}
+      volumeMounts:
+        - {name: model-source, mountPath: {{ $v.modelSource.mountPath }}}
+    {{- end }}
+    - name: import
+      image: {{ $hpsImage }}
+      imagePullPolicy: {{ $v.images.hps.pullPolicy }}
+      workingDir: /tmp  # a volume: the root filesystem is read-only
+      command: [hps, import, --config, /etc/hps/ps-import.json, --quiet]
+      {{- include "hps.containerSecurity" . | nindent 6 }}
+      {{- with include "hps.secretEnv" (dict "root" . "redis" (not .Values.kafka.enabled) "kafka" false) }}
+      env:
+        {{- . | nindent 8 }}
+      {{- end }}
+      resources:
+        {{- toYaml $v.importer.resources | nindent 8 }}
+      volumeMounts:
+        - {name: config, mountPath: /etc/hps, readOnly: true}
+        - {name: l3, mountPath: /var/lib/hps/l3}
+        - {name: model-source, mountPath: {{ $v.modelSource.mountPath }}, readOnly: true}
+        - {name: tmp, mountPath: /tmp}
+        {{- include "hps.redisTLSMount" . | nindent 8 }}
+  containers:
+    - name: triton
+      image: {{ include "hps.image" (dict "image" $v.images.serving "root" .) }}
+      imagePullPolicy: {{ $v.images.serving.pullPolicy }}
+      workingDir: /tmp  # a volume: the root filesystem is read-only
+      command: [hps, serve, --config, /etc/hps/ps.json, --host, 0.0.0.0, --http-port, {{ $v.triton.httpPort | quote }}, --grpc-port, {{ $v.triton.grpcPort | quote }}, --metrics-port, {{ $v.triton.metricsPort | quote }}, --repository, /var/run/hps/repository]
+      {{- include "hps.containerSecurity" . | nindent 6 }}
+      env:
+        {{- include "hps.adminEnv" . | nindent 8 }}
+        {{- include "hps.secretEnv" (dict "root" . "redis" true "kafka" true) | nindent 8 }}
+        {{- with $v.triton.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      ports:
+        - {name: http, containerPort: {{ $v.triton.httpPort }}, protocol: TCP}
+        - {name: grpc, containerPort: {{ $v.triton.grpcPort }}, protocol: TCP}
+        - {name: metrics, containerPort: {{ $v.triton.metricsPort }}, protocol: TCP}
+      startupProbe:
+        httpGet: {path: /v2/health/ready, port: http}
+        periodSeconds: {{ $v.probes.startup.periodSeconds }}
+        failureThreshold: {{ $v.probes.startup.failureThreshold }}
+      livenessProbe:
+        httpGet: {path: /v2/health/live, port: http}
+        periodSeconds: {{ $v.probes.liveness.periodSeconds }}
+        failureThreshold: {{ $v.probes.liveness.failureThreshold }}
+        timeoutSeconds: {{ $v.probes.liveness.timeoutSeconds }}
+      lifecycle:
+        preStop:
+          exec:
+            command: [sleep, {{ $v.lifecycle.preStopSleepSeconds | quote }}]
+      resources:
+        {{- $res := deepCopy $v.triton.resources }}
+        {{- if $v.triton.gpu.enabled }}
+        {{- $limits := default dict $res.limits }}
+        {{- $_ := set $limits "nvidia.com/gpu" $v.triton.gpu.count }}
+        {{- $_ := set $res "limits" $limits }}
+        {{- end }}
+        {{- toYaml $res | nindent 8 }}
+      volumeMounts:
+        - {name: config, mountPath: /etc/hps, readOnly: true}
+        - {name: l3, mountPath: /var/lib/hps/l3}
+        - {name: model-source, mountPath: {{ $v.modelSource.mountPath }}, readOnly: true}
+        - {name: shm, mountPath: /dev/shm}
+        - {name: tmp, mountPath: /tmp}
+        - {name: repository, mountPath: /var/run/hps}
+        - {name: admin, mountPath: /var/run/secrets/hps, readOnly: true}
+        {{- include "hps.redisTLSMount" . | nindent 8 }}
+    - name: control-plane
+      image: {{ $hpsImage }}
+      imagePullPolicy: {{ $v.images.hps.pullPolicy }}
+      workingDir: /tmp  # a volume: the root filesystem is read-only
+      command: [hps, admin, --config, /etc/hps/ps.json, --host, 0.0.0.0, --port, {{ $v.controlPlane.port | quote }}, --triton-url, {{ printf "127.0.0.1:%v" $v.triton.httpPort | quote }}, --token-file, /var/run/secrets/hps/token]
+      {{- include "hps.containerSecurity" . | nindent 6 }}
+      env:
+        {{- include "hps.adminEnv" . | nindent 8 }}
+        - name: HPS_TRITON_METRICS_URL  # Triton's hit rates and latencies, read by /v1 routes
+          value: {{ printf "http://127.0.0.1:%v/metrics" $v.triton.metricsPort | quote }}
+        {{- include "hps.secretEnv" (dict "root" . "redis" true "kafka" true) | nindent 8 }}
+      ports:
+        - {name: admin, containerPort: {{ $v.controlPlane.port }}, protocol: TCP}
+      readinessProbe:
+        httpGet: {path: /readyz, port: admin}
+        periodSeconds: {{ $v.probes.readiness.periodSeconds }}
+        failureThreshold: {{ $v.probes.readiness.failureThreshold }}
+        timeoutSeconds: {{ $v.probes.readiness.timeoutSeconds }}
+      livenessProbe:
+        httpGet: {path: /healthz, port: admin}
+        periodSeconds: {{ $v.probes.liveness.periodSeconds }}
+        failureThreshold: {{ $v.probes.liveness.failureThreshold }}
+        timeoutSeconds: {{ $v.probes.liveness.timeoutSeconds }}
+      resources:
+        {{- toYaml $v.controlPlane.resources | nindent 8 }}
+      volumeMounts:
+        - {name: config, mountPath: /etc/hps, readOnly: true}
+        - {name: l3, mountPath: /var/lib/hps/l3}
+        - {name: model-source, mountPath: {{ $v.modelSource.mountPath }}, readOnly: true}
+        - {name: shm, mountPath: /dev/shm}
+        - {name: tmp, mountPath: /tmp}
+        - {name: admin, mountPath: /var/run/secrets/hps, readOnly: true}
+        {{- include "hps.redisTLSMount" . | nindent 8 }}
+    {{- if include "hps.sharedUpdates" . }}
+    - name: updater
+      image: {{ $hpsImage }}
+      imagePullPolicy: {{ $v.images.hps.pullPolicy }}
+      workingDir: /tmp  # a volume: the root filesystem is read-only
+      # Its own consumer group per pod: every pod's L3 receives every update. With
+      # persistence the pod name is stable, so a restarted pod resumes where its L3 stopped;
+      # without it a new pod (new name, fresh L3) replays what Kafka retains.
+      command: [hps, consume, --config, /etc/hps/ps-updater.json, --metrics-port, {{ $v.kafka.updater.metricsPort | quote }}, --group-id, {{ printf "%s-l3-$(POD_NAME)" $fullname | quote }}]
+      {{- include "hps.containerSecurity" . | nindent 6 }}
+      env:
+        - name: POD_NAME
+          valueFrom:
+            fieldRef: {fieldPath: metadata.name}
+        {{- include "hps.secretEnv" (dict "root" . "redis" false "kafka" true) | nindent 8 }}
+      ports:
+        - {name: upd-metrics, containerPort: {{ $v.kafka.updater.metricsPort }}, protocol: TCP}
+      resources:
+        {{- toYaml $v.kafka.updater.resources | nindent 8 }}
+      volumeMounts:
+        - {name: config, mountPath: /etc/hps, readOnly: true}
+        - {name: l3, mountPath: /var/lib/hps/l3}
+        - {name: tmp, mountPath: /tmp}
+    {{- end }}
+  volumes:
+    - name: config
+      configMap: {name: {{ $fullname }}-config}
+    - name: admin
+      secret: {secretName: {{ include "hps.adminSecretName" . }}, defaultMode: 0440}
+    {{- if not (include "hps.stateful" .) }}
+    - name: l3
+      emptyDir: {}
+    {{- end }}
+    - name: model-source
+      {{- if eq $v.modelSource.type "pvc" }}
+      persistentVolumeClaim: {claimName: {{ $v.modelSource.pvc.existingClaim }}, readOnly: true}
+      {{- else }}
+      emptyDir: {}
+      {{- end }}
+    - name: shm
+      emptyDir: {medium: Memory, sizeLimit: {{ $v.triton.shmSize }}}
+    - name: tmp
+      emptyDir: {}
+    - name: repository
+      emptyDir: {}
+    {{- if and (eq $v.l2.mode "redis") $v.l2.redis.tls.enabled $v.l2.redis.tls.existingSecret }}
+    - name: redis-tls
+      secret: {secretName: {{ $v.l2.redis.tls.existingSecret }}, defaultMode: 0440}
+    {{- end }}
+{{- end }}

@@ -1,0 +1,69 @@
+{{/*
+The ps.json of one role, from values (README: "The ps.json files"). Roles:
+  serving   Triton (`hps serve`) and the control plane
+  import    the init container: L3, and Redis only without Kafka (with Kafka a pod joining
+            later must not write an old snapshot over updates Redis already holds; an
+            in-process or per-pod L2 is filled by the serving processes themselves)
+  updater   the per-pod sidecar: L3 only (its own consumer group, given on the command line)
+  l2        the L2 updater Deployment: the shared L2 only (the group of ps.json)
+Secrets are named by environment variable (hps_password_env, hps_kafka_config_env), never
+written here.
+*/}}
+{{- define "hps.psConfig" -}}
+{{- $v := .root.Values -}}
+{{- $role := .role -}}
+{{- $base := $v.modelSource.mountPath -}}
+{{- $models := list -}}
+{{- range $v.models -}}
+{{- $m := deepCopy . -}}
+{{- $files := list -}}
+{{- range (default list .sparse_files) -}}
+{{- $files = append $files (ternary . (printf "%s/%s" $base .) (hasPrefix "/" .)) -}}
+{{- end -}}
+{{- if .sparse_files }}{{ $_ := set $m "sparse_files" $files }}{{ end -}}
+{{- range $key := list "dense_file" "network_file" -}}
+{{- $f := get $m $key -}}
+{{- if and $f (not (hasPrefix "/" $f)) }}{{ $_ := set $m $key (printf "%s/%s" $base $f) }}{{ end -}}
+{{- end -}}
+{{- $models = append $models $m -}}
+{{- end -}}
+
+{{- $vdb := dict "type" "disabled" -}}
+{{- $redis := $v.l2.redis -}}
+{{- if or (eq $role "updater") (and (eq $role "import") (or $v.kafka.enabled (ne $v.l2.mode "redis"))) -}}
+{{- else if eq $v.l2.mode "embedded" -}}
+{{- $vdb = merge (dict "type" "hash_map") (deepCopy $v.l2.extra) -}}
+{{- else if eq $v.l2.mode "pod" -}}
+{{- $vdb = merge (dict "type" "multi_process_hash_map") (deepCopy $v.l2.extra) -}}
+{{- else -}}
+{{- $vdb = dict "type" (ternary "redis_cluster" "redis" $redis.cluster) "address" $redis.address "user_name" $redis.user -}}
+{{- if $redis.existingSecret }}{{ $_ := set $vdb "hps_password_env" "HPS_REDIS_PASSWORD" }}{{ end -}}
+{{- if $redis.tls.enabled -}}
+{{- $_ := set $vdb "enable_tls" true -}}
+{{- if $redis.tls.existingSecret }}{{ $_ := set $vdb "tls_ca_certificate" "/var/run/secrets/hps-redis-tls/ca.crt" }}{{ end -}}
+{{- if $redis.tls.clientCertificate -}}
+{{- $_ := set $vdb "tls_client_certificate" "/var/run/secrets/hps-redis-tls/tls.crt" -}}
+{{- $_ := set $vdb "tls_client_key" "/var/run/secrets/hps-redis-tls/tls.key" -}}
+{{- end -}}
+{{- if $redis.tls.serverName }}{{ $_ := set $vdb "tls_server_name_identification" $redis.tls.serverName }}{{ end -}}
+{{- end -}}
+{{- $vdb = merge $vdb (deepCopy $v.l2.extra) -}}
+{{- end -}}
+
+{{- $pdb := merge (dict "type" "rocks_db" "path" "/var/lib/hps/l3/rocksdb") (deepCopy $v.l3.extra) -}}
+{{- if eq $role "l2" }}{{ $pdb = dict "type" "disabled" }}{{ end -}}
+
+{{- $us := dict "type" "null" -}}
+{{- if and $v.kafka.enabled (ne $role "import") -}}
+{{- $us = dict "type" "kafka_message_queue" "brokers" $v.kafka.brokers "hps_group_id" (include "hps.l2GroupId" .root) "hps_dead_letter_topic" $v.kafka.deadLetterTopic -}}
+{{- if $v.kafka.config }}{{ $_ := set $us "hps_kafka_config" (deepCopy $v.kafka.config) }}{{ end -}}
+{{- if and $v.kafka.existingSecret $v.kafka.secretKeys -}}
+{{- $env := dict -}}
+{{- range $setting, $_k := $v.kafka.secretKeys }}{{ $_ := set $env $setting (include "hps.kafkaEnvName" $setting) }}{{ end -}}
+{{- $_ := set $us "hps_kafka_config_env" $env -}}
+{{- end -}}
+{{- $us = merge $us (deepCopy $v.kafka.extra) -}}
+{{- end -}}
+
+{{- dict "supportlonglong" true "models" $models "volatile_db" $vdb "persistent_db" $pdb "update_source" $us | toPrettyJson }}
+{{- end }}

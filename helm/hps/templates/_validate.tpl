@@ -1,0 +1,21 @@
+{{/* Checks across values that values.schema.json cannot word clearly; each names the values. */}}
+{{- define "hps.validate" -}}
+{{- $v := .Values -}}
+{{- if and $v.kafka.enabled (eq $v.l2.mode "pod") -}}
+{{- fail "l2.mode=pod cannot be combined with kafka.enabled=true: the pod's shared-memory L2 would need the updater's per-pod consumer group in the serving ps.json; use l2.mode=embedded (each Triton process applies updates) or l2.mode=redis" -}}
+{{- end -}}
+{{- if and $v.autoscaling.enabled (gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas)) -}}
+{{- fail (printf "autoscaling.minReplicas (%v) is above autoscaling.maxReplicas (%v)" $v.autoscaling.minReplicas $v.autoscaling.maxReplicas) -}}
+{{- end -}}
+{{- if and (eq $v.l2.mode "redis") $v.l2.redis.tls.clientCertificate (not $v.l2.redis.tls.existingSecret) -}}
+{{- fail "l2.redis.tls.clientCertificate=true needs l2.redis.tls.existingSecret (a Secret with tls.crt and tls.key)" -}}
+{{- end -}}
+{{- if and $v.kafka.secretKeys (not $v.kafka.existingSecret) -}}
+{{- fail "kafka.secretKeys names keys of kafka.existingSecret, which is empty" -}}
+{{- end -}}
+{{- $names := dict -}}
+{{- range $v.models -}}
+{{- if hasKey $names .model }}{{ fail (printf "models: model %q appears twice" .model) }}{{ end -}}
+{{- $_ := set $names .model true -}}
+{{- end -}}
+{{- end }}

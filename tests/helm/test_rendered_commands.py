@@ -1,0 +1,142 @@
+"""The rendered pods against the real code: ps.json files and command lines.
+
+Every container that runs ``hps`` has its command line parsed by ``hps.cli.build_parser``
+(Kubernetes' ``$(VAR)`` expanded from the container's env), and the ps.json it names loads
+with ``hps.config`` given exactly the environment variables the container sets, so a secret
+named in a ps.json but missing from a container fails here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from typing import Any
+
+import pytest
+
+from hps.cli import build_parser
+from hps.config import parse_config
+from tests.helm.chart import PROFILES, config_files, containers, manifests, pod_specs
+
+SECRET = "from-a-kubernetes-secret"
+
+
+def _env(container: dict[str, Any]) -> dict[str, str]:
+    """The container's environment; secret and downward-API values stand in as fixed text."""
+    env = {}
+    for var in container.get("env", []):
+        env[var["name"]] = var.get(
+            "value", SECRET if "secretKeyRef" in var.get("valueFrom", {}) else "pod-0"
+        )
+    return env
+
+
+def _expand(arg: str, env: dict[str, str]) -> str:
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), arg)
+
+
+def _hps_containers(profile: str | dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (f"{name}/{c['name']}", c)
+        for name, spec in pod_specs(manifests(profile))
+        for c in containers(spec)
+        if c["command"][0] == "hps"
+    ]
+
+
+def _admin_available() -> bool:
+    """`hps admin` is the control-plane issue's (hps/service); once merged it must parse."""
+    return importlib.util.find_spec("hps.service") is not None
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_command_lines_parse(profile: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    parser = build_parser()
+    seen = set()
+    for where, container in _hps_containers(profile):
+        env = _env(container)
+        argv = [_expand(a, env) for a in container["command"][1:]]
+        assert "$(" not in " ".join(argv), f"{where}: unexpanded variable in {argv}"
+        if argv[0] == "admin" and not _admin_available():
+            continue  # checked by test_admin_command once hps/service is merged
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit:
+            pytest.fail(f"{where}: `hps {' '.join(argv)}` does not parse")
+        seen.add(args.command)
+        if args.command == "consume" and "--group-id" in argv:
+            assert args.group_id.endswith("-pod-0"), where  # one group per pod
+    assert {"serve", "import"} <= seen
+
+
+def test_admin_command() -> None:
+    """The control-plane sidecar's command line, against the real `hps admin` parser."""
+    if not _admin_available():
+        pytest.xfail("hps admin (issue 11, hps/service) is not on this branch yet")
+    parser = build_parser()
+    for profile in PROFILES:
+        for where, container in _hps_containers(profile):
+            if container["command"][1] == "admin":
+                args = parser.parse_args(container["command"][1:])
+                assert args.command == "admin", where
+
+
+REDIS = {"mode": "redis", "redis": {"address": "r:6379", "existingSecret": "r"}}
+KAFKA = {
+    "enabled": True,
+    "brokers": "k:9092",
+    "existingSecret": "k",
+    "secretKeys": {"sasl.password": "pw"},
+}
+CASES: dict[str, Any] = {
+    **{p: p for p in PROFILES},
+    "redis without kafka": {"l2": REDIS},
+    "embedded with kafka": {"kafka": KAFKA},
+    "redis with kafka": {"l2": REDIS, "kafka": KAFKA},
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_config_files_load(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    profile = CASES[case]
+    docs = manifests(profile)
+    files = config_files(docs)
+    used = set()
+    for where, container in _hps_containers(profile):
+        argv = container["command"]
+        if "--config" not in argv:
+            continue
+        name = argv[argv.index("--config") + 1].removeprefix("/etc/hps/")
+        assert name in files, f"{where}: {name} is not in the ConfigMap"
+        used.add(name)
+        text = files[name]
+        assert SECRET not in text
+        with monkeypatch.context() as m:
+            for var in (
+                "HPS_REDIS_PASSWORD",
+                *[k for k in _env(container) if k.startswith("HPS_")],
+            ):
+                m.delenv(var, raising=False)
+            for var, value in _env(container).items():
+                m.setenv(var, value)
+            config = parse_config(json.loads(text), f"{where}:{name}")
+        if config.volatile_db.type in ("redis", "redis_cluster") and "hps_password_env" in text:
+            assert config.volatile_db.password == SECRET
+        for key, value in config.update_source.hps_kafka_config.items():
+            assert "password" not in key or value == SECRET
+    assert used == set(files), f"ConfigMap files nobody reads: {set(files) - used}"
+
+
+def test_roles_split_tiers() -> None:
+    """Redis + Kafka: the import and the per-pod updater touch L3 only, the L2 updater L2 only."""
+    files = {k: json.loads(v) for k, v in config_files(manifests("redis-kafka-gpu")).items()}
+    assert files["ps.json"]["volatile_db"]["type"] == "redis_cluster"
+    assert files["ps.json"]["persistent_db"]["type"] == "rocks_db"
+    assert files["ps-import.json"]["volatile_db"]["type"] == "disabled"
+    assert files["ps-import.json"]["update_source"]["type"] == "null"
+    assert files["ps-updater.json"]["volatile_db"]["type"] == "disabled"
+    assert files["ps-l2.json"]["persistent_db"]["type"] == "disabled"
+    assert files["ps-l2.json"]["volatile_db"]["type"] == "redis_cluster"
+    groups = {f["update_source"]["hps_group_id"] for n, f in files.items() if n != "ps-import.json"}
+    assert groups == {"rel-hps-l2"}  # the serving L1 listeners follow the L2 group

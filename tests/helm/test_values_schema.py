@@ -1,0 +1,127 @@
+"""values.schema.json (and the chart's cross-value checks) refuse bad values, naming them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.helm.chart import PROFILES, chart, profile_values, render
+
+# (values, words the message must contain: the value's path and what is wrong)
+BAD: list[tuple[str, dict[str, Any], list[str]]] = [
+    ("negative replicas", {"replicaCount": -1}, ["/replicaCount", "minimum"]),
+    ("replicas as text", {"replicaCount": "three"}, ["/replicaCount", "string"]),
+    ("unknown top-level key", {"replicas": 2}, ["'replicas' not allowed"]),
+    ("typo in a section", {"triton": {"httpport": 8000}}, ["/triton", "'httpport' not allowed"]),
+    (
+        "inline Redis password",
+        {"l2": {"mode": "redis", "redis": {"address": "r:6379", "password": "hunter2"}}},
+        ["/l2/redis", "'password' not allowed"],
+    ),
+    (
+        "Redis password through extra",
+        {"l2": {"extra": {"password": "hunter2"}}},
+        ["/l2/extra/password"],
+    ),
+    (
+        "inline Kafka SASL password",
+        {"kafka": {"config": {"sasl.password": "hunter2"}}},
+        ["/kafka/config/sasl.password"],
+    ),
+    (
+        "unknown L2 mode",
+        {"l2": {"mode": "memcached"}},
+        ["/l2/mode", "one of 'embedded', 'pod', 'redis'"],
+    ),
+    ("Redis without address", {"l2": {"mode": "redis"}}, ["/l2/redis/address", "minLength"]),
+    (
+        "Redis address without port",
+        {"l2": {"mode": "redis", "redis": {"address": "redis.svc"}}},
+        ["/l2/redis/address", "pattern"],
+    ),
+    ("Kafka without brokers", {"kafka": {"enabled": True}}, ["/kafka/brokers", "minLength"]),
+    ("port out of range", {"triton": {"httpPort": 70000}}, ["/triton/httpPort", "maximum"]),
+    ("GPU count zero", {"triton": {"gpu": {"enabled": True, "count": 0}}}, ["/triton/gpu/count"]),
+    ("bad digest", {"images": {"hps": {"digest": "latest"}}}, ["/images/hps/digest", "pattern"]),
+    (
+        "model without vector sizes",
+        {"models": [{"model": "m"}]},
+        ["/models/0", "embedding_vecsize"],
+    ),
+    (
+        "bad model name",
+        {"models": [{"model": "a b", "embedding_vecsize_per_table": [4]}]},
+        ["/models/0/model", "pattern"],
+    ),
+    (
+        "PVC source without claim",
+        {"modelSource": {"type": "pvc"}},
+        ["/modelSource/pvc/existingClaim"],
+    ),
+    ("bad memory quantity", {"triton": {"shmSize": "lots"}}, ["/triton/shmSize"]),
+    (
+        "HPA above 100%",
+        {"autoscaling": {"targetCPUUtilizationPercentage": 150}},
+        ["/autoscaling/targetCPUUtilizationPercentage", "maximum"],
+    ),
+    ("bad secret name", {"admin": {"existingSecret": "Not_A_Name"}}, ["/admin/existingSecret"]),
+]
+
+# Refused while rendering, by the chart's own checks (templates/_validate.tpl).
+BAD_RENDER: list[tuple[str, dict[str, Any], list[str]]] = [
+    (
+        "pod-local L2 with Kafka",
+        {"l2": {"mode": "pod"}, "kafka": {"enabled": True, "brokers": "k:9092"}},
+        ["l2.mode=pod", "kafka.enabled=true"],
+    ),
+    (
+        "HPA min above max",
+        {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}},
+        ["autoscaling.minReplicas (5)", "autoscaling.maxReplicas (2)"],
+    ),
+    (
+        "secret keys without a secret",
+        {"kafka": {"secretKeys": {"sasl.password": "pw"}}},
+        ["kafka.secretKeys", "kafka.existingSecret"],
+    ),
+    (
+        "duplicate model",
+        {"models": [{"model": "m", "embedding_vecsize_per_table": [4]}] * 2},
+        ['model "m" appears twice'],
+    ),
+]
+
+
+@pytest.mark.parametrize(("values", "words"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_schema_refuses(values: dict[str, Any], words: list[str]) -> None:
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmValuesError) as err:
+        chart().validate_schema(values)
+    for word in words:
+        assert word in str(err.value), str(err.value)
+    with pytest.raises(helm.HelmError):  # rendering applies the same schema
+        render(values)
+
+
+@pytest.mark.parametrize(
+    ("values", "words"), [b[1:] for b in BAD_RENDER], ids=[b[0] for b in BAD_RENDER]
+)
+def test_render_refuses(values: dict[str, Any], words: list[str]) -> None:
+    import helm_python as helm
+
+    chart().validate_schema(values)  # each value alone is fine; together they are not
+    with pytest.raises(helm.HelmError) as err:
+        render(values)
+    for word in words:
+        assert word in str(err.value), str(err.value)
+
+
+def test_at_least_ten_refusals() -> None:
+    assert len(BAD) + len(BAD_RENDER) >= 10
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_profiles_accepted(profile: str) -> None:
+    chart().validate_schema(profile_values(profile))
