@@ -1,4 +1,4 @@
-"""``hps demo``, ``hps serve``, ``hps query``, ``hps reload``; ``hps install-triton`` (install.py)."""
+"""``hps demo``, ``hps serve``, ``hps query``, ``hps reload`` (install-triton: install.py)."""
 
 from __future__ import annotations
 
