@@ -3,15 +3,16 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-PYTRITON := nvidia-pytriton==0.7.0
+# Debian packages the test suite runs (tests/images: podman with runc, mmdebstrap for the base)
+TEST_APT := podman runc mmdebstrap
 
-.PHONY: install serve test lint loadtest clean
+.PHONY: install serve test test-tools lint loadtest clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
-	$(BIN)/pip install -q --no-deps $(PYTRITON)
+	$(BIN)/hps install-triton --force -- -q  # nvidia-pytriton, --no-deps (docs/deploy.md)
 	@command -v redis-server >/dev/null || { \
 	  echo "installing redis-server (apt)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -24,6 +25,13 @@ serve: $(STAMP)
 	$(BIN)/hps demo --dir demo
 	$(BIN)/hps serve --config demo/ps.json
 
+test-tools:
+	@missing=$$(for c in $(TEST_APT); do command -v $$c >/dev/null || echo $$c; done); \
+	[ -z "$$missing" ] || { \
+	  echo "installing $$missing (apt)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing >/dev/null; }
+
 # Load test of the demo model on this machine (docs/loadtest.md); e.g.
 # make loadtest LOADTEST_ARGS="--shape ramp --users 64 --run-time 160 --updates 10000"
 LOADTEST_ARGS ?= --run-time 60 --updates 1000
@@ -31,8 +39,8 @@ loadtest: $(STAMP)
 	$(BIN)/hps demo --dir demo
 	$(BIN)/hps loadtest --config demo/ps.json $(LOADTEST_ARGS)
 
-test: $(STAMP)
-	$(BIN)/ruff check hps tests model_repository loadtests
+test: $(STAMP) test-tools
+	$(BIN)/ruff check hps tests loadtests
 	$(BIN)/mypy hps
 	$(BIN)/pytest -q tests
 

@@ -6,4 +6,5 @@ pytest_plugins: list[str] = [
     "tests.fixtures.kafka",
     "tests.fixtures.redis_servers",
     "tests.fixtures.triton",
+    "tests.fixtures.wheel",
 ]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
 import uuid
 from typing import Any
 
 import numpy as np
+import pytest
 
 from hps.config import PSConfig, parse_config
 
@@ -44,3 +47,18 @@ def rows(keys: np.ndarray, dim: int, seed: int = 0) -> np.ndarray:
     k = np.asarray(keys, dtype=np.int64)
     base = (k % 1000).astype(np.float32)[:, None]
     return (base + np.arange(dim, dtype=np.float32)[None, :] * 0.25 + seed).astype(np.float32)
+
+
+def wait_for_banner(proc: subprocess.Popen[str], timeout: float = 90.0) -> list[str]:
+    """Lines `hps serve` printed up to its banner's last `hps query` line (the CTR model's)."""
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            pytest.fail(f"hps serve exited early ({proc.poll()}):\n" + "".join(lines))
+        lines.append(line)
+        if "query --url" in line and "--samples" in line:
+            return lines
+    pytest.fail("no banner from hps serve:\n" + "".join(lines))

@@ -1,4 +1,4 @@
-"""``hps demo``, ``hps serve``, ``hps query`` and ``hps reload``."""
+"""``hps demo``, ``hps serve``, ``hps query``, ``hps reload`` (install-triton: install.py)."""
 
 from __future__ import annotations
 
@@ -63,6 +63,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keys", help="comma-separated int64 keys (embedding models)")
     p.add_argument("--samples", type=int, default=2, help="random samples (CTR models)")
     p.set_defaults(func=_query)
+
+    from hps.triton import install
+
+    install.register(sub)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -1,4 +1,8 @@
-"""Prepare a Triton model repository for a ps.json from the templates in model_repository/.
+"""Prepare a Triton model repository for a ps.json from the model templates.
+
+The templates (``hps_embedding``, ``hps_ctr``, ``hps_floor``) ship inside the package, in
+``hps/triton/model_repository/``, and are found with :mod:`importlib.resources`, so a wheel
+or a container image serves exactly like a checkout.
 
 Each ps.json model becomes a Triton model of the same name with HugeCTR's HPS interface
 (``hps_embedding``), as HugeCTR's HPS backend named them; a model whose ``dense_file`` is
@@ -14,6 +18,7 @@ import os
 import re
 import shutil
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 
 from hps.config import PSConfig
@@ -23,12 +28,21 @@ TEMPLATES_ENV = "HPS_MODEL_REPOSITORY"
 CTR_SUFFIX = "_ctr"
 
 
+def packaged_templates() -> Path:
+    """The templates shipped as package data (``hps.triton``'s ``model_repository/``)."""
+    resource = files("hps.triton").joinpath("model_repository")
+    # An installed package is a folder on disk (never a zip: tritonserver reads model.py files).
+    return Path(str(resource))
+
+
 def templates_dir() -> Path:
-    """model_repository/ of this checkout (or ``$HPS_MODEL_REPOSITORY``)."""
-    default = Path(__file__).resolve().parents[2] / "model_repository"
-    path = Path(os.environ.get(TEMPLATES_ENV) or default)
+    """The model templates: ``$HPS_MODEL_REPOSITORY`` if set, else the packaged ones."""
+    path = Path(os.environ.get(TEMPLATES_ENV) or packaged_templates())
     if not (path / "hps_embedding" / "config.pbtxt").is_file():
-        raise ConfigError(f"no model templates in {path}; set {TEMPLATES_ENV} to model_repository/")
+        raise ConfigError(
+            f"no model templates in {path}; unset {TEMPLATES_ENV} or point it at a copy of "
+            "hps/triton/model_repository/"
+        )
     return path
 
 

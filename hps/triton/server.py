@@ -64,7 +64,8 @@ def find_triton() -> TritonInstall:
     root = _pytriton_root()
     if root is None:
         raise ConfigError(
-            "tritonserver not found: put it on PATH or `pip install --no-deps nvidia-pytriton`"
+            "tritonserver not found: put it on PATH or run `hps install-triton` "
+            "(pip install --no-deps nvidia-pytriton)"
         )
     server = root / "tritonserver"
     pyver = f"{sys.version_info.major}.{sys.version_info.minor}"

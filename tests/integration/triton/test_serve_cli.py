@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 
 from hps.net import free_port
 from hps.triton.demo import table_vectors
+from tests.helpers import wait_for_banner
 
 pytestmark = pytest.mark.integration
 
@@ -25,20 +25,6 @@ def run_hps(*args: str, cwd: Path) -> list[str]:
     done = subprocess.run([*HPS, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
-
-
-def wait_for_banner(proc: subprocess.Popen[str], timeout: float = 90.0) -> list[str]:
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            pytest.fail(f"hps serve exited early ({proc.poll()}):\n" + "".join(lines))
-        lines.append(line)
-        if "query --url" in line and "--samples" in line:
-            return lines
-    pytest.fail("no banner from hps serve:\n" + "".join(lines))
 
 
 def test_demo_serve_query_and_sigterm(tmp_path: Path) -> None:
