@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "hps.cache.commands",  # plan, freq
     "hps.triton.commands",  # demo, serve, query
     "hps.updates.commands",  # consume, publish
+    "hps.service.commands",  # admin
 ]
 
 

@@ -193,3 +193,22 @@ def warm_up_session(session: Any, config: PSConfig) -> dict[str, int]:
             loaded[spec.name] = n
             log.info("L1 %s: warmed up %d of %d planned rows", spec.name, n, plan.size)
     return loaded
+
+
+def warm_up_keysets(session: Any, model: str, files_json: str | None) -> dict[str, int]:
+    """Load the keys of keyset files into L1, ``files_json`` naming one file per table.
+
+    ``files_json`` is a JSON object ``{"<table>": "<keyset path>"}`` (the control plane's
+    warm-up passes it as the ``hps_warmup_keysets`` model parameter); rows loaded per table.
+    """
+    import json
+
+    loaded: dict[str, int] = {}
+    if not files_json:
+        return loaded
+    for table, path in json.loads(files_json).items():
+        name = f"{model}.{table}"
+        keys = read_keyset(path)
+        loaded[name] = sum(session.warm_up(name, c) for c in _chunks(keys, WARMUP_CHUNK))
+        log.info("L1 %s: warmed up %d rows from %s", name, loaded[name], path)
+    return loaded

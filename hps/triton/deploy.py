@@ -115,6 +115,17 @@ def _locked(base: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+@contextmanager
+def writer_lock(config: PSConfig) -> Iterator[None]:
+    """The lock :func:`prepare_tables` imports under; other L3/L2 writers (hps admin) take it."""
+    base = _state_base(config)
+    if base is None:
+        yield
+        return
+    with _locked(base):
+        yield
+
+
 def prepare_tables(
     config: PSConfig, models: list[str] | None = None, *, progress: bool = False
 ) -> dict[str, int]:
@@ -233,13 +244,21 @@ def fill_l2(session: LookupSession, config: PSConfig, model: ModelConfig) -> int
 def _fill(
     session: LookupSession, model: ModelConfig, share: float, wanted: Callable[[TableSpec], bool]
 ) -> int:
+    """From L3 when there is one (it holds imports and deletes made since the sparse files)."""
     assert session.volatile is not None
+    l3 = session.persistent
     total = 0
     for spec, path in zip(model.tables, model.sparse_files, strict=True):
         if not wanted(spec):
             continue
-        left = int(round(share * sparse_model_rows(path, spec.dim)))
-        for keys, vectors in read_sparse_model(path, spec.dim):
+        if l3 is not None and hasattr(l3, "dump"):
+            # size() scans the keys: only count when a share is wanted
+            left = int(round(share * l3.size(spec.name))) if share < 1 else 1 << 62
+            chunks = l3.dump(spec.name)
+        else:
+            left = int(round(share * sparse_model_rows(path, spec.dim)))
+            chunks = read_sparse_model(path, spec.dim)
+        for keys, vectors in chunks:
             if left <= 0:
                 break
             n = min(keys.size, left)

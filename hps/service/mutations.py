@@ -1,0 +1,115 @@
+"""Mutating routes (bearer token, checked by :class:`hps.service.limits.Gate`)."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
+from fastapi.concurrency import run_in_threadpool
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from hps.errors import RequestError
+from hps.service import ops, uploads
+from hps.service.jobs import Job
+from hps.service.schemas import WRITE, DeleteBody, WarmupBody
+from hps.service.state import AdminState
+
+# Declares the scheme in the OpenAPI document; Gate has already checked the token.
+bearer = HTTPBearer(auto_error=False, description="the admin token (--token-file, HPS_ADMIN_TOKEN)")
+Auth = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+router = APIRouter(tags=["admin"])
+
+
+def _state(request: Request) -> AdminState:
+    state: AdminState = request.app.state.hps
+    return state
+
+
+@router.delete("/v1/models/{model}/tables/{table}/keys", responses=WRITE)
+def delete_keys(
+    model: str, table: str, body: DeleteBody, request: Request, _: Auth
+) -> dict[str, Any]:
+    """Remove keys from L3, L2 and every serving process's L1 (Kafka, else a reload)."""
+    state = _state(request)
+    spec = state.spec(model, table)
+    return ops.delete(state, spec, np.unique(np.asarray(body.keys, dtype=np.int64)))
+
+
+@router.post("/v1/models/{model}/reload", responses=WRITE)
+def reload(model: str, request: Request, _: Auth) -> dict[str, Any]:
+    """Reload the model in Triton: every instance restarts (fresh L1, L3 reopened)."""
+    state = _state(request)
+    state.reset_reader()
+    return {"reloaded": state.reload(model)}
+
+
+@router.post("/v1/models/{model}/warmup", responses=WRITE)
+def warmup(model: str, body: WarmupBody, request: Request, _: Auth) -> dict[str, Any]:
+    """Load keys into every instance's L1 (the model is reloaded with them)."""
+    from hps.cache.warmup import hottest, read_frequency_file
+    from hps.io.keyset import read_keyset
+
+    state = _state(request)
+    cfg = state.config.model(model)
+    tables = [body.table] if body.table else cfg.table_names
+    for t in tables:
+        state.spec(model, t)
+    if body.keys is not None:
+        keys = np.asarray(body.keys, dtype=np.int64)
+    elif body.keyset_path is not None:
+        keys = read_keyset(body.keyset_path)
+    else:
+        assert body.frequency_path is not None
+        fkeys, counts = read_frequency_file(body.frequency_path)
+        keys = hottest(fkeys, counts, body.top_k or fkeys.size)
+    return ops.warmup_keys(state, model, dict.fromkeys(tables, keys))
+
+
+@router.post("/v1/models/{model}/tables/{table}/import", status_code=202, responses=WRITE)
+async def import_table(
+    model: str,
+    table: str,
+    request: Request,
+    _: Auth,
+    format: Annotated[Literal["sparse", "npy"], Form(description="sparse: key + emb_vector")],
+    keys: Annotated[UploadFile | None, File(description="`key` file or keys .npy")] = None,
+    vectors: Annotated[UploadFile | None, File(description="`emb_vector` or vectors .npy")] = None,
+    path: Annotated[str | None, Form(description="server-side folder instead of uploads")] = None,
+) -> dict[str, Any]:
+    """Load a table from an upload or a server-side folder; progress at ``/v1/jobs/{id}``.
+
+    The whole input is validated first (sizes, dims, finite values): a bad one gets a 4xx
+    and nothing is written. A job that fails while writing (a tier down) left the rows
+    before its ``rows_done`` written: run the same import again (upserts are idempotent).
+    """
+    state = _state(request)
+    spec = state.spec(model, table)
+    staged = None
+    if path is not None and (keys is not None or vectors is not None):
+        raise RequestError("give either uploaded files (keys, vectors) or path, not both")
+    if path is not None:
+        folder = uploads.source_folder(format, path)
+    elif keys is not None and vectors is not None:
+        staged = state.state_dir / "uploads" / uuid.uuid4().hex
+        folder = await run_in_threadpool(uploads.stage, staged, format, keys.file, vectors.file)
+    else:
+        raise RequestError("give uploaded files keys and vectors, or a server-side path")
+    try:
+        total = await run_in_threadpool(uploads.validate, folder, format, spec)
+    except BaseException:
+        if staged is not None:
+            shutil.rmtree(staged, ignore_errors=True)
+        raise
+
+    def work(job: Job) -> dict[str, Any]:
+        try:
+            return ops.import_table(state, spec, job, uploads.chunks(folder, format, spec))
+        finally:
+            if staged is not None:
+                shutil.rmtree(staged, ignore_errors=True)
+
+    job = state.jobs.submit(Job("import", spec.name, total), work)
+    return {"job": job.id, "rows": total, "status_url": f"/v1/jobs/{job.id}"}

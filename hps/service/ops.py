@@ -1,0 +1,130 @@
+"""The work behind the mutating and debugging routes, a few calls into the core each.
+
+Write channel: with Kafka configured, imports and deletes are published (the
+:class:`hps.updates.Publisher`) and ``hps consume`` plus the serving processes apply them;
+otherwise they are written to L3 and the shared L2 here, and the model is reloaded through
+Triton so that every instance reopens L3 and starts a fresh L1.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from hps.errors import RequestError
+from hps.io.importer import import_chunks
+from hps.service.jobs import Job
+from hps.service.state import AdminState
+from hps.types import Keys, TableSpec, Vectors
+
+WARMUP_PARAMETER = "hps_warmup_keysets"
+
+
+def lookup(state: AdminState, spec: TableSpec, keys: Keys) -> list[dict[str, Any]]:
+    """Where each key is found (l2, l3, default), its vector and update version; no writes."""
+    from hps.updates.versions import VersionTable
+
+    reader = state.reader()
+    n = keys.size
+    values = np.tile(np.float32(spec.default_value), (n, spec.dim)).astype(np.float32)
+    where = np.full(n, "default", dtype=object)
+    todo = np.ones(n, dtype=bool)
+    for level, store in (("l2", reader.volatile), ("l3", reader.persistent)):
+        if store is None or not todo.any():
+            continue
+        idx = np.flatnonzero(todo)
+        got, found = store.fetch(spec.name, keys[idx])
+        values[idx[found]] = got[found]
+        where[idx[found]] = level
+        todo[idx[found]] = False
+    versions = np.zeros(n, dtype=np.uint64)
+    store = reader.persistent  # versions live beside the data: L3 when there is one
+    if store is not None:
+        versions = VersionTable(store, spec).get(keys)
+    return [
+        {"key": k, "found_in": w, "version": v or None, "vector": vec}
+        for k, w, v, vec in zip(
+            keys.tolist(), where.tolist(), versions.tolist(), values.tolist(), strict=True
+        )
+    ]
+
+
+def delete(state: AdminState, spec: TableSpec, keys: Keys) -> dict[str, Any]:
+    """Remove ``keys`` from L3, L2 and every serving process's L1."""
+    if state.kafka:
+        pub = state.publisher()
+        version = pub.delete(spec.model, spec.table, keys)
+        pub.flush()
+        return {"deleted": int(keys.size), "via": "kafka", "version": version}
+    with state.writer() as session:
+        session.remove(spec.name, keys)
+    state.reset_reader()
+    reloaded = state.reload(spec.model)
+    return {"deleted": int(keys.size), "via": "reload", "reloaded": reloaded}
+
+
+def _counted(job: Job, chunks: Iterable[tuple[Keys, Vectors]]) -> Iterator[tuple[Keys, Vectors]]:
+    for keys, vectors in chunks:
+        yield keys, vectors
+        job.advance(keys.size)
+
+
+def import_table(
+    state: AdminState, spec: TableSpec, job: Job, chunks: Iterable[tuple[Keys, Vectors]]
+) -> dict[str, Any]:
+    """Load validated chunks (the whole input was checked before the job started)."""
+    if state.kafka:
+        pub = state.publisher()
+        version = None
+        for keys, vectors in _counted(job, chunks):
+            version = pub.publish(spec.model, spec.table, keys, vectors, version)
+        pub.flush()
+        return {"via": "kafka", "version": version}
+    rate = state.config.volatile_db.initial_cache_rate
+    with state.writer() as session:
+        import_chunks(
+            session,
+            spec,
+            _counted(job, chunks),
+            job.rows_total,
+            initial_cache_rate=rate,
+            progress=False,
+        )
+    state.reset_reader()
+    return {"via": "reload", "reloaded": state.reload(spec.model)}
+
+
+def warmup_keys(state: AdminState, model: str, keysets: dict[str, Keys]) -> dict[str, Any]:
+    """Reload ``model`` with these keys per table to load into every instance's L1 at start.
+
+    The keys go to keyset files in the state folder, named by the ``hps_warmup_keysets``
+    parameter of a config given with the load request; each new instance warms up from them
+    after its usual warm-up (see hps.triton.backend).
+    """
+    from hps.io.keyset import write_keyset
+    from hps.triton.repository import served_models
+
+    if not state.config.model(model).gpucache:
+        raise RequestError(f"model {model!r} has no L1 (gpucache: false): nothing to warm up")
+    folder = state.state_dir / "warmup" / model
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for table, keys in keysets.items():
+        path = folder / f"{table}.keyset"
+        write_keyset(path, keys)
+        files[table] = str(path)
+    names = [s.triton_name for s in served_models(state.config) if s.hps_model == model]
+    for name in names:
+        config = state.triton.model_config(name)
+        params = dict(config.get("parameters", {}))
+        params[WARMUP_PARAMETER] = {"string_value": json.dumps(files)}
+        state.triton.load(name, {**config, "parameters": params})
+    return {
+        "keys": {t: int(k.size) for t, k in keysets.items()},
+        "instances": state.config.model(model).hps_instances,
+        "via": "reload",
+        "reloaded": names,
+    }
