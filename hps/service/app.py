@@ -88,12 +88,14 @@ def create_app(state: AdminState) -> FastAPI:
     async def too_large(request: Request, exc: TooLarge) -> JSONResponse:
         return _error(413, "TooLarge", "request body too large")
 
+    app.add_middleware(Gate, token=state.token)  # inside `count`: refusals are counted too
+
     @app.middleware("http")
     async def count(request: Request, call_next: Any) -> Response:
         start = time.perf_counter()
         response: Response = await call_next(request)
         route = request.scope.get("route")
-        name = getattr(route, "path", "unmatched")
+        name = getattr(route, "path", "refused_or_unmatched")
         metrics.requests.labels(name, request.method, str(response.status_code)).inc()
         metrics.latency.labels(name).observe(time.perf_counter() - start)
         return response
@@ -105,5 +107,4 @@ def create_app(state: AdminState) -> FastAPI:
 
     app.include_router(routes.router)
     app.include_router(mutations.router)
-    app.add_middleware(Gate, token=state.token)
     return app

@@ -23,6 +23,7 @@ from hps.types import Keys, TableSpec, Vectors
 Format = Literal["sparse", "npy"]
 NPY_FILES = ("keys.npy", "vectors.npy")
 COPY_CHUNK = 1 << 20
+CHUNK_ROWS = 1 << 16  # rows per write: bounds the memory of an import of any size
 
 
 def names(fmt: Format) -> tuple[str, str]:
@@ -55,8 +56,8 @@ def rows(folder: Path, fmt: Format, spec: TableSpec) -> int:
 
 def chunks(folder: Path, fmt: Format, spec: TableSpec) -> Iterator[tuple[Keys, Vectors]]:
     if fmt == "sparse":
-        return read_sparse_model(folder, spec.dim)
-    return read_npy_pair(folder / NPY_FILES[0], folder / NPY_FILES[1], spec.dim)
+        return read_sparse_model(folder, spec.dim, CHUNK_ROWS)
+    return read_npy_pair(folder / NPY_FILES[0], folder / NPY_FILES[1], spec.dim, CHUNK_ROWS)
 
 
 def validate(folder: Path, fmt: Format, spec: TableSpec) -> int:
