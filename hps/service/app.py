@@ -44,8 +44,10 @@ class Metrics:
         )
 
 
-def _error(status: int, kind: str, detail: Any) -> JSONResponse:
-    return JSONResponse({"error": kind, "detail": detail}, status_code=status)
+def _error(
+    status: int, kind: str, detail: Any, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"error": kind, "detail": detail}, status_code=status, headers=headers)
 
 
 def create_app(state: AdminState) -> FastAPI:
@@ -82,7 +84,7 @@ def create_app(state: AdminState) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return _error(exc.status_code, "HTTPError", exc.detail)
+        return _error(exc.status_code, "HTTPError", exc.detail, dict(exc.headers or {}))
 
     @app.exception_handler(TooLarge)
     async def too_large(request: Request, exc: TooLarge) -> JSONResponse:

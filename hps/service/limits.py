@@ -13,7 +13,7 @@ from hps.service.auth import check_bearer
 
 MAX_JSON_BYTES = 64 * 1024**2
 MAX_UPLOAD_BYTES = 64 * 1024**3
-READ_METHODS = {"GET", "HEAD", "OPTIONS"}
+MUTATING_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 MESSAGES = {
     401: "missing or wrong bearer token",
     403: "mutations are disabled: no admin token is configured (--token-file, HPS_ADMIN_TOKEN)",
@@ -36,7 +36,7 @@ async def _answer(send: Any, status: int) -> None:
 
 
 class Gate:
-    """Token check for every non-GET request, and body limits (uploads: ``upload_limit``)."""
+    """Token check for every POST/PUT/PATCH/DELETE, and body limits (uploads: ``upload_limit``)."""
 
     def __init__(
         self,
@@ -54,7 +54,7 @@ class Gate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if scope["method"] not in READ_METHODS:
+        if scope["method"] in MUTATING_METHODS:
             headers = dict(scope.get("headers") or [])
             auth = headers.get(b"authorization", b"").decode("latin-1")
             refused = check_bearer(self.token, auth)

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import shutil
 import uuid
-from typing import Annotated, Any, Literal
+from pathlib import Path
+from typing import Annotated, Any, cast
 
 import numpy as np
-from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
+from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from hps.errors import RequestError
+from hps.errors import FormatError, RequestError
 from hps.service import ops, uploads
 from hps.service.jobs import Job
-from hps.service.schemas import WRITE, DeleteBody, WarmupBody
+from hps.service.schemas import WRITE, DeleteBody, WarmupBody, WarmupKeys, WarmupKeyset
 from hps.service.state import AdminState
 
 # Declares the scheme in the OpenAPI document; Gate has already checked the token.
@@ -57,46 +58,91 @@ def warmup(model: str, body: WarmupBody, request: Request, _: Auth) -> dict[str,
     tables = [body.table] if body.table else cfg.table_names
     for t in tables:
         state.spec(model, t)
-    if body.keys is not None:
+    if isinstance(body, WarmupKeys):
         keys = np.asarray(body.keys, dtype=np.int64)
-    elif body.keyset_path is not None:
+    elif isinstance(body, WarmupKeyset):
         keys = read_keyset(body.keyset_path)
     else:
-        assert body.frequency_path is not None
         fkeys, counts = read_frequency_file(body.frequency_path)
         keys = hottest(fkeys, counts, body.top_k or fkeys.size)
     return ops.warmup_keys(state, model, dict.fromkeys(tables, keys))
 
 
-@router.post("/v1/models/{model}/tables/{table}/import", status_code=202, responses=WRITE)
-async def import_table(
-    model: str,
-    table: str,
-    request: Request,
-    _: Auth,
-    format: Annotated[Literal["sparse", "npy"], Form(description="sparse: key + emb_vector")],
-    keys: Annotated[UploadFile | None, File(description="`key` file or keys .npy")] = None,
-    vectors: Annotated[UploadFile | None, File(description="`emb_vector` or vectors .npy")] = None,
-    path: Annotated[str | None, Form(description="server-side folder instead of uploads")] = None,
-) -> dict[str, Any]:
+IMPORT_BODY = {
+    "required": True,
+    "content": {
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": ["format"],
+                "additionalProperties": False,
+                "properties": {
+                    "format": {"type": "string", "enum": ["sparse", "npy"]},
+                    "keys": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "`key` / keys .npy",
+                    },
+                    "vectors": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "`emb_vector` / .npy",
+                    },
+                    "path": {
+                        "type": "string",
+                        "description": "server-side folder instead of uploads",
+                    },
+                },
+            }
+        }
+    },
+}
+
+
+async def _form(request: Request) -> tuple[uploads.Format, Any, Any, str | None, Any]:
+    """(format, keys file, vectors file, path, form) of the multipart body; files spool to disk."""
+    from starlette.datastructures import UploadFile
+
+    form = await request.form(max_files=2, max_fields=4)
+    fmt = form.get("format")
+    if fmt not in ("sparse", "npy"):
+        raise FormatError("form field `format` must be `sparse` or `npy`")
+    unknown = set(form.keys()) - {"format", "keys", "vectors", "path"}
+    if unknown:
+        raise FormatError(f"unknown form fields {sorted(unknown)}")
+    files = [form.get(n) for n in ("keys", "vectors")]
+    for name, f in zip(("keys", "vectors"), files, strict=True):
+        if f is not None and not isinstance(f, UploadFile):
+            raise FormatError(f"form field `{name}` must be a file part")
+    path = form.get("path")
+    if path is not None and not isinstance(path, str):
+        raise FormatError("form field `path` must be text")
+    return cast(uploads.Format, fmt), files[0], files[1], path, form
+
+
+@router.post(
+    "/v1/models/{model}/tables/{table}/import",
+    status_code=202,
+    responses=WRITE,
+    openapi_extra={"requestBody": IMPORT_BODY},
+)
+async def import_table(model: str, table: str, request: Request, _: Auth) -> dict[str, Any]:
     """Load a table from an upload or a server-side folder; progress at ``/v1/jobs/{id}``.
 
+    Multipart fields: ``format`` (``sparse``: HugeCTR's ``key`` + ``emb_vector``; ``npy``: a
+    keys and a vectors ``.npy``), then files ``keys`` and ``vectors``, or ``path`` (a folder
+    on the server holding ``key`` + ``emb_vector``, or ``keys.npy`` + ``vectors.npy``).
     The whole input is validated first (sizes, dims, finite values): a bad one gets a 4xx
     and nothing is written. A job that fails while writing (a tier down) left the rows
     before its ``rows_done`` written: run the same import again (upserts are idempotent).
     """
     state = _state(request)
     spec = state.spec(model, table)
-    staged = None
-    if path is not None and (keys is not None or vectors is not None):
-        raise RequestError("give either uploaded files (keys, vectors) or path, not both")
-    if path is not None:
-        folder = uploads.source_folder(format, path)
-    elif keys is not None and vectors is not None:
-        staged = state.state_dir / "uploads" / uuid.uuid4().hex
-        folder = await run_in_threadpool(uploads.stage, staged, format, keys.file, vectors.file)
-    else:
-        raise RequestError("give uploaded files keys and vectors, or a server-side path")
+    format, keys, vectors, path, form = await _form(request)
+    try:
+        folder, staged = await _source(state, format, keys, vectors, path)
+    finally:
+        await form.close()
     try:
         total = await run_in_threadpool(uploads.validate, folder, format, spec)
     except BaseException:
@@ -113,3 +159,20 @@ async def import_table(
 
     job = state.jobs.submit(Job("import", spec.name, total), work)
     return {"job": job.id, "rows": total, "status_url": f"/v1/jobs/{job.id}"}
+
+
+async def _source(
+    state: AdminState, format: uploads.Format, keys: Any, vectors: Any, path: str | None
+) -> tuple[Path, Path | None]:
+    """The folder to import from, and the staging folder to remove afterwards (uploads)."""
+    staged = None
+    if path is not None and (keys is not None or vectors is not None):
+        raise RequestError("give either uploaded files (keys, vectors) or path, not both")
+    if path is not None:
+        folder = uploads.source_folder(format, path)
+    elif keys is not None and vectors is not None:
+        staged = state.state_dir / "uploads" / uuid.uuid4().hex
+        folder = await run_in_threadpool(uploads.stage, staged, format, keys.file, vectors.file)
+    else:
+        raise RequestError("give uploaded files keys and vectors, or a server-side path")
+    return folder, staged

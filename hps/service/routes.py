@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from hps.service import health, info, ops
-from hps.service.schemas import READ, LookupBody, errors
+from hps.service.schemas import READ, WRITE, LookupBody, errors
 from hps.service.state import AdminState
 
 router = APIRouter()
@@ -75,11 +75,7 @@ def table(model: str, table: str, request: Request) -> dict[str, Any]:
     return info.table_info(state, spec, hits)
 
 
-@router.post(
-    "/v1/models/{model}/tables/{table}/lookup",
-    tags=["debug"],
-    responses=errors(401, 403, 404, 413, 422, 502, 503),
-)
+@router.post("/v1/models/{model}/tables/{table}/lookup", tags=["debug"], responses=WRITE)
 def lookup(model: str, table: str, body: LookupBody, request: Request) -> dict[str, Any]:
     """Where each key is found (l2, l3, default), its vector and version. Never writes L1."""
     state = _state(request)

@@ -4,9 +4,27 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1, strict=True)]
+
+# The document states the bounds +-(2**63 - 1024): JSON-schema tools read bounds as doubles,
+# where 2**63 - 1 becomes 2**63, and generators then send keys the server must refuse.
+def _json_integer(value: Any) -> Any:
+    """JSON integers only (1.0 is one, per JSON Schema); no strings, no booleans."""
+    if isinstance(value, (str, bytes, bool)):
+        raise ValueError("keys must be JSON integers")
+    return value
+
+
+Int64 = Annotated[
+    int,
+    BeforeValidator(_json_integer),
+    Field(
+        ge=-(2**63),
+        le=2**63 - 1,
+        json_schema_extra={"minimum": -(2**63) + 1024, "maximum": 2**63 - 1024},
+    ),
+]
 MAX_LOOKUP_KEYS = 10_000
 MAX_DELETE_KEYS = 1_000_000
 
@@ -23,23 +41,24 @@ class DeleteBody(_Body):
     keys: list[Int64] = Field(min_length=1, max_length=MAX_DELETE_KEYS)
 
 
-class WarmupBody(_Body):
-    """One source: ``keys``, a ``keyset_path`` or a ``frequency_path`` (+ ``top_k``)."""
-
+class _Warmup(_Body):
     table: str | None = Field(default=None, description="one table (default: every table)")
-    keys: list[Int64] | None = Field(default=None, min_length=1, max_length=MAX_DELETE_KEYS)
-    keyset_path: str | None = Field(default=None, description="keyset file on the server")
-    frequency_path: str | None = Field(default=None, description=".npz frequency file")
+
+
+class WarmupKeys(_Warmup):
+    keys: list[Int64] = Field(min_length=1, max_length=MAX_DELETE_KEYS)
+
+
+class WarmupKeyset(_Warmup):
+    keyset_path: str = Field(description="keyset file on the server (raw int64 keys)")
+
+
+class WarmupFrequency(_Warmup):
+    frequency_path: str = Field(description=".npz frequency file on the server")
     top_k: int | None = Field(default=None, ge=1, le=1 << 30, description="hottest k keys")
 
-    @model_validator(mode="after")
-    def _one_source(self) -> WarmupBody:
-        given = [k for k in ("keys", "keyset_path", "frequency_path") if getattr(self, k)]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of keys, keyset_path, frequency_path (got {given})")
-        if self.top_k is not None and self.frequency_path is None:
-            raise ValueError("top_k goes with frequency_path")
-        return self
+
+WarmupBody = WarmupKeys | WarmupKeyset | WarmupFrequency
 
 
 class Error(BaseModel):

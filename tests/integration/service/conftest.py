@@ -77,7 +77,7 @@ def _doc(root: Path) -> dict[str, object]:
     }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("admin")
     data = {}

@@ -24,9 +24,7 @@ def concurrent_rows(
 ) -> list[np.ndarray]:
     """``n`` concurrent identical requests: with several instances, more than one answers."""
     with ThreadPoolExecutor(8) as pool:
-        futures = [
-            pool.submit(triton_rows, url, model, tables, index, keys) for _ in range(n)
-        ]
+        futures = [pool.submit(triton_rows, url, model, tables, index, keys) for _ in range(n)]
         return [f.result() for f in futures]
 
 

@@ -120,7 +120,7 @@ def test_million_row_upload_in_bounded_memory(
     pieces: list[bytes | Path] = [head]
     for name, path in files:
         pieces.append(
-            f"--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"; "
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; '
             f'filename="{path.name}"\r\nContent-Type: application/octet-stream\r\n\r\n'.encode()
         )
         pieces += [path, b"\r\n"]
@@ -153,8 +153,10 @@ def test_million_row_upload_in_bounded_memory(
     elapsed = time.perf_counter() - start
     assert job["state"] == "done" and job["rows_done"] == UPLOAD_ROWS, job
     growth = peak.stop() - base
-    print(f"1M-row upload: {elapsed:.1f}s, {job['rows_per_s']:.0f} rows/s written, "
-          f"peak RSS growth {growth:.0f} MB (vectors {UPLOAD_ROWS * UPLOAD_DIM * 4 >> 20} MB)")
+    print(
+        f"1M-row upload: {elapsed:.1f}s, {job['rows_per_s']:.0f} rows/s written, "
+        f"peak RSS growth {growth:.0f} MB (vectors {UPLOAD_ROWS * UPLOAD_DIM * 4 >> 20} MB)"
+    )
     assert growth < MEMORY_BOUND_MB
     got = triton_rows(stack.server.http_url, "big", 1, 0, keys[[0, 123_456, -1]])
     assert got.shape == (3, UPLOAD_DIM) and not (got == 0.5).all(axis=1).any()
