@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import schemathesis
+from hypothesis import HealthCheck, settings
 
 from hps.config import parse_config
 from hps.service.app import create_app
@@ -45,11 +46,13 @@ def _deployed(stack: Stack) -> Iterator[None]:
 
 
 @schema.parametrize()
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 def test_contract(case: Any) -> None:
     case.call_and_validate(headers={"Authorization": f"Bearer {TOKEN}"})
 
 
 @closed.parametrize()
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 def test_no_token_configured_refuses_mutations(case: Any) -> None:
     response = case.call(headers={"Authorization": f"Bearer {TOKEN}"})
     if case.method.upper() in ("POST", "PUT", "PATCH", "DELETE"):

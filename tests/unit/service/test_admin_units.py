@@ -1,0 +1,77 @@
+"""Unit tests of the control plane's small parts: token resolution, redaction, metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hps.errors import ConfigError
+from hps.service.auth import check_bearer, resolve_token
+from hps.service.routes import REDACTED, redact
+from hps.service.triton_admin import admin_key, parse_hits
+
+
+def test_token_sources_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HPS_ADMIN_TOKEN", raising=False)
+    monkeypatch.delenv("HPS_ADMIN_TOKEN_FILE", raising=False)
+    assert resolve_token(None) is None
+    env_file = tmp_path / "env-token"
+    env_file.write_text("from-env-file\n")
+    monkeypatch.setenv("HPS_ADMIN_TOKEN_FILE", str(env_file))
+    assert resolve_token(None) == "from-env-file"
+    monkeypatch.setenv("HPS_ADMIN_TOKEN", "from-env")
+    assert resolve_token(None) == "from-env"
+    arg = tmp_path / "arg-token"
+    arg.write_text(" from-arg ")
+    assert resolve_token(str(arg)) == "from-arg"
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ConfigError, match="empty"):
+        resolve_token(str(tmp_path / "empty"))
+    with pytest.raises(ConfigError, match="cannot read"):
+        resolve_token(str(tmp_path / "missing"))
+
+
+def test_bearer_check() -> None:
+    assert check_bearer(None, "Bearer x") == 403  # no token configured: refused, never open
+    assert check_bearer("tok", None) == 401
+    assert check_bearer("tok", "Basic tok") == 401
+    assert check_bearer("tok", "Bearer tok2") == 401
+    assert check_bearer("tok", "Bearer tok") is None
+    assert check_bearer("tok", "bearer tok") is None
+
+
+def test_admin_key_from_env_or_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HPS_ADMIN_KEY", raising=False)
+    monkeypatch.setenv("HPS_ADMIN_KEY_FILE", str(tmp_path / "none"))
+    assert admin_key() is None
+    (tmp_path / "key").write_text("k1\n")
+    monkeypatch.setenv("HPS_ADMIN_KEY_FILE", str(tmp_path / "key"))
+    assert admin_key() == "k1"
+    monkeypatch.setenv("HPS_ADMIN_KEY", "k2")
+    assert admin_key() == "k2"
+
+
+def test_redact_hides_secrets_only() -> None:
+    doc = {
+        "volatile_db": {"password": "pw", "user_name": "u"},
+        "update_source": {"hps_kafka_config": {"sasl.password": "x", "acks": "all"}},
+        "empty": {"password": ""},
+    }
+    out = redact(doc)
+    assert out["volatile_db"] == {"password": REDACTED, "user_name": "u"}
+    assert out["update_source"]["hps_kafka_config"] == {"sasl.password": REDACTED, "acks": "all"}
+    assert out["empty"] == {"password": ""}
+
+
+def test_parse_hits_sums_processes() -> None:
+    text = "\n".join(
+        [
+            "# HELP hps_hits_total x",
+            'hps_hits_total{model="m",process="1:10",table="t",level="l1"} 3',
+            'hps_hits_total{model="m",process="2:11",table="t",level="l1"} 4',
+            'hps_hits_total{model="m",process="2:11",table="t",level="l2"} 1',
+            'hps_keys_total{model="m",process="2:11",table="t"} 9',
+        ]
+    )
+    assert parse_hits(text) == {("m", "t"): {"l1": 7.0, "l2": 1.0}}
