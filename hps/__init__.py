@@ -7,6 +7,8 @@ from hps.build import build_session
 from hps.config import PSConfig, load_config, parse_config
 from hps.errors import HPSError
 from hps.lookup import LookupSession
+from hps.tiers import Tiers
+from hps.topology import Topology, topology
 from hps.types import TableSpec
 
 __all__ = [
@@ -14,8 +16,11 @@ __all__ = [
     "LookupSession",
     "PSConfig",
     "TableSpec",
+    "Tiers",
+    "Topology",
     "build_session",
     "load_config",
     "parse_config",
+    "topology",
 ]
 __version__ = "0.1.0"

@@ -2,38 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from hps.config import PSConfig
 from hps.lookup import L1Cache, LookupSession
-from hps.storage import EmbeddingStore, open_store
+from hps.storage import AccessMode
+from hps.tiers import Tiers
 
 
 def build_session(
     config: PSConfig,
     *,
-    persistent_mode: str | None = None,
+    tiers: Tiers | None = None,
+    l3_mode: AccessMode = "read_write",
     with_cache: bool = True,
-    volatile: EmbeddingStore | None = None,
-    persistent: EmbeddingStore | None = None,
     device_id: int | None = None,
 ) -> LookupSession:
-    """Open L2 and L3 as configured (or take ready ones), build the L1 caches, wire them.
+    """Open the tiers (or take ready ones), build the L1 caches, wire them.
 
-    ``persistent_mode`` ("read_write", "read_only", "secondary") overrides how L3 is opened,
-    e.g. by the extra processes of a multi-instance deployment. ``with_cache=False`` builds
-    no L1 (the consumer and the import commands need none). ``device_id`` places the L1
-    caches on that GPU (default: each model's first ``deployed_device_list`` entry).
+    ``l3_mode`` is how L3 is opened when ``tiers`` is not given (a serving process takes it
+    from :func:`hps.topology.topology`). ``with_cache=False`` builds no L1 (the consumer and
+    the import commands need none). ``device_id`` places the L1 caches on that GPU (default:
+    each model's first ``deployed_device_list`` entry).
     """
-    if volatile is None:
-        volatile = open_store(config.volatile_db)
-    if persistent is None:
-        kw: dict[str, Any] = {"mode": persistent_mode} if persistent_mode else {}
-        persistent = open_store(config.persistent_db, **kw)
     session = LookupSession(
         config.models,
-        volatile,
-        persistent,
+        tiers if tiers is not None else Tiers.open(config, l3_mode=l3_mode),
         cache_missed_embeddings=config.volatile_db.cache_missed_embeddings,
     )
     if with_cache and any(m.gpucache for m in config.models):
@@ -52,7 +44,7 @@ def _build_caches(
         if not model.gpucache:
             continue
         for i, spec in enumerate(model.tables):
-            rows = table_rows(model, i, session.persistent)
+            rows = table_rows(model, i, session.tiers.persistent)
             device = model.deployed_device_list[0] if device_id is None else device_id
             capacity = cache_capacity(model, rows)
             caches[spec.name] = build_cache(spec, model.hps_cache, capacity, device_id=device)

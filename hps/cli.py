@@ -14,9 +14,9 @@ import sys
 from hps.errors import HPSError
 
 COMMAND_MODULES = [
-    "hps.io.commands",  # import, export, lookup
+    "hps.commands.tables",  # import, export, lookup
+    "hps.commands.plan",  # plan, freq
     "hps.bench.commands",  # bench storage|cache|triton|updates
-    "hps.cache.commands",  # plan, freq
     "hps.triton.commands",  # demo, serve, query
     "hps.updates.commands",  # consume, publish
     "hps.service.commands",  # admin

@@ -15,14 +15,23 @@ import warnings
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from hps.errors import ConfigError
 from hps.types import TableSpec
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
 INT32_MAX = 2**31 - 1
-UINT64_MAX = 2**64 - 1
+NO_LIMIT = 2**64 - 1
+"""``overflow_margin`` when none is set: the one "no capacity limit" value of every L2."""
 
 
 class _Frozen(BaseModel):
@@ -69,8 +78,8 @@ class ModelConfig(_Frozen):
     deployed_device_list: list[int] = [0]
     max_batch_size: int = Field(default=64, ge=1)
     embedding_table_names: list[str] = []
-    embedding_vecsize_per_table: list[int]
-    maxnum_catfeature_query_per_table_per_sample: list[int] = []
+    embedding_vecsize_per_table: list[StrictInt]  # `true` is not a dim of 1
+    maxnum_catfeature_query_per_table_per_sample: list[StrictInt] = []
     maxnum_des_feature_per_sample: int = Field(default=26, ge=0)
     default_value_for_each_table: list[float] = [0.0]
     gpucache: bool = True
@@ -209,12 +218,17 @@ class VolatileDBConfig(_DatabaseConfig):
     tls_client_certificate: str = "client_cert.pem"
     tls_client_key: str = "client_key.pem"
     tls_server_name_identification: str = "redis.localhost"
-    overflow_margin: int = Field(default=UINT64_MAX, ge=1)
+    overflow_margin: int = Field(default=NO_LIMIT, ge=1)
     overflow_policy: OverflowPolicy = "evict_random"
     overflow_resolution_target: float = Field(default=0.8, gt=0.0, le=1.0)
     initial_cache_rate: float = Field(default=1.0, ge=0.0, le=1.0)
     cache_missed_embeddings: bool = False
     hps_socket_timeout_s: float = Field(default=5.0, gt=0.0, description="Redis connect/read")
+
+    @property
+    def bounded(self) -> bool:
+        """Whether ``overflow_margin`` limits the rows (anything below :data:`NO_LIMIT`)."""
+        return self.overflow_margin < NO_LIMIT
 
 
 class PersistentDBConfig(_DatabaseConfig):
@@ -263,6 +277,13 @@ class PSConfig(_Frozen):
     persistent_db: PersistentDBConfig = PersistentDBConfig()
     update_source: UpdateSourceConfig = UpdateSourceConfig()
     source: str = Field(default="<memory>", exclude=True, description="file it was read from")
+
+    @field_validator("models")
+    @classmethod
+    def _some_models(cls, v: list[ModelConfig]) -> list[ModelConfig]:
+        if not v:
+            raise ValueError("needs at least one model (an empty list would serve nothing)")
+        return v
 
     @model_validator(mode="after")
     def _unique_models(self) -> PSConfig:

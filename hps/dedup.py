@@ -1,10 +1,10 @@
-"""Batch key de-duplication (seed 004's DSF): each distinct key is looked up once."""
+"""Batch key de-duplication: each distinct key of a batch is looked up or written once."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from hps.types import Keys
+from hps.types import Keys, Vectors
 
 
 def unique_inverse(keys: Keys) -> tuple[Keys, np.ndarray]:
@@ -24,3 +24,12 @@ def unique_inverse(keys: Keys) -> tuple[Keys, np.ndarray]:
     inverse = np.empty(n, dtype=np.intp)
     inverse[order] = np.cumsum(first) - 1
     return ordered[first], inverse
+
+
+def last_occurrence(keys: Keys, values: Vectors) -> tuple[Keys, Vectors]:
+    """Drop duplicate keys, keeping each key's last vector (upsert order)."""
+    uniq, idx = np.unique(keys[::-1], return_index=True)
+    if uniq.size == keys.size:
+        return keys, values
+    last = keys.size - 1 - idx
+    return keys[last], values[last]

@@ -18,8 +18,9 @@ boundary, so callers never see them::
     └── BackendError              a storage tier failed
         └── BackendUnavailable    the tier cannot be reached right now (retriable)
 
-``retriable(exc)`` tells whether retrying the same call may succeed; ``http_status(exc)``
-maps an error to the status code an HTTP/Triton edge should answer with.
+Each class carries ``status``, the HTTP status an HTTP edge answers with (the control plane
+maps errors to responses with it, in one place). ``BackendUnavailable`` is the one error for
+which retrying the same call may succeed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ class HPSError(Exception):
     """Base of every error HPS raises on purpose."""
 
     status: int = 500
-    is_retriable: bool = False
 
 
 class ConfigError(HPSError):
@@ -86,14 +86,3 @@ class BackendUnavailable(BackendError):
     """The tier cannot be reached right now; the same call may succeed later."""
 
     status = 503
-    is_retriable = True
-
-
-def retriable(exc: BaseException) -> bool:
-    """Whether retrying the failed call may succeed."""
-    return isinstance(exc, HPSError) and exc.is_retriable
-
-
-def http_status(exc: BaseException) -> int:
-    """The HTTP status an edge should answer with for ``exc``."""
-    return exc.status if isinstance(exc, HPSError) else 500

@@ -12,7 +12,8 @@ was inserted, and slots never turn back to ``EMPTY`` (removal leaves a ``TOMBSTO
 lookup stops at the first group that still has an ``EMPTY`` slot.
 
 Two key values are reserved as slot markers (``EMPTY`` and ``TOMBSTONE``, the two smallest
-int64 values); ``check_keys`` rejects them with a clear error, and lookups never find them.
+int64 values); writes of them are refused (:func:`hps.validate.as_rows`) and lookups never
+find them.
 """
 
 from __future__ import annotations
@@ -22,19 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from hps.errors import InvalidValueError
+from hps.types import RESERVED_KEYS
 
-EMPTY = np.int64(np.iinfo(np.int64).min)
-TOMBSTONE = np.int64(np.iinfo(np.int64).min + 1)
+EMPTY = np.int64(RESERVED_KEYS[0])
+TOMBSTONE = np.int64(RESERVED_KEYS[1])
 GROUP = 8
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing's multiplier
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
-
-
-def check_keys(keys: Any, xp: ModuleType = np) -> None:
-    """Reject the two reserved key values."""
-    if keys.size and bool((keys <= TOMBSTONE).any()):
-        raise InvalidValueError(f"keys {int(EMPTY)} and {int(TOMBSTONE)} are reserved")
 
 
 def mix(keys: Any, xp: ModuleType = np) -> Any:

@@ -12,19 +12,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from hps.config import ModelConfig
 from hps.dedup import unique_inverse
-from hps.errors import BackendUnavailable, BatchTooLargeError, ShapeError
-from hps.storage._checks import check_insert, check_keys_arg, last_occurrence, table_or_raise
-from hps.storage.base import EmbeddingStore
+from hps.errors import BatchTooLargeError, ShapeError, UnknownTableError
+from hps.tiers import IN_L2, IN_L3, Tiers
 from hps.types import Keys, Mask, TableSpec, Vectors
+from hps.validate import as_keys, as_rows, table_or_raise
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,11 @@ class L1Cache(Protocol):
 
     @property
     def version(self) -> int: ...
-    def query(self, keys: Keys, inverse: Any = None) -> tuple[Vectors, Mask]: ...
+    @property
+    def capacity(self) -> int: ...
+    def query(
+        self, keys: Keys, inverse: npt.NDArray[np.intp] | None = None
+    ) -> tuple[Vectors, Mask]: ...
     def insert(
         self, keys: Keys, values: Vectors, *, since: int | None = None, force: bool = False
     ) -> None: ...
@@ -53,8 +58,7 @@ class LookupSession:
     def __init__(
         self,
         models: Sequence[ModelConfig],
-        volatile: EmbeddingStore | None,
-        persistent: EmbeddingStore | None,
+        tiers: Tiers,
         *,
         caches: Mapping[str, L1Cache] | None = None,
         cache_missed_embeddings: bool = False,
@@ -62,14 +66,10 @@ class LookupSession:
         self.models = {m.model: m for m in models}
         self.tables: dict[str, TableSpec] = {t.name: t for m in models for t in m.tables}
         self._model_of = {t.name: m for m in models for t in m.tables}
-        self.volatile = volatile
-        self.persistent = persistent
+        self.tiers = tiers
         self.caches: dict[str, L1Cache] = dict(caches or {})
-        self.cache_missed_embeddings = cache_missed_embeddings and volatile is not None
-        for spec in self.tables.values():
-            for store in (volatile, persistent):
-                if store is not None:
-                    store.open_table(spec)
+        self.cache_missed_embeddings = cache_missed_embeddings and tiers.volatile is not None
+        tiers.open_tables(self.tables.values())
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hps-l1")
         self._lock = threading.Lock()
         self._counts = {
@@ -80,10 +80,10 @@ class LookupSession:
 
     # -- lookups -------------------------------------------------------------------------
 
-    def lookup(self, table: str, keys: Any) -> Vectors:
+    def lookup(self, table: str, keys: npt.ArrayLike) -> Vectors:
         """Vectors of ``keys`` in request order, shape ``(len(keys), dim)``."""
         spec = table_or_raise(self.tables, table)
-        keys = check_keys_arg(keys)
+        keys = as_keys(keys)
         self._check_batch(spec, keys.size)
         start = time.perf_counter()
         out = self._lookup(spec, keys)
@@ -92,11 +92,11 @@ class LookupSession:
             self._requests += 1
         return out
 
-    def lookup_request(self, model: str, keys: Any, num_keys: Any) -> Vectors:
+    def lookup_request(self, model: str, keys: npt.ArrayLike, num_keys: npt.ArrayLike) -> Vectors:
         """HugeCTR's request shape: flat keys of all tables + keys per table → flat vectors."""
         cfg = self._model(model)
         specs = cfg.tables
-        keys = check_keys_arg(keys)
+        keys = as_keys(keys)
         counts = np.asarray(num_keys).reshape(-1)
         if counts.dtype.kind not in "iu":
             raise ShapeError(f"{model}: keys per table must be integers, got {counts.dtype}")
@@ -124,8 +124,6 @@ class LookupSession:
         return out
 
     def _model(self, model: str) -> ModelConfig:
-        from hps.errors import UnknownTableError
-
         try:
             return self.models[model]
         except KeyError:
@@ -154,7 +152,7 @@ class LookupSession:
         return self._lookup_cached(spec, cache, uniq, inverse)
 
     def _lookup_cached(
-        self, spec: TableSpec, cache: L1Cache, uniq: Keys, inverse: np.ndarray
+        self, spec: TableSpec, cache: L1Cache, uniq: Keys, inverse: npt.NDArray[np.intp]
     ) -> Vectors:
         """Rows in request order: L1 gathers the hits straight into place (one gather)."""
         values, hit = cache.query(uniq, inverse)
@@ -191,64 +189,47 @@ class LookupSession:
     def _fetch_lower(self, spec: TableSpec, keys: Keys, found_out: Mask | None = None) -> Vectors:
         """L2, then L3 for what L2 missed, then defaults; ``found_out`` marks L2/L3 hits."""
         counts = self._counts[spec.name]
-        values: Vectors | None = None
-        found = np.zeros(keys.size, dtype=bool)
-        if self.volatile is not None:
-            try:
-                values, found = self.volatile.fetch(spec.name, keys)
-            except BackendUnavailable as exc:
-                log.warning("L2 unavailable, reading L3: %s", exc)
-        if values is None:
-            values = np.empty((keys.size, spec.dim), dtype=np.float32)
-        counts["l2"] += int(found.sum())
-        rest = np.flatnonzero(~found)
-        if rest.size and self.persistent is not None:
-            v3, f3 = self.persistent.fetch(spec.name, keys[rest])
-            hit3 = rest[f3]
-            values[hit3] = v3[f3]
-            found[hit3] = True
-            counts["l3"] += hit3.size
-            if self.cache_missed_embeddings and hit3.size:
-                self._background(self._backfill, spec.name, keys[hit3], v3[f3])
-            rest = rest[~f3]
-        values[rest] = spec.default_value
-        counts["default"] += rest.size
+        got = self.tiers.fetch(spec, keys)
+        values, level = got.values, got.level
+        in_l3 = level == IN_L3
+        counts["l2"] += int(np.count_nonzero(level == IN_L2))
+        counts["l3"] += int(np.count_nonzero(in_l3))
+        found = got.found
+        values[~found] = spec.default_value
+        counts["default"] += int(keys.size - np.count_nonzero(found))
+        if self.cache_missed_embeddings and in_l3.any():
+            self._background(self._backfill, spec.name, keys[in_l3], values[in_l3])
         if found_out is not None:
             found_out[:] = found
         return values
 
     def _backfill(self, table: str, keys: Keys, values: Vectors) -> None:
-        assert self.volatile is not None
-        self.volatile.insert(table, keys, values)
+        assert self.tiers.volatile is not None
+        self.tiers.volatile.insert(table, keys, values)
 
     # -- writes and L1 maintenance -------------------------------------------------------
 
-    def insert(self, table: str, keys: Any, values: Any, *, durable: bool = False) -> None:
+    def insert(
+        self, table: str, keys: npt.ArrayLike, values: npt.ArrayLike, *, durable: bool = False
+    ) -> None:
         """Upsert into L3 then L2, and update the rows L1 holds."""
         spec = table_or_raise(self.tables, table)
-        keys, values = check_insert(spec, keys, values)
-        if self.persistent is not None:
-            kw = {"durable": True} if durable else {}
-            self.persistent.insert(table, keys, values, **kw)
-        if self.volatile is not None:
-            self.volatile.insert(table, keys, values)
+        keys, values = as_rows(spec, keys, values)
+        self.tiers.write(table, keys, values, durable=durable)
         cache = self.caches.get(table)
         if cache is not None:
             cache.update(keys, values)
 
-    def remove(self, table: str, keys: Any) -> None:
+    def remove(self, table: str, keys: npt.ArrayLike) -> None:
         """Delete keys from every level."""
         table_or_raise(self.tables, table)
-        keys = check_keys_arg(keys)
-        if self.persistent is not None:
-            self.persistent.remove(table, keys)
-        if self.volatile is not None:
-            self.volatile.remove(table, keys)
+        keys = as_keys(keys)
+        self.tiers.remove(table, keys)
         cache = self.caches.get(table)
         if cache is not None:
             cache.evict(keys)
 
-    def refresh(self, table: str, keys: Any, values: Any | None = None) -> None:
+    def refresh(self, table: str, keys: npt.ArrayLike, values: npt.ArrayLike | None = None) -> None:
         """Bring the L1 rows of ``keys`` up to date: with ``values``, or re-read from L2/L3.
 
         Only resident keys change; keys no lower level holds any more leave L1.
@@ -258,10 +239,9 @@ class LookupSession:
         if cache is None:
             return
         if values is not None:
-            keys, values = last_occurrence(*check_insert(spec, keys, values))
-            cache.update(keys, values)
+            cache.update(*as_rows(spec, keys, values))  # the cache keeps a key's last row
             return
-        keys = np.unique(check_keys_arg(keys))
+        keys = np.unique(as_keys(keys))
         keys = keys[cache.resident(keys)]
         since = cache.version
         found = np.zeros(keys.size, dtype=bool)
@@ -269,19 +249,13 @@ class LookupSession:
         cache.update(keys[found], fresh[found], since=since)
         cache.evict(keys[~found])
 
-    def catch_up(self) -> None:
-        """Let a secondary L3 replay what its writer wrote since (a no-op otherwise)."""
-        catch_up = getattr(self.persistent, "catch_up", None)
-        if catch_up is not None:
-            catch_up()
-
-    def prefetch(self, table: str, keys: Any) -> int:
+    def prefetch(self, table: str, keys: npt.ArrayLike) -> int:
         """Load keys that are not resident from L2/L3 into L1; returns how many were loaded."""
         spec = table_or_raise(self.tables, table)
         cache = self.caches.get(table)
         if cache is None:
             return 0
-        keys = np.unique(check_keys_arg(keys))
+        keys = np.unique(as_keys(keys))
         keys = keys[~cache.resident(keys)]
         since = cache.version
         found = np.zeros(keys.size, dtype=bool)
@@ -290,7 +264,7 @@ class LookupSession:
         cache.insert(keys[found], values[found], since=since, force=True)
         return int(found.sum())
 
-    def warm_up(self, table: str, keys: Any, *, pin: bool = False) -> int:
+    def warm_up(self, table: str, keys: npt.ArrayLike, *, pin: bool = False) -> int:
         """Fill L1 with ``keys`` (the hottest first); ``pin`` makes them the static hot set."""
         if not pin:
             return self.prefetch(table, keys)
@@ -298,13 +272,13 @@ class LookupSession:
         cache = self.caches.get(table)
         if cache is None:
             return 0
-        keys = np.unique(check_keys_arg(keys))
+        keys = np.unique(as_keys(keys))
         found = np.zeros(keys.size, dtype=bool)
         values = self._fetch_lower(spec, keys, found)
         cache.pin(keys[found], values[found])
         return int(found.sum())
 
-    def _background(self, fn: Any, *args: Any) -> Future[Any]:
+    def _background(self, fn: Callable[..., object], *args: object) -> Future[object]:
         future = self._worker.submit(fn, *args)
         future.add_done_callback(_log_failure)
         return future
@@ -315,7 +289,7 @@ class LookupSession:
 
     # -- introspection -------------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, Any]:  # JSON-shaped counters
         """Cumulative counters: per table lookups, keys and unique keys found per level."""
         with self._lock:
             return {
@@ -326,12 +300,10 @@ class LookupSession:
 
     def close(self) -> None:
         self._worker.shutdown(wait=True)
-        for store in (self.volatile, self.persistent):
-            if store is not None:
-                store.close()
+        self.tiers.close()
 
 
-def _log_failure(future: Future[Any]) -> None:
+def _log_failure(future: Future[object]) -> None:
     exc = future.exception()
     if exc is not None:
         log.warning("background L1 work failed: %s", exc)

@@ -13,6 +13,8 @@ Mask = npt.NDArray[np.bool_]
 
 KEY_DTYPE = np.dtype(np.int64)
 VALUE_DTYPE = np.dtype(np.float32)
+RESERVED_KEYS = (int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).min) + 1)
+"""Key values the hash indexes use as slot markers; no table may hold them."""
 
 
 @dataclass(frozen=True)
@@ -34,20 +36,6 @@ class TableSpec:
 
     def default_vectors(self, n: int) -> Vectors:
         return np.full((n, self.dim), self.default_value, dtype=np.float32)
-
-
-@dataclass(frozen=True)
-class LevelCounts:
-    """Where the unique keys of one lookup were found."""
-
-    l1: int = 0
-    l2: int = 0
-    l3: int = 0
-    default: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.l1 + self.l2 + self.l3 + self.default
 
 
 @dataclass(frozen=True)

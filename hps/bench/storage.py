@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,6 +38,9 @@ from hps.types import TableSpec
 
 BACKENDS = ("hash_map", "redis", "redis_cluster", "rocksdb")
 Prepared = Any
+
+if TYPE_CHECKING:
+    from hps.storage.redis_cluster import RedisStore
 
 
 @dataclass
@@ -149,8 +152,10 @@ def _load(store: EmbeddingStore, spec: TableSpec, keys: np.ndarray, values: np.n
 
 def _hash_map(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, values: np.ndarray,
               stack: contextlib.ExitStack) -> Harness:  # fmt: skip
+    from hps.storage.hash_map import HashMapStore
+
     store = open_store(VolatileDBConfig(type="hash_map", max_batch_size=args.batch))
-    assert store is not None
+    assert isinstance(store, HashMapStore)
     stack.callback(store.close)
     loaded = _load(store, spec, keys, values, args.batch)
     raw = values.copy()
@@ -158,7 +163,7 @@ def _hash_map(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, value
     def put(p: Prepared) -> None:
         raw[p[0]] = p[1]
 
-    nbytes = store.nbytes(spec.name)  # type: ignore[attr-defined]
+    nbytes = store.nbytes(spec.name)
     return Harness(
         store, spec, "numpy gather/scatter with precomputed row indices",
         prepare=lambda idx, k, v: (idx, v),
@@ -173,7 +178,7 @@ def _rocksdb(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, values
              stack: contextlib.ExitStack) -> Harness:  # fmt: skip
     import rocksdict as rd
 
-    from hps.storage.redis_layout import key_fields
+    from hps.storage.keybytes import key_bytes
 
     tmp = args.path or stack.enter_context(tempfile.TemporaryDirectory(prefix="hps-bench-"))
     root = Path(tmp)
@@ -195,11 +200,11 @@ def _rocksdb(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, values
         db.write(wb)
 
     for lo in range(0, keys.size, args.batch):
-        put((key_fields(keys[lo : lo + args.batch]),
+        put((key_bytes(keys[lo : lo + args.batch]),
              values[lo : lo + args.batch].view(row).ravel().tolist()))  # fmt: skip
     return Harness(
         store, spec, "rocksdict Rdict.get(list of key bytes) / WriteBatch, second database",
-        prepare=lambda idx, k, v: (key_fields(k), v.view(row).ravel().tolist()),
+        prepare=lambda idx, k, v: (key_bytes(k), v.view(row).ravel().tolist()),
         raw_fetch=lambda p: db.get(p[0]),
         raw_insert=put,
         extra=loaded,
@@ -208,7 +213,9 @@ def _rocksdb(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, values
 
 def _redis(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, values: np.ndarray,
            stack: contextlib.ExitStack) -> Harness:  # fmt: skip
-    from hps.storage.redis_layout import group_by_partition, hash_name, key_fields
+    from hps.storage.keybytes import key_bytes
+    from hps.storage.redis_cluster import RedisStore
+    from hps.storage.redis_layout import group_by_partition, hash_name
     from hps.testing.redis import throwaway_redis
 
     address = args.address
@@ -218,11 +225,11 @@ def _redis(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, values: 
     cfg = VolatileDBConfig(type=args.backend, address=address, num_partitions=args.partitions,
                            max_batch_size=args.batch)  # fmt: skip
     store = open_store(cfg)
-    assert store is not None
+    assert isinstance(store, RedisStore)
     stack.callback(store.close)
     # A server we did not start keeps running: take our rows back out of it.
     stack.callback(lambda: store.remove(spec.name, keys) if args.address else None)
-    client = store._r  # type: ignore[attr-defined]  # the baseline uses the same connections
+    client = store.client  # the baseline uses the same connections
     before = _used_memory(store)
     loaded = _load(store, spec, keys, values, args.batch)
     used = _used_memory(store) - before
@@ -231,7 +238,7 @@ def _redis(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, values: 
 
     def prepare(idx: np.ndarray, k: np.ndarray, v: np.ndarray) -> Prepared:
         order, groups = group_by_partition(k, args.partitions)
-        fields = key_fields(k[order])
+        fields = key_bytes(k[order])
         rows = v[order].view(row).ravel().tolist()
         gets, sets = [], []
         for p, lo, hi in groups:
@@ -252,15 +259,15 @@ def _redis(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, values: 
         prepare=prepare,
         raw_fetch=lambda p: pipelined("HMGET", p[0]),
         raw_insert=lambda p: pipelined("HSET", p[1]),
-        extra={**loaded, "cluster": bool(store.cluster), "partitions": args.partitions,  # type: ignore[attr-defined]
+        extra={**loaded, "cluster": store.cluster, "partitions": args.partitions,
                "redis_bytes_per_row": round(used / keys.size, 1),
                "raw_bytes_per_row": 8 + 4 * spec.dim},
     )  # fmt: skip
 
 
-def _used_memory(store: Any) -> int:
+def _used_memory(store: RedisStore) -> int:
     """Sum of ``used_memory`` over the Redis node(s) the store talks to."""
-    client = store._r
+    client: Any = store.client
     if store.cluster:
         nodes = [n.redis_connection for n in client.get_primaries()]
         return sum(int(c.info("memory")["used_memory"]) for c in nodes)

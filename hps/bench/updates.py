@@ -129,7 +129,7 @@ def _apply_phase(args: argparse.Namespace, brokers: str, workdir: Path) -> dict[
     raw.close()
     store_s = _store_only(decoded, cfg, workdir, us.max_batch_size)
 
-    applier = Applier(session.tables, volatile=session.volatile, persistent=session.persistent)
+    applier = Applier(session.tables, session.tiers)
     timed = _FirstMessageClock(source())
     consumer = UpdateConsumer(timed, applier, us)  # type: ignore[arg-type]
     stop = threading.Event()
@@ -138,7 +138,8 @@ def _apply_phase(args: argparse.Namespace, brokers: str, workdir: Path) -> dict[
         seen += consumer.run_once(stop)
     apply_s = time.perf_counter() - timed.first
     consumer.close()
-    stored = session.persistent.size(f"{model}.t") if session.persistent else 0
+    l3 = session.tiers.persistent
+    stored = l3.size(f"{model}.t") if l3 is not None else 0
     session.close()
     apply_per_s, baseline_per_s, store_per_s = rows / apply_s, rows / baseline_s, rows / store_s
     return {
@@ -174,7 +175,7 @@ def _store_only(batches: list[Any], cfg: PSConfig, workdir: Path, batch_rows: in
     start = time.perf_counter()
     for lo in range(0, keys.size, batch_rows):
         k, v = keys[lo : lo + batch_rows], values[lo : lo + batch_rows]
-        l3.insert(spec.name, k, v, durable=True)  # type: ignore[call-arg]
+        l3.insert(spec.name, k, v, durable=True)
         l2.insert(spec.name, k, v)
     elapsed = time.perf_counter() - start
     l3.close()
@@ -223,7 +224,7 @@ def _freshness_phase(
         stop = threading.Event()
         thread = threading.Thread(target=service.run, args=(stop,), daemon=True)
         thread.start()
-        session = build_session(cfg, persistent_mode="secondary")
+        session = build_session(cfg, l3_mode="secondary")
     elif mode == "embedded":
         session = build_session(cfg)
     else:

@@ -308,12 +308,6 @@ class EmbeddingCache:
             room = max(0, self.max_pinned - int(pinned.sum()))
             pinned[rows[~pinned[rows]][:room]] = True
 
-    def unpin(self, keys: Keys) -> None:
-        keys = _host_keys(keys)
-        with self._lock, self._scope:
-            rows = self._rows.lookup(to_xp(self.xp, keys))
-            self._rows.pinned[rows[rows >= 0]] = False
-
     def clear(self) -> None:
         with self._lock, self._scope:
             self._rows.clear()
@@ -323,7 +317,7 @@ class EmbeddingCache:
     # -- internals -----------------------------------------------------------------------
 
     def _batch(self, keys: Any, values: Any) -> tuple[Keys, Vectors]:
-        from hps.storage._checks import last_occurrence
+        from hps.dedup import last_occurrence
 
         keys = _host_keys(keys)
         vals = np.asarray(values, dtype=np.float32)

@@ -17,8 +17,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hps.config import PSConfig
-
 log = logging.getLogger(__name__)
 
 RefreshFn = Callable[[str, Any], Any]
@@ -108,21 +106,3 @@ class Refresher:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def refreshers_for(session: Any, config: PSConfig) -> list[Refresher]:
-    """One (unstarted) Refresher per model with a cache and ``refresh_interval`` > 0."""
-    out = []
-    for model in config.models:
-        caches = {t.name: session.caches[t.name] for t in model.tables if t.name in session.caches}
-        r = Refresher(
-            caches,
-            session.refresh,
-            interval=model.refresh_interval,
-            delay=model.refresh_delay,
-            percentage=model.cache_refresh_percentage_per_iteration,
-            before_pass=session.catch_up,
-        )
-        if r.enabled:
-            out.append(r)
-    return out

@@ -1,4 +1,5 @@
-"""Keyset files (seed 000): raw native-endian int64 keys, no header, no separators."""
+"""Keyset files (as HugeCTR's embedding training cache wrote them): raw native-endian int64
+keys, no header, no separators."""
 
 from __future__ import annotations
 

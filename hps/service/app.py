@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from starlette.exceptions import HTTPException
 
-from hps.errors import HPSError, http_status
+from hps.errors import HPSError
 from hps.service.limits import Gate, TooLarge
 from hps.service.state import AdminState
 
@@ -72,7 +72,7 @@ def create_app(state: AdminState) -> FastAPI:
     @app.exception_handler(HPSError)
     async def core_error(request: Request, exc: HPSError) -> JSONResponse:
         metrics.errors.labels(type(exc).__name__).inc()
-        status = http_status(exc)
+        status = exc.status
         if status >= 500:
             log.warning("%s %s: %s", request.method, request.url.path, exc)
         return _error(status, type(exc).__name__, str(exc))

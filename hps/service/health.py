@@ -34,9 +34,7 @@ def _run(name: str, check: Callable[[], str]) -> dict[str, Any]:
 def _sample(state: AdminState, model: str) -> tuple[int, int, np.ndarray] | None:
     """(table index, key, vector) of a key some lower tier holds, or None when all are empty."""
     reader = state.reader()
-    for store in (reader.persistent, reader.volatile):
-        if store is None or not hasattr(store, "dump"):
-            continue
+    for store in reader.stores:
         for i, spec in enumerate(state.config.model(model).tables):
             for keys, vectors in store.dump(spec.name, chunk_rows=1):
                 return i, int(keys[0]), np.asarray(vectors[0])
@@ -53,7 +51,7 @@ def _inference(state: AdminState, model: str) -> str:
         return f"answered ({out.size} values); no stored key to compare"
     index, key, _ = sample
     # what serving answers for it: L2 first, then L3 (the two may differ after an update)
-    expected = state.reader().lookup(specs[index].name, np.array([key], np.int64))[0]
+    expected = state.reader().fetch(specs[index], np.array([key], np.int64)).values[0]
     numkeys = np.zeros(len(specs), dtype=np.int32)
     numkeys[index] = 1
     got = state.triton.lookup(model, np.array([key], np.int64), numkeys).reshape(-1)

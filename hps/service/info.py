@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from hps.service.state import AdminState, topology
+from hps.service.state import AdminState, topology_view
 from hps.types import TableSpec
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,7 @@ def last_version(store: Any, spec: TableSpec) -> int | None:
     """The highest update version applied to the table (its partitions' watermarks)."""
     from hps.updates.versions import Watermarks, from_limbs
 
-    if store is None or not hasattr(store, "dump"):
+    if store is None:
         return None
     marks = Watermarks(store, spec)
     top = [int(from_limbs(limbs).max()) for _, limbs in store.dump(marks.spec.name) if limbs.size]
@@ -89,7 +89,7 @@ def table_info(
         for level, n in hits.get((served, spec.table), {}).items():
             counts[level] = counts.get(level, 0.0) + n
     total = sum(counts.values())
-    stores = [s for s in (reader.persistent, reader.volatile) if s is not None]
+    stores = reader.stores
     return {
         "model": spec.model,
         "table": spec.table,
@@ -119,4 +119,5 @@ def models_info(state: AdminState) -> dict[str, Any]:
         }
         for m in state.config.models
     ]
-    return {"models": models, "topology": topology(state.config), "metrics_error": why}
+    topo = topology_view(state.config, state.topology)
+    return {"models": models, "topology": topo, "metrics_error": why}

@@ -144,7 +144,8 @@ async def import_table(model: str, table: str, request: Request, _: Auth) -> dic
     finally:
         await form.close()
     try:
-        total = await run_in_threadpool(uploads.validate, folder, format, spec)
+        src = uploads.source(folder, format, spec)
+        total = await run_in_threadpool(uploads.validate, src)
     except BaseException:
         if staged is not None:
             shutil.rmtree(staged, ignore_errors=True)
@@ -152,7 +153,7 @@ async def import_table(model: str, table: str, request: Request, _: Auth) -> dic
 
     def work(job: Job) -> dict[str, Any]:
         try:
-            return ops.import_table(state, spec, job, uploads.chunks(folder, format, spec))
+            return ops.import_table(state, job, src)
         finally:
             if staged is not None:
                 shutil.rmtree(staged, ignore_errors=True)

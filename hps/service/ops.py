@@ -9,16 +9,15 @@ Triton so that every instance reopens L3 and starts a fresh L1.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
 from hps.errors import RequestError
-from hps.io.importer import import_chunks
+from hps.io.loader import Loader, TableSource, l2_action
 from hps.service.jobs import Job
 from hps.service.state import AdminState
-from hps.types import Keys, TableSpec, Vectors
+from hps.types import Keys, TableSpec
 
 WARMUP_PARAMETER = "hps_warmup_keysets"
 
@@ -27,23 +26,14 @@ def lookup(state: AdminState, spec: TableSpec, keys: Keys) -> list[dict[str, Any
     """Where each key is found (l2, l3, default), its vector and update version; no writes."""
     from hps.updates.versions import VersionTable
 
-    reader = state.reader()
-    n = keys.size
-    values = np.tile(np.float32(spec.default_value), (n, spec.dim)).astype(np.float32)
-    where = np.full(n, "default", dtype=object)
-    todo = np.ones(n, dtype=bool)
-    for level, store in (("l2", reader.volatile), ("l3", reader.persistent)):
-        if store is None or not todo.any():
-            continue
-        idx = np.flatnonzero(todo)
-        got, found = store.fetch(spec.name, keys[idx])
-        values[idx[found]] = got[found]
-        where[idx[found]] = level
-        todo[idx[found]] = False
-    versions = np.zeros(n, dtype=np.uint64)
-    store = reader.persistent  # versions live beside the data: L3 when there is one
-    if store is not None:
-        versions = VersionTable(store, spec).get(keys)
+    tiers = state.reader()
+    got = tiers.fetch(spec, keys)
+    values = got.values
+    values[~got.found] = spec.default_value
+    where = np.array(["default", "", "l2", "l3"], dtype=object)[got.level]
+    versions = np.zeros(keys.size, dtype=np.uint64)
+    if tiers.persistent is not None:  # versions live beside the data: L3 when there is one
+        versions = VersionTable(tiers.persistent, spec).get(keys)
     return [
         {"key": k, "found_in": w, "version": v or None, "vector": vec}
         for k, w, v, vec in zip(
@@ -59,40 +49,29 @@ def delete(state: AdminState, spec: TableSpec, keys: Keys) -> dict[str, Any]:
         version = pub.delete(spec.model, spec.table, keys)
         pub.flush()
         return {"deleted": int(keys.size), "via": "kafka", "version": version}
-    with state.writer() as session:
-        session.remove(spec.name, keys)
+    with state.writer() as tiers:
+        tiers.remove(spec.name, keys, durable=True)
     state.reset_reader()
     reloaded = state.reload(spec.model)
     return {"deleted": int(keys.size), "via": "reload", "reloaded": reloaded}
 
 
-def _counted(job: Job, chunks: Iterable[tuple[Keys, Vectors]]) -> Iterator[tuple[Keys, Vectors]]:
-    for keys, vectors in chunks:
-        yield keys, vectors
-        job.advance(keys.size)
-
-
-def import_table(
-    state: AdminState, spec: TableSpec, job: Job, chunks: Iterable[tuple[Keys, Vectors]]
-) -> dict[str, Any]:
-    """Load validated chunks (the whole input was checked before the job started)."""
+def import_table(state: AdminState, job: Job, source: TableSource) -> dict[str, Any]:
+    """Load a validated source through the one loader (or publish it when Kafka is on)."""
+    spec = source.spec
     if state.kafka:
         pub = state.publisher()
         version = None
-        for keys, vectors in _counted(job, chunks):
+        for keys, vectors in source.chunks():
             version = pub.publish(spec.model, spec.table, keys, vectors, version)
+            job.advance(keys.size)
         pub.flush()
         return {"via": "kafka", "version": version}
     rate = state.config.volatile_db.initial_cache_rate
-    with state.writer() as session:
-        import_chunks(
-            session,
-            spec,
-            _counted(job, chunks),
-            job.rows_total,
-            initial_cache_rate=rate,
-            progress=False,
-        )
+    with state.writer() as tiers:
+        # the node's shared L2 loses the table's keys (its processes refill it); Redis is filled
+        action = l2_action(state.topology, own=False)
+        Loader(tiers, action, rate, on_rows=job.advance).load(source)
     state.reset_reader()
     return {"via": "reload", "reloaded": state.reload(spec.model)}
 

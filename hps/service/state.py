@@ -4,7 +4,7 @@ Tiers as the control plane reaches them:
 
 - L3 (RocksDB) is read through a *secondary* instance that catches up before every read;
   writes (import, delete without Kafka) open it read-write for their duration only, under
-  the same lock ``hps serve`` takes to import (:func:`hps.triton.deploy.writer_lock`).
+  the same lock ``hps serve`` takes to import (:func:`hps.io.imports.import_lock`).
 - L2 is reached when it is shared (``multi_process_hash_map`` of this node, Redis); an
   in-process ``hash_map`` belongs to each serving process and is reported as such.
 - With Kafka configured, writes are published (:class:`hps.updates.Publisher`) and applied
@@ -25,43 +25,26 @@ from typing import Any
 
 from hps.config import PSConfig
 from hps.errors import BackendError, UnknownTableError
-from hps.lookup import LookupSession
+from hps.io.imports import import_lock
 from hps.service.jobs import JobRegistry
 from hps.service.triton_admin import TritonAdmin
+from hps.tiers import Tiers
+from hps.topology import Topology, topology
 from hps.triton.repository import served_models
 from hps.types import TableSpec
 
 log = logging.getLogger(__name__)
 
-LOCAL_L2 = ("hash_map", "parallel_hash_map")
 
-
-def l2_scope(config: PSConfig) -> str:
-    vtype = config.volatile_db.type
-    if vtype == "disabled":
-        return "none"
-    if vtype in LOCAL_L2:
-        return "process"
-    return "node" if vtype == "multi_process_hash_map" else "cluster"
-
-
-def topology(config: PSConfig) -> dict[str, Any]:
-    """What runs where, from the config alone."""
-    kafka = config.update_source.enabled
+def topology_view(config: PSConfig, topo: Topology) -> dict[str, Any]:
+    """The Topology, plus the Triton models and the channel writes take from here."""
     return {
+        **topo.as_dict(),
         "served_models": [
             {"triton_name": s.triton_name, "hps_model": s.hps_model, "instances": s.instances}
             for s in served_models(config)
         ],
-        "l2": {"type": config.volatile_db.type, "scope": l2_scope(config)},
-        "l3": {
-            "type": config.persistent_db.type,
-            "path": config.persistent_db.path if config.persistent_db.type != "disabled" else None,
-        },
-        "updates": (
-            "none" if not kafka else ("embedded" if l2_scope(config) == "process" else "shared")
-        ),
-        "write_channel": "kafka" if kafka else "direct+reload",
+        "write_channel": "kafka" if config.update_source.enabled else "direct+reload",
     }
 
 
@@ -72,9 +55,12 @@ class AdminState:
     triton: TritonAdmin
     state_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="hps-admin-")))
     jobs: JobRegistry = field(default_factory=JobRegistry)
-    _reader: LookupSession | None = field(default=None, init=False)
+    _reader: Tiers | None = field(default=None, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _publisher: Any = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.topology = topology(self.config)
 
     # -- tables ----------------------------------------------------------------------------
 
@@ -89,23 +75,18 @@ class AdminState:
     def kafka(self) -> bool:
         return self.config.update_source.enabled
 
-    def _shared_config(self) -> PSConfig:
-        """The config with a process-local L2 switched off (not ours to read or write)."""
-        if self.config.volatile_db.type not in LOCAL_L2:
-            return self.config
-        vdb = self.config.volatile_db.model_copy(update={"type": "disabled"})
-        return self.config.model_copy(update={"volatile_db": vdb})
+    @property
+    def l2_reachable(self) -> bool:
+        """An in-process L2 belongs to each serving process: not ours to read or write."""
+        return self.topology.l2 not in (None, "process")
 
-    def reader(self) -> LookupSession:
-        """A session over the shared L2 and a secondary L3, caught up; opened on first use."""
-        from hps.build import build_session
-
+    def reader(self) -> Tiers:
+        """The shared L2 and a secondary L3, caught up; opened on first use."""
         with self._lock:
             if self._reader is None:
-                mode = "secondary" if self.config.persistent_db.type != "disabled" else None
-                self._reader = build_session(
-                    self._shared_config(), with_cache=False, persistent_mode=mode
-                )
+                tiers = Tiers.open(self.config, l3_mode="secondary", l2=self.l2_reachable)
+                tiers.open_tables(self.config.tables)
+                self._reader = tiers
             reader = self._reader
         reader.catch_up()
         return reader
@@ -118,21 +99,23 @@ class AdminState:
                 reader.close()
 
     @contextlib.contextmanager
-    def writer(self) -> Iterator[LookupSession]:
-        """A read-write session over L3 and the shared L2, under the import lock."""
-        from hps.build import build_session
-        from hps.triton.deploy import writer_lock
-
-        config = self._shared_config()
-        with writer_lock(config):
+    def writer(self) -> Iterator[Tiers]:
+        """L3 read-write and the shared L2, under the node's import lock."""
+        lock = (
+            import_lock(self.topology.state_dir)
+            if self.topology.state_dir is not None
+            else contextlib.nullcontext()
+        )
+        with lock:
             try:
-                session = build_session(config, with_cache=False, persistent_mode="read_write")
+                tiers = Tiers.open(self.config, l3_mode="read_write", l2=self.l2_reachable)
             except BackendError as exc:
                 raise BackendError(f"cannot open L3 for writing (another writer?): {exc}") from exc
             try:
-                yield session
+                tiers.open_tables(self.config.tables)
+                yield tiers
             finally:
-                session.close()
+                tiers.close()
 
     def publisher(self) -> Any:
         from hps.updates import Publisher

@@ -1,24 +1,22 @@
 """Import sources: uploads staged to disk, or server-side paths; validated before any write.
 
 Layout of a staged source (a folder): ``key`` + ``emb_vector`` (a HugeCTR sparse model) or
-``keys.npy`` + ``vectors.npy``. :func:`validate` reads the whole input once (in chunks):
-sizes, dtypes, dimension and finite values, so that a bad input is refused with a 4xx before
-anything is written.
+``keys.npy`` + ``vectors.npy``, made a :class:`hps.io.loader.TableSource` (sizes, dtypes and
+dimension checked); :func:`validate` reads it whole once (finite values, reserved keys), so
+that a bad input is refused with a 4xx before anything is written.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal
 
-import numpy as np
-
-from hps.errors import FormatError, InvalidValueError, RequestError
-from hps.io.npy import npy_rows, read_npy_pair
-from hps.io.sparse_model import KEY_FILE, VECTOR_FILE, read_sparse_model, sparse_model_rows
-from hps.types import Keys, TableSpec, Vectors
+from hps.errors import FormatError, RequestError
+from hps.io.loader import Chunks, TableSource, npy_source, sparse_source
+from hps.io.sparse_model import KEY_FILE, VECTOR_FILE
+from hps.types import TableSpec
 
 Format = Literal["sparse", "npy"]
 NPY_FILES = ("keys.npy", "vectors.npy")
@@ -48,31 +46,26 @@ def source_folder(fmt: Format, path: str) -> Path:
     return folder
 
 
-def rows(folder: Path, fmt: Format, spec: TableSpec) -> int:
+@dataclass(frozen=True)
+class ChunkedSource(TableSource):
+    """A TableSource read in chunks of :data:`CHUNK_ROWS` rows (bounds an import's memory)."""
+
+    def chunks(self, chunk_rows: int = CHUNK_ROWS) -> Chunks:
+        return super().chunks(chunk_rows)
+
+
+def source(folder: Path, fmt: Format, spec: TableSpec) -> TableSource:
+    """The folder's files as a source of ``spec``; sizes and dtypes checked."""
     if fmt == "sparse":
-        return sparse_model_rows(folder, spec.dim)
-    return npy_rows(folder / NPY_FILES[0], folder / NPY_FILES[1], spec.dim)
+        base = sparse_source(spec, folder)
+    else:
+        base = npy_source(spec, folder / NPY_FILES[0], folder / NPY_FILES[1])
+    return ChunkedSource(base.spec, base.files, base.rows, base.kind)
 
 
-def chunks(folder: Path, fmt: Format, spec: TableSpec) -> Iterator[tuple[Keys, Vectors]]:
-    if fmt == "sparse":
-        return read_sparse_model(folder, spec.dim, CHUNK_ROWS)
-    return read_npy_pair(folder / NPY_FILES[0], folder / NPY_FILES[1], spec.dim, CHUNK_ROWS)
-
-
-def validate(folder: Path, fmt: Format, spec: TableSpec) -> int:
-    """Row count of a source that is whole and loadable; FormatError/RequestError otherwise."""
-    total = rows(folder, fmt, spec)
-    if total == 0:
-        raise RequestError(f"{spec.name}: the input holds no rows")
-    done = 0
-    for keys, vectors in chunks(folder, fmt, spec):
-        bad = ~np.isfinite(vectors).all(axis=1)
-        if bad.any():
-            row = done + int(np.flatnonzero(bad)[0])
-            key = int(keys[row - done])
-            raise InvalidValueError(f"{spec.name}: row {row} (key {key}) is not finite")
-        done += keys.size
-    if done != total:
-        raise FormatError(f"{spec.name}: {done} rows read, {total} announced (truncated input)")
-    return total
+def validate(src: TableSource) -> int:
+    """Read the whole source once (finite values, reserved keys); its row count."""
+    if src.rows == 0:
+        raise RequestError(f"{src.spec.name}: the input holds no rows")
+    src.validate()
+    return src.rows

@@ -6,12 +6,12 @@ Backends are chosen by the ``type`` name in ps.json and imported only when confi
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
+from hps.config import PersistentDBConfig, VolatileDBConfig
 from hps.errors import ConfigError
-from hps.storage.base import EmbeddingStore
+from hps.storage.base import AccessMode, EmbeddingStore, Placement
 
-__all__ = ["BACKENDS", "EmbeddingStore", "open_store"]
+__all__ = ["BACKENDS", "AccessMode", "EmbeddingStore", "Placement", "open_store", "store_class"]
 
 # config name -> "module:Class"; aliases of HugeCTR's names map to the same class.
 BACKENDS: dict[str, str] = {
@@ -25,19 +25,25 @@ BACKENDS: dict[str, str] = {
 }
 
 
-def open_store(cfg: Any, **options: Any) -> EmbeddingStore | None:
-    """Build the backend ``cfg.type`` names (``None`` for ``disabled``).
+def store_class(type_name: str) -> type[EmbeddingStore]:
+    """The backend class registered for a ps.json ``type`` (imported now)."""
+    target = BACKENDS.get(type_name)
+    if target is None:
+        raise ConfigError(f"unknown storage type {type_name!r}; known: {sorted(BACKENDS)}")
+    module, cls = target.split(":")
+    try:
+        found: type[EmbeddingStore] = getattr(importlib.import_module(module), cls)
+    except ImportError as exc:
+        raise ConfigError(
+            f"storage type {type_name!r} needs {exc.name}: pip install 'hps[redis]'"
+        ) from None
+    return found
 
-    ``cfg`` is a VolatileDBConfig or PersistentDBConfig; ``options`` go to the backend's
-    ``from_config`` (e.g. ``mode="secondary"`` for RocksDB in a reader process).
-    """
+
+def open_store(
+    cfg: VolatileDBConfig | PersistentDBConfig, mode: AccessMode = "read_write"
+) -> EmbeddingStore | None:
+    """Open the backend ``cfg.type`` names (``None`` for ``disabled``)."""
     if cfg.type == "disabled":
         return None
-    target = BACKENDS.get(cfg.type)
-    if target is None:
-        raise ConfigError(f"unknown storage type {cfg.type!r}; known: {sorted(BACKENDS)}")
-    module, cls = target.split(":")
-    store: EmbeddingStore = getattr(importlib.import_module(module), cls).from_config(
-        cfg, **options
-    )
-    return store
+    return store_class(cfg.type).from_config(cfg, mode)

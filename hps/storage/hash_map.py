@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hps.config import UINT64_MAX, VolatileDBConfig
-from hps.index import EMPTY, KeyIndex, check_keys
-from hps.storage._checks import check_insert, check_keys_arg, last_occurrence
+from hps.config import NO_LIMIT, PersistentDBConfig, VolatileDBConfig
+from hps.dedup import last_occurrence
+from hps.index import EMPTY, KeyIndex
+from hps.storage.base import AccessMode, EmbeddingStore
 from hps.storage.overflow import choose_victims
 from hps.types import Keys, Mask, TableSpec, Vectors
+from hps.validate import table_or_raise
 
 GROWTH = 1.25
 
@@ -44,16 +46,16 @@ class _Table:
         return self.index.nbytes + self.values.nbytes + self.row_keys.nbytes + ticks + free
 
 
-class HashMapStore:
+class HashMapStore(EmbeddingStore):
     """In-process L2: int64 keys → float32 rows per table, vectorised over batches."""
 
     name = "hash_map"
-    process_local = True  # dies with the process: bulk imports from other processes skip it
+    placement = "process"
 
     def __init__(
         self,
         *,
-        overflow_margin: int = UINT64_MAX,
+        overflow_margin: int = NO_LIMIT,
         overflow_policy: str = "evict_random",
         overflow_resolution_target: float = 0.8,
         seed: int | None = None,
@@ -66,15 +68,18 @@ class HashMapStore:
         self._tick = 0
 
     @classmethod
-    def from_config(cls, cfg: VolatileDBConfig) -> HashMapStore:
+    def from_config(
+        cls, cfg: VolatileDBConfig | PersistentDBConfig, mode: AccessMode = "read_write"
+    ) -> HashMapStore:
+        assert isinstance(cfg, VolatileDBConfig)
         return cls(
             overflow_margin=cfg.overflow_margin,
             overflow_policy=cfg.overflow_policy,
             overflow_resolution_target=cfg.overflow_resolution_target,
         )
 
-    @staticmethod
-    def bytes_per_row(dim: int, *, bounded: bool = False) -> float:
+    @classmethod
+    def bytes_per_row(cls, dim: int, *, bounded: bool = False) -> float:
         """Expected bytes per stored row (index at mid load, arena at mid growth)."""
         index = 12 / 0.525
         arena = (8 + 4 * dim + (4 if bounded else 0)) * (1 + GROWTH) / 2
@@ -82,7 +87,7 @@ class HashMapStore:
 
     @property
     def _bounded(self) -> bool:
-        return self.overflow_margin < UINT64_MAX
+        return self.overflow_margin < NO_LIMIT
 
     def open_table(self, spec: TableSpec) -> None:
         if spec.name in self._tables:
@@ -97,13 +102,10 @@ class HashMapStore:
         )
 
     def _table(self, name: str) -> _Table:
-        from hps.storage._checks import table_or_raise
-
         return table_or_raise(self._tables, name)
 
     def fetch(self, table: str, keys: Keys) -> tuple[Vectors, Mask]:
         t = self._table(table)
-        keys = check_keys_arg(keys)
         with t.lock:
             rows = t.index.lookup(keys)
             found = rows >= 0
@@ -113,11 +115,9 @@ class HashMapStore:
                 t.ticks[rows[found]] = self._tick
         return values, found
 
-    def insert(self, table: str, keys: Keys, values: Vectors) -> None:
+    def insert(self, table: str, keys: Keys, values: Vectors, *, durable: bool = False) -> None:
         t = self._table(table)
-        keys, values = check_insert(t.spec, keys, values)
         keys, values = last_occurrence(keys, values)
-        check_keys(keys)
         with t.lock:
             rows = t.index.lookup(keys)
             new = rows < 0
@@ -174,9 +174,8 @@ class HashMapStore:
         t.row_keys[rows] = EMPTY
         t.free.append(rows.astype(np.int64))
 
-    def remove(self, table: str, keys: Keys) -> None:
+    def remove(self, table: str, keys: Keys, *, durable: bool = False) -> None:
         t = self._table(table)
-        keys = check_keys_arg(keys)
         with t.lock:
             rows = t.index.lookup(np.unique(keys))
             self._drop_rows(t, rows[rows >= 0])

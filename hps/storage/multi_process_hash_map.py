@@ -26,21 +26,23 @@ from typing import Any
 
 import numpy as np
 
-from hps.config import UINT64_MAX, VolatileDBConfig
+from hps.config import NO_LIMIT, PersistentDBConfig, VolatileDBConfig
+from hps.dedup import last_occurrence
 from hps.errors import BackendError, ConfigError
-from hps.index import check_keys
-from hps.storage._checks import check_insert, check_keys_arg, last_occurrence, table_or_raise
 from hps.storage._shm_index import MAX_LOAD
 from hps.storage._shm_layout import MAX_TABLES, E, EntryView, H, NoSpace
 from hps.storage._shm_segment import Segment
 from hps.storage._shm_table import ShmTable, rows_per_extent
+from hps.storage.base import AccessMode, EmbeddingStore
 from hps.types import Keys, Mask, TableSpec, Vectors
+from hps.validate import table_or_raise
 
 
-class SharedHashMapStore:
+class SharedHashMapStore(EmbeddingStore):
     """L2 in a shared-memory segment, shared by all processes that open the same name."""
 
     name = "multi_process_hash_map"
+    placement = "node"
 
     def __init__(
         self,
@@ -50,7 +52,7 @@ class SharedHashMapStore:
         shared_memory_auto_remove: bool = True,
         allocation_rate: int = 256 * 1024**2,
         max_batch_size: int = 65536,
-        overflow_margin: int = UINT64_MAX,
+        overflow_margin: int = NO_LIMIT,
         overflow_policy: str = "evict_random",
         overflow_resolution_target: float = 0.8,
         directory: str | None = None,
@@ -76,7 +78,10 @@ class SharedHashMapStore:
         self._rng_lock = threading.Lock()
 
     @classmethod
-    def from_config(cls, cfg: VolatileDBConfig) -> SharedHashMapStore:
+    def from_config(
+        cls, cfg: VolatileDBConfig | PersistentDBConfig, mode: AccessMode = "read_write"
+    ) -> SharedHashMapStore:
+        assert isinstance(cfg, VolatileDBConfig)
         return cls(
             cfg.shared_memory_name,
             cfg.shared_memory_size,
@@ -115,7 +120,6 @@ class SharedHashMapStore:
 
     def fetch(self, table: str, keys: Keys) -> tuple[Vectors, Mask]:
         t = self._table(table)
-        keys = check_keys_arg(keys)
         if keys.size <= self.max_batch_size:
             return self._fetch_chunk(t, keys)
         values = np.zeros((keys.size, t.dim), dtype=np.float32)
@@ -149,11 +153,9 @@ class SharedHashMapStore:
 
     # -- writes ------------------------------------------------------------------------
 
-    def insert(self, table: str, keys: Keys, values: Vectors) -> None:
+    def insert(self, table: str, keys: Keys, values: Vectors, *, durable: bool = False) -> None:
         t = self._table(table)
-        keys, values = check_insert(self._specs[table], keys, values)
         keys, values = last_occurrence(keys, values)
-        check_keys(keys)
         for part in self._chunks(keys.size):
             with self._seg.writing():
                 self._upsert(t, keys[part], values[part])
@@ -203,9 +205,9 @@ class SharedHashMapStore:
             with self._rng_lock:
                 t.evict(self.overflow_policy, count, self._rng)
 
-    def remove(self, table: str, keys: Keys) -> None:
+    def remove(self, table: str, keys: Keys, *, durable: bool = False) -> None:
         t = self._table(table)
-        keys = np.unique(check_keys_arg(keys))
+        keys = np.unique(keys)
         for part in self._chunks(keys.size):
             with self._seg.writing():
                 t.remove(keys[part])
@@ -218,8 +220,8 @@ class SharedHashMapStore:
         with self._seg.reading():
             return t.extents * self._seg.extent
 
-    @staticmethod
-    def bytes_per_row(dim: int, extent: int = 1 << 20) -> float:
+    @classmethod
+    def bytes_per_row(cls, dim: int, *, bounded: bool = False, extent: int = 1 << 20) -> float:
         """Expected bytes per row: dense rows plus buckets at ~69% fill (ln 2) of MAX_LOAD."""
         from hps.storage._shm_index import bucket_slots
 

@@ -1,6 +1,6 @@
 """Redis as the L2: one node or a Redis Cluster (config types ``redis_cluster`` and ``redis``).
 
-Layout (docs/storage-redis.md): the rows of table ``<model>.<table>`` are hash-partitioned
+Layout (docs/redis.md): the rows of table ``<model>.<table>`` are hash-partitioned
 into ``num_partitions`` Redis hashes named ``hps_et{<model>.<table>/p<i>}``; the braces are a
 cluster hash tag, so each partition lives in one slot (a Cluster spreads the partitions over
 its nodes) and one partition's commands form one pipeline. A field is the key as 8 bytes
@@ -27,22 +27,22 @@ from typing import Any
 
 import numpy as np
 
-from hps.config import VolatileDBConfig
+from hps.config import PersistentDBConfig, VolatileDBConfig
 from hps.errors import BackendError, ConfigError, UnknownTableError
-from hps.storage._checks import check_insert, check_keys_arg
+from hps.storage.base import AccessMode, EmbeddingStore
+from hps.storage.keybytes import key_bytes
 from hps.storage.redis_conn import Client, connect, translated
 from hps.storage.redis_layout import (
     group_by_partition,
     hash_name,
     interleave,
-    key_fields,
     pair_items,
+    redis_bytes_per_row,
     stamp_name,
     unsort,
 )
 from hps.types import Keys, Mask, TableSpec, Vectors
 
-UNLIMITED = 2**63  # overflow_margin at or above this means "no capacity limit"
 _EVICT_ROUNDS = 4  # rounds per overflow: stale scores or concurrent writers may need more
 
 
@@ -53,17 +53,18 @@ class _Table:
     stamps: list[bytes]
 
 
-class RedisStore:
+class RedisStore(EmbeddingStore):
     """EmbeddingStore over Redis; see the module docstring for the layout and eviction."""
 
     name = "redis_cluster"
+    placement = "server"
 
     def __init__(self, client: Client, cfg: VolatileDBConfig, *, cluster: bool) -> None:
         self._r = client
         self.cluster = cluster
         self._partitions = cfg.num_partitions
         self._batch = cfg.max_batch_size
-        self._limited = cfg.overflow_margin < UNLIMITED
+        self._limited = cfg.bounded
         self._margin = cfg.overflow_margin
         self._target = max(0, math.floor(cfg.overflow_margin * cfg.overflow_resolution_target))
         self._policy = cfg.overflow_policy
@@ -72,9 +73,21 @@ class RedisStore:
         self._tables: dict[str, _Table] = {}
 
     @classmethod
-    def from_config(cls, cfg: VolatileDBConfig) -> RedisStore:
+    def from_config(
+        cls, cfg: VolatileDBConfig | PersistentDBConfig, mode: AccessMode = "read_write"
+    ) -> RedisStore:
+        assert isinstance(cfg, VolatileDBConfig)
         client, cluster = connect(cfg)
         return cls(client, cfg, cluster=cluster)
+
+    @classmethod
+    def bytes_per_row(cls, dim: int, *, bounded: bool = False) -> float:
+        return redis_bytes_per_row(dim, bounded)
+
+    @property
+    def client(self) -> Client:
+        """The driver client (``hps bench storage`` measures raw commands over it)."""
+        return self._r
 
     # -- tables -----------------------------------------------------------------------------
 
@@ -114,11 +127,10 @@ class RedisStore:
         for start in range(0, keys.size, self._batch):
             chunk = keys[start : start + self._batch]
             order, groups = group_by_partition(chunk, self._partitions)
-            yield start, order, groups, key_fields(chunk[order])
+            yield start, order, groups, key_bytes(chunk[order])
 
     def fetch(self, table: str, keys: Keys) -> tuple[Vectors, Mask]:
         t = self._table(table)
-        keys = check_keys_arg(keys)
         dim = t.spec.dim
         found = np.ones(keys.size, np.bool_)
         pieces: list[bytes] = []  # one row per key, request order; joined once at the end
@@ -145,9 +157,8 @@ class RedisStore:
             raise BackendError(f"fetch {table}: Redis holds rows that are not {dim} floats")
         return np.frombuffer(blob, np.float32).reshape(keys.size, dim), found
 
-    def insert(self, table: str, keys: Keys, values: Vectors) -> None:
+    def insert(self, table: str, keys: Keys, values: Vectors, *, durable: bool = False) -> None:
         t = self._table(table)
-        keys, values = check_insert(t.spec, keys, values)
         row = f"V{4 * t.spec.dim}"
         for start, order, groups, fields in self._chunks(keys):
             rows = values[start : start + self._batch].view(row).ravel()[order].tolist()
@@ -167,9 +178,8 @@ class RedisStore:
                     if int(length) > self._margin:
                         self._evict(t, p, int(length))
 
-    def remove(self, table: str, keys: Keys) -> None:
+    def remove(self, table: str, keys: Keys, *, durable: bool = False) -> None:
         t = self._table(table)
-        keys = check_keys_arg(keys)
         for _, _, groups, fields in self._chunks(keys):
             with translated(f"remove {table}"):
                 pipe = self._r.pipeline(transaction=False)

@@ -12,15 +12,15 @@ from typing import Any
 
 import numpy as np
 
+from hps.index import GOLDEN
 from hps.types import Keys
 
-_MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: spreads sequential keys
 _SHIFT = np.uint64(32)
 
 
 def partition_of(keys: Keys, num_partitions: int) -> np.ndarray:
     """Partition index of each key (vectorised; stable across processes and releases)."""
-    mixed = keys.view(np.uint64) * _MIX  # wraps modulo 2**64
+    mixed = keys.view(np.uint64) * GOLDEN  # Fibonacci hashing; wraps modulo 2**64
     return ((mixed >> _SHIFT) % np.uint64(num_partitions)).astype(np.intp)
 
 
@@ -30,12 +30,6 @@ def hash_name(table: str, partition: int) -> bytes:
 
 def stamp_name(table: str, partition: int) -> bytes:
     return f"hps_ts{{{table}/p{partition}}}".encode()
-
-
-def key_fields(keys: Keys) -> list[bytes]:
-    """Each int64 key as its 8 little-endian bytes (one C-level pass, zero bytes kept)."""
-    fields: list[bytes] = keys.astype("<i8", copy=False).view("V8").tolist()
-    return fields
 
 
 def group_by_partition(keys: Keys, num_partitions: int) -> tuple[np.ndarray, list[tuple]]:
@@ -76,3 +70,24 @@ def interleave(a: list[Any], b: list[Any]) -> list[Any]:
     out[0::2] = a
     out[1::2] = b
     return out
+
+
+REDIS_ZSET_ENTRY = 96  # skiplist node + dict entry + member sds, per row, with overflow_margin
+
+
+def _jemalloc(n: int) -> int:
+    """Size class jemalloc serves an ``n``-byte allocation from (4 classes per doubling)."""
+    if n <= 16:
+        return 8 if n <= 8 else 16
+    step = 1 << max(4, (n - 1).bit_length() - 3)
+    return -(-n // step) * step
+
+
+def redis_bytes_per_row(dim: int, bounded: bool) -> float:
+    """Estimated Redis memory per row of a partition hash (hashtable encoding)."""
+    value = 4 * dim
+    value_sds = _jemalloc(value + (3 if value < 256 else 5) + 1)
+    field_sds = _jemalloc(8 + 3 + 1)
+    entry = _jemalloc(24)
+    bucket = 8 * 1.5  # the bucket array is 1-2 pointers per entry
+    return value_sds + field_sds + entry + bucket + (REDIS_ZSET_ENTRY if bounded else 0)

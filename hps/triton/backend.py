@@ -81,25 +81,23 @@ def model_parameters(args: dict[str, str]) -> dict[str, str]:
 
 
 def open_session(config: PSConfig, model: ModelConfig) -> tuple[LookupSession, str]:
-    """The instance's session, and how it opened L3.
-
-    Without Kafka updates a read-only snapshot will do. With them, a single instance on the
-    in-process L2 applies updates itself (embedded mode), so it is L3's writer; if another
-    process holds the writer's lock (e.g. the old instance during a reload), it follows as a
-    secondary instead. Otherwise `hps consume` writes and instances follow as secondaries.
-    """
+    """The instance's session, and how it opened L3 (the topology decides, see
+    :mod:`hps.topology`): a process that applies updates itself writes L3, unless another
+    process holds the writer's lock (e.g. the old instance during a reload): then it follows
+    it as a secondary."""
     from hps.build import build_session
     from hps.errors import BackendError
+    from hps.topology import topology
 
-    if not config.update_source.enabled:
-        return build_session(config, persistent_mode="read_only"), "read_only"
-    embedded = config.volatile_db.type in ("hash_map", "parallel_hash_map")
-    if embedded and model.hps_instances == 1:
-        try:
-            return build_session(config, persistent_mode="read_write"), "read_write"
-        except BackendError as exc:
-            log.warning("L3 writer lock held elsewhere (%s); following it as a secondary", exc)
-    return build_session(config, persistent_mode="secondary"), "secondary"
+    placement = topology(config).model(model.model)
+    mode = placement.l3_mode or "read_write"
+    try:
+        return build_session(config, l3_mode=mode), mode
+    except BackendError as exc:
+        if placement.l3_fallback is None:
+            raise
+        log.warning("L3 writer lock held elsewhere (%s); following it as a secondary", exc)
+        return build_session(config, l3_mode=placement.l3_fallback), placement.l3_fallback
 
 
 class ModelProcess:
@@ -112,8 +110,7 @@ class ModelProcess:
     """
 
     def __init__(self, args: dict[str, str]) -> None:
-        from hps.cache.refresh import refreshers_for
-        from hps.cache.warmup import warm_up_keysets, warm_up_session
+        from hps.startup import refreshers_for, warm_up_keysets, warm_up_session
         from hps.triton.deploy import fill_l2, only_model, prepare_tables, serving_config
 
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

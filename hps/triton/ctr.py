@@ -14,25 +14,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from hps.cache.xp import select_xp
 from hps.errors import ConfigError, ShapeError
 from hps.types import Vectors
 
 Array = npt.NDArray[np.float32]
-
-
-def array_module(device: str = "auto") -> Any:
-    """CuPy when asked for (or ``auto`` and a GPU is usable), else NumPy."""
-    if device == "numpy":
-        return np
-    try:
-        import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() > 0:
-            return cupy
-    except Exception:  # no CuPy, no driver, no device: NumPy serves
-        if device == "cupy":
-            raise ConfigError("device 'cupy' asked for but CuPy or a GPU is unavailable") from None
-    return np
 
 
 def make_weights(
@@ -71,7 +57,7 @@ class DenseNetwork:
             raise ConfigError(f"dense_file {path}: not CTR weights of hps demo ({exc})") from None
         if not host or host[-1][0].shape[1] != 1:
             raise ConfigError(f"dense_file {path}: the last layer must have one output")
-        self.xp = array_module(device)
+        self.xp = select_xp(device)
         self.layers = [(xp_f32(self.xp, w), xp_f32(self.xp, b)) for w, b in host]
         self.input_width = host[0][0].shape[0]
 

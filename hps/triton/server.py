@@ -15,7 +15,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hps.errors import BackendUnavailable, ConfigError
+from hps.net import free_port
 
 log = logging.getLogger(__name__)
 
@@ -105,13 +105,6 @@ def server_env(install: TritonInstall, base: dict[str, str] | None = None) -> di
         env["VIRTUAL_ENV"] = sys.prefix
     env.pop("PYTHONHOME", None)
     return env
-
-
-def free_port() -> int:
-    """A free TCP port on the loopback interface (racy by nature; used right away)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -26,6 +26,7 @@ import numpy as np
 
 from hps.errors import UnknownTableError
 from hps.storage.base import EmbeddingStore
+from hps.tiers import Tiers
 from hps.types import Keys, TableSpec, UpdateBatch, Vectors
 from hps.updates.versions import VersionTable, Watermarks
 
@@ -64,15 +65,14 @@ class Applier:
     """Applies :class:`hps.types.UpdateBatch` lists to the stores of the configured tables.
 
     ``persistent_models`` / ``volatile_models`` decide per model which tiers take its updates
-    (ps.json's ``update_filters``); a tier passed as ``None`` takes none.
+    (ps.json's ``update_filters``); a tier that is ``None`` in ``tiers`` takes none.
     """
 
     def __init__(
         self,
         tables: Mapping[str, TableSpec],
+        tiers: Tiers,
         *,
-        volatile: EmbeddingStore | None,
-        persistent: EmbeddingStore | None,
         volatile_models: Callable[[str], bool] = lambda m: True,
         persistent_models: Callable[[str], bool] = lambda m: True,
         listeners: Sequence[Listener] = (),
@@ -81,10 +81,10 @@ class Applier:
         self._routes: dict[str, _Route] = {}
         for name, spec in tables.items():
             stores: list[EmbeddingStore] = []
-            if persistent is not None and persistent_models(spec.model):
-                stores.append(persistent)
-            if volatile is not None and volatile_models(spec.model):
-                stores.append(volatile)
+            if tiers.persistent is not None and persistent_models(spec.model):
+                stores.append(tiers.persistent)
+            if tiers.volatile is not None and volatile_models(spec.model):
+                stores.append(tiers.volatile)
             if not stores:
                 continue
             for store in stores:

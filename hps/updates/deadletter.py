@@ -12,24 +12,22 @@ from collections.abc import Mapping
 from typing import Any
 
 from hps.errors import BackendUnavailable
-from hps.updates.kafka import client_settings, ensure_topics, merged, translate
+from hps.updates.kafka import client_settings, ensure_topics, merged, translated
 
 log = logging.getLogger(__name__)
 
 
 class DeadLetters:
     def __init__(self, brokers: str, topic: str, config: Mapping[str, Any] | None = None) -> None:
-        from confluent_kafka import KafkaException, Producer
+        from confluent_kafka import Producer
 
         self.topic = topic
         ensure_topics(brokers, [topic], num_partitions=1, config=config)
         producer_conf = client_settings(config)
-        try:
+        with translated("creating the dead-letter producer"):
             self._producer = Producer(
                 merged(brokers, {"enable.idempotence": True, "linger.ms": 0}, producer_conf)
             )
-        except KafkaException as exc:
-            raise translate(exc, "creating the dead-letter producer") from None
         self._errors: list[str] = []
         self.sent = 0
 

@@ -19,12 +19,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from hps.types import Keys, Vectors
 from hps.updates import metrics
+
+if TYPE_CHECKING:
+    from hps.lookup import LookupSession
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class _Pending:
 class L1Refresher:
     """Applies both passes to a LookupSession's L1 caches (``session.caches``)."""
 
-    def __init__(self, session: Any, *, grace_s: float = DEFAULT_GRACE_S) -> None:
+    def __init__(self, session: LookupSession, *, grace_s: float = DEFAULT_GRACE_S) -> None:
         self.session = session
         self.grace_s = grace_s
         self._pending: deque[_Pending] = deque()
@@ -61,7 +62,6 @@ class L1Refresher:
         if values is None:
             cache.evict(keys)
         else:
-            keys, values = _last_per_key(keys, values)
             self.session.refresh(table, keys, values)
         metrics.L1_REFRESHED.labels(table).inc(keys.size)
 
@@ -99,13 +99,4 @@ class L1Refresher:
 
     def _catch_up(self) -> None:
         # A secondary RocksDB instance sees the writer's updates only after catching up.
-        catch_up = getattr(getattr(self.session, "persistent", None), "catch_up", None)
-        if catch_up is not None:
-            catch_up()
-
-
-def _last_per_key(keys: Keys, values: Vectors) -> tuple[Keys, Vectors]:
-    """Sorted unique keys with each key's last vector (what ``session.refresh`` expects)."""
-    uniq, idx = np.unique(keys[::-1], return_index=True)
-    last = keys.size - 1 - idx
-    return uniq, values[last]
+        self.session.tiers.catch_up()

@@ -1,13 +1,14 @@
 """confluent-kafka plumbing shared by the producer, the consumer and the listeners.
 
-Driver exceptions are translated here into :mod:`hps.errors`; nothing else in
-``hps.updates`` catches ``KafkaException`` itself.
+Driver exceptions are translated here into :mod:`hps.errors`, by :func:`translated` around
+every driver call; nothing else in HPS catches ``KafkaException``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from hps.errors import BackendError, BackendUnavailable, ConfigError
@@ -44,7 +45,25 @@ def merged(brokers: str, *layers: Mapping[str, Any] | None) -> dict[str, Any]:
     return conf
 
 
-def translate(exc: BaseException, what: str) -> BackendError:
+@contextmanager
+def translated(what: str, *, ignore: Iterable[str] = ()) -> Iterator[None]:
+    """Run driver calls; a KafkaException becomes an HPS error naming ``what``.
+
+    Errors whose librdkafka name is in ``ignore`` (e.g. ``_NO_OFFSET`` of an empty commit,
+    ``TOPIC_ALREADY_EXISTS``) are swallowed.
+    """
+    from confluent_kafka import KafkaException
+
+    try:
+        yield
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else None
+        if err is not None and hasattr(err, "name") and err.name() in set(ignore):
+            return
+        raise _translate(exc, what) from None
+
+
+def _translate(exc: BaseException, what: str) -> BackendError:
     """A confluent-kafka exception as an HPS error (retriable ones as BackendUnavailable)."""
     err: Any = exc.args[0] if exc.args else None
     name = err.name() if hasattr(err, "name") else type(exc).__name__
@@ -69,14 +88,13 @@ def ensure_topics(
     timeout_s: float = 15.0,
 ) -> dict[str, int]:
     """Create the topics that do not exist yet; return each topic's partition count."""
-    from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
     wanted = sorted(set(topics))
     if not wanted:
         return {}
     admin = AdminClient(_admin_conf(brokers, config))
-    try:
+    with translated(f"creating topics {_short_list(wanted)}"):
         existing = admin.list_topics(timeout=timeout_s).topics
         missing = [t for t in wanted if t not in existing]
         if missing:
@@ -86,21 +104,16 @@ def ensure_topics(
                 request_timeout=timeout_s,
             )
             for topic, fut in futures.items():
-                try:
+                with translated(f"creating topic {topic}", ignore={"TOPIC_ALREADY_EXISTS"}):
                     fut.result()
                     log.info("created topic %s with %d partitions", topic, num_partitions)
-                except KafkaException as exc:
-                    if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
-                        raise
         counts: dict[str, int] = {}
         for t in wanted:
             meta = admin.list_topics(topic=t, timeout=timeout_s).topics.get(t)
             if meta is None or meta.error is not None or not meta.partitions:
                 raise BackendUnavailable(f"kafka: topic {t!r} has no partitions yet")
             counts[t] = len(meta.partitions)
-        return counts
-    except KafkaException as exc:
-        raise translate(exc, f"creating topics {_short_list(wanted)}") from None
+    return counts
 
 
 def _short_list(topics: list[str]) -> str:

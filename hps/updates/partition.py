@@ -6,19 +6,14 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from hps.index import GOLDEN, mix
 from hps.types import Keys
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
 
 
 def key_hash(keys: Keys) -> np.ndarray:
-    """splitmix64's finaliser over the int64 keys (as uint64): a documented, portable hash."""
-    z = np.asarray(keys, dtype=np.int64).view(np.uint64) + _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
+    """splitmix64 over the int64 keys (as uint64): a documented, portable hash."""
+    result: np.ndarray = mix(np.asarray(keys, dtype=np.int64).view(np.uint64) + GOLDEN)
+    return result
 
 
 def partition_of(keys: Keys, num_partitions: int) -> np.ndarray:

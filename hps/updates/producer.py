@@ -25,7 +25,7 @@ from hps.updates.kafka import (
     ensure_topics,
     kafka_kwargs,
     merged,
-    translate,
+    translated,
 )
 from hps.updates.partition import split_by_partition
 
@@ -58,7 +58,7 @@ class Publisher:
         create_topics: bool = True,
         **kafka_config: Any,
     ) -> None:
-        from confluent_kafka import KafkaException, Producer
+        from confluent_kafka import Producer
 
         if max_message_bytes < codec.HEADER_SIZE + codec.KEY_SIZE + 4:
             raise ValueError(f"max_message_bytes {max_message_bytes} cannot hold a single row")
@@ -75,10 +75,8 @@ class Publisher:
             kafka_kwargs(kafka_config),
         )
         check_config(conf, "producer")
-        try:
+        with translated("creating the producer"):
             self._producer = Producer(conf)
-        except KafkaException as exc:
-            raise translate(exc, "creating the producer") from None
         self._partitions: dict[str, int] = {}
         self._errors: list[str] = []
         self._lock = threading.Lock()
@@ -184,12 +182,8 @@ class Publisher:
         return count
 
     def _existing_partitions(self, topic: str) -> int:
-        from confluent_kafka import KafkaException
-
-        try:
+        with translated(f"metadata of {topic}"):
             meta = self._producer.list_topics(topic=topic, timeout=15.0).topics.get(topic)
-        except KafkaException as exc:
-            raise translate(exc, f"metadata of {topic}") from None
         if meta is None or meta.error is not None or not meta.partitions:
             raise BackendError(f"kafka: topic {topic!r} does not exist (create_topics=False)")
         return len(meta.partitions)
@@ -199,8 +193,6 @@ class Publisher:
             self._errors.append(f"{msg.topic()}[{msg.partition()}]: {err.name()}: {err.str()}")
 
     def _produce(self, topic: str, payload: bytes, partition: int | None) -> None:
-        from confluent_kafka import KafkaException
-
         if self._closed:
             raise BackendError("publisher is closed")
         kwargs: dict[str, Any] = {"on_delivery": self._on_delivery}
@@ -208,12 +200,11 @@ class Publisher:
             kwargs["partition"] = partition
         while True:
             try:
-                self._producer.produce(topic, payload, **kwargs)
+                with translated(f"producing to {topic}"):
+                    self._producer.produce(topic, payload, **kwargs)
                 break
             except BufferError:  # local queue full: serve delivery reports, then retry
                 self._producer.poll(0.05)
-            except KafkaException as exc:
-                raise translate(exc, f"producing to {topic}") from None
         self._producer.poll(0)
         self.messages_sent += 1
 

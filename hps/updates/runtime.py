@@ -16,17 +16,23 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from hps.config import PSConfig
 from hps.errors import ConfigError, FormatError, HPSError, RequestError
+from hps.tiers import Tiers
+from hps.topology import topology
+from hps.types import TableSpec
 from hps.updates import codec
-from hps.updates.applier import Applied, Applier, model_filter
+from hps.updates.applier import Applied, Applier, Listener, model_filter
 from hps.updates.consumer import UpdateConsumer, decode_message
 from hps.updates.deadletter import DeadLetters
 from hps.updates.freshness import L1Refresher
 from hps.updates.source import MessageSource
+
+if TYPE_CHECKING:
+    from hps.lookup import LookupSession
 
 log = logging.getLogger(__name__)
 
@@ -35,31 +41,26 @@ COMMITTED_CHECK_S = 0.2
 RETRY_S = 1.0
 
 
-def is_process_local(store: Any) -> bool:
-    return bool(getattr(store, "process_local", False))
-
-
-def is_writable(store: Any) -> bool:
-    return store is not None and getattr(store, "mode", "read_write") == "read_write"
-
-
 def build_applier(
-    config: PSConfig, session: Any, *, shared_only: bool, listeners: list[Any] | None = None
+    config: PSConfig,
+    session: LookupSession,
+    *,
+    shared_only: bool,
+    listeners: list[Listener] | None = None,
 ) -> Applier:
-    """An Applier over the session's stores; ``shared_only`` skips a process-local L2."""
-    volatile = session.volatile
-    if volatile is not None and shared_only and is_process_local(volatile):
+    """An Applier over the session's tiers; ``shared_only`` skips an in-process L2."""
+    volatile = session.tiers.volatile
+    if volatile is not None and shared_only and topology(config).l2 == "process":
         log.warning(
             "volatile_db %r lives inside each serving process: hps consume applies updates to "
             "L3 only; serving processes apply them to their own L2",
             config.volatile_db.type,
         )
         volatile = None
-    persistent = session.persistent if is_writable(session.persistent) else None
+    l3 = session.tiers.persistent
     applier = Applier(
         session.tables,
-        volatile=volatile,
-        persistent=persistent,
+        Tiers(volatile, l3 if l3 is not None and l3.writable else None),
         volatile_models=model_filter(config.volatile_db.update_filters),
         persistent_models=model_filter(config.persistent_db.update_filters),
         listeners=listeners or [],
@@ -72,7 +73,7 @@ def build_applier(
     return applier
 
 
-def topics_of(tables: Any) -> list[str]:
+def topics_of(tables: Mapping[str, TableSpec]) -> list[str]:
     return sorted(codec.topic_name(s.model, s.table) for s in tables.values())
 
 
@@ -83,7 +84,7 @@ def _check_enabled(config: PSConfig) -> None:
         )
 
 
-def build_service(config: PSConfig, session: Any) -> UpdateConsumer:
+def build_service(config: PSConfig, session: LookupSession) -> UpdateConsumer:
     """The ``hps consume`` loop over ``session`` (built without L1), in the consumer group."""
     _check_enabled(config)
     us = config.update_source
@@ -135,7 +136,7 @@ class UpdateThread:
         self.thread.join(timeout_s)
 
 
-def start_background_applier(session: Any, config: PSConfig) -> UpdateThread:
+def start_background_applier(session: LookupSession, config: PSConfig) -> UpdateThread:
     """Embedded mode: apply every update to this process's L2 (and L3 if writable) and L1."""
     _check_enabled(config)
     us = config.update_source
@@ -172,7 +173,7 @@ def start_background_applier(session: Any, config: PSConfig) -> UpdateThread:
     return UpdateThread("hps-embedded-applier", body, refresher)
 
 
-def start_l1_listener(session: Any, config: PSConfig) -> UpdateThread:
+def start_l1_listener(session: LookupSession, config: PSConfig) -> UpdateThread:
     """Shared mode: keep this process's L1 fresh from the update topics (no L2/L3 writes)."""
     _check_enabled(config)
     us = config.update_source
@@ -218,7 +219,7 @@ def _applied_by_group(committed: dict[tuple[str, int], int]) -> Callable[[Any], 
     return ready
 
 
-def _refresh_from(msg: Any, tables: Any, refresher: L1Refresher) -> None:
+def _refresh_from(msg: Any, tables: Mapping[str, TableSpec], refresher: L1Refresher) -> None:
     try:
         upd = decode_message(msg, tables)
     except (FormatError, RequestError) as exc:
@@ -228,11 +229,12 @@ def _refresh_from(msg: Any, tables: Any, refresher: L1Refresher) -> None:
     refresher.later(upd.table, upd.keys, (msg.topic(), msg.partition(), msg.offset()))
 
 
-def start_updates(session: Any, config: PSConfig) -> UpdateThread | None:
+def start_updates(session: LookupSession, config: PSConfig) -> UpdateThread | None:
     """What a serving process calls: the embedded applier or the L1 listener (or nothing)."""
-    if not config.update_source.enabled:
+    updates = topology(config).updates
+    if updates == "none":
         return None
-    if session.volatile is not None and is_process_local(session.volatile):
+    if updates == "embedded":
         return start_background_applier(session, config)
     if not session.caches:
         return None

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from hps.errors import BackendError
-from hps.updates.kafka import CONSUMER_DEFAULTS, check_config, ensure_topics, merged, translate
+from hps.updates.kafka import CONSUMER_DEFAULTS, check_config, ensure_topics, merged, translated
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class MessageSource:
         config: Mapping[str, Any] | None = None,
         num_partitions: int = 8,
     ) -> None:
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException
+        from confluent_kafka import OFFSET_BEGINNING, Consumer
 
         self.mode = mode
         self.topics = sorted(set(topics))
@@ -45,7 +45,7 @@ class MessageSource:
         counts = ensure_topics(brokers, self.topics, num_partitions=num_partitions, config=config)
         self._assigned: list[Any] = []
         self._last_error_log = 0.0
-        try:
+        with translated(f"consuming {len(self.topics)} topics"):
             self._consumer = Consumer(conf)
             if mode == "group":
                 self._consumer.subscribe(
@@ -59,8 +59,6 @@ class MessageSource:
                     tp.offset = OFFSET_BEGINNING if mode == "replay" else self._end(tp)
                 self._assigned = parts
                 self._consumer.assign(parts)
-        except KafkaException as exc:
-            raise translate(exc, f"consuming {len(self.topics)} topics") from None
 
     def _end(self, tp: Any) -> int:
         # An explicit offset rather than OFFSET_END: the source is positioned on return, so
@@ -113,60 +111,53 @@ class MessageSource:
         """Mark ``msgs`` as applied (group mode): their next offsets are committed later."""
         if self.mode != "group" or not msgs:
             return
-        from confluent_kafka import KafkaException, TopicPartition
+        from confluent_kafka import TopicPartition
 
         nxt: dict[TopicPartitionKey, int] = {}
         for m in msgs:
             key = (m.topic(), m.partition())
             nxt[key] = max(nxt.get(key, -1), m.offset() + 1)
         try:
-            self._consumer.store_offsets(
-                offsets=[TopicPartition(t, p, o) for (t, p), o in nxt.items()]
-            )
-        except KafkaException as exc:  # a partition revoked meanwhile: its new owner replays
+            with translated("storing offsets"):
+                self._consumer.store_offsets(
+                    offsets=[TopicPartition(t, p, o) for (t, p), o in nxt.items()]
+                )
+        except BackendError as exc:  # a partition revoked meanwhile: its new owner replays
             log.info("offsets not stored (%s); the new owner re-applies them", exc)
 
     def commit(self, *, asynchronous: bool) -> None:
         if self.mode != "group":
             return
-        from confluent_kafka import KafkaException
-
-        try:
+        with translated("commit", ignore={"_NO_OFFSET"}):  # _NO_OFFSET: nothing new
             if asynchronous:
                 self._consumer.commit(asynchronous=True)
             else:
                 self._consumer.commit(asynchronous=False)
-        except KafkaException as exc:
-            if exc.args[0].name() != "_NO_OFFSET":  # nothing new to commit
-                raise translate(exc, "commit") from None
 
     def committed(self, timeout_s: float = 5.0) -> dict[TopicPartitionKey, int]:
         """The group's committed next offsets of the partitions this source reads."""
-        from confluent_kafka import KafkaException, TopicPartition
+        from confluent_kafka import TopicPartition
 
         parts = [TopicPartition(tp.topic, tp.partition) for tp in self._assigned]
         if not parts:
             return {}
-        try:
+        with translated("reading committed offsets"):
             got = self._consumer.committed(parts, timeout=timeout_s)
-        except KafkaException as exc:
-            raise translate(exc, "reading committed offsets") from None
         return {(tp.topic, tp.partition): tp.offset for tp in got if tp.offset >= 0}
 
     def lag(self) -> dict[TopicPartitionKey, int]:
         """Messages behind the high watermark, per assigned partition (cached watermarks)."""
-        from confluent_kafka import KafkaException
-
         out: dict[TopicPartitionKey, int] = {}
         if not self._assigned:
             return out
         try:
-            positions = self._consumer.position(self._assigned)
-            for tp in positions:
-                _, high = self._consumer.get_watermark_offsets(tp, cached=True)
-                if high >= 0 and tp.offset >= 0:
-                    out[(tp.topic, tp.partition)] = max(0, high - tp.offset)
-        except KafkaException as exc:
+            with translated("reading the lag"):
+                positions = self._consumer.position(self._assigned)
+                for tp in positions:
+                    _, high = self._consumer.get_watermark_offsets(tp, cached=True)
+                    if high >= 0 and tp.offset >= 0:
+                        out[(tp.topic, tp.partition)] = max(0, high - tp.offset)
+        except BackendError as exc:
             log.debug("lag unavailable: %s", exc)
         return out
 

@@ -17,8 +17,6 @@ keeps exactly.
 
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 
 from hps.storage.base import EmbeddingStore
@@ -46,8 +44,6 @@ class _SideTable:
     def __init__(self, store: EmbeddingStore, spec: TableSpec, suffix: str) -> None:
         self.store = store
         self.spec = TableSpec(model=spec.model, table=spec.table + suffix, dim=LIMBS)
-        # Only a store that can sync (rocks_db) is asked to; the others are volatile anyway.
-        self.can_sync = "durable" in inspect.signature(store.insert).parameters
         store.open_table(self.spec)
 
     def get(self, keys: Keys) -> np.ndarray:
@@ -60,10 +56,7 @@ class _SideTable:
     def put(self, keys: Keys, versions: np.ndarray, *, durable: bool) -> None:
         """Store versions; ``durable`` syncs this write and every write before it."""
         limbs = to_limbs(versions)
-        if durable and self.can_sync:
-            self.store.insert(self.spec.name, keys, limbs, durable=True)  # type: ignore[call-arg]
-        else:
-            self.store.insert(self.spec.name, keys, limbs)
+        self.store.insert(self.spec.name, keys, limbs, durable=durable)
 
 
 class VersionTable(_SideTable):

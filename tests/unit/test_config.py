@@ -174,3 +174,22 @@ def test_models_are_frozen() -> None:
     cfg = parse_config({"models": [{"model": "m", "embedding_vecsize_per_table": [8]}]})
     with pytest.raises(Exception, match="frozen"):
         cfg.models[0].gpucacheper = 0.5  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"models": []}, r"models: .*needs at least one model"),
+        (
+            {"models": [{"model": "m", "embedding_vecsize_per_table": [True]}]},
+            r"embedding_vecsize_per_table\[0\]: Input should be a valid integer",
+        ),
+        (
+            {"models": [{"model": "m", "embedding_vecsize_per_table": [4.0]}]},
+            r"embedding_vecsize_per_table\[0\]",
+        ),
+    ],
+)
+def test_empty_models_and_non_integer_dims_are_refused(doc: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(doc, "ps.json")

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from hps.cache.xp import available_xps, to_host
 from hps.errors import InvalidValueError
-from hps.index import EMPTY, GROUP, TOMBSTONE, KeyIndex, check_keys, slots_for
+from hps.index import EMPTY, GROUP, TOMBSTONE, KeyIndex, slots_for
+from hps.types import TableSpec
+from hps.validate import as_rows
 
 XPS = available_xps()
 
@@ -82,7 +84,7 @@ def test_reserved_keys_are_never_found_and_removing_them_changes_nothing(xp: Mod
     assert to_host(index.remove(reserved)).tolist() == [-1, -1]
     assert len(index) == 1 and to_host(index.lookup(xp.asarray(np.array([6])))).tolist() == [1]
     with pytest.raises(InvalidValueError, match="reserved"):
-        check_keys(np.array([1, EMPTY], dtype=np.int64))
+        as_rows(TableSpec("m", "t", 1), np.array([1, EMPTY], dtype=np.int64), np.ones((2, 1)))
 
 
 @pytest.mark.parametrize("xp", XPS, ids=[m.__name__ for m in XPS])

@@ -31,9 +31,9 @@ def session(tmp_path: Path) -> Iterator[LookupSession]:
 def test_levels_and_defaults_in_request_order(session: LookupSession) -> None:
     l2_keys = np.array([1, 2, 3], dtype=np.int64)
     l3_keys = np.array([10, 11], dtype=np.int64)
-    assert session.volatile is not None and session.persistent is not None
-    session.volatile.insert("demo.t0", l2_keys, rows(l2_keys, 4))
-    session.persistent.insert("demo.t0", l3_keys, rows(l3_keys, 4))
+    assert session.tiers.volatile is not None and session.tiers.persistent is not None
+    session.tiers.volatile.insert("demo.t0", l2_keys, rows(l2_keys, 4))
+    session.tiers.persistent.insert("demo.t0", l3_keys, rows(l3_keys, 4))
     query = np.array([11, 1, 99, 1, 3, 10], dtype=np.int64)
     got = session.lookup("demo.t0", query)
     expected = rows(query, 4)
@@ -56,11 +56,11 @@ def test_backfill_into_l2(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, volatile_db={"type": "hash_map", "cache_missed_embeddings": True})
     s = build_session(cfg)
     keys = np.array([4, 5], np.int64)
-    assert s.persistent is not None and s.volatile is not None
-    s.persistent.insert("demo.t0", keys, rows(keys, 4))
+    assert s.tiers.persistent is not None and s.tiers.volatile is not None
+    s.tiers.persistent.insert("demo.t0", keys, rows(keys, 4))
     s.lookup("demo.t0", keys)
     s.drain()
-    values, found = s.volatile.fetch("demo.t0", keys)
+    values, found = s.tiers.volatile.fetch("demo.t0", keys)
     assert found.all()
     np.testing.assert_array_equal(values, rows(keys, 4))
     s.close()
@@ -118,8 +118,8 @@ def test_l2_down_falls_through_to_l3(session: LookupSession) -> None:
         def fetch(self, *_: object) -> None:
             raise BackendUnavailable("redis down")
 
-    real, session.volatile = session.volatile, Down()  # type: ignore[assignment]
+    real, session.tiers.volatile = session.tiers.volatile, Down()  # type: ignore[assignment]
     try:
         np.testing.assert_array_equal(session.lookup("demo.t0", keys), rows(keys, 4))
     finally:
-        session.volatile = real
+        session.tiers.volatile = real

@@ -24,12 +24,13 @@ import pytest
 
 from hps.config import PSConfig
 from hps.io.sparse_model import write_sparse_model
+from hps.net import free_port
 from hps.service.app import create_app
 from hps.service.state import AdminState
 from hps.service.triton_admin import TritonAdmin
 from hps.triton.deploy import prepare_tables, serving_config
 from hps.triton.repository import prepare_repository
-from hps.triton.server import TritonServer, free_port
+from hps.triton.server import TritonServer
 from tests.fixtures.triton import table_data
 
 TOKEN = "s3cret-admin-token"

@@ -17,11 +17,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from hps.build import build_session
+from hps.net import free_port
 from hps.service.app import create_app
 from hps.service.state import AdminState
 from hps.service.triton_admin import TritonAdmin
 from hps.testing.kafka import TansuBroker
-from hps.triton.server import free_port
 from hps.updates.runtime import build_service
 from tests.fixtures.kafka import running, update_config, wait_for
 from tests.integration.service.conftest import TOKEN

@@ -8,9 +8,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hps.config import PersistentDBConfig, VolatileDBConfig
+from hps.config import ModelConfig, PersistentDBConfig, VolatileDBConfig
 from hps.errors import DTypeError, InvalidValueError, ShapeError, UnknownTableError
+from hps.lookup import LookupSession
 from hps.storage import EmbeddingStore, open_store
+from hps.tiers import Tiers
 from hps.types import TableSpec
 from tests.helpers import rows, unique_name
 
@@ -135,9 +137,15 @@ def test_empty_batches(store: EmbeddingStore, spec: TableSpec) -> None:
 def test_bad_inserts_change_nothing(
     store: EmbeddingStore, spec: TableSpec, keys: Any, values: Any, error: type
 ) -> None:
+    """Bad batches are refused at the boundary (the session), before any store sees them."""
     store.insert(spec.name, KEYS, rows(KEYS, spec.dim))
+    model = ModelConfig(
+        model=spec.model, embedding_table_names=["t"], embedding_vecsize_per_table=[spec.dim]
+    )
+    tiers = Tiers(store, None) if store.placement != "disk" else Tiers(None, store)
+    session = LookupSession([model], tiers)
     with pytest.raises(error):
-        store.insert(spec.name, keys, values)
+        session.insert(spec.name, keys, values)
     got, found = store.fetch(spec.name, KEYS)
     assert found.all()
     np.testing.assert_array_equal(got, rows(KEYS, spec.dim))
@@ -147,3 +155,39 @@ def test_bad_inserts_change_nothing(
 def test_unknown_table(store: EmbeddingStore) -> None:
     with pytest.raises(UnknownTableError, match="nope.t"):
         store.fetch("nope.t", np.array([1], dtype=np.int64))
+
+
+# -- declared capabilities (hps/storage/base.py) ---------------------------------------------
+
+
+def test_placement_and_write_access(store: EmbeddingStore) -> None:
+    assert store.placement in ("process", "node", "server", "disk")
+    assert store.writable  # opened read_write
+    assert isinstance(store.durable, bool)
+    assert store.durable == (store.placement == "disk")
+
+
+def test_durable_writes_and_removes_are_accepted(store: EmbeddingStore, spec: TableSpec) -> None:
+    store.insert(spec.name, KEYS, rows(KEYS, spec.dim), durable=True)
+    store.remove(spec.name, KEYS[:2], durable=True)
+    _, found = store.fetch(spec.name, KEYS)
+    assert found.tolist() == [False, False] + [True] * (KEYS.size - 2)
+
+
+def test_dump_yields_every_row_in_bounded_chunks(store: EmbeddingStore, spec: TableSpec) -> None:
+    store.insert(spec.name, KEYS, rows(KEYS, spec.dim))
+    chunks = list(store.dump(spec.name, chunk_rows=4))
+    keys = np.concatenate([k for k, _ in chunks])
+    vectors = np.concatenate([v for _, v in chunks])
+    order = np.argsort(keys)
+    np.testing.assert_array_equal(keys[order], np.sort(KEYS))
+    np.testing.assert_array_equal(vectors[order], rows(np.sort(KEYS), spec.dim))
+    if store.placement != "server":  # Redis's HSCAN COUNT is a hint, not a bound
+        assert max(k.size for k, _ in chunks) <= 4
+
+
+def test_catch_up_and_bytes_per_row(store: EmbeddingStore) -> None:
+    store.catch_up()  # a no-op for a read-write handle of every backend
+    per_row = type(store).bytes_per_row(64)
+    assert 64 * 4 < per_row < 64 * 4 * 3
+    assert type(store).bytes_per_row(64, bounded=True) >= per_row

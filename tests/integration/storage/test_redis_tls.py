@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hps.config import VolatileDBConfig
-from hps.errors import BackendError, ConfigError, retriable
+from hps.errors import BackendError, BackendUnavailable, ConfigError
 from hps.storage import open_store
 from hps.storage.redis_cluster import RedisStore
 from hps.testing.redis import RedisClusterServers, RedisServer
@@ -146,7 +146,7 @@ def test_certificate_name_is_checked(tls_server: RedisServer, certs: Path) -> No
     ):
         with pytest.raises(BackendError, match="certificate refused") as info:
             open_store(cfg)
-        assert not retriable(info.value)
+        assert not isinstance(info.value, BackendUnavailable)
 
 
 def test_client_certificate_is_required_by_this_server(

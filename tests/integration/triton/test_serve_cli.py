@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hps.net import free_port
 from hps.triton.demo import table_vectors
-from hps.triton.server import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from hps.net import free_port
 from hps.storage.rocks_db import RocksDBStore
 from hps.testing.kafka import TansuBroker
 from hps.types import TableSpec
@@ -31,17 +32,9 @@ AFTER_KILL = 30  # steps published after the kill
 MARKER = 10**12  # keys from here on mark the end of the stream, one per partition
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class ConsumeProcess:
     def __init__(self, config: Path, log: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         hps = Path(sys.executable).with_name("hps")
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(

@@ -35,8 +35,8 @@ def test_publish_consume_lookup(tmp_path: Path, kafka_broker: TansuBroker) -> No
         np.testing.assert_array_equal(got[10:], rows(keys[10:], 4, seed=1))
         np.testing.assert_array_equal(got[:10], np.full((10, 4), 0.5, np.float32))  # deleted
         np.testing.assert_array_equal(session.lookup(f"{model}.t1", keys), rows(keys, 8, seed=2))
-        assert session.persistent is not None
-        assert session.persistent.size(f"{model}.t0") == 490
+        assert session.tiers.persistent is not None
+        assert session.tiers.persistent.size(f"{model}.t0") == 490
     finally:
         session.close()
 
@@ -134,12 +134,12 @@ def test_redis_down_during_consumption_loses_nothing(
             assert svc.rows_applied == a.size
             redis_server.start()  # back empty: it keeps nothing on disk
             wait_for(lambda: svc.rows_applied >= a.size + b.size, 60, "batch B applied")
-        assert session.volatile is not None and session.persistent is not None
-        v2, f2 = session.volatile.fetch(table, b)
+        assert session.tiers.volatile is not None and session.tiers.persistent is not None
+        v2, f2 = session.tiers.volatile.fetch(table, b)
         assert f2.all()
         np.testing.assert_array_equal(v2, rows(b, 4, seed=2))
         both = np.concatenate([a, b])
-        v3, f3 = session.persistent.fetch(table, both)
+        v3, f3 = session.tiers.persistent.fetch(table, both)
         assert f3.all()
         np.testing.assert_array_equal(v3, np.concatenate([rows(a, 4, seed=1), rows(b, 4, seed=2)]))
     finally:

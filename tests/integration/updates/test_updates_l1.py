@@ -53,8 +53,8 @@ def test_embedded_applier_updates_l2_and_resident_l1(
             )
             assert not session.caches[table].resident(keys[:8]).any()
         np.testing.assert_array_equal(session.lookup(table, keys[8:]), rows(keys[8:], 4, seed=2))
-        if session.persistent is not None:  # deletes left L3 too; upserts reached it
-            _, found = session.persistent.fetch(table, keys)
+        if session.tiers.persistent is not None:  # deletes left L3 too; upserts reached it
+            _, found = session.tiers.persistent.fetch(table, keys)
             assert found.tolist() == [False] * 8 + [True] * 56
     finally:
         handle.stop()
@@ -74,7 +74,7 @@ def test_listener_refreshes_l1_of_a_shared_deployment(
     writer = build_session(cfg, with_cache=False)
     keys = np.arange(200, 264, dtype=np.int64)
     writer.insert(table, keys, rows(keys, 8, seed=1), durable=True)
-    serving = build_session(cfg, persistent_mode="secondary")
+    serving = build_session(cfg, l3_mode="secondary")
     handle = None
     try:
         np.testing.assert_array_equal(serving.lookup(table, keys), rows(keys, 8, seed=1))

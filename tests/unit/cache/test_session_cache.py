@@ -14,11 +14,12 @@ import pytest
 
 from hps.build import build_session
 from hps.cache import EmbeddingCache
-from hps.cache.refresh import Refresher, refreshers_for
-from hps.cache.warmup import warm_up_session, write_frequency_file
+from hps.cache.refresh import Refresher
 from hps.config import PSConfig
+from hps.io.frequency import write_frequency_file
 from hps.io.keyset import write_keyset
 from hps.lookup import LookupSession
+from hps.startup import refreshers_for, warm_up_session
 from tests.helpers import make_config, rows
 
 TABLE = "demo.t0"
@@ -175,8 +176,8 @@ def test_refresh_rereads_resident_keys_in_slices(
 ) -> None:
     session.lookup(TABLE, stored[:20])
     fresh = rows(stored[:20], 4) + 100
-    assert session.volatile is not None and session.persistent is not None
-    for store in (session.volatile, session.persistent):  # behind the cache's back
+    assert session.tiers.volatile is not None and session.tiers.persistent is not None
+    for store in (session.tiers.volatile, session.tiers.persistent):  # behind the cache's back
         store.insert(TABLE, stored[:20], fresh)
         store.remove(TABLE, stored[:2])
     calls: list[int] = []

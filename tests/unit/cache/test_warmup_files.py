@@ -7,17 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hps.cache.warmup import (
-    count_access_log,
-    hottest,
-    plan_warm_up,
-    prefill_wanted,
-    read_frequency_file,
-    write_frequency_file,
-)
+from hps.cache.warmup import hottest, plan_warm_up, prefill_wanted
 from hps.cli import main
 from hps.config import parse_config
 from hps.errors import FormatError
+from hps.io.frequency import count_access_log, read_frequency_file, write_frequency_file
 from hps.io.keyset import write_keyset
 
 

@@ -7,13 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hps.build import build_session
-from hps.errors import FormatError, SparseModelError
-from hps.io.importer import import_model, import_sparse_model, l3_holds, preload_volatile
+from hps.errors import FormatError
 from hps.io.keyset import read_keyset, write_keyset
 from hps.io.npy import read_npy_pair, write_npy_pair
 from hps.io.sparse_model import read_sparse_model, sparse_model_rows, write_sparse_model
-from tests.helpers import make_config, rows
+from tests.helpers import rows
 
 
 def test_sparse_model_round_trip_in_chunks(tmp_path: Path) -> None:
@@ -25,55 +23,6 @@ def test_sparse_model_round_trip_in_chunks(tmp_path: Path) -> None:
     assert [k.size for k, _ in chunks] == [32, 32, 32, 4]
     np.testing.assert_array_equal(np.concatenate([k for k, _ in chunks]), keys)
     np.testing.assert_array_equal(np.concatenate([v for _, v in chunks]), rows(keys, 4))
-
-
-def test_truncated_sparse_model_is_refused_before_anything_is_written(tmp_path: Path) -> None:
-    session = build_session(make_config(tmp_path))
-    keys = np.arange(10, dtype=np.int64)
-    session.insert("demo.t0", keys[:2], rows(keys[:2], 4, seed=7))
-    write_sparse_model(tmp_path / "t.model", keys, rows(keys, 4))
-    with open(tmp_path / "t.model" / "emb_vector", "r+b") as f:
-        f.truncate(10 * 4 * 4 - 6)
-    with pytest.raises(SparseModelError, match="truncated"):
-        import_sparse_model(session, session.tables["demo.t0"], tmp_path / "t.model")
-    np.testing.assert_array_equal(session.lookup("demo.t0", keys[:2]), rows(keys[:2], 4, seed=7))
-    assert session.persistent is not None and session.persistent.size("demo.t0") == 2
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(SparseModelError, match="missing file 'key'"):
-        sparse_model_rows(tmp_path / "empty", 4)
-    session.close()
-
-
-def test_import_model_respects_initial_cache_rate_and_skips_loaded_tables(tmp_path: Path) -> None:
-    keys = np.arange(100, dtype=np.int64)
-    paths = [tmp_path / "t0.model", tmp_path / "t1.model"]
-    write_sparse_model(paths[0], keys, rows(keys, 4))
-    write_sparse_model(paths[1], keys[:10], rows(keys[:10], 8))
-    cfg = make_config(
-        tmp_path,
-        volatile_db={"type": "hash_map", "initial_cache_rate": 0.25},
-        models=[
-            {
-                "model": "demo",
-                "embedding_table_names": ["t0", "t1"],
-                "embedding_vecsize_per_table": [4, 8],
-                "sparse_files": [str(p) for p in paths],
-                "gpucache": False,
-            }
-        ],
-    )
-    session = build_session(cfg)
-    done = import_model(session, cfg.models[0], initial_cache_rate=0.25, progress=False)
-    assert done == {"demo.t0": 100, "demo.t1": 10}
-    assert session.volatile is not None and session.persistent is not None
-    assert session.volatile.size("demo.t0") == 0  # process-local L2: the server preloads it
-    assert preload_volatile(session, 0.25) == {"demo.t0": 25, "demo.t1": 2}
-    assert session.volatile.size("demo.t0") == 25
-    assert session.persistent.size("demo.t0") == 100
-    assert l3_holds(session, session.tables["demo.t0"], paths[0])
-    assert import_model(session, cfg.models[0], progress=False) == {}
-    np.testing.assert_array_equal(session.lookup("demo.t0", keys), rows(keys, 4))
-    session.close()
 
 
 def test_keyset_round_trip_and_bad_size(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from hps.storage import open_store
 from hps.storage._shm_layout import MAX_TABLES, E, H
 from hps.storage.multi_process_hash_map import SharedHashMapStore
 from hps.types import TableSpec
+from hps.validate import as_rows
 from tests.helpers import rows, unique_name
 
 MiB = 1024 * 1024
@@ -117,8 +118,8 @@ def test_reserved_keys(opener: Opener) -> None:
     store = opener()
     spec = TableSpec("m", "t", 2)
     store.open_table(spec)
-    with pytest.raises(InvalidValueError, match="reserved"):
-        store.insert(spec.name, np.array([1, EMPTY]), np.zeros((2, 2), np.float32))
+    with pytest.raises(InvalidValueError, match="reserved"):  # refused at the boundary
+        as_rows(spec, np.array([1, EMPTY]), np.zeros((2, 2), np.float32))
     store.insert(spec.name, np.array([5]), np.ones((1, 2), np.float32))
     store.remove(spec.name, np.array([EMPTY, TOMBSTONE]))
     _, found = store.fetch(spec.name, np.array([EMPTY, TOMBSTONE, 5]))

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hps.errors import ConfigError, ShapeError
-from hps.triton.ctr import DenseNetwork, array_module, make_weights, pool_embeddings
+from hps.triton.ctr import DenseNetwork, make_weights, pool_embeddings
 
 
 @settings(max_examples=60, deadline=None)
@@ -61,8 +61,3 @@ def test_bad_weight_files(tmp_path: Path) -> None:
     np.savez(tmp_path / "two.npz", num_dense=np.array(1), w0=np.ones((2, 2)), b0=np.ones(2))
     with pytest.raises(ConfigError, match="one output"):
         DenseNetwork(tmp_path / "two.npz")
-
-
-def test_array_module() -> None:
-    assert array_module("numpy") is np
-    assert array_module("auto").__name__ in ("numpy", "cupy")

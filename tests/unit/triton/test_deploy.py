@@ -11,9 +11,11 @@ import pytest
 
 from hps.build import build_session
 from hps.errors import ConfigError
-from hps.io.importer import import_model
+from hps.io.imports import sparse_sources
+from hps.io.loader import Loader
 from hps.io.sparse_model import write_sparse_model
 from hps.storage.rocks_db import RocksDBStore
+from hps.tiers import Tiers
 from hps.triton.deploy import fill_l2, only_model, prepare_tables, serving_config
 
 
@@ -90,9 +92,12 @@ def test_prepare_tables_imports_new_and_changed_tables_only(tmp_path: Path) -> N
 
 def test_prepare_tables_trusts_an_l3_imported_before(tmp_path: Path) -> None:
     config = serving_config(write_ps(tmp_path), tmp_path)
-    session = build_session(config, with_cache=False)
-    import_model(session, config.models[0], progress=False)
-    session.close()
+    tiers = Tiers.open(config, l2=False)
+    tiers.open_tables(config.tables)
+    loader = Loader(tiers, "skip")
+    for source in sparse_sources(config):
+        loader.load(source)  # e.g. an import by another tool: no record of it
+    tiers.close()
     assert prepare_tables(config) == {}
 
 
@@ -109,12 +114,12 @@ def test_nothing_to_import_leaves_l3_to_its_writer(tmp_path: Path) -> None:
 def test_fill_l2_per_initial_cache_rate(tmp_path: Path) -> None:
     config = only_model(serving_config(write_ps(tmp_path), tmp_path), "m")
     prepare_tables(config)
-    session = build_session(config, with_cache=False, persistent_mode="read_only")
+    session = build_session(config, with_cache=False, l3_mode="read_only")
     try:
         assert fill_l2(session, config, config.models[0]) == 20 + 15
-        assert session.volatile is not None
-        assert session.volatile.size("m.t0") == 20
-        _, found = session.volatile.fetch("m.t1", np.array([0, 42, 45], dtype=np.int64))
+        assert session.tiers.volatile is not None
+        assert session.tiers.volatile.size("m.t0") == 20
+        _, found = session.tiers.volatile.fetch("m.t1", np.array([0, 42, 45], dtype=np.int64))
         assert found.tolist() == [True, True, False]  # the file's first 15 rows: keys 0..42
     finally:
         session.close()
@@ -129,12 +134,12 @@ def test_shared_l2_is_filled_once_per_node(tmp_path: Path) -> None:
     path = write_ps(tmp_path, instances=2, volatile=volatile)
     config = serving_config(path, tmp_path)
     prepare_tables(config)
-    first = build_session(config, with_cache=False, persistent_mode="read_only")
-    second = build_session(config, with_cache=False, persistent_mode="read_only")
+    first = build_session(config, with_cache=False, l3_mode="read_only")
+    second = build_session(config, with_cache=False, l3_mode="read_only")
     try:
         assert fill_l2(first, config, config.models[0]) == 70
         assert fill_l2(second, config, config.models[0]) == 0
-        assert second.volatile is not None and second.volatile.size("m.t1") == 30
+        assert second.tiers.volatile is not None and second.tiers.volatile.size("m.t1") == 30
     finally:
         first.close()
         second.close()

@@ -7,6 +7,7 @@ import pytest
 
 from hps.errors import UnknownTableError
 from hps.storage.hash_map import HashMapStore
+from hps.tiers import Tiers
 from hps.types import TableSpec, UpdateBatch
 from hps.updates.applier import Applied, Applier, model_filter
 
@@ -33,7 +34,7 @@ def stores() -> tuple[HashMapStore, HashMapStore]:
 
 def make(stores: tuple[HashMapStore, HashMapStore], **kw: object) -> Applier:
     l2, l3 = stores
-    return Applier({SPEC.name: SPEC}, volatile=l2, persistent=l3, **kw)  # type: ignore[arg-type]
+    return Applier({SPEC.name: SPEC}, Tiers(l2, l3), **kw)  # type: ignore[arg-type]
 
 
 def state(store: HashMapStore, keys: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -121,8 +122,7 @@ def test_filters_route_models_to_tiers() -> None:
     tables = {SPEC.name: SPEC, OTHER.name: OTHER}
     a = Applier(
         tables,
-        volatile=l2,
-        persistent=l3,
+        Tiers(l2, l3),
         persistent_models=model_filter(["^m$"]),
         volatile_models=model_filter(["^nothing$"]),
     )
@@ -164,7 +164,7 @@ def in_part(batch: UpdateBatch, partition: int) -> UpdateBatch:
 
 def test_in_order_partitions_need_no_version_reads() -> None:
     l3 = CountingStore()
-    a = Applier({SPEC.name: SPEC}, volatile=HashMapStore(), persistent=l3)
+    a = Applier({SPEC.name: SPEC}, Tiers(HashMapStore(), l3))
     a.apply([in_part(up([1, 2], 0.1, 10), 0), in_part(up([3], 0.1, 5), 1)])
     a.apply([in_part(up([1], 0.2, 11), 0), in_part(rm([3], 6), 1)])
     assert l3.version_reads == 0
@@ -178,8 +178,8 @@ def test_in_order_partitions_need_no_version_reads() -> None:
 
 def test_watermarks_survive_a_new_applier() -> None:
     l2, l3 = HashMapStore(), CountingStore()
-    Applier({SPEC.name: SPEC}, volatile=l2, persistent=l3).apply([in_part(up([1], 0, 50), 3)])
-    restarted = Applier({SPEC.name: SPEC}, volatile=l2, persistent=l3)
+    Applier({SPEC.name: SPEC}, Tiers(l2, l3)).apply([in_part(up([1], 0, 50), 3)])
+    restarted = Applier({SPEC.name: SPEC}, Tiers(l2, l3))
     (applied,) = restarted.apply([in_part(up([1], 9, 40), 3)])  # a replayed older message
     assert applied.stale == 1 and l3.version_reads == 1
     np.testing.assert_array_equal(l3.fetch(SPEC.name, np.array([1]))[0], vec([1], 0))

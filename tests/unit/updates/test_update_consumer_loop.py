@@ -11,6 +11,7 @@ import numpy as np
 from hps.config import UpdateSourceConfig
 from hps.errors import BackendUnavailable
 from hps.storage.hash_map import HashMapStore
+from hps.tiers import Tiers
 from hps.types import TableSpec
 from hps.updates import codec
 from hps.updates.applier import Applier
@@ -116,7 +117,7 @@ def settings(**kw: Any) -> UpdateSourceConfig:
 def make(msgs: list[Msg], l2: HashMapStore | None = None, **kw: Any) -> tuple[Any, ...]:
     l2 = l2 or HashMapStore()
     l3 = HashMapStore()
-    applier = Applier({SPEC.name: SPEC}, volatile=l2, persistent=l3)
+    applier = Applier({SPEC.name: SPEC}, Tiers(l2, l3))
     source, dead = FakeSource(msgs), FakeDead()
     consumer = UpdateConsumer(source, applier, settings(**kw), dead_letters=dead)  # type: ignore[arg-type]
     return consumer, source, dead, l2, l3
@@ -188,6 +189,7 @@ class FakeCache:
 class FakeSession:
     def __init__(self) -> None:
         self.caches = {SPEC.name: FakeCache()}
+        self.tiers = Tiers(None, None)
         self.calls: list[tuple[list[int], Any]] = []
 
     def refresh(self, table: str, keys: np.ndarray, values: Any = None) -> None:
@@ -196,9 +198,10 @@ class FakeSession:
 
 def test_refresher_passes() -> None:
     session = FakeSession()
-    r = L1Refresher(session, grace_s=0.0)
+    r = L1Refresher(session, grace_s=0.0)  # type: ignore[arg-type]
     r.now(SPEC.name, np.array([5, 3, 5]), np.array([[1, 1], [2, 2], [3, 3]], np.float32))
-    assert session.calls == [([3, 5], [[2, 2], [3, 3]])]  # sorted, last row of a key wins
+    # passed on as received: session.refresh de-duplicates (last row of a key wins)
+    assert session.calls == [([5, 3, 5], [[1, 1], [2, 2], [3, 3]])]
     r.now("unknown.table", np.array([1]), np.ones((1, 2), np.float32))
     assert len(session.calls) == 1
     r.later(SPEC.name, np.array([3, 5]), token=7)

@@ -1,4 +1,8 @@
-"""Input checks every backend applies at its boundary, so bad batches never reach storage."""
+"""The one validation layer: what crosses into HPS is checked here, once.
+
+The edges (the session's public methods, the update codec, the loader, Triton request
+parsing) call these; everything below them (L1, the stores, the applier) trusts its input.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from hps.errors import DTypeError, InvalidValueError, ShapeError, UnknownTableError
-from hps.types import Keys, TableSpec, Vectors
+from hps.types import RESERVED_KEYS, Keys, TableSpec, Vectors
 
 T = TypeVar("T")
 
@@ -20,7 +24,7 @@ def table_or_raise(tables: Mapping[str, T], name: str) -> T:
         raise UnknownTableError(f"unknown table {name!r}; open tables: {sorted(tables)}") from None
 
 
-def check_keys_arg(keys: Any) -> Keys:
+def as_keys(keys: Any) -> Keys:
     """Keys as a 1-D int64 array; integer dtypes that fit are converted, others refused."""
     arr = np.asarray(keys)
     if arr.dtype == np.int64:
@@ -29,14 +33,16 @@ def check_keys_arg(keys: Any) -> Keys:
         return np.empty(0, dtype=np.int64)
     if arr.dtype.kind in "iu" and arr.dtype.itemsize <= 4:
         return arr.astype(np.int64).reshape(-1)
-    if arr.dtype == np.uint64 and (arr.size == 0 or arr.max() <= np.iinfo(np.int64).max):
+    if arr.dtype == np.uint64 and arr.max() <= np.iinfo(np.int64).max:
         return arr.astype(np.int64).reshape(-1)
     raise DTypeError(f"keys must be int64, got {arr.dtype}")
 
 
-def check_insert(spec: TableSpec, keys: Any, values: Any) -> tuple[Keys, Vectors]:
-    """Validate an insert batch: int64 keys, finite float vectors of the table's dimension."""
-    k = check_keys_arg(keys)
+def as_rows(spec: TableSpec, keys: Any, values: Any) -> tuple[Keys, Vectors]:
+    """A write batch: int64 keys (not reserved), finite float32 rows of the table's dim."""
+    k = as_keys(keys)
+    if k.size and bool((k <= max(RESERVED_KEYS)).any()):
+        raise InvalidValueError(f"{spec.name}: keys {list(RESERVED_KEYS)} are reserved")
     v = np.asarray(values)
     if v.dtype.kind != "f":
         raise DTypeError(f"{spec.name}: vectors must be floating point, got {v.dtype}")
@@ -52,12 +58,3 @@ def check_insert(spec: TableSpec, keys: Any, values: Any) -> tuple[Keys, Vectors
     if not np.isfinite(v).all():
         raise InvalidValueError(f"{spec.name}: vectors contain NaN or infinity")
     return k, v
-
-
-def last_occurrence(keys: Keys, values: Vectors) -> tuple[Keys, Vectors]:
-    """Drop duplicate keys, keeping each key's last vector (upsert order)."""
-    uniq, idx = np.unique(keys[::-1], return_index=True)
-    if uniq.size == keys.size:
-        return keys, values
-    last = keys.size - 1 - idx
-    return keys[last], values[last]

@@ -1,8 +1,8 @@
-"""``hps plan``: the memory each tier will take, per table, before anything is loaded.
+"""``hps plan``: what runs where, and the memory each tier will take per table, before loading.
 
-HugeCTR users could not predict it (HugeCTR issue 427). Seed 000's sizing rule is
+HugeCTR users could not predict it (HugeCTR issue 427). The naive sizing rule is
 ``unique keys x vector size x sizeof(float)``; the real cost adds each tier's per-row
-overhead, which this module takes from the code that allocates it:
+overhead, which each backend declares (``EmbeddingStore.bytes_per_row``):
 
 - L1: :func:`hps.cache.cache_nbytes` (arena + row metadata + index + policy state), exact,
   for each cache; every Triton instance is a process with its own caches, spread over the
@@ -20,7 +20,6 @@ Table rows come from the sizes of the sparse-model files (nothing is read), or f
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -28,12 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from hps.cache import cache_capacity, cache_nbytes
-from hps.config import UINT64_MAX, ModelConfig, PSConfig, VolatileDBConfig
+from hps.config import ModelConfig, PersistentDBConfig, PSConfig, VolatileDBConfig
 from hps.errors import ConfigError
-
-ROCKSDB_ENTRY_OVERHEAD = 16
-ROCKSDB_SPACE_AMP = 1.1
-REDIS_ZSET_ENTRY = 96  # skiplist node + dict entry + member sds, per row, with overflow_margin
+from hps.storage import store_class
+from hps.topology import Topology, topology
 
 
 @dataclass(frozen=True)
@@ -52,42 +49,16 @@ class TablePlan:
     l2_rows: int
     l2_bytes: int  # all copies (one per instance for the in-process hash_map)
     l3_bytes: int
-    raw_bytes: int  # seed 000's rule: rows x dim x 4
-
-
-def _jemalloc(n: int) -> int:
-    """Size class jemalloc serves an ``n``-byte allocation from (4 classes per doubling)."""
-    if n <= 16:
-        return 8 if n <= 8 else 16
-    step = 1 << max(4, (n - 1).bit_length() - 3)
-    return -(-n // step) * step
-
-
-def redis_bytes_per_row(dim: int, bounded: bool) -> float:
-    """Estimated Redis memory per row of a partition hash (hashtable encoding)."""
-    value = 4 * dim
-    value_sds = _jemalloc(value + (3 if value < 256 else 5) + 1)
-    field_sds = _jemalloc(8 + 3 + 1)
-    entry = _jemalloc(24)
-    bucket = 8 * 1.5  # the bucket array is 1-2 pointers per entry
-    return value_sds + field_sds + entry + bucket + (REDIS_ZSET_ENTRY if bounded else 0)
+    raw_bytes: int  # rows x dim x 4, the naive sizing rule
 
 
 def l2_bytes_per_row(cfg: VolatileDBConfig, dim: int) -> float:
-    bounded = cfg.overflow_margin < UINT64_MAX
-    if cfg.type in ("redis", "redis_cluster"):
-        return redis_bytes_per_row(dim, bounded)
-    from hps.storage import BACKENDS
-
-    module, cls = BACKENDS[cfg.type].split(":")
-    per_row = getattr(importlib.import_module(module), cls).bytes_per_row
-    if cfg.type in ("hash_map", "parallel_hash_map"):
-        return float(per_row(dim, bounded=bounded))
-    return float(per_row(dim))
+    """One L2 row's bytes, as its backend declares them."""
+    return float(store_class(cfg.type).bytes_per_row(dim, bounded=cfg.bounded))
 
 
-def l3_bytes_per_row(dim: int) -> float:
-    return (8 + 4 * dim + ROCKSDB_ENTRY_OVERHEAD) * ROCKSDB_SPACE_AMP
+def l3_bytes_per_row(cfg: PersistentDBConfig, dim: int) -> float:
+    return float(store_class(cfg.type).bytes_per_row(dim))
 
 
 def _rows(model: ModelConfig, index: int, given: dict[str, int]) -> tuple[int, str]:
@@ -117,6 +88,7 @@ def plan(config: PSConfig, rows: dict[str, int] | None = None) -> list[TablePlan
     if unknown:
         raise ConfigError(f"--rows names unknown tables {sorted(unknown)}")
     vdb, out = config.volatile_db, []
+    topo = topology(config)
     for model in config.models:
         devices = max(1, len(model.deployed_device_list))
         per_device = math.ceil(model.hps_instances / devices)
@@ -130,9 +102,9 @@ def plan(config: PSConfig, rows: dict[str, int] | None = None) -> list[TablePlan
                 l2_rows = min(n, vdb.overflow_margin)
                 if not vdb.cache_missed_embeddings:
                     l2_rows = min(l2_rows, math.ceil(vdb.initial_cache_rate * n))
-            copies = model.hps_instances if vdb.type in ("hash_map", "parallel_hash_map") else 1
+            copies = model.hps_instances if topo.l2 == "process" else 1
             l2 = l2_rows * l2_bytes_per_row(vdb, spec.dim) * copies if l2_rows else 0
-            l3 = n * l3_bytes_per_row(spec.dim) if config.persistent_db.type != "disabled" else 0
+            l3 = n * l3_bytes_per_row(config.persistent_db, spec.dim) if topo.l3 else 0
             out.append(
                 TablePlan(
                     table=spec.name,
@@ -220,6 +192,10 @@ def _cells(row: tuple[str, ...], widths: list[int]) -> list[str]:
     ]
 
 
-def to_json(plans: list[TablePlan]) -> str:
-    doc: dict[str, Any] = {"tables": [asdict(p) for p in plans], "totals": totals(plans)}
+def to_json(plans: list[TablePlan], topo: Topology) -> str:
+    doc: dict[str, Any] = {
+        "topology": topo.as_dict(),
+        "tables": [asdict(p) for p in plans],
+        "totals": totals(plans),
+    }
     return json.dumps(doc, indent=2)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from hps.config import PSConfig
     from hps.lookup import LookupSession
+    from hps.storage import AccessMode
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--sparse", metavar="DIR", help="HugeCTR sparse-model folder")
     src.add_argument("--npy", nargs=2, metavar=("KEYS", "VECTORS"), help=".npy key/vector pair")
-    p.add_argument("--force", action="store_true", help="re-import tables L3 already holds")
+    p.add_argument(
+        "--force", action="store_true", help="import even tables whose files L3 already holds"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_import)
 
@@ -46,77 +48,57 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_lookup)
 
 
-def _session(config_path: str, **kw: Any) -> tuple[PSConfig, LookupSession]:
+def _session(config_path: str, l3_mode: AccessMode = "read_write") -> LookupSession:
     from hps.build import build_session
     from hps.config import load_config
 
-    config = load_config(config_path)
-    return config, build_session(config, with_cache=False, **kw)
+    return build_session(load_config(config_path), with_cache=False, l3_mode=l3_mode)
 
 
 def _import(args: argparse.Namespace) -> int:
+    from hps.config import load_config
     from hps.errors import RequestError
-    from hps.io.importer import import_chunks, import_model, import_sparse_model
-    from hps.io.npy import npy_rows, read_npy_pair
+    from hps.io.imports import import_tables, sparse_sources
+    from hps.io.loader import TableSource, npy_source, sparse_source
+    from hps.topology import topology
+    from hps.validate import table_or_raise
 
-    config, session = _session(args.config)
-    rate = config.volatile_db.initial_cache_rate
-    progress = not args.quiet
-    try:
-        if args.table is None:
-            if args.sparse or args.npy:
-                raise RequestError("--sparse/--npy need --table")
-            for model in config.models:
-                done = import_model(
-                    session,
-                    model,
-                    initial_cache_rate=rate,
-                    only_missing=not args.force,
-                    progress=progress,
-                )
-                for table, rows in done.items():
-                    print(f"{table}: {rows} rows")
-            return 0
-        spec = session.tables.get(args.table)
-        if spec is None:
-            from hps.errors import UnknownTableError
-
-            raise UnknownTableError(
-                f"unknown table {args.table!r}; known: {sorted(session.tables)}"
-            )
+    config = load_config(args.config)
+    sources: list[TableSource]
+    if args.table is None:
+        if args.sparse or args.npy:
+            raise RequestError("--sparse/--npy need --table")
+        sources = sparse_sources(config)
+    else:
+        spec = table_or_raise({t.name: t for t in config.tables}, args.table)
         if args.sparse:
-            rows = import_sparse_model(
-                session, spec, args.sparse, initial_cache_rate=rate, progress=progress
-            )
+            sources = [sparse_source(spec, args.sparse)]
         elif args.npy:
-            keys_path, vectors_path = args.npy
-            total = npy_rows(keys_path, vectors_path, spec.dim)
-            chunks = read_npy_pair(keys_path, vectors_path, spec.dim)
-            rows = import_chunks(
-                session, spec, chunks, total, initial_cache_rate=rate, progress=progress
-            )
+            sources = [npy_source(spec, *args.npy)]
         else:
             raise RequestError("--table needs --sparse DIR or --npy KEYS VECTORS")
-        print(f"{spec.name}: {rows} rows")
-        return 0
-    finally:
-        session.close()
+    done = import_tables(
+        config, topology(config), sources, force=args.force, progress=not args.quiet
+    )
+    for source in sources:
+        rows = done.get(source.spec.name)
+        state = f"{rows} rows" if rows is not None else "unchanged (L3 holds these files)"
+        print(f"{source.spec.name}: {state}")
+    return 0
 
 
 def _export(args: argparse.Namespace) -> int:
     from hps.errors import RequestError
     from hps.io.npy import write_npy_pair
     from hps.io.sparse_model import SparseModelWriter
+    from hps.validate import table_or_raise
 
-    _, session = _session(args.config, persistent_mode="read_only")
+    session = _session(args.config, "read_only")
     try:
-        store = session.persistent or session.volatile
-        if store is None or not hasattr(store, "dump"):
-            raise RequestError("export needs an L3 (rocks_db) or an L2 that can list its rows")
-        if args.table not in session.tables:
-            from hps.errors import UnknownTableError
-
-            raise UnknownTableError(f"unknown table {args.table!r}")
+        store = session.tiers.persistent or session.tiers.volatile
+        if store is None:
+            raise RequestError("export needs an L3 or an L2; both are disabled")
+        table_or_raise(session.tables, args.table)
         rows = 0
         if args.sparse:
             with SparseModelWriter(args.sparse) as w:
@@ -139,7 +121,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _lookup(args: argparse.Namespace) -> int:
-    _, session = _session(args.config, persistent_mode="read_only")
+    session = _session(args.config, "read_only")
     try:
         keys = np.asarray(args.keys, dtype=np.int64)
         vectors = session.lookup(args.table, keys)

@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 from hps.cache import EmbeddingCache, cache_capacity
-from hps.cache.plan import _jemalloc, l3_bytes_per_row, plan, redis_bytes_per_row
 from hps.cli import main
 from hps.config import parse_config
 from hps.errors import ConfigError
 from hps.io.sparse_model import write_sparse_model
+from hps.plan import l3_bytes_per_row, plan
 from hps.storage.hash_map import HashMapStore
+from hps.storage.redis_layout import _jemalloc, redis_bytes_per_row
 from hps.types import TableSpec
 
 
@@ -56,7 +57,7 @@ def test_plan_uses_the_real_per_row_costs(tmp_path: Path) -> None:
     assert t1.cache_bytes_per_device == 2 * real.nbytes and t1.cache_memory == "host"
     # hash_map lives in each of the 4 instance processes
     assert t1.l2_bytes == int(5000 * HashMapStore.bytes_per_row(32) * 4)
-    assert t1.l3_bytes == int(5000 * l3_bytes_per_row(32))
+    assert t1.l3_bytes == int(5000 * l3_bytes_per_row(cfg.persistent_db, 32))
     assert t1.raw_bytes == 5000 * 32 * 4
     assert not (tmp_path / "db").exists()  # nothing was opened
 

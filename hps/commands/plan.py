@@ -10,7 +10,7 @@ from hps.errors import ConfigError
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "plan",
-        help="print the memory each tier will take per table, before anything is loaded",
+        help="print what runs where and the memory each tier takes per table, before loading",
         description="Table rows come from the sizes of the sparse-model files (nothing is "
         "read) or from --rows. L1 is exact; L2/L3 use each backend's per-row cost "
         "(docs/cache.md).",
@@ -50,18 +50,23 @@ def parse_rows(items: list[str]) -> dict[str, int]:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from hps.cache.plan import format_text, plan, to_json
     from hps.config import load_config
+    from hps.plan import format_text, plan, to_json
+    from hps.topology import describe, topology
 
-    plans = plan(load_config(args.config), parse_rows(args.rows))
-    print(to_json(plans) if args.json else format_text(plans))
+    config = load_config(args.config)
+    plans, topo = plan(config, parse_rows(args.rows)), topology(config)
+    if args.json:
+        print(to_json(plans, topo))
+    else:
+        print("\n".join([*describe(topo), "", format_text(plans)]))
     return 0
 
 
 def _freq(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from hps.cache.warmup import count_access_log, write_frequency_file
+    from hps.io.frequency import count_access_log, write_frequency_file
 
     keys, counts = count_access_log(args.log)
     if 0 < args.top < keys.size:

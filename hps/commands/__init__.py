@@ -1,0 +1,1 @@
+"""CLI commands of the core (tables, plan); subsystems register theirs in <package>/commands.py."""

@@ -1,0 +1,114 @@
+"""What a process does to a new LookupSession before it serves: warm L1 up, plan refreshes.
+
+Warm-up (which keys, from :func:`hps.cache.warmup.plan_warm_up`) loads vectors through
+``session.warm_up``, so L1 starts consistent with L2/L3; refreshers re-read resident keys
+every ``refresh_interval`` (:class:`hps.cache.refresh.Refresher`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from hps.cache.refresh import Refresher
+from hps.cache.warmup import WARMUP_CHUNK, plan_warm_up, prefill_wanted
+from hps.config import ModelConfig, PSConfig
+from hps.io.sparse_model import table_rows
+from hps.lookup import LookupSession
+from hps.storage import EmbeddingStore
+from hps.types import Keys
+
+log = logging.getLogger(__name__)
+
+
+def table_keys(
+    model: ModelConfig, index: int, persistent: EmbeddingStore | None, n: int
+) -> Keys | None:
+    """Up to ``n`` keys of a table: from its sparse file's ``key`` file, else L3's dump."""
+    if model.sparse_files:
+        key_file = Path(model.sparse_files[index]) / "key"
+        if key_file.is_file():
+            return np.fromfile(key_file, dtype=np.int64, count=n)
+    if persistent is None:
+        return None
+    parts, got = [], 0
+    for keys, _ in persistent.dump(model.tables[index].name):
+        parts.append(keys[: n - got])
+        got += parts[-1].size
+        if got >= n:
+            break
+    return np.concatenate(parts) if parts else None
+
+
+def _chunks(keys: Keys, size: int) -> Iterator[Keys]:
+    for lo in range(0, keys.size, size):
+        yield keys[lo : lo + size]
+
+
+def warm_up_session(session: LookupSession, config: PSConfig) -> dict[str, int]:
+    """Warm every cached table of ``session`` as ``config`` says; returns rows loaded per table.
+
+    Loads in slices of ``cache_refresh_percentage_per_iteration`` x capacity rows (or
+    :data:`WARMUP_CHUNK` when that is 0), so start-up memory stays bounded.
+    """
+    loaded: dict[str, int] = {}
+    for model in config.models:
+        for index, spec in enumerate(model.tables):
+            cache = session.caches.get(spec.name)
+            if cache is None:
+                continue
+            capacity = cache.capacity
+            keys = None
+            if prefill_wanted(model, capacity, table_rows(model, index, session.tiers.persistent)):
+                keys = table_keys(model, index, session.tiers.persistent, capacity)
+            plan = plan_warm_up(model, index, capacity, keys)
+            pct = model.cache_refresh_percentage_per_iteration
+            chunk = max(1, math.ceil(pct * capacity)) if pct > 0 else WARMUP_CHUNK
+            n = sum(session.warm_up(spec.name, c, pin=True) for c in _chunks(plan.pinned, chunk))
+            n += sum(session.warm_up(spec.name, c) for c in _chunks(plan.rest, chunk))
+            loaded[spec.name] = n
+            log.info("L1 %s: warmed up %d of %d planned rows", spec.name, n, plan.size)
+    return loaded
+
+
+def refreshers_for(session: LookupSession, config: PSConfig) -> list[Refresher]:
+    """One (unstarted) Refresher per model with a cache and ``refresh_interval`` > 0."""
+    out = []
+    for model in config.models:
+        caches = {t.name: session.caches[t.name] for t in model.tables if t.name in session.caches}
+        r = Refresher(
+            caches,
+            session.refresh,
+            interval=model.refresh_interval,
+            delay=model.refresh_delay,
+            percentage=model.cache_refresh_percentage_per_iteration,
+            before_pass=session.tiers.catch_up,
+        )
+        if r.enabled:
+            out.append(r)
+    return out
+
+
+def warm_up_keysets(session: LookupSession, model: str, files_json: str | None) -> dict[str, int]:
+    """Load the keys of keyset files into L1, ``files_json`` naming one file per table.
+
+    ``files_json`` is a JSON object ``{"<table>": "<keyset path>"}``: the control plane's
+    warm-up passes it as the ``hps_warmup_keysets`` model parameter. Rows loaded per table.
+    """
+    import json
+
+    from hps.io.keyset import read_keyset
+
+    loaded: dict[str, int] = {}
+    if not files_json:
+        return loaded
+    for table, path in json.loads(files_json).items():
+        name = f"{model}.{table}"
+        keys = read_keyset(path)
+        loaded[name] = sum(session.warm_up(name, c) for c in _chunks(keys, WARMUP_CHUNK))
+        log.info("L1 %s: warmed up %d rows from %s", name, loaded[name], path)
+    return loaded

@@ -1,0 +1,138 @@
+"""The loader and the import of a ps.json's tables: validation first, records, retrains."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hps.config import PSConfig
+from hps.errors import FormatError, SparseModelError
+from hps.io.imports import import_tables, sparse_sources
+from hps.io.loader import Loader, l3_matches, npy_source, sparse_source
+from hps.io.npy import write_npy_pair
+from hps.io.sparse_model import write_sparse_model
+from hps.storage.hash_map import HashMapStore
+from hps.tiers import Tiers
+from hps.topology import topology
+from tests.helpers import make_config, rows
+
+
+def two_tables(tmp_path: Path, **volatile: object) -> PSConfig:
+    keys = np.arange(100, dtype=np.int64)
+    paths = [tmp_path / "t0.model", tmp_path / "t1.model"]
+    write_sparse_model(paths[0], keys, rows(keys, 4))
+    write_sparse_model(paths[1], keys[:10], rows(keys[:10], 8))
+    return make_config(
+        tmp_path,
+        volatile_db={"type": "hash_map", **volatile},
+        models=[
+            {
+                "model": "demo",
+                "embedding_table_names": ["t0", "t1"],
+                "embedding_vecsize_per_table": [4, 8],
+                "sparse_files": [str(p) for p in paths],
+                "gpucache": False,
+            }
+        ],
+    )
+
+
+def l3(config: PSConfig) -> Tiers:
+    tiers = Tiers.open(config, l3_mode="read_only", l2=False)
+    tiers.open_tables(config.tables)
+    return tiers
+
+
+def test_import_records_tables_and_skips_them_next_time(tmp_path: Path) -> None:
+    config = two_tables(tmp_path)
+    topo = topology(config)
+    assert import_tables(config, topo) == {"demo.t0": 100, "demo.t1": 10}
+    assert import_tables(config, topo) == {}
+    assert import_tables(config, topo, force=True) == {"demo.t0": 100, "demo.t1": 10}
+    tiers = l3(config)
+    assert tiers.persistent is not None and tiers.persistent.size("demo.t1") == 10
+    tiers.close()
+
+
+def test_a_broken_table_stops_the_import_before_anything_is_written(tmp_path: Path) -> None:
+    config = two_tables(tmp_path)
+    with open(tmp_path / "t1.model" / "emb_vector", "r+b") as f:
+        f.truncate(10 * 8 * 4 - 6)
+    with pytest.raises(SparseModelError, match="truncated"):
+        import_tables(config, topology(config))
+    assert not Path(config.persistent_db.path).exists()  # not even the first table
+
+
+def test_bad_rows_are_found_before_anything_is_written(tmp_path: Path) -> None:
+    config = two_tables(tmp_path)
+    bad = rows(np.arange(10), 8)
+    bad[3, 1] = np.nan
+    write_sparse_model(tmp_path / "t1.model", np.arange(10, dtype=np.int64), bad)
+    with pytest.raises(FormatError, match="NaN"):
+        import_tables(config, topology(config))
+    assert not Path(config.persistent_db.path).exists()
+
+
+def test_a_retrained_table_is_imported_again_without_a_record(tmp_path: Path) -> None:
+    config = two_tables(tmp_path)
+    topo = topology(config)
+    import_tables(config, topo)
+    assert topo.state_dir is not None
+    record = topo.state_dir.with_name(topo.state_dir.name + ".hps-import.json")
+    record.unlink()  # e.g. L3 imported by an older release: only L3's content can tell
+    assert import_tables(config, topo) == {}  # same files: L3 holds them
+    keys = np.arange(10, dtype=np.int64)
+    write_sparse_model(tmp_path / "t1.model", keys, rows(keys, 8, seed=5))  # same keys
+    record.unlink()
+    assert import_tables(config, topo) == {"demo.t1": 10}
+    tiers = l3(config)
+    got, _ = tiers.persistent.fetch("demo.t1", keys)  # type: ignore[union-attr]
+    np.testing.assert_array_equal(got, rows(keys, 8, seed=5))
+    tiers.close()
+
+
+def test_duplicate_keys_are_counted_and_the_last_one_wins(tmp_path: Path, caplog) -> None:
+    config = two_tables(tmp_path)
+    keys = np.array([1, 2, 1, 3, 2], dtype=np.int64)
+    values = rows(np.arange(5), 8)
+    write_sparse_model(tmp_path / "t1.model", keys, values)
+    assert sparse_source(config.tables[1], tmp_path / "t1.model").validate() == 2
+    import_tables(config, topology(config))
+    assert "2 duplicate keys" in caplog.text
+    tiers = l3(config)
+    got, found = tiers.persistent.fetch("demo.t1", np.array([1, 2, 3]))  # type: ignore[union-attr]
+    assert found.all()
+    np.testing.assert_array_equal(got, values[[2, 4, 3]])
+    tiers.close()
+
+
+def test_loader_fills_a_share_of_l2_and_removes_stale_rows(tmp_path: Path) -> None:
+    config = two_tables(tmp_path)
+    spec = config.tables[0]
+    l2 = HashMapStore()
+    tiers = Tiers(l2, Tiers.open(config, l2=False).persistent)
+    tiers.open_tables([spec])
+    l2.insert(spec.name, np.arange(100, dtype=np.int64), rows(np.arange(100), 4, seed=9))
+    source = sparse_source(spec, tmp_path / "t0.model")
+    assert Loader(tiers, "fill", 0.25).load(source) == 100
+    assert l2.size(spec.name) == 25  # the first quarter; the stale rest left L2
+    assert l3_matches(tiers, source)
+    assert Loader(tiers, "fill", 0.5, l3=False).load(source) == 50  # a serving process's fill
+    tiers.close()
+
+
+def test_npy_source(tmp_path: Path) -> None:
+    config = two_tables(tmp_path)
+    spec = config.tables[0]
+    keys = np.arange(7, dtype=np.int32)
+    write_npy_pair(tmp_path / "k.npy", tmp_path / "v.npy", keys, rows(keys, 4))
+    source = npy_source(spec, tmp_path / "k.npy", tmp_path / "v.npy")
+    assert source.rows == 7 and source.validate() == 0
+    sample_keys, sample_values = source.sample(3)
+    np.testing.assert_array_equal(sample_keys, [0, 3, 6])
+    np.testing.assert_array_equal(sample_values, rows(keys, 4)[[0, 3, 6]])
+    assert json.dumps(source.stamp())
+    assert [s.spec.name for s in sparse_sources(config)] == ["demo.t0", "demo.t1"]
