@@ -84,7 +84,6 @@ def warmup_keys(state: AdminState, model: str, keysets: dict[str, Keys]) -> dict
     after its usual warm-up (see hps.triton.backend).
     """
     from hps.io.keyset import write_keyset
-    from hps.triton.repository import served_models
 
     if not state.config.model(model).gpucache:
         raise RequestError(f"model {model!r} has no L1 (gpucache: false): nothing to warm up")
@@ -95,12 +94,7 @@ def warmup_keys(state: AdminState, model: str, keysets: dict[str, Keys]) -> dict
         path = folder / f"{table}.keyset"
         write_keyset(path, keys)
         files[table] = str(path)
-    names = [s.triton_name for s in served_models(state.config) if s.hps_model == model]
-    for name in names:
-        config = state.triton.model_config(name)
-        params = dict(config.get("parameters", {}))
-        params[WARMUP_PARAMETER] = {"string_value": json.dumps(files)}
-        state.triton.load(name, {**config, "parameters": params})
+    names = state.reload(model, {WARMUP_PARAMETER: json.dumps(files)})
     return {
         "keys": {t: int(k.size) for t, k in keysets.items()},
         "instances": state.config.model(model).hps_instances,

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,9 @@ from hps.triton.repository import served_models
 from hps.types import TableSpec
 
 log = logging.getLogger(__name__)
+
+RELOAD_STAMP = "hps_reload_stamp"
+RELOAD_ONLY = {RELOAD_STAMP, "hps_warmup_keysets"}  # parameters a reload does not keep
 
 
 def topology_view(config: PSConfig, topo: Topology) -> dict[str, Any]:
@@ -126,12 +130,23 @@ class AdminState:
                 self._publisher = Publisher(src.brokers, config=dict(src.hps_kafka_config))
             return self._publisher
 
-    def reload(self, model: str, config: dict[str, Any] | None = None) -> list[str]:
-        """Reload every Triton model serving HPS model ``model``; the Triton names."""
+    def reload(self, model: str, parameters: dict[str, str] | None = None) -> list[str]:
+        """Reload every Triton model serving HPS model ``model``; the Triton names.
+
+        Triton skips a load whose model files did not change, so the load carries the
+        model's config with a fresh ``hps_reload_stamp`` parameter (and ``parameters``):
+        every instance is then replaced.
+        """
         self.config.model(model)
         names = [s.triton_name for s in served_models(self.config) if s.hps_model == model]
         for name in names:
-            self.triton.load(name, config if name == model else None)
+            config = self.triton.model_config(name)
+            params = {
+                k: v for k, v in config.get("parameters", {}).items() if k not in RELOAD_ONLY
+            }
+            extra = {RELOAD_STAMP: str(time.time_ns()), **(parameters or {})}
+            params.update({k: {"string_value": v} for k, v in extra.items()})
+            self.triton.load(name, {**config, "parameters": params})
         return names
 
     def close(self) -> None:

@@ -28,7 +28,8 @@ def test_ready_models_and_lookup(client: Any, stack: Stack) -> None:
     names = {c["name"] for c in body["checks"]}
     assert {"triton", "model:emb", "inference:emb", "inference:one", "l2", "l3"} <= names
     models = client.get("/v1/models").json()
-    assert models["topology"]["l2"] == {"type": "multi_process_hash_map", "scope": "node"}
+    assert models["topology"]["l2"] == "node" and models["topology"]["l3"] is True
+    assert models["topology"]["write_channel"] == "direct+reload"
     emb_a = client.get("/v1/models/emb/tables/a").json()
     assert emb_a["dim"] == 4 and emb_a["rows"] == {"l2": 400, "l3": 400}
     assert emb_a["l1"]["instances"] == 2 and emb_a["l1"]["policy"] == "lru"
