@@ -141,9 +141,7 @@ class AdminState:
         names = [s.triton_name for s in served_models(self.config) if s.hps_model == model]
         for name in names:
             config = self.triton.model_config(name)
-            params = {
-                k: v for k, v in config.get("parameters", {}).items() if k not in RELOAD_ONLY
-            }
+            params = {k: v for k, v in config.get("parameters", {}).items() if k not in RELOAD_ONLY}
             extra = {RELOAD_STAMP: str(time.time_ns()), **(parameters or {})}
             params.update({k: {"string_value": v} for k, v in extra.items()})
             self.triton.load(name, {**config, "parameters": params})

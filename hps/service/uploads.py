@@ -21,7 +21,7 @@ from hps.types import TableSpec
 Format = Literal["sparse", "npy"]
 NPY_FILES = ("keys.npy", "vectors.npy")
 COPY_CHUNK = 1 << 20
-CHUNK_ROWS = 1 << 16  # rows per write: bounds the memory of an import of any size
+CHUNK_BYTES = 8 << 20  # vector bytes per write: bounds the memory of an import of any size
 
 
 def names(fmt: Format) -> tuple[str, str]:
@@ -48,10 +48,10 @@ def source_folder(fmt: Format, path: str) -> Path:
 
 @dataclass(frozen=True)
 class ChunkedSource(TableSource):
-    """A TableSource read in chunks of :data:`CHUNK_ROWS` rows (bounds an import's memory)."""
+    """A TableSource read in chunks of :data:`CHUNK_BYTES` of vectors (bounds memory)."""
 
-    def chunks(self, chunk_rows: int = CHUNK_ROWS) -> Chunks:
-        return super().chunks(chunk_rows)
+    def chunks(self, chunk_rows: int = 0) -> Chunks:
+        return super().chunks(chunk_rows or max(1024, CHUNK_BYTES // (4 * self.spec.dim)))
 
 
 def source(folder: Path, fmt: Format, spec: TableSpec) -> TableSource:

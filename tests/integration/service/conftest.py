@@ -2,7 +2,7 @@
 
 Models: ``emb`` (tables ``a`` dim 4, ``b`` dim 8; two instances, so the node's
 ``multi_process_hash_map`` is the L2), ``one`` (table ``r`` dim 4, one instance: the stub
-the readiness test kills) and ``big`` (table ``t`` dim 64, no L1: the 1 M-row import).
+the readiness test kills) and ``big`` (table ``t`` dim 128, no L1: the 1 M-row import).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from hps.triton.server import TritonServer
 from tests.fixtures.triton import table_data
 
 TOKEN = "s3cret-admin-token"
-TABLES = {"emb": [("a", 4, 400), ("b", 8, 300)], "one": [("r", 4, 50)], "big": [("t", 64, 10)]}
+TABLES = {"emb": [("a", 4, 400), ("b", 8, 300)], "one": [("r", 4, 50)], "big": [("t", 128, 10)]}
 
 
 @dataclass
