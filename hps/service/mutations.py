@@ -50,7 +50,8 @@ def reload(model: str, request: Request, _: Auth) -> dict[str, Any]:
 @router.post("/v1/models/{model}/warmup", responses=WRITE)
 def warmup(model: str, body: WarmupBody, request: Request, _: Auth) -> dict[str, Any]:
     """Load keys into every instance's L1 (the model is reloaded with them)."""
-    from hps.cache.warmup import hottest, read_frequency_file
+    from hps.cache.warmup import hottest
+    from hps.io.frequency import read_frequency_file
     from hps.io.keyset import read_keyset
 
     state = _state(request)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from hps.io.frequency import write_frequency_file
 from hps.io.sparse_model import write_sparse_model
 from tests.integration.service.conftest import Stack
 from tests.integration.service.helpers import concurrent_rows, stub_pids, triton_rows
@@ -80,7 +82,7 @@ def test_killed_stub_turns_readiness_red_until_reload(client: Any, stack: Stack)
     assert status == 200, body
 
 
-def test_warmup_fills_l1_of_the_new_instances(client: Any, stack: Stack) -> None:
+def test_warmup_fills_l1_of_the_new_instances(client: Any, stack: Stack, tmp_path: Path) -> None:
     keys, vectors = stack.data["one.r"]
     r = client.post("/v1/models/one/warmup", json={"keys": keys[:10].tolist()})
     assert r.status_code == 200, r.text
@@ -97,6 +99,14 @@ def test_warmup_fills_l1_of_the_new_instances(client: Any, stack: Stack) -> None
         time.sleep(0.2)
     # the 10 warmed keys come from L1; the L2 count also holds the warm-up's own 10 reads
     assert delta == {"l1": 10, "l2": 15, "l3": 0, "default": 0}, delta
+    # the hottest keys of a frequency file, for one table
+    freq = tmp_path / "freq.npz"
+    write_frequency_file(freq, keys, np.arange(keys.size))
+    body = {"frequency_path": str(freq), "top_k": 7, "table": "r"}
+    r = client.post("/v1/models/one/warmup", json=body)
+    assert r.status_code == 200 and r.json()["keys"] == {"r": 7}, r.text
+    r = client.post("/v1/models/one/warmup", json={"keyset_path": str(tmp_path / "none")})
+    assert r.status_code == 422, r.text
 
 
 def _hits(client: Any, model: str, table: str) -> dict[str, float]:

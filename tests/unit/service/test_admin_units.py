@@ -5,9 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from fastapi.testclient import TestClient
 
 from hps.errors import ConfigError
 from hps.service.auth import check_bearer, resolve_token
+from hps.service.limits import Gate, TooLarge
 from hps.service.routes import REDACTED, redact
 from hps.service.triton_admin import admin_key, parse_hits
 
@@ -75,3 +79,39 @@ def test_parse_hits_sums_processes() -> None:
         ]
     )
     assert parse_hits(text) == {("m", "t"): {"l1": 7.0, "l2": 1.0}}
+
+
+def test_gate_refuses_before_reading_and_limits_bodies() -> None:
+    inner = FastAPI()
+    seen: list[int] = []
+
+    @inner.post("/echo")
+    async def echo(request: Request) -> dict[str, int]:
+        body = await request.body()
+        seen.append(len(body))
+        return {"bytes": len(body)}
+
+    @inner.post("/x/import")
+    async def upload(request: Request) -> dict[str, int]:
+        return {"bytes": len(await request.body())}
+
+    @inner.exception_handler(TooLarge)
+    async def too_large(request: Request, exc: TooLarge) -> object:
+        return JSONResponse({"error": "TooLarge"}, status_code=413)
+
+    app = Gate(inner, token="tok", json_limit=100, upload_limit=1000)
+    client = TestClient(app)
+    auth = {"Authorization": "Bearer tok"}
+    assert client.post("/echo", content=b"x" * 50).status_code == 401
+    assert seen == []  # refused before the body was read
+    assert client.post("/echo", content=b"x" * 50, headers=auth).json() == {"bytes": 50}
+    assert client.post("/echo", content=b"x" * 101, headers=auth).status_code == 413
+
+    def chunked() -> object:  # no Content-Length: counted while read
+        yield b"x" * 80
+        yield b"x" * 80
+
+    assert client.post("/echo", content=chunked(), headers=auth).status_code == 413
+    assert client.post("/x/import", content=b"x" * 900, headers=auth).json() == {"bytes": 900}
+    assert client.post("/x/import", content=b"x" * 1001, headers=auth).status_code == 413
+    assert client.get("/echo").status_code == 405  # reads need no token
