@@ -62,7 +62,10 @@ def warmup(model: str, body: WarmupBody, request: Request, _: Auth) -> dict[str,
     if isinstance(body, WarmupKeys):
         keys = np.asarray(body.keys, dtype=np.int64)
     elif isinstance(body, WarmupKeyset):
-        keys = read_keyset(body.keyset_path)
+        try:
+            keys = read_keyset(body.keyset_path)
+        except OSError as exc:
+            raise FormatError(f"{body.keyset_path}: cannot read: {exc.strerror}") from None
     else:
         fkeys, counts = read_frequency_file(body.frequency_path)
         keys = hottest(fkeys, counts, body.top_k or fkeys.size)
