@@ -150,5 +150,7 @@ class AdminState:
     def close(self) -> None:
         self.jobs.close()
         self.reset_reader()
-        if self._publisher is not None:
-            self._publisher.close()
+        with self._lock:
+            publisher, self._publisher = self._publisher, None
+        if publisher is not None:
+            publisher.close()
