@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTRITON := nvidia-pytriton==0.7.0
 
-.PHONY: install serve test lint clean
+.PHONY: install serve test lint loadtest clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +24,15 @@ serve: $(STAMP)
 	$(BIN)/hps demo --dir demo
 	$(BIN)/hps serve --config demo/ps.json
 
+# Load test of the demo model on this machine (docs/loadtest.md); e.g.
+# make loadtest LOADTEST_ARGS="--shape ramp --users 64 --run-time 160 --updates 10000"
+LOADTEST_ARGS ?= --run-time 60 --updates 1000
+loadtest: $(STAMP)
+	$(BIN)/hps demo --dir demo
+	$(BIN)/hps loadtest --config demo/ps.json $(LOADTEST_ARGS)
+
 test: $(STAMP)
-	$(BIN)/ruff check hps tests model_repository
+	$(BIN)/ruff check hps tests model_repository loadtests
 	$(BIN)/mypy hps
 	$(BIN)/pytest -q tests
 
@@ -34,4 +41,4 @@ lint: $(STAMP)
 	$(BIN)/mypy hps
 
 clean:
-	rm -rf $(VENV) demo .pytest_cache
+	rm -rf $(VENV) demo .pytest_cache loadtest-reports

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 from hps.config import PSConfig
 from hps.lookup import L1Cache, LookupSession
 from hps.storage import AccessMode
 from hps.tiers import Tiers
+
+log = logging.getLogger(__name__)
 
 
 def build_session(
@@ -30,6 +34,10 @@ def build_session(
     )
     if with_cache and any(m.gpucache for m in config.models):
         session.caches.update(_build_caches(config, session, device_id))
+    if config.fuse_embedding_table:
+        from hps.fused import FusedLookup
+
+        session.fused = FusedLookup(session)
     return session
 
 
@@ -48,4 +56,9 @@ def _build_caches(
             device = model.deployed_device_list[0] if device_id is None else device_id
             capacity = cache_capacity(model, rows)
             caches[spec.name] = build_cache(spec, model.hps_cache, capacity, device_id=device)
+    if caches:
+        from hps.cache.kernels import warm_up
+
+        seconds = warm_up()  # numba: compile or load the cached kernel now, not on a request
+        log.info("L1 kernels ready in %.2fs", seconds)
     return caches

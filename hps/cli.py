@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "hps.bench.commands",  # bench storage|cache|triton|updates
     "hps.triton.commands",  # demo, serve, query
     "hps.updates.commands",  # consume, publish
+    "hps.loadtest.commands",  # loadtest (Locust: the `load` extra)
     "hps.service.commands",  # admin
 ]
 

@@ -271,7 +271,8 @@ class PSConfig(_Frozen):
     """The whole ps.json."""
 
     supportlonglong: bool = True
-    fuse_embedding_table: bool = False
+    # Ours defaults to true (measured faster, same results: hps/fused.py); HugeCTR's to false.
+    fuse_embedding_table: bool = True
     models: list[ModelConfig]
     volatile_db: VolatileDBConfig = VolatileDBConfig()
     persistent_db: PersistentDBConfig = PersistentDBConfig()

@@ -97,6 +97,11 @@ class KeyIndex:
     def nbytes(self) -> int:
         return int(self.slot_keys.nbytes + self.slot_rows.nbytes)
 
+    @property
+    def gmask(self) -> int:
+        """Groups - 1: a key's home group is ``mix(key) & gmask`` (compiled probes use it)."""
+        return int(self._gmask)
+
     def _home(self, keys: Any) -> Any:
         return (mix(keys, self.xp) & self._gmask).astype(self.xp.int64)
 

@@ -47,6 +47,13 @@ class L1Cache(Protocol):
     def evict(self, keys: Keys) -> None: ...
     def resident(self, keys: Keys) -> Mask: ...
     def pin(self, keys: Keys, values: Vectors) -> None: ...
+    def query_into(self, keys: Keys, out: Vectors) -> tuple[np.ndarray, int]: ...
+
+
+class RequestLookup(Protocol):
+    """A whole-request lookup installed by build_session (hps.fused.FusedLookup)."""
+
+    def lookup(self, specs: Sequence[TableSpec], keys: Keys, counts: list[int]) -> Vectors: ...
 
 
 LEVELS = ("l1", "l2", "l3", "default")
@@ -66,6 +73,7 @@ class LookupSession:
         self.models = {m.model: m for m in models}
         self.tables: dict[str, TableSpec] = {t.name: t for m in models for t in m.tables}
         self._model_of = {t.name: m for m in models for t in m.tables}
+        self._specs = {m.model: m.tables for m in models}  # ModelConfig.tables builds anew
         self.tiers = tiers
         self.caches: dict[str, L1Cache] = dict(caches or {})
         self.cache_missed_embeddings = cache_missed_embeddings and tiers.volatile is not None
@@ -77,6 +85,8 @@ class LookupSession:
         }
         self._latency_s = 0.0
         self._requests = 0
+        # ps.json fuse_embedding_table: build_session installs hps.fused.FusedLookup.
+        self.fused: RequestLookup | None = None
 
     # -- lookups -------------------------------------------------------------------------
 
@@ -95,7 +105,7 @@ class LookupSession:
     def lookup_request(self, model: str, keys: npt.ArrayLike, num_keys: npt.ArrayLike) -> Vectors:
         """HugeCTR's request shape: flat keys of all tables + keys per table → flat vectors."""
         cfg = self._model(model)
-        specs = cfg.tables
+        specs = self._specs[cfg.model]
         keys = as_keys(keys)
         counts = np.asarray(num_keys).reshape(-1)
         if counts.dtype.kind not in "iu":
@@ -111,16 +121,24 @@ class LookupSession:
         for spec, n in zip(specs, counts.tolist(), strict=True):
             self._check_batch(spec, n)
         start = time.perf_counter()
-        sizes = [int(n) * s.dim for s, n in zip(specs, counts, strict=True)]
-        out = np.empty(sum(sizes), dtype=np.float32)
-        k_off = v_off = 0
-        for spec, n, size in zip(specs, counts.tolist(), sizes, strict=True):
-            out[v_off : v_off + size] = self._lookup(spec, keys[k_off : k_off + n]).ravel()
-            k_off += n
-            v_off += size
+        if self.fused is not None:
+            out = self.fused.lookup(specs, keys, counts.tolist())
+        else:
+            out = self._lookup_tables(specs, keys, counts.tolist())
         with self._lock:
             self._latency_s += time.perf_counter() - start
             self._requests += 1
+        return out
+
+    def _lookup_tables(self, specs: Sequence[TableSpec], keys: Keys, counts: list[int]) -> Vectors:
+        """The reference path of lookup_request: one table at a time."""
+        sizes = [n * s.dim for s, n in zip(specs, counts, strict=True)]
+        out = np.empty(sum(sizes), dtype=np.float32)
+        k_off = v_off = 0
+        for spec, n, size in zip(specs, counts, sizes, strict=True):
+            out[v_off : v_off + size] = self._lookup(spec, keys[k_off : k_off + n]).ravel()
+            k_off += n
+            v_off += size
         return out
 
     def _model(self, model: str) -> ModelConfig:

@@ -13,10 +13,12 @@ The first ``--warmup`` fraction of each stream (one phase of the drifting one) f
 and is left out of ``hit_rate``; ``hit_rate_all`` counts every access.
 
 ``--mode throughput`` times all-hit queries of ``--tables`` x ``--batch-per-table`` keys at
-``--dim`` (dedup with ``hps.dedup.unique_inverse``, query, expansion to request order
-included) against a raw
-``take`` of the same rows with precomputed indices on the same array module, and inserts
-against a raw scatter of the same rows.
+``--dim`` against a raw ``take`` of the same rows with precomputed indices on the same array
+module, and inserts against a raw scatter of the same rows. ``query`` is what a lookup runs
+(``EmbeddingCache.query_into``: the compiled probe+gather when numba / CuPy is there, rows
+in request order); ``query_numpy`` is the NumPy reference path (dedup with
+``hps.dedup.unique_inverse``, query, expansion to request order); ``kernel`` names which
+ran as ``query``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from hps.cache.embedding_cache import EmbeddingCache
+from hps.cache.kernels import kernel_for
 from hps.cache.policies import POLICIES
 from hps.cache.xp import select_xp, to_host, to_xp
 from hps.dedup import unique_inverse
@@ -199,6 +202,9 @@ def _throughput(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
         idx = cache._rows.lookup(to_xp(xp, batch))
 
         def ours(cache: EmbeddingCache = cache) -> None:
+            cache.query_into(batch, np.empty((batch.size, dim), dtype=np.float32))
+
+        def reference(cache: EmbeddingCache = cache) -> None:
             uniq, inverse = unique_inverse(batch)
             cache.query(uniq, inverse)
 
@@ -210,9 +216,12 @@ def _throughput(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
         def raw(arena: Any = arena, idx: Any = idx) -> None:
             to_host(arena.take(idx, axis=0))
 
-        t_ours, t_expand, t_raw = _time([ours, ours_expand, raw], args.repeats, sync)
+        fns: list[Callable[[], Any]] = [ours, reference, ours_expand, raw]
+        t_ours, t_ref, t_expand, t_raw = _time(fns, args.repeats, sync)
         unique = np.unique(batch).size / n
-        yield _row("query", policy, xp, n, t_ours, t_raw, unique)
+        kernel = "compiled" if kernel_for(xp) is not None else "numpy"
+        yield _row("query", policy, xp, n, t_ours, t_raw, unique) | {"kernel": kernel}
+        yield _row("query_numpy", policy, xp, n, t_ref, t_raw, unique)
         yield _row("query_then_expand", policy, xp, n, t_expand, t_raw, unique)
         yield from _insert_throughput(args, xp, sync, policy, resident, values)
 

@@ -27,10 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from hps.cache import kernels
 from hps.cache.policies import WINDOW_PER_ROW, Policy, make_policy, policy_nbytes
 from hps.cache.rows import RowStore, rows_nbytes
 from hps.cache.writelog import WriteLog
 from hps.cache.xp import device_scope, to_host, to_xp
+from hps.dedup import unique_inverse
 from hps.errors import DTypeError, ShapeError
 from hps.index import TOMBSTONE
 from hps.types import Keys, Mask, Vectors
@@ -79,6 +81,8 @@ class EmbeddingCache:
         self._stats = dict.fromkeys(
             ("queries", "hits", "misses", "inserts", "evictions", "rejected", "updates"), 0
         )
+        self._kernel = kernels.kernel_for(xp)
+        self._no_keys = xp.zeros(0, dtype=xp.int64)
 
     def _alloc(self, policy: str, frequency_window: int | None) -> None:
         capacity = self.capacity
@@ -162,6 +166,44 @@ class EmbeddingCache:
             self._stats["hits"] += n_hit
             self._stats["misses"] += keys.size - n_hit
             return to_host(out), to_host(hit)
+
+    def query_into(self, keys: Keys, out: np.ndarray) -> tuple[np.ndarray, int]:
+        """Rows of ``keys`` (duplicates allowed) written into ``out[len(keys), dim]`` in order.
+
+        Returns the positions of the misses (their rows are zeros) and the number of
+        distinct keys hit. The cache ends up exactly as after ``query(uniq, inverse)`` of the
+        de-duplicated keys (ticks, counts, sketch, window, stats). With a compiled kernel
+        (:mod:`hps.cache.kernels`) it is one pass over the keys; without, it is that query.
+        """
+        keys = np.ascontiguousarray(_host_keys(keys))
+        if out.shape != (keys.size, self.dim) or out.dtype != np.float32:
+            raise ShapeError(f"L1 {self.name}: output {out.shape} {out.dtype} for {keys.size} keys")
+        if self._kernel is None:
+            uniq, inverse = unique_inverse(keys)
+            values, hit = self.query(uniq, inverse)
+            out[...] = values
+            return np.flatnonzero(~hit[inverse]), int(hit.sum())
+        with self._lock, self._scope:
+            self._tick += 1
+            access = self.policy.access_counts()
+            counts, cap = access if access is not None else (None, 0)
+            miss_pos, n_hit = self._kernel(self._rows, keys, out, self._tick, counts, cap)
+            n_missed = 0
+            if miss_pos.size:
+                missed, times = np.unique(keys[miss_pos], return_counts=True)
+                n_missed = missed.size
+                if self.policy.on_misses(to_xp(self.xp, missed), to_xp(self.xp, times),
+                                         keys.size):  # fmt: skip
+                    self.policy.age()
+                    self._repin()
+            elif self.policy.on_misses(self._no_keys, self._no_keys, keys.size):
+                self.policy.age()
+                self._repin()
+            stats = self._stats
+            stats["queries"] += 1
+            stats["hits"] += n_hit
+            stats["misses"] += n_missed
+            return miss_pos, n_hit
 
     def resident(self, keys: Keys) -> Mask:
         keys = _host_keys(keys)

@@ -30,6 +30,7 @@ WINDOW_PER_ROW = 50  # default frequency_window: accesses per cache row
 TICK_BITS = 40
 _TICK_MASK = (1 << TICK_BITS) - 1
 _MAX_COUNT = (1 << 22) - 1
+_INT32_MAX = (1 << 31) - 1
 
 
 def compose(xp: ModuleType, counts: Any, ticks: Any) -> Any:
@@ -74,6 +75,15 @@ class Policy:
     def on_evict(self, keys: Any, rows: Any) -> None:
         """Rows about to be freed (still holding their metadata)."""
 
+    def on_misses(self, keys: Any, counts: Any, accesses: int) -> bool:
+        """After a compiled probe (which bumped the hits' ticks and counts): the missed
+        unique ``keys``, their ``counts`` and the query's ``accesses``; as :meth:`on_query`."""
+        return False
+
+    def access_counts(self) -> tuple[Any, int] | None:
+        """The per-row access counts a compiled probe bumps per hit, and their cap."""
+        return None
+
     def priority(self, rows: Any) -> Any:
         return self.ticks[rows]
 
@@ -111,6 +121,9 @@ class LFUPolicy(Policy):
     def on_insert(self, keys: Any, rows: Any) -> None:
         self.counts[rows] = 1
 
+    def access_counts(self) -> tuple[Any, int] | None:
+        return self.counts, _INT32_MAX
+
     def priority(self, rows: Any) -> Any:
         return compose(self.xp, self.counts[rows], self.ticks[rows])
 
@@ -143,9 +156,21 @@ class FrequencyPolicy(LFUPolicy):
         add = 1 if counts is None else counts[hit].astype(xp.int32)
         self.counts[r] = xp.minimum(self.counts[r] + add, self.count_cap)
         self.sketch.add(keys[miss], 1 if counts is None else counts[miss])
+        return self._window_ended(int(keys.size) if counts is None else int(counts.sum()))
+
+    def access_counts(self) -> tuple[Any, int] | None:
+        return self.counts, self.count_cap
+
+    def on_misses(self, keys: Any, counts: Any, accesses: int) -> bool:
+        """The compiled probe's misses (unique keys, accesses of each) and total accesses;
+        the hits' counts were bumped by the probe. Returns True when a window ended."""
+        self.sketch.add(keys, counts)
+        return self._window_ended(accesses)
+
+    def _window_ended(self, accesses: int) -> bool:
         if not self.window:
             return False
-        self._seen += int(keys.size) if counts is None else int(counts.sum())
+        self._seen += accesses
         if self._seen < self.window:
             return False
         self._seen = 0

@@ -55,11 +55,16 @@ class EmbeddingStore(ABC):
     - ``catch_up``: a ``secondary`` handle replays what the writer wrote since; a no-op
       elsewhere.
     - ``bytes_per_row``: memory (or disk) one row costs, for ``hps plan``.
+    - ``versioned_rows``: the store keeps an update version inside each row and has
+      ``insert_versioned(table, keys, values, versions, durable=)`` and
+      ``fetch_versions(table, keys) -> (versions, has_version)`` (``rocks_db``): the Kafka
+      applier then writes each row once (:mod:`hps.updates.versions`).
     """
 
     name: ClassVar[str]
     placement: ClassVar[Placement]
     durable: ClassVar[bool] = False
+    versioned_rows: ClassVar[bool] = False
 
     @classmethod
     @abstractmethod

@@ -1,7 +1,11 @@
 """``rocks_db``: the persistent L3 (rocksdict), one column family per ``<model>.<table>``.
 
-Keys are the 8 little-endian bytes of the int64 key, values the raw float32 row. Reads are
-MultiGet, writes one WriteBatch per chunk of ``max_batch_size``.
+Keys are the 8 little-endian bytes of the int64 key, values the raw float32 row followed by
+the row's update version (:mod:`hps.storage.rocks_rows`: format 2; rows of format 1, without
+the version, are still read). Reads are MultiGet, writes one WriteBatch per chunk of
+``max_batch_size``. ``versioned_rows``: :meth:`RocksDBStore.insert_versioned` and
+:meth:`RocksDBStore.fetch_versions` let the Kafka applier write a row and its version in one
+put, and read the versions back.
 
 Several processes may share one database: at most one opens it read-write; the others open it
 ``read_only`` (a snapshot at open time) or as a ``secondary`` instance, which follows the
@@ -16,13 +20,13 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from itertools import compress
 
 import numpy as np
 import rocksdict as rd
 
 from hps.config import PersistentDBConfig, VolatileDBConfig
 from hps.errors import BackendError
+from hps.storage import rocks_rows
 from hps.storage.base import AccessMode, EmbeddingStore
 from hps.storage.keybytes import key_bytes
 from hps.types import Keys, Mask, TableSpec, Vectors
@@ -47,6 +51,7 @@ class RocksDBStore(EmbeddingStore):
     name = "rocks_db"
     placement = "disk"
     durable = True
+    versioned_rows = True
 
     def __init__(
         self,
@@ -118,7 +123,7 @@ class RocksDBStore(EmbeddingStore):
     @classmethod
     def bytes_per_row(cls, dim: int, *, bounded: bool = False) -> float:
         """Disk per row: key, value and per-entry SST overhead, times space amplification."""
-        return (8 + 4 * dim + ENTRY_OVERHEAD) * SPACE_AMP
+        return (8 + 4 * dim + rocks_rows.VERSION_BYTES + ENTRY_OVERHEAD) * SPACE_AMP
 
     @property
     def writable(self) -> bool:
@@ -130,25 +135,34 @@ class RocksDBStore(EmbeddingStore):
             self._db.try_catch_up_with_primary()
 
     def fetch(self, table: str, keys: Keys) -> tuple[Vectors, Mask]:
+        values, found, _, _ = self._read(table, keys)
+        return values, found
+
+    def fetch_versions(self, table: str, keys: Keys) -> tuple[np.ndarray, Mask]:
+        """Stored update version of each key (uint64) and whether its row carries one
+        (false: absent, or a row of format 1)."""
+        _, _, versions, has_version = self._read(table, keys)
+        return versions, has_version
+
+    def _read(self, table: str, keys: Keys) -> tuple[Vectors, Mask, np.ndarray, Mask]:
         spec = table_or_raise(self._specs, table)
         n = keys.size
         values = np.zeros((n, spec.dim), dtype=np.float32)
         found = np.zeros(n, dtype=bool)
+        versions = np.zeros(n, dtype=np.uint64)
+        has_version = np.zeros(n, dtype=bool)
         cf = self._cf(table)
         if cf is None or n == 0:
-            return values, found
+            return values, found, versions, has_version
         for lo in range(0, n, self.max_batch_size):
             hi = min(n, lo + self.max_batch_size)
             try:
                 got: list[bytes | None] = cf.get(key_bytes(keys[lo:hi]))  # type: ignore[arg-type,assignment]
+                parts = rocks_rows.decode(got, spec.dim)
             except Exception as exc:
                 raise BackendError(f"rocks_db: read of {table} failed: {exc}") from exc
-            mask = np.fromiter(map(bool, got), dtype=np.bool_, count=hi - lo)
-            if mask.any():
-                rows = np.frombuffer(b"".join(compress(got, mask)), dtype=np.float32)  # type: ignore[arg-type]
-                values[lo:hi][mask] = rows.reshape(-1, spec.dim)
-            found[lo:hi] = mask
-        return values, found
+            values[lo:hi], found[lo:hi], versions[lo:hi], has_version[lo:hi] = parts
+        return values, found, versions, has_version
 
     def _write(self, table: str, batch: rd.WriteBatch, durable: bool) -> None:
         try:
@@ -166,17 +180,30 @@ class RocksDBStore(EmbeddingStore):
         return cf
 
     def insert(self, table: str, keys: Keys, values: Vectors, *, durable: bool = False) -> None:
-        """Upsert; ``durable`` syncs the WAL before returning (the Kafka applier's commit)."""
-        spec = table_or_raise(self._specs, table)
+        """Upsert (version 0); ``durable`` syncs the WAL before returning."""
+        self.insert_versioned(table, keys, values, None, durable=durable)
+
+    def insert_versioned(
+        self,
+        table: str,
+        keys: Keys,
+        values: Vectors,
+        versions: np.ndarray | None,
+        *,
+        durable: bool = False,
+    ) -> None:
+        """Upsert rows with their update versions (uint64; ``None``: 0), one put per row."""
+        table_or_raise(self._specs, table)
         self._writable_cf(table)
         handle = self._db.get_column_family_handle(table)
-        row_bytes = values.view(f"V{4 * spec.dim}").ravel()
         for lo in range(0, keys.size, self.max_batch_size):
             hi = min(keys.size, lo + self.max_batch_size)
+            vers = None if versions is None else versions[lo:hi]
             batch = rd.WriteBatch(raw_mode=True)
             batch.set_default_column_family(handle)
             # rocksdict takes one Python object per row: this loop is the driver's API.
-            for k, v in zip(key_bytes(keys[lo:hi]), row_bytes[lo:hi].tolist(), strict=True):
+            rows = rocks_rows.encode(values[lo:hi], vers)
+            for k, v in zip(key_bytes(keys[lo:hi]), rows, strict=True):
                 batch.put(k, v)
             self._write(table, batch, durable)
 
@@ -209,10 +236,10 @@ class RocksDBStore(EmbeddingStore):
             keys.append(k)  # type: ignore[arg-type]
             vals.append(v)
             if len(keys) == chunk_rows:
-                yield _decode(keys, vals, spec.dim)
+                yield rocks_rows.decode_items(keys, vals, spec.dim)
                 keys, vals = [], []
         if keys:
-            yield _decode(keys, vals, spec.dim)
+            yield rocks_rows.decode_items(keys, vals, spec.dim)
 
     def close(self) -> None:
         self._cfs.clear()
@@ -221,8 +248,3 @@ class RocksDBStore(EmbeddingStore):
         if self.mode == "secondary":
             shutil.rmtree(self._secondary_dir, ignore_errors=True)
 
-
-def _decode(keys: list[bytes], vals: list[bytes], dim: int) -> tuple[Keys, Vectors]:
-    k = np.frombuffer(b"".join(keys), dtype="<i8").astype(np.int64)
-    v = np.frombuffer(b"".join(vals), dtype=np.float32).reshape(-1, dim)
-    return k, v

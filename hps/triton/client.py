@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from http.client import HTTPException
 from typing import Any
 
 import numpy as np
@@ -55,7 +56,7 @@ class Client:
             result = self.client.infer(model, tensors)
         except InferenceServerException as exc:
             raise translate(exc) from None
-        except (ConnectionError, OSError) as exc:
+        except (ConnectionError, OSError, HTTPException) as exc:  # refused, reset, closed
             raise BackendUnavailable(f"cannot reach Triton at {self.url}: {exc}") from None
         return np.asarray(result.as_numpy(output))
 

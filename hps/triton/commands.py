@@ -1,4 +1,4 @@
-"""``hps demo``, ``hps serve`` and ``hps query``."""
+"""``hps demo``, ``hps serve``, ``hps query`` and ``hps reload``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -40,7 +39,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics-port", type=int, default=8002)
     p.add_argument("--repository", help="where to write the model repository (default: temp)")
     p.add_argument("--metrics-interval", type=float, default=1.0, help="seconds between updates")
+    p.add_argument(
+        "--state-dir", help="where a generated admin key is kept (default: the ps.json's folder)"
+    )
+    p.add_argument(
+        "--watchdog-interval", type=float, default=2.0, help="seconds between probes (0: off)"
+    )
     p.set_defaults(func=_serve)
+
+    p = sub.add_parser("reload", help="reload a served model (picks up retrained tables)")
+    p.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP address")
+    p.add_argument("--model", default="demo", help="Triton model name (default: demo)")
+    p.add_argument("--config", help="ps.json it is served from (finds the admin key file)")
+    p.add_argument("--state-dir", help="folder of the admin key file, if not the ps.json's")
+    p.set_defaults(func=_reload)
 
     p = sub.add_parser("query", help="send one request to a served model and print the answer")
     p.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP (or gRPC) address")
@@ -71,19 +83,26 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from hps.triton.deploy import prepare_tables, serving_config
+    from hps.triton.lifecycle import check_ports, clean_stale, owned_tempdir
     from hps.triton.repository import prepare_repository
     from hps.triton.server import TritonServer
 
+    ports = {"HTTP": args.http_port, "gRPC": args.grpc_port, "metrics": args.metrics_port}
+    check_ports(args.host, ports)  # before anything is written or printed
+    for path in clean_stale():
+        print(f"removed {path}, left by a dead hps serve", file=sys.stderr)
     if args.config is None:
         from hps.triton.demo import create_demo
 
         args.config = str(create_demo("demo"))
     config = serving_config(args.config)
-    with tempfile.TemporaryDirectory(prefix="hps-repo-") as tmp:
+    tmp = owned_tempdir("hps-repo-")
+    try:
         repo = Path(args.repository or tmp)
         names = prepare_repository(config, repo, metrics_interval_s=args.metrics_interval)
         for table, rows in prepare_tables(config, progress=True).items():
             print(f"imported {table}: {rows:,} rows")
+        key, key_file = _admin_key(args.state_dir or Path(args.config).resolve().parent, tmp)
         server = TritonServer(
             repo,
             http_port=args.http_port,
@@ -92,17 +111,55 @@ def _serve(args: argparse.Namespace) -> int:
             host=args.host,
             explicit=True,
             load_models=names,
+            admin_key=key,
         )
-        signal.signal(signal.SIGTERM, _raise_interrupt)
-        try:
-            server.start()
-            _print_banner(server, config, args.config)
-            return server.wait()
-        except KeyboardInterrupt:
-            print("stopping tritonserver", file=sys.stderr)
-            return 0
-        finally:
-            server.stop()
+        return _run(server, config, args, key_file)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _admin_key(state_dir: str | Path, fallback: Path) -> tuple[str, Path | None]:
+    from hps.triton.admin import ensure_key
+
+    try:
+        return ensure_key(state_dir)
+    except OSError:  # a read-only config folder: keep it beside the repository
+        return ensure_key(fallback)
+
+
+def _run(server: TritonServer, config: PSConfig, args: argparse.Namespace, key: Path | None) -> int:
+    """Serve until Ctrl-C / SIGTERM (then drain: exit 0 if clean) or until Triton exits."""
+    from hps.triton.watchdog import Watchdog, probe_inputs
+
+    watchdog = None
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        server.start()
+        if args.watchdog_interval > 0:
+            probes = probe_inputs(config)
+            assert server.proc is not None
+            watchdog = Watchdog(
+                server.http_url,
+                server.admin_key,
+                probes,
+                interval=args.watchdog_interval,
+                server_pid=server.proc.pid,
+            )
+            watchdog.start()
+        _print_banner(server, config, args.config, key)
+        status = server.wait()
+        print(f"tritonserver exited by itself (status {status})", file=sys.stderr)
+        return status or 1
+    except KeyboardInterrupt:
+        print("stopping: draining requests, then tritonserver", file=sys.stderr)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the drain
+        if watchdog is not None:
+            watchdog.stop()
+        problems = server.stop()
+    for problem in problems:
+        print(f"unclean shutdown: {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -120,7 +177,7 @@ def _hps_command() -> str:
     return f"{sys.executable} -m hps.cli"
 
 
-def _print_banner(server: TritonServer, config: PSConfig, path: str) -> None:
+def _print_banner(server: TritonServer, config: PSConfig, path: str, key: Path | None) -> None:
     from hps.triton.repository import served_models
 
     hps = _hps_command()
@@ -134,7 +191,10 @@ def _print_banner(server: TritonServer, config: PSConfig, path: str) -> None:
     print(
         f"\nServing {', '.join(names)} from {path}\n"
         f"  HTTP {server.http_url}   gRPC {server.grpc_url}   metrics {server.metrics_url}\n"
-        "Try:\n" + "".join(f"  {t}\n" for t in tries),
+        "Try:\n"
+        + "".join(f"  {t}\n" for t in tries)
+        + "Admin APIs (model control, shared memory, logging, trace) need the header "
+        + f"hps-admin-key: {f'the key in {key}' if key else 'the key in $HPS_ADMIN_KEY'}\n",
         flush=True,
     )
 
@@ -152,4 +212,20 @@ def _query(args: argparse.Namespace) -> int:
         samples=args.samples,
     ):
         print(line)
+    return 0
+
+
+def _reload(args: argparse.Namespace) -> int:
+    from hps.errors import ConfigError
+    from hps.triton.admin import resolve_key
+    from hps.triton.control import ModelControl
+
+    state = args.state_dir or (Path(args.config).resolve().parent if args.config else None)
+    key = resolve_key(state)
+    if key is None:
+        raise ConfigError(
+            "no admin key: set HPS_ADMIN_KEY or HPS_ADMIN_KEY_FILE, or pass --config / --state-dir"
+        )
+    ModelControl(args.url, key, timeout=600.0).load(args.model)
+    print(f"reloaded {args.model}")
     return 0

@@ -4,7 +4,8 @@ Each ps.json model becomes a Triton model of the same name with HugeCTR's HPS in
 (``hps_embedding``), as HugeCTR's HPS backend named them; a model whose ``dense_file`` is
 an ``.npz`` of :mod:`hps.triton.ctr` also gets ``<model>_ctr`` (``hps_ctr``). The copies
 get the config.pbtxt parameters filled in (ps.json path, model name, where relative paths
-start) and ``hps_instances`` as instance count.
+start), ``hps_instances`` as instance count and the ps.json model's ``max_batch_size`` as
+Triton's (the most rows a request may have).
 """
 
 from __future__ import annotations
@@ -43,8 +44,18 @@ def set_parameter(text: str, key: str, value: str) -> str:
     return text
 
 
-def render_config(text: str, name: str, instances: int, params: dict[str, str]) -> str:
+def render_config(
+    text: str, name: str, instances: int, params: dict[str, str], max_batch_size: int = 0
+) -> str:
     text = re.sub(r'^name:\s*"[^"]*"', f'name: "{name}"', text, count=1, flags=re.M)
+    if max_batch_size:
+        text = re.sub(
+            r"^max_batch_size:\s*\d+",
+            f"max_batch_size: {max_batch_size}",
+            text,
+            count=1,
+            flags=re.M,
+        )
     text = re.sub(r"(instance_group\s*\[\s*\{\s*count:\s*)\d+", rf"\g<1>{instances}", text, count=1)
     for key, value in params.items():
         text = set_parameter(text, key, value)
@@ -57,19 +68,28 @@ class ServedModel:
     template: str
     hps_model: str
     instances: int
+    max_batch_size: int = 0
 
 
 def served_models(config: PSConfig) -> list[ServedModel]:
     out = []
     for m in config.models:
-        out.append(ServedModel(m.model, "hps_embedding", m.model, m.hps_instances))
+        batch = m.max_batch_size
+        out.append(ServedModel(m.model, "hps_embedding", m.model, m.hps_instances, batch))
         if m.dense_file.endswith(".npz"):
-            out.append(ServedModel(m.model + CTR_SUFFIX, "hps_ctr", m.model, m.hps_instances))
+            out.append(
+                ServedModel(m.model + CTR_SUFFIX, "hps_ctr", m.model, m.hps_instances, batch)
+            )
     return out
 
 
 def copy_template(
-    template: str, dest: Path, name: str, instances: int, params: dict[str, str]
+    template: str,
+    dest: Path,
+    name: str,
+    instances: int,
+    params: dict[str, str],
+    max_batch_size: int = 0,
 ) -> None:
     src = templates_dir() / template
     target = dest / name
@@ -77,7 +97,7 @@ def copy_template(
         shutil.rmtree(target)
     shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__"))
     cfg = target / "config.pbtxt"
-    cfg.write_text(render_config(cfg.read_text(), name, instances, params))
+    cfg.write_text(render_config(cfg.read_text(), name, instances, params, max_batch_size))
 
 
 def prepare_repository(
@@ -100,6 +120,13 @@ def prepare_repository(
             "base_dir": base,
             "metrics_interval_s": str(metrics_interval_s),
         }
-        copy_template(served.template, dest, served.triton_name, served.instances, params)
+        copy_template(
+            served.template,
+            dest,
+            served.triton_name,
+            served.instances,
+            params,
+            served.max_batch_size,
+        )
         names.append(served.triton_name)
     return names

@@ -7,11 +7,16 @@ turn an exception into a per-request Triton error with :func:`error_reply`.
 HugeCTR's client sends ``KEYS`` as ``[1, n]`` and ``NUMKEYS`` as ``[1, tables]`` (Triton's
 batch dimension first) and reads ``OUTPUT0`` as ``[1, n x dim]``. A request with batch
 size ``B > 1`` is ``B`` such lookups, one per row; its rows must come out equally long.
+
+Limits (docs/security.md): the keys of one table over all rows of a request may not exceed
+the table's ``max_batch_size x maxnum_catfeature_query_per_table_per_sample``, checked from
+``NUMKEYS`` (and the size of ``KEYS``) before any key is looked up; a CTR request may not
+have more samples than the model's ``max_batch_size``, nor non-finite dense features.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,13 +24,15 @@ import numpy.typing as npt
 
 from hps.errors import (
     BackendUnavailable,
+    BatchTooLargeError,
     DTypeError,
     HPSError,
+    InvalidValueError,
     RequestError,
     ShapeError,
     UnknownTableError,
 )
-from hps.types import Keys, Vectors
+from hps.types import Keys, TableSpec, Vectors
 
 Lookup = Callable[[Keys, npt.NDArray[np.integer]], Vectors]
 
@@ -47,16 +54,48 @@ def _check(name: str, array: np.ndarray, triton_type: str) -> None:
         )
 
 
-def lookup_hps_request(keys: np.ndarray, numkeys: np.ndarray, lookup: Lookup) -> Vectors:
+_LIMIT_RULE = "max_batch_size x maxnum_catfeature_query_per_table_per_sample"
+
+
+def check_limits(keys: np.ndarray, numkeys: np.ndarray, tables: Sequence[TableSpec]) -> None:
+    """Refuse a request whose keys per table, summed over its rows, exceed the tables' limits.
+
+    Looks at shapes and ``NUMKEYS`` only (cheap, before any lookup). A ``NUMKEYS`` of the
+    wrong width is left to the lookup, which names that mistake.
+    """
+    limits = np.array([t.max_keys_per_request for t in tables], dtype=np.int64)
+    if limits.size == 0 or numkeys.shape[1] != limits.size:
+        return
+    if (limits > 0).all() and keys.shape[1] > int(limits.sum()):
+        raise BatchTooLargeError(
+            f"{tables[0].model}: {keys.shape[1]:,} keys per row exceed the "
+            f"{int(limits.sum()):,} a request may hold over all tables ({_LIMIT_RULE})"
+        )
+    totals = np.clip(numkeys.astype(np.int64), 0, None).sum(axis=0)
+    over = np.flatnonzero((limits > 0) & (totals > limits))
+    if over.size:
+        i = int(over[0])
+        rows = f" over the {numkeys.shape[0]} rows of this request" if numkeys.shape[0] > 1 else ""
+        raise BatchTooLargeError(
+            f"{tables[i].name}: {int(totals[i]):,} keys{rows} exceed the limit of "
+            f"{int(limits[i]):,} ({_LIMIT_RULE})"
+        )
+
+
+def lookup_hps_request(
+    keys: np.ndarray, numkeys: np.ndarray, lookup: Lookup, tables: Sequence[TableSpec] = ()
+) -> Vectors:
     """Answer one HPS-interface request: ``OUTPUT0`` of shape ``[batch, n x dim]``.
 
     ``lookup(flat_keys, counts_per_table)`` is ``LookupSession.lookup_request`` bound to a
-    model; it validates counts, limits and tables and raises typed errors.
+    model; it validates counts, limits and tables and raises typed errors. ``tables`` (the
+    model's, in order) bounds the keys of the whole request (:func:`check_limits`).
     """
     _check("KEYS", keys, "INT64")
     _check("NUMKEYS", numkeys, "INT32")
     if keys.shape[0] != numkeys.shape[0]:
         raise ShapeError(f"KEYS has batch size {keys.shape[0]} but NUMKEYS has {numkeys.shape[0]}")
+    check_limits(keys, numkeys, tables)
     if keys.shape[0] == 1:
         return lookup(keys[0], numkeys[0]).reshape(1, -1)
     rows = [lookup(k, c) for k, c in zip(keys, numkeys, strict=True)]
@@ -80,12 +119,19 @@ class CTRBatch:
 
 
 def parse_ctr_request(
-    des: np.ndarray, catcolumn: np.ndarray, rowindex: np.ndarray, num_tables: int, num_dense: int
+    des: np.ndarray,
+    catcolumn: np.ndarray,
+    rowindex: np.ndarray,
+    num_tables: int,
+    num_dense: int,
+    max_samples: int = 0,
 ) -> CTRBatch:
     """Validate HugeCTR's CTR inputs (``DES``, ``CATCOLUMN``, ``ROWINDEX``), batch size 1.
 
     ``ROWINDEX`` holds, table after table, the ``batch + 1`` CSR offsets of each sample's
-    keys within that table's part of ``CATCOLUMN`` (tables in the model's order).
+    keys within that table's part of ``CATCOLUMN`` (tables in the model's order). At most
+    ``max_samples`` samples (the model's ``max_batch_size``; 0: no limit); dense features
+    must be finite.
     """
     _check("DES", des, "FP32")
     _check("CATCOLUMN", catcolumn, "INT64")
@@ -98,6 +144,10 @@ def parse_ctr_request(
             f"ROWINDEX has {rows.size} offsets; expected tables ({num_tables}) x (samples + 1)"
         )
     batch = rows.size // num_tables - 1
+    if max_samples and batch > max_samples:
+        raise BatchTooLargeError(
+            f"{batch:,} samples exceed the model's max_batch_size of {max_samples:,}"
+        )
     offsets = rows.reshape(num_tables, batch + 1)
     if (offsets[:, 0] != 0).any() or (np.diff(offsets, axis=1) < 0).any():
         raise ShapeError("ROWINDEX offsets of each table must start at 0 and never decrease")
@@ -111,7 +161,15 @@ def parse_ctr_request(
         raise ShapeError(
             f"DES has {des[0].size} values; expected {batch} samples x {num_dense} dense features"
         )
-    return CTRBatch(batch, des[0].reshape(batch, num_dense), keys, num_keys, offsets)
+    dense = des[0].reshape(batch, num_dense)
+    finite = np.isfinite(dense)
+    if not finite.all():
+        first = int(np.flatnonzero(~finite.all(axis=1))[0])
+        raise InvalidValueError(
+            f"DES has {int((~finite).sum())} NaN or infinite values (the first in sample "
+            f"{first}); dense features must be finite"
+        )
+    return CTRBatch(batch, dense, keys, num_keys, offsets)
 
 
 # Triton's error codes (pb_utils.TritonError.<CODE>), by HPS error type, most specific first.

@@ -13,20 +13,23 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hps.errors import BackendUnavailable, ConfigError
+from hps.errors import BackendUnavailable, ConfigError, HPSError
 from hps.net import free_port
+from hps.triton.admin import restricted_args
+from hps.triton.control import ModelControl
+from hps.triton.lifecycle import die_with_parent, owned_tempdir, reap_group, regions, shm_prefix
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +116,9 @@ class TritonServer:
 
     ``explicit`` selects ``--model-control-mode explicit`` with ``load_models`` loaded at
     start (models can then be loaded and unloaded through the model-control API).
+    Triton's model-repository, shared-memory, trace and logging APIs are restricted to
+    requests carrying ``admin_key`` (random unless given; see hps.triton.admin). The
+    server dies with the thread that started it (hps.triton.lifecycle).
     """
 
     repository: Path
@@ -126,10 +132,13 @@ class TritonServer:
     extra_args: list[str] = field(default_factory=list)
     install: TritonInstall | None = None
     stop_timeout: float = STOP_TIMEOUT_S
+    admin_key: str = ""
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    shm_prefix: str = field(default_factory=shm_prefix, init=False)
     _workdir: Path | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
+        self.admin_key = self.admin_key or secrets.token_urlsafe(24)
         self.http_port = self.http_port or free_port()
         self.grpc_port = self.grpc_port or free_port()
         self.metrics_port = self.metrics_port or free_port()
@@ -167,6 +176,8 @@ class TritonServer:
             "--allow-gpu-metrics=false",
             "--strict-readiness=true",
             "--exit-timeout-secs=5",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            *restricted_args(self.admin_key),
         ]
         if self.explicit:
             cmd.append("--model-control-mode=explicit")
@@ -176,7 +187,7 @@ class TritonServer:
     def start(self, timeout: float = READY_TIMEOUT_S) -> TritonServer:
         """Start the server and wait until /v2/health/ready answers 200."""
         install = self.install = self.install or find_triton()
-        self._workdir = Path(tempfile.mkdtemp(prefix="hps-triton-"))
+        self._workdir = owned_tempdir("hps-triton-")
         backends = prepare_backends(install, self._workdir / "backends")
         cmd = self.command(backends)
         out = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115
@@ -188,6 +199,7 @@ class TritonServer:
             stdout=out,
             stderr=subprocess.STDOUT if out else None,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         if out:
             out.close()
@@ -215,6 +227,9 @@ class TritonServer:
                     + (f"; see {self.log_file}" if self.log_file else "")
                 )
             if self.is_ready():
+                time.sleep(0.2)  # a port clash makes a fresh Triton exit right after binding
+                if self.proc is not None and self.proc.poll() is not None:
+                    continue  # the answer came from another server: report our exit above
                 return
             time.sleep(0.2)
         raise BackendUnavailable(f"tritonserver not ready after {timeout:.0f}s")
@@ -224,34 +239,52 @@ class TritonServer:
         assert self.proc is not None, "server not started"
         return self.proc.wait()
 
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL of its process group after ``stop_timeout`` (by PID)."""
+    @property
+    def control(self) -> ModelControl:
+        """The model-control API of this server, with its admin key."""
+        return ModelControl(self.http_url, self.admin_key)
+
+    def stop(self, drain: bool = True) -> list[str]:
+        """Drain, SIGTERM, then SIGKILL of its process group after ``stop_timeout`` (by PID).
+
+        Draining unloads every model first (explicit mode): in-flight requests finish, new
+        ones get an error, and Triton then exits without models to wait for. Returns what
+        was not clean (empty: a clean stop); leftovers are removed either way.
+        """
+        problems: list[str] = []
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
+            if drain and self.explicit:
+                try:
+                    if not self.control.drain(self.stop_timeout):
+                        problems.append(f"models still loaded after {self.stop_timeout:.0f}s")
+                except HPSError as exc:
+                    problems.append(f"drain failed: {exc}")
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(self.stop_timeout)
             except subprocess.TimeoutExpired:
                 log.warning("tritonserver %d ignored SIGTERM; killing it", proc.pid)
+                problems.append(f"tritonserver ignored SIGTERM for {self.stop_timeout:.0f}s")
                 # The group is the session we created for it: Triton and its model stubs.
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         if proc is not None:
-            _reap_group(proc.pid)
+            if proc.returncode != 0:
+                problems.append(f"tritonserver exited with status {proc.returncode}")
+            reap_group(proc.pid)
+            left = regions(self.shm_prefix)
+            if left:
+                problems.append(f"{len(left)} shared-memory regions left behind (removed)")
+            for region in left:
+                region.unlink(missing_ok=True)
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
+        return problems
 
     def __enter__(self) -> TritonServer:
         return self.start() if self.proc is None else self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _reap_group(pgid: int) -> None:
-    """Kill stubs left behind in the server's process group once Triton itself is gone."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        return

@@ -8,10 +8,11 @@ to the one with the highest version (the latest in stream order among equals). R
 above their partition's watermark skip the per-key read (``UpdateBatch.extras["partition"]``
 names the partition; without it every row is checked).
 
-Write order per table: data to L3 (unsynced), data to L2, the per-key versions, then the
-partition watermarks with a synced write, which also syncs everything written before it. A
-crash before that sync leaves versions and watermarks no newer than the data, so the replay
-re-applies.
+Write order per table: data and per-key versions to the first tier (L3 when it takes the
+table; on ``rocks_db`` one put per row carries both, :mod:`hps.updates.versions`), data to
+L2, then the partition watermarks with a synced write, which also syncs everything written
+before it. A crash before that sync leaves versions and watermarks no newer than the data,
+and a row whose stored version equals the update's is re-applied, so the replay re-applies.
 A failing tier raises :class:`hps.errors.BackendError`; the caller retries the same batch.
 """
 
@@ -28,7 +29,7 @@ from hps.errors import UnknownTableError
 from hps.storage.base import EmbeddingStore
 from hps.tiers import Tiers
 from hps.types import Keys, TableSpec, UpdateBatch, Vectors
-from hps.updates.versions import VersionTable, Watermarks
+from hps.updates.versions import SideVersions, Watermarks, key_versions
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def model_filter(patterns: Iterable[str]) -> Callable[[str], bool]:
 class _Route:
     spec: TableSpec
     stores: list[EmbeddingStore]  # L3 first
-    versions: VersionTable
+    versions: SideVersions  # per-key versions, kept with the data of stores[0]
     watermarks: Watermarks
 
 
@@ -90,7 +91,7 @@ class Applier:
             for store in stores:
                 store.open_table(spec)
             self._routes[name] = _Route(
-                spec, stores, VersionTable(stores[0], spec), Watermarks(stores[0], spec)
+                spec, stores, key_versions(stores[0], spec), Watermarks(stores[0], spec)
             )
 
     @property
@@ -129,14 +130,18 @@ class Applier:
         up = keep & ~deletes
         rm = keep & deletes
         up_keys, up_values, rm_keys = keys[up], values[up], keys[rm]
-        for store in route.stores:
+        # Without a partition there is no watermark write to sync the batch: sync the data.
+        sync = bool(keep.any()) and not bool((parts[keep] >= 0).any())
+        if up_keys.size:  # the first store takes data and versions together
+            route.versions.upsert(up_keys, up_values, versions[up], durable=sync)
+        if rm_keys.size:
+            route.versions.delete(rm_keys, versions[rm], durable=sync)
+        for store in route.stores[1:]:
             if up_keys.size:
                 store.insert(spec.name, up_keys, up_values)
             if rm_keys.size:
                 store.remove(spec.name, rm_keys)
         if keep.any():
-            known = parts[keep] >= 0
-            route.versions.put(keys[keep], versions[keep], durable=not known.any())
             route.watermarks.advance(parts[keep], versions[keep], durable=True)
         return Applied(spec.name, up_keys, up_values, rm_keys, int((~keep).sum()))
 

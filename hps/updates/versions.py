@@ -1,11 +1,22 @@
 """Per-key update versions and per-partition watermarks, kept next to the data they protect.
 
-Side tables of ``<model>.<table>``, in the same store as its data (L3 when the table's
-updates go to L3, else L2), so they live and die with the data, and a synced write of them
-also syncs the data written before it (one RocksDB WAL):
+They live in the same store as the table's data (L3 when the table's updates go to L3, else
+L2), so they live and die with the data, and a synced write of them also syncs the data
+written before it (one RocksDB WAL). :func:`key_versions` picks how per-key versions are kept:
 
-- ``<model>.<table>__hps_version``: the version of each key's last applied update. Deleted
-  keys keep theirs (a tombstone), so a replayed older upsert cannot resurrect them.
+- :class:`RowVersions`, for a store with ``versioned_rows`` (``rocks_db``): the version is
+  part of the stored row (:mod:`hps.storage.rocks_rows`), so an upsert is one put per row.
+  Deleted keys keep their version in the side table below (a tombstone), and so do rows of
+  databases written before this format: a key's stored version is its row's, else the side
+  table's. Old databases are read as they are, not migrated; each updated row moves to the
+  new format when it is written.
+- :class:`SideVersions`, for the other stores: the data row, plus the side table.
+
+Side tables of ``<model>.<table>``:
+
+- ``<model>.<table>__hps_version``: the version of each key's last applied update (for
+  ``versioned_rows`` stores: of deletes, and of rows written before the format carried it).
+  Deleted keys keep theirs, so a replayed older upsert cannot resurrect them.
 - ``<model>.<table>__hps_watermark``: per Kafka partition, the highest version applied from
   it. A key's updates always travel in the same partition (the producer partitions by key),
   so a row whose version is at least its partition's watermark is newer than anything stored
@@ -17,10 +28,12 @@ keeps exactly.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from hps.storage.base import EmbeddingStore
-from hps.types import Keys, TableSpec
+from hps.types import Keys, TableSpec, Vectors
 
 VERSION_SUFFIX = "__hps_version"
 WATERMARK_SUFFIX = "__hps_watermark"
@@ -99,3 +112,51 @@ class Watermarks(_SideTable):
         if newer.any():
             self.put(top_p[newer].astype(np.int64), top_v[newer], durable=durable)
             self._known.update(zip(top_p[newer].tolist(), top_v[newer], strict=True))
+
+
+class SideVersions:
+    """Per-key versions of a table in a store without ``versioned_rows``: data + side table."""
+
+    def __init__(self, store: EmbeddingStore, spec: TableSpec) -> None:
+        self.store, self.name = store, spec.name
+        self.side = VersionTable(store, spec)
+
+    def get(self, keys: Keys) -> np.ndarray:
+        """Stored versions of ``keys`` (0 where none)."""
+        return self.side.get(keys)
+
+    def upsert(self, keys: Keys, values: Vectors, versions: np.ndarray, *, durable: bool) -> None:
+        self.store.insert(self.name, keys, values)
+        self.side.put(keys, versions, durable=durable)
+
+    def delete(self, keys: Keys, versions: np.ndarray, *, durable: bool) -> None:
+        self.store.remove(self.name, keys)
+        self.side.put(keys, versions, durable=durable)
+
+
+class RowVersions(SideVersions):
+    """Per-key versions carried in the rows of a ``versioned_rows`` store (one put per row).
+
+    The side table keeps the versions of deleted keys and of rows of the older format.
+    """
+
+    def __init__(self, store: EmbeddingStore, spec: TableSpec) -> None:
+        super().__init__(store, spec)
+        self.rows: Any = store  # RocksDBStore: insert_versioned, fetch_versions
+
+    def get(self, keys: Keys) -> np.ndarray:
+        versions, has_version = self.rows.fetch_versions(self.name, keys)
+        rest = ~has_version
+        if rest.any():
+            versions[rest] = self.side.get(keys[rest])
+        return np.asarray(versions, dtype=np.uint64)
+
+    def upsert(self, keys: Keys, values: Vectors, versions: np.ndarray, *, durable: bool) -> None:
+        self.rows.insert_versioned(self.name, keys, values, versions, durable=durable)
+
+
+def key_versions(store: EmbeddingStore, spec: TableSpec) -> SideVersions:
+    """How ``store`` keeps the per-key versions of ``spec`` (see the module docstring)."""
+    if store.versioned_rows:
+        return RowVersions(store, spec)
+    return SideVersions(store, spec)

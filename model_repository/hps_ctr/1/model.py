@@ -22,6 +22,7 @@ class TritonPythonModel:
             input_array(request, "ROWINDEX"),
             len(self.dims),
             self.network.num_dense,
+            self.process.model.max_batch_size,
         )
         vectors = self.process.session.lookup_request(self.process.name, batch.keys, batch.num_keys)
         pooled = pool_embeddings(vectors, batch.num_keys, batch.offsets, self.dims)

@@ -10,6 +10,7 @@ class TritonPythonModel:
     def initialize(self, args):
         self.process = ModelProcess(args)
         self.lookup = partial(self.process.session.lookup_request, self.process.name)
+        self.tables = self.process.model.tables
 
     def execute(self, requests):
         return self.process.answer(requests, self.vectors)
@@ -17,7 +18,7 @@ class TritonPythonModel:
     def vectors(self, request):
         keys = input_array(request, "KEYS")
         numkeys = input_array(request, "NUMKEYS")
-        return lookup_hps_request(keys, numkeys, self.lookup)
+        return lookup_hps_request(keys, numkeys, self.lookup, self.tables)
 
     def finalize(self):
         self.process.close()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from hps.io.sparse_model import write_sparse_model
+from hps.triton.admin import http_headers
 
 pytestmark = pytest.mark.integration
 
@@ -104,7 +105,8 @@ def test_reload_picks_up_a_changed_table(triton) -> None:
         new_keys = np.concatenate([keys, [10**12 + 1, 10**12 + 2]]).astype(np.int64)
         new_vectors = np.random.default_rng(99).standard_normal((new_keys.size, 4), np.float32)
         write_sparse_model(triton.table_dir("rel", "r"), new_keys, new_vectors)
-        client.client.load_model("rel")  # Triton's model-control API (explicit mode)
+        # Triton's model-control API (explicit mode), with the admin key
+        client.client.load_model("rel", headers=http_headers(triton.server.admin_key))
         assert client.client.is_model_ready("rel")
         probe = new_keys[[0, 1, -2, -1]]
         out = client.lookup("rel", probe, [4]).reshape(4, 4)

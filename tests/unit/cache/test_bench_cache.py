@@ -70,6 +70,6 @@ def test_throughput_mode_prints_the_promised_fields(capsys: pytest.CaptureFixtur
     args = ["bench", "cache", "--mode", "throughput", "--rows", "4096", "--tables", "2"]
     assert main([*args, "--batch-per-table", "256", "--dim", "8", "--repeats", "2"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert {r["op"] for r in rows} == {"query", "query_then_expand", "insert"}
+    assert {r["op"] for r in rows} == {"query", "query_numpy", "query_then_expand", "insert"}
     for row in rows:
         assert row["keys_per_s"] > 0 and row["baseline_keys_per_s"] > 0 and row["ratio"] > 0

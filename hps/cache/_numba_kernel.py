@@ -1,0 +1,126 @@
+"""The numba CPU kernel of :mod:`hps.cache.kernels` (imported only when numba is installed).
+
+Three loops in one call, each a straight pass over the request:
+
+1. the home group of every key (splitmix64, as :func:`hps.index.mix`);
+2. the probes, with a software prefetch of the index groups a few keys ahead, so many cache
+   misses are in flight at once (without it the probe ran at about half of a plain gather);
+3. the copies into the output in request order, prefetching the rows a few keys ahead, with
+   the L1 bookkeeping of each hit: last-access tick (and the distinct-hit count: a row whose
+   tick already is this call's was hit before in it), access count up to its cap.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from hps.index import EMPTY, GROUP, TOMBSTONE
+
+log = logging.getLogger(__name__)
+AHEAD = 12  # keys between a prefetch and its use
+
+
+@intrinsic
+def _prefetch(typingctx: Any, arr: Any, idx: Any) -> Any:
+    """``llvm.prefetch`` of ``arr[idx]`` (read, high locality): a hint, never a fault."""
+    sig = types.void(arr, idx)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _probe_gather(  # the signature is kernels.ProbeGather's
+    slot_keys, slot_rows, gmask, values, keys, out, ticks, tick, counts, cap, miss_pos
+):
+    m1 = np.uint64(0xBF58476D1CE4E5B9)
+    m2 = np.uint64(0x94D049BB133111EB)
+    s30, s27, s31 = np.uint64(30), np.uint64(27), np.uint64(31)
+    umask = np.uint64(gmask)
+    empty, tomb = np.int64(EMPTY), np.int64(TOMBSTONE)
+    dim = values.shape[1]
+    udim = np.uint64(dim)
+    flat_values = values.reshape(-1)  # flat arrays and unsigned offsets: plain copy loops
+    flat_out = out.reshape(-1)
+    n = keys.shape[0]
+    home = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        x = np.uint64(keys[i])
+        x = x ^ (x >> s30)
+        x = x * m1
+        x = x ^ (x >> s27)
+        x = x * m2
+        x = x ^ (x >> s31)
+        home[i] = np.int64(x & umask)
+    found = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        if i + AHEAD < n:
+            _prefetch(slot_keys, home[i + AHEAD] * GROUP)
+            _prefetch(slot_rows, home[i + AHEAD] * GROUP)
+        k = keys[i]
+        row = -1
+        if k > tomb:
+            g = home[i]
+            r = 1
+            while True:
+                base = g * GROUP
+                ended = False
+                for j in range(GROUP):
+                    sk = slot_keys[base + j]
+                    if sk == k:
+                        row = int(slot_rows[base + j])
+                        break
+                    if sk == empty:
+                        ended = True
+                if row >= 0 or ended or r > gmask + 1:
+                    break
+                g = (g + r) & gmask
+                r += 1
+        found[i] = row
+    n_miss = 0
+    n_hit = 0
+    for i in range(n):
+        if i + AHEAD < n and found[i + AHEAD] >= 0:
+            _prefetch(flat_values, found[i + AHEAD] * dim)
+            _prefetch(ticks, found[i + AHEAD])
+        row = found[i]
+        dst = np.uint64(i) * udim
+        if row < 0:
+            miss_pos[n_miss] = i
+            n_miss += 1
+            for d in range(dim):
+                flat_out[dst + np.uint64(d)] = 0.0
+        else:
+            src = np.uint64(row) * udim
+            for d in range(dim):
+                flat_out[dst + np.uint64(d)] = flat_values[src + np.uint64(d)]
+            if ticks[row] != tick:
+                ticks[row] = tick
+                n_hit += 1
+            if counts.shape[0]:
+                c = counts[row] + 1
+                counts[row] = c if c < cap else cap
+    return n_miss, n_hit
+
+
+try:
+    probe_gather = numba.njit(cache=True, nogil=True, error_model="numpy")(_probe_gather)
+except RuntimeError as exc:  # no writable cache folder (a read-only install)
+    log.warning("numba cannot cache the L1 kernel (%s); set NUMBA_CACHE_DIR", exc)
+    probe_gather = numba.njit(nogil=True, error_model="numpy")(_probe_gather)

@@ -1,0 +1,107 @@
+"""Compiled L1 kernels: the hash probe fused with the gather and the L1 bookkeeping.
+
+One call reads one table's slice of a request (duplicates included, no de-duplication):
+for each key it walks the :class:`hps.index.KeyIndex` probe sequence, copies the row into
+the output (request order), stamps the row's last-access tick and bumps its access count,
+and notes the position of each miss. In NumPy this is a dedup, a few probe rounds, a tick
+scatter, a count scatter, a gather and an expansion: several passes over memory. Compiled,
+it is one call of three straight passes with prefetching (:mod:`hps.cache._numba_kernel`).
+
+Back-ends, picked once per process (:func:`cpu_kernel`):
+
+- numba (``numba.njit(cache=True, nogil=True)``): the CPU path, compiled on first use and
+  cached on disk (``__pycache__`` next to this module when writable, else numba's user cache
+  folder or ``NUMBA_CACHE_DIR``), so a Triton instance pays the compilation (about 3-6 s
+  here) once per installation, not per start; loading the cached kernel and numba takes
+  about 1-1.5 s. An image can compile it at build time with
+  ``python -c "from hps.cache.kernels import warm_up; warm_up()"``. ``nogil`` lets the
+  instances' request threads and the background L1 work run side by side.
+- a CuPy raw kernel (:mod:`hps.cache.kernels_cupy`) for caches on a GPU.
+- none: :meth:`hps.cache.EmbeddingCache.query_into` falls back to the NumPy reference path
+  (dedup + :meth:`~hps.cache.EmbeddingCache.query`), which the tests compare both against.
+
+``HPS_KERNELS=numpy`` turns the compiled CPU path off (measurements, debugging).
+
+Unique hits are counted without a dedup: a row whose tick already equals this query's tick
+was hit earlier in the same call. Reserved keys (``EMPTY``, ``TOMBSTONE``) never hit.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from hps.index import EMPTY
+
+log = logging.getLogger(__name__)
+
+# Signature of the compiled CPU kernel:
+# (slot_keys, slot_rows, gmask, values, keys, out, ticks, tick, counts, cap, miss_pos)
+#   -> (number of misses, number of distinct rows hit)
+ProbeGather = Callable[..., tuple[int, int]]
+NO_COUNTS = np.zeros(0, dtype=np.int32)
+COUNT_CAP_NONE = np.iinfo(np.int32).max
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_kernel() -> ProbeGather | None:
+    """The compiled CPU kernel, or ``None`` (no numba, or ``HPS_KERNELS=numpy``)."""
+    if os.environ.get("HPS_KERNELS", "").lower() == "numpy":
+        return None
+    try:
+        from hps.cache._numba_kernel import probe_gather
+    except ImportError:
+        log.info("numba not installed: the L1 cache uses its NumPy path")
+        return None
+    kernel: ProbeGather = probe_gather
+    return kernel
+
+
+def warm_up() -> float:
+    """Compile (or load from the disk cache) the CPU kernel now; returns the seconds it took."""
+    import time
+
+    start = time.perf_counter()
+    kernel = cpu_kernel()
+    if kernel is not None:
+        slots = np.full(16, EMPTY, dtype=np.int64)
+        rows = np.full(16, -1, dtype=np.int32)
+        vals = np.zeros((1, 1), dtype=np.float32)
+        keys = np.ones(1, dtype=np.int64)
+        ticks = np.zeros(1, dtype=np.int64)
+        kernel(slots, rows, 1, vals, keys, np.empty((1, 1), np.float32), ticks, 1,
+               NO_COUNTS, COUNT_CAP_NONE, np.empty(1, np.int64))  # fmt: skip
+    return time.perf_counter() - start
+
+
+# What EmbeddingCache calls: (row store, host keys, host out, tick, counts or None, cap)
+#   -> (host miss positions, distinct rows hit)
+CacheKernel = Callable[[Any, np.ndarray, np.ndarray, int, Any, int], tuple[np.ndarray, int]]
+
+
+def kernel_for(xp: Any) -> CacheKernel | None:
+    """The compiled probe+gather for caches on ``xp``, or ``None`` (use the NumPy path)."""
+    if xp is np:
+        kernel = cpu_kernel()
+        return None if kernel is None else functools.partial(_run_cpu, kernel)
+    if os.environ.get("HPS_KERNELS", "").lower() == "numpy":
+        return None
+    from hps.cache.kernels_cupy import run_cupy
+
+    return run_cupy
+
+
+def _run_cpu(kernel: ProbeGather, rows: Any, keys: np.ndarray, out: np.ndarray, tick: int,
+             counts: Any, cap: int) -> tuple[np.ndarray, int]:  # fmt: skip
+    index = rows.index
+    miss_pos = np.empty(keys.shape[0], dtype=np.int64)
+    n_miss, n_hit = kernel(
+        index.slot_keys, index.slot_rows, index.gmask, rows.values, keys, out, rows.ticks,
+        tick, NO_COUNTS if counts is None else counts, cap or COUNT_CAP_NONE, miss_pos,
+    )  # fmt: skip
+    return miss_pos[:n_miss], int(n_hit)

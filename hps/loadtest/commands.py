@@ -1,0 +1,180 @@
+"""``hps loadtest``: start what a ps.json needs, run Locust headless, stop it all, summarise."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hps.loadtest.resources import ResourceSampler
+    from hps.loadtest.stack import Stack
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "loadtest",
+        help="load-test a deployment with Locust (needs the 'load' extra)",
+        description="Without --triton-grpc: start on this machine what the ps.json needs "
+        "(redis-server / Redis Cluster, the Tansu broker, hps serve, hps consume, hps admin), "
+        "run Locust headless, stop everything by PID and print a summary. With --triton-grpc "
+        "and --triton-http: only run Locust against that deployment. Exit status 1 when a "
+        "threshold is broken. See docs/loadtest.md.",
+    )
+    p.add_argument("--config", required=True, help="ps.json of the deployment")
+    p.add_argument("--model", default="", help="ps.json model to load (default: the first)")
+    p.add_argument("--report-dir", help="reports go here (default: loadtest-reports/<time>)")
+    g = p.add_argument_group("load")
+    g.add_argument("--users", type=int, default=8, help="reader users (the shape's peak)")
+    g.add_argument("--spawn-rate", type=float, default=8.0, help="users started per second")
+    g.add_argument("--run-time", type=int, default=60, help="seconds (default: 60)")
+    g.add_argument("--shape", choices=("steady", "ramp", "spike"), default="steady")
+    g.add_argument("--ramp-steps", type=int, default=8)
+    g.add_argument("--knee-p99-ms", type=float, default=500.0, help="p99 bound of the knee")
+    g.add_argument("--mix", default="grpc=4,http=2,ctr=1,bad=1", help="reader weights")
+    g.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of the keys")
+    g.add_argument("--samples", default="", help="samples per request: N or LO-HI")
+    g.add_argument("--keys-per-sample", type=int, default=1)
+    g.add_argument("--verify-keys", type=int, default=4, help="known keys checked per table")
+    g.add_argument("--updates", type=float, default=None, metavar="ROWS_PER_S",
+                   help="bulk updates per second (0: none; default 1000 when Kafka is "
+                   "configured); starting a stack, a ps.json without Kafka gets one")  # fmt: skip
+    g.add_argument("--update-batch-rows", type=int, default=500)
+    g.add_argument("--update-phases", type=int, default=0,
+                   help="N: cut the run in N phases, bulk updates in every second one, and "
+                   "compare reads with and without them")  # fmt: skip
+    g.add_argument("--freshness-interval", type=float, default=1.0, help="s between probes")
+    g.add_argument("--thresholds", default="", help="JSON file of limits per request type")
+    g.add_argument("--threshold", action="append", default=[], help="TYPE:limit=value,...")
+    g.add_argument("--seed", type=int, default=0)
+    s = p.add_argument_group("stack (started unless --triton-grpc is given)")
+    s.add_argument(
+        "--l2",
+        choices=("hash_map", "multi_process_hash_map", "redis", "redis_cluster"),
+        help="override volatile_db.type (redis: one redis-server; redis_cluster: 3 nodes)",
+    )
+    s.add_argument("--instances", type=int, help="override hps_instances of every model")
+    s.add_argument("--no-admin", action="store_true", help="do not start the control plane")
+    s.add_argument(
+        "--sample-interval",
+        type=float,
+        default=5.0,
+        help="s between memory samples of the serving processes (resources.csv)",
+    )
+    s.add_argument("--warmup", type=float, help="s before memory growth counts (default: 20%%)")
+    s.add_argument(
+        "--max-growth-mb",
+        type=float,
+        help="fail when RSS or /dev/shm grow more than this after warm-up (soak)",
+    )
+    r = p.add_argument_group("an existing deployment")
+    r.add_argument("--triton-grpc", help="Triton gRPC address host:port")
+    r.add_argument("--triton-http", help="Triton HTTP address host:port")
+    r.add_argument("--admin-url", default="", help="control plane URL (hps admin)")
+    r.add_argument("--brokers", default="", help="Kafka bootstrap servers (publisher users)")
+    r.add_argument("--ctr", action="store_true",
+                   help="load <model>_ctr too (default: when Triton says it is ready)")  # fmt: skip
+    p.set_defaults(func=_loadtest)
+
+
+def _loadtest(args: argparse.Namespace) -> int:
+    from hps.errors import ConfigError
+    from hps.loadtest.runner import LocustRun, run_locust
+    from hps.loadtest.summary import format_summary
+
+    # Locust runs in its own process: importing it here would monkey-patch this one for gevent.
+    if importlib.util.find_spec("locust") is None:
+        raise ConfigError("Locust is missing: pip install 'hps[load]'")
+    report = Path(args.report_dir or f"loadtest-reports/{time.strftime('%Y%m%d-%H%M%S')}")
+    report.mkdir(parents=True, exist_ok=True)
+    remote = bool(args.triton_grpc)
+    if remote != bool(args.triton_http):
+        raise ConfigError("give both --triton-grpc and --triton-http, or neither")
+    stack = None
+    sampler = None
+    if not remote:
+        from hps.loadtest.stack import start_stack
+
+        print(f"starting the stack for {args.config} (logs in {report})", flush=True)
+        stack = start_stack(
+            args.config, report, l2=args.l2, instances=args.instances,
+            updates=bool(args.updates), admin=not args.no_admin,
+        )  # fmt: skip
+    try:
+        config = stack.config_path if stack else Path(args.config)
+        brokers = stack.brokers if stack else args.brokers
+        ctr = stack.ctr if stack else args.ctr or _ctr_served(args)
+        mix = args.mix if ctr else ",".join(
+            p for p in args.mix.split(",") if not p.strip().startswith("ctr"))  # fmt: skip
+        rate = args.updates if args.updates is not None else (1000.0 if brokers else 0.0)
+        run = LocustRun(
+            config=config, report_dir=report,
+            triton_grpc=stack.triton_grpc if stack else args.triton_grpc,
+            triton_http=stack.triton_http if stack else args.triton_http,
+            users=args.users, spawn_rate=args.spawn_rate, run_time_s=args.run_time,
+            shape=args.shape, ramp_steps=args.ramp_steps, model=args.model,
+            admin_url=stack.admin_url if stack else args.admin_url, brokers=brokers,
+            update_rows_per_s=rate, update_batch_rows=args.update_batch_rows,
+            update_phases=args.update_phases,
+            freshness_interval=args.freshness_interval, mix=mix, zipf=args.zipf,
+            samples=args.samples, keys_per_sample=args.keys_per_sample,
+            verify_keys=args.verify_keys, thresholds=args.thresholds,
+            threshold=tuple(args.threshold), seed=args.seed,
+        )  # fmt: skip
+        print(f"running Locust for {args.run_time}s ({args.shape}, {args.users} readers)",
+              flush=True)  # fmt: skip
+        sampler = _sampler(stack, report, args.sample_interval)
+        try:
+            code = run_locust(run)
+        finally:
+            if sampler is not None:
+                sampler.stop()
+    finally:
+        if stack is not None:
+            stack.stop()
+    knee = args.knee_p99_ms if args.shape == "ramp" else None
+    started = stack.started if stack else None
+    print(format_summary(report, code, started=started, knee_p99_ms=knee))
+    if sampler is not None:
+        warmup = args.warmup if args.warmup is not None else 0.2 * args.run_time
+        growth = sampler.growth_mb(warmup)
+        last = sampler.samples[-1]
+        print(f"memory of hps serve + tritonserver + stubs ({last[1]} processes): RSS "
+              f"{last[2] / 2**20:.0f} MB, /dev/shm {last[3] / 2**20:.0f} MB" + (
+              f"; growth after {warmup:.0f}s warm-up: RSS {growth[0]:+.1f} MB, /dev/shm "
+              f"{growth[1]:+.1f} MB" if growth else ""))  # fmt: skip
+        if args.max_growth_mb is not None and growth and max(growth) > args.max_growth_mb:
+            print(f"FAILED: memory grew more than {args.max_growth_mb:g} MB after warm-up")
+            code = code or 1
+    return code
+
+
+def _ctr_served(args: argparse.Namespace) -> bool:
+    """Whether the running Triton serves the model's CTR model (``<model>_ctr``)."""
+    import urllib.error
+    import urllib.request
+
+    from hps.config import load_config
+
+    config = load_config(args.config)
+    model = args.model or config.models[0].model
+    url = f"http://{args.triton_http}/v2/models/{model}_ctr/ready"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _sampler(stack: Stack | None, report: Path, interval_s: float) -> ResourceSampler | None:
+    """Memory sampling of the serving processes this command started."""
+    if stack is None or stack.serve_pid is None:
+        return None
+    from hps.config import load_config
+    from hps.loadtest.resources import ResourceSampler
+
+    shm = load_config(stack.config_path).volatile_db.shared_memory_name
+    out = report / "resources.csv"
+    return ResourceSampler(stack.serve_pid, out, interval_s=interval_s, extra_shm=(shm,)).start()

@@ -1,0 +1,107 @@
+"""Run Locust headless in a process of its own, under ``timeout``, with the HPS options.
+
+Locust patches the standard library for gevent on import, so it never runs inside the
+``hps`` process: :func:`locust_command` builds the command line, :func:`run_locust` runs it
+with its output in ``locust.log`` of the report folder. Reports: ``locust_stats.csv``,
+``locust_stats_history.csv``, ``locust_failures.csv``, ``locust_exceptions.csv``,
+``report.html``, and from the locustfile ``stages.csv`` and ``verdict.json``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+CLASSES = {
+    "grpc": "GrpcReader",
+    "http": "HttpReader",
+    "ctr": "CtrReader",
+    "bad": "BadRequester",
+    "updates": "Updater",
+    "freshness": "Prober",
+    "admin": "AdminReader",
+}
+
+
+@dataclass(frozen=True)
+class LocustRun:
+    """What to run: the deployment's addresses and the workload's knobs."""
+
+    config: Path
+    report_dir: Path
+    triton_grpc: str
+    triton_http: str
+    users: int = 8
+    spawn_rate: float = 8.0
+    run_time_s: int = 60
+    shape: str = "steady"
+    ramp_steps: int = 8
+    model: str = ""
+    admin_url: str = ""
+    brokers: str = ""
+    update_rows_per_s: float = 0.0
+    update_batch_rows: int = 500
+    update_phases: int = 0
+    freshness_interval: float = 1.0
+    mix: str = "grpc=4,http=2,ctr=1,bad=1"
+    zipf: float = 1.1
+    samples: str = ""
+    keys_per_sample: int = 1
+    verify_keys: int = 4
+    thresholds: str = ""
+    threshold: tuple[str, ...] = ()
+    seed: int = 0
+
+    def user_classes(self) -> list[str]:
+        from hps.loadtest.options import weights
+
+        kinds = [k for k, w in weights(self.mix).items() if w > 0]
+        if self.brokers:
+            kinds.append("freshness")
+            if self.update_rows_per_s > 0:
+                kinds.append("updates")
+        if self.admin_url:
+            kinds.append("admin")
+        return [CLASSES[k] for k in kinds]
+
+
+def locust_command(run: LocustRun, grace_s: int = 120) -> list[str]:
+    prefix = run.report_dir / "locust"
+    cmd = [
+        "timeout", "-k", "20", str(run.run_time_s + grace_s),
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
+        "-u", str(run.users), "-r", str(run.spawn_rate), "-t", f"{run.run_time_s}s",
+        "--stop-timeout", "10", "--only-summary", "--csv", str(prefix), "--csv-full-history",
+        "--html", str(run.report_dir / "report.html"), "--loglevel", "WARNING",
+        "--hps-config", str(run.config), "--hps-report-dir", str(run.report_dir),
+        "--triton-grpc", run.triton_grpc, "--triton-http", run.triton_http,
+        "--hps-shape", run.shape, "--ramp-steps", str(run.ramp_steps),
+        "--zipf", str(run.zipf), "--keys-per-sample", str(run.keys_per_sample),
+        "--verify-keys", str(run.verify_keys), "--mix", run.mix,
+        "--update-rows-per-s", str(run.update_rows_per_s),
+        "--update-batch-rows", str(run.update_batch_rows),
+        "--update-phases", str(run.update_phases),
+        "--freshness-interval", str(run.freshness_interval), "--hps-seed", str(run.seed),
+    ]  # fmt: skip
+    for flag, value in (
+        ("--hps-model", run.model),
+        ("--admin-url", run.admin_url),
+        ("--brokers", run.brokers),
+        ("--samples", run.samples),
+        ("--thresholds", run.thresholds),
+    ):
+        if value:
+            cmd += [flag, value]
+    for spec in run.threshold:
+        cmd += ["--threshold", spec]
+    return cmd + run.user_classes()
+
+
+def run_locust(run: LocustRun) -> int:
+    """Run Locust to completion; its exit code (1: a threshold broken, 124: timed out)."""
+    run.report_dir.mkdir(parents=True, exist_ok=True)
+    with open(run.report_dir / "locust.log", "ab") as out:
+        return subprocess.run(locust_command(run), stdout=out, stderr=subprocess.STDOUT).returncode

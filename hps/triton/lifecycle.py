@@ -1,0 +1,140 @@
+"""What a Triton server of ours leaves on the machine, and how a successor cleans it up.
+
+- The server dies with the process that started it: :func:`die_with_parent` runs in the
+  child before ``exec`` and asks the kernel (``prctl(PR_SET_PDEATHSIG)``) to send it
+  SIGTERM when its parent goes, SIGKILL included. Triton then exits, and its Python
+  stubs, which watch their parent, follow. (The kernel's "parent" is the thread that
+  forked: start servers from a thread that lives as long as they should.)
+- The Python backend's shared-memory regions are named with a prefix of our own,
+  ``hpspb_<pid>_<token>_`` (:func:`shm_prefix`, passed as ``shm-region-prefix-name``),
+  ``<pid>`` being the process that started the server; temporary folders carry an
+  ``hps-owner.pid`` file. :func:`clean_stale` removes regions and folders whose owner
+  is dead and that no live process maps: what a SIGKILLed predecessor left.
+- :func:`check_ports` refuses ports in use before anything starts or prints.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import tempfile
+from pathlib import Path
+
+from hps.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+SHM_DIR = Path("/dev/shm")
+OWNER_FILE = "hps-owner.pid"
+TEMP_PREFIXES = ("hps-triton-", "hps-repo-")
+_SHM_NAME = re.compile(r"^hpspb_(\d+)_[0-9a-f]+_")
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """``preexec_fn``: the kernel sends this process SIGTERM when its parent dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
+def shm_prefix() -> str:
+    """A region-name prefix for one server: this process's PID and a random token."""
+    return f"hpspb_{os.getpid()}_{secrets.token_hex(4)}_"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def mapped_shm() -> set[str]:
+    """Names of /dev/shm files some process we can inspect has mapped."""
+    names: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:
+            continue
+        names.update(m.group(1) for m in re.finditer(r"/dev/shm/(\S+)", text))
+    return names
+
+
+def regions(prefix: str) -> list[Path]:
+    """Shared-memory regions whose name starts with ``prefix``."""
+    return sorted(SHM_DIR.glob(prefix + "*")) if SHM_DIR.is_dir() else []
+
+
+def owned_tempdir(prefix: str) -> Path:
+    """A new temporary folder marked with this process's PID (see :func:`clean_stale`)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    (path / OWNER_FILE).write_text(str(os.getpid()))
+    return path
+
+
+def _owner(path: Path) -> int | None:
+    try:
+        return int((path / OWNER_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def clean_stale(tmp: str | Path | None = None) -> list[Path]:
+    """Remove the regions and temporary folders of dead HPS servers; what was removed."""
+    removed: list[Path] = []
+    candidates = [
+        p
+        for p in regions("hpspb_")
+        if (m := _SHM_NAME.match(p.name)) and not pid_alive(int(m.group(1)))
+    ]
+    if candidates:
+        in_use = mapped_shm()
+        for region in candidates:
+            if region.name not in in_use:
+                region.unlink(missing_ok=True)
+                removed.append(region)
+    root = Path(tmp or tempfile.gettempdir())
+    for prefix in TEMP_PREFIXES:
+        for folder in root.glob(prefix + "*"):
+            pid = _owner(folder)
+            if folder.is_dir() and pid is not None and not pid_alive(pid):
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder)
+    for path in removed:
+        log.info("removed %s, left by a dead HPS server", path)
+    return removed
+
+
+def check_ports(host: str, ports: dict[str, int]) -> None:
+    """Raise a ConfigError naming the first of ``ports`` that something listens on."""
+    for name, port in ports.items():
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError as exc:
+                reason = "in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or exc)
+                raise ConfigError(
+                    f"{name} port {port} on {host} is {reason}: another server (an earlier "
+                    "hps serve or tritonserver?) listens there; stop it or choose another port"
+                ) from None
+
+
+def reap_group(pgid: int) -> None:
+    """Kill stubs left behind in the server's process group once Triton itself is gone."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return

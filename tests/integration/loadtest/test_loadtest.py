@@ -1,0 +1,109 @@
+"""``hps loadtest`` end to end: real Triton, Redis / Redis Cluster, Tansu, hps consume, Locust.
+
+- a ~30 s mixed run (gRPC / HTTP / CTR readers with answer checks, bad requests, bulk
+  updates, freshness probes) on a stack the command starts itself, held to
+  loadtests/ci-thresholds.json: an error, a wrong vector or a collapse fails the suite;
+- a stack on a 3-node Redis Cluster with ``hps consume``, load-tested as an existing
+  deployment with a limit no run can meet: the quitting listener must fail the run; then
+  every process the stack started is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hps.cli import main
+from hps.loadtest.stack import Stack, has_admin, start_stack
+from hps.loadtest.summary import read_report
+from hps.triton.demo import create_demo
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return create_demo(tmp_path_factory.mktemp("lt-demo"), num_tables=4, max_rows=5000, dim=8)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def test_short_mixed_run_meets_the_ci_thresholds(
+    demo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "report"
+    code = main([
+        "loadtest", "--config", str(demo), "--report-dir", str(report),
+        "--run-time", "30", "--users", "6", "--spawn-rate", "6", "--samples", "64-256",
+        "--mix", "grpc=2,http=1,ctr=1,bad=1", "--updates", "2000",
+        "--freshness-interval", "0.5", "--thresholds", str(ROOT / "loadtests/ci-thresholds.json"),
+    ])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "PASSED" in out and "started: tansu; hps serve" in out, out
+    rep = read_report(report)
+    types = rep["types"]
+    for name in ("grpc lookup", "http lookup", "grpc ctr", "grpc bad request",
+                 "kafka publish", "kafka freshness"):  # fmt: skip
+        assert types[name]["requests"] > 0 and types[name]["failures"] == 0, (name, types)
+    if has_admin():  # the control plane is installed: its read routes were load-tested too
+        for name in ("GET /readyz", "GET /v1/models", "GET /v1/models/{model}/tables/{table}"):
+            assert types[name]["requests"] > 0, (name, types)
+        assert types["GET /v1/models"]["failures"] == 0
+    # 2000 rows/s in batches of 500: about 4 publishes a second.
+    assert types["kafka publish"]["rps"] > 2
+    assert rep["verdict"]["passed"] and rep["verdict"]["stages"][0]["requests"] > 0
+    assert (report / "report.html").stat().st_size > 10_000
+    assert json.loads((report / "ps.json").read_text())["update_source"]["brokers"]
+
+
+@pytest.fixture(scope="module")
+def cluster_stack(demo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    run_dir = tmp_path_factory.mktemp("lt-cluster")
+    stack = start_stack(demo, run_dir, l2="redis_cluster", updates=True, admin=False)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def test_a_broken_threshold_fails_the_run_and_the_stack_stops(
+    cluster_stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cluster_stack.started[0] == "redis-server x3"
+    assert any(s.startswith("hps consume") for s in cluster_stack.started)
+    code = main([
+        "loadtest", "--config", str(cluster_stack.config_path), "--report-dir", str(tmp_path),
+        "--triton-grpc", cluster_stack.triton_grpc, "--triton-http", cluster_stack.triton_http,
+        "--brokers", cluster_stack.brokers, "--run-time", "8", "--users", "2",
+        "--samples", "32", "--mix", "grpc=1,ctr=1", "--updates", "1000",
+        "--threshold", "grpc lookup:p99_ms=0.001",
+    ])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "THRESHOLD BROKEN: grpc lookup: p99_ms" in out and "started:" not in out
+    types = read_report(tmp_path)["types"]
+    assert types["grpc lookup"]["failures"] == 0 and types["grpc ctr"]["requests"] > 0
+    assert types["kafka freshness"]["failures"] == 0
+    pids = [p.pid for _, p in cluster_stack._procs]
+    pids += [n.pid for s in cluster_stack._servers for n in getattr(s, "nodes", [])]
+    pids += [s.pid for s in cluster_stack._servers if getattr(s, "pid", None)]
+    assert len(pids) >= 6  # hps serve, hps consume, 3 redis-server, tansu
+    cluster_stack.stop()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in pids if _alive(p)], "processes left behind"
+    assert os.path.exists(cluster_stack.config_path)

@@ -1,0 +1,63 @@
+"""``hps loadtest`` is registered, and Locust / gevent stay out of ``import hps`` and the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from hps.cli import main
+from hps.errors import ConfigError
+from hps.loadtest.runner import LocustRun, locust_command
+from hps.loadtest.stack import effective_doc, needs_consumer
+
+
+def test_import_hps_and_the_cli_do_not_load_locust() -> None:
+    code = (
+        "import sys, hps, hps.cli; hps.cli.build_parser(); import hps.loadtest.commands, "
+        "hps.loadtest.workload, hps.loadtest.stack, hps.loadtest.runner; "
+        "bad = [m for m in ('locust', 'gevent', 'grpc') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_help_lists_loadtest(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["loadtest", "--help"])
+    assert "--triton-grpc" in capsys.readouterr().out
+
+
+def test_one_of_the_two_triton_addresses_is_an_error(tmp_path: object) -> None:
+    with pytest.raises(ConfigError, match="both --triton-grpc and --triton-http"):
+        from hps.cli import build_parser
+        from hps.loadtest.commands import _loadtest
+
+        _loadtest(build_parser().parse_args(
+            ["loadtest", "--config", "ps.json", "--triton-grpc", "h:1",
+             "--report-dir", str(tmp_path)]))  # fmt: skip
+
+
+def test_locust_command_picks_the_users(tmp_path: object) -> None:
+    run = LocustRun(config="ps.json", report_dir=tmp_path, triton_grpc="h:1", triton_http="h:2",
+                    brokers="k:9", update_rows_per_s=0, admin_url="http://a:8081",
+                    mix="grpc=1,http=0,ctr=2", threshold=("grpc lookup:p99_ms=5",))  # type: ignore[arg-type]  # fmt: skip
+    cmd = locust_command(run)
+    assert cmd[:5] == ["timeout", "-k", "20", "180", sys.executable]
+    assert cmd[-3:] == ["CtrReader", "Prober", "AdminReader"] and "GrpcReader" in cmd
+    assert "HttpReader" not in cmd and "Updater" not in cmd
+    assert cmd[cmd.index("--threshold") + 1] == "grpc lookup:p99_ms=5"
+
+
+def test_overrides_and_when_hps_consume_runs() -> None:
+    doc = {"models": [{"model": "m", "embedding_vecsize_per_table": [4]}]}
+    assert not needs_consumer(effective_doc(doc, l2=None, instances=None, updates=False))
+    embedded = effective_doc(doc, l2=None, instances=None, updates=True)
+    assert embedded["update_source"]["type"] == "kafka_message_queue"
+    assert not needs_consumer(embedded)  # the single instance applies updates itself
+    assert needs_consumer(effective_doc(doc, l2=None, instances=2, updates=True))
+    cluster = effective_doc(doc, l2="redis_cluster", instances=None, updates=True)
+    assert cluster["volatile_db"]["type"] == "redis_cluster" and needs_consumer(cluster)
+    assert len(cluster["volatile_db"]["address"].split(",")) == 3
+    assert "volatile_db" not in doc  # the caller's document is left alone

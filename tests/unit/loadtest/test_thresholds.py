@@ -1,0 +1,92 @@
+"""Thresholds: parsing the file and options, and which limits a run breaks."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hps.errors import ConfigError
+from hps.loadtest.thresholds import evaluate, load_thresholds
+
+
+@dataclass
+class Entry:
+    """The part of Locust's StatsEntry the thresholds read, over real response times."""
+
+    method: str | None
+    name: str
+    times: list[float]
+    num_failures: int = 0
+    seconds: float = 10.0
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.times)
+
+    @property
+    def total_rps(self) -> float:
+        return self.num_requests / self.seconds
+
+    def get_response_time_percentile(self, percent: float) -> float:
+        return float(np.percentile(self.times, percent * 100))
+
+
+def test_file_and_options_merge(tmp_path: Path) -> None:
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps({"*": {"max_fail_ratio": 0}, "grpc lookup": {"p99_ms": 100}}))
+    got = load_thresholds(f, ["grpc lookup:p99_ms=50,min_rps=2;kafka freshness:p99_ms=1000"])
+    assert got == {
+        "*": {"max_fail_ratio": 0.0},
+        "grpc lookup": {"p99_ms": 50.0, "min_rps": 2.0},
+        "kafka freshness": {"p99_ms": 1000.0},
+    }
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("grpc lookup:p98_ms=1", "unknown limit 'p98_ms'"),
+        ("grpc lookup:p99_ms=fast", "must be a number"),
+        ("p99_ms=1", "expected TYPE:limit"),
+        ("grpc lookup:p99_ms=-1", "must not be negative"),
+    ],
+)
+def test_bad_specs_name_the_problem(spec: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_thresholds(None, [spec])
+
+
+def test_bad_file(tmp_path: Path) -> None:
+    f = tmp_path / "t.json"
+    f.write_text("[1]")
+    with pytest.raises(ConfigError, match="expected a JSON object"):
+        load_thresholds(f)
+
+
+def test_violations() -> None:
+    fast = Entry("grpc", "lookup", [10.0] * 95 + [400.0] * 5)
+    failing = Entry("http", "lookup", [5.0] * 10, num_failures=1)
+    total = Entry(None, "Aggregated", fast.times + failing.times, num_failures=1)
+    th = load_thresholds(None, [
+        "*:max_fail_ratio=0", "grpc lookup:p50_ms=20,p99_ms=100,min_rps=20",
+        "kafka freshness:min_requests=1", "Aggregated:max_fail_ratio=0.01",
+    ])  # fmt: skip
+    got = {(v.request_type, v.limit) for v in evaluate(th, [fast, failing], total)}
+    assert got == {
+        ("http lookup", "max_fail_ratio"),
+        ("grpc lookup", "p99_ms"),
+        ("grpc lookup", "min_rps"),
+        ("kafka freshness", "min_requests"),
+    }
+    assert not evaluate(load_thresholds(None, ["grpc lookup:p99_ms=1000"]), [fast], total)
+    # A type's own limit overrides "*".
+    relaxed = load_thresholds(None, ["*:max_fail_ratio=0", "http lookup:max_fail_ratio=0.5"])
+    assert not evaluate(relaxed, [fast, failing], total)
+    nothing = Entry(None, "Aggregated", [])
+    assert [str(v) for v in evaluate({}, [], nothing)] == [
+        "Aggregated: min_requests 0 (must be >= 1)"
+    ]

@@ -1,0 +1,95 @@
+"""The admin key (env, file, generated) and the cleanup of dead servers' leftovers."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hps.errors import ConfigError
+from hps.triton import admin, lifecycle
+
+
+@pytest.fixture(autouse=True)
+def no_key_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(admin.KEY_ENV, raising=False)
+    monkeypatch.delenv(admin.KEY_FILE_ENV, raising=False)
+
+
+def test_generated_key_is_private_and_reused(tmp_path: Path) -> None:
+    assert admin.resolve_key(tmp_path) is None
+    key, path = admin.ensure_key(tmp_path)
+    assert path == tmp_path / "hps-admin-key" and len(key) >= 32
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert admin.ensure_key(tmp_path) == (key, path)
+    assert admin.resolve_key(tmp_path) == key
+
+
+def test_env_and_file_come_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    named = tmp_path / "k"
+    named.write_text("from-file\n")
+    monkeypatch.setenv(admin.KEY_FILE_ENV, str(named))
+    assert admin.ensure_key(tmp_path / "state") == ("from-file", named)
+    monkeypatch.setenv(admin.KEY_ENV, "from-env")
+    assert admin.ensure_key(tmp_path / "state") == ("from-env", None)
+    assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("bad", ["", "a b", "a:b", "a,b", "a=b"])
+def test_keys_that_would_break_the_option_are_refused(bad: str, monkeypatch) -> None:
+    monkeypatch.setenv(admin.KEY_ENV, bad)
+    with pytest.raises(ConfigError, match="HPS_ADMIN_KEY"):
+        admin.resolve_key()
+
+
+def test_restricted_args_and_headers() -> None:
+    http, grpc = admin.restricted_args("k1")
+    apis = "model-repository,shared-memory,trace,logging"
+    assert http == f"--http-restricted-api={apis}:hps-admin-key=k1"
+    assert grpc == f"--grpc-restricted-protocol={apis}:hps-admin-key=k1"
+    assert admin.http_headers("k1") == {"hps-admin-key": "k1"}
+    assert admin.grpc_headers("k1") == {"triton-grpc-protocol-hps-admin-key": "k1"}
+    assert admin.http_headers(None) == {}
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_clean_stale_removes_what_dead_owners_left(tmp_path: Path) -> None:
+    dead = dead_pid()
+    stale = lifecycle.SHM_DIR / f"hpspb_{dead}_0a1b2c3d_x"
+    live = lifecycle.SHM_DIR / f"hpspb_{os.getpid()}_0a1b2c3d_y"
+    for region in (stale, live):
+        region.write_bytes(b"\0" * 16)
+    old = tmp_path / "hps-repo-old"
+    old.mkdir()
+    (old / lifecycle.OWNER_FILE).write_text(str(dead))
+    mine = tmp_path / "hps-triton-mine"
+    mine.mkdir()
+    (mine / lifecycle.OWNER_FILE).write_text(str(os.getpid()))
+    unmarked = tmp_path / "hps-repo-unmarked"
+    unmarked.mkdir()
+    try:
+        removed = lifecycle.clean_stale(tmp_path)
+        assert {stale, old} <= set(removed)  # and any other dead server's regions
+        assert live.exists() and mine.exists() and unmarked.exists()
+    finally:
+        stale.unlink(missing_ok=True)
+        live.unlink(missing_ok=True)
+
+
+def test_a_port_in_use_is_named() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"gRPC port {port} on 127.0.0.1 is in use"):
+            lifecycle.check_ports("127.0.0.1", {"HTTP": 0, "gRPC": port})
+    lifecycle.check_ports("127.0.0.1", {"HTTP": port})  # free again
