@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 METRICS_URL_ENV = "HPS_TRITON_METRICS_URL"
 
@@ -14,7 +15,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="serve the control plane (health, stats, import, lookup, delete, warm-up, reload)",
         description="A FastAPI service beside `hps serve`. Mutating routes need the bearer "
         "token from --token-file, else $HPS_ADMIN_TOKEN, else the file $HPS_ADMIN_TOKEN_FILE "
-        "names; without one they answer 403. Triton's metrics are read from "
+        "names; without one they answer 403. Triton's admin key (reloads) comes from "
+        "$HPS_ADMIN_KEY, $HPS_ADMIN_KEY_FILE, else the key file `hps serve` keeps beside the "
+        "ps.json. Triton's metrics are read from "
         f"${METRICS_URL_ENV} (default: the --triton-url host, port 8002). See "
         "docs/control-plane.md.",
     )
@@ -33,11 +36,14 @@ def _admin(args: argparse.Namespace) -> int:
     from hps.service.auth import resolve_token
     from hps.service.state import AdminState
     from hps.service.triton_admin import TritonAdmin
+    from hps.triton.admin import resolve_key
     from hps.triton.deploy import serving_config
 
     config = serving_config(args.config)
     token = resolve_token(args.token_file)
-    triton = TritonAdmin(args.triton_url, os.environ.get(METRICS_URL_ENV) or None)
+    # hps serve's key: $HPS_ADMIN_KEY, $HPS_ADMIN_KEY_FILE, else the file beside the ps.json
+    key = resolve_key(Path(args.config).resolve().parent)
+    triton = TritonAdmin(args.triton_url, os.environ.get(METRICS_URL_ENV) or None, key)
     app = create_app(AdminState(config, token, triton))
     # uvicorn's access log shows paths and statuses only, never the Authorization header.
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")

@@ -1,49 +1,34 @@
 """Triton calls of the control plane: health, model control, one inference, metrics.
 
-Model control (load, which also reloads) carries header ``hps-admin-key`` when a key is
-available (:func:`admin_key`): Triton's admin APIs are restricted to it by ``hps serve``.
+Model control (load, which also reloads) carries header ``hps-admin-key`` with the admin
+key (:func:`hps.triton.admin.resolve_key`): ``hps serve`` restricts Triton's admin APIs to it.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import urllib.error
 import urllib.request
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from hps.errors import BackendUnavailable, HPSError
+from hps.triton.admin import ADMIN_HEADER
 
-ADMIN_KEY_HEADER = "hps-admin-key"
 TIMEOUT_S = 5.0
 LOAD_TIMEOUT_S = 300.0
-
-
-def admin_key() -> str | None:
-    """``$HPS_ADMIN_KEY``, else the content of the file ``$HPS_ADMIN_KEY_FILE`` names."""
-    key = os.environ.get("HPS_ADMIN_KEY", "").strip()
-    if key:
-        return key
-    path = os.environ.get("HPS_ADMIN_KEY_FILE", "").strip()
-    if path and Path(path).is_file():
-        return Path(path).read_text().strip() or None
-    return None
-
-
-def _headers() -> dict[str, str]:
-    key = admin_key()
-    return {ADMIN_KEY_HEADER: key} if key else {}
 
 
 class TritonAdmin:
     """One Triton server as the control plane sees it (HTTP)."""
 
-    def __init__(self, url: str, metrics_url: str | None = None) -> None:
+    def __init__(
+        self, url: str, metrics_url: str | None = None, admin_key: str | None = None
+    ) -> None:
         self.url = url
+        self.admin_key = admin_key
         host = url.rsplit(":", 1)[0]
         self.metrics_url = metrics_url or f"http://{host}:8002/metrics"
 
@@ -82,7 +67,8 @@ class TritonAdmin:
 
     def load(self, model: str, config: dict[str, Any] | None = None) -> None:
         """Load (or reload: new instances replace the old ones) ``model`` in Triton."""
-        kw: dict[str, Any] = {"headers": _headers()}
+        headers = {ADMIN_HEADER: self.admin_key} if self.admin_key else {}
+        kw: dict[str, Any] = {"headers": headers}
         if config is not None:
             kw["config"] = json.dumps(config)
         self._call(f"load {model}", lambda c: c.load_model(model, **kw), LOAD_TIMEOUT_S)

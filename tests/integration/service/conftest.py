@@ -45,7 +45,7 @@ class Stack:
     data: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     def state(self, token: str | None = TOKEN) -> AdminState:
-        triton = TritonAdmin(self.server.http_url, self.server.metrics_url)
+        triton = TritonAdmin(self.server.http_url, self.server.metrics_url, self.server.admin_key)
         return AdminState(self.config, token, triton, state_dir=self.root / "admin")
 
 
@@ -123,7 +123,11 @@ def admin_process(stack: Stack, tmp_path: Path) -> Iterator[AdminProcess]:
     token_file.write_text(TOKEN + "\n")
     port = free_port()
     log = tmp_path / "admin.log"
-    env = {**os.environ, "HPS_TRITON_METRICS_URL": stack.server.metrics_url}
+    env = {
+        **os.environ,
+        "HPS_TRITON_METRICS_URL": stack.server.metrics_url,
+        "HPS_ADMIN_KEY": stack.server.admin_key,
+    }
     env.pop("HPS_ADMIN_TOKEN", None)
     cmd = [
         sys.executable, "-m", "hps.cli", "admin", "--config", str(stack.root / "ps.json"),

@@ -86,7 +86,10 @@ class PeakMemory:
 
     def _run(self) -> None:
         while not self._stop.wait(0.02):
-            self.peak = max(self.peak, _anon_mb(self.pid))
+            try:
+                self.peak = max(self.peak, _anon_mb(self.pid))
+            except (OSError, AssertionError):  # the process is gone (a failed test's teardown)
+                return
 
     def stop(self) -> float:
         self._stop.set()

@@ -13,7 +13,7 @@ from hps.errors import ConfigError
 from hps.service.auth import check_bearer, resolve_token
 from hps.service.limits import Gate, TooLarge
 from hps.service.routes import REDACTED, redact
-from hps.service.triton_admin import admin_key, parse_hits
+from hps.service.triton_admin import parse_hits
 
 
 def test_token_sources_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -43,17 +43,6 @@ def test_bearer_check() -> None:
     assert check_bearer("tok", "Bearer tok2") == 401
     assert check_bearer("tok", "Bearer tok") is None
     assert check_bearer("tok", "bearer tok") is None
-
-
-def test_admin_key_from_env_or_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("HPS_ADMIN_KEY", raising=False)
-    monkeypatch.setenv("HPS_ADMIN_KEY_FILE", str(tmp_path / "none"))
-    assert admin_key() is None
-    (tmp_path / "key").write_text("k1\n")
-    monkeypatch.setenv("HPS_ADMIN_KEY_FILE", str(tmp_path / "key"))
-    assert admin_key() == "k1"
-    monkeypatch.setenv("HPS_ADMIN_KEY", "k2")
-    assert admin_key() == "k2"
 
 
 def test_redact_hides_secrets_only() -> None:
