@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "hps.triton.commands",  # demo, serve, query
     "hps.updates.commands",  # consume, publish
     "hps.loadtest.commands",  # loadtest (Locust: the `load` extra)
+    "hps.service.commands",  # admin
 ]
 
 

@@ -91,3 +91,24 @@ def refreshers_for(session: LookupSession, config: PSConfig) -> list[Refresher]:
         if r.enabled:
             out.append(r)
     return out
+
+
+def warm_up_keysets(session: LookupSession, model: str, files_json: str | None) -> dict[str, int]:
+    """Load the keys of keyset files into L1, ``files_json`` naming one file per table.
+
+    ``files_json`` is a JSON object ``{"<table>": "<keyset path>"}``: the control plane's
+    warm-up passes it as the ``hps_warmup_keysets`` model parameter. Rows loaded per table.
+    """
+    import json
+
+    from hps.io.keyset import read_keyset
+
+    loaded: dict[str, int] = {}
+    if not files_json:
+        return loaded
+    for table, path in json.loads(files_json).items():
+        name = f"{model}.{table}"
+        keys = read_keyset(path)
+        loaded[name] = sum(session.warm_up(name, c) for c in _chunks(keys, WARMUP_CHUNK))
+        log.info("L1 %s: warmed up %d rows from %s", name, loaded[name], path)
+    return loaded

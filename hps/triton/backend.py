@@ -110,7 +110,7 @@ class ModelProcess:
     """
 
     def __init__(self, args: dict[str, str]) -> None:
-        from hps.startup import refreshers_for, warm_up_session
+        from hps.startup import refreshers_for, warm_up_keysets, warm_up_session
         from hps.triton.deploy import fill_l2, only_model, prepare_tables, serving_config
 
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -126,6 +126,8 @@ class ModelProcess:
         self.session, mode = open_session(self.config, self.model)
         rows = fill_l2(self.session, self.config, self.model)
         warm = sum(warm_up_session(self.session, self.config).values())
+        extra = warm_up_keysets(self.session, self.name, params.get("hps_warmup_keysets"))
+        warm += sum(extra.values())
         log.info(
             "%s (%s): ready in %.1fs; L1 %d rows warm; L2 %s%s; L3 %s (%s)",
             args["model_instance_name"],

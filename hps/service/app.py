@@ -1,0 +1,112 @@
+"""The FastAPI application: errors mapped to statuses in one place, metrics, the routes.
+
+``create_app(state)`` builds it; ``hps admin`` serves it with uvicorn. Every core error
+(:class:`hps.errors.HPSError`) answers with its ``status`` and a body naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from starlette.exceptions import HTTPException
+
+from hps.errors import HPSError
+from hps.service.limits import Gate, TooLarge
+from hps.service.state import AdminState
+
+log = logging.getLogger(__name__)
+
+
+class Metrics:
+    """The control plane's own Prometheus metrics (``GET /metrics``)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "hps_admin_requests_total",
+            "Requests answered",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "hps_admin_request_seconds", "Time to answer", ["route"], registry=self.registry
+        )
+        self.errors = Counter(
+            "hps_admin_core_errors_total", "Core errors by type", ["error"], registry=self.registry
+        )
+
+
+def _error(
+    status: int, kind: str, detail: Any, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"error": kind, "detail": detail}, status_code=status, headers=headers)
+
+
+def create_app(state: AdminState) -> FastAPI:
+    from hps.service import mutations, routes
+
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        state.close()
+
+    app = FastAPI(
+        title="HPS control plane",
+        version="1",
+        description="Health, stats, import, lookup, delete, warm-up and reload of HPS tables.",
+        lifespan=lifespan,
+    )
+    app.state.hps = state
+    app.state.metrics = metrics
+
+    @app.exception_handler(HPSError)
+    async def core_error(request: Request, exc: HPSError) -> JSONResponse:
+        metrics.errors.labels(type(exc).__name__).inc()
+        status = exc.status
+        if status >= 500:
+            log.warning("%s %s: %s", request.method, request.url.path, exc)
+        return _error(status, type(exc).__name__, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
+        return _error(422, "ValidationError", detail)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return _error(exc.status_code, "HTTPError", exc.detail, dict(exc.headers or {}))
+
+    @app.exception_handler(TooLarge)
+    async def too_large(request: Request, exc: TooLarge) -> JSONResponse:
+        return _error(413, "TooLarge", "request body too large")
+
+    app.add_middleware(Gate, token=state.token)  # inside `count`: refusals are counted too
+
+    @app.middleware("http")
+    async def count(request: Request, call_next: Any) -> Response:
+        start = time.perf_counter()
+        response: Response = await call_next(request)
+        route = request.scope.get("route")
+        name = getattr(route, "path", "refused_or_unmatched")
+        metrics.requests.labels(name, request.method, str(response.status_code)).inc()
+        metrics.latency.labels(name).observe(time.perf_counter() - start)
+        return response
+
+    @app.get("/metrics", response_class=Response, tags=["health"])
+    def prometheus() -> Response:
+        """The control plane's own metrics, Prometheus text format."""
+        return Response(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
+
+    app.include_router(routes.router)
+    app.include_router(mutations.router)
+    return app

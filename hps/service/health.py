@@ -1,0 +1,114 @@
+"""``/readyz``: every check that must pass for this node to serve, each with its reason.
+
+1. Triton answers ready; 2. every served model is ready; 3. one real inference per HPS
+model returns, for a key sampled from L3 (else L2), the vector L2/L3 hold: a dead Python
+stub fails here while Triton's own readiness still says 200; 4. each configured tier
+answers (L2: a fetch on the shared store; L3: a catch-up read; Kafka: cluster metadata).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from hps.service.state import AdminState
+from hps.triton.repository import served_models
+
+KAFKA_TIMEOUT_S = 3.0
+
+
+def _run(name: str, check: Callable[[], str]) -> dict[str, Any]:
+    start = time.perf_counter()
+    try:
+        detail, ok = check(), True
+    except Exception as exc:  # every failure is a reason to report, never a 500
+        detail, ok = f"{type(exc).__name__}: {exc}", False
+    ms = round(1e3 * (time.perf_counter() - start), 1)
+    return {"name": name, "ok": ok, "detail": detail, "ms": ms}
+
+
+def _sample(state: AdminState, model: str) -> tuple[int, int, np.ndarray] | None:
+    """(table index, key, vector) of a key some lower tier holds, or None when all are empty."""
+    reader = state.reader()
+    for store in reader.stores:
+        for i, spec in enumerate(state.config.model(model).tables):
+            for keys, vectors in store.dump(spec.name, chunk_rows=1):
+                return i, int(keys[0]), np.asarray(vectors[0])
+    return None
+
+
+def _inference(state: AdminState, model: str) -> str:
+    sample = _sample(state, model)
+    specs = state.config.model(model).tables
+    if sample is None:
+        numkeys = np.zeros(len(specs), dtype=np.int32)
+        numkeys[0] = 1
+        out = state.triton.lookup(model, np.array([0], np.int64), numkeys)
+        return f"answered ({out.size} values); no stored key to compare"
+    index, key, _ = sample
+    # what serving answers for it: L2 first, then L3 (the two may differ after an update)
+    expected = state.reader().fetch(specs[index], np.array([key], np.int64)).values[0]
+    numkeys = np.zeros(len(specs), dtype=np.int32)
+    numkeys[index] = 1
+    got = state.triton.lookup(model, np.array([key], np.int64), numkeys).reshape(-1)
+    if got.shape != expected.shape or not np.allclose(got, expected, rtol=1e-6, atol=1e-6):
+        raise AssertionError(f"{specs[index].name} key {key}: Triton returned another vector")
+    return f"{specs[index].name} key {key} matches the stored vector"
+
+
+def _l2(state: AdminState) -> str:
+    reader = state.reader()
+    if reader.volatile is None:
+        return f"{state.config.volatile_db.type}: held by each serving process"
+    spec = state.config.tables[0]
+    reader.volatile.fetch(spec.name, np.array([0], np.int64))
+    return f"{state.config.volatile_db.type} answers"
+
+
+def _l3(state: AdminState) -> str:
+    reader = state.reader()
+    if reader.persistent is None:
+        return "disabled"
+    spec = state.config.tables[0]
+    reader.persistent.fetch(spec.name, np.array([0], np.int64))
+    return f"rocks_db at {state.config.persistent_db.path} readable"
+
+
+def _kafka(state: AdminState) -> str:
+    from confluent_kafka.admin import AdminClient
+
+    src = state.config.update_source
+    conf: dict[str, Any] = {"bootstrap.servers": src.brokers, **dict(src.hps_kafka_config)}
+    meta = AdminClient(conf).list_topics(timeout=KAFKA_TIMEOUT_S)
+    return f"{len(meta.brokers)} broker(s), {len(meta.topics)} topic(s)"
+
+
+def readiness(state: AdminState) -> tuple[bool, list[dict[str, Any]]]:
+    """All checks, in order; ready when every one passed."""
+    checks = [_run("triton", lambda: _ready(state.triton.server_ready()))]
+    for served in served_models(state.config):
+        name = served.triton_name
+        checks.append(_run(f"model:{name}", partial(_model_ready, state, name)))
+    for model in state.config.models:
+        checks.append(_run(f"inference:{model.model}", partial(_inference, state, model.model)))
+    if state.config.volatile_db.type != "disabled":
+        checks.append(_run("l2", lambda: _l2(state)))
+    if state.config.persistent_db.type != "disabled":
+        checks.append(_run("l3", lambda: _l3(state)))
+    if state.kafka:
+        checks.append(_run("kafka", lambda: _kafka(state)))
+    return all(c["ok"] for c in checks), checks
+
+
+def _ready(ok: bool) -> str:
+    if not ok:
+        raise AssertionError("not ready")
+    return "ready"
+
+
+def _model_ready(state: AdminState, name: str) -> str:
+    return _ready(state.triton.model_ready(name))

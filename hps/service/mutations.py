@@ -1,0 +1,183 @@
+"""Mutating routes (bearer token, checked by :class:`hps.service.limits.Gate`)."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+from typing import Annotated, Any, cast
+
+import numpy as np
+from fastapi import APIRouter, Depends, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from hps.errors import FormatError, RequestError
+from hps.service import ops, uploads
+from hps.service.jobs import Job
+from hps.service.schemas import WRITE, DeleteBody, WarmupBody, WarmupKeys, WarmupKeyset
+from hps.service.state import AdminState
+
+# Declares the scheme in the OpenAPI document; Gate has already checked the token.
+bearer = HTTPBearer(auto_error=False, description="the admin token (--token-file, HPS_ADMIN_TOKEN)")
+Auth = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+router = APIRouter(tags=["admin"])
+
+
+def _state(request: Request) -> AdminState:
+    state: AdminState = request.app.state.hps
+    return state
+
+
+@router.delete("/v1/models/{model}/tables/{table}/keys", responses=WRITE)
+def delete_keys(
+    model: str, table: str, body: DeleteBody, request: Request, _: Auth
+) -> dict[str, Any]:
+    """Remove keys from L3, L2 and every serving process's L1 (Kafka, else a reload)."""
+    state = _state(request)
+    spec = state.spec(model, table)
+    return ops.delete(state, spec, np.unique(np.asarray(body.keys, dtype=np.int64)))
+
+
+@router.post("/v1/models/{model}/reload", responses=WRITE)
+def reload(model: str, request: Request, _: Auth) -> dict[str, Any]:
+    """Reload the model in Triton: every instance restarts (fresh L1, L3 reopened)."""
+    state = _state(request)
+    state.reset_reader()
+    return {"reloaded": state.reload(model)}
+
+
+@router.post("/v1/models/{model}/warmup", responses=WRITE)
+def warmup(model: str, body: WarmupBody, request: Request, _: Auth) -> dict[str, Any]:
+    """Load keys into every instance's L1 (the model is reloaded with them)."""
+    from hps.cache.warmup import hottest
+    from hps.io.frequency import read_frequency_file
+    from hps.io.keyset import read_keyset
+
+    state = _state(request)
+    cfg = state.config.model(model)
+    tables = [body.table] if body.table else cfg.table_names
+    for t in tables:
+        state.spec(model, t)
+    if isinstance(body, WarmupKeys):
+        keys = np.asarray(body.keys, dtype=np.int64)
+    elif isinstance(body, WarmupKeyset):
+        try:
+            keys = read_keyset(body.keyset_path)
+        except OSError as exc:
+            raise FormatError(f"{body.keyset_path}: cannot read: {exc.strerror}") from None
+    else:
+        fkeys, counts = read_frequency_file(body.frequency_path)
+        keys = hottest(fkeys, counts, body.top_k or fkeys.size)
+    return ops.warmup_keys(state, model, dict.fromkeys(tables, keys))
+
+
+IMPORT_BODY = {
+    "required": True,
+    "content": {
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": ["format"],
+                "additionalProperties": False,
+                "properties": {
+                    "format": {"type": "string", "enum": ["sparse", "npy"]},
+                    "keys": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "`key` / keys .npy",
+                    },
+                    "vectors": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "`emb_vector` / .npy",
+                    },
+                    "path": {
+                        "type": "string",
+                        "description": "server-side folder instead of uploads",
+                    },
+                },
+            }
+        }
+    },
+}
+
+
+async def _form(request: Request) -> tuple[uploads.Format, Any, Any, str | None, Any]:
+    """(format, keys file, vectors file, path, form) of the multipart body; files spool to disk."""
+    from starlette.datastructures import UploadFile
+
+    form = await request.form(max_files=2, max_fields=4)
+    fmt = form.get("format")
+    if fmt not in ("sparse", "npy"):
+        raise FormatError("form field `format` must be `sparse` or `npy`")
+    unknown = set(form.keys()) - {"format", "keys", "vectors", "path"}
+    if unknown:
+        raise FormatError(f"unknown form fields {sorted(unknown)}")
+    files = [form.get(n) for n in ("keys", "vectors")]
+    for name, f in zip(("keys", "vectors"), files, strict=True):
+        if f is not None and not isinstance(f, UploadFile):
+            raise FormatError(f"form field `{name}` must be a file part")
+    path = form.get("path")
+    if path is not None and not isinstance(path, str):
+        raise FormatError("form field `path` must be text")
+    return cast(uploads.Format, fmt), files[0], files[1], path, form
+
+
+@router.post(
+    "/v1/models/{model}/tables/{table}/import",
+    status_code=202,
+    responses=WRITE,
+    openapi_extra={"requestBody": IMPORT_BODY},
+)
+async def import_table(model: str, table: str, request: Request, _: Auth) -> dict[str, Any]:
+    """Load a table from an upload or a server-side folder; progress at ``/v1/jobs/{id}``.
+
+    Multipart fields: ``format`` (``sparse``: HugeCTR's ``key`` + ``emb_vector``; ``npy``: a
+    keys and a vectors ``.npy``), then files ``keys`` and ``vectors``, or ``path`` (a folder
+    on the server holding ``key`` + ``emb_vector``, or ``keys.npy`` + ``vectors.npy``).
+    The whole input is validated first (sizes, dims, finite values): a bad one gets a 4xx
+    and nothing is written. A job that fails while writing (a tier down) left the rows
+    before its ``rows_done`` written: run the same import again (upserts are idempotent).
+    """
+    state = _state(request)
+    spec = state.spec(model, table)
+    format, keys, vectors, path, form = await _form(request)
+    try:
+        folder, staged = await _source(state, format, keys, vectors, path)
+    finally:
+        await form.close()
+    try:
+        src = uploads.source(folder, format, spec)
+        total = await run_in_threadpool(uploads.validate, src)
+    except BaseException:
+        if staged is not None:
+            shutil.rmtree(staged, ignore_errors=True)
+        raise
+
+    def work(job: Job) -> dict[str, Any]:
+        try:
+            return ops.import_table(state, job, src)
+        finally:
+            if staged is not None:
+                shutil.rmtree(staged, ignore_errors=True)
+
+    job = state.jobs.submit(Job("import", spec.name, total), work)
+    return {"job": job.id, "rows": total, "status_url": f"/v1/jobs/{job.id}"}
+
+
+async def _source(
+    state: AdminState, format: uploads.Format, keys: Any, vectors: Any, path: str | None
+) -> tuple[Path, Path | None]:
+    """The folder to import from, and the staging folder to remove afterwards (uploads)."""
+    staged = None
+    if path is not None and (keys is not None or vectors is not None):
+        raise RequestError("give either uploaded files (keys, vectors) or path, not both")
+    if path is not None:
+        folder = uploads.source_folder(format, path)
+    elif keys is not None and vectors is not None:
+        staged = state.state_dir / "uploads" / uuid.uuid4().hex
+        folder = await run_in_threadpool(uploads.stage, staged, format, keys.file, vectors.file)
+    else:
+        raise RequestError("give uploaded files keys and vectors, or a server-side path")
+    return folder, staged

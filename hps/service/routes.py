@@ -1,0 +1,90 @@
+"""Read routes: health, readiness, config, models and tables, lookup, jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from hps.service import health, info, ops
+from hps.service.schemas import READ, WRITE, LookupBody, errors
+from hps.service.state import AdminState
+
+router = APIRouter()
+
+SECRET_KEYS = {
+    "password",
+    "sasl.password",
+    "ssl.key.password",
+    "ssl.key.pem",
+    "sasl.oauthbearer.client.secret",
+}
+REDACTED = "<redacted>"
+
+
+def _state(request: Request) -> AdminState:
+    state: AdminState = request.app.state.hps
+    return state
+
+
+@router.get("/healthz", tags=["health"])
+def healthz() -> dict[str, str]:
+    """The process lives (no dependency is checked)."""
+    return {"status": "ok"}
+
+
+@router.get(
+    "/readyz",
+    tags=["health"],
+    responses={503: {"description": "not ready: the body names each failed check and why"}},
+)
+def readyz(request: Request) -> JSONResponse:
+    """Ready when Triton, every model, one inference per model and every tier answer."""
+    ok, checks = health.readiness(_state(request))
+    return JSONResponse({"ready": ok, "checks": checks}, status_code=200 if ok else 503)
+
+
+def redact(doc: Any) -> Any:
+    if isinstance(doc, dict):
+        return {k: (REDACTED if k in SECRET_KEYS and v else redact(v)) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [redact(v) for v in doc]
+    return doc
+
+
+@router.get("/v1/config", tags=["models"])
+def config(request: Request) -> dict[str, Any]:
+    """The effective ps.json (defaults filled in), secrets redacted."""
+    return dict(redact(_state(request).config.model_dump(mode="json")))
+
+
+@router.get("/v1/models", tags=["models"], responses=errors(502, 503))
+def models(request: Request) -> dict[str, Any]:
+    """Every model and table: dims, rows per tier, L1, hit rates, lag, versions; topology."""
+    return info.models_info(_state(request))
+
+
+@router.get("/v1/models/{model}/tables/{table}", tags=["models"], responses=READ)
+def table(model: str, table: str, request: Request) -> dict[str, Any]:
+    """One table: dims, rows per tier, L1 capacity and policy, hit rates, lag, last version."""
+    state = _state(request)
+    spec = state.spec(model, table)
+    hits, _ = info.hit_rates(state)
+    return info.table_info(state, spec, hits)
+
+
+@router.post("/v1/models/{model}/tables/{table}/lookup", tags=["debug"], responses=WRITE)
+def lookup(model: str, table: str, body: LookupBody, request: Request) -> dict[str, Any]:
+    """Where each key is found (l2, l3, default), its vector and version. Never writes L1."""
+    state = _state(request)
+    spec = state.spec(model, table)
+    keys = np.asarray(body.keys, dtype=np.int64)
+    return {"model": model, "table": table, "results": ops.lookup(state, spec, keys)}
+
+
+@router.get("/v1/jobs/{job_id}", tags=["jobs"], responses=errors(404))
+def job(job_id: str, request: Request) -> dict[str, Any]:
+    """Progress of an import: state, rows done, rows/s, result or error."""
+    return _state(request).jobs.get(job_id).view()

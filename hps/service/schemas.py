@@ -1,0 +1,85 @@
+"""Request bodies and the documented error answers of the control plane's routes."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+
+# The document states the bounds +-(2**63 - 1024): JSON-schema tools read bounds as doubles,
+# where 2**63 - 1 becomes 2**63, and generators then send keys the server must refuse.
+def _json_integer(value: Any) -> Any:
+    """JSON integers only (1.0 is one, per JSON Schema); no strings, no booleans."""
+    if isinstance(value, (str, bytes, bool)):
+        raise ValueError("keys must be JSON integers")
+    return value
+
+
+Int64 = Annotated[
+    int,
+    BeforeValidator(_json_integer),
+    Field(
+        ge=-(2**63),
+        le=2**63 - 1,
+        json_schema_extra={"minimum": -(2**63) + 1024, "maximum": 2**63 - 1024},
+    ),
+]
+MAX_LOOKUP_KEYS = 10_000
+MAX_DELETE_KEYS = 1_000_000
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LookupBody(_Body):
+    keys: list[Int64] = Field(min_length=1, max_length=MAX_LOOKUP_KEYS)
+
+
+class DeleteBody(_Body):
+    keys: list[Int64] = Field(min_length=1, max_length=MAX_DELETE_KEYS)
+
+
+class _Warmup(_Body):
+    table: str | None = Field(default=None, description="one table (default: every table)")
+
+
+class WarmupKeys(_Warmup):
+    keys: list[Int64] = Field(min_length=1, max_length=MAX_DELETE_KEYS)
+
+
+class WarmupKeyset(_Warmup):
+    keyset_path: str = Field(description="keyset file on the server (raw int64 keys)")
+
+
+class WarmupFrequency(_Warmup):
+    frequency_path: str = Field(description=".npz frequency file on the server")
+    top_k: int | None = Field(default=None, ge=1, le=1 << 30, description="hottest k keys")
+
+
+WarmupBody = WarmupKeys | WarmupKeyset | WarmupFrequency
+
+
+class Error(BaseModel):
+    error: str
+    detail: Any
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """``responses=`` of a route: these statuses, each with the Error body."""
+    text = {
+        400: "bad request (names what is wrong)",
+        401: "missing or wrong bearer token",
+        403: "mutations are disabled: no admin token configured",
+        404: "unknown model, table or job",
+        413: "request body too large",
+        422: "invalid body or undecodable input",
+        502: "a storage tier or Triton failed",
+        503: "a tier or Triton cannot be reached now (retry)",
+    }
+    return {c: {"model": Error, "description": text[c]} for c in codes}
+
+
+READ = errors(404, 413, 422, 502, 503)
+WRITE = errors(400, 401, 403, 404, 413, 422, 502, 503)

@@ -1,0 +1,156 @@
+"""What the control plane holds: the config, its views of L2/L3, Triton, the jobs.
+
+Tiers as the control plane reaches them:
+
+- L3 (RocksDB) is read through a *secondary* instance that catches up before every read;
+  writes (import, delete without Kafka) open it read-write for their duration only, under
+  the same lock ``hps serve`` takes to import (:func:`hps.io.imports.import_lock`).
+- L2 is reached when it is shared (``multi_process_hash_map`` of this node, Redis); an
+  in-process ``hash_map`` belongs to each serving process and is reported as such.
+- With Kafka configured, writes are published (:class:`hps.updates.Publisher`) and applied
+  by ``hps consume`` and the serving processes; otherwise the control plane writes L2/L3
+  and reloads the model through Triton so that every instance reopens L3 and rebuilds L1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hps.config import PSConfig
+from hps.errors import BackendError, UnknownTableError
+from hps.io.imports import import_lock
+from hps.service.jobs import JobRegistry
+from hps.service.triton_admin import TritonAdmin
+from hps.tiers import Tiers
+from hps.topology import Topology, topology
+from hps.triton.repository import served_models
+from hps.types import TableSpec
+
+log = logging.getLogger(__name__)
+
+RELOAD_STAMP = "hps_reload_stamp"
+RELOAD_ONLY = {RELOAD_STAMP, "hps_warmup_keysets"}  # parameters a reload does not keep
+
+
+def topology_view(config: PSConfig, topo: Topology) -> dict[str, Any]:
+    """The Topology, plus the Triton models and the channel writes take from here."""
+    return {
+        **topo.as_dict(),
+        "served_models": [
+            {"triton_name": s.triton_name, "hps_model": s.hps_model, "instances": s.instances}
+            for s in served_models(config)
+        ],
+        "write_channel": "kafka" if config.update_source.enabled else "direct+reload",
+    }
+
+
+@dataclass
+class AdminState:
+    config: PSConfig
+    token: str | None
+    triton: TritonAdmin
+    state_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="hps-admin-")))
+    jobs: JobRegistry = field(default_factory=JobRegistry)
+    _reader: Tiers | None = field(default=None, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _publisher: Any = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.topology = topology(self.config)
+
+    # -- tables ----------------------------------------------------------------------------
+
+    def spec(self, model: str, table: str) -> TableSpec:
+        m = self.config.model(model)
+        for spec in m.tables:
+            if spec.table == table:
+                return spec
+        raise UnknownTableError(f"model {model!r} has no table {table!r}; has {m.table_names}")
+
+    @property
+    def kafka(self) -> bool:
+        return self.config.update_source.enabled
+
+    @property
+    def l2_reachable(self) -> bool:
+        """An in-process L2 belongs to each serving process: not ours to read or write."""
+        return self.topology.l2 not in (None, "process")
+
+    def reader(self) -> Tiers:
+        """The shared L2 and a secondary L3, caught up; opened on first use."""
+        with self._lock:
+            if self._reader is None:
+                tiers = Tiers.open(self.config, l3_mode="secondary", l2=self.l2_reachable)
+                tiers.open_tables(self.config.tables)
+                self._reader = tiers
+            reader = self._reader
+        reader.catch_up()
+        return reader
+
+    def reset_reader(self) -> None:
+        with self._lock:
+            reader, self._reader = self._reader, None
+        if reader is not None:
+            with contextlib.suppress(Exception):
+                reader.close()
+
+    @contextlib.contextmanager
+    def writer(self) -> Iterator[Tiers]:
+        """L3 read-write and the shared L2, under the node's import lock."""
+        lock = (
+            import_lock(self.topology.state_dir)
+            if self.topology.state_dir is not None
+            else contextlib.nullcontext()
+        )
+        with lock:
+            try:
+                tiers = Tiers.open(self.config, l3_mode="read_write", l2=self.l2_reachable)
+            except BackendError as exc:
+                raise BackendError(f"cannot open L3 for writing (another writer?): {exc}") from exc
+            try:
+                tiers.open_tables(self.config.tables)
+                yield tiers
+            finally:
+                tiers.close()
+
+    def publisher(self) -> Any:
+        from hps.updates import Publisher
+
+        with self._lock:
+            if self._publisher is None:
+                src = self.config.update_source
+                self._publisher = Publisher(src.brokers, config=dict(src.hps_kafka_config))
+            return self._publisher
+
+    def reload(self, model: str, parameters: dict[str, str] | None = None) -> list[str]:
+        """Reload every Triton model serving HPS model ``model``; the Triton names.
+
+        Triton skips a load whose model files did not change, so the load carries the
+        model's config with a fresh ``hps_reload_stamp`` parameter (and ``parameters``):
+        every instance is then replaced.
+        """
+        self.config.model(model)
+        names = [s.triton_name for s in served_models(self.config) if s.hps_model == model]
+        for name in names:
+            config = self.triton.model_config(name)
+            params = {k: v for k, v in config.get("parameters", {}).items() if k not in RELOAD_ONLY}
+            extra = {RELOAD_STAMP: str(time.time_ns()), **(parameters or {})}
+            params.update({k: {"string_value": v} for k, v in extra.items()})
+            self.triton.load(name, {**config, "parameters": params})
+        return names
+
+    def close(self) -> None:
+        self.jobs.close()
+        self.reset_reader()
+        with self._lock:
+            publisher, self._publisher = self._publisher, None
+        if publisher is not None:
+            publisher.close()

@@ -1,0 +1,71 @@
+"""Import sources: uploads staged to disk, or server-side paths; validated before any write.
+
+Layout of a staged source (a folder): ``key`` + ``emb_vector`` (a HugeCTR sparse model) or
+``keys.npy`` + ``vectors.npy``, made a :class:`hps.io.loader.TableSource` (sizes, dtypes and
+dimension checked); :func:`validate` reads it whole once (finite values, reserved keys), so
+that a bad input is refused with a 4xx before anything is written.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+from hps.errors import FormatError, RequestError
+from hps.io.loader import Chunks, TableSource, npy_source, sparse_source
+from hps.io.sparse_model import KEY_FILE, VECTOR_FILE
+from hps.types import TableSpec
+
+Format = Literal["sparse", "npy"]
+NPY_FILES = ("keys.npy", "vectors.npy")
+COPY_CHUNK = 1 << 20
+CHUNK_BYTES = 8 << 20  # vector bytes per write: bounds the memory of an import of any size
+
+
+def names(fmt: Format) -> tuple[str, str]:
+    return (KEY_FILE, VECTOR_FILE) if fmt == "sparse" else NPY_FILES
+
+
+def stage(folder: Path, fmt: Format, keys: BinaryIO, vectors: BinaryIO) -> Path:
+    """Copy two uploaded files (already spooled to disk) into ``folder``, in chunks."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, src in zip(names(fmt), (keys, vectors), strict=True):
+        src.seek(0)
+        with open(folder / name, "wb") as dst:
+            shutil.copyfileobj(src, dst, COPY_CHUNK)
+    return folder
+
+
+def source_folder(fmt: Format, path: str) -> Path:
+    folder = Path(path)
+    missing = [n for n in names(fmt) if not (folder / n).is_file()]
+    if missing:
+        raise FormatError(f"{path}: missing {missing} for format {fmt!r}")
+    return folder
+
+
+@dataclass(frozen=True)
+class ChunkedSource(TableSource):
+    """A TableSource read in chunks of :data:`CHUNK_BYTES` of vectors (bounds memory)."""
+
+    def chunks(self, chunk_rows: int = 0) -> Chunks:
+        return super().chunks(chunk_rows or max(1024, CHUNK_BYTES // (4 * self.spec.dim)))
+
+
+def source(folder: Path, fmt: Format, spec: TableSpec) -> TableSource:
+    """The folder's files as a source of ``spec``; sizes and dtypes checked."""
+    if fmt == "sparse":
+        base = sparse_source(spec, folder)
+    else:
+        base = npy_source(spec, folder / NPY_FILES[0], folder / NPY_FILES[1])
+    return ChunkedSource(base.spec, base.files, base.rows, base.kind)
+
+
+def validate(src: TableSource) -> int:
+    """Read the whole source once (finite values, reserved keys); its row count."""
+    if src.rows == 0:
+        raise RequestError(f"{src.spec.name}: the input holds no rows")
+    src.validate()
+    return src.rows

@@ -1,0 +1,157 @@
+"""A Triton deployment of the control plane's own (its tests delete, import and reload).
+
+Models: ``emb`` (tables ``a`` dim 4, ``b`` dim 8; two instances, so the node's
+``multi_process_hash_map`` is the L2), ``one`` (table ``r`` dim 4, one instance: the stub
+the readiness test kills) and ``big`` (table ``t`` dim 128, no L1: the 1 M-row import).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hps.config import PSConfig
+from hps.io.sparse_model import write_sparse_model
+from hps.net import free_port
+from hps.service.app import create_app
+from hps.service.state import AdminState
+from hps.service.triton_admin import TritonAdmin
+from hps.triton.deploy import prepare_tables, serving_config
+from hps.triton.repository import prepare_repository
+from hps.triton.server import TritonServer
+from tests.fixtures.triton import table_data
+
+TOKEN = "s3cret-admin-token"
+TABLES = {"emb": [("a", 4, 400), ("b", 8, 300)], "one": [("r", 4, 50)], "big": [("t", 128, 10)]}
+
+
+@dataclass
+class Stack:
+    server: TritonServer
+    config: PSConfig
+    root: Path
+    data: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def state(self, token: str | None = TOKEN) -> AdminState:
+        triton = TritonAdmin(self.server.http_url, self.server.metrics_url, self.server.admin_key)
+        return AdminState(self.config, token, triton, state_dir=self.root / "admin")
+
+
+def _doc(root: Path) -> dict[str, object]:
+    models = []
+    for model, tables in TABLES.items():
+        models.append(
+            {
+                "model": model,
+                "sparse_files": [str(root / "tables" / model / t) for t, _, _ in tables],
+                "embedding_table_names": [t for t, _, _ in tables],
+                "embedding_vecsize_per_table": [d for _, d, _ in tables],
+                "maxnum_catfeature_query_per_table_per_sample": [4] * len(tables),
+                "default_value_for_each_table": [0.5] * len(tables),
+                "max_batch_size": 64,
+                "gpucache": model != "big",
+                "gpucacheper": 1.0,
+                "hps_instances": 2 if model == "emb" else 1,
+                "init_ec": model != "one",  # `one` starts with an empty L1 (warm-up test)
+            }
+        )
+    return {
+        "models": models,
+        "volatile_db": {
+            "shared_memory_name": f"hps_admin_{uuid.uuid4().hex[:12]}",
+            "shared_memory_size": 1024**3,
+            "allocation_rate": 4 * 1024**2,
+        },
+        "persistent_db": {"type": "rocks_db", "path": str(root / "rocksdb")},
+    }
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("admin")
+    data = {}
+    for i, (model, tables) in enumerate(TABLES.items()):
+        for j, (table, dim, rows) in enumerate(tables):
+            keys, vectors = table_data(rows, dim, seed=10 * i + j)
+            write_sparse_model(root / "tables" / model / table, keys, vectors)
+            data[f"{model}.{table}"] = (keys, vectors)
+    (root / "ps.json").write_text(json.dumps(_doc(root), indent=1))
+    config = serving_config(root / "ps.json")
+    names = prepare_repository(config, root / "repository", metrics_interval_s=0.0)
+    prepare_tables(config)
+    log = root / "triton.log"
+    server = TritonServer(root / "repository", explicit=True, load_models=names, log_file=log)
+    server.start()
+    try:
+        yield Stack(server, config, root, data)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def client(stack: Stack) -> Iterator[object]:
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app(stack.state())) as c:
+        c.headers["Authorization"] = f"Bearer {TOKEN}"
+        yield c
+
+
+@dataclass
+class AdminProcess:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+@pytest.fixture
+def admin_process(stack: Stack, tmp_path: Path) -> Iterator[AdminProcess]:
+    """``hps admin`` under real uvicorn, the token in a file; stopped by its PID."""
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    port = free_port()
+    log = tmp_path / "admin.log"
+    env = {
+        **os.environ,
+        "HPS_TRITON_METRICS_URL": stack.server.metrics_url,
+        "HPS_ADMIN_KEY": stack.server.admin_key,
+    }
+    env.pop("HPS_ADMIN_TOKEN", None)
+    cmd = [
+        sys.executable, "-m", "hps.cli", "admin", "--config", str(stack.root / "ps.json"),
+        "--port", str(port), "--triton-url", stack.server.http_url,
+        "--token-file", str(token_file),
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/healthz", timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"hps admin did not start: {log.read_text()}") from None
+                time.sleep(0.2)
+        yield AdminProcess(url, proc, log)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
