@@ -8,7 +8,6 @@ named in a ps.json but missing from a container fails here.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from typing import Any
@@ -45,11 +44,6 @@ def _hps_containers(profile: str | dict[str, Any]) -> list[tuple[str, dict[str, 
     ]
 
 
-def _admin_available() -> bool:
-    """`hps admin` is the control-plane issue's (hps/service); once merged it must parse."""
-    return importlib.util.find_spec("hps.service") is not None
-
-
 @pytest.mark.parametrize("profile", PROFILES)
 def test_command_lines_parse(profile: str, monkeypatch: pytest.MonkeyPatch) -> None:
     parser = build_parser()
@@ -58,8 +52,6 @@ def test_command_lines_parse(profile: str, monkeypatch: pytest.MonkeyPatch) -> N
         env = _env(container)
         argv = [_expand(a, env) for a in container["command"][1:]]
         assert "$(" not in " ".join(argv), f"{where}: unexpanded variable in {argv}"
-        if argv[0] == "admin" and not _admin_available():
-            continue  # checked by test_admin_command once hps/service is merged
         try:
             args = parser.parse_args(argv)
         except SystemExit:
@@ -67,13 +59,11 @@ def test_command_lines_parse(profile: str, monkeypatch: pytest.MonkeyPatch) -> N
         seen.add(args.command)
         if args.command == "consume" and "--group-id" in argv:
             assert args.group_id.endswith("-pod-0"), where  # one group per pod
-    assert {"serve", "import"} <= seen
+    assert {"serve", "import", "admin"} <= seen
 
 
 def test_admin_command() -> None:
     """The control-plane sidecar's command line, against the real `hps admin` parser."""
-    if not _admin_available():
-        pytest.xfail("hps admin (issue 11, hps/service) is not on this branch yet")
     parser = build_parser()
     for profile in PROFILES:
         for where, container in _hps_containers(profile):
