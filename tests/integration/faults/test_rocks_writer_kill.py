@@ -72,12 +72,16 @@ def test_sigkilled_rocksdb_writer_loses_no_applied_update(tmp_path: Path) -> Non
     acked, kills = 0, []
     for _ in range(KILLS):
         proc = _start(db, acked)
-        killer = threading.Timer(rng.uniform(0.1, 0.8), proc.send_signal, (signal.SIGKILL,))
-        killer.start()
+        # Killed after a random number of acknowledged batches, plus a random delay, so the
+        # kill lands mid-stream however fast the machine is (often mid-write).
+        after = int(rng.integers(5, 60))
+        killer = threading.Timer(rng.uniform(0.0, 0.05), proc.send_signal, (signal.SIGKILL,))
         assert proc.stdout is not None
         last = acked - 1
         for line in proc.stdout:  # every line it printed before dying was applied
             last = int(line.split()[1])
+            if last - acked + 1 == after:
+                killer.start()
         assert proc.wait(10) == -signal.SIGKILL, "the writer finished before its kill"
         killer.join()
         acked = last + 1
