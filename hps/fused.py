@@ -18,7 +18,6 @@ is the default, ``"fuse_embedding_table": false`` selects the reference.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -50,51 +49,17 @@ class FusedLookup:
             v_off += n * spec.dim
             if n == 0:
                 continue
-            tally = session._counts[spec.name]
-            tally["lookups"] += 1
-            tally["keys"] += n
+            session.count(spec.name, lookups=1, keys=n)
             cache = session.caches.get(spec.name)
             if cache is None:
                 pending.append((spec, None, seg, view, np.arange(n), 0))
                 continue
             miss_pos, n_hit = cache.query_into(seg, view)
-            tally["l1"] += n_hit
+            session.count(spec.name, l1=n_hit)
             if miss_pos.size:
                 pending.append((spec, cache, seg, view, miss_pos, n_hit))
         for spec, cache, seg, view, miss_pos, n_hit in pending:
-            self._fill_misses(spec, cache, seg, view, miss_pos, n_hit)
+            # L2 → L3 → default for the missed positions, de-duplicated, then L1 backfill
+            missed, inverse = unique_inverse(seg[miss_pos])
+            view[miss_pos] = session.miss_rows(spec, cache, missed, n_hit)[inverse]
         return out
-
-    def _fill_misses(
-        self,
-        spec: TableSpec,
-        cache: L1Cache | None,
-        keys: Keys,
-        view: Vectors,
-        miss_pos: np.ndarray,
-        n_hit: int,
-    ) -> None:
-        """L2 → L3 → default for the missed positions, then L1 backfill as the reference."""
-        session = self.session
-        missed, inverse = unique_inverse(keys[miss_pos])
-        if cache is None:
-            view[miss_pos] = session._fetch_lower(spec, missed)[inverse]
-            return
-        model = session._model_of[spec.name]
-        above = n_hit / (n_hit + missed.size) >= model.hit_rate_threshold
-        if above and model.hps_cache.default_on_async_miss:
-            view[miss_pos] = spec.default_value
-            session._counts[spec.name]["default"] += missed.size
-            session._background(session.prefetch, spec.name, missed)
-            return
-        # A write to L1 after this version (a Kafka update) wins over what we read below.
-        since = cache.version
-        found = np.zeros(missed.size, dtype=bool)
-        fetched = session._fetch_lower(spec, missed, found)
-        view[miss_pos] = fetched[inverse]
-        if found.any():
-            k, rows = missed[found], fetched[found]
-            if above:
-                session._background(partial(cache.insert, since=since), k, rows)
-            else:
-                cache.insert(k, rows, since=since)

@@ -179,30 +179,47 @@ class LookupSession:
         if n_hit == uniq.size:
             return values
         miss = np.flatnonzero(~hit)
-        missed = uniq[miss]
         slot = np.full(uniq.size, -1, dtype=np.int64)  # unique key -> its row among the misses
         slot[miss] = np.arange(miss.size)
         at = slot[inverse]
         where = np.flatnonzero(at >= 0)  # request positions of missed keys
+        values[where] = self.miss_rows(spec, cache, uniq[miss], n_hit)[at[where]]
+        return values
+
+    def miss_rows(
+        self, spec: TableSpec, cache: L1Cache | None, missed: Keys, n_hit: int
+    ) -> Vectors:
+        """Rows of the distinct keys L1 missed (``n_hit`` distinct keys hit): L2 → L3 → default.
+
+        At or above the model's ``hit_rate_threshold`` L1 takes the rows in the background
+        (with ``default_on_async_miss``: the defaults are served and the keys prefetched);
+        below it, before the request returns. Both lookup paths (per table and fused) use it.
+        """
+        if cache is None:
+            return self._fetch_lower(spec, missed)
         model = self._model_of[spec.name]
-        above = n_hit / uniq.size >= model.hit_rate_threshold
+        above = n_hit / (n_hit + missed.size) >= model.hit_rate_threshold
         if above and model.hps_cache.default_on_async_miss:
-            values[where] = spec.default_value
-            self._counts[spec.name]["default"] += miss.size
+            self._counts[spec.name]["default"] += missed.size
             self._background(self.prefetch, spec.name, missed)
-            return values
+            return spec.default_vectors(missed.size)
         # A write to L1 after this version (a Kafka update) wins over what we read below.
         since = cache.version
-        found = np.zeros(miss.size, dtype=bool)
+        found = np.zeros(missed.size, dtype=bool)
         fetched = self._fetch_lower(spec, missed, found)
-        values[where] = fetched[at[where]]
         if found.any():
             keys, rows = missed[found], fetched[found]
             if above:
                 self._background(partial(cache.insert, since=since), keys, rows)
             else:
                 cache.insert(keys, rows, since=since)
-        return values
+        return fetched
+
+    def count(self, table: str, **increments: int) -> None:
+        """Add to a table's counters: ``lookups``, ``keys``, ``l1``, ``l2``, ``l3``, ``default``."""
+        tally = self._counts[table]
+        for name, n in increments.items():
+            tally[name] += n
 
     def _fetch_lower(self, spec: TableSpec, keys: Keys, found_out: Mask | None = None) -> Vectors:
         """L2, then L3 for what L2 missed, then defaults; ``found_out`` marks L2/L3 hits."""
