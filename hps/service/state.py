@@ -18,7 +18,6 @@ import contextlib
 import logging
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,16 +27,15 @@ from hps.config import PSConfig
 from hps.errors import BackendError, UnknownTableError
 from hps.io.imports import import_lock
 from hps.service.jobs import JobRegistry
-from hps.service.triton_admin import TritonAdmin
+from hps.service.triton_admin import LOAD_TIMEOUT_S, TritonAdmin
 from hps.tiers import Tiers
 from hps.topology import Topology, topology
+from hps.triton.control import ModelControl
 from hps.triton.repository import served_models
 from hps.types import TableSpec
 
 log = logging.getLogger(__name__)
 
-RELOAD_STAMP = "hps_reload_stamp"
-RELOAD_ONLY = {RELOAD_STAMP, "hps_warmup_keysets"}  # parameters a reload does not keep
 
 
 def topology_view(config: PSConfig, topo: Topology) -> dict[str, Any]:
@@ -139,12 +137,9 @@ class AdminState:
         """
         self.config.model(model)
         names = [s.triton_name for s in served_models(self.config) if s.hps_model == model]
+        control = ModelControl(self.triton.url, self.triton.admin_key, timeout=LOAD_TIMEOUT_S)
         for name in names:
-            config = self.triton.model_config(name)
-            params = {k: v for k, v in config.get("parameters", {}).items() if k not in RELOAD_ONLY}
-            extra = {RELOAD_STAMP: str(time.time_ns()), **(parameters or {})}
-            params.update({k: {"string_value": v} for k, v in extra.items()})
-            self.triton.load(name, {**config, "parameters": params})
+            control.reload(name, parameters)
         return names
 
     def close(self) -> None:

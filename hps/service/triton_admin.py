@@ -6,7 +6,6 @@ key (:func:`hps.triton.admin.resolve_key`): ``hps serve`` restricts Triton's adm
 
 from __future__ import annotations
 
-import json
 import urllib.error
 import urllib.request
 from collections import defaultdict
@@ -15,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from hps.errors import BackendUnavailable, HPSError
-from hps.triton.admin import ADMIN_HEADER
 
 TIMEOUT_S = 5.0
 LOAD_TIMEOUT_S = 300.0
@@ -61,17 +59,6 @@ class TritonAdmin:
 
     def model_ready(self, model: str) -> bool:
         return bool(self._call(f"{model} ready", lambda c: c.is_model_ready(model)))
-
-    def model_config(self, model: str) -> dict[str, Any]:
-        return dict(self._call(f"{model} config", lambda c: c.get_model_config(model)))
-
-    def load(self, model: str, config: dict[str, Any] | None = None) -> None:
-        """Load (or reload: new instances replace the old ones) ``model`` in Triton."""
-        headers = {ADMIN_HEADER: self.admin_key} if self.admin_key else {}
-        kw: dict[str, Any] = {"headers": headers}
-        if config is not None:
-            kw["config"] = json.dumps(config)
-        self._call(f"load {model}", lambda c: c.load_model(model, **kw), LOAD_TIMEOUT_S)
 
     def lookup(self, model: str, keys: np.ndarray, numkeys: np.ndarray) -> np.ndarray:
         """One HugeCTR-shaped inference (KEYS, NUMKEYS -> OUTPUT0)."""

@@ -230,6 +230,6 @@ def _reload(args: argparse.Namespace) -> int:
         raise ConfigError(
             "no admin key: set HPS_ADMIN_KEY or HPS_ADMIN_KEY_FILE, or pass --config / --state-dir"
         )
-    ModelControl(args.url, key, timeout=600.0).load(args.model)
+    ModelControl(args.url, key, timeout=600.0).reload(args.model)
     print(f"reloaded {args.model}")
     return 0

@@ -15,6 +15,9 @@ from typing import Any
 from hps.errors import BackendUnavailable, RequestError
 from hps.triton.admin import http_headers
 
+RELOAD_STAMP = "hps_reload_stamp"
+RELOAD_ONLY = {RELOAD_STAMP, "hps_warmup_keysets"}  # parameters a reload does not keep
+
 
 class ModelControl:
     """Load, unload and list the models of one Triton server (HTTP ``host:port``)."""
@@ -43,6 +46,20 @@ class ModelControl:
     def load(self, model: str) -> None:
         """Load (or reload) ``model``; returns once Triton has it ready or raises."""
         self._call("POST", f"/v2/repository/models/{model}/load")
+
+    def reload(self, model: str, parameters: dict[str, str] | None = None) -> None:
+        """Load ``model`` again, with new instances, even when none of its files changed.
+
+        Triton skips a load whose model files did not change, so the load carries the
+        model's config with a fresh ``hps_reload_stamp`` parameter (plus ``parameters``, for
+        this load only): the new instances re-import changed tables and replace the old ones.
+        """
+        config = self._call("GET", f"/v2/models/{model}/config")
+        params = {k: v for k, v in config.get("parameters", {}).items() if k not in RELOAD_ONLY}
+        extra = {RELOAD_STAMP: str(time.time_ns()), **(parameters or {})}
+        params.update({k: {"string_value": v} for k, v in extra.items()})
+        body = {"parameters": {"config": json.dumps({**config, "parameters": params})}}
+        self._call("POST", f"/v2/repository/models/{model}/load", body)
 
     def unload(self, model: str) -> None:
         self._call("POST", f"/v2/repository/models/{model}/unload")
