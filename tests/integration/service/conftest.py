@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 
 from hps.config import PSConfig
-from hps.io.sparse_model import write_sparse_model
 from hps.net import free_port
 from hps.service.app import create_app
 from hps.service.state import AdminState
@@ -31,7 +30,7 @@ from hps.service.triton_admin import TritonAdmin
 from hps.triton.deploy import prepare_tables, serving_config
 from hps.triton.repository import prepare_repository
 from hps.triton.server import TritonServer
-from tests.fixtures.triton import table_data
+from tests.fixtures.triton import write_tables
 
 TOKEN = "s3cret-admin-token"
 TABLES = {"emb": [("a", 4, 400), ("b", 8, 300)], "one": [("r", 4, 50)], "big": [("t", 128, 10)]}
@@ -81,12 +80,7 @@ def _doc(root: Path) -> dict[str, object]:
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("admin")
-    data = {}
-    for i, (model, tables) in enumerate(TABLES.items()):
-        for j, (table, dim, rows) in enumerate(tables):
-            keys, vectors = table_data(rows, dim, seed=10 * i + j)
-            write_sparse_model(root / "tables" / model / table, keys, vectors)
-            data[f"{model}.{table}"] = (keys, vectors)
+    data = write_tables(root / "tables", TABLES, seed_base=10)
     (root / "ps.json").write_text(json.dumps(_doc(root), indent=1))
     config = serving_config(root / "ps.json")
     names = prepare_repository(config, root / "repository", metrics_interval_s=0.0)
