@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
+from hps.errors import HPSError
 from hps.service.state import AdminState, topology_view
+from hps.tiers import Tiers
 from hps.types import TableSpec
 
 log = logging.getLogger(__name__)
@@ -28,44 +31,42 @@ def last_version(store: Any, spec: TableSpec) -> int | None:
     return max(top) if top else None
 
 
-def consumer_lag(state: AdminState, spec: TableSpec) -> dict[str, int] | None:
-    """Per partition of the table's topic: messages the ``hps consume`` group has not committed."""
-    if not state.kafka:
-        return None
-    from confluent_kafka import Consumer, TopicPartition
+@dataclass(frozen=True)
+class Lags:
+    """Per topic and partition: messages ``hps consume`` has not committed, or why unknown."""
 
+    by_topic: dict[str, dict[int, int]]
+    error: str | None = None
+
+    def of(self, spec: TableSpec) -> dict[str, int] | dict[str, str]:
+        from hps.updates.codec import topic_name
+
+        if self.error is not None:
+            return {"error": self.error}
+        return {
+            str(p): n for p, n in self.by_topic.get(topic_name(spec.model, spec.table), {}).items()
+        }
+
+
+def consumer_lags(state: AdminState, specs: list[TableSpec]) -> Lags:
+    """The lags of these tables' topics, in one round of requests to the broker."""
+    if not state.kafka:
+        return Lags({})
     from hps.updates.codec import topic_name
+    from hps.updates.kafka import group_lag
 
     src = state.config.update_source
-    topic = topic_name(spec.model, spec.table)
-    conf = {
-        "bootstrap.servers": src.brokers,
-        "group.id": src.hps_group_id,
-        "enable.auto.commit": False,
-        **dict(src.hps_kafka_config),
-    }
-    consumer = Consumer(conf)
     try:
-        meta = consumer.list_topics(topic, timeout=KAFKA_TIMEOUT_S).topics.get(topic)
-        if meta is None or meta.error is not None:
-            return {}
-        parts = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
-        committed = consumer.committed(parts, timeout=KAFKA_TIMEOUT_S)
-        lag = {}
-        for tp in committed:
-            low, high = consumer.get_watermark_offsets(tp, timeout=KAFKA_TIMEOUT_S)
-            done = tp.offset if tp.offset >= 0 else low
-            lag[str(tp.partition)] = max(0, int(high) - int(done))
-        return lag
-    finally:
-        consumer.close()
-
-
-def _safe(fn: Any, *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except Exception as exc:  # an answerless broker must not fail the whole report
-        return {"error": str(exc)}
+        lags = group_lag(
+            src.brokers,
+            src.hps_group_id,
+            [topic_name(s.model, s.table) for s in specs],
+            config=src.hps_kafka_config,
+            timeout_s=KAFKA_TIMEOUT_S,
+        )
+    except HPSError as exc:  # an answerless broker must not fail the whole report
+        return Lags({}, str(exc))
+    return Lags(lags)
 
 
 def hit_rates(state: AdminState) -> tuple[dict[tuple[str, str], dict[str, float]], str | None]:
@@ -77,11 +78,15 @@ def hit_rates(state: AdminState) -> tuple[dict[tuple[str, str], dict[str, float]
 
 
 def table_info(
-    state: AdminState, spec: TableSpec, hits: dict[tuple[str, str], dict[str, float]]
+    state: AdminState,
+    spec: TableSpec,
+    hits: dict[tuple[str, str], dict[str, float]],
+    reader: Tiers,
+    lags: Lags,
 ) -> dict[str, Any]:
+    """One table's report; ``reader`` (caught up) and ``lags`` are fetched once per request."""
     from hps.cache import cache_capacity
 
-    reader = state.reader()
     model = state.config.model(spec.model)
     l3_rows = _rows(reader.persistent, spec)
     counts: dict[str, float] = {}
@@ -104,18 +109,25 @@ def table_info(
         },
         "hits": counts,
         "hit_rates": {k: v / total for k, v in counts.items()} if total else {},
-        "consumer_lag": _safe(consumer_lag, state, spec),
+        "consumer_lag": lags.of(spec) if state.kafka else None,
         "last_update_version": last_version(stores[0], spec) if stores else None,
     }
 
 
+def one_table(state: AdminState, spec: TableSpec) -> dict[str, Any]:
+    hits, _ = hit_rates(state)
+    return table_info(state, spec, hits, state.reader(), consumer_lags(state, [spec]))
+
+
 def models_info(state: AdminState) -> dict[str, Any]:
     hits, why = hit_rates(state)
+    reader = state.reader()
+    lags = consumer_lags(state, state.config.tables)
     models = [
         {
             "model": m.model,
             "instances": m.hps_instances,
-            "tables": [table_info(state, spec, hits) for spec in m.tables],
+            "tables": [table_info(state, spec, hits, reader, lags) for spec in m.tables],
         }
         for m in state.config.models
     ]

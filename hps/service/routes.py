@@ -70,9 +70,7 @@ def models(request: Request) -> dict[str, Any]:
 def table(model: str, table: str, request: Request) -> dict[str, Any]:
     """One table: dims, rows per tier, L1 capacity and policy, hit rates, lag, last version."""
     state = _state(request)
-    spec = state.spec(model, table)
-    hits, _ = info.hit_rates(state)
-    return info.table_info(state, spec, hits)
+    return info.one_table(state, state.spec(model, table))
 
 
 @router.post("/v1/models/{model}/tables/{table}/lookup", tags=["debug"], responses=WRITE)

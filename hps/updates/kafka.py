@@ -116,6 +116,55 @@ def ensure_topics(
     return counts
 
 
+def group_lag(
+    brokers: str,
+    group: str,
+    topics: Iterable[str],
+    *,
+    config: Mapping[str, Any] | None = None,
+    timeout_s: float = 3.0,
+) -> dict[str, dict[int, int]]:
+    """Messages ``group`` has not committed, per topic and partition, in three batched
+    requests whatever the number of topics (metadata, offsets, the group's commits).
+
+    A partition the group never committed counts from its earliest offset; a topic that
+    does not exist is left out.
+    """
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    admin = AdminClient(_admin_conf(brokers, config))
+    with translated(f"consumer lag of group {group}"):
+        existing = admin.list_topics(timeout=timeout_s).topics
+        parts = [
+            TopicPartition(t, p)
+            for t in sorted(set(topics))
+            if t in existing and existing[t].error is None
+            for p in sorted(existing[t].partitions)
+        ]
+        if not parts:
+            return {}
+
+        def offsets(spec: Any) -> dict[tuple[str, int], int]:
+            futures = admin.list_offsets({tp: spec for tp in parts}, request_timeout=timeout_s)
+            return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+
+        high, low = offsets(OffsetSpec.latest()), offsets(OffsetSpec.earliest())
+        request = [ConsumerGroupTopicPartitions(group, parts)]
+        futures = admin.list_consumer_group_offsets(request, request_timeout=timeout_s)
+        committed = {
+            (tp.topic, tp.partition): tp.offset
+            for f in futures.values()
+            for tp in f.result().topic_partitions
+        }
+    lag: dict[str, dict[int, int]] = {}
+    for (topic, partition), end in high.items():
+        done = committed.get((topic, partition), -1)
+        start = done if done >= 0 else low[(topic, partition)]
+        lag.setdefault(topic, {})[partition] = max(0, int(end) - int(start))
+    return lag
+
+
 def _short_list(topics: list[str]) -> str:
     return ", ".join(topics[:3]) + (f" (+{len(topics) - 3})" if len(topics) > 3 else "")
 
