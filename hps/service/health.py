@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
 
 from hps.service.state import AdminState
+from hps.tiers import Tiers
 from hps.triton.repository import served_models
 
 KAFKA_TIMEOUT_S = 3.0
@@ -31,18 +32,20 @@ def _run(name: str, check: Callable[[], str]) -> dict[str, Any]:
     return {"name": name, "ok": ok, "detail": detail, "ms": ms}
 
 
-def _sample(state: AdminState, model: str) -> tuple[int, int, np.ndarray] | None:
+Reader = Callable[[], Tiers]
+
+
+def _sample(state: AdminState, reader: Reader, model: str) -> tuple[int, int, np.ndarray] | None:
     """(table index, key, vector) of a key some lower tier holds, or None when all are empty."""
-    reader = state.reader()
-    for store in reader.stores:
+    for store in reader().stores:
         for i, spec in enumerate(state.config.model(model).tables):
             for keys, vectors in store.dump(spec.name, chunk_rows=1):
                 return i, int(keys[0]), np.asarray(vectors[0])
     return None
 
 
-def _inference(state: AdminState, model: str) -> str:
-    sample = _sample(state, model)
+def _inference(state: AdminState, reader: Reader, model: str) -> str:
+    sample = _sample(state, reader, model)
     specs = state.config.model(model).tables
     if sample is None:
         numkeys = np.zeros(len(specs), dtype=np.int32)
@@ -51,7 +54,7 @@ def _inference(state: AdminState, model: str) -> str:
         return f"answered ({out.size} values); no stored key to compare"
     index, key, _ = sample
     # what serving answers for it: L2 first, then L3 (the two may differ after an update)
-    expected = state.reader().fetch(specs[index], np.array([key], np.int64)).values[0]
+    expected = reader().fetch(specs[index], np.array([key], np.int64)).values[0]
     numkeys = np.zeros(len(specs), dtype=np.int32)
     numkeys[index] = 1
     got = state.triton.lookup(model, np.array([key], np.int64), numkeys).reshape(-1)
@@ -60,21 +63,21 @@ def _inference(state: AdminState, model: str) -> str:
     return f"{specs[index].name} key {key} matches the stored vector"
 
 
-def _l2(state: AdminState) -> str:
-    reader = state.reader()
-    if reader.volatile is None:
+def _l2(state: AdminState, reader: Reader) -> str:
+    volatile = reader().volatile
+    if volatile is None:
         return f"{state.config.volatile_db.type}: held by each serving process"
     spec = state.config.tables[0]
-    reader.volatile.fetch(spec.name, np.array([0], np.int64))
+    volatile.fetch(spec.name, np.array([0], np.int64))
     return f"{state.config.volatile_db.type} answers"
 
 
-def _l3(state: AdminState) -> str:
-    reader = state.reader()
-    if reader.persistent is None:
+def _l3(state: AdminState, reader: Reader) -> str:
+    persistent = reader().persistent
+    if persistent is None:
         return "disabled"
     spec = state.config.tables[0]
-    reader.persistent.fetch(spec.name, np.array([0], np.int64))
+    persistent.fetch(spec.name, np.array([0], np.int64))
     return f"rocks_db at {state.config.persistent_db.path} readable"
 
 
@@ -88,17 +91,20 @@ def _kafka(state: AdminState) -> str:
 
 
 def readiness(state: AdminState) -> tuple[bool, list[dict[str, Any]]]:
-    """All checks, in order; ready when every one passed."""
+    """All checks, in order; ready when every one passed. L3 is caught up once for all."""
+    reader = cache(state.reader)  # an exception is not cached: each check reports it
     checks = [_run("triton", lambda: _ready(state.triton.server_ready()))]
     for served in served_models(state.config):
         name = served.triton_name
         checks.append(_run(f"model:{name}", partial(_model_ready, state, name)))
     for model in state.config.models:
-        checks.append(_run(f"inference:{model.model}", partial(_inference, state, model.model)))
+        checks.append(
+            _run(f"inference:{model.model}", partial(_inference, state, reader, model.model))
+        )
     if state.config.volatile_db.type != "disabled":
-        checks.append(_run("l2", lambda: _l2(state)))
+        checks.append(_run("l2", lambda: _l2(state, reader)))
     if state.config.persistent_db.type != "disabled":
-        checks.append(_run("l3", lambda: _l3(state)))
+        checks.append(_run("l3", lambda: _l3(state, reader)))
     if state.kafka:
         checks.append(_run("kafka", lambda: _kafka(state)))
     return all(c["ok"] for c in checks), checks
