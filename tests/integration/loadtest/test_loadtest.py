@@ -4,8 +4,9 @@
   updates, freshness probes) on a stack the command starts itself, held to
   loadtests/ci-thresholds.json: an error, a wrong vector or a collapse fails the suite;
 - a stack on a 3-node Redis Cluster with ``hps consume``, load-tested as an existing
-  deployment with a limit no run can meet: the quitting listener must fail the run; then
-  every process the stack started is gone.
+  deployment in the spike shape with a limit no run can meet: the quitting listener must
+  fail the run, every stage of the spike has served; then every process the stack started
+  is gone.
 """
 
 from __future__ import annotations
@@ -87,15 +88,20 @@ def test_a_broken_threshold_fails_the_run_and_the_stack_stops(
     code = main([
         "loadtest", "--config", str(cluster_stack.config_path), "--report-dir", str(tmp_path),
         "--triton-grpc", cluster_stack.triton_grpc, "--triton-http", cluster_stack.triton_http,
-        "--brokers", cluster_stack.brokers, "--run-time", "8", "--users", "2",
-        "--samples", "32", "--mix", "grpc=1,ctr=1", "--updates", "1000",
+        "--brokers", cluster_stack.brokers, "--run-time", "10", "--users", "4",
+        "--shape", "spike", "--samples", "32", "--mix", "grpc=1,ctr=1", "--updates", "1000",
         "--threshold", "grpc lookup:p99_ms=0.001",
     ])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 1, out
     assert "THRESHOLD BROKEN: grpc lookup: p99_ms" in out and "started:" not in out
-    types = read_report(tmp_path)["types"]
+    report = read_report(tmp_path)
+    types = report["types"]
     assert types["grpc lookup"]["failures"] == 0 and types["grpc ctr"]["requests"] > 0
+    # the spike: a quarter of the readers, all of them, a quarter again; each stage served
+    stages = report["verdict"]["stages"]
+    assert [s["users"] for s in stages] == [1, 4, 1], stages
+    assert all(s["requests"] > 0 and s["failures"] == 0 for s in stages), stages
     assert types["kafka freshness"]["failures"] == 0
     pids = [p.pid for _, p in cluster_stack._procs]
     pids += [n.pid for s in cluster_stack._servers for n in getattr(s, "nodes", [])]
