@@ -221,10 +221,16 @@ class LookupSession:
         for name, n in increments.items():
             tally[name] += n
 
-    def _fetch_lower(self, spec: TableSpec, keys: Keys, found_out: Mask | None = None) -> Vectors:
+    def _fetch_lower(
+        self,
+        spec: TableSpec,
+        keys: Keys,
+        found_out: Mask | None = None,
+        before_l3: Callable[[], None] | None = None,
+    ) -> Vectors:
         """L2, then L3 for what L2 missed, then defaults; ``found_out`` marks L2/L3 hits."""
         counts = self._counts[spec.name]
-        got = self.tiers.fetch(spec, keys)
+        got = self.tiers.fetch(spec, keys, before_l3=before_l3)
         values, level = got.values, got.level
         in_l3 = level == IN_L3
         counts["l2"] += int(np.count_nonzero(level == IN_L2))
@@ -264,8 +270,16 @@ class LookupSession:
         if cache is not None:
             cache.evict(keys)
 
-    def refresh(self, table: str, keys: npt.ArrayLike, values: npt.ArrayLike | None = None) -> None:
-        """Bring the L1 rows of ``keys`` up to date: with ``values``, or re-read from L2/L3.
+    def refresh(
+        self,
+        table: str,
+        keys: npt.ArrayLike,
+        values: npt.ArrayLike | None = None,
+        *,
+        before_l3: Callable[[], None] | None = None,
+    ) -> None:
+        """Bring the L1 rows of ``keys`` up to date: with ``values``, or re-read from L2/L3
+        (``before_l3``: see :meth:`hps.tiers.Tiers.fetch`).
 
         Only resident keys change; keys no lower level holds any more leave L1.
         """
@@ -280,7 +294,7 @@ class LookupSession:
         keys = keys[cache.resident(keys)]
         since = cache.version
         found = np.zeros(keys.size, dtype=bool)
-        fresh = self._fetch_lower(spec, keys, found)
+        fresh = self._fetch_lower(spec, keys, found, before_l3)
         cache.update(keys[found], fresh[found], since=since)
         cache.evict(keys[~found])
 

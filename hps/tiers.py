@@ -8,7 +8,7 @@ decided here once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,8 +62,14 @@ class Tiers:
             for store in self.stores:
                 store.open_table(spec)
 
-    def fetch(self, spec: TableSpec, keys: Keys) -> Fetched:
-        """L2, then L3 for what L2 missed. An L2 that cannot be reached counts as a miss."""
+    def fetch(
+        self, spec: TableSpec, keys: Keys, *, before_l3: Callable[[], None] | None = None
+    ) -> Fetched:
+        """L2, then L3 for what L2 missed. An L2 that cannot be reached counts as a miss.
+
+        ``before_l3`` runs just before L3 is read, and only when some key has to be read
+        there (e.g. :meth:`catch_up_once`: a secondary L3 catches up only when needed).
+        """
         level = np.zeros(keys.size, dtype=np.int8)
         values: Vectors | None = None
         if self.volatile is not None and keys.size:
@@ -78,6 +84,8 @@ class Tiers:
             values = np.empty((keys.size, spec.dim), dtype=np.float32)
         rest = np.flatnonzero(level == NOWHERE)
         if rest.size and self.persistent is not None:
+            if before_l3 is not None:
+                before_l3()
             v3, f3 = self.persistent.fetch(spec.name, keys[rest])
             hit = rest[f3]
             values[hit] = v3[f3]
@@ -104,6 +112,22 @@ class Tiers:
         """Let a secondary L3 replay what its writer wrote since (a no-op otherwise)."""
         if self.persistent is not None:
             self.persistent.catch_up()
+
+    def catch_up_once(self) -> Callable[[], None]:
+        """A ``before_l3`` hook that calls :meth:`catch_up` the first time it runs only.
+
+        A secondary's catch-up re-reads the writer's WAL (tens to hundreds of ms): readers
+        that must see recent writes pay it once per pass, and only when L2 did not answer.
+        """
+        done = False
+
+        def once() -> None:
+            nonlocal done
+            if not done:
+                self.catch_up()
+                done = True
+
+        return once
 
     def close(self) -> None:
         for store in self.stores:

@@ -85,18 +85,16 @@ class L1Refresher:
         """Pass 2 for the queued updates that are old enough and ready, in order."""
         done = 0
         deadline = time.monotonic() - self.grace_s
+        # A secondary L3 sees the writer's updates only after catching up: once per pass, and
+        # only if some key is not in L2 (with Redis holding every row, never).
+        before_l3 = self.session.tiers.catch_up_once()
         while self._pending and self._pending[0].since <= deadline:
             head = self._pending[0]
             if not ready(head.token):
                 break
-            if done == 0:
-                self._catch_up()
-            self.session.refresh(head.table, head.keys)  # if it raises, the entry stays queued
+            # if it raises, the entry stays queued
+            self.session.refresh(head.table, head.keys, before_l3=before_l3)
             self._pending.popleft()
             self._pending_keys -= head.keys.size
             done += 1
         return done
-
-    def _catch_up(self) -> None:
-        # A secondary RocksDB instance sees the writer's updates only after catching up.
-        self.session.tiers.catch_up()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -192,7 +193,7 @@ class FakeSession:
         self.tiers = Tiers(None, None)
         self.calls: list[tuple[list[int], Any]] = []
 
-    def refresh(self, table: str, keys: np.ndarray, values: Any = None) -> None:
+    def refresh(self, table: str, keys: np.ndarray, values: Any = None, **_: Any) -> None:
         self.calls.append((keys.tolist(), None if values is None else values.tolist()))
 
 
@@ -243,3 +244,42 @@ def test_the_version_bound_is_configurable() -> None:
     )
     consumer.run_once(threading.Event())
     assert not dead.sent and l3.fetch(SPEC.name, np.array([1]))[1].all()
+
+
+class CatchUpCounter(HashMapStore):
+    """An L3 that counts catch-ups (a secondary RocksDB's cost: a WAL re-read each)."""
+
+    catch_ups = 0
+
+    def catch_up(self) -> None:
+        self.catch_ups += 1
+
+
+def test_pass_two_catches_l3_up_once_and_only_when_l2_misses(tmp_path: Path) -> None:
+    from hps.build import build_session
+    from tests.helpers import make_config
+
+    cfg = make_config(
+        tmp_path,
+        models=[{"model": "m", "embedding_table_names": ["t"], "embedding_vecsize_per_table": [2],
+                 "gpucache": True, "hps_cache": {"capacity": 100, "device": "numpy"}}],
+    )  # fmt: skip
+    l2, l3 = HashMapStore(), CatchUpCounter()
+    tiers = Tiers(l2, l3)
+    tiers.open_tables([SPEC])
+    session = build_session(cfg, tiers=tiers)
+    keys = np.arange(1, 7, dtype=np.int64)
+    l3.insert(SPEC.name, keys, np.ones((6, 2), np.float32))
+    l2.insert(SPEC.name, keys[:3], np.ones((3, 2), np.float32))
+    session.lookup(SPEC.name, keys)  # all six resident in L1 now
+    r = L1Refresher(session, grace_s=0.0)
+    r.later(SPEC.name, keys[:3])  # L2 holds these: L3 is not read, nor caught up
+    assert r.run_due() == 1 and l3.catch_ups == 0
+    new = np.full((6, 2), 7, np.float32)
+    l3.insert(SPEC.name, keys, new)
+    l2.insert(SPEC.name, keys[:3], new[:3])
+    r.later(SPEC.name, keys[3:5])  # only in L3
+    r.later(SPEC.name, keys[5:])
+    assert r.run_due() == 2 and l3.catch_ups == 1  # one catch-up for the whole pass
+    np.testing.assert_array_equal(session.lookup(SPEC.name, keys[3:]), new[3:])  # re-read
+    session.close()
