@@ -9,6 +9,9 @@ with its output in ``locust.log`` of the report folder. Reports: ``locust_stats.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -101,7 +104,31 @@ def locust_command(run: LocustRun, grace_s: int = 120) -> list[str]:
 
 
 def run_locust(run: LocustRun) -> int:
-    """Run Locust to completion; its exit code (1: a threshold broken, 124: timed out)."""
+    """Run Locust to completion; its exit code (1: a threshold broken, 124: timed out).
+
+    Locust and ``timeout`` run in a process group of their own: if this process is
+    interrupted, the whole group is stopped (killing ``timeout`` alone would leave Locust
+    hammering the stopped stack).
+    """
     run.report_dir.mkdir(parents=True, exist_ok=True)
     with open(run.report_dir / "locust.log", "ab") as out:
-        return subprocess.run(locust_command(run), stdout=out, stderr=subprocess.STDOUT).returncode
+        proc = subprocess.Popen(
+            locust_command(run), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            return proc.wait()
+        except BaseException:
+            stop_group(proc)
+            raise
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+    """SIGTERM the process group of ``proc``, SIGKILL it after ``grace_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
