@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -80,6 +81,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _loadtest(args: argparse.Namespace) -> int:
+    # SIGTERM unwinds like Ctrl-C, so that the finally clauses stop Locust and the stack.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return _run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace) -> int:
     from hps.errors import ConfigError
     from hps.loadtest.runner import LocustRun, run_locust
     from hps.loadtest.summary import format_summary

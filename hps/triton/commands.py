@@ -8,7 +8,6 @@ import shutil
 import signal
 import sys
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -136,7 +135,7 @@ def _run(server: TritonServer, config: PSConfig, args: argparse.Namespace, key: 
     from hps.triton.watchdog import Watchdog, probe_inputs
 
     watchdog = None
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt
     try:
         server.start()
         if args.watchdog_interval > 0:
@@ -164,10 +163,6 @@ def _run(server: TritonServer, config: PSConfig, args: argparse.Namespace, key: 
     for problem in problems:
         print(f"unclean shutdown: {problem}", file=sys.stderr)
     return 1 if problems else 0
-
-
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
 
 
 def _hps_command() -> str:

@@ -6,13 +6,18 @@
 - a stack on a 3-node Redis Cluster with ``hps consume``, load-tested as an existing
   deployment in the spike shape with a limit no run can meet: the quitting listener must
   fail the run, every stage of the spike has served; then every process the stack started
-  is gone.
+  is gone;
+- SIGTERM of ``hps loadtest`` mid-run: Locust, ``hps serve`` and Triton all stop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -113,3 +118,46 @@ def test_a_broken_threshold_fails_the_run_and_the_stack_stops(
         time.sleep(0.2)
     assert not [p for p in pids if _alive(p)], "processes left behind"
     assert os.path.exists(cluster_stack.config_path)
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            with contextlib.suppress(FileNotFoundError):
+                kids = [int(c) for c in task.read_text().split()]
+                out += kids
+                todo += kids
+    return out
+
+
+def test_sigterm_stops_locust_and_the_stack(demo: Path, tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "hps.cli", "loadtest", "--config", str(demo), "--no-admin",
+           "--report-dir", str(tmp_path), "--run-time", "120", "--users", "2",
+           "--samples", "32", "--mix", "grpc=1", "--updates", "0"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("running Locust"):
+            break
+    deadline = time.monotonic() + 60  # Locust and tritonserver are up
+    while time.monotonic() < deadline:
+        names = set()
+        for p in _descendants(proc.pid):
+            with contextlib.suppress(FileNotFoundError):
+                names.add(Path(f"/proc/{p}/cmdline").read_bytes())
+        if any(b"locust" in n for n in names) and any(b"tritonserver" in n for n in names):
+            break
+        time.sleep(0.2)
+    family = _descendants(proc.pid)
+    assert len(family) >= 4, lines  # hps serve, tritonserver, timeout, locust (and stubs)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode != 0, "".join(lines) + out
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in family) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in family if _alive(p)], "processes left behind"
