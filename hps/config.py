@@ -273,6 +273,14 @@ class PersistentDBConfig(_DatabaseConfig):
     num_threads: int = Field(default=16, ge=1)
     read_only: bool = False
     max_batch_size: int = Field(default=65536, ge=1)
+    hps_write_buffer_mb: int = Field(
+        default=64,
+        ge=1,
+        description="memtables of all tables together (MiB); the WAL is kept under twice that",
+    )
+    hps_block_cache_mb: int = Field(
+        default=64, ge=1, description="block cache of all tables together (MiB), per process"
+    )
 
 
 class UpdateSourceConfig(_Frozen):

@@ -192,6 +192,19 @@ def _cells(row: tuple[str, ...], widths: list[int]) -> list[str]:
     ]
 
 
+def l3_memory(config: PSConfig) -> str | None:
+    """What RocksDB holds in memory in each process that opens L3, beyond the table above."""
+    db = config.persistent_db
+    if db.type == "disabled":
+        return None
+    w, c = db.hps_write_buffer_mb, db.hps_block_cache_mb
+    return (
+        f"L3 memory per process that opens it: memtables up to {w} MiB + block cache {c} MiB "
+        f"(persistent_db.hps_write_buffer_mb, hps_block_cache_mb); a secondary replays the "
+        f"writer's WAL into memtables of its own, up to {2 * w} MiB"
+    )
+
+
 def to_json(plans: list[TablePlan], topo: Topology) -> str:
     doc: dict[str, Any] = {
         "topology": topo.as_dict(),

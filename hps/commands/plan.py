@@ -51,7 +51,7 @@ def parse_rows(items: list[str]) -> dict[str, int]:
 
 def _plan(args: argparse.Namespace) -> int:
     from hps.config import load_config
-    from hps.plan import format_text, plan, to_json
+    from hps.plan import format_text, l3_memory, plan, to_json
     from hps.topology import describe, topology
 
     config = load_config(args.config)
@@ -59,7 +59,8 @@ def _plan(args: argparse.Namespace) -> int:
     if args.json:
         print(to_json(plans, topo))
     else:
-        print("\n".join([*describe(topo), "", format_text(plans)]))
+        note = l3_memory(config)
+        print("\n".join([*describe(topo), "", format_text(plans), *([note] if note else [])]))
     return 0
 
 

@@ -36,11 +36,16 @@ ENTRY_OVERHEAD = 16  # bytes of SST index/metadata per entry
 SPACE_AMP = 1.1  # leveled compaction's space amplification
 
 
-def _cf_options() -> rd.Options:
-    """Column-family options: raw bytes, and a bloom filter so misses skip the data blocks."""
+def _cf_options(cache: rd.Cache) -> rd.Options:
+    """Column-family options: raw bytes, a bloom filter so misses skip the data blocks, and
+    the database's one block cache, which holds the index and filter blocks too (RocksDB's
+    default is a cache per column family plus uncounted index memory per SST file)."""
     opts = rd.Options(raw_mode=True)
     table = rd.BlockBasedOptions()
     table.set_bloom_filter(10, False)
+    table.set_block_cache(cache)
+    table.set_cache_index_and_filter_blocks(True)
+    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
     opts.set_block_based_table_factory(table)
     return opts
 
@@ -60,6 +65,8 @@ class RocksDBStore(EmbeddingStore):
         mode: AccessMode = "read_write",
         num_threads: int = 16,
         max_batch_size: int = 65536,
+        write_buffer_mb: int = 64,
+        block_cache_mb: int = 64,
     ) -> None:
         self.path = path
         self.mode = mode
@@ -69,6 +76,12 @@ class RocksDBStore(EmbeddingStore):
         opts = rd.Options(raw_mode=True)
         opts.create_if_missing(mode == "read_write")
         opts.increase_parallelism(num_threads)
+        # Bound the memtables of all column families together (RocksDB's default is 64 MiB
+        # each, twice: gigabytes for a model of many tables, grown slowly by updates) and the
+        # WAL, which a secondary re-reads on every catch-up and replays into its memtables.
+        opts.set_db_write_buffer_size(write_buffer_mb << 20)
+        opts.set_max_total_wal_size(2 * write_buffer_mb << 20)
+        self._cache = rd.Cache(block_cache_mb << 20)
         self._opts = opts
         access = rd.AccessType.read_write()
         if mode == "read_only":
@@ -83,7 +96,7 @@ class RocksDBStore(EmbeddingStore):
             self._db = rd.Rdict(
                 path,
                 opts,
-                column_families={cf: _cf_options() for cf in existing},
+                column_families={cf: _cf_options(self._cache) for cf in existing},
                 access_type=access,
             )
         except Exception as exc:
@@ -102,6 +115,8 @@ class RocksDBStore(EmbeddingStore):
             mode="read_only" if cfg.read_only and mode == "read_write" else mode,
             num_threads=cfg.num_threads,
             max_batch_size=cfg.max_batch_size,
+            write_buffer_mb=cfg.hps_write_buffer_mb,
+            block_cache_mb=cfg.hps_block_cache_mb,
         )
 
     def open_table(self, spec: TableSpec) -> None:
@@ -112,7 +127,7 @@ class RocksDBStore(EmbeddingStore):
             self._cfs[spec.name] = self._db.get_column_family(spec.name)
         elif self.mode == "read_write":
             self._cfs[spec.name] = self._db.create_column_family(
-                spec.name, rd.Options(raw_mode=True)
+                spec.name, _cf_options(self._cache)
             )
             self._existing.add(spec.name)
 
@@ -247,4 +262,3 @@ class RocksDBStore(EmbeddingStore):
             self._db.close()
         if self.mode == "secondary":
             shutil.rmtree(self._secondary_dir, ignore_errors=True)
-

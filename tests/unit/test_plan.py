@@ -93,6 +93,7 @@ def test_plan_command_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["plan", "--config", str(path), "--rows", "m.t1=5000"]) == 0
     text = capsys.readouterr().out
     assert "m.t0" in text and "m.t1" in text and "total" in text and "hash_map" in text
+    assert "L3 memory per process that opens it: memtables up to 64 MiB" in text
     assert main(["plan", "--config", str(path), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [t["rows_from"] for t in doc["tables"]] == ["sparse_files", "unknown"]
