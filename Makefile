@@ -13,10 +13,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/hps install-triton --force -- -q  # nvidia-pytriton, --no-deps (docs/deploy.md)
-	@command -v redis-server >/dev/null || { \
-	  echo "installing redis-server (apt)"; \
+	@missing=$$(command -v redis-server >/dev/null || echo redis-server; \
+	  [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || echo nginx-light); \
+	[ -z "$$missing" ] || { \
+	  echo "installing" $$missing "(apt)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server >/dev/null; }
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing >/dev/null; }
 	touch $(STAMP)
 
 install: $(STAMP)

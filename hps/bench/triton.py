@@ -46,6 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="default",
         help="ps.json fuse_embedding_table for the served model (default: as the demo has it)",
     )
+    parser.add_argument(
+        "--gate",
+        action="store_true",
+        help="send every request through the request-size gate (nginx), as hps serve does",
+    )
 
 
 def zipf_requests(
@@ -115,6 +120,7 @@ def level_hits(metrics_url: str, model: str) -> dict[str, float]:
 def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     from hps.triton.demo import DEMO_MODEL, create_demo, table_sizes
     from hps.triton.deploy import prepare_tables, serving_config
+    from hps.triton.gate import BodyLimit
     from hps.triton.repository import copy_template, prepare_repository
     from hps.triton.server import TritonServer
 
@@ -142,7 +148,11 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
         rows = table_sizes(args.tables, args.rows)
         levels = [int(c) for c in args.concurrency.split(",")]
         server = TritonServer(
-            repo, explicit=True, load_models=[DEMO_MODEL, FLOOR], log_file=Path(tmp) / "log"
+            repo,
+            explicit=True,
+            load_models=[DEMO_MODEL, FLOOR],
+            log_file=Path(tmp) / "log",
+            body_limit=BodyLimit.for_config(config) if args.gate else None,
         )
         with server:
             url = server.grpc_url if args.protocol == "grpc" else server.http_url
@@ -179,6 +189,7 @@ def _row(args: argparse.Namespace, level: int, stats: dict[str, list[Any]]) -> d
         "bench": "triton",
         "model": DEMO_MODEL,
         "protocol": args.protocol,
+        "gate": args.gate,
         "batch": args.batch,
         "tables": args.tables,
         "dim": args.dim,

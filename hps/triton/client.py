@@ -6,6 +6,7 @@ Used by ``hps query``, ``hps bench triton`` and the integration tests.
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from collections.abc import Iterator
 from http.client import HTTPException
 from typing import Any
@@ -49,15 +50,9 @@ class Client:
         self, model: str, inputs: dict[str, np.ndarray], output: str = "OUTPUT0"
     ) -> np.ndarray:
         """Send one request; the named output. Triton errors become hps errors."""
-        from tritonclient.utils import InferenceServerException
-
         tensors = [self._input(name, array) for name, array in inputs.items()]
-        try:
+        with self._translated():
             result = self.client.infer(model, tensors)
-        except InferenceServerException as exc:
-            raise translate(exc) from None
-        except (ConnectionError, OSError, HTTPException) as exc:  # refused, reset, closed
-            raise BackendUnavailable(f"cannot reach Triton at {self.url}: {exc}") from None
         return np.asarray(result.as_numpy(output))
 
     def lookup(self, model: str, keys: np.ndarray, numkeys: np.ndarray) -> np.ndarray:
@@ -83,22 +78,26 @@ class Client:
             },
         )
 
-    def input_names(self, model: str) -> list[str]:
+    @contextmanager
+    def _translated(self) -> Iterator[None]:
+        """The one boundary where client-library errors become hps errors."""
         from tritonclient.utils import InferenceServerException
 
         try:
-            meta = self.client.get_model_metadata(model, **({"as_json": True} if self.grpc else {}))
+            yield
         except InferenceServerException as exc:
             raise translate(exc) from None
+        except (ConnectionError, OSError, HTTPException) as exc:  # refused, reset, closed
+            raise BackendUnavailable(f"cannot reach Triton at {self.url}: {exc}") from None
+
+    def input_names(self, model: str) -> list[str]:
+        with self._translated():
+            meta = self.client.get_model_metadata(model, **({"as_json": True} if self.grpc else {}))
         return [i["name"] for i in meta.get("inputs", [])]
 
     def model_parameters(self, model: str) -> dict[str, str]:
-        from tritonclient.utils import InferenceServerException
-
-        try:
+        with self._translated():
             cfg = self.client.get_model_config(model, **({"as_json": True} if self.grpc else {}))
-        except InferenceServerException as exc:
-            raise translate(exc) from None
         cfg = cfg.get("config", cfg)
         params = cfg.get("parameters", {})
         return {k: v.get("string_value", v.get("stringValue", "")) for k, v in params.items()}

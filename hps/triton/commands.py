@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hps.config import PSConfig
+    from hps.triton.gate import BodyLimit
     from hps.triton.server import TritonServer
 
 
@@ -43,6 +44,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--watchdog-interval", type=float, default=2.0, help="seconds between probes (0: off)"
+    )
+    p.add_argument(
+        "--max-request-mb",
+        type=float,
+        help="largest gRPC request the request-size gate (nginx) lets through; HTTP 3x that "
+        "(default: the largest the models' key limits allow; 0: no gate, Triton listens "
+        "itself; docs/security.md)",
     )
     p.set_defaults(func=_serve)
 
@@ -108,6 +116,7 @@ def _serve(args: argparse.Namespace) -> int:
         key, key_file = _admin_key(args.state_dir or Path(args.config).resolve().parent, tmp)
         server = TritonServer(
             repo,
+            body_limit=body_limit(config, args.max_request_mb),
             http_port=args.http_port,
             grpc_port=args.grpc_port,
             metrics_port=args.metrics_port,
@@ -119,6 +128,18 @@ def _serve(args: argparse.Namespace) -> int:
         return _run(server, config, args, key_file)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def body_limit(config: PSConfig, max_request_mb: float | None) -> BodyLimit | None:
+    """The request-size gate's limit: derived from the config unless given; 0: no gate."""
+    from hps.triton.gate import BodyLimit, find_nginx
+
+    if max_request_mb is not None and max_request_mb <= 0:
+        return None
+    find_nginx()  # its absence is a ConfigError that says what to do, before any work
+    if max_request_mb is None:
+        return BodyLimit.for_config(config)
+    return BodyLimit.of(int(max_request_mb * 2**20))
 
 
 def _admin_key(state_dir: str | Path, fallback: Path) -> tuple[str, Path | None]:
@@ -150,8 +171,8 @@ def _run(server: TritonServer, config: PSConfig, args: argparse.Namespace, key: 
             )
             watchdog.start()
         _print_banner(server, config, args.config, key)
-        status = server.wait()
-        print(f"tritonserver exited by itself (status {status})", file=sys.stderr)
+        name, status = server.wait()
+        print(f"{name} exited by itself (status {status})", file=sys.stderr)
         return status or 1
     except KeyboardInterrupt:
         print("stopping: draining requests, then tritonserver", file=sys.stderr)
@@ -190,7 +211,12 @@ def _print_banner(server: TritonServer, config: PSConfig, path: str, key: Path |
     print(
         f"\nServing {', '.join(names)} from {path}\n"
         f"  HTTP {server.http_url}   gRPC {server.grpc_url}   metrics {server.metrics_url}\n"
-        "Try:\n"
+        + (
+            f"  request bodies up to {server.body_limit.describe()} (the request-size gate)\n"
+            if server.body_limit
+            else "  no request-size gate (--max-request-mb 0): Triton reads any body\n"
+        )
+        + "Try:\n"
         + "".join(f"  {t}\n" for t in tries)
         + "Admin APIs (model control, shared memory, logging, trace) need the header "
         + f"hps-admin-key: {f'the key in {key}' if key else 'the key in $HPS_ADMIN_KEY'}\n",

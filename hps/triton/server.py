@@ -29,6 +29,7 @@ from hps.errors import BackendUnavailable, ConfigError, HPSError
 from hps.net import free_port
 from hps.triton.admin import restricted_args
 from hps.triton.control import ModelControl
+from hps.triton.gate import BodyLimit, RequestGate
 from hps.triton.lifecycle import die_with_parent, owned_tempdir, reap_group, regions, shm_prefix
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,10 @@ class TritonServer:
     Triton's model-repository, shared-memory, trace and logging APIs are restricted to
     requests carrying ``admin_key`` (random unless given; see hps.triton.admin). The
     server dies with the thread that started it (hps.triton.lifecycle).
+
+    With a ``body_limit``, the request-size gate (hps.triton.gate) listens on ``host`` at
+    the HTTP and gRPC ports and Triton behind it on loopback ports of its own; the URLs
+    below are the gate's. Metrics are served by Triton directly.
     """
 
     repository: Path
@@ -134,7 +139,9 @@ class TritonServer:
     install: TritonInstall | None = None
     stop_timeout: float = STOP_TIMEOUT_S
     admin_key: str = ""
+    body_limit: BodyLimit | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    gate: RequestGate | None = field(default=None, init=False)
     shm_prefix: str = field(default_factory=shm_prefix, init=False)
     _workdir: Path | None = field(default=None, init=False)
 
@@ -143,6 +150,9 @@ class TritonServer:
         self.http_port = self.http_port or free_port()
         self.grpc_port = self.grpc_port or free_port()
         self.metrics_port = self.metrics_port or free_port()
+        gated = self.body_limit is not None
+        self._triton_http = free_port() if gated else self.http_port
+        self._triton_grpc = free_port() if gated else self.grpc_port
 
     @property
     def client_host(self) -> str:
@@ -163,14 +173,15 @@ class TritonServer:
 
     def command(self, backends: Path) -> list[str]:
         install = self.install or find_triton()
+        api_host = "127.0.0.1" if self.body_limit is not None else self.host
         cmd = [
             str(install.binary),
             f"--model-repository={self.repository}",
             f"--backend-directory={backends}",
-            f"--http-address={self.host}",
-            f"--http-port={self.http_port}",
-            f"--grpc-address={self.host}",
-            f"--grpc-port={self.grpc_port}",
+            f"--http-address={api_host}",
+            f"--http-port={self._triton_http}",
+            f"--grpc-address={api_host}",
+            f"--grpc-port={self._triton_grpc}",
             f"--metrics-address={self.host}",
             f"--metrics-port={self.metrics_port}",
             "--allow-metrics=true",
@@ -205,6 +216,17 @@ class TritonServer:
         if out:
             out.close()
         try:
+            if self.body_limit is not None:
+                self.gate = RequestGate(
+                    self.body_limit,
+                    self._workdir / "gate",
+                    upstream_http=self._triton_http,
+                    upstream_grpc=self._triton_grpc,
+                    http_port=self.http_port,
+                    grpc_port=self.grpc_port,
+                    host=self.host,
+                    log_file=self.log_file,
+                ).start()
             self.wait_ready(timeout)
         except BaseException:
             self.stop()
@@ -235,10 +257,17 @@ class TritonServer:
             time.sleep(0.2)
         raise BackendUnavailable(f"tritonserver not ready after {timeout:.0f}s")
 
-    def wait(self) -> int:
-        """Block until the server exits; its exit status."""
+    def wait(self) -> tuple[str, int]:
+        """Block until tritonserver or its gate exits: which of them, and its exit status."""
         assert self.proc is not None, "server not started"
-        return self.proc.wait()
+        procs = {"tritonserver": self.proc}
+        if self.gate is not None and self.gate.proc is not None:
+            procs["nginx (the request-size gate)"] = self.gate.proc
+        while True:
+            for name, proc in procs.items():
+                if proc.poll() is not None:
+                    return name, proc.returncode
+            time.sleep(0.5)
 
     @property
     def control(self) -> ModelControl:
@@ -261,6 +290,7 @@ class TritonServer:
                         problems.append(f"models still loaded after {self.stop_timeout:.0f}s")
                 except HPSError as exc:
                     problems.append(f"drain failed: {exc}")
+            problems += self._stop_gate()  # its keep-alive connections would delay Triton's exit
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(self.stop_timeout)
@@ -279,10 +309,15 @@ class TritonServer:
                 problems.append(f"{len(left)} shared-memory regions left behind (removed)")
             for region in left:
                 region.unlink(missing_ok=True)
+        problems += self._stop_gate()
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
         return problems
+
+    def _stop_gate(self) -> list[str]:
+        gate, self.gate = self.gate, None
+        return gate.stop() if gate is not None else []
 
     def __enter__(self) -> TritonServer:
         return self.start() if self.proc is None else self

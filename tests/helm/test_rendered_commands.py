@@ -62,6 +62,15 @@ def test_command_lines_parse(profile: str, monkeypatch: pytest.MonkeyPatch) -> N
     assert {"serve", "import", "admin"} <= seen
 
 
+@pytest.mark.parametrize(("value", "parsed"), [(None, None), (0, 0.0), (2.5, 2.5)])
+def test_the_request_size_gate_limit_reaches_hps_serve(value: float | None, parsed: float) -> None:
+    values = {} if value is None else {"triton": {"maxRequestMb": value}}
+    serve = [c for _, c in _hps_containers(values) if c["command"][1] == "serve"]
+    assert serve
+    for container in serve:
+        assert build_parser().parse_args(container["command"][1:]).max_request_mb == parsed
+
+
 def test_admin_command() -> None:
     """The control-plane sidecar's command line, against the real `hps admin` parser."""
     parser = build_parser()

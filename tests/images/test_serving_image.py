@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hps.errors import RequestError
 from hps.io.sparse_model import read_sparse_model
 from hps.net import free_port
 from hps.triton.client import Client
@@ -145,6 +146,9 @@ def test_grpc_request_returns_the_exact_demo_vectors(served: Served) -> None:
     want = np.concatenate([stored[i][1][r] for i, r in enumerate(rows)])
     with Client(f"127.0.0.1:{served.grpc}", grpc=True) as client:
         got = client.lookup("demo", keys, np.array([r.size for r in rows]))
+        # the request-size gate (nginx, installed by the Dockerfile) runs in the image
+        with pytest.raises(RequestError, match="refused by the request-size gate"):
+            client.lookup("demo", np.zeros(1_000_000, np.int64), np.array([1_000_000, 0]))
     np.testing.assert_array_equal(got.reshape(-1, DIM), want)  # exact, bit for bit
     assert status(f"http://127.0.0.1:{served.http}/v2/health/ready") == 200
 

@@ -101,7 +101,7 @@ spec:
       image: {{ include "hps.image" (dict "image" $v.images.serving "root" .) }}
       imagePullPolicy: {{ $v.images.serving.pullPolicy }}
       workingDir: /tmp  # a volume: the root filesystem is read-only
-      command: [hps, serve, --config, /etc/hps/ps.json, --host, 0.0.0.0, --http-port, {{ $v.triton.httpPort | quote }}, --grpc-port, {{ $v.triton.grpcPort | quote }}, --metrics-port, {{ $v.triton.metricsPort | quote }}, --repository, /var/run/hps/repository]
+      command: [hps, serve, --config, /etc/hps/ps.json, --host, 0.0.0.0, --http-port, {{ $v.triton.httpPort | quote }}, --grpc-port, {{ $v.triton.grpcPort | quote }}, --metrics-port, {{ $v.triton.metricsPort | quote }}, --repository, /var/run/hps/repository{{ if not (kindIs "invalid" $v.triton.maxRequestMb) }}, --max-request-mb, {{ $v.triton.maxRequestMb | quote }}{{ end }}]
       {{- include "hps.containerSecurity" . | nindent 6 }}
       env:
         {{- include "hps.adminEnv" . | nindent 8 }}

@@ -52,6 +52,7 @@ def test_demo_serve_query_and_sigterm(tmp_path: Path) -> None:
     try:
         banner = "".join(wait_for_banner(proc))
         assert f" -m hps.cli query --url 127.0.0.1:{http} --model demo --keys 1,2,3" in banner
+        assert "request bodies up to gRPC 0.22 MiB, HTTP 0.66 MiB (the request-size gate)" in banner
         lines = run_hps(
             "query",
             "--url",

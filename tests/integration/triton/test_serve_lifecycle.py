@@ -2,8 +2,9 @@
 
 - a SIGKILLed stub is found by the watchdog and its model reloaded within 10 s;
 - SIGTERM under load drains and leaves no shared-memory region or temporary folder;
-- SIGKILL of `hps serve` takes tritonserver and the stubs with it; the next `hps serve`
-  refuses a port in use before printing anything and cleans what its predecessor left.
+- SIGKILL of `hps serve` takes tritonserver, the stubs and the gate (nginx) with it; the
+  next `hps serve` refuses a port in use before printing anything and cleans what its
+  predecessor left.
 """
 
 from __future__ import annotations
@@ -203,12 +204,16 @@ def test_dead_stub_reload_then_sigkill_and_successor(site: Path) -> None:
         assert recovered <= max(10.0, start_up + 3.0)
         assert all(lookup_ok(url) for _ in range(5))
         stubs = [p for p in children(triton) if "triton_python_backend_stub" in cmdline(p)]
-        proc.kill()  # SIGKILL of hps serve: Triton and its stubs must follow
+        nginx = [p for p in children(proc.pid) if "nginx" in cmdline(p)]
+        assert len(nginx) == 1, "the request-size gate runs beside Triton"
+        gate = [*nginx, *children(nginx[0])]
+        proc.kill()  # SIGKILL of hps serve: Triton, its stubs and the gate must follow
         proc.wait()
+        ours = [triton, *stubs, *gate]
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(map(pid_alive, [triton, *stubs])):
+        while time.monotonic() < deadline and any(map(pid_alive, ours)):
             time.sleep(0.2)
-        assert not any(map(pid_alive, [triton, *stubs])), "orphans outlived hps serve"
+        assert not any(map(pid_alive, ours)), "orphans outlived hps serve"
     finally:
         stop(proc)
     left = [p for p in (site / "tmp").iterdir()]
