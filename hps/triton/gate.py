@@ -43,6 +43,9 @@ JSON_FACTOR = 3  # an int64 as JSON text takes up to 21 bytes against 8
 UNLIMITED_MODEL_BYTES = 64 * 1024**2  # a model without per-table key limits
 NGINX_PATHS = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
 STOP_TIMEOUT_S = 10.0
+# Body buffers hold the limit and one more HTTP/2 window: a body is refused before it could
+# spill into a temporary file (which nginx's workers, another user under root, may not write).
+SPARE = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -126,13 +129,24 @@ http {{
     {temp}
     upstream triton_grpc {{ server 127.0.0.1:{gate.upstream_grpc}; keepalive 64; }}
     upstream triton_http {{ server 127.0.0.1:{gate.upstream_http}; keepalive 64; }}
+    # A whole typical answer per buffer and frame (1,024 samples x 26 tables: 1.7 MB out):
+    # nginx's 4-16 KB defaults halved the floor's throughput.
+    http2_chunk_size 256k;
     server {{
         listen {listen}:{gate.grpc_port} http2;
         client_max_body_size {lim.grpc};
+        client_body_buffer_size {lim.grpc + SPARE};
+        grpc_buffer_size 1m;
         client_body_timeout 60s;
         grpc_read_timeout 3600s;
         grpc_send_timeout 3600s;
-        location / {{ grpc_pass grpc://triton_grpc; }}
+        location / {{
+            # nginx streams gRPC bodies to Triton as they arrive; the (empty) mirror makes
+            # it read the whole body first, so a refused one never reaches Triton.
+            mirror /_hps_gate_read_body;
+            grpc_pass grpc://triton_grpc;
+        }}
+        location = /_hps_gate_read_body {{ internal; return 204; }}
         error_page 413 = @too_large;
         location @too_large {{
             default_type application/grpc;
@@ -144,10 +158,13 @@ http {{
     server {{
         listen {listen}:{gate.http_port};
         client_max_body_size {lim.http};
+        client_body_buffer_size {lim.http + SPARE};  # whole bodies, in memory, before Triton
         proxy_http_version 1.1;
         proxy_set_header Connection "";
-        proxy_request_buffering off;
         proxy_buffering off;
+        proxy_buffer_size 1m;
+        proxy_buffers 4 1m;
+        proxy_busy_buffers_size 2m;
         proxy_read_timeout 3600s;
         location / {{ proxy_pass http://triton_http; }}
         error_page 413 = @too_large;
@@ -173,7 +190,7 @@ class RequestGate:
     grpc_port: int
     host: str = "127.0.0.1"
     log_file: Path | None = None
-    workers: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))
+    workers: int = field(default_factory=lambda: max(1, min(4, (os.cpu_count() or 1) // 4)))
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     @property
