@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hps.cache.many import query_tables_into
 from hps.dedup import unique_inverse
 from hps.types import Keys, TableSpec, Vectors
 
@@ -41,25 +42,46 @@ class FusedLookup:
         total = sum(n * s.dim for s, n in zip(specs, counts, strict=True))
         out = np.empty(total, dtype=np.float32)
         pending: list[tuple[TableSpec, L1Cache | None, Keys, Vectors, np.ndarray, int]] = []
+        cached: list[tuple[TableSpec, L1Cache, int, int, int]] = []  # spec, cache, k, n, v
         k_off = v_off = 0
         for spec, n in zip(specs, counts, strict=True):
-            seg = keys[k_off : k_off + n]
-            view = out[v_off : v_off + n * spec.dim].reshape(n, spec.dim)
+            if n:
+                cache = session.caches.get(spec.name)
+                if cache is None:
+                    session.count(spec.name, lookups=1, keys=n)
+                    view = out[v_off : v_off + n * spec.dim].reshape(n, spec.dim)
+                    pending.append((spec, None, keys[k_off : k_off + n], view, np.arange(n), 0))
+                else:
+                    cached.append((spec, cache, k_off, n, v_off))
             k_off += n
             v_off += n * spec.dim
-            if n == 0:
-                continue
-            session.count(spec.name, lookups=1, keys=n)
-            cache = session.caches.get(spec.name)
-            if cache is None:
-                pending.append((spec, None, seg, view, np.arange(n), 0))
-                continue
-            miss_pos, n_hit = cache.query_into(seg, view)
-            session.count(spec.name, l1=n_hit)
+        for (spec, cache, k, n, v), (miss_pos, n_hit) in zip(
+            cached, self._probe(cached, keys, out), strict=True
+        ):
+            session.count(spec.name, lookups=1, keys=n, l1=n_hit)
             if miss_pos.size:
-                pending.append((spec, cache, seg, view, miss_pos, n_hit))
+                view = out[v : v + n * spec.dim].reshape(n, spec.dim)
+                pending.append((spec, cache, keys[k : k + n], view, miss_pos, n_hit))
         for spec, cache, seg, view, miss_pos, n_hit in pending:
             # L2 → L3 → default for the missed positions, de-duplicated, then L1 backfill
             missed, inverse = unique_inverse(seg[miss_pos])
             view[miss_pos] = session.miss_rows(spec, cache, missed, n_hit)[inverse]
         return out
+
+    @staticmethod
+    def _probe(
+        cached: list[tuple[TableSpec, L1Cache, int, int, int]], keys: Keys, out: Vectors
+    ) -> list[tuple[np.ndarray, int]]:
+        """L1 of every cached table: one compiled call for all of them where the caches
+        allow (:func:`hps.cache.many.query_tables_into`), else one ``query_into`` each."""
+        if not cached:
+            return []
+        bounds = np.array([(k, k + n) for _, _, k, n, _ in cached], dtype=np.int64)
+        offsets = np.array([v for *_, v in cached], dtype=np.int64)
+        answers = query_tables_into([c for _, c, *_ in cached], keys, bounds, out, offsets)
+        if answers is not None:
+            return answers
+        return [
+            cache.query_into(keys[k : k + n], out[v : v + n * spec.dim].reshape(n, spec.dim))
+            for spec, cache, k, n, v in cached
+        ]

@@ -8,6 +8,9 @@ Three loops in one call, each a straight pass over the request:
 3. the copies into the output in request order, prefetching the rows a few keys ahead, with
    the L1 bookkeeping of each hit: last-access tick (and the distinct-hit count: a row whose
    tick already is this call's was hit before in it), access count up to its cap.
+
+:func:`probe_gather_tables` runs it for every table of a request in one call, the caches
+given by the addresses of their arrays, so a 26-table request crosses from Python once.
 """
 
 from __future__ import annotations
@@ -119,8 +122,60 @@ def _probe_gather(  # the signature is kernels.ProbeGather's
     return n_miss, n_hit
 
 
-try:
-    probe_gather = numba.njit(cache=True, nogil=True, error_model="numpy")(_probe_gather)
-except RuntimeError as exc:  # no writable cache folder (a read-only install)
-    log.warning("numba cannot cache the L1 kernel (%s); set NUMBA_CACHE_DIR", exc)
-    probe_gather = numba.njit(nogil=True, error_model="numpy")(_probe_gather)
+def _pointer_to(nbtype: Any) -> Any:
+    """An intrinsic turning an address (int64) into a typed pointer for ``numba.carray``."""
+
+    @intrinsic
+    def as_pointer(typingctx: Any, address: Any) -> Any:
+        pointer = types.CPointer(nbtype)
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return builder.inttoptr(args[0], context.get_value_type(pointer))
+
+        return pointer(address), codegen
+
+    return as_pointer
+
+
+_i64p, _i32p, _f32p = (_pointer_to(t) for t in (types.int64, types.int32, types.float32))
+
+
+def _probe_gather_tables(desc, bounds, keys, out, out_offsets, miss_pos, result):
+    """:func:`_probe_gather` over the tables of one request in one call (the signature is
+    kernels.ProbeGatherTables'). Row ``t`` of ``desc`` describes table ``t``'s cache by the
+    addresses of its arrays (see :data:`hps.cache.kernels.DESCRIPTOR`); its keys are
+    ``keys[bounds[t, 0]:bounds[t, 1]]``, its rows go to ``out`` from ``out_offsets[t]``, its
+    miss positions to ``miss_pos`` from ``bounds[t, 0]`` and its counts to ``result[t]``."""
+    for t in range(desc.shape[0]):
+        lo, hi = bounds[t, 0], bounds[t, 1]
+        if hi == lo:
+            continue
+        slots, gmask, dim, capacity = desc[t, 2], desc[t, 3], desc[t, 5], desc[t, 6]
+        n_counts = capacity if desc[t, 9] != 0 else 0
+        n_miss, n_hit = probe_gather(
+            numba.carray(_i64p(desc[t, 0]), slots),
+            numba.carray(_i32p(desc[t, 1]), slots),
+            gmask,
+            numba.carray(_f32p(desc[t, 4]), (capacity, dim)),
+            keys[lo:hi],
+            out[out_offsets[t] : out_offsets[t] + (hi - lo) * dim].reshape((hi - lo, dim)),
+            numba.carray(_i64p(desc[t, 7]), capacity),
+            desc[t, 8],
+            numba.carray(_i32p(desc[t, 9]), n_counts),
+            desc[t, 10],
+            miss_pos[lo:hi],
+        )
+        result[t, 0] = n_miss
+        result[t, 1] = n_hit
+
+
+def _compile(fn: Any) -> Any:
+    try:
+        return numba.njit(cache=True, nogil=True, error_model="numpy")(fn)
+    except RuntimeError as exc:  # no writable cache folder (a read-only install)
+        log.warning("numba cannot cache the L1 kernel (%s); set NUMBA_CACHE_DIR", exc)
+        return numba.njit(nogil=True, error_model="numpy")(fn)
+
+
+probe_gather = _compile(_probe_gather)
+probe_gather_tables = _compile(_probe_gather_tables)

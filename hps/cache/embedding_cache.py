@@ -83,6 +83,9 @@ class EmbeddingCache:
         )
         self._kernel = kernels.kernel_for(xp)
         self._no_keys = xp.zeros(0, dtype=xp.int64)
+        self._desc = np.zeros(len(kernels.DESCRIPTOR), dtype=np.int64)
+        self._desc_arrays: tuple[Any, ...] = ()
+        self._desc_ids: tuple[int, ...] = ()
 
     def _alloc(self, policy: str, frequency_window: int | None) -> None:
         capacity = self.capacity
@@ -188,22 +191,54 @@ class EmbeddingCache:
             access = self.policy.access_counts()
             counts, cap = access if access is not None else (None, 0)
             miss_pos, n_hit = self._kernel(self._rows, keys, out, self._tick, counts, cap)
-            n_missed = 0
-            if miss_pos.size:
-                missed, times = np.unique(keys[miss_pos], return_counts=True)
-                n_missed = missed.size
-                if self.policy.on_misses(to_xp(self.xp, missed), to_xp(self.xp, times),
-                                         keys.size):  # fmt: skip
-                    self.policy.age()
-                    self._repin()
-            elif self.policy.on_misses(self._no_keys, self._no_keys, keys.size):
+            self._after_probe(keys, miss_pos, n_hit)
+            return miss_pos, n_hit
+
+    @property
+    def takes_descriptor(self) -> bool:
+        """Whether :func:`hps.cache.many.query_tables_into` can probe it (compiled, on CPU)."""
+        return self._kernel is not None and self.xp is np
+
+    def _descriptor(self) -> np.ndarray:
+        """This cache's row for the many-table kernel, for a new query's tick (the caller
+        holds the lock until the kernel has run): the addresses of its arrays, rebuilt only
+        when one of them was replaced (kept referenced, so an address is never reused)."""
+        rows, access = self._rows, self.policy.access_counts()
+        counts, cap = access if access is not None else (None, kernels.COUNT_CAP_NONE)
+        arrays = (rows.index.slot_keys, rows.index.slot_rows, rows.values, rows.ticks, counts)
+        if tuple(map(id, arrays)) != self._desc_ids:
+            slot_keys, slot_rows, values, ticks, _ = arrays
+            self._desc = np.array(
+                [slot_keys.ctypes.data, slot_rows.ctypes.data, slot_keys.size, 0,
+                 values.ctypes.data, self.dim, values.shape[0], ticks.ctypes.data, 0,
+                 0 if counts is None else counts.ctypes.data, cap],
+                dtype=np.int64,
+            )  # fmt: skip
+            self._desc_arrays = arrays  # referenced: their ids and addresses stay theirs
+            self._desc_ids = tuple(map(id, arrays))
+        self._tick += 1
+        desc = self._desc
+        desc[3] = rows.index.gmask
+        desc[8] = self._tick
+        desc[10] = cap
+        return desc
+
+    def _after_probe(self, keys: np.ndarray, miss_pos: np.ndarray, n_hit: int) -> None:
+        """The policy and the counters after a compiled probe of ``keys`` (lock held)."""
+        n_missed = 0
+        if miss_pos.size:
+            missed, times = np.unique(keys[miss_pos], return_counts=True)
+            n_missed = missed.size
+            if self.policy.on_misses(to_xp(self.xp, missed), to_xp(self.xp, times), keys.size):
                 self.policy.age()
                 self._repin()
-            stats = self._stats
-            stats["queries"] += 1
-            stats["hits"] += n_hit
-            stats["misses"] += n_missed
-            return miss_pos, n_hit
+        elif self.policy.on_misses(self._no_keys, self._no_keys, keys.size):
+            self.policy.age()
+            self._repin()
+        stats = self._stats
+        stats["queries"] += 1
+        stats["hits"] += n_hit
+        stats["misses"] += n_missed
 
     def resident(self, keys: Keys) -> Mask:
         keys = _host_keys(keys)

@@ -44,6 +44,16 @@ log = logging.getLogger(__name__)
 # (slot_keys, slot_rows, gmask, values, keys, out, ticks, tick, counts, cap, miss_pos)
 #   -> (number of misses, number of distinct rows hit)
 ProbeGather = Callable[..., tuple[int, int]]
+# Signature of the compiled many-table CPU kernel (writes result[t] = misses, distinct hits):
+# (descriptors int64[T, 11], bounds int64[T, 2] (first, end key), keys, out float32[total],
+#  out_offsets int64[T], miss_pos int64[n], result int64[T, 2]) -> None
+ProbeGatherTables = Callable[..., None]
+# Columns of a cache's row in the descriptors: addresses and sizes of its arrays (the cache's
+# lock held while they are used), the query's tick and the count cap.
+DESCRIPTOR = (
+    "slot_keys", "slot_rows", "slots", "gmask", "values", "dim", "capacity",
+    "ticks", "tick", "counts", "cap",
+)  # fmt: skip
 NO_COUNTS = np.zeros(0, dtype=np.int32)
 COUNT_CAP_NONE = np.iinfo(np.int32).max
 
@@ -62,6 +72,17 @@ def cpu_kernel() -> ProbeGather | None:
     return kernel
 
 
+@functools.lru_cache(maxsize=1)
+def cpu_tables_kernel() -> ProbeGatherTables | None:
+    """The compiled many-table CPU kernel, or ``None`` where :func:`cpu_kernel` is."""
+    if cpu_kernel() is None:
+        return None
+    from hps.cache._numba_kernel import probe_gather_tables
+
+    kernel: ProbeGatherTables = probe_gather_tables
+    return kernel
+
+
 def warm_up() -> float:
     """Compile (or load from the disk cache) the CPU kernel now; returns the seconds it took."""
     import time
@@ -76,6 +97,13 @@ def warm_up() -> float:
         ticks = np.zeros(1, dtype=np.int64)
         kernel(slots, rows, 1, vals, keys, np.empty((1, 1), np.float32), ticks, 1,
                NO_COUNTS, COUNT_CAP_NONE, np.empty(1, np.int64))  # fmt: skip
+        desc = np.array([[slots.ctypes.data, rows.ctypes.data, 16, 1, vals.ctypes.data, 1, 1,
+                          ticks.ctypes.data, 2, 0, COUNT_CAP_NONE]], dtype=np.int64)  # fmt: skip
+        tables = cpu_tables_kernel()
+        assert tables is not None
+        bounds, out = np.array([[0, 1]], np.int64), np.empty(1, np.float32)
+        tables(desc, bounds, keys, out, np.zeros(1, np.int64), np.empty(1, np.int64),
+               np.zeros((1, 2), np.int64))  # fmt: skip
     return time.perf_counter() - start
 
 

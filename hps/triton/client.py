@@ -6,8 +6,8 @@ Used by ``hps query``, ``hps bench triton`` and the integration tests.
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.client import HTTPException
 from typing import Any
 

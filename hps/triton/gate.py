@@ -18,6 +18,7 @@ bounded by what a legitimate request costs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -251,10 +252,8 @@ class RequestGate:
                 proc.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 problems.append(f"nginx ignored SIGTERM for {STOP_TIMEOUT_S:.0f}s")
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)  # workers of a master that is gone
-        except (ProcessLookupError, PermissionError):
-            pass
         proc.wait()
         if proc.returncode not in (0, -signal.SIGKILL) and not problems:
             problems.append(f"nginx exited with status {proc.returncode}")

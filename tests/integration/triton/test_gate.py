@@ -72,7 +72,9 @@ def test_admin_apis_pass_only_with_the_key(triton, gate) -> None:
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(urllib.request.Request(base, data=b"{}"), timeout=5)
     assert err.value.code in (400, 403)
-    keyed = urllib.request.Request(base, data=b"{}", headers={"hps-admin-key": triton.server.admin_key})
+    keyed = urllib.request.Request(
+        base, data=b"{}", headers={"hps-admin-key": triton.server.admin_key}
+    )
     with urllib.request.urlopen(keyed, timeout=5) as resp:
         assert "emb" in {m["name"] for m in json.loads(resp.read())}
 

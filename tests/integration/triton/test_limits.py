@@ -3,7 +3,6 @@ non-finite features. The request-size gate in front of them: test_gate.py."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
@@ -52,4 +51,3 @@ def test_ctr_model_honours_max_batch_size_and_finite_features(triton) -> None:
             dense[0, 7] = bad
             with pytest.raises(RequestError, match="InvalidValueError: DES has 1 NaN or infinite"):
                 client.infer("ctr_ctr", ctr_inputs(2, dense))
-

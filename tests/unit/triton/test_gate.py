@@ -95,6 +95,8 @@ def test_a_port_in_use_is_a_clear_start_up_error(tmp_path: Path, upstream: int) 
         second = RequestGate(
             BodyLimit.of(1000), tmp_path / "b", upstream, 1, first.http_port, free_port()
         )
-        with pytest.raises(ConfigError, match=f"HTTP port {first.http_port} on 127.0.0.1 is in use"):
+        with pytest.raises(
+            ConfigError, match=f"HTTP port {first.http_port} on 127.0.0.1 is in use"
+        ):
             second.start()
         assert second.proc is None

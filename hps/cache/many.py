@@ -1,0 +1,63 @@
+"""The L1 probe of every table of a request in one compiled call.
+
+:meth:`hps.cache.EmbeddingCache.query_into` crosses from Python into the compiled kernel
+once per table; for a 26-table request the crossings (locks, argument checks, dispatch,
+result objects) cost about a third as much as the probes themselves. Here the caches' locks
+are taken together, each cache contributes one row of addresses
+(:data:`hps.cache.kernels.DESCRIPTOR`), and one call of the many-table kernel probes,
+gathers and stamps all tables. Afterwards each cache runs its own policy and counters, as
+after ``query_into``: the end state is the same as a ``query_into`` per table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from hps.cache import kernels
+from hps.cache.embedding_cache import EmbeddingCache
+
+
+def query_tables_into(
+    caches: Sequence[object],
+    keys: np.ndarray,
+    bounds: np.ndarray,
+    out: np.ndarray,
+    out_offsets: np.ndarray,
+) -> list[tuple[np.ndarray, int]] | None:
+    """Probe ``caches[t]`` with ``keys[bounds[t, 0]:bounds[t, 1]]`` (int64 ``[T, 2]``,
+    non-empty, non-overlapping), writing its rows into the flat float32 ``out`` from
+    ``out_offsets[t]`` in request order (misses as zeros).
+
+    Returns per table the miss positions (within its keys) and the distinct keys hit, as
+    ``query_into`` does; ``None`` when some cache is not an :class:`EmbeddingCache` on the
+    compiled CPU path (the caller then queries table by table). The caches must be distinct.
+    """
+    kernel = kernels.cpu_tables_kernel()
+    ours = [c for c in caches if isinstance(c, EmbeddingCache) and c.takes_descriptor]
+    if kernel is None or len(ours) != len(caches):
+        return None
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    n_tables = len(caches)
+    result = np.zeros((n_tables, 2), dtype=np.int64)
+    miss_pos = np.empty(keys.size, dtype=np.int64)
+    locks = [cache._lock for cache in ours]
+    for lock in locks:
+        lock.acquire()
+    try:
+        desc = np.empty((n_tables, len(kernels.DESCRIPTOR)), dtype=np.int64)
+        for t, cache in enumerate(ours):
+            desc[t] = cache._descriptor()
+        kernel(desc, bounds, keys, out, out_offsets, miss_pos, result)
+        answers = []
+        for t, cache in enumerate(ours):
+            lo, hi = int(bounds[t, 0]), int(bounds[t, 1])
+            misses = miss_pos[lo : lo + int(result[t, 0])]
+            n_hit = int(result[t, 1])
+            cache._after_probe(keys[lo:hi], misses, n_hit)
+            answers.append((misses, n_hit))
+    finally:
+        for lock in reversed(locks):
+            lock.release()
+    return answers
