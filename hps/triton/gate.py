@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hps.errors import BackendUnavailable, ConfigError
-from hps.triton.lifecycle import check_ports, die_with_parent
+from hps.triton.lifecycle import check_ports, spawn_child
 
 if TYPE_CHECKING:
     from hps.config import PSConfig
@@ -209,16 +209,7 @@ class RequestGate:
         cmd = [str(nginx), "-p", str(self.workdir), "-c", str(conf)]
         if _has_error_log_flag(nginx):
             cmd += ["-e", self.error_log]
-        out = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=subprocess.STDOUT if out else None,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
-        if out:
-            out.close()
+        self.proc = spawn_child(cmd, self.log_file)
         deadline = time.monotonic() + timeout
         while not all(self._accepts(p) for p in (self.http_port, self.grpc_port)):
             if self.proc.poll() is not None:

@@ -24,6 +24,7 @@ import secrets
 import shutil
 import signal
 import socket
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -43,6 +44,27 @@ def die_with_parent() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
+def spawn_child(
+    cmd: list[str], log_file: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a server child of ours: its own session (a terminal's Ctrl-C reaches us only,
+    and we stop it in order), dying with us (:func:`die_with_parent`), output appended to
+    ``log_file`` (else ours)."""
+    out = open(log_file, "ab") if log_file else None  # noqa: SIM115
+    try:
+        return subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+    finally:
+        if out:
+            out.close()
 
 
 def shm_prefix() -> str:

@@ -30,7 +30,7 @@ from hps.net import free_port
 from hps.triton.admin import restricted_args
 from hps.triton.control import ModelControl
 from hps.triton.gate import BodyLimit, RequestGate
-from hps.triton.lifecycle import die_with_parent, owned_tempdir, reap_group, regions, shm_prefix
+from hps.triton.lifecycle import owned_tempdir, reap_group, regions, shm_prefix, spawn_child
 
 log = logging.getLogger(__name__)
 
@@ -202,19 +202,8 @@ class TritonServer:
         self._workdir = owned_tempdir("hps-triton-")
         backends = prepare_backends(install, self._workdir / "backends")
         cmd = self.command(backends)
-        out = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115
         log.info("starting %s", " ".join(cmd))
-        # Own session: a terminal's Ctrl-C reaches us only, and we stop Triton in order.
-        self.proc = subprocess.Popen(
-            cmd,
-            env=server_env(install),
-            stdout=out,
-            stderr=subprocess.STDOUT if out else None,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
-        if out:
-            out.close()
+        self.proc = spawn_child(cmd, self.log_file, server_env(install))
         try:
             if self.body_limit is not None:
                 self.gate = RequestGate(
