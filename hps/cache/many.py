@@ -51,10 +51,10 @@ def query_tables_into(
             desc[t] = cache._descriptor()
         kernel(desc, bounds, keys, out, out_offsets, miss_pos, result)
         answers = []
-        for t, cache in enumerate(ours):
-            lo, hi = int(bounds[t, 0]), int(bounds[t, 1])
-            misses = miss_pos[lo : lo + int(result[t, 0])]
-            n_hit = int(result[t, 1])
+        for cache, (lo, hi), (n_miss, n_hit) in zip(
+            ours, bounds.tolist(), result.tolist(), strict=True
+        ):
+            misses = miss_pos[lo : lo + n_miss]
             cache._after_probe(keys[lo:hi], misses, n_hit)
             answers.append((misses, n_hit))
     finally:

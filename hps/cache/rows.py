@@ -11,7 +11,9 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from hps.index import TOMBSTONE, KeyIndex, slots_for
+import numpy as np
+
+from hps.index import TOMBSTONE, KeyIndex, aligned_full, slots_for
 
 MAX_LOAD = 0.5  # fixed capacity: a sparser index ends most probes in the first group
 # Per row beyond the arena and the index: row key 8, tick 8, pinned flag 1, free-stack slot 8.
@@ -27,7 +29,7 @@ class RowStore:
     def __init__(self, capacity: int, dim: int, xp: ModuleType) -> None:
         self.capacity, self.dim, self.xp = capacity, dim, xp
         self.index = KeyIndex(capacity, xp=xp, max_load=MAX_LOAD)
-        self.values = xp.zeros((capacity, dim), dtype=xp.float32)
+        self.values = aligned_full(xp, (capacity, dim), 0.0, np.float32)
         self.row_keys = xp.full(capacity, TOMBSTONE, dtype=xp.int64)
         self.ticks = xp.zeros(capacity, dtype=xp.int64)
         self.pinned = xp.zeros(capacity, dtype=bool)

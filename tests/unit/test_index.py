@@ -101,3 +101,17 @@ def test_one_group_is_one_cache_line() -> None:
     index = KeyIndex(1000)
     assert index.slots % GROUP == 0
     assert index.slot_keys.reshape(-1, GROUP).strides[0] == 64
+
+
+def test_slot_groups_and_rows_start_on_cache_lines() -> None:
+    """A slot group (8 keys) and a dim-16 row are one 64-byte line each, not two."""
+    from hps.cache.rows import RowStore
+    from hps.index import CACHE_LINE, aligned_full
+
+    for shape in (5, (3, 7), (100_000, 16)):
+        arr = aligned_full(np, shape, -1, np.int32)
+        assert arr.ctypes.data % CACHE_LINE == 0 and arr.shape == np.empty(shape).shape
+        assert arr.dtype == np.int32 and (arr == -1).all() and arr.flags["C_CONTIGUOUS"]
+    rows = RowStore(100_000, 16, np)
+    assert rows.values.ctypes.data % CACHE_LINE == 0
+    assert rows.index.slot_keys.ctypes.data % CACHE_LINE == 0
