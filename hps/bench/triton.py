@@ -11,6 +11,7 @@ to the floor and to HPS, alternately in rounds. ``ratio`` is HPS's p50 over the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import tempfile
@@ -68,16 +69,27 @@ def zipf_requests(
 def drive(
     url: str, grpc: bool, model: str, requests: list[dict[str, np.ndarray]], concurrency: int
 ) -> tuple[np.ndarray, float]:
-    """Send all requests with ``concurrency`` clients; (latencies in s, elapsed s)."""
+    """Send all requests with ``concurrency`` clients; (latencies in s, elapsed s).
+
+    Each client connects before the clock starts (a barrier): at 64 clients the connection
+    set-up would otherwise count as serving time, a few hundred ms per round on 2 cores."""
     from hps.triton.client import Client
 
     latencies = np.zeros(len(requests))
     lock = threading.Lock()
     next_index = [0]
     errors: list[BaseException] = []
+    connected = threading.Barrier(concurrency + 1)
 
     def worker() -> None:
         with Client(url, grpc=grpc) as client:
+            try:
+                client.model_ready(model)  # connects now, not in the first timed request
+                connected.wait(timeout=60)
+            except BaseException as exc:
+                errors.append(exc)
+                connected.abort()
+                return
             while True:
                 with lock:
                     i = next_index[0]
@@ -93,9 +105,11 @@ def drive(
                 latencies[i] = time.perf_counter() - start
 
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    start = time.perf_counter()
     for t in threads:
         t.start()
+    with contextlib.suppress(threading.BrokenBarrierError):  # a worker's error, raised below
+        connected.wait(timeout=60)
+    start = time.perf_counter()
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - start

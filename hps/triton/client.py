@@ -90,6 +90,11 @@ class Client:
         except (ConnectionError, OSError, HTTPException) as exc:  # refused, reset, closed
             raise BackendUnavailable(f"cannot reach Triton at {self.url}: {exc}") from None
 
+    def model_ready(self, model: str) -> bool:
+        """Whether ``model`` is ready (this also opens the connection)."""
+        with self._translated():
+            return bool(self.client.is_model_ready(model))
+
     def input_names(self, model: str) -> list[str]:
         with self._translated():
             meta = self.client.get_model_metadata(model, **({"as_json": True} if self.grpc else {}))
