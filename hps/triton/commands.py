@@ -173,7 +173,7 @@ def _run(server: TritonServer, config: PSConfig, args: argparse.Namespace, key: 
         _print_banner(server, config, args.config, key)
         name, status = server.wait()
         print(f"{name} exited by itself (status {status})", file=sys.stderr)
-        return status or 1
+        return status if status > 0 else 1  # a signal's negative status is no exit code
     except KeyboardInterrupt:
         print("stopping: draining requests, then tritonserver", file=sys.stderr)
     finally:

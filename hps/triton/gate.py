@@ -3,9 +3,9 @@
 Triton 2.51 has no bound on a request's size: a client sending 8 MB requests costs the
 server 13-26 ms of CPU each (gRPC frontend, protobuf parse, copy into the Python backend)
 before the model can refuse them, and on a small machine that CPU is taken from every
-other client. The gate refuses a body over :class:`BodyLimit` after reading at most that
-much (at once when HTTP announces a Content-Length), so the attacker's cost to Triton is
-bounded by what a legitimate request costs.
+other client. The gate refuses a body over :class:`BodyLimit` before Triton sees any of it
+(at once when HTTP announces a Content-Length; nginx still reads and discards the rest of
+an HTTP/2 body), so a refused request costs Triton nothing.
 
 - The limit is derived from the served models (:meth:`BodyLimit.for_config`): the largest
   request their key limits allow, in binary, plus 64 KiB; JSON bodies (HTTP without
@@ -19,7 +19,6 @@ bounded by what a legitimate request costs.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import re
 import shutil
@@ -36,8 +35,6 @@ from hps.triton.lifecycle import check_ports, spawn_child
 
 if TYPE_CHECKING:
     from hps.config import PSConfig
-
-log = logging.getLogger(__name__)
 
 HEADROOM = 64 * 1024  # protocol framing, tensor names and shapes, the JSON header of HTTP
 JSON_FACTOR = 3  # an int64 as JSON text takes up to 21 bytes against 8

@@ -238,3 +238,27 @@ def test_dead_stub_reload_then_sigkill_and_successor(site: Path) -> None:
         assert "left by a dead hps serve" in successor.stderr.read()
     finally:
         stop(successor)
+
+
+def test_a_dead_gate_stops_hps_serve_and_triton(site: Path) -> None:
+    """nginx (the request-size gate) SIGKILLed: nothing would answer on the ports any more,
+    so `hps serve` says so, stops Triton and exits 1, leaving nothing behind."""
+    http = free_port()
+    err: list[str] = []
+    proc = serve(site, http, err)
+    try:
+        wait_for_banner(proc)
+        triton = triton_of(proc.pid)
+        nginx = next(p for p in children(proc.pid) if "nginx" in cmdline(p))
+        assert lookup_ok(f"127.0.0.1:{http}")
+        os.kill(nginx, signal.SIGKILL)
+        assert proc.wait(timeout=60) == 1
+    finally:
+        stop(proc)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and pid_alive(triton):
+        time.sleep(0.2)
+    assert not pid_alive(triton), "tritonserver outlived hps serve"
+    assert any("nginx (the request-size gate) exited by itself" in line for line in err), err[-5:]
+    assert regions(f"hpspb_{proc.pid}_") == []
+    assert list((site / "tmp").iterdir()) == []
