@@ -3,11 +3,13 @@
 :meth:`hps.lookup.LookupSession.lookup_request` answers HugeCTR's request shape (the flat
 keys of all tables of a model and the keys per table) with one flat output. The reference
 path looks each table up on its own: de-duplicate, probe, gather, expand to request order,
-then copy into the output. The fused path allocates the output once and, per table, lets
-the L1 cache write the rows straight into that table's slice of it in request order
-(:meth:`hps.cache.EmbeddingCache.query_into`: with a compiled kernel, one pass over the keys
-that probes, gathers and does the L1 bookkeeping, no de-duplication); then it sends each
-table's misses to L2/L3 in one batch (de-duplicated there) and writes those rows into place.
+then copy into the output. The fused path allocates the output once and lets the L1 caches
+write each table's rows straight into that table's slice of it in request order: one
+compiled call for all tables (:func:`hps.cache.many.query_tables_into`) where the caches
+allow it, else :meth:`hps.cache.EmbeddingCache.query_into` per table (either way one pass
+over the keys that probes, gathers and does the L1 bookkeeping, no de-duplication); then it
+sends each table's misses to L2/L3 in one batch (de-duplicated there) and writes those rows
+into place.
 
 The contract is the reference's: vectors in request order, exact values, defaults only
 where no tier holds a key, the same backfill and hit-rate threshold, and the same counters
