@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# Debian packages the test suite runs (tests/images: podman with runc, mmdebstrap for the base)
-TEST_APT := podman runc mmdebstrap
+# Debian packages the test suite runs (tests/images: podman with runc, mmdebstrap for the
+# base; g++ builds the GPU kernel's source for the CPU in tests/unit/cache)
+TEST_APT := podman runc mmdebstrap g++
 
 .PHONY: install serve test test-tools lint loadtest clean
 

@@ -74,6 +74,10 @@ class LookupSession:
         self.tables: dict[str, TableSpec] = {t.name: t for m in models for t in m.tables}
         self._model_of = {t.name: m for m in models for t in m.tables}
         self._specs = {m.model: m.tables for m in models}  # ModelConfig.tables builds anew
+        self._limits = {  # keys per request of each table of a model (0: unlimited)
+            name: np.array([t.max_keys_per_request for t in specs], dtype=np.int64)
+            for name, specs in self._specs.items()
+        }
         self.tiers = tiers
         self.caches: dict[str, L1Cache] = dict(caches or {})
         self.cache_missed_embeddings = cache_missed_embeddings and tiers.volatile is not None
@@ -118,13 +122,17 @@ class LookupSession:
             raise ShapeError(
                 f"{model}: key counts add up to {int(counts.sum())} but {keys.size} keys were sent"
             )
-        for spec, n in zip(specs, counts.tolist(), strict=True):
-            self._check_batch(spec, n)
+        limits = self._limits[cfg.model]
+        over = (limits > 0) & (counts > limits)
+        if over.any():
+            i = int(np.argmax(over))
+            self._check_batch(specs[i], int(counts[i]))
         start = time.perf_counter()
+        sizes = counts.tolist()
         if self.fused is not None:
-            out = self.fused.lookup(specs, keys, counts.tolist())
+            out = self.fused.lookup(specs, keys, sizes)
         else:
-            out = self._lookup_tables(specs, keys, counts.tolist())
+            out = self._lookup_tables(specs, keys, sizes)
         with self._lock:
             self._latency_s += time.perf_counter() - start
             self._requests += 1

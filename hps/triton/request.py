@@ -57,45 +57,64 @@ def _check(name: str, array: np.ndarray, triton_type: str) -> None:
 _LIMIT_RULE = "max_batch_size x maxnum_catfeature_query_per_table_per_sample"
 
 
-def check_limits(keys: np.ndarray, numkeys: np.ndarray, tables: Sequence[TableSpec]) -> None:
-    """Refuse a request whose keys per table, summed over its rows, exceed the tables' limits.
+@dataclass(frozen=True)
+class RequestLimits:
+    """The keys a request may hold per table of a model (0: unlimited), over all its rows.
 
-    Looks at shapes and ``NUMKEYS`` only (cheap, before any lookup). A ``NUMKEYS`` of the
-    wrong width is left to the lookup, which names that mistake.
+    Built once per model (:meth:`of`); :meth:`check` looks at shapes and ``NUMKEYS`` only
+    (cheap, before any lookup). A ``NUMKEYS`` of the wrong width is left to the lookup,
+    which names that mistake.
     """
-    limits = np.array([t.max_keys_per_request for t in tables], dtype=np.int64)
-    if limits.size == 0 or numkeys.shape[1] != limits.size:
-        return
-    if (limits > 0).all() and keys.shape[1] > int(limits.sum()):
-        raise BatchTooLargeError(
-            f"{tables[0].model}: {keys.shape[1]:,} keys per row exceed the "
-            f"{int(limits.sum()):,} a request may hold over all tables ({_LIMIT_RULE})"
-        )
-    totals = np.clip(numkeys.astype(np.int64), 0, None).sum(axis=0)
-    over = np.flatnonzero((limits > 0) & (totals > limits))
-    if over.size:
-        i = int(over[0])
-        rows = f" over the {numkeys.shape[0]} rows of this request" if numkeys.shape[0] > 1 else ""
-        raise BatchTooLargeError(
-            f"{tables[i].name}: {int(totals[i]):,} keys{rows} exceed the limit of "
-            f"{int(limits[i]):,} ({_LIMIT_RULE})"
-        )
+
+    model: str
+    names: tuple[str, ...]
+    per_table: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(cls, tables: Sequence[TableSpec]) -> RequestLimits:
+        per_table = np.array([t.max_keys_per_request for t in tables], dtype=np.int64)
+        model = tables[0].model if tables else ""
+        return cls(model, tuple(t.name for t in tables), per_table)
+
+    def check(self, keys: np.ndarray, numkeys: np.ndarray) -> None:
+        """Refuse a request whose keys per table, summed over its rows, exceed the limits."""
+        limits = self.per_table
+        if limits.size == 0 or numkeys.shape[1] != limits.size:
+            return
+        bounded = limits > 0
+        if bounded.all() and keys.shape[1] > int(limits.sum()):
+            raise BatchTooLargeError(
+                f"{self.model}: {keys.shape[1]:,} keys per row exceed the "
+                f"{int(limits.sum()):,} a request may hold over all tables ({_LIMIT_RULE})"
+            )
+        # a negative count is the lookup's to name; here it must not hide another row's excess
+        totals = numkeys[0] if numkeys.shape[0] == 1 else np.clip(numkeys, 0, None).sum(axis=0)
+        over = bounded & (totals > limits)
+        if over.any():
+            i = int(np.argmax(over))
+            n_rows = numkeys.shape[0]
+            rows = f" over the {n_rows} rows of this request" if n_rows > 1 else ""
+            raise BatchTooLargeError(
+                f"{self.names[i]}: {int(totals[i]):,} keys{rows} exceed the limit of "
+                f"{int(limits[i]):,} ({_LIMIT_RULE})"
+            )
 
 
 def lookup_hps_request(
-    keys: np.ndarray, numkeys: np.ndarray, lookup: Lookup, tables: Sequence[TableSpec] = ()
+    keys: np.ndarray, numkeys: np.ndarray, lookup: Lookup, limits: RequestLimits | None = None
 ) -> Vectors:
     """Answer one HPS-interface request: ``OUTPUT0`` of shape ``[batch, n x dim]``.
 
     ``lookup(flat_keys, counts_per_table)`` is ``LookupSession.lookup_request`` bound to a
-    model; it validates counts, limits and tables and raises typed errors. ``tables`` (the
-    model's, in order) bounds the keys of the whole request (:func:`check_limits`).
+    model; it validates counts, limits and tables and raises typed errors. ``limits`` (the
+    model's) bound the keys of the whole request (:meth:`RequestLimits.check`).
     """
     _check("KEYS", keys, "INT64")
     _check("NUMKEYS", numkeys, "INT32")
     if keys.shape[0] != numkeys.shape[0]:
         raise ShapeError(f"KEYS has batch size {keys.shape[0]} but NUMKEYS has {numkeys.shape[0]}")
-    check_limits(keys, numkeys, tables)
+    if limits is not None:
+        limits.check(keys, numkeys)
     if keys.shape[0] == 1:
         return lookup(keys[0], numkeys[0]).reshape(1, -1)
     rows = [lookup(k, c) for k, c in zip(keys, numkeys, strict=True)]

@@ -12,7 +12,7 @@ from hypothesis.extra import numpy as hnp
 
 from hps.build import build_session
 from hps.errors import BatchTooLargeError, InvalidValueError, RequestError
-from hps.triton.request import check_limits, lookup_hps_request, parse_ctr_request
+from hps.triton.request import RequestLimits, lookup_hps_request, parse_ctr_request
 from tests.helpers import make_config
 
 I64, I32 = np.int64, np.int32
@@ -23,25 +23,25 @@ def model(tmp_path_factory: pytest.TempPathFactory):
     """demo.t0 (dim 4, limit 32 keys per request) and demo.t1 (dim 8, limit 48)."""
     config = make_config(tmp_path_factory.mktemp("limits"))
     session = build_session(config, with_cache=False)
-    yield partial(session.lookup_request, "demo"), config.model("demo").tables
+    yield partial(session.lookup_request, "demo"), RequestLimits.of(config.model("demo").tables)
     session.close()
 
 
 def test_keys_of_all_rows_count_against_the_limit(model) -> None:
-    lookup, tables = model
+    lookup, limits = model
     keys = np.zeros((2, 20), I64)  # 20 keys per row of t0: under 32, but 40 in all
     lookup_hps_request(keys, np.array([[20, 0], [20, 0]], I32), lookup)  # no limits given
     with pytest.raises(BatchTooLargeError, match=r"demo.t0: 40 keys over the 2 rows .* of 32"):
-        lookup_hps_request(keys, np.array([[20, 0], [20, 0]], I32), lookup, tables)
-    out = lookup_hps_request(keys[:, :16], np.array([[16, 0], [16, 0]], I32), lookup, tables)
+        lookup_hps_request(keys, np.array([[20, 0], [20, 0]], I32), lookup, limits)
+    out = lookup_hps_request(keys[:, :16], np.array([[16, 0], [16, 0]], I32), lookup, limits)
     assert out.shape == (2, 16 * 4)
 
 
 def test_a_huge_row_is_refused_before_its_counts_are_read(model) -> None:
-    _, tables = model
+    _, limits = model
     with pytest.raises(BatchTooLargeError, match="1,000,000 keys per row exceed the 80"):
-        check_limits(np.zeros((1, 1_000_000), I64), np.array([[1, 0]], I32), tables)
-    check_limits(np.zeros((1, 3), I64), np.array([[3]], I32), tables)  # width: left to lookup
+        limits.check(np.zeros((1, 1_000_000), I64), np.array([[1, 0]], I32))
+    limits.check(np.zeros((1, 3), I64), np.array([[3]], I32))  # width: left to lookup
 
 
 def ctr(samples: int, dense: np.ndarray | None = None):
@@ -78,9 +78,9 @@ def arrays(max_side: int = 6) -> st.SearchStrategy[np.ndarray]:
 @given(keys=arrays(), numkeys=arrays())
 def test_fuzz_hps_request(model, keys: np.ndarray, numkeys: np.ndarray) -> None:
     """Any inputs: an answer of the documented shape, or a RequestError, nothing else."""
-    lookup, tables = model
+    lookup, limits = model
     try:
-        out = lookup_hps_request(keys, numkeys, lookup, tables)
+        out = lookup_hps_request(keys, numkeys, lookup, limits)
     except RequestError:
         return
     assert out.dtype == np.float32 and out.shape[0] == keys.shape[0]
@@ -109,11 +109,11 @@ def test_fuzz_ctr_request(des, cat, row, tables: int, dense: int) -> None:
 )
 def test_fuzz_valid_shapes_with_counts(model, numkeys: np.ndarray) -> None:
     """Well-typed requests with arbitrary counts: limits hold or a RequestError is raised."""
-    lookup, tables = model
+    lookup, limits = model
     n = int(np.clip(numkeys, 0, None).sum(axis=1).max())
     keys = np.arange(numkeys.shape[0] * n, dtype=I64).reshape(numkeys.shape[0], n)
     try:
-        out = lookup_hps_request(keys, numkeys, lookup, tables)
+        out = lookup_hps_request(keys, numkeys, lookup, limits)
     except RequestError:
         return
     assert (numkeys >= 0).all() and (numkeys.sum(axis=0) <= [32, 48]).all()

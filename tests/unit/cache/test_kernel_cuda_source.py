@@ -1,0 +1,171 @@
+"""The GPU kernel's CUDA source, compiled as C++ and run one thread at a time on the CPU.
+
+Most runs get no GPU, so the CuPy kernel would otherwise never run before it reaches one.
+Here its source (:func:`hps.cache.kernels_cupy.kernel_source`) is wrapped in a prelude that
+defines CUDA's built-ins (``blockIdx``, ``threadIdx``, ``blockDim``, ``__global__``) and
+its atomics (serial here), and a launcher that walks the grid thread by thread. A cache
+whose kernel is that launcher (arguments assembled by the same
+:func:`~hps.cache.kernels_cupy.kernel_arguments` as on a GPU) must match the NumPy
+reference path exactly: rows, miss positions, distinct hits, ticks, counts and stats.
+
+What this cannot show (atomics under real concurrency, NVRTC's dialect) the GPU tests
+check where a GPU is lent (tests/unit/cache/conftest.py runs every L1 test on CuPy there).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hps.cache.embedding_cache import EmbeddingCache
+from hps.cache.kernels_cupy import THREADS, kernel_arguments, kernel_source
+from hps.index import TOMBSTONE
+from tests.unit.cache.test_fused_property import SETTINGS, _pair, _same_state, keys_st
+
+PRELUDE = r"""
+struct Index3 { unsigned int x, y, z; };
+static Index3 blockIdx, threadIdx, blockDim;
+#define __global__
+template <class T> static T atomicAdd(T* p, T v) { T old = *p; *p = old + v; return old; }
+template <class T> static T atomicExch(T* p, T v) { T old = *p; *p = v; return old; }
+template <class T> static T atomicCAS(T* p, T expected, T v) {
+    T old = *p; if (old == expected) *p = v; return old;
+}
+"""
+
+LAUNCHER = r"""
+extern "C" void launch(
+    long long blocks, int threads,
+    const long long* slot_keys, const int* slot_rows, const long long gmask,
+    const float* values, const int dim, const long long* keys, const long long n,
+    float* out, unsigned long long* ticks, const unsigned long long tick,
+    int* counts, const int use_counts, const int cap,
+    long long* miss_pos, unsigned long long* n_miss, unsigned long long* n_hit)
+{
+    blockDim.x = threads;
+    // the last thread first: serial atomics see the threads in an order no GPU promises
+    for (long long b = blocks - 1; b >= 0; --b) {
+        for (int t = threads - 1; t >= 0; --t) {
+            blockIdx.x = (unsigned int)b;
+            threadIdx.x = (unsigned int)t;
+            probe_gather(slot_keys, slot_rows, gmask, values, dim, keys, n, out, ticks, tick,
+                         counts, use_counts, cap, miss_pos, n_miss, n_hit);
+        }
+    }
+}
+"""
+
+_C_TYPES = {
+    np.dtype(np.int64): ctypes.c_int64,
+    np.dtype(np.int32): ctypes.c_int32,
+    np.dtype(np.uint64): ctypes.c_uint64,
+}
+
+
+def _c_value(arg: Any) -> object:
+    """An array as its address, a NumPy scalar as the C type of its dtype."""
+    if isinstance(arg, np.ndarray):
+        return ctypes.c_void_p(arg.ctypes.data)
+    return _C_TYPES[arg.dtype](arg)
+
+
+@pytest.fixture(scope="module")
+def launch(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., None]:
+    compiler = shutil.which("g++")
+    assert compiler, "g++ is needed to run the GPU kernel's source on the CPU (make test-tools)"
+    folder = tmp_path_factory.mktemp("cuda-source")
+    source = Path(folder, "probe_gather.cpp")
+    source.write_text(PRELUDE + kernel_source() + LAUNCHER)
+    library = folder / "probe_gather.so"
+    subprocess.run(
+        [compiler, "-O1", "-shared", "-fPIC", "-Wall", "-Werror", "-o", library, source],
+        check=True,
+        capture_output=True,
+    )
+    fn: Callable[..., None] = ctypes.CDLL(str(library)).launch
+    return fn
+
+
+def emulated(launch: Callable[..., None]) -> Callable[..., tuple[np.ndarray, int]]:
+    """The CPU build of the GPU kernel behind ``run_cupy``'s signature (host arrays)."""
+
+    def run(rows: Any, keys: np.ndarray, out: np.ndarray, tick: int, counts: Any,
+            cap: int) -> tuple[np.ndarray, int]:  # fmt: skip
+        n = int(keys.shape[0])
+        miss = np.full(max(n, 1), -1, dtype=np.int64)
+        tallies = np.zeros(2, dtype=np.uint64)
+        if n:
+            args = kernel_arguments(rows, keys, out, tick, counts, cap, miss, tallies)
+            launch(
+                ctypes.c_int64((n + THREADS - 1) // THREADS),
+                ctypes.c_int(THREADS),
+                *map(_c_value, args),
+            )
+        n_miss, n_hit = (int(t) for t in tallies)
+        return np.sort(miss[:n_miss]), n_hit
+
+    return run
+
+
+@SETTINGS
+@given(
+    policy=st.sampled_from(["lru", "lfu", "frequency"]),
+    dim=st.integers(1, 9),
+    capacity=st.integers(1, 120),
+    resident=st.lists(st.integers(-50, 400), max_size=200),
+    queries=st.lists(keys_st, min_size=1, max_size=4),
+)
+def test_the_cuda_source_matches_the_reference(
+    launch: Callable[..., None],
+    policy: str,
+    dim: int,
+    capacity: int,
+    resident: list[int],
+    queries: list[list[int]],
+) -> None:
+    gpu, ref = _pair(policy, dim, capacity)
+    gpu._kernel = emulated(launch)
+    res = np.array(resident, dtype=np.int64)
+    vals = np.random.default_rng(0).standard_normal((res.size, dim)).astype(np.float32)
+    for cache in (gpu, ref):
+        cache.insert(res, vals, force=True)
+    for q in queries:
+        keys = np.array(q, dtype=np.int64)
+        out_g = np.full((keys.size, dim), np.nan, np.float32)
+        out_r = np.full((keys.size, dim), np.nan, np.float32)
+        miss_g, hit_g = gpu.query_into(keys, out_g)
+        miss_r, hit_r = ref.query_into(keys, out_r)
+        np.testing.assert_array_equal(out_g, out_r)
+        np.testing.assert_array_equal(miss_g, miss_r)
+        assert hit_g == hit_r
+        _same_state(gpu, ref)
+        missed = np.unique(keys[miss_g])
+        missed = missed[missed > TOMBSTONE]
+        fill = np.ones((missed.size, dim), np.float32)
+        gpu.insert(missed, fill)
+        ref.insert(missed, fill)
+        _same_state(gpu, ref)
+
+
+def test_the_cuda_source_caps_access_counts(launch: Callable[..., None]) -> None:
+    """LFU counts stop at the policy's cap, as on the CPU: many hits of one row in a call
+    (more threads than the cap), then the count is exactly the cap."""
+    gpu = EmbeddingCache(4, 8, policy="lfu")
+    gpu._kernel = emulated(launch)
+    gpu.insert(np.array([7], np.int64), np.ones((1, 4), np.float32), force=True)
+    counts, cap = gpu.policy.access_counts()  # type: ignore[misc]
+    keys = np.full(3 * THREADS, 7, dtype=np.int64)
+    counts[:] = cap - 5
+    miss, hits = gpu.query_into(keys, np.empty((keys.size, 4), np.float32))
+    assert miss.size == 0 and hits == 1
+    row = int(gpu._rows.lookup(np.array([7], np.int64))[0])
+    assert counts[row] == cap
