@@ -27,10 +27,9 @@ from hps.config import PSConfig
 from hps.errors import BackendError, UnknownTableError
 from hps.io.imports import import_lock
 from hps.service.jobs import JobRegistry
-from hps.service.triton_admin import LOAD_TIMEOUT_S, TritonAdmin
+from hps.service.triton_admin import TritonAdmin
 from hps.tiers import Tiers
 from hps.topology import Topology, topology
-from hps.triton.control import ModelControl
 from hps.triton.repository import served_models
 from hps.types import TableSpec
 
@@ -137,9 +136,8 @@ class AdminState:
         """
         self.config.model(model)
         names = [s.triton_name for s in served_models(self.config) if s.hps_model == model]
-        control = ModelControl(self.triton.url, self.triton.admin_key, timeout=LOAD_TIMEOUT_S)
         for name in names:
-            control.reload(name, parameters)
+            self.triton.reload(name, parameters)
         return names
 
     def close(self) -> None:

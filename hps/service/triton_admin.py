@@ -1,7 +1,9 @@
-"""Triton calls of the control plane: health, model control, one inference, metrics.
+"""Triton calls of the control plane: health, reloads, one inference, metrics.
 
-Model control (load, which also reloads) carries header ``hps-admin-key`` with the admin
-key (:func:`hps.triton.admin.resolve_key`): ``hps serve`` restricts Triton's admin APIs to it.
+Health and reloads go through :class:`hps.triton.control.ModelControl` (Triton's HTTP API);
+a reload carries header ``hps-admin-key`` with the admin key
+(:func:`hps.triton.admin.resolve_key`): ``hps serve`` restricts Triton's admin APIs to it.
+The inference goes through :class:`hps.triton.client.Client`, as any client's would.
 """
 
 from __future__ import annotations
@@ -9,11 +11,11 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 from collections import defaultdict
-from typing import Any
 
 import numpy as np
 
 from hps.errors import BackendUnavailable, HPSError
+from hps.triton.control import ModelControl
 
 TIMEOUT_S = 5.0
 LOAD_TIMEOUT_S = 300.0
@@ -29,36 +31,17 @@ class TritonAdmin:
         self.admin_key = admin_key
         host = url.rsplit(":", 1)[0]
         self.metrics_url = metrics_url or f"http://{host}:8002/metrics"
-
-    def _client(self, timeout: float = TIMEOUT_S) -> Any:
-        import tritonclient.http as httpclient
-
-        return httpclient.InferenceServerClient(
-            self.url, connection_timeout=timeout, network_timeout=timeout
-        )
-
-    def _call(self, what: str, fn: Any, timeout: float = TIMEOUT_S) -> Any:
-        from tritonclient.utils import InferenceServerException
-
-        client = self._client(timeout)
-        try:
-            return fn(client)
-        except InferenceServerException as exc:
-            from hps.triton.client import translate
-
-            raise translate(exc) from None
-        except (OSError, ConnectionError) as exc:
-            raise BackendUnavailable(f"Triton at {self.url}: {what}: {exc}") from None
-        except Exception as exc:  # gevent/urllib3 wrappers of socket errors
-            raise BackendUnavailable(f"Triton at {self.url}: {what}: {exc}") from None
-        finally:
-            client.close()
+        self.control = ModelControl(url, admin_key, timeout=TIMEOUT_S)
 
     def server_ready(self) -> bool:
-        return bool(self._call("ready", lambda c: c.is_server_ready()))
+        return self.control.server_ready()
 
     def model_ready(self, model: str) -> bool:
-        return bool(self._call(f"{model} ready", lambda c: c.is_model_ready(model)))
+        return self.control.model_ready(model)
+
+    def reload(self, model: str, parameters: dict[str, str] | None = None) -> None:
+        """Load Triton model ``model`` again with new instances (see ``ModelControl.reload``)."""
+        ModelControl(self.url, self.admin_key, timeout=LOAD_TIMEOUT_S).reload(model, parameters)
 
     def lookup(self, model: str, keys: np.ndarray, numkeys: np.ndarray) -> np.ndarray:
         """One HugeCTR-shaped inference (KEYS, NUMKEYS -> OUTPUT0)."""

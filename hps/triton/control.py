@@ -1,7 +1,8 @@
 """Triton's model-control API over HTTP, with the admin key (docs/security.md).
 
 Plain ``urllib`` (no tritonclient), so the server wrapper can drain without the client
-extra. Used by ``hps reload``, the dead-stub watchdog and the shutdown drain.
+extra. Used by ``hps reload``, the dead-stub watchdog, the shutdown drain and the control
+plane (its health checks and reloads, :mod:`hps.service.triton_admin`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ RELOAD_ONLY = {RELOAD_STAMP, "hps_warmup_keysets"}  # parameters a reload does n
 
 
 class ModelControl:
-    """Load, unload and list the models of one Triton server (HTTP ``host:port``)."""
+    """Load, unload and list the models of one Triton server (HTTP ``host:port``), and
+    ask whether it and its models are ready."""
 
     def __init__(self, http_url: str, key: str | None, timeout: float = 60.0) -> None:
         self.base = f"http://{http_url}"
@@ -69,13 +71,23 @@ class ModelControl:
         index = self._call("POST", "/v2/repository/index", {})
         return {m["name"]: m.get("state", "") for m in index or []}
 
-    def ready(self, model: str) -> bool:
-        req = urllib.request.Request(f"{self.base}/v2/models/{model}/ready")
+    def server_ready(self) -> bool:
+        """Whether Triton reports itself ready (``/v2/health/ready``)."""
+        return self._ready("/v2/health/ready")
+
+    def model_ready(self, model: str) -> bool:
+        """Whether ``model`` is loaded and ready (``/v2/models/<model>/ready``)."""
+        return self._ready(f"/v2/models/{model}/ready")
+
+    def _ready(self, path: str) -> bool:
+        """True on 200, False on Triton's "not ready" (an HTTP error); unreachable raises."""
         try:
-            with urllib.request.urlopen(req, timeout=5) as resp:
+            with urllib.request.urlopen(self.base + path, timeout=self.timeout) as resp:
                 return bool(resp.status == 200)
-        except (urllib.error.URLError, OSError):
+        except urllib.error.HTTPError:
             return False
+        except (urllib.error.URLError, OSError) as exc:
+            raise BackendUnavailable(f"cannot reach Triton at {self.base}: {exc}") from None
 
     def drain(self, timeout: float) -> bool:
         """Unload every model and wait until none is left: in-flight requests finish first,
