@@ -55,6 +55,9 @@ class EmbeddingStore(ABC):
     - ``catch_up``: a ``secondary`` handle replays what the writer wrote since; a no-op
       elsewhere.
     - ``bytes_per_row``: memory (or disk) one row costs, for ``hps plan``.
+    - ``exact_size``: ``size`` is an exact count that costs little. Where it is not
+      (``rocks_db``: a scan of every key), ``estimated_size`` is the store's own cheap
+      estimate; elsewhere it is ``size``.
     - ``versioned_rows``: the store keeps an update version inside each row and has
       ``insert_versioned(table, keys, values, versions, durable=)`` and
       ``fetch_versions(table, keys) -> (versions, has_version)`` (``rocks_db``): the Kafka
@@ -64,6 +67,7 @@ class EmbeddingStore(ABC):
     name: ClassVar[str]
     placement: ClassVar[Placement]
     durable: ClassVar[bool] = False
+    exact_size: ClassVar[bool] = True
     versioned_rows: ClassVar[bool] = False
 
     @classmethod
@@ -91,7 +95,12 @@ class EmbeddingStore(ABC):
     def remove(self, table: str, keys: Keys, *, durable: bool = False) -> None: ...
 
     @abstractmethod
-    def size(self, table: str) -> int: ...
+    def size(self, table: str) -> int:
+        """The rows of the table, counted exactly."""
+
+    def estimated_size(self, table: str) -> int:
+        """The rows of the table, cheaply: exact where ``exact_size``, else an estimate."""
+        return self.size(table)
 
     @abstractmethod
     def dump(self, table: str, chunk_rows: int = 1 << 16) -> Iterator[tuple[Keys, Vectors]]:

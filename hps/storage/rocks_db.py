@@ -56,6 +56,7 @@ class RocksDBStore(EmbeddingStore):
     name = "rocks_db"
     placement = "disk"
     durable = True
+    exact_size = False
     versioned_rows = True
 
     def __init__(
@@ -238,6 +239,12 @@ class RocksDBStore(EmbeddingStore):
             return 0
         # RocksDB keeps only an estimate; count exactly with a key-only scan.
         return sum(1 for _ in cf.keys())  # noqa: SIM118 (keys only: no value copies)
+
+    def estimated_size(self, table: str) -> int:
+        """RocksDB's ``estimate-num-keys``: memtables plus SST files, read from metadata. It
+        counts an overwritten or deleted key until a compaction drops the older entry."""
+        cf = self._cf(table)
+        return 0 if cf is None else int(cf.property_int_value("rocksdb.estimate-num-keys") or 0)
 
     def dump(self, table: str, chunk_rows: int = 1 << 18) -> Iterator[tuple[Keys, Vectors]]:
         """Yield (keys, vectors) chunks of the whole table."""

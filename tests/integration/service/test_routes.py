@@ -32,8 +32,13 @@ def test_ready_models_and_lookup(client: Any, stack: Stack) -> None:
     models = client.get("/v1/models").json()
     assert models["topology"]["l2"] == "node" and models["topology"]["l3"] is True
     assert models["topology"]["write_channel"] == "direct+reload"
+    listed = {t["table"]: t for m in models["models"] for t in m["tables"] if m["model"] == "emb"}
+    # the listing takes RocksDB's estimate (exact after an import: nothing overwritten)
+    assert listed["a"]["rows"] == {"l2": 400, "l3": 400}
+    assert listed["a"]["rows_estimated"] == ["l3"]
     emb_a = client.get("/v1/models/emb/tables/a").json()
     assert emb_a["dim"] == 4 and emb_a["rows"] == {"l2": 400, "l3": 400}
+    assert emb_a["rows_estimated"] == []
     assert emb_a["l1"]["instances"] == 2 and emb_a["l1"]["policy"] == "lru"
     keys, vectors = stack.data["emb.a"]
     r = client.post("/v1/models/emb/tables/a/lookup", json={"keys": [int(keys[3]), 12345]})

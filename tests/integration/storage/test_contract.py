@@ -186,6 +186,16 @@ def test_dump_yields_every_row_in_bounded_chunks(store: EmbeddingStore, spec: Ta
         assert max(k.size for k, _ in chunks) <= 4
 
 
+def test_estimated_size(store: EmbeddingStore, spec: TableSpec) -> None:
+    """``size`` everywhere ``exact_size``; else the store's estimate, which counts a fresh
+    write (nothing overwritten) and reaches zero for an empty table."""
+    assert isinstance(store.exact_size, bool)
+    assert store.exact_size == (store.name != "rocks_db")  # a scan only there
+    assert store.estimated_size(spec.name) == 0
+    store.insert(spec.name, KEYS, rows(KEYS, spec.dim))
+    assert store.estimated_size(spec.name) == store.size(spec.name) == KEYS.size
+
+
 def test_catch_up_and_bytes_per_row(store: EmbeddingStore) -> None:
     store.catch_up()  # a no-op for a read-write handle of every backend
     per_row = type(store).bytes_per_row(64)
