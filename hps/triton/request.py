@@ -57,7 +57,7 @@ def _check(name: str, array: np.ndarray, triton_type: str) -> None:
 _LIMIT_RULE = "max_batch_size x maxnum_catfeature_query_per_table_per_sample"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # an array field: identity, not element-wise ==
 class RequestLimits:
     """The keys a request may hold per table of a model (0: unlimited), over all its rows.
 
