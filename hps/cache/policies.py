@@ -115,7 +115,11 @@ class LFUPolicy(Policy):
         return int(self.counts.nbytes)
 
     def on_query(self, keys: Any, rows: Any, hit: Any, counts: Any) -> bool:
-        self.counts[rows[hit]] += 1 if counts is None else counts[hit].astype(self.xp.int32)
+        xp, r = self.xp, rows[hit]  # unique rows: the keys of a query are de-duplicated
+        add = 1 if counts is None else counts[hit].astype(xp.int64)
+        # saturating, as the compiled kernels: a wrapped count would make the hottest row
+        # the first to go (2^31 hits of one key: days at a few thousand hits a second)
+        self.counts[r] = xp.minimum(self.counts[r].astype(xp.int64) + add, _INT32_MAX)
         return False
 
     def on_insert(self, keys: Any, rows: Any) -> None:

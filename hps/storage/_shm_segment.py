@@ -46,6 +46,7 @@ from hps.storage._shm_layout import (
     default_directory,
     plan,
 )
+from hps.storage.overflow import TICK_MASK
 
 log = logging.getLogger(__name__)
 
@@ -361,8 +362,13 @@ class Segment:
         return view
 
     def next_tick(self) -> int:
+        """A new tick for row stamps (uint32: see :data:`hps.storage.overflow.TICK_MASK`)."""
         self.h[H.TICK] += 1
-        return int(self.h[H.TICK]) & 0xFFFFFFFF
+        return self.tick()
+
+    def tick(self) -> int:
+        """The latest tick handed out."""
+        return int(self.h[H.TICK]) & TICK_MASK
 
     # -- table registry ----------------------------------------------------------------
 

@@ -133,7 +133,7 @@ class ShmTable:
         ticks = None
         if policy != "evict_random":
             ticks = self.seg.u32[self._where(np.arange(n, dtype=np.int64))[1]]
-        victims = choose_victims(policy, count, n, ticks, rng).astype(np.int64)
+        victims = choose_victims(policy, count, n, ticks, rng, self.seg.tick()).astype(np.int64)
         self.index.remove(self.seg.i64[self._where(victims)[0]])
         self._compact(victims)
         return int(victims.size)

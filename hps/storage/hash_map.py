@@ -18,7 +18,7 @@ from hps.config import NO_LIMIT, PersistentDBConfig, VolatileDBConfig
 from hps.dedup import last_occurrence
 from hps.index import EMPTY, KeyIndex
 from hps.storage.base import AccessMode, EmbeddingStore
-from hps.storage.overflow import choose_victims
+from hps.storage.overflow import TICK_MASK, choose_victims
 from hps.types import Keys, Mask, TableSpec, Vectors
 from hps.validate import table_or_raise
 
@@ -111,7 +111,7 @@ class HashMapStore(EmbeddingStore):
             found = rows >= 0
             values = t.values.take(np.where(found, rows, 0), axis=0)
             if t.ticks is not None and self.overflow_policy == "evict_least_used":
-                self._tick += 1
+                self._tick = (self._tick + 1) & TICK_MASK
                 t.ticks[rows[found]] = self._tick
         return values, found
 
@@ -129,7 +129,7 @@ class HashMapStore(EmbeddingStore):
                 rows[new] = new_rows
             t.values[rows] = values
             if t.ticks is not None:
-                self._tick += 1
+                self._tick = (self._tick + 1) & TICK_MASK
                 t.ticks[rows] = self._tick
             self._resolve_overflow(t)
 
@@ -164,7 +164,9 @@ class HashMapStore(EmbeddingStore):
         keep = int(self.overflow_margin * self.target)
         live = np.flatnonzero(t.row_keys[: t.top] != EMPTY)
         ticks = t.ticks[live] if t.ticks is not None else None
-        pick = choose_victims(self.overflow_policy, size - keep, live.size, ticks, self._rng)
+        pick = choose_victims(
+            self.overflow_policy, size - keep, live.size, ticks, self._rng, self._tick
+        )
         victims = live[pick]
         self._drop_rows(t, victims)
 

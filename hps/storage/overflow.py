@@ -4,14 +4,25 @@ from __future__ import annotations
 
 import numpy as np
 
+TICK_MASK = 0xFFFFFFFF
+"""Row ticks are uint32 (4 bytes a row) and wrap: the backends hand out ``tick & TICK_MASK``
+and order rows by their age since the latest tick, which survives the wrap."""
+
 
 def choose_victims(
-    policy: str, n: int, live: int, ticks: np.ndarray | None, rng: np.random.Generator
+    policy: str,
+    n: int,
+    live: int,
+    ticks: np.ndarray | None,
+    rng: np.random.Generator,
+    now: int = 0,
 ) -> np.ndarray:
     """Positions, among ``live`` rows, of ``n`` rows to evict.
 
-    ``ticks`` (one per live row) are last-access ticks for ``evict_least_used`` and insert
-    ticks for ``evict_oldest``: the smallest go first. ``evict_random`` ignores them.
+    ``ticks`` (uint32, one per live row) are last-access ticks for ``evict_least_used`` and
+    insert ticks for ``evict_oldest``; ``now`` is the latest tick handed out. The oldest go
+    first, by age ``now - tick`` modulo 2^32: a counter that wrapped keeps the order (only a
+    row untouched for 2^32 ticks would look new). ``evict_random`` ignores them.
     """
     n = min(n, live)
     if n <= 0:
@@ -22,4 +33,5 @@ def choose_victims(
         raise ValueError(f"{policy} needs per-row ticks")
     if n == live:
         return np.arange(live)
-    return np.argpartition(ticks, n - 1)[:n]
+    ages = np.uint32(now & TICK_MASK) - ticks.astype(np.uint32)  # wraps modulo 2^32
+    return np.argpartition(ages, live - n)[live - n :]

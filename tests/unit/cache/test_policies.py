@@ -66,6 +66,25 @@ def test_lfu_counts_every_access_of_a_request(xp: ModuleType) -> None:
     assert resident(cache) == {2, 3}
 
 
+def test_lfu_counts_stop_at_their_cap_on_every_path(xp: ModuleType) -> None:
+    """A count at the int32 cap stays there (it once wrapped negative on the NumPy path,
+    which made the hottest row the first to be evicted); compiled and reference alike."""
+    for compiled in (True, False):
+        cache = EmbeddingCache(2, 4, xp=xp, policy="lfu")
+        if not compiled:
+            cache._kernel = None
+        fill(cache, 1, 2)
+        counts, cap = cache.policy.access_counts()  # type: ignore[misc]
+        counts[:] = cap - 2
+        cache.query_into(k(1, 1, 1, 2), np.empty((4, 2), np.float32))
+        cache.query(k(1, 2), np.array([0, 0, 1]))
+        rows = cache._rows.lookup(xp.asarray(k(1, 2)))
+        assert counts[rows].tolist() == [cap, cap], compiled
+        fill(cache, 3, 4)
+        fill(cache, 5)  # evicts 3 or 4 (count 1), never the saturated 1 and 2
+        assert {1, 2} <= resident(cache)
+
+
 def test_frequency_turns_away_a_rare_key_and_admits_a_frequent_one(xp: ModuleType) -> None:
     cache = EmbeddingCache(2, 2, xp=xp, policy="frequency", static_fraction=0.0)
     fill(cache, 1, 2)
