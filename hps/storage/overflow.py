@@ -15,7 +15,7 @@ def choose_victims(
     live: int,
     ticks: np.ndarray | None,
     rng: np.random.Generator,
-    now: int = 0,
+    now: int,
 ) -> np.ndarray:
     """Positions, among ``live`` rows, of ``n`` rows to evict.
 
