@@ -69,6 +69,16 @@ def test_query_into_matches_the_reference(
     policy: str, dim: int, capacity: int, resident: list[int], queries: list[list[int]]
 ) -> None:
     fast, ref = _pair(policy, dim, capacity)
+    match_the_reference(fast, ref, resident, queries)
+
+
+def match_the_reference(
+    fast: EmbeddingCache, ref: EmbeddingCache, resident: list[int], queries: list[list[int]]
+) -> None:
+    """Fill both caches with ``resident``, then for each query: the same rows, misses,
+    distinct hits and state from ``fast.query_into`` as from ``ref``'s; the misses then go
+    in to both, as a lookup would do, and the caches must stay alike."""
+    dim = fast.dim
     res = np.array(resident, dtype=np.int64)
     vals = np.random.default_rng(0).standard_normal((res.size, dim)).astype(np.float32)
     for cache in (fast, ref):
@@ -83,7 +93,6 @@ def test_query_into_matches_the_reference(
         np.testing.assert_array_equal(miss_f, miss_r)
         assert hit_f == hit_r
         _same_state(fast, ref)
-        # the misses go in, as a lookup would do: both caches must stay alike
         missed = np.unique(keys[miss_f])
         missed = missed[missed > TOMBSTONE]
         fill = np.ones((missed.size, dim), np.float32)

@@ -28,8 +28,7 @@ from hypothesis import strategies as st
 
 from hps.cache.embedding_cache import EmbeddingCache
 from hps.cache.kernels_cupy import THREADS, kernel_arguments, kernel_source
-from hps.index import TOMBSTONE
-from tests.unit.cache.test_fused_property import SETTINGS, _pair, _same_state, keys_st
+from tests.unit.cache.test_fused_property import SETTINGS, _pair, keys_st, match_the_reference
 
 PRELUDE = r"""
 struct Index3 { unsigned int x, y, z; };
@@ -134,26 +133,7 @@ def test_the_cuda_source_matches_the_reference(
 ) -> None:
     gpu, ref = _pair(policy, dim, capacity)
     gpu._kernel = emulated(launch)
-    res = np.array(resident, dtype=np.int64)
-    vals = np.random.default_rng(0).standard_normal((res.size, dim)).astype(np.float32)
-    for cache in (gpu, ref):
-        cache.insert(res, vals, force=True)
-    for q in queries:
-        keys = np.array(q, dtype=np.int64)
-        out_g = np.full((keys.size, dim), np.nan, np.float32)
-        out_r = np.full((keys.size, dim), np.nan, np.float32)
-        miss_g, hit_g = gpu.query_into(keys, out_g)
-        miss_r, hit_r = ref.query_into(keys, out_r)
-        np.testing.assert_array_equal(out_g, out_r)
-        np.testing.assert_array_equal(miss_g, miss_r)
-        assert hit_g == hit_r
-        _same_state(gpu, ref)
-        missed = np.unique(keys[miss_g])
-        missed = missed[missed > TOMBSTONE]
-        fill = np.ones((missed.size, dim), np.float32)
-        gpu.insert(missed, fill)
-        ref.insert(missed, fill)
-        _same_state(gpu, ref)
+    match_the_reference(gpu, ref, resident, queries)
 
 
 def test_the_cuda_source_caps_access_counts(launch: Callable[..., None]) -> None:
