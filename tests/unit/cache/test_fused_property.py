@@ -56,15 +56,19 @@ keys_st = st.lists(
     max_size=300,
 )
 
-
-@SETTINGS
-@given(
+# A policy, a cache shape, the keys inserted first and a few queries: the cases on which a
+# compiled probe must match the NumPy reference (here and in test_kernel_cuda_source.py).
+CACHE_CASES = given(
     policy=st.sampled_from(["lru", "lfu", "frequency"]),
     dim=st.integers(1, 9),
     capacity=st.integers(1, 120),
     resident=st.lists(st.integers(-50, 400), max_size=200),
     queries=st.lists(keys_st, min_size=1, max_size=4),
 )
+
+
+@SETTINGS
+@CACHE_CASES
 def test_query_into_matches_the_reference(
     policy: str, dim: int, capacity: int, resident: list[int], queries: list[list[int]]
 ) -> None:

@@ -23,12 +23,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from hps.cache.embedding_cache import EmbeddingCache
 from hps.cache.kernels_cupy import THREADS, kernel_arguments, kernel_source
-from tests.unit.cache.test_fused_property import SETTINGS, _pair, keys_st, match_the_reference
+from tests.unit.cache.test_fused_property import (
+    CACHE_CASES,
+    SETTINGS,
+    _pair,
+    match_the_reference,
+)
 
 PRELUDE = r"""
 struct Index3 { unsigned int x, y, z; };
@@ -116,13 +119,7 @@ def emulated(launch: Callable[..., None]) -> Callable[..., tuple[np.ndarray, int
 
 
 @SETTINGS
-@given(
-    policy=st.sampled_from(["lru", "lfu", "frequency"]),
-    dim=st.integers(1, 9),
-    capacity=st.integers(1, 120),
-    resident=st.lists(st.integers(-50, 400), max_size=200),
-    queries=st.lists(keys_st, min_size=1, max_size=4),
-)
+@CACHE_CASES
 def test_the_cuda_source_matches_the_reference(
     launch: Callable[..., None],
     policy: str,
