@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from hps.redact import scrub
 from hps.triton.metrics import MetricsExporter
+from hps.triton.output import InstanceReady
 from hps.triton.request import error_reply
 
 if TYPE_CHECKING:
@@ -69,6 +71,7 @@ def output_tensor(name: str, array: np.ndarray) -> Any:
 def error_response(exc: BaseException) -> Any:
     """A response carrying a Triton error for this request only."""
     message, code = error_reply(exc)
+    message = scrub(message)  # e.g. a backend's error text: no registered secret in it
     return pb_utils.InferenceResponse(
         output_tensors=[], error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code))
     )
@@ -110,6 +113,7 @@ class ModelProcess:
     """
 
     def __init__(self, args: dict[str, str]) -> None:
+        from hps.redact import protect
         from hps.startup import refreshers_for, warm_up_keysets, warm_up_session
         from hps.triton.deploy import fill_l2, only_model, prepare_tables, serving_config
 
@@ -119,6 +123,7 @@ class ModelProcess:
         self.name = params.get("hps_model") or args["model_name"]
         base = params.get("base_dir") or str(ps_path.parent)
         config = serving_config(ps_path, base)
+        protect(config)  # no log line of this process shows the config's secrets
         self.config = only_model(config, self.name)
         self.model = self.config.model(self.name)
         start = time.perf_counter()
@@ -128,17 +133,19 @@ class ModelProcess:
         warm = sum(warm_up_session(self.session, self.config).values())
         extra = warm_up_keysets(self.session, self.name, params.get("hps_warmup_keysets"))
         warm += sum(extra.values())
-        log.info(
-            "%s (%s): ready in %.1fs; L1 %d rows warm; L2 %s%s; L3 %s (%s)",
-            args["model_instance_name"],
-            self.name,
-            time.perf_counter() - start,
-            warm,
-            self.config.volatile_db.type,
-            f" ({rows} rows loaded here)" if rows else "",
-            self.config.persistent_db.type,
-            mode,
+        report = InstanceReady(  # hps serve summarises these per model (hps.triton.output)
+            instance=args["model_instance_name"],
+            model=args["model_name"],
+            hps_model=self.name,
+            seconds=time.perf_counter() - start,
+            l1_rows=warm,
+            tables=len(self.model.tables),
+            l2=self.config.volatile_db.type,
+            l2_loaded=rows,
+            l3=self.config.persistent_db.type,
+            l3_mode=mode,
         )
+        log.info("%s", report.message())
         self.refreshers = [r.start() for r in refreshers_for(self.session, self.config)]
         self.updates = None
         if self.config.update_source.enabled:  # Kafka: the embedded applier or an L1 listener

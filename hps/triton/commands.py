@@ -52,6 +52,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(default: the largest the models' key limits allow; 0: no gate, Triton listens "
         "itself; docs/security.md)",
     )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,  # keeps `hps -v serve` working too
+        help="show every step: per-table imports and warm-up, the tritonserver command "
+        "line (secrets redacted), Triton's and the models' own logs",
+    )
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("reload", help="reload a served model (picks up retrained tables)")
@@ -93,11 +101,17 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from hps.triton.deploy import prepare_tables, serving_config
+    import logging
+
+    from hps.triton.deploy import serving_config
     from hps.triton.lifecycle import check_ports, clean_stale, owned_tempdir
-    from hps.triton.repository import prepare_repository
+    from hps.triton.output import TritonOutput
+    from hps.triton.repository import prepare_repository, served_models
     from hps.triton.server import TritonServer
 
+    verbose = bool(getattr(args, "verbose", False))
+    if not verbose:  # a quiet start: what goes wrong, and the steps printed below
+        logging.getLogger().setLevel(logging.WARNING)
     ports = {"HTTP": args.http_port, "gRPC": args.grpc_port, "metrics": args.metrics_port}
     check_ports(args.host, ports)  # before anything is written or printed
     for path in clean_stale():
@@ -107,13 +121,26 @@ def _serve(args: argparse.Namespace) -> int:
 
         args.config = str(create_demo("demo"))
     config = serving_config(args.config)
+    from hps.redact import protect
+    from hps.updates.kafka import check_update_source
+
+    protect(config)  # every log record scrubbed; the config's secrets registered
+    check_update_source(config)  # a bad Kafka setting is a config error before any work
+    tables = sum(len(m.tables) for m in config.models)
+    print(
+        f"hps serve: {args.config}: {_plural(len(config.models), 'model')}, "
+        f"{_plural(tables, 'table')}",
+        flush=True,
+    )
     tmp = owned_tempdir("hps-repo-")
     try:
         repo = Path(args.repository or tmp)
         names = prepare_repository(config, repo, metrics_interval_s=args.metrics_interval)
-        for table, rows in prepare_tables(config, progress=True).items():
-            print(f"imported {table}: {rows:,} rows")
+        _import(config, verbose)
         key, key_file = _admin_key(args.state_dir or Path(args.config).resolve().parent, tmp)
+        output = TritonOutput(
+            verbose=verbose, instances={m.triton_name: m.instances for m in served_models(config)}
+        )
         server = TritonServer(
             repo,
             body_limit=body_limit(config, args.max_request_mb),
@@ -124,10 +151,35 @@ def _serve(args: argparse.Namespace) -> int:
             explicit=True,
             load_models=names,
             admin_key=key,
+            output=output,
         )
         return _run(server, config, args, key_file)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def _import(config: PSConfig, verbose: bool) -> None:
+    """Bring L3 (and a shared L2) up to date with the sparse files: one line, or one per
+    table (and a progress bar) when verbose."""
+    import time
+
+    from hps.triton.deploy import prepare_tables
+
+    start = time.perf_counter()
+    imported = prepare_tables(config, progress=verbose)
+    if verbose:
+        for table, rows in imported.items():
+            print(f"imported {table}: {rows:,} rows")
+    elif imported:
+        print(
+            f"imported {_plural(len(imported), 'table')}: {sum(imported.values()):,} rows "
+            f"in {time.perf_counter() - start:.1f}s",
+            flush=True,
+        )
 
 
 def body_limit(config: PSConfig, max_request_mb: float | None) -> BodyLimit | None:
@@ -153,12 +205,23 @@ def _admin_key(state_dir: str | Path, fallback: Path) -> tuple[str, Path | None]
 
 def _run(server: TritonServer, config: PSConfig, args: argparse.Namespace, key: Path | None) -> int:
     """Serve until Ctrl-C / SIGTERM (then drain: exit 0 if clean) or until Triton exits."""
+    from hps.errors import HPSError
     from hps.triton.watchdog import Watchdog, probe_inputs
 
     watchdog = None
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt
     try:
-        server.start()
+        print(f"starting Triton: {', '.join(server.load_models)}", flush=True)
+        try:
+            server.start()
+        except HPSError:
+            if server.output is not None and not server.output.verbose:
+                print("what tritonserver said last:", file=sys.stderr)
+                for line in server.output.tail():
+                    print(f"  {line}", file=sys.stderr)
+            raise
+        if server.output is not None:
+            server.output.ready()  # its warm-up lines out, from here warnings and errors
         if args.watchdog_interval > 0:
             probes = probe_inputs(config)
             assert server.proc is not None
@@ -175,7 +238,7 @@ def _run(server: TritonServer, config: PSConfig, args: argparse.Namespace, key: 
         print(f"{name} exited by itself (status {status})", file=sys.stderr)
         return status if status > 0 else 1  # a signal's negative status is no exit code
     except KeyboardInterrupt:
-        print("stopping: draining requests, then tritonserver", file=sys.stderr)
+        print("stopping: draining requests, then tritonserver", file=sys.stderr, flush=True)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the drain
         if watchdog is not None:
@@ -198,6 +261,7 @@ def _hps_command() -> str:
 
 
 def _print_banner(server: TritonServer, config: PSConfig, path: str, key: Path | None) -> None:
+    """The end of the start: where to reach the server, the ready line, the commands to paste."""
     from hps.triton.repository import served_models
 
     hps = _hps_command()
@@ -208,18 +272,19 @@ def _print_banner(server: TritonServer, config: PSConfig, path: str, key: Path |
         for m in served
     ]
     names = [m.triton_name for m in served]
+    gate = (
+        f"request bodies up to {server.body_limit.describe()} (the request-size gate)"
+        if server.body_limit
+        else "no request-size gate (--max-request-mb 0): Triton reads any body"
+    )
     print(
-        f"\nServing {', '.join(names)} from {path}\n"
         f"  HTTP {server.http_url}   gRPC {server.grpc_url}   metrics {server.metrics_url}\n"
-        + (
-            f"  request bodies up to {server.body_limit.describe()} (the request-size gate)\n"
-            if server.body_limit
-            else "  no request-size gate (--max-request-mb 0): Triton reads any body\n"
-        )
-        + "Try:\n"
-        + "".join(f"  {t}\n" for t in tries)
-        + "Admin APIs (model control, shared memory, logging, trace) need the header "
-        + f"hps-admin-key: {f'the key in {key}' if key else 'the key in $HPS_ADMIN_KEY'}\n",
+        f"  {gate}\n"
+        "  admin APIs (model control, shared memory, logging, trace) need the header "
+        f"hps-admin-key: {f'the key in {key}' if key else 'the key in $HPS_ADMIN_KEY'}\n"
+        f"ready: serving {', '.join(names)} from {path} (Ctrl-C stops). Try:\n"
+        + "".join(f"  {t}\n" for t in tries),
+        end="",
         flush=True,
     )
 

@@ -27,6 +27,7 @@ import socket
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import IO
 
 from hps.errors import ConfigError
 
@@ -47,18 +48,23 @@ def die_with_parent() -> None:
 
 
 def spawn_child(
-    cmd: list[str], log_file: Path | None = None, env: dict[str, str] | None = None
+    cmd: list[str],
+    log_file: Path | None = None,
+    env: dict[str, str] | None = None,
+    *,
+    pipe: bool = False,
 ) -> subprocess.Popen[bytes]:
     """Start a server child of ours: its own session (a terminal's Ctrl-C reaches us only,
     and we stop it in order), dying with us (:func:`die_with_parent`), output appended to
-    ``log_file`` (else ours)."""
+    ``log_file``, else into a pipe (``proc.stdout``) with ``pipe``, else into ours."""
     out = open(log_file, "ab") if log_file else None  # noqa: SIM115
+    target: IO[bytes] | int | None = out or (subprocess.PIPE if pipe else None)
     try:
         return subprocess.Popen(
             cmd,
             env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT if out else None,
+            stdout=target,
+            stderr=subprocess.STDOUT if target is not None else None,
             start_new_session=True,
             preexec_fn=die_with_parent,
         )

@@ -27,10 +27,12 @@ from pathlib import Path
 
 from hps.errors import BackendUnavailable, ConfigError, HPSError
 from hps.net import free_port
+from hps.redact import redact_args, register
 from hps.triton.admin import restricted_args
 from hps.triton.control import ModelControl
 from hps.triton.gate import BodyLimit, RequestGate
 from hps.triton.lifecycle import owned_tempdir, reap_group, regions, shm_prefix, spawn_child
+from hps.triton.output import TritonOutput
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +126,11 @@ class TritonServer:
 
     With a ``body_limit``, the request-size gate (hps.triton.gate) listens on ``host`` at
     the HTTP and gRPC ports and Triton behind it on loopback ports of its own; the URLs
-    below are the gate's. Metrics are served by Triton directly.
+    below are the gate's. The gate starts once Triton answers (before, nginx would log a
+    refused connection for every probe). Metrics are served by Triton directly.
+
+    Triton's output goes to ``log_file``, else through ``output`` (hps.triton.output: what
+    ``hps serve`` shows of it), else to this process's stdout/stderr.
     """
 
     repository: Path
@@ -140,6 +146,7 @@ class TritonServer:
     stop_timeout: float = STOP_TIMEOUT_S
     admin_key: str = ""
     body_limit: BodyLimit | None = None
+    output: TritonOutput | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
     gate: RequestGate | None = field(default=None, init=False)
     shm_prefix: str = field(default_factory=shm_prefix, init=False)
@@ -191,6 +198,8 @@ class TritonServer:
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             *restricted_args(self.admin_key),
         ]
+        if self.output is not None and self.log_file is None:
+            cmd += self.output.triton_args()
         if self.explicit:
             cmd.append("--model-control-mode=explicit")
             cmd += [f"--load-model={m}" for m in self.load_models]
@@ -202,10 +211,18 @@ class TritonServer:
         self._workdir = owned_tempdir("hps-triton-")
         backends = prepare_backends(install, self._workdir / "backends")
         cmd = self.command(backends)
-        log.info("starting %s", " ".join(cmd))
-        self.proc = spawn_child(cmd, self.log_file, server_env(install))
+        register(self.admin_key)  # never in a log line, ours or Triton's as we relay it
+        log.debug("starting %s", " ".join(redact_args(cmd)))
+        relay = self.output if self.log_file is None else None
+        env = server_env(install)
+        if relay is not None:
+            env["PYTHONUNBUFFERED"] = "1"  # the stubs' prints reach the pipe as they come
+        self.proc = spawn_child(cmd, self.log_file, env, pipe=relay is not None)
+        if relay is not None:
+            relay.attach(self.proc)
         try:
             if self.body_limit is not None:
+                self.wait_ready(timeout, f"127.0.0.1:{self._triton_http}")
                 self.gate = RequestGate(
                     self.body_limit,
                     self._workdir / "gate",
@@ -222,15 +239,16 @@ class TritonServer:
             raise
         return self
 
-    def is_ready(self) -> bool:
+    def is_ready(self, address: str | None = None) -> bool:
+        """Whether the server at ``address`` (default: where clients reach it) is ready."""
         try:
-            url = f"http://{self.http_url}/v2/health/ready"
+            url = f"http://{address or self.http_url}/v2/health/ready"
             with urllib.request.urlopen(url, timeout=2) as resp:
                 return bool(resp.status == 200)
         except (urllib.error.URLError, OSError):
             return False
 
-    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S, address: str | None = None) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
@@ -238,7 +256,7 @@ class TritonServer:
                     f"tritonserver exited with status {self.proc.returncode} during start-up"
                     + (f"; see {self.log_file}" if self.log_file else "")
                 )
-            if self.is_ready():
+            if self.is_ready(address):
                 time.sleep(0.2)  # a port clash makes a fresh Triton exit right after binding
                 if self.proc is not None and self.proc.poll() is not None:
                     continue  # the answer came from another server: report our exit above
@@ -293,6 +311,8 @@ class TritonServer:
             if proc.returncode != 0:
                 problems.append(f"tritonserver exited with status {proc.returncode}")
             reap_group(proc.pid)
+            if self.output is not None and self.log_file is None:
+                self.output.close()  # its last lines read: the pipe's writers are gone
             left = regions(self.shm_prefix)
             if left:
                 problems.append(f"{len(left)} shared-memory regions left behind (removed)")

@@ -1,9 +1,15 @@
-"""`hps demo`, `hps serve` and `hps query` as a newcomer runs them, stopped by SIGTERM."""
+"""`hps demo`, `hps serve` and `hps query` as a newcomer runs them, stopped by SIGTERM.
+
+`hps serve` starts quietly: what it prints (stdout and stderr) from start to ready fits a
+screen, with no error or warning on a healthy start, one warm-up line per model, and ends
+with the ready line and the client commands; `--verbose` brings the details back.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,10 +33,12 @@ def run_hps(*args: str, cwd: Path) -> list[str]:
     return done.stdout.splitlines()
 
 
-def test_demo_serve_query_and_sigterm(tmp_path: Path) -> None:
-    run_hps("demo", "--dir", "demo", "--tables", "3", "--rows", "2000", cwd=tmp_path)
-    http = free_port()
-    proc = subprocess.Popen(
+MAX_START_LINES = 25
+
+
+def serve(cwd: Path, http: int, *flags: str) -> subprocess.Popen[str]:
+    """`hps serve` of demo/ps.json, its stderr merged into its stdout (what a terminal shows)."""
+    return subprocess.Popen(
         [
             *HPS,
             "serve",
@@ -42,15 +50,32 @@ def test_demo_serve_query_and_sigterm(tmp_path: Path) -> None:
             str(free_port()),
             "--metrics-port",
             str(free_port()),
+            *flags,
         ],
-        cwd=tmp_path,
+        cwd=cwd,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
+
+
+def test_demo_serve_query_and_sigterm(tmp_path: Path) -> None:
+    run_hps("demo", "--dir", "demo", "--tables", "3", "--rows", "2000", cwd=tmp_path)
+    http = free_port()
+    proc = serve(tmp_path, http)
     try:
-        banner = "".join(wait_for_banner(proc))
+        lines = wait_for_banner(proc)
+        banner = "".join(lines)
+        # A start a person can read (first start: the tables are imported too).
+        assert len(lines) <= MAX_START_LINES, banner
+        for noise in ("ERROR", "WARNING", "connect() failed", "hps-admin-key="):
+            assert noise not in banner, banner
+        warm = [line for line in lines if re.match(r"^(demo|demo_ctr): warm in ", line)]
+        assert sorted(line.split(":")[0] for line in warm) == ["demo", "demo_ctr"], banner
+        assert "imported 3 tables: " in banner
+        assert re.search(r"^ready: serving demo, demo_ctr from demo/ps\.json", banner, re.M)
+        assert lines[-2].strip().endswith(f"query --url 127.0.0.1:{http} --model demo --keys 1,2,3")
         assert f" -m hps.cli query --url 127.0.0.1:{http} --model demo --keys 1,2,3" in banner
         assert "request bodies up to gRPC 0.22 MiB, HTTP 0.66 MiB (the request-size gate)" in banner
         lines = run_hps(
@@ -91,3 +116,25 @@ def test_demo_serve_query_and_sigterm(tmp_path: Path) -> None:
         import urllib.request
 
         urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2)
+
+
+def test_verbose_serve_brings_the_details_back(tmp_path: Path) -> None:
+    run_hps("demo", "--dir", "demo", "--tables", "2", "--rows", "1000", cwd=tmp_path)
+    http = free_port()
+    proc = serve(tmp_path, http, "--verbose")
+    try:
+        lines = wait_for_banner(proc)
+        text = "".join(lines)
+        assert len(lines) > MAX_START_LINES, text
+        assert "imported demo.C1: 1,000 rows" in text  # per table
+        assert "INFO hps.startup: L1 demo.C2: warmed up" in text  # the models' own logs
+        assert re.search(r"^I\d{4} .*successfully loaded 'demo_ctr'", text, re.M)  # Triton's
+        # the tritonserver command line, its admin key redacted
+        assert set(re.findall(r"hps-admin-key=(\S+)", text)) == {"<redacted>"}, text
+        assert "connect() failed" not in text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -41,9 +41,12 @@ def site(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def serve(site: Path, http: int, err: list[str] | None = None) -> subprocess.Popen[str]:
-    """`hps serve` of the demo; its stderr (Triton's log too) is drained into ``err``."""
-    ports = ["--http-port", str(http), "--grpc-port", str(free_port())]
+def serve(
+    site: Path, http: int, err: list[str] | None = None, *flags: str
+) -> subprocess.Popen[str]:
+    """`hps serve` of the demo; its stderr (with --verbose, Triton's log too) is drained
+    into ``err``."""
+    ports = ["--http-port", str(http), "--grpc-port", str(free_port()), *flags]
     proc = subprocess.Popen(
         [*HPS, "serve", "--config", "demo/ps.json", *ports, "--metrics-port", str(free_port())],
         cwd=site,
@@ -126,7 +129,7 @@ def test_sigterm_under_load_drains_and_leaves_nothing(site: Path) -> None:
     http = free_port()
     proc = serve(site, http)
     try:
-        banner = "".join(wait_for_banner(proc)) + (proc.stdout.readline() if proc.stdout else "")
+        banner = "".join(wait_for_banner(proc))
         key_file = site / "demo" / "hps-admin-key"
         assert f"hps-admin-key: the key in {key_file}" in banner
         assert key_file.stat().st_mode & 0o777 == 0o600
@@ -178,7 +181,7 @@ def test_dead_stub_reload_then_sigkill_and_successor(site: Path) -> None:
     http = free_port()
     url = f"127.0.0.1:{http}"
     err: list[str] = []
-    proc = serve(site, http, err)
+    proc = serve(site, http, err, "--verbose")  # Triton's log: when the model loaded
     try:
         wait_for_banner(proc)
         triton = triton_of(proc.pid)
