@@ -44,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except HPSError as exc:
-        print(f"hps {args.command}: error: {exc}", file=sys.stderr)
+        from hps.redact import scrub
+
+        print(f"hps {args.command}: error: {scrub(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -1,15 +1,18 @@
 """Redaction of secrets: one helper for logs, error bodies, config dumps and manifests.
 
 A setting is secret when its *name* matches one of :data:`SECRET_NAME_PATTERNS` (shell
-patterns, case-insensitive, matched against the last dotted or underscored part as well as
-the whole name), e.g. ``password``, ``ssl.keystore.password``, ``sasl.oauthbearer.config``,
-``ssl.key.pem``, ``HPS_ADMIN_TOKEN``. Deciding by pattern, not by a list of names, keeps new
-client settings (librdkafka has dozens) covered without code changes.
+patterns, case-insensitive, matched against the whole name), e.g. ``password``,
+``ssl.keystore.password``, ``sasl.oauthbearer.config``, ``ssl.key.pem``,
+``HPS_ADMIN_TOKEN``. Deciding by pattern, not by a list of names, keeps new client settings
+(librdkafka has dozens) covered without code changes. A name that says where a secret is
+kept rather than holding it (``hps_password_env``, ``HPS_ADMIN_KEY_FILE``: the
+:data:`REFERENCE_SUFFIXES`) is not secret: it and what it maps to stay readable.
 
 Known secret *values* (the admin key, the control plane's token, passwords read from the
-config) are registered with :func:`register`; :func:`scrub` replaces every registered value
-in a text, and :class:`RedactingFilter` applies it to every log record, so a value that
-reaches a message by accident (a command line, an exception text) is still never printed.
+config) are registered with :func:`register` (:func:`register_config` for a whole config);
+:func:`scrub` replaces every registered value in a text, and :func:`install_log_filter`
+applies it to every log record of the process, so a value that reaches a message by
+accident (a command line, an exception text) is still never printed.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from __future__ import annotations
 import fnmatch
 import logging
 import threading
-from collections.abc import Iterable, Mapping
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 REDACTED = "<redacted>"
 
@@ -38,6 +41,8 @@ SECRET_NAME_PATTERNS: tuple[str, ...] = (
     "*api-key*",
     "*credentials*",
 )
+# Names of where a secret is kept (an environment variable, a mounted file), not secrets.
+REFERENCE_SUFFIXES: tuple[str, ...] = ("_env", "_file", "_files", ".location")
 # Shorter values are not scrubbed from free text: a 3-character password would redact
 # every occurrence of those letters in a log line. Such a value still never appears as the
 # value of a secret-named setting (redact_mapping does not look at length).
@@ -52,7 +57,15 @@ T = TypeVar("T")
 def is_secret_name(name: str) -> bool:
     """True when a setting called ``name`` holds a secret."""
     lowered = name.lower()
+    if is_reference_name(lowered):
+        return False
     return any(fnmatch.fnmatchcase(lowered, p) for p in SECRET_NAME_PATTERNS)
+
+
+def is_reference_name(name: str) -> bool:
+    """True when ``name`` says where secrets are kept (``hps_kafka_config_env``): what it
+    maps to are names of variables or files, shown as they are."""
+    return name.lower().endswith(REFERENCE_SUFFIXES)
 
 
 def register(*values: str | None) -> None:
@@ -66,6 +79,23 @@ def registered() -> frozenset[str]:
         return frozenset(_values)
 
 
+def register_config(config: Any) -> None:
+    """Register every secret-named value of a config (a pydantic model or a mapping):
+    the volatile_db password, the Kafka client's SASL/SSL secrets, ..."""
+    doc = config.model_dump(mode="json") if hasattr(config, "model_dump") else config
+    _redact(doc)
+
+
+def protect(config: Any = None, *values: str | None) -> None:
+    """What every HPS process does at start: scrub all its log records
+    (:func:`install_log_filter`) and register the secrets it knows (``values``: the admin
+    key, the control plane's token; ``config``'s secret-named settings)."""
+    install_log_filter()
+    register(*values)
+    if config is not None:
+        register_config(config)
+
+
 def scrub(text: str, extra: Iterable[str] = ()) -> str:
     """``text`` with every registered secret value (and ``extra``) replaced by REDACTED."""
     values = registered() | {v for v in extra if v and len(v) >= MIN_SCRUB_LENGTH}
@@ -77,7 +107,9 @@ def scrub(text: str, extra: Iterable[str] = ()) -> str:
 
 
 def redact_mapping(doc: T) -> T:
-    """A copy of a JSON-like document with the value of every secret-named key redacted.
+    """A copy of a JSON-like document with the value of every secret-named key redacted,
+    at any depth (mappings in lists included), and registered values scrubbed from the
+    other strings (a password inside a URL).
 
     Secret values found in a document are registered, so later log lines scrub them too.
     Empty values stay empty (an unset password is not a secret worth hiding).
@@ -90,15 +122,38 @@ def _redact(doc: object) -> object:
         out: dict[object, object] = {}
         for key, value in doc.items():
             if isinstance(key, str) and is_secret_name(key) and value not in (None, "", {}, []):
-                if isinstance(value, str):
-                    register(value)
+                _register_all(value)
                 out[key] = REDACTED
+            elif isinstance(key, str) and is_reference_name(key):
+                out[key] = _copy(value)
             else:
                 out[key] = _redact(value)
         return out
     if isinstance(doc, list | tuple):
         return [_redact(v) for v in doc]
+    if isinstance(doc, str):
+        return scrub(doc)
     return doc
+
+
+def _copy(doc: object) -> object:
+    if isinstance(doc, Mapping):
+        return {k: _copy(v) for k, v in doc.items()}
+    if isinstance(doc, list | tuple):
+        return [_copy(v) for v in doc]
+    return doc
+
+
+def _register_all(value: object) -> None:
+    """Register the strings of a secret value (a string, or a mapping or list of them)."""
+    if isinstance(value, str):
+        register(value)
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            _register_all(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _register_all(v)
 
 
 def redact_args(args: Iterable[str]) -> list[str]:
@@ -106,25 +161,73 @@ def redact_args(args: Iterable[str]) -> list[str]:
     return [scrub(a) for a in args]
 
 
+def scrub_record(record: logging.LogRecord) -> None:
+    """Scrub registered secrets from a record's message, its arguments and its exception.
+
+    Arguments keep their places (some formatters, e.g. uvicorn's access log, unpack them);
+    only when the rendered message still holds a secret is it rendered here, scrubbed.
+    """
+    if not registered():
+        return
+    if isinstance(record.msg, str):
+        record.msg = scrub(record.msg)
+    if isinstance(record.args, tuple):
+        record.args = tuple(scrub(a) if isinstance(a, str) else a for a in record.args)
+    elif isinstance(record.args, Mapping):
+        record.args = {k: scrub(v) if isinstance(v, str) else v for k, v in record.args.items()}
+    try:
+        message = record.getMessage()
+    except Exception:  # noqa: BLE001 - a bad format string: logging reports it itself
+        message = None
+    if message is not None and scrub(message) != message:
+        record.msg, record.args = scrub(message), None
+    if record.exc_info and record.exc_info[1] is not None:
+        text = logging.Formatter().formatException(record.exc_info)
+        if scrub(text) != text:  # formatters print exc_text when there is no exc_info
+            record.exc_info, record.exc_text = None, scrub(text)
+    elif record.exc_text:
+        record.exc_text = scrub(record.exc_text)
+    if record.stack_info:
+        record.stack_info = scrub(record.stack_info)
+
+
 class RedactingFilter(logging.Filter):
-    """Scrubs registered secrets from a record's rendered message (and its exception)."""
+    """Scrubs registered secrets from a record's message, arguments and exception."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        cleaned = scrub(message)
-        if cleaned != message:
-            record.msg, record.args = cleaned, None
-        if record.exc_info and record.exc_info[1] is not None:
-            text = logging.Formatter().formatException(record.exc_info)
-            scrubbed = scrub(text)
-            if scrubbed != text:
-                record.exc_info, record.exc_text = None, scrubbed
+        scrub_record(record)
         return True
 
 
+_factory_lock = threading.Lock()
+_installed = False
+
+
 def install_log_filter(logger: logging.Logger | None = None) -> None:
-    """Attach one :class:`RedactingFilter` to every handler of ``logger`` (the root)."""
+    """Scrub every log record of this process (or only what ``logger``'s handlers emit).
+
+    Without ``logger``: every record is scrubbed where it is made (a record factory), so
+    handlers configured later (uvicorn's, a library's) are covered too, and a
+    :class:`RedactingFilter` goes on each handler of the root logger as well.
+    """
+    global _installed
+    if logger is None:
+        with _factory_lock:
+            if not _installed:
+                logging.setLogRecordFactory(_scrubbing_factory(logging.getLogRecordFactory()))
+                _installed = True
     target = logger or logging.getLogger()
     for handler in target.handlers:
         if not any(isinstance(f, RedactingFilter) for f in handler.filters):
             handler.addFilter(RedactingFilter())
+
+
+def _scrubbing_factory(
+    inner: Callable[..., logging.LogRecord],
+) -> Callable[..., logging.LogRecord]:
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = inner(*args, **kwargs)
+        scrub_record(record)
+        return record
+
+    return factory

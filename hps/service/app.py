@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from starlette.exceptions import HTTPException
 
 from hps.errors import HPSError
+from hps.redact import redact_mapping
 from hps.service.limits import Gate, TooLarge
 from hps.service.state import AdminState
 
@@ -47,7 +48,9 @@ class Metrics:
 def _error(
     status: int, kind: str, detail: Any, headers: dict[str, str] | None = None
 ) -> JSONResponse:
-    return JSONResponse({"error": kind, "detail": detail}, status_code=status, headers=headers)
+    """An error body; registered secrets (hps.redact) are scrubbed from what it says."""
+    body = redact_mapping({"error": kind, "detail": detail})
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def create_app(state: AdminState) -> FastAPI:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from pathlib import Path
 
@@ -32,19 +33,32 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _admin(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from hps.redact import protect
     from hps.service.app import create_app
     from hps.service.auth import resolve_token
     from hps.service.state import AdminState
     from hps.service.triton_admin import TritonAdmin
     from hps.triton.admin import resolve_key
     from hps.triton.deploy import serving_config
+    from hps.updates.kafka import check_update_source
 
+    protect()  # from here on no log record holds a registered secret
     config = serving_config(args.config)
+    protect(config)
+    check_update_source(config)  # a bad Kafka setting is a config error now, not a 500 later
     token = resolve_token(args.token_file)
-    # hps serve's key: $HPS_ADMIN_KEY, $HPS_ADMIN_KEY_FILE, else the file beside the ps.json
-    key = resolve_key(Path(args.config).resolve().parent)
-    triton = TritonAdmin(args.triton_url, os.environ.get(METRICS_URL_ENV) or None, key)
+    # hps serve's key: $HPS_ADMIN_KEY, $HPS_ADMIN_KEY_FILE, else the file beside the ps.json,
+    # read again at every reload (hps serve writes a new one at every start); each key read
+    # is registered for redaction.
+    state_dir = Path(args.config).resolve().parent
+    resolve_key(state_dir)  # a malformed key is an error now
+    protect(None, token)
+    metrics_url = os.environ.get(METRICS_URL_ENV) or None
+    triton = TritonAdmin(args.triton_url, metrics_url, lambda: resolve_key(state_dir))
     app = create_app(AdminState(config, token, triton))
-    # uvicorn's access log shows paths and statuses only, never the Authorization header.
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
-    return 0
+    # uvicorn's access log shows paths and statuses only, never the Authorization header;
+    # its loggers, configured here, are scrubbed too (the record factory of hps.redact).
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    return 0 if server.started else 1  # not started: e.g. the port is taken (logged)

@@ -84,8 +84,12 @@ def _l3(state: AdminState, reader: Reader) -> str:
 def _kafka(state: AdminState) -> str:
     from confluent_kafka.admin import AdminClient
 
+    from hps.updates.kafka import client_settings
+
     src = state.config.update_source
-    conf: dict[str, Any] = {"bootstrap.servers": src.brokers, **dict(src.hps_kafka_config)}
+    # the consumer's settings left out: librdkafka would warn about each on every probe
+    settings = client_settings(src.hps_kafka_config)
+    conf: dict[str, Any] = {"bootstrap.servers": src.brokers, **settings}
     meta = AdminClient(conf).list_topics(timeout=KAFKA_TIMEOUT_S)
     return f"{len(meta.brokers)} broker(s), {len(meta.topics)} topic(s)"
 

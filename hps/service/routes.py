@@ -8,21 +8,12 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from hps.redact import redact_mapping
 from hps.service import health, info, ops
 from hps.service.schemas import READ, WRITE, LookupBody, errors
 from hps.service.state import AdminState
 
 router = APIRouter()
-
-SECRET_KEYS = {
-    "password",
-    "sasl.password",
-    "ssl.key.password",
-    "ssl.key.pem",
-    "sasl.oauthbearer.client.secret",
-}
-REDACTED = "<redacted>"
-
 
 def _state(request: Request) -> AdminState:
     state: AdminState = request.app.state.hps
@@ -43,34 +34,27 @@ def healthz() -> dict[str, str]:
 def readyz(request: Request) -> JSONResponse:
     """Ready when Triton, every model, one inference per model and every tier answer."""
     ok, checks = health.readiness(_state(request))
-    return JSONResponse({"ready": ok, "checks": checks}, status_code=200 if ok else 503)
-
-
-def redact(doc: Any) -> Any:
-    if isinstance(doc, dict):
-        return {k: (REDACTED if k in SECRET_KEYS and v else redact(v)) for k, v in doc.items()}
-    if isinstance(doc, list):
-        return [redact(v) for v in doc]
-    return doc
+    body = redact_mapping({"ready": ok, "checks": checks})  # a check's error names no secret
+    return JSONResponse(body, status_code=200 if ok else 503)
 
 
 @router.get("/v1/config", tags=["models"])
 def config(request: Request) -> dict[str, Any]:
-    """The effective ps.json (defaults filled in), secrets redacted."""
-    return dict(redact(_state(request).config.model_dump(mode="json")))
+    """The effective ps.json (defaults filled in), every secret-named value redacted."""
+    return redact_mapping(_state(request).config.model_dump(mode="json"))
 
 
 @router.get("/v1/models", tags=["models"], responses=errors(502, 503))
 def models(request: Request) -> dict[str, Any]:
     """Every model and table: dims, rows per tier, L1, hit rates, lag, versions; topology."""
-    return info.models_info(_state(request))
+    return redact_mapping(info.models_info(_state(request)))  # e.g. a broker's error text
 
 
 @router.get("/v1/models/{model}/tables/{table}", tags=["models"], responses=READ)
 def table(model: str, table: str, request: Request) -> dict[str, Any]:
     """One table: dims, rows per tier, L1 capacity and policy, hit rates, lag, last version."""
     state = _state(request)
-    return info.one_table(state, state.spec(model, table))
+    return redact_mapping(info.one_table(state, state.spec(model, table)))
 
 
 @router.post("/v1/models/{model}/tables/{table}/lookup", tags=["debug"], responses=WRITE)

@@ -3,6 +3,8 @@
 Health and reloads go through :class:`hps.triton.control.ModelControl` (Triton's HTTP API);
 a reload carries header ``hps-admin-key`` with the admin key
 (:func:`hps.triton.admin.resolve_key`): ``hps serve`` restricts Triton's admin APIs to it.
+The key may be given as a function, asked at every reload: ``hps serve`` writes a fresh key
+file at every start, and the control plane must follow it without a restart.
 The inference goes through :class:`hps.triton.client.Client`, as any client's would.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 from collections import defaultdict
+from collections.abc import Callable
 
 import numpy as np
 
@@ -25,13 +28,21 @@ class TritonAdmin:
     """One Triton server as the control plane sees it (HTTP)."""
 
     def __init__(
-        self, url: str, metrics_url: str | None = None, admin_key: str | None = None
+        self,
+        url: str,
+        metrics_url: str | None = None,
+        admin_key: str | Callable[[], str | None] | None = None,
     ) -> None:
         self.url = url
-        self.admin_key = admin_key
+        self._admin_key = admin_key
         host = url.rsplit(":", 1)[0]
         self.metrics_url = metrics_url or f"http://{host}:8002/metrics"
-        self.control = ModelControl(url, admin_key, timeout=TIMEOUT_S)
+        self.control = ModelControl(url, None, timeout=TIMEOUT_S)  # health needs no key
+
+    @property
+    def admin_key(self) -> str | None:
+        """The admin key now (a function given for it is asked each time)."""
+        return self._admin_key() if callable(self._admin_key) else self._admin_key
 
     def server_ready(self) -> bool:
         return self.control.server_ready()

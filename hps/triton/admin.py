@@ -9,9 +9,14 @@ configuration and statistics stay open.
 
 The key, by precedence: env ``HPS_ADMIN_KEY``; else the file named by env
 ``HPS_ADMIN_KEY_FILE``; else the key file of the deployment's state directory (see
-:func:`key_file_for`), which ``hps serve`` creates with a random key (mode 0600) when it
-does not exist. :func:`resolve_key` is what HPS's own clients (``hps reload``, the
-watchdog, the control plane) call.
+:func:`key_file_for`), into which ``hps serve`` writes a fresh random key at every start
+(:func:`ensure_key`: mode 0600, the old file replaced atomically, never reused).
+:func:`resolve_key` is what HPS's own clients (``hps reload``, the control plane) call:
+they read the current file. Every key resolved here is registered with
+:func:`hps.redact.register`, so no log line of the process shows it.
+
+tritonserver takes the key only on its command line (``--http-restricted-api``), which
+every process of the same PID namespace can read (docs/security.md says how to contain it).
 
 On gRPC Triton expects the header as ``triton-grpc-protocol-<header>``
 (:func:`grpc_headers`); on HTTP as is (:func:`http_headers`).
@@ -24,6 +29,7 @@ import secrets
 from pathlib import Path
 
 from hps.errors import ConfigError
+from hps.redact import register
 
 ADMIN_HEADER = "hps-admin-key"
 KEY_ENV = "HPS_ADMIN_KEY"
@@ -40,6 +46,7 @@ def _read(path: Path) -> str:
     except OSError as exc:
         raise ConfigError(f"admin key file {path}: {exc.strerror or exc}") from None
     _check(key, str(path))
+    register(key)
     return key
 
 
@@ -60,6 +67,7 @@ def resolve_key(state_dir: str | Path | None = None) -> str | None:
     env = os.environ.get(KEY_ENV)
     if env is not None:
         _check(env.strip(), f"${KEY_ENV}")
+        register(env.strip())
         return env.strip()
     named = os.environ.get(KEY_FILE_ENV)
     if named:
@@ -70,24 +78,34 @@ def resolve_key(state_dir: str | Path | None = None) -> str | None:
 
 
 def ensure_key(state_dir: str | Path) -> tuple[str, Path | None]:
-    """The key to serve with, and the file it was written to (None: it came from the env).
+    """The key to serve with, and the file it is in (None: it came from ``$HPS_ADMIN_KEY``).
 
-    Generates a random key into ``state_dir``'s key file (mode 0600) when neither the
-    environment nor an existing file provides one.
+    A key from the environment (``HPS_ADMIN_KEY``, or the file ``HPS_ADMIN_KEY_FILE``
+    names) is used as is. Otherwise a fresh random key is written to ``state_dir``'s key
+    file at every call: a new file of mode 0600 renamed over the old one, so a reader sees
+    the old key or the new one, whole, and a key that leaked with an old server's command
+    line dies with it.
     """
     if os.environ.get(KEY_ENV) is not None:
         return str(resolve_key()), None
     named = os.environ.get(KEY_FILE_ENV)
     if named:
         return _read(Path(named)), Path(named)
-    if key_file_for(state_dir).is_file():
-        return _read(key_file_for(state_dir)), key_file_for(state_dir)
     path = key_file_for(state_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     key = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(key + "\n")
+    register(key)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(key + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return key, path
 
 

@@ -9,9 +9,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hps.errors import BackendError, BackendUnavailable, ConfigError
+from hps.redact import REDACTED, is_secret_name, scrub
+
+if TYPE_CHECKING:
+    from hps.config import PSConfig
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +80,7 @@ def _translate(exc: BaseException, what: str) -> BackendError:
         "_MSG_TIMED_OUT",
     }
     cls = BackendUnavailable if retriable else BackendError
-    return cls(f"kafka: {what}: {name}: {text}")
+    return cls(scrub(f"kafka: {what}: {name}: {text}"))
 
 
 def ensure_topics(
@@ -93,8 +97,8 @@ def ensure_topics(
     wanted = sorted(set(topics))
     if not wanted:
         return {}
-    admin = AdminClient(_admin_conf(brokers, config))
     with translated(f"creating topics {_short_list(wanted)}"):
+        admin = AdminClient(_admin_conf(brokers, config))
         existing = admin.list_topics(timeout=timeout_s).topics
         missing = [t for t in wanted if t not in existing]
         if missing:
@@ -133,8 +137,8 @@ def group_lag(
     from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
     from confluent_kafka.admin import AdminClient, OffsetSpec
 
-    admin = AdminClient(_admin_conf(brokers, config))
     with translated(f"consumer lag of group {group}"):
+        admin = AdminClient(_admin_conf(brokers, config))
         existing = admin.list_topics(timeout=timeout_s).topics
         parts = [
             TopicPartition(t, p)
@@ -204,3 +208,46 @@ def check_config(conf: Mapping[str, Any], role: str) -> None:
         raise ConfigError("hps_kafka_config: enable.auto.offset.store must stay false")
     if role == "producer" and conf.get("enable.idempotence") not in (True, "true"):
         raise ConfigError("producer: enable.idempotence must stay true (ordered, no duplicates)")
+
+
+def check_update_source(config: PSConfig) -> None:
+    """At a process's start: the Kafka client settings of an enabled update source are valid
+    (:func:`check_settings`)."""
+    us = config.update_source
+    if us.enabled:
+        check_settings(us.hps_kafka_config, f"{config.source}: update_source.hps_kafka_config")
+
+
+def check_settings(settings: Mapping[str, Any], where: str) -> None:
+    """Have librdkafka check every setting of ``settings`` once, no broker contacted.
+
+    A misspelled name or a bad value (``hps_kafka_config``) is then a ConfigError at start
+    that names the setting, not a failure of a later request. The message never holds the
+    value of a secret-named setting (hps.redact).
+    """
+    try:
+        from confluent_kafka import KafkaException, Producer
+    except ImportError:
+        raise ConfigError(
+            f"{where}: a Kafka update source needs confluent-kafka (pip install 'hps[kafka]')"
+        ) from None
+    # librdkafka's own remarks (a consumer setting given to a producer) are not errors here.
+    quiet = logging.getLogger(f"{__name__}.check")
+    quiet.propagate, quiet.disabled = False, True
+    try:
+        Producer({**settings, "logger": quiet})  # no bootstrap.servers: nothing is contacted
+    except KafkaException as exc:
+        err: Any = exc.args[0] if exc.args else None
+        text = err.str() if hasattr(err, "str") else str(exc)
+        raise ConfigError(f"{where}: {_hide_values(text.strip(), settings)}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {_hide_values(str(exc), settings)}") from None
+
+
+def _hide_values(text: str, settings: Mapping[str, Any]) -> str:
+    secrets = [str(v) for k, v in settings.items() if is_secret_name(k) and str(v)]
+    text = scrub(text, extra=secrets)
+    for key, value in settings.items():
+        if is_secret_name(key) and str(value) and str(value) in text:  # a short one
+            return f"invalid setting {key!r} (value {REDACTED})"
+    return text

@@ -10,9 +10,9 @@ from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
 from hps.errors import ConfigError
+from hps.redact import REDACTED, redact_mapping
 from hps.service.auth import check_bearer, resolve_token
 from hps.service.limits import Gate, TooLarge
-from hps.service.routes import REDACTED, redact
 from hps.service.triton_admin import parse_hits
 
 
@@ -45,16 +45,37 @@ def test_bearer_check() -> None:
     assert check_bearer("tok", "bearer tok") is None
 
 
-def test_redact_hides_secrets_only() -> None:
-    doc = {
-        "volatile_db": {"password": "pw", "user_name": "u"},
-        "update_source": {"hps_kafka_config": {"sasl.password": "x", "acks": "all"}},
-        "empty": {"password": ""},
+def test_config_route_redacts_by_name_pattern(tmp_path: Path) -> None:
+    """GET /v1/config (no token needed) hides every secret-named setting (tests/unit/
+    test_redact.py has the patterns)."""
+    from hps.service.app import create_app
+    from hps.service.state import AdminState
+    from hps.service.triton_admin import TritonAdmin
+    from tests.helpers import make_config
+
+    kafka = {
+        "ssl.keystore.password": "keystore-pass-1",
+        "sasl.oauthbearer.config": "clientSecret=oauth-2",
+        "sasl.password": "sasl-pass-3",
+        "acks": "all",
     }
-    out = redact(doc)
-    assert out["volatile_db"] == {"password": REDACTED, "user_name": "u"}
-    assert out["update_source"]["hps_kafka_config"] == {"sasl.password": REDACTED, "acks": "all"}
-    assert out["empty"] == {"password": ""}
+    config = make_config(
+        tmp_path,
+        volatile_db={"type": "hash_map", "password": "redis-pass-4", "user_name": "u"},
+        update_source={"type": "kafka", "hps_kafka_config": kafka},
+    )
+    state = AdminState(config, None, TritonAdmin("127.0.0.1:1"), state_dir=tmp_path / "s")
+    with TestClient(create_app(state)) as client:
+        resp = client.get("/v1/config")
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["volatile_db"]["password"] == REDACTED and body["volatile_db"]["user_name"] == "u"
+    assert body["update_source"]["hps_kafka_config"] == {
+        **{k: REDACTED for k in kafka if k != "acks"},
+        "acks": "all",
+    }
+    assert not any(v in resp.text for v in [*kafka.values(), "redis-pass-4"] if v != "all")
+    assert redact_mapping({"empty": {"password": ""}}) == {"empty": {"password": ""}}
 
 
 def test_parse_hits_sums_processes() -> None:
@@ -104,3 +125,20 @@ def test_gate_refuses_before_reading_and_limits_bodies() -> None:
     assert client.post("/x/import", content=b"x" * 900, headers=auth).json() == {"bytes": 900}
     assert client.post("/x/import", content=b"x" * 1001, headers=auth).status_code == 413
     assert client.get("/echo").status_code == 405  # reads need no token
+
+
+def test_triton_admin_follows_a_new_key_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hps serve writes a fresh key at every start: the control plane reads the current one."""
+    from hps.service.triton_admin import TritonAdmin
+    from hps.triton.admin import KEY_ENV, KEY_FILE_ENV, ensure_key, resolve_key
+
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    monkeypatch.delenv(KEY_FILE_ENV, raising=False)
+    first, _ = ensure_key(tmp_path)
+    triton = TritonAdmin("127.0.0.1:1", admin_key=lambda: resolve_key(tmp_path))
+    assert triton.admin_key == first
+    second, _ = ensure_key(tmp_path)  # hps serve restarted
+    assert triton.admin_key == second != first
+    assert TritonAdmin("127.0.0.1:1", admin_key="fixed").admin_key == "fixed"

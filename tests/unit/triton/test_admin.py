@@ -20,13 +20,40 @@ def no_key_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(admin.KEY_FILE_ENV, raising=False)
 
 
-def test_generated_key_is_private_and_reused(tmp_path: Path) -> None:
+def test_a_fresh_private_key_at_every_start(tmp_path: Path) -> None:
     assert admin.resolve_key(tmp_path) is None
     key, path = admin.ensure_key(tmp_path)
     assert path == tmp_path / "hps-admin-key" and len(key) >= 32
     assert path.stat().st_mode & 0o777 == 0o600
-    assert admin.ensure_key(tmp_path) == (key, path)
-    assert admin.resolve_key(tmp_path) == key
+    assert admin.resolve_key(tmp_path) == key  # what the other clients read
+    inode = path.stat().st_ino
+    key2, path2 = admin.ensure_key(tmp_path)  # the next start: never the old key
+    assert path2 == path and key2 != key
+    assert admin.resolve_key(tmp_path) == key2
+    assert path.stat().st_ino != inode  # a new file renamed over the old one
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hps-admin-key"]  # no temp left
+
+
+def test_an_old_readable_key_file_is_replaced_private(tmp_path: Path) -> None:
+    old = tmp_path / "hps-admin-key"
+    old.write_text("old-key-everyone-could-read\n")
+    old.chmod(0o644)
+    key, path = admin.ensure_key(tmp_path)
+    assert path == old and key != "old-key-everyone-could-read"
+    assert path.read_text() == key + "\n" and path.stat().st_mode & 0o777 == 0o600
+
+
+def test_resolved_keys_are_registered_for_redaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hps.redact import registered, scrub
+
+    key, _ = admin.ensure_key(tmp_path)
+    assert key in registered() and key not in scrub(f"--http-restricted-api=x:k={key}")
+    monkeypatch.setenv(admin.KEY_ENV, "env-key-to-hide")
+    admin.resolve_key()
+    assert "env-key-to-hide" in registered()
 
 
 def test_env_and_file_come_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
