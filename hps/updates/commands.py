@@ -54,9 +54,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _consume(args: argparse.Namespace) -> int:
     from hps.build import build_session
     from hps.config import load_config
+    from hps.redact import protect
+    from hps.updates.kafka import check_update_source
     from hps.updates.runtime import build_service
 
+    protect()  # from here on no log record holds a registered secret
     config = load_config(args.config)
+    protect(config)  # the volatile_db password, the Kafka client's secrets
+    check_update_source(config)  # a bad Kafka setting is a config error before any work
     overrides = {"brokers": args.brokers, "hps_group_id": args.group_id}
     if update := {k: v for k, v in overrides.items() if v}:
         us = config.update_source.model_copy(update=update)
@@ -103,8 +108,13 @@ def _publish(args: argparse.Namespace) -> int:
     brokers, dim, kafka_conf = args.brokers, args.dim, {}
     if args.config:
         from hps.config import load_config
+        from hps.redact import protect
+        from hps.updates.kafka import check_settings
 
         config = load_config(args.config)
+        protect(config)
+        us_conf = config.update_source.hps_kafka_config
+        check_settings(us_conf, f"{config.source}: update_source.hps_kafka_config")
         spec = {t.name: t for t in config.tables}.get(args.table)
         if spec is None:
             raise ConfigError(f"{args.config}: no table {args.table!r}")
