@@ -9,4 +9,5 @@ BENCHES: dict[str, str] = {
     "shm": "hps.bench.shm",
     "updates": "hps.bench.updates",
     "triton": "hps.bench.triton",
+    "gate": "hps.bench.gate",
 }

@@ -1,0 +1,340 @@
+"""The request-size gate: what a flood of oversized requests costs Triton and its neighbours.
+
+The bench writes a demo model (``--tables`` tables of up to ``--rows`` rows, dim ``--dim``),
+serves it with ``--instances`` instances and puts the gate (nginx, as ``hps serve`` does) in
+front of it. A flood client (its own process, at nice 19 so that its own serialisation
+does not count against the server) sends requests of ``--flood-mb`` MB, far over the
+models' limits, as fast as it can. Two kinds of rows, one JSON object each:
+
+- ``neighbour_p99`` per ``--paths`` entry: a neighbour sends ``--requests`` lookups of
+  ``--batch`` samples (one key per table per sample) with the flood stopped (SIGSTOP) and
+  running, alternately, ``--rounds`` times; ``p99_alone_ms`` and ``p99_beside_flood_ms``
+  are the medians of the rounds' p99, ``ratio`` the second over the first. ``gate`` sends
+  both through the gate; ``direct`` straight to Triton, the baseline without a gate.
+- ``refusal_cpu`` per ``--protocols`` entry: Triton's CPU (tritonserver and its model
+  stubs) per refused flood request sent straight to Triton (the model refuses it) and
+  through the gate (nginx refuses it), over ``--refusals`` requests each; ``ratio`` is
+  gated over direct. ``gate_cpu_ms`` is nginx's own CPU per refusal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# The flood: one client per protocol, each request of KEYS [1, n] (int64 zeros) and NUMKEYS
+# [1, tables] = [n, 0, ...], sent as fast as answers come; one line per answer:
+# "<protocol> <status>" (OK, or the status tritonclient reports, e.g. 413 or
+# StatusCode.RESOURCE_EXHAUSTED, or the exception's type). "ready" once connected.
+FLOOD = """
+import sys
+import numpy as np
+from tritonclient.utils import InferenceServerException
+
+grpc_url, http_url, model, tables, n = sys.argv[1:6]
+clients = []
+for protocol in sys.argv[6].split(","):
+    if protocol == "grpc":
+        import tritonclient.grpc as m
+        client = m.InferenceServerClient(grpc_url)
+    else:
+        import tritonclient.http as m
+        client = m.InferenceServerClient(http_url, connection_timeout=600, network_timeout=600)
+    keys = m.InferInput("KEYS", [1, int(n)], "INT64")
+    keys.set_data_from_numpy(np.zeros((1, int(n)), np.int64))
+    counts = np.zeros((1, int(tables)), np.int32)
+    counts[0, 0] = int(n)
+    numkeys = m.InferInput("NUMKEYS", [1, int(tables)], "INT32")
+    numkeys.set_data_from_numpy(counts)
+    clients.append((protocol, client, [keys, numkeys]))
+print("ready", flush=True)
+while True:
+    for protocol, client, inputs in clients:
+        try:
+            client.infer(model, inputs)
+            status = "OK"
+        except InferenceServerException as exc:
+            status = str(exc.status())
+        except Exception as exc:
+            status = type(exc).__name__
+        print(protocol, status, flush=True)
+"""
+
+
+@dataclass
+class Flood:
+    """A flood client process: oversized requests to ``model`` at ``grpc_url`` /
+    ``http_url`` over ``protocols``; :attr:`answers` collects its lines as they come."""
+
+    grpc_url: str
+    http_url: str
+    model: str
+    tables: int
+    keys: int
+    protocols: tuple[str, ...] = ("grpc",)
+    nice: int = 19
+    answers: list[tuple[str, str]] = field(default_factory=list, init=False)
+    proc: subprocess.Popen[str] | None = field(default=None, init=False)
+    _ready: threading.Event = field(default_factory=threading.Event, init=False)
+    _reader: threading.Thread | None = field(default=None, init=False)
+
+    def start(self, timeout: float = 120.0) -> Flood:
+        """Start it; return once it is connected and its first answer has come."""
+        args = [self.grpc_url, self.http_url, self.model, str(self.tables), str(self.keys)]
+        self.proc = subprocess.Popen(
+            ["nice", "-n", str(self.nice), sys.executable, "-c", FLOOD, *args]
+            + [",".join(self.protocols)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        deadline = time.monotonic() + timeout  # a hang guard: it answers in seconds
+        while not (self._ready.is_set() and self.answers):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the flood client exited with status {self.proc.returncode}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the flood client sent nothing in {timeout:.0f}s")
+            time.sleep(0.05)
+        return self
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.strip() == "ready":
+                self._ready.set()
+            elif line.strip():
+                protocol, status = line.split(maxsplit=1)
+                self.answers.append((protocol, status.strip()))
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            proc.kill()  # SIGKILL ends a stopped process too
+            proc.wait()
+        if self._reader is not None:
+            self._reader.join(10)
+
+    def statuses(self, since: int = 0) -> dict[str, int]:
+        """``"<protocol> <status>"`` -> answers, from answer number ``since`` on."""
+        return dict(Counter(f"{p} {s}" for p, s in self.answers[since:]))
+
+    def __enter__(self) -> Flood:
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def process_cpu_ms(pid: int) -> float:
+    """CPU time (user + system) of ``pid`` and its children so far, in ms."""
+    tick = os.sysconf("SC_CLK_TCK")
+    pids = [pid] + [
+        int(c) for t in Path(f"/proc/{pid}/task").glob("*/children") for c in t.read_text().split()
+    ]
+    total = 0
+    for p in pids:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # a child that has just exited
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total * 1e3 / tick
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tables", type=int, default=26)
+    parser.add_argument("--rows", type=int, default=100_000, help="rows of the largest table")
+    parser.add_argument("--dim", type=int, default=16)
+    parser.add_argument("--instances", type=int, default=2, help="instances of the model")
+    parser.add_argument("--batch", type=int, default=32, help="samples per neighbour request")
+    parser.add_argument("--alpha", type=float, default=1.2, help="Zipf exponent of the keys")
+    parser.add_argument("--requests", type=int, default=150, help="neighbour requests a round")
+    parser.add_argument("--rounds", type=int, default=9, help="alone/beside alternations")
+    parser.add_argument("--refusals", type=int, default=20, help="per protocol and path")
+    parser.add_argument("--flood-mb", type=float, default=8.0, help="size of a flood request")
+    parser.add_argument("--paths", default="gate,direct", help="neighbour rows: gate, direct")
+    parser.add_argument("--protocols", default="grpc,http", help="refusal_cpu rows")
+    parser.add_argument("--flood-protocols", default="grpc", help="of the neighbour rows' flood")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+@dataclass
+class _Served:
+    """The demo model behind Triton and the gate in front of it."""
+
+    server: Any  # TritonServer
+    gate: Any  # RequestGate
+    model: str
+    tables: int
+    rows: list[int]
+
+    def urls(self, path: str) -> tuple[str, str]:
+        """(gRPC, HTTP) addresses of ``path``: ``gate`` or ``direct``."""
+        if path == "gate":
+            return f"127.0.0.1:{self.gate.grpc_port}", f"127.0.0.1:{self.gate.http_port}"
+        return self.server.grpc_url, self.server.http_url
+
+
+def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    from hps.net import free_port
+    from hps.triton.demo import DEMO_MODEL, create_demo, table_sizes
+    from hps.triton.deploy import prepare_tables, serving_config
+    from hps.triton.gate import BodyLimit, RequestGate
+    from hps.triton.repository import prepare_repository
+    from hps.triton.server import TritonServer
+
+    paths = [p for p in args.paths.split(",") if p]
+    protocols = [p for p in args.protocols.split(",") if p]
+    for name in paths:
+        if name not in ("gate", "direct"):
+            raise SystemExit(f"hps bench gate: --paths takes gate and direct, not {name!r}")
+    for name in protocols + args.flood_protocols.split(","):
+        if name not in ("grpc", "http"):
+            raise SystemExit(f"hps bench gate: a protocol is grpc or http, not {name!r}")
+    with tempfile.TemporaryDirectory(prefix="hps-bench-gate-") as tmp:
+        root = Path(tmp)
+        ps = create_demo(
+            root / "demo", num_tables=args.tables, max_rows=args.rows, dim=args.dim,
+            instances=args.instances, force=True,
+        )  # fmt: skip
+        config = serving_config(ps)
+        repo = root / "repository"
+        prepare_repository(config, repo)
+        prepare_tables(config)
+        limit = BodyLimit.for_config(config)
+        flood_keys = int(args.flood_mb * 2**20) // 8
+        if flood_keys * 8 <= limit.grpc:
+            raise SystemExit(
+                f"hps bench gate: --flood-mb {args.flood_mb} is within the gate's limit "
+                f"({limit.describe()}); the flood must exceed it"
+            )
+        server = TritonServer(repo, explicit=True, load_models=[DEMO_MODEL], log_file=root / "log")
+        with server:
+            gate = RequestGate(
+                limit, root / "gate", upstream_http=server.http_port,
+                upstream_grpc=server.grpc_port, http_port=free_port(), grpc_port=free_port(),
+                log_file=root / "gate.log",
+            )  # fmt: skip
+            with gate:
+                served = _Served(
+                    server, gate, DEMO_MODEL, args.tables, table_sizes(args.tables, args.rows)
+                )
+                common = {"bench": "gate", "model": DEMO_MODEL, "flood_mb": args.flood_mb}
+                for path in paths:
+                    yield common | _neighbour_row(args, served, path, flood_keys)
+                for protocol in protocols:
+                    yield common | _refusal_row(args, served, protocol, flood_keys)
+
+
+def _latencies_ms(client: Any, model: str, requests: list[dict[str, np.ndarray]]) -> np.ndarray:
+    times = np.zeros(len(requests))
+    for i, request in enumerate(requests):
+        start = time.perf_counter()
+        client.infer(model, request)
+        times[i] = (time.perf_counter() - start) * 1e3
+    return times
+
+
+def _neighbour_row(
+    args: argparse.Namespace, served: _Served, path: str, flood_keys: int
+) -> dict[str, Any]:
+    from hps.bench.triton import zipf_requests
+    from hps.triton.client import Client
+
+    rng = np.random.default_rng(args.seed)
+    grpc_url, http_url = served.urls(path)
+    flood_protocols = tuple(args.flood_protocols.split(","))
+    alone: list[float] = []
+    beside: list[float] = []
+    flood = Flood(grpc_url, http_url, served.model, served.tables, flood_keys, flood_protocols)
+    with flood, Client(grpc_url, grpc=True) as client:
+        first = len(flood.answers)
+        warm = zipf_requests(20, args.batch, served.rows, args.alpha, rng)
+        _latencies_ms(client, served.model, warm)
+        for _ in range(args.rounds):
+            reqs = zipf_requests(args.requests, args.batch, served.rows, args.alpha, rng)
+            flood.pause()
+            alone.append(float(np.percentile(_latencies_ms(client, served.model, reqs), 99)))
+            flood.resume()
+            time.sleep(0.2)
+            beside.append(float(np.percentile(_latencies_ms(client, served.model, reqs), 99)))
+        statuses = flood.statuses(first)
+    p99_alone, p99_beside = float(np.median(alone)), float(np.median(beside))
+    return {
+        "measure": "neighbour_p99",
+        "path": path,
+        "protocol": "grpc",
+        "flood_protocols": list(flood_protocols),
+        "batch": args.batch,
+        "tables": args.tables,
+        "rounds": args.rounds,
+        "requests_per_round": args.requests,
+        "p99_alone_ms": round(p99_alone, 3),
+        "p99_beside_flood_ms": round(p99_beside, 3),
+        "ratio": round(p99_beside / p99_alone, 3),
+        "rounds_alone_ms": [round(x, 3) for x in alone],
+        "rounds_beside_ms": [round(x, 3) for x in beside],
+        "flood_answers": statuses,
+    }
+
+
+def _refusal_row(
+    args: argparse.Namespace, served: _Served, protocol: str, flood_keys: int
+) -> dict[str, Any]:
+    from hps.errors import RequestError
+    from hps.triton.client import Client
+
+    request: dict[str, np.ndarray] = {
+        "KEYS": np.zeros((1, flood_keys), np.int64),
+        "NUMKEYS": np.array([[flood_keys] + [0] * (served.tables - 1)], np.int32),
+    }
+    triton_pid, gate_pid = served.server.proc.pid, served.gate.proc.pid
+    cpu: dict[str, tuple[float, float]] = {}
+    for path in ("direct", "gate"):
+        grpc_url, http_url = served.urls(path)
+        with Client(grpc_url if protocol == "grpc" else http_url, grpc=protocol == "grpc") as c:
+            triton0, gate0 = process_cpu_ms(triton_pid), process_cpu_ms(gate_pid)
+            for _ in range(args.refusals):
+                try:
+                    c.infer(served.model, request)
+                except RequestError:
+                    pass
+                else:
+                    raise RuntimeError(f"a {args.flood_mb} MB request was answered ({path})")
+            cpu[path] = (
+                (process_cpu_ms(triton_pid) - triton0) / args.refusals,
+                (process_cpu_ms(gate_pid) - gate0) / args.refusals,
+            )
+    direct, gated = cpu["direct"][0], cpu["gate"][0]
+    return {
+        "measure": "refusal_cpu",
+        "protocol": protocol,
+        "requests": args.refusals,
+        "direct_triton_cpu_ms": round(direct, 2),
+        "gated_triton_cpu_ms": round(gated, 2),
+        "gate_cpu_ms": round(cpu["gate"][1], 2),
+        "ratio": round(gated / direct, 3) if direct else None,
+    }
