@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -80,10 +79,9 @@ def test_hps_image_consumes_updates_into_redis_and_rocksdb(
     wait_for(in_l2, 90, f"the update in Redis; consumer log:\n{containers.logs(name)[-3000:]}")
     l2.close()
 
-    start = time.monotonic()
     podman.run("stop", "--time", str(GRACE_S), name, timeout=GRACE_S + 30)
-    assert time.monotonic() - start < GRACE_S
     code = podman.run("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip()
+    # 0, not 137: it ended on SIGTERM within the grace period, before podman's SIGKILL.
     assert code == "0", containers.logs(name)[-3000:]
 
     l3 = RocksDBStore(doc["persistent_db"]["path"], mode="read_only")

@@ -185,10 +185,11 @@ def test_sigterm_stops_it_within_the_grace_period_with_status_0(
 ) -> None:
     start = time.monotonic()
     podman.run("stop", "--time", str(GRACE_S), served.name, timeout=GRACE_S + 30)
-    elapsed = time.monotonic() - start
+    print(f"podman stop took {time.monotonic() - start:.1f}s")
     code = podman.run("inspect", "--format", "{{.State.ExitCode}}", served.name).stdout.strip()
     logs = module_containers.logs(served.name)
+    # Within the grace period: podman sends SIGKILL once it is over, and the status would
+    # then be 137, not 0; no clock is compared.
     assert code == "0", logs[-4000:]
-    assert elapsed < GRACE_S, f"stopping took {elapsed:.1f}s"
     assert "Signal (11)" not in logs and "Signal (6)" not in logs
     assert status(f"http://127.0.0.1:{served.http}/v2/health/ready") == 0  # nothing listens
