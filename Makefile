@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # base; g++ builds the GPU kernel's source for the CPU in tests/unit/cache)
 TEST_APT := podman runc mmdebstrap g++
 
-.PHONY: install serve test test-tools lint loadtest clean
+.PHONY: install serve test test-tools lint loadtest model-repository clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ install: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/hps demo --dir demo
 	$(BIN)/hps serve --config demo/ps.json
+
+# model_repository/: the demo's Triton models as `hps serve` writes them, regenerated from the
+# templates in hps/triton/model_repository/ (tests/unit/triton/test_model_repository.py)
+model-repository: $(STAMP)
+	$(BIN)/hps repository --out model_repository
 
 test-tools:
 	@missing=$$(for c in $(TEST_APT); do command -v $$c >/dev/null || echo $$c; done); \

@@ -62,6 +62,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=_serve)
 
+    p = sub.add_parser(
+        "repository",
+        help="write the Triton model repository hps serve serves, and exit",
+        description="Write the Triton model repository `hps serve` would serve for a ps.json "
+        "(per served model: config.pbtxt and 1/model.py) and exit. Without --config: the "
+        "demo's, as checked in at model_repository/ (make model-repository).",
+    )
+    p.add_argument("--config", help="ps.json (default: the demo, demo/ps.json beside --out)")
+    p.add_argument("--out", default="model_repository", help="folder (default: model_repository)")
+    p.add_argument(
+        "--relative",
+        action="store_true",
+        help="name the ps.json relative to each model's folder (always so without --config)",
+    )
+    p.set_defaults(func=_repository)
+
     p = sub.add_parser("reload", help="reload a served model (picks up retrained tables)")
     p.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP address")
     p.add_argument("--model", default="demo", help="Triton model name (default: demo)")
@@ -156,6 +172,21 @@ def _serve(args: argparse.Namespace) -> int:
         return _run(server, config, args, key_file)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _repository(args: argparse.Namespace) -> int:
+    from hps.triton.repository import prepare_repository, write_demo_repository
+
+    if args.config is None:
+        names = write_demo_repository(args.out)
+    else:
+        from hps.triton.deploy import serving_config
+
+        config = serving_config(args.config)
+        names = prepare_repository(config, args.out, relative=args.relative)
+    for name in names:
+        print(f"wrote {Path(args.out) / name}/config.pbtxt and 1/model.py")
+    return 0
 
 
 def _plural(n: int, word: str) -> str:

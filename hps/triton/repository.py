@@ -10,6 +10,10 @@ an ``.npz`` of :mod:`hps.triton.ctr` also gets ``<model>_ctr`` (``hps_ctr``). Th
 get the config.pbtxt parameters filled in (ps.json path, model name, where relative paths
 start), ``hps_instances`` as instance count and the ps.json model's ``max_batch_size`` as
 Triton's (the most rows a request may have).
+
+The templates are the one source of the models; the ``model_repository/`` at the top of a
+checkout is what :func:`write_demo_repository` writes from them for the demo (``hps
+repository``, ``make model-repository``), and a test keeps the checked-in copy equal to it.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
-from hps.config import PSConfig
+from hps.config import PSConfig, parse_config
 from hps.errors import ConfigError
 
 TEMPLATES_ENV = "HPS_MODEL_REPOSITORY"
 CTR_SUFFIX = "_ctr"
+DEMO_REPOSITORY = "model_repository"  # the checked-in copy, at the top of a checkout
+DEMO_CONFIG = Path("demo") / "ps.json"  # where `make serve` creates the demo, beside it
 
 
 def packaged_templates() -> Path:
@@ -120,16 +126,23 @@ def prepare_repository(
     *,
     base_dir: str | Path | None = None,
     metrics_interval_s: float = 1.0,
+    relative: bool = False,
 ) -> list[str]:
-    """Write the Triton models of ``config`` under ``dest``; their names, in order."""
+    """Write the Triton models of ``config`` under ``dest``; their names, in order.
+
+    ``relative``: name the ps.json relative to each model's folder and leave ``base_dir``
+    empty (relative paths in the ps.json then start at its own folder), so that the
+    repository moves with its ps.json; otherwise both are absolute (``hps serve``).
+    """
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     ps_path = str(Path(config.source).resolve())
-    base = str(Path(base_dir or os.getcwd()).resolve())
+    base = "" if relative else str(Path(base_dir or os.getcwd()).resolve())
     names = []
     for served in served_models(config):
+        model_dir = dest.resolve() / served.triton_name
         params = {
-            "ps_config": ps_path,
+            "ps_config": os.path.relpath(ps_path, model_dir) if relative else ps_path,
             "hps_model": served.hps_model,
             "base_dir": base,
             "metrics_interval_s": str(metrics_interval_s),
@@ -143,4 +156,26 @@ def prepare_repository(
             served.max_batch_size,
         )
         names.append(served.triton_name)
+    return names
+
+
+def write_demo_repository(dest: str | Path = DEMO_REPOSITORY) -> list[str]:
+    """Write the checked-in ``model_repository/`` into ``dest``; the models' names.
+
+    It is what ``hps serve`` writes for the demo ``make serve`` serves (``hps demo --dir
+    demo`` with its defaults, ``demo/ps.json`` beside ``dest``), with the ps.json named
+    relative to each model's folder (``../../demo/ps.json``) and ``base_dir`` empty, so
+    that the files read the same on every machine. Model folders of ``dest`` that the demo
+    no longer serves are removed; other files (its README.md) stay.
+    """
+    from hps.triton.demo import demo_config, table_sizes
+
+    dest = Path(dest).resolve()
+    ps_path = dest.parent / DEMO_CONFIG
+    # hps demo's defaults; only the model's name, instances and max_batch_size reach the files
+    config = parse_config(demo_config(ps_path.parent, table_sizes(26, 100_000), 16), str(ps_path))
+    names = prepare_repository(config, dest, relative=True)
+    for stale in dest.iterdir():
+        if stale.name not in names and (stale / "config.pbtxt").is_file():
+            shutil.rmtree(stale)
     return names
