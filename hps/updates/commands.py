@@ -5,10 +5,15 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 import threading
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+DEFAULT_MAX_LOOP_AGE_S = 60.0
+"""Longer than any poll (``poll_timeout_ms``) plus a large batch's apply; shorter than a
+stall anyone should wait out."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,7 +35,33 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--group-id",
         help="override update_source.hps_group_id (e.g. one group per pod for a pod-local L3)",
     )
+    p.add_argument(
+        "--heartbeat-file",
+        metavar="PATH",
+        help="touch this file on every pass of the consumer loop (at most once a second) and "
+        "remove it on exit; `hps consume-check` reads it",
+    )
+    p.add_argument(
+        "--max-loop-age-s",
+        type=float,
+        default=DEFAULT_MAX_LOOP_AGE_S,
+        help="/healthz on the metrics port answers 503 once the consumer loop's last pass is "
+        f"older than this (default {DEFAULT_MAX_LOOP_AGE_S:g})",
+    )
     p.set_defaults(func=_consume)
+
+    p = sub.add_parser(
+        "consume-check",
+        help="exit 0 if `hps consume`'s loop is alive (its --heartbeat-file is fresh), else 1",
+    )
+    p.add_argument("--heartbeat-file", metavar="PATH", required=True)
+    p.add_argument(
+        "--max-age-s",
+        type=float,
+        default=DEFAULT_MAX_LOOP_AGE_S,
+        help=f"the oldest heartbeat that counts as alive (default {DEFAULT_MAX_LOOP_AGE_S:g})",
+    )
+    p.set_defaults(func=_consume_check)
 
     p = sub.add_parser(
         "publish",
@@ -54,7 +85,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _consume(args: argparse.Namespace) -> int:
     from hps.build import build_session
     from hps.config import load_config
+    from hps.errors import ConfigError
     from hps.redact import protect
+    from hps.updates.consumer import MAX_BACKOFF_S
+    from hps.updates.heartbeat import Heartbeat, serve_metrics
     from hps.updates.kafka import check_update_source
     from hps.updates.runtime import build_service
 
@@ -66,16 +100,25 @@ def _consume(args: argparse.Namespace) -> int:
     if update := {k: v for k, v in overrides.items() if v}:
         us = config.update_source.model_copy(update=update)
         config = config.model_copy(update={"update_source": us})
+    poll_s = config.update_source.poll_timeout_ms / 1000
+    if args.max_loop_age_s <= 2 * max(poll_s, MAX_BACKOFF_S):
+        raise ConfigError(
+            f"--max-loop-age-s {args.max_loop_age_s:g} must exceed twice the longest wait of a "
+            f"healthy loop (update_source.poll_timeout_ms {poll_s:g} s, a retry's back-off "
+            f"{MAX_BACKOFF_S:g} s): an idle poll or a retry is not a stall"
+        )
     session = build_session(config, with_cache=False)
     stop = threading.Event()
+    heartbeat = Heartbeat(args.heartbeat_file)
+    server = None
     try:
-        consumer = build_service(config, session)
+        consumer = build_service(config, session, heartbeat)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         if args.metrics_port is not None:
-            from prometheus_client import start_http_server
-
-            start_http_server(args.metrics_port, addr=args.metrics_address)
+            server = serve_metrics(
+                args.metrics_port, args.metrics_address, heartbeat, args.max_loop_age_s
+            )
         log.info(
             "consuming %d topics from %s as group %r",
             len(consumer.source.topics),
@@ -90,7 +133,21 @@ def _consume(args: argparse.Namespace) -> int:
             "stopped after %d batches, %d rows applied", consumer.batches, consumer.rows_applied
         )
     finally:
+        heartbeat.close()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
         session.close()
+    return 0
+
+
+def _consume_check(args: argparse.Namespace) -> int:
+    from hps.updates.heartbeat import check_file
+
+    problem = check_file(args.heartbeat_file, args.max_age_s)
+    if problem:
+        print(f"hps consume-check: {problem}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -13,6 +13,8 @@ Semantics (docs/updates.md):
 - When a tier fails, the same batch is retried after ``failure_backoff_ms``, doubling up to
   ``MAX_BACKOFF_S``: nothing is skipped. A stop request during the backoff leaves the batch
   uncommitted (it is redelivered on restart).
+- Every poll and every retry beats the :class:`~hps.updates.heartbeat.Heartbeat`: the
+  process's liveness (``/healthz``, the heartbeat file) stops when the loop stalls.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from hps.types import TableSpec, UpdateBatch
 from hps.updates import codec, metrics
 from hps.updates.applier import Applier
 from hps.updates.deadletter import DeadLetters
+from hps.updates.heartbeat import Heartbeat
 from hps.updates.source import MessageSource
 
 log = logging.getLogger(__name__)
@@ -85,12 +88,15 @@ class UpdateConsumer:
         settings: UpdateSourceConfig,
         *,
         dead_letters: DeadLetters | None = None,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.source = source
         self.applier = applier
         self.tables = applier.tables
         self.settings = settings
         self.dead_letters = dead_letters
+        # beaten before every poll and every retry: liveness stops when the loop stalls
+        self.heartbeat = heartbeat or Heartbeat()
         self.batches = 0
         self.rows_applied = 0
         self.failures = 0
@@ -113,6 +119,7 @@ class UpdateConsumer:
 
     def run_once(self, stop: threading.Event) -> int:
         """Poll, apply and store one batch; returns the number of messages handled."""
+        self.heartbeat.beat()
         first = self.source.poll(self.settings.poll_timeout_ms / 1000)
         if first is None:
             self._idle()
@@ -177,6 +184,7 @@ class UpdateConsumer:
                     "applying %d updates failed (%s); retrying in %.2fs", len(updates), exc, delay
                 )
                 attempt += 1
+                self.heartbeat.beat()  # waiting out a tier is not a stall
                 if stop.wait(delay):
                     log.warning("stopping with an unapplied batch; it will be redelivered")
                     return False

@@ -29,6 +29,7 @@ from hps.updates.applier import Applied, Applier, Listener, model_filter
 from hps.updates.consumer import UpdateConsumer, decode_message
 from hps.updates.deadletter import DeadLetters
 from hps.updates.freshness import L1Refresher
+from hps.updates.heartbeat import Heartbeat
 from hps.updates.source import MessageSource
 
 if TYPE_CHECKING:
@@ -84,7 +85,9 @@ def _check_enabled(config: PSConfig) -> None:
         )
 
 
-def build_service(config: PSConfig, session: LookupSession) -> UpdateConsumer:
+def build_service(
+    config: PSConfig, session: LookupSession, heartbeat: Heartbeat | None = None
+) -> UpdateConsumer:
     """The ``hps consume`` loop over ``session`` (built without L1), in the consumer group."""
     _check_enabled(config)
     us = config.update_source
@@ -102,7 +105,7 @@ def build_service(config: PSConfig, session: LookupSession) -> UpdateConsumer:
         if (us.hps_dead_letter_topic)
         else None
     )
-    return UpdateConsumer(source, applier, us, dead_letters=dead)
+    return UpdateConsumer(source, applier, us, dead_letters=dead, heartbeat=heartbeat)
 
 
 class UpdateThread:
