@@ -57,12 +57,28 @@ def _rename_deprecated(data: Any, renames: dict[str, str], where: str) -> Any:
 
 
 def _from_env(variable: str, what: str) -> str:
-    """The value of an environment variable that holds a secret (a mounted Kubernetes secret)."""
+    """A secret named by environment variable: ``$NAME``, or the file ``$NAME_FILE`` names.
+
+    ``NAME_FILE`` is how a mounted Kubernetes or Compose secret arrives: the file's content,
+    less a trailing newline, is the secret. Setting both is an error. Messages name the
+    variable and the file, never the content.
+    """
     if not NAME_RE.match(variable):
         raise ValueError(f"{what}: {variable!r} is not an environment variable name")
     value = os.environ.get(variable)
+    path = os.environ.get(f"{variable}_FILE")
+    if value is not None and path is not None:
+        raise ValueError(f"{what}: set {variable} or {variable}_FILE, not both")
+    if path is not None:
+        try:
+            return Path(path).read_text(encoding="utf-8").rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise ValueError(f"{what}: {variable}_FILE names {path}: {reason}") from None
     if value is None:
-        raise ValueError(f"{what}: environment variable {variable} is not set")
+        raise ValueError(
+            f"{what}: environment variable {variable} is not set (nor {variable}_FILE)"
+        )
     return value
 
 
@@ -235,7 +251,9 @@ class VolatileDBConfig(_DatabaseConfig):
     initial_cache_rate: float = Field(default=1.0, ge=0.0, le=1.0)
     cache_missed_embeddings: bool = False
     hps_socket_timeout_s: float = Field(default=5.0, gt=0.0, description="Redis connect/read")
-    hps_password_env: str = Field(default="", description="env variable holding the password")
+    hps_password_env: str = Field(
+        default="", description="env variable NAME holding the password, or NAME_FILE a file"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -301,7 +319,8 @@ class UpdateSourceConfig(_Frozen):
     )
     hps_kafka_config: dict[str, str | int | bool] = {}
     hps_kafka_config_env: dict[str, str] = Field(
-        default={}, description="librdkafka setting -> env variable holding it (secrets)"
+        default={},
+        description="librdkafka setting -> env variable NAME holding it, or NAME_FILE a file",
     )
 
     @model_validator(mode="before")
