@@ -108,11 +108,14 @@ def serve_metrics(
                 self._send(404, "text/plain; charset=utf-8", b"not found\n")
 
         def _send(self, status: int, content_type: str, body: bytes) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the prober gave up (its timeout) before the answer: nothing to report
 
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002
             pass  # a probe every few seconds is not worth a log line
