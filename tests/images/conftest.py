@@ -22,6 +22,8 @@ HPS_IMAGE = f"localhost/hps:{TAG}"
 SERVING_IMAGE = f"localhost/hps-serving:{TAG}"
 GRACE_S = 30  # the stop grace period the tests and compose.yaml give `hps serve`
 SHM_SIZE = "256m"  # /dev/shm of the serving container (docs/deploy.md)
+UID = 10001  # the images' user and group (USER in docker/Dockerfile.*), above a host's own UIDs
+USER = f"{UID}:{UID}"
 
 
 SIZES: dict[str, int] = {}  # image -> bytes, as podman reports them

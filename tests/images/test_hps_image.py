@@ -1,6 +1,7 @@
 """The HPS image runs ``hps consume`` against a Tansu broker and a redis-server started on the
 host: an update published from the host lands in Redis (L2) and in RocksDB (L3, a mounted
-folder), and SIGTERM ends the consumer with exit code 0."""
+folder), its heartbeat passes `hps consume-check` inside the container, and SIGTERM ends the
+consumer with exit code 0."""
 
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ from hps.testing.kafka import TansuBroker
 from hps.types import TableSpec
 from hps.updates import Publisher
 from tests.fixtures.kafka import update_doc, wait_for
-from tests.images.conftest import GRACE_S, Containers
+from tests.images.conftest import GRACE_S, UID, Containers
 from tests.images.podman import Podman
 from tests.images.test_serving_image import LOCKED_DOWN
 
 pytestmark = pytest.mark.integration
 
 CONSUME_COMMAND = ["consume", "--config"]  # + ps.json, as docker/compose.yaml runs it
+HEARTBEAT = "/tmp/hps-consume.heartbeat"  # compose.yaml's health check reads it
 
 
 def test_hps_image_consumes_updates_into_redis_and_rocksdb(
@@ -43,7 +45,7 @@ def test_hps_image_consumes_updates_into_redis_and_rocksdb(
     ps = data / "ps.json"
     ps.write_text(json.dumps(doc))
     for path in (tmp_path, data, ps):
-        os.chown(path, 1000, 1000)
+        os.chown(path, UID, UID)
     config = load_config(ps)
     keys = np.array([3, -5, 1 << 40], dtype=np.int64)
     values = np.arange(keys.size * 4, dtype=np.float32).reshape(-1, 4) / 7
@@ -64,6 +66,8 @@ def test_hps_image_consumes_updates_into_redis_and_rocksdb(
         hps_image,
         *CONSUME_COMMAND,
         str(ps),
+        "--heartbeat-file",
+        HEARTBEAT,
     )
     publisher.publish(model, "t0", keys, values, version=2)
     publisher.close()
@@ -78,6 +82,9 @@ def test_hps_image_consumes_updates_into_redis_and_rocksdb(
 
     wait_for(in_l2, 90, f"the update in Redis; consumer log:\n{containers.logs(name)[-3000:]}")
     l2.close()
+    check = ["exec", name, "hps", "consume-check", "--heartbeat-file", HEARTBEAT]
+    done = podman.run(*check, check=False)
+    assert done.returncode == 0, done.stderr
 
     podman.run("stop", "--time", str(GRACE_S), name, timeout=GRACE_S + 30)
     code = podman.run("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip()

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.images.conftest import SIZES
+from tests.images.conftest import SIZES, UID
 from tests.images.podman import Podman, host_ca_bundle
 
 pytestmark = pytest.mark.integration
@@ -84,3 +84,19 @@ def test_image_sizes_within_their_aims(
     assert image_sizes is SIZES and {"base", "hps", "serving"} <= set(SIZES)
     assert image_sizes["hps"] < 500 * MB, image_sizes
     assert image_sizes["serving"] - image_sizes["base"] <= 400 * MB, image_sizes
+
+
+@pytest.mark.parametrize("which", ["hps", "serving"])
+def test_images_run_as_their_own_user(
+    which: str, podman: Podman, request: pytest.FixtureRequest
+) -> None:
+    """USER 10001:10001 (no --user given), and the working directory is that user's."""
+    image = request.getfixturevalue(f"{which}_image")
+    show = "import os; s = os.stat('.'); print(os.getuid(), os.getgid(), s.st_uid, s.st_gid)"
+    done = podman.run(
+        "run", "--rm", "--network=host", "--entrypoint", "python3", image, "-c", show,
+        timeout=300,
+    )  # fmt: skip
+    assert done.stdout.split() == [str(UID)] * 4, done.stdout
+    user = podman.run("image", "inspect", "--format", "{{.Config.User}}", image).stdout.strip()
+    assert user == f"{UID}:{UID}"

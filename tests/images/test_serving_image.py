@@ -1,5 +1,5 @@
 """The serving image serves the demo model as a deployment runs it: read-only root
-filesystem, uid 1000, no capabilities, host network on free loopback ports, the model files
+filesystem, uid 10001, no capabilities, host network on free loopback ports, the model files
 and L3 in a mounted folder. A gRPC request returns the exact vectors of the demo's files;
 Triton's readiness and the control plane's /readyz (from the HPS image, beside it) say 200;
 ``podman stop`` (SIGTERM) ends it within the grace period with exit code 0."""
@@ -22,7 +22,7 @@ from hps.io.sparse_model import read_sparse_model
 from hps.net import free_port
 from hps.triton.client import Client
 from hps.triton.demo import create_demo
-from tests.images.conftest import GRACE_S, SHM_SIZE, Containers
+from tests.images.conftest import GRACE_S, SHM_SIZE, UID, USER, Containers
 from tests.images.podman import Podman
 
 pytestmark = pytest.mark.integration
@@ -31,7 +31,7 @@ ROWS = 1000
 DIM = 16
 ADMIN_COMMAND = ["admin", "--config"]  # + ps.json, as docker/compose.yaml runs it
 # What a deployment gives a container (compose.yaml and the Helm chart say the same).
-LOCKED_DOWN = ["--read-only", "--user=1000:1000", "--cap-drop=all", "--init", "--tmpfs=/tmp"]
+LOCKED_DOWN = ["--read-only", f"--user={USER}", "--cap-drop=all", "--init", "--tmpfs=/tmp"]
 
 
 def answer(url: str) -> tuple[int, str]:
@@ -71,11 +71,11 @@ def wait_status(
 
 
 def demo_folder(root: Path) -> Path:
-    """The demo model in a folder the container user (uid 1000) owns; its ps.json."""
+    """The demo model in a folder the container user (uid 10001) owns; its ps.json."""
     data = root / "data"
     ps = create_demo(data / "demo", num_tables=2, max_rows=ROWS, dim=DIM)
     for path in [root, data, *data.rglob("*")]:
-        os.chown(path, 1000, 1000)
+        os.chown(path, UID, UID)
     return Path(ps)
 
 
