@@ -15,7 +15,7 @@ helm/hps/README.md ("Running the chart under podman"):
    would change the host's firewall; podman then refuses containerPorts, so they are
    dropped and the probes' named ports become numbers.
 4. /dev/shm is podman's own tmpfs (64 MB, enough for the demo): podman ignores emptyDir's
-   medium: Memory and sizeLimit and makes a root-owned folder on disk that uid 1000 cannot
+   medium: Memory and sizeLimit and makes a root-owned folder on disk that uid 10001 cannot
    write (Triton's Python backend then fails to create its shared-memory region).
 podman also ignores the startup and readiness probes (Triton's readiness is polled here).
 

@@ -12,6 +12,7 @@ import pytest
 from tests.helm.chart import (
     CHART,
     KUBE_VERSIONS,
+    NAMESPACE,
     PROFILES,
     containers,
     manifests,
@@ -66,12 +67,17 @@ def test_labels_and_security(profile: str) -> None:
         labels = doc["metadata"]["labels"]
         for key in ("name", "instance", "version", "managed-by", "part-of"):
             assert f"app.kubernetes.io/{key}" in labels, (doc["kind"], key)
+        assert doc["metadata"]["namespace"] == NAMESPACE, (doc["kind"], doc["metadata"]["name"])
     for name, spec in pod_specs(docs):
         assert spec["automountServiceAccountToken"] is False, name
         psc = spec["securityContext"]
         assert psc["runAsNonRoot"] is True and psc["seccompProfile"]["type"] == "RuntimeDefault"
+        # the images' user (docker/Dockerfile.*), above the UIDs a host hands out
+        assert (psc["runAsUser"], psc["runAsGroup"], psc["fsGroup"]) == (10001, 10001, 10001)
         for c in containers(spec):
             sc = c["securityContext"]
+            assert sc["runAsNonRoot"] is True, (name, c["name"])
+            assert (sc["runAsUser"], sc["runAsGroup"]) == (10001, 10001), (name, c["name"])
             assert sc["readOnlyRootFilesystem"] is True, (name, c["name"])
             assert sc["allowPrivilegeEscalation"] is False, (name, c["name"])
             assert sc["capabilities"]["drop"] == ["ALL"], (name, c["name"])
@@ -125,7 +131,9 @@ def test_everything_features() -> None:
     assert "replicas" not in serving_workload(docs)["spec"]  # the HPA owns it
     assert of_kind(docs, "ServiceMonitor") and of_kind(docs, "PodDisruptionBudget")
     policies = {p["metadata"]["name"]: p for p in of_kind(docs, "NetworkPolicy")}
-    assert set(policies) == {"rel-hps", "rel-hps-l2-updater"}
+    assert set(policies) == {"rel-hps", "rel-hps-l2-updater", "rel-hps-test"}
+    test_egress = policies["rel-hps-test"]["spec"]["egress"]
+    assert [p["port"] for rule in test_egress for p in rule["ports"]] == [53, 53, 8000]
     egress_ports = {
         p["port"] for rule in policies["rel-hps"]["spec"]["egress"] for p in rule["ports"]
     }
@@ -153,3 +161,53 @@ def test_test_hook_pod() -> None:
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     cmd = pod["spec"]["containers"][0]["command"]
     assert cmd[:2] == ["python3", "/opt/hps-test/helm_test.py"] and "--demo-seed" in cmd
+
+
+LONG_RUNNING = {"triton", "control-plane", "updater"}
+
+
+@pytest.mark.parametrize("profile", [None, *PROFILES])
+def test_every_long_running_container_has_liveness_and_readiness(profile: str | None) -> None:
+    docs = manifests(profile_values(profile) if profile else {})
+    for name, spec in pod_specs(docs):
+        if spec.get("restartPolicy") == "Never":
+            continue  # the helm test pod runs to completion (bounded by activeDeadlineSeconds)
+        for c in spec["containers"]:
+            assert c["name"] in LONG_RUNNING, (name, c["name"])
+            assert "livenessProbe" in c and "readinessProbe" in c, (name, c["name"])
+    (test_pod,) = of_kind(docs, "Pod")
+    assert test_pod["spec"]["activeDeadlineSeconds"] > 0
+
+
+@pytest.mark.parametrize("profile", ["everything", "redis-kafka-gpu"])
+def test_updaters_live_by_their_consumer_loop(profile: str) -> None:
+    """Every `hps consume`: /healthz on its metrics port, which fails when its loop stalls."""
+    from hps.cli import build_parser
+
+    updaters = [
+        (name, c)
+        for name, spec in pod_specs(manifests(profile))
+        for c in spec["containers"]
+        if c["command"][:2] == ["hps", "consume"]
+    ]
+    assert {c["name"] for _, c in updaters} == {"updater"} and len(updaters) == 2
+    for name, c in updaters:
+        args = build_parser().parse_args([a.replace("$(", "") for a in c["command"][1:]])
+        assert args.max_loop_age_s == 60 and args.metrics_address == "0.0.0.0"
+        (port,) = [p for p in c["ports"] if p["name"] == "upd-metrics"]
+        assert port["containerPort"] == args.metrics_port
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            assert c[probe]["httpGet"] == {"path": "/healthz", "port": "upd-metrics"}, (name, probe)
+
+
+@pytest.mark.parametrize("profile", [None, *PROFILES])
+def test_secrets_are_files_not_environment_values(profile: str | None) -> None:
+    docs = manifests(profile_values(profile) if profile else {})
+    for name, spec in pod_specs(docs):
+        for c in containers(spec):
+            for var in c.get("env", []):
+                assert "secretKeyRef" not in var.get("valueFrom", {}), (name, c["name"], var)
+            assert "envFrom" not in c, (name, c["name"])
+        for volume in spec["volumes"]:
+            if "secret" in volume:
+                assert volume["secret"]["defaultMode"] == 0o440, (name, volume["name"])

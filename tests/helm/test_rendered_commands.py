@@ -3,13 +3,16 @@
 Every container that runs ``hps`` has its command line parsed by ``hps.cli.build_parser``
 (Kubernetes' ``$(VAR)`` expanded from the container's env), and the ps.json it names loads
 with ``hps.config`` given exactly the environment variables the container sets, so a secret
-named in a ps.json but missing from a container fails here.
+named in a ps.json but missing from a container fails here. Secrets arrive as files: each
+``*_FILE`` variable must name a file of a Secret volume the container mounts, and a
+stand-in of that file is what the config reads.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,12 +25,33 @@ SECRET = "from-a-kubernetes-secret"
 
 
 def _env(container: dict[str, Any]) -> dict[str, str]:
-    """The container's environment; secret and downward-API values stand in as fixed text."""
-    env = {}
-    for var in container.get("env", []):
-        env[var["name"]] = var.get(
-            "value", SECRET if "secretKeyRef" in var.get("valueFrom", {}) else "pod-0"
-        )
+    """The container's environment; downward-API values stand in as fixed text."""
+    return {var["name"]: var.get("value", "pod-0") for var in container.get("env", [])}
+
+
+def _secret_env(container: dict[str, Any], spec: dict[str, Any], folder: Path) -> dict[str, str]:
+    """The container's environment, each ``*_FILE`` pointed at a stand-in of the Secret file
+    it names (which must be a file of a Secret volume mounted into this container)."""
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    env = _env(container)
+    for name, value in env.items():
+        if not name.endswith("_FILE"):
+            continue
+        mounts = [
+            m
+            for m in container.get("volumeMounts", [])
+            if value.startswith(m["mountPath"].rstrip("/") + "/")
+        ]
+        assert len(mounts) == 1, f"{name}={value}: under no volume the container mounts"
+        secret = volumes[mounts[0]["name"]].get("secret")
+        assert secret, f"{name}={value}: {mounts[0]['name']} is not a Secret volume"
+        file = value[len(mounts[0]["mountPath"].rstrip("/")) + 1 :]
+        items = secret.get("items")
+        assert items is None or file in {i["path"] for i in items}, f"{name}: no file {file}"
+        path = folder / mounts[0]["name"] / file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(SECRET + "\n")  # as `kubectl create secret --from-file` may leave it
+        env[name] = str(path)
     return env
 
 
@@ -97,13 +121,16 @@ CASES: dict[str, Any] = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_config_files_load(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_config_files_load(case: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     profile = CASES[case]
     docs = manifests(profile)
     files = config_files(docs)
     used = set()
+    specs = dict(pod_specs(docs))
     for where, container in _hps_containers(profile):
         argv = container["command"]
+        for var in container.get("env", []):
+            assert "secretKeyRef" not in var.get("valueFrom", {}), f"{where}: {var['name']}"
         if "--config" not in argv:
             continue
         name = argv[argv.index("--config") + 1].removeprefix("/etc/hps/")
@@ -111,13 +138,15 @@ def test_config_files_load(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
         used.add(name)
         text = files[name]
         assert SECRET not in text
+        env = _secret_env(container, specs[where.split("/")[0]], tmp_path / where)
         with monkeypatch.context() as m:
             for var in (
                 "HPS_REDIS_PASSWORD",
-                *[k for k in _env(container) if k.startswith("HPS_")],
+                *[k.removesuffix("_FILE") for k in env if k.startswith("HPS_")],
+                *[k for k in env if k.startswith("HPS_")],
             ):
                 m.delenv(var, raising=False)
-            for var, value in _env(container).items():
+            for var, value in env.items():
                 m.setenv(var, value)
             config = parse_config(json.loads(text), f"{where}:{name}")
         if config.volatile_db.type in ("redis", "redis_cluster") and "hps_password_env" in text:

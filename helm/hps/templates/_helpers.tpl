@@ -75,30 +75,89 @@ app.kubernetes.io/component: serving
 {{- default (printf "%s-l2" (include "hps.fullname" .)) .Values.kafka.groupId }}
 {{- end }}
 
-{{/* Environment variable carrying a librdkafka secret setting, e.g. HPS_KAFKA_SASL_PASSWORD. */}}
+{{/* Environment variable naming a librdkafka secret setting, e.g. HPS_KAFKA_SASL_PASSWORD
+(ps.json names it; the container gets <name>_FILE, the path of the mounted secret). */}}
 {{- define "hps.kafkaEnvName" -}}
 {{- printf "HPS_KAFKA_%s" (. | upper | replace "." "_" | replace "-" "_") }}
 {{- end }}
 
-{{/* Secrets as environment variables (never in the ConfigMap); .redis / .kafka choose. */}}
+{{/* Which secrets the release mounts: "redis" and "kafka" as "true" or "". */}}
+{{- define "hps.redisSecret" -}}
+{{- $v := .Values -}}
+{{- if and (eq $v.l2.mode "redis") $v.l2.redis.existingSecret }}true{{ end }}
+{{- end }}
+{{- define "hps.kafkaSecret" -}}
+{{- $v := .Values -}}
+{{- if and $v.kafka.enabled $v.kafka.existingSecret $v.kafka.secretKeys }}true{{ end }}
+{{- end }}
+
+{{/* Secrets reach the processes as files (mounted Secret volumes), never as environment
+values: each NAME that ps.json names gets NAME_FILE, the file's path (hps.config reads it).
+.redis / .kafka choose which; hps.secretMounts mounts the same ones. */}}
 {{- define "hps.secretEnv" -}}
 {{- $v := .root.Values -}}
-{{- if and .redis (eq $v.l2.mode "redis") $v.l2.redis.existingSecret }}
-- name: HPS_REDIS_PASSWORD
-  valueFrom:
-    secretKeyRef:
-      name: {{ $v.l2.redis.existingSecret }}
-      key: {{ $v.l2.redis.passwordKey }}
+{{- if and .redis (include "hps.redisSecret" .root) }}
+- name: HPS_REDIS_PASSWORD_FILE
+  value: /var/run/secrets/hps-redis/password
 {{- end }}
-{{- if and .kafka $v.kafka.enabled $v.kafka.existingSecret }}
+{{- if and .kafka (include "hps.kafkaSecret" .root) }}
 {{- range $setting, $key := $v.kafka.secretKeys }}
-- name: {{ include "hps.kafkaEnvName" $setting }}
-  valueFrom:
-    secretKeyRef:
-      name: {{ $v.kafka.existingSecret }}
-      key: {{ $key }}
+- name: {{ include "hps.kafkaEnvName" $setting }}_FILE
+  value: {{ printf "/var/run/secrets/hps-kafka/%s" $setting }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{- define "hps.secretMounts" -}}
+{{- if and .redis (include "hps.redisSecret" .root) }}
+- {name: redis-password, mountPath: /var/run/secrets/hps-redis, readOnly: true}
+{{- end }}
+{{- if and .kafka (include "hps.kafkaSecret" .root) }}
+- {name: kafka-secrets, mountPath: /var/run/secrets/hps-kafka, readOnly: true}
+{{- end }}
+{{- end }}
+
+{{/* The Secret volumes hps.secretMounts mounts (one file per secret, group-readable). */}}
+{{- define "hps.secretVolumes" -}}
+{{- $v := .Values -}}
+{{- if include "hps.redisSecret" . }}
+- name: redis-password
+  secret:
+    secretName: {{ $v.l2.redis.existingSecret }}
+    defaultMode: 0440
+    items:
+      - {key: {{ $v.l2.redis.passwordKey }}, path: password}
+{{- end }}
+{{- if include "hps.kafkaSecret" . }}
+- name: kafka-secrets
+  secret:
+    secretName: {{ $v.kafka.existingSecret }}
+    defaultMode: 0440
+    items:
+      {{- range $setting, $key := $v.kafka.secretKeys }}
+      - {key: {{ $key }}, path: {{ $setting }}}
+      {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Probes of an `hps consume` container: /healthz on its metrics port answers from the
+consumer loop (503 once its last pass is older than kafka.maxLoopAgeSeconds). */}}
+{{- define "hps.updaterProbes" -}}
+{{- $p := .Values.probes -}}
+startupProbe:
+  httpGet: {path: /healthz, port: upd-metrics}
+  periodSeconds: {{ $p.updaterStartup.periodSeconds }}
+  failureThreshold: {{ $p.updaterStartup.failureThreshold }}
+livenessProbe:
+  httpGet: {path: /healthz, port: upd-metrics}
+  periodSeconds: {{ $p.liveness.periodSeconds }}
+  failureThreshold: {{ $p.liveness.failureThreshold }}
+  timeoutSeconds: {{ $p.liveness.timeoutSeconds }}
+readinessProbe:
+  httpGet: {path: /healthz, port: upd-metrics}
+  periodSeconds: {{ $p.readiness.periodSeconds }}
+  failureThreshold: {{ $p.readiness.failureThreshold }}
+  timeoutSeconds: {{ $p.readiness.timeoutSeconds }}
 {{- end }}
 
 {{- define "hps.adminEnv" -}}

@@ -84,7 +84,8 @@ spec:
       workingDir: /tmp  # a volume: the root filesystem is read-only
       command: [hps, import, --config, /etc/hps/ps-import.json, --quiet]
       {{- include "hps.containerSecurity" . | nindent 6 }}
-      {{- with include "hps.secretEnv" (dict "root" . "redis" (not .Values.kafka.enabled) "kafka" false) }}
+      {{- $importSecrets := dict "root" . "redis" (not .Values.kafka.enabled) "kafka" false }}
+      {{- with include "hps.secretEnv" $importSecrets | trim }}
       env:
         {{- . | nindent 8 }}
       {{- end }}
@@ -95,7 +96,12 @@ spec:
         - {name: l3, mountPath: /var/lib/hps/l3}
         - {name: model-source, mountPath: {{ $v.modelSource.mountPath }}, readOnly: true}
         - {name: tmp, mountPath: /tmp}
-        {{- include "hps.redisTLSMount" . | nindent 8 }}
+        {{- with include "hps.redisTLSMount" . | trim }}
+        {{- . | nindent 8 }}
+        {{- end }}
+        {{- with include "hps.secretMounts" $importSecrets | trim }}
+        {{- . | nindent 8 }}
+        {{- end }}
   containers:
     - name: triton
       image: {{ include "hps.image" (dict "image" $v.images.serving "root" .) }}
@@ -105,7 +111,9 @@ spec:
       {{- include "hps.containerSecurity" . | nindent 6 }}
       env:
         {{- include "hps.adminEnv" . | nindent 8 }}
-        {{- include "hps.secretEnv" (dict "root" . "redis" true "kafka" true) | nindent 8 }}
+        {{- with include "hps.secretEnv" (dict "root" . "redis" true "kafka" true) | trim }}
+        {{- . | nindent 8 }}
+        {{- end }}
         {{- with $v.triton.extraEnv }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -122,6 +130,11 @@ spec:
         periodSeconds: {{ $v.probes.liveness.periodSeconds }}
         failureThreshold: {{ $v.probes.liveness.failureThreshold }}
         timeoutSeconds: {{ $v.probes.liveness.timeoutSeconds }}
+      readinessProbe:
+        httpGet: {path: /v2/health/ready, port: http}
+        periodSeconds: {{ $v.probes.readiness.periodSeconds }}
+        failureThreshold: {{ $v.probes.readiness.failureThreshold }}
+        timeoutSeconds: {{ $v.probes.readiness.timeoutSeconds }}
       lifecycle:
         preStop:
           exec:
@@ -142,7 +155,12 @@ spec:
         - {name: tmp, mountPath: /tmp}
         - {name: repository, mountPath: /var/run/hps}
         - {name: admin, mountPath: /var/run/secrets/hps, readOnly: true}
-        {{- include "hps.redisTLSMount" . | nindent 8 }}
+        {{- with include "hps.redisTLSMount" . | trim }}
+        {{- . | nindent 8 }}
+        {{- end }}
+        {{- with include "hps.secretMounts" (dict "root" . "redis" true "kafka" true) | trim }}
+        {{- . | nindent 8 }}
+        {{- end }}
     - name: control-plane
       image: {{ $hpsImage }}
       imagePullPolicy: {{ $v.images.hps.pullPolicy }}
@@ -153,7 +171,9 @@ spec:
         {{- include "hps.adminEnv" . | nindent 8 }}
         - name: HPS_TRITON_METRICS_URL  # Triton's hit rates and latencies, read by /v1 routes
           value: {{ printf "http://127.0.0.1:%v/metrics" $v.triton.metricsPort | quote }}
-        {{- include "hps.secretEnv" (dict "root" . "redis" true "kafka" true) | nindent 8 }}
+        {{- with include "hps.secretEnv" (dict "root" . "redis" true "kafka" true) | trim }}
+        {{- . | nindent 8 }}
+        {{- end }}
       ports:
         - {name: admin, containerPort: {{ $v.controlPlane.port }}, protocol: TCP}
       readinessProbe:
@@ -175,7 +195,12 @@ spec:
         - {name: shm, mountPath: /dev/shm}
         - {name: tmp, mountPath: /tmp}
         - {name: admin, mountPath: /var/run/secrets/hps, readOnly: true}
-        {{- include "hps.redisTLSMount" . | nindent 8 }}
+        {{- with include "hps.redisTLSMount" . | trim }}
+        {{- . | nindent 8 }}
+        {{- end }}
+        {{- with include "hps.secretMounts" (dict "root" . "redis" true "kafka" true) | trim }}
+        {{- . | nindent 8 }}
+        {{- end }}
     {{- if include "hps.sharedUpdates" . }}
     - name: updater
       image: {{ $hpsImage }}
@@ -184,21 +209,28 @@ spec:
       # Its own consumer group per pod: every pod's L3 receives every update. With
       # persistence the pod name is stable, so a restarted pod resumes where its L3 stopped;
       # without it a new pod (new name, fresh L3) replays what Kafka retains.
-      command: [hps, consume, --config, /etc/hps/ps-updater.json, --metrics-port, {{ $v.kafka.updater.metricsPort | quote }}, --metrics-address, 0.0.0.0, --group-id, {{ printf "%s-l3-$(POD_NAME)" $fullname | quote }}]
+      # /healthz on the metrics port is the consumer loop's heartbeat (the probes below).
+      command: [hps, consume, --config, /etc/hps/ps-updater.json, --metrics-port, {{ $v.kafka.updater.metricsPort | quote }}, --metrics-address, 0.0.0.0, --max-loop-age-s, {{ $v.kafka.maxLoopAgeSeconds | quote }}, --group-id, {{ printf "%s-l3-$(POD_NAME)" $fullname | quote }}]
       {{- include "hps.containerSecurity" . | nindent 6 }}
       env:
         - name: POD_NAME
           valueFrom:
             fieldRef: {fieldPath: metadata.name}
-        {{- include "hps.secretEnv" (dict "root" . "redis" false "kafka" true) | nindent 8 }}
+        {{- with include "hps.secretEnv" (dict "root" . "redis" false "kafka" true) | trim }}
+        {{- . | nindent 8 }}
+        {{- end }}
       ports:
         - {name: upd-metrics, containerPort: {{ $v.kafka.updater.metricsPort }}, protocol: TCP}
+      {{- include "hps.updaterProbes" . | nindent 6 }}
       resources:
         {{- toYaml $v.kafka.updater.resources | nindent 8 }}
       volumeMounts:
         - {name: config, mountPath: /etc/hps, readOnly: true}
         - {name: l3, mountPath: /var/lib/hps/l3}
         - {name: tmp, mountPath: /tmp}
+        {{- with include "hps.secretMounts" (dict "root" . "redis" false "kafka" true) | trim }}
+        {{- . | nindent 8 }}
+        {{- end }}
     {{- end }}
   volumes:
     - name: config
@@ -224,5 +256,8 @@ spec:
     {{- if and (eq $v.l2.mode "redis") $v.l2.redis.tls.enabled $v.l2.redis.tls.existingSecret }}
     - name: redis-tls
       secret: {secretName: {{ $v.l2.redis.tls.existingSecret }}, defaultMode: 0440}
+    {{- end }}
+    {{- with include "hps.secretVolumes" . | trim }}
+    {{- . | nindent 4 }}
     {{- end }}
 {{- end }}
