@@ -57,4 +57,4 @@ lint: $(STAMP)
 	$(BIN)/mypy hps
 
 clean:
-	rm -rf $(VENV) demo .pytest_cache loadtest-reports
+	rm -rf $(VENV) .venv-tools demo .pytest_cache loadtest-reports
