@@ -77,8 +77,14 @@ def _write(tmp_path: Path, doc: object) -> Path:
 
 
 def test_hugectr_file_loads_with_deprecation_warnings(tmp_path: Path) -> None:
-    with pytest.warns(FutureWarning, match="max_get_batch_size is deprecated"):
+    with pytest.warns(FutureWarning) as caught:
         cfg = load_config(_write(tmp_path, HUGECTR_PS))
+    assert sorted(str(w.message).split(" is ")[0] for w in caught) == [
+        "persistent_db.max_get_batch_size",
+        "persistent_db.max_set_batch_size",
+        "volatile_db.max_get_batch_size",
+        "volatile_db.max_set_batch_size",
+    ]
     assert cfg.volatile_db.max_batch_size == 100000
     assert cfg.persistent_db.max_batch_size == 1000
     model = cfg.model("wdl")
