@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 METRICS_URL_ENV = "HPS_TRITON_METRICS_URL"
@@ -38,7 +40,6 @@ def _admin(args: argparse.Namespace) -> int:
     from hps.service.auth import resolve_token
     from hps.service.state import AdminState
     from hps.service.triton_admin import TritonAdmin
-    from hps.triton.admin import resolve_key
     from hps.triton.deploy import serving_config
     from hps.updates.kafka import check_update_source
 
@@ -47,14 +48,10 @@ def _admin(args: argparse.Namespace) -> int:
     protect(config)
     check_update_source(config)  # a bad Kafka setting is a config error now, not a 500 later
     token = resolve_token(args.token_file)
-    # hps serve's key: $HPS_ADMIN_KEY, $HPS_ADMIN_KEY_FILE, else the file beside the ps.json,
-    # read again at every reload (hps serve writes a new one at every start); each key read
-    # is registered for redaction.
-    state_dir = Path(args.config).resolve().parent
-    resolve_key(state_dir)  # a malformed key is an error now
+    admin_key = admin_key_source(Path(args.config).resolve().parent)
     protect(None, token)
     metrics_url = os.environ.get(METRICS_URL_ENV) or None
-    triton = TritonAdmin(args.triton_url, metrics_url, lambda: resolve_key(state_dir))
+    triton = TritonAdmin(args.triton_url, metrics_url, admin_key)
     app = create_app(AdminState(config, token, triton))
     # uvicorn's access log shows paths and statuses only, never the Authorization header;
     # its loggers, configured here, are scrubbed too (the record factory of hps.redact).
@@ -62,3 +59,34 @@ def _admin(args: argparse.Namespace) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         server.run()
     return 0 if server.started else 1  # not started: e.g. the port is taken (logged)
+
+
+def admin_key_source(state_dir: Path) -> Callable[[], str | None]:
+    """Triton's admin key as ``hps serve`` has it now: ``$HPS_ADMIN_KEY``, the file
+    ``$HPS_ADMIN_KEY_FILE`` names, else the key file in ``state_dir``; read again at every
+    reload (``hps serve`` writes a new key at every start), each key read registered for
+    redaction.
+
+    A malformed or unreadable key is an error now, at start. A file that
+    ``$HPS_ADMIN_KEY_FILE`` names but that does not exist yet is not: beside ``hps serve``
+    in a pod (helm/hps: its ``--state-dir`` on a volume both containers mount) the control
+    plane may start before ``hps serve`` writes its key; until it does, a reload answers
+    503 naming the file.
+    """
+    from hps.errors import BackendUnavailable
+    from hps.triton.admin import KEY_ENV, KEY_FILE_ENV, resolve_key
+
+    def current() -> str | None:
+        named = os.environ.get(KEY_FILE_ENV)
+        if named and os.environ.get(KEY_ENV) is None and not Path(named).exists():
+            raise BackendUnavailable(
+                f"admin key file {named} (${KEY_FILE_ENV}) does not exist yet: "
+                "hps serve writes it when it starts"
+            )
+        return resolve_key(state_dir)
+
+    try:
+        current()
+    except BackendUnavailable as exc:
+        print(f"hps admin: {exc}; it is read at every reload", file=sys.stderr, flush=True)
+    return current
