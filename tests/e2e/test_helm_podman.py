@@ -2,30 +2,29 @@
 
 The images are the ones of docker/ (the images issue), built the way its tests build them
 (tests/images/podman.py: a Debian base made by mmdebstrap, the hps wheel, layers cached).
-The rendered ConfigMap, Secret and serving pod are played as they are, except for what
-podman 4.3 (Debian 12) cannot take; each adaptation is one function below and is listed in
-helm/hps/README.md ("Running the chart under podman"):
+The rendered ConfigMap and serving pod are played as they are (the chart renders no
+Secret: Triton's admin key is the one `hps serve` writes into the pod's admin-key volume),
+except for what podman 4.3 (Debian 12) cannot take; each adaptation is one function below
+and is listed in helm/hps/README.md ("Running the chart under podman"):
 
 1. the Deployment is played as its pod template (`kind: Pod`, restartPolicy OnFailure):
    podman restarts a Deployment's init containers under its restartPolicy Always;
    bare pods refuse annotation values over 63 characters, so checksum/config is dropped;
-2. the Secret volume is given as a ConfigMap volume with the same files: podman 4.3
-   panics on a secret volume (a nil dereference in VolumeFromSecret);
-3. hostNetwork (on free ports given as values) instead of podman's bridge network, which
+2. hostNetwork (on free ports given as values) instead of podman's bridge network, which
    would change the host's firewall; podman then refuses containerPorts, so they are
    dropped and the probes' named ports become numbers.
-4. /dev/shm is podman's own tmpfs (64 MB, enough for the demo): podman ignores emptyDir's
+3. /dev/shm is podman's own tmpfs (64 MB, enough for the demo): podman ignores emptyDir's
    medium: Memory and sizeLimit and makes a root-owned folder on disk that uid 10001 cannot
    write (Triton's Python backend then fails to create its shared-memory region).
 podman also ignores the startup and readiness probes (Triton's readiness is polled here).
 
 Then a real Triton request through the pod's HTTP port returns the demo's exact vectors,
-and the chart's `helm test` pod (its URL pointed at 127.0.0.1) passes.
+the control plane reads the very key `hps serve` generated, and the chart's `helm test` pod
+(its URL pointed at 127.0.0.1) passes.
 """
 
 from __future__ import annotations
 
-import base64
 import copy
 import importlib
 import importlib.util
@@ -107,18 +106,8 @@ def as_pod(workload: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def secret_as_configmap(secret: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
-    """Adaptation 2: the Secret's files through a ConfigMap volume."""
-    for volume in pod["spec"]["volumes"]:
-        if volume.get("secret", {}).get("secretName") == secret["metadata"]["name"]:
-            volume["configMap"] = {"name": secret["metadata"]["name"]}
-            del volume["secret"]
-    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": secret["metadata"], "data": data}
-
-
 def host_network(pod: dict[str, Any]) -> None:
-    """Adaptation 3: the host's network; no containerPorts, numeric probe ports."""
+    """Adaptation 2: the host's network; no containerPorts, numeric probe ports."""
     pod["spec"]["hostNetwork"] = True
     for container in pod["spec"]["containers"]:
         ports = {p["name"]: p["containerPort"] for p in container.pop("ports", [])}
@@ -129,7 +118,7 @@ def host_network(pod: dict[str, Any]) -> None:
 
 
 def podman_shm(pod: dict[str, Any]) -> None:
-    """Adaptation 4: no /dev/shm volume, so podman's own tmpfs stays in place."""
+    """Adaptation 3: no /dev/shm volume, so podman's own tmpfs stays in place."""
     spec = pod["spec"]
     spec["volumes"] = [v for v in spec["volumes"] if v["name"] != "shm"]
     for container in [*spec.get("initContainers", []), *spec["containers"]]:
@@ -147,11 +136,11 @@ def play_documents(values: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[s
         parsed = [d for d in yaml.safe_load_all(text) if d]
         (tests if "/tests/" in path else docs).extend(parsed)
     (workload,) = [d for d in docs if d["kind"] == "Deployment"]
-    (secret,) = of_kind(docs, "Secret")
+    assert not of_kind(docs, "Secret")  # the chart renders no secret
     pod = as_pod(workload)
     host_network(pod)
     podman_shm(pod)
-    play = [*of_kind(docs, "ConfigMap"), secret_as_configmap(secret, pod), pod]
+    play = [*of_kind(docs, "ConfigMap"), pod]
     (test_pod,) = of_kind(tests, "Pod")
     test_pod["spec"]["hostNetwork"] = True
     cmd = test_pod["spec"]["containers"][0]["command"]
@@ -205,6 +194,7 @@ def pod(podman: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[
         deadline = time.monotonic() + START_TIMEOUT_S
         _wait_http(f"http://127.0.0.1:{ports['http']}/v2/health/ready", deadline, logs)
         yield {
+            "name": name,
             "ports": ports,
             "values": values,
             "test": test,
@@ -233,6 +223,34 @@ def test_triton_returns_demo_vectors(pod: dict[str, Any]) -> None:
 def test_control_plane_ready(pod: dict[str, Any]) -> None:
     """The pod's readiness probe: the control plane's /readyz (once hps admin exists)."""
     _wait_http(f"http://127.0.0.1:{pod['ports']['admin']}/readyz", pod["deadline"], pod["logs"])
+
+
+def test_control_plane_reads_the_key_hps_serve_generated(pod: dict[str, Any], podman: Any) -> None:
+    """No Secret holds Triton's admin key: hps serve wrote a fresh one (0600) into the pod's
+    in-memory admin-key volume, and the control plane reads that very file. Compared by
+    digest: the key itself is never printed."""
+    from hps.triton.admin import KEY_FILE_ENV
+
+    (workload,) = [d for d in play_documents(pod["values"])[0] if d["kind"] == "Pod"]
+    control_plane = {c["name"]: c for c in workload["spec"]["containers"]}["control-plane"]
+    key_file = {v["name"]: v["value"] for v in control_plane["env"]}[KEY_FILE_ENV]
+    seen = {}
+    for container in ("triton", "control-plane"):
+        done = podman.run(
+            "exec",
+            f"{pod['name']}-{container}",
+            "sh",
+            "-c",
+            'stat -c %a "$1"; sha256sum "$1"',
+            "-",
+            key_file,
+            check=False,
+        )
+        assert done.returncode == 0, f"{container}: {done.stderr}\n{pod['logs']()}"
+        mode, digest = done.stdout.split()[:2]
+        assert mode == "600", container
+        seen[container] = digest
+    assert seen["triton"] == seen["control-plane"]
 
 
 def test_helm_test_pod_passes(pod: dict[str, Any], podman: Any) -> None:

@@ -147,7 +147,7 @@ def test_everything_features() -> None:
     )
     assert spec["imagePullSecrets"] == [{"name": "registry-credentials"}]
     assert all("@sha256:" in c["image"] for c in containers(spec))
-    assert not [s for s in of_kind(docs, "Secret")]  # admin.existingSecret given
+    assert not [s for s in of_kind(docs, "Secret")]  # the chart renders none (test_no_secret)
 
 
 def test_notes_tell_first_request() -> None:

@@ -4,8 +4,9 @@ Every container that runs ``hps`` has its command line parsed by ``hps.cli.build
 (Kubernetes' ``$(VAR)`` expanded from the container's env), and the ps.json it names loads
 with ``hps.config`` given exactly the environment variables the container sets, so a secret
 named in a ps.json but missing from a container fails here. Secrets arrive as files: each
-``*_FILE`` variable must name a file of a Secret volume the container mounts, and a
-stand-in of that file is what the config reads.
+``*_FILE`` variable must name a file of a Secret volume the container mounts (or Triton's
+admin key file, which ``hps serve --state-dir`` of the same pod writes into a volume both
+mount), and a stand-in of that file is what the config reads.
 """
 
 from __future__ import annotations
@@ -29,10 +30,26 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
     return {var["name"]: var.get("value", "pod-0") for var in container.get("env", [])}
 
 
+def _key_writers(spec: dict[str, Any]) -> dict[str, str]:
+    """Volume -> the admin key file ``hps serve --state-dir`` writes into it (this pod's)."""
+    from hps.triton.admin import KEY_FILE_NAME
+
+    writers = {}
+    for c in spec["containers"]:
+        if c["command"][:2] == ["hps", "serve"] and "--state-dir" in c["command"]:
+            state_dir = c["command"][c["command"].index("--state-dir") + 1].rstrip("/")
+            for m in c.get("volumeMounts", []):
+                if m["mountPath"].rstrip("/") == state_dir and not m.get("readOnly"):
+                    writers[m["name"]] = KEY_FILE_NAME
+    return writers
+
+
 def _secret_env(container: dict[str, Any], spec: dict[str, Any], folder: Path) -> dict[str, str]:
     """The container's environment, each ``*_FILE`` pointed at a stand-in of the Secret file
-    it names (which must be a file of a Secret volume mounted into this container)."""
+    it names (which must be a file of a Secret volume mounted into this container, or the
+    admin key file that this pod's ``hps serve --state-dir`` writes)."""
     volumes = {v["name"]: v for v in spec["volumes"]}
+    writers = _key_writers(spec)
     env = _env(container)
     for name, value in env.items():
         if not name.endswith("_FILE"):
@@ -43,11 +60,15 @@ def _secret_env(container: dict[str, Any], spec: dict[str, Any], folder: Path) -
             if value.startswith(m["mountPath"].rstrip("/") + "/")
         ]
         assert len(mounts) == 1, f"{name}={value}: under no volume the container mounts"
-        secret = volumes[mounts[0]["name"]].get("secret")
-        assert secret, f"{name}={value}: {mounts[0]['name']} is not a Secret volume"
+        volume = mounts[0]["name"]
         file = value[len(mounts[0]["mountPath"].rstrip("/")) + 1 :]
-        items = secret.get("items")
-        assert items is None or file in {i["path"] for i in items}, f"{name}: no file {file}"
+        secret = volumes[volume].get("secret")
+        if volume in writers and not secret:
+            assert file == writers[volume], f"{name}={value}: not the file hps serve writes"
+        else:
+            assert secret, f"{name}={value}: {volume} is not a Secret volume"
+            items = secret.get("items")
+            assert items is None or file in {i["path"] for i in items}, f"{name}: no {file}"
         path = folder / mounts[0]["name"] / file
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(SECRET + "\n")  # as `kubectl create secret --from-file` may leave it
@@ -117,6 +138,8 @@ CASES: dict[str, Any] = {
     "redis without kafka": {"l2": REDIS},
     "embedded with kafka": {"kafka": KAFKA},
     "redis with kafka": {"l2": REDIS, "kafka": KAFKA},
+    "admin token": {"admin": {"existingSecret": "a"}},
+    "admin key pinned": {"admin": {"existingSecret": "a", "pinAdminKey": True}},
 }
 
 

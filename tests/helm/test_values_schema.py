@@ -86,6 +86,11 @@ BAD_RENDER: list[tuple[str, dict[str, Any], list[str]]] = [
         ["kafka.secretKeys", "kafka.existingSecret"],
     ),
     (
+        "admin key pinned without its Secret",
+        {"admin": {"pinAdminKey": True}},
+        ["admin.pinAdminKey=true", "admin.existingSecret"],
+    ),
+    (
         "duplicate model",
         {"models": [{"model": "m", "embedding_vecsize_per_table": [4]}] * 2},
         ['model "m" appears twice'],

@@ -58,10 +58,6 @@ app.kubernetes.io/component: serving
 {{- end }}
 {{- end }}
 
-{{- define "hps.adminSecretName" -}}
-{{- default (printf "%s-admin" (include "hps.fullname" .)) .Values.admin.existingSecret }}
-{{- end }}
-
 {{/* Topology: "true" or "" (templates test these as strings). */}}
 {{- define "hps.stateful" -}}
 {{- if .Values.persistence.enabled }}true{{ end }}
@@ -160,9 +156,21 @@ readinessProbe:
   timeoutSeconds: {{ $p.readiness.timeoutSeconds }}
 {{- end }}
 
-{{- define "hps.adminEnv" -}}
+{{/* Triton's admin key and the control plane's token. The chart renders no secret value:
+- the key: `hps serve --state-dir` writes a fresh random one at every start (mode 0600) into
+  the in-memory volume admin-key, which the control plane mounts read-only and reads again
+  at every reload (HPS_ADMIN_KEY_FILE); with admin.pinAdminKey that volume is instead the
+  key admin-key of admin.existingSecret, and both containers read it (HPS_ADMIN_KEY_FILE);
+- the token: only admin.existingSecret's key token, mounted into the control plane
+  (--token-file); without it the mutating routes answer 403.
+The file name is hps.triton.admin.KEY_FILE_NAME. */}}
+{{- define "hps.adminKeyDir" -}}/var/run/hps-admin{{- end }}
+{{- define "hps.adminKeyFile" -}}/var/run/hps-admin/hps-admin-key{{- end }}
+{{- define "hps.adminTokenFile" -}}/var/run/secrets/hps/token{{- end }}
+
+{{- define "hps.adminKeyEnv" -}}
 - name: HPS_ADMIN_KEY_FILE
-  value: /var/run/secrets/hps/admin-key
+  value: {{ include "hps.adminKeyFile" . }}
 {{- end }}
 
 {{- define "hps.redisTLSMount" -}}

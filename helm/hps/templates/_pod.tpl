@@ -107,16 +107,22 @@ spec:
       image: {{ include "hps.image" (dict "image" $v.images.serving "root" .) }}
       imagePullPolicy: {{ $v.images.serving.pullPolicy }}
       workingDir: /tmp  # a volume: the root filesystem is read-only
-      command: [hps, serve, --config, /etc/hps/ps.json, --host, 0.0.0.0, --http-port, {{ $v.triton.httpPort | quote }}, --grpc-port, {{ $v.triton.grpcPort | quote }}, --metrics-port, {{ $v.triton.metricsPort | quote }}, --repository, /var/run/hps/repository{{ if not (kindIs "invalid" $v.triton.maxRequestMb) }}, --max-request-mb, {{ $v.triton.maxRequestMb | quote }}{{ end }}]
+      command: [hps, serve, --config, /etc/hps/ps.json, --host, 0.0.0.0, --http-port, {{ $v.triton.httpPort | quote }}, --grpc-port, {{ $v.triton.grpcPort | quote }}, --metrics-port, {{ $v.triton.metricsPort | quote }}, --repository, /var/run/hps/repository, --state-dir, {{ include "hps.adminKeyDir" . }}{{ if not (kindIs "invalid" $v.triton.maxRequestMb) }}, --max-request-mb, {{ $v.triton.maxRequestMb | quote }}{{ end }}]
       {{- include "hps.containerSecurity" . | nindent 6 }}
+      {{- $tritonEnv := list }}
+      {{- if $v.admin.pinAdminKey }}
+      {{- $tritonEnv = append $tritonEnv (include "hps.adminKeyEnv" .) }}
+      {{- end }}
+      {{- with include "hps.secretEnv" (dict "root" . "redis" true "kafka" true) | trim }}
+      {{- $tritonEnv = append $tritonEnv . }}
+      {{- end }}
+      {{- with $v.triton.extraEnv }}
+      {{- $tritonEnv = append $tritonEnv (toYaml .) }}
+      {{- end }}
+      {{- with $tritonEnv }}
       env:
-        {{- include "hps.adminEnv" . | nindent 8 }}
-        {{- with include "hps.secretEnv" (dict "root" . "redis" true "kafka" true) | trim }}
-        {{- . | nindent 8 }}
-        {{- end }}
-        {{- with $v.triton.extraEnv }}
-        {{- toYaml . | nindent 8 }}
-        {{- end }}
+        {{- join "\n" . | nindent 8 }}
+      {{- end }}
       ports:
         - {name: http, containerPort: {{ $v.triton.httpPort }}, protocol: TCP}
         - {name: grpc, containerPort: {{ $v.triton.grpcPort }}, protocol: TCP}
@@ -154,7 +160,7 @@ spec:
         - {name: shm, mountPath: /dev/shm}
         - {name: tmp, mountPath: /tmp}
         - {name: repository, mountPath: /var/run/hps}
-        - {name: admin, mountPath: /var/run/secrets/hps, readOnly: true}
+        - {name: admin-key, mountPath: {{ include "hps.adminKeyDir" . }}{{ if $v.admin.pinAdminKey }}, readOnly: true{{ end }}}
         {{- with include "hps.redisTLSMount" . | trim }}
         {{- . | nindent 8 }}
         {{- end }}
@@ -165,10 +171,10 @@ spec:
       image: {{ $hpsImage }}
       imagePullPolicy: {{ $v.images.hps.pullPolicy }}
       workingDir: /tmp  # a volume: the root filesystem is read-only
-      command: [hps, admin, --config, /etc/hps/ps.json, --host, 0.0.0.0, --port, {{ $v.controlPlane.port | quote }}, --triton-url, {{ printf "127.0.0.1:%v" $v.triton.httpPort | quote }}, --token-file, /var/run/secrets/hps/token]
+      command: [hps, admin, --config, /etc/hps/ps.json, --host, 0.0.0.0, --port, {{ $v.controlPlane.port | quote }}, --triton-url, {{ printf "127.0.0.1:%v" $v.triton.httpPort | quote }}{{ if $v.admin.existingSecret }}, --token-file, {{ include "hps.adminTokenFile" . }}{{ end }}]
       {{- include "hps.containerSecurity" . | nindent 6 }}
       env:
-        {{- include "hps.adminEnv" . | nindent 8 }}
+        {{- include "hps.adminKeyEnv" . | nindent 8 }}
         - name: HPS_TRITON_METRICS_URL  # Triton's hit rates and latencies, read by /v1 routes
           value: {{ printf "http://127.0.0.1:%v/metrics" $v.triton.metricsPort | quote }}
         {{- with include "hps.secretEnv" (dict "root" . "redis" true "kafka" true) | trim }}
@@ -194,7 +200,10 @@ spec:
         - {name: model-source, mountPath: {{ $v.modelSource.mountPath }}, readOnly: true}
         - {name: shm, mountPath: /dev/shm}
         - {name: tmp, mountPath: /tmp}
-        - {name: admin, mountPath: /var/run/secrets/hps, readOnly: true}
+        - {name: admin-key, mountPath: {{ include "hps.adminKeyDir" . }}, readOnly: true}
+        {{- if $v.admin.existingSecret }}
+        - {name: admin-token, mountPath: /var/run/secrets/hps, readOnly: true}
+        {{- end }}
         {{- with include "hps.redisTLSMount" . | trim }}
         {{- . | nindent 8 }}
         {{- end }}
@@ -235,8 +244,24 @@ spec:
   volumes:
     - name: config
       configMap: {name: {{ $fullname }}-config}
-    - name: admin
-      secret: {secretName: {{ include "hps.adminSecretName" . }}, defaultMode: 0440}
+    - name: admin-key
+      {{- if $v.admin.pinAdminKey }}
+      secret:
+        secretName: {{ $v.admin.existingSecret }}
+        defaultMode: 0440
+        items:
+          - {key: admin-key, path: hps-admin-key}
+      {{- else }}
+      emptyDir: {medium: Memory, sizeLimit: 1Mi}  # hps serve's per-start key, never on disk
+      {{- end }}
+    {{- if $v.admin.existingSecret }}
+    - name: admin-token
+      secret:
+        secretName: {{ $v.admin.existingSecret }}
+        defaultMode: 0440
+        items:
+          - {key: token, path: token}
+    {{- end }}
     {{- if not (include "hps.stateful" .) }}
     - name: l3
       emptyDir: {}

@@ -13,6 +13,9 @@
 {{- if and $v.kafka.secretKeys (not $v.kafka.existingSecret) -}}
 {{- fail "kafka.secretKeys names keys of kafka.existingSecret, which is empty" -}}
 {{- end -}}
+{{- if and $v.admin.pinAdminKey (not $v.admin.existingSecret) -}}
+{{- fail "admin.pinAdminKey=true takes Triton's admin key from admin.existingSecret (key admin-key), which is empty" -}}
+{{- end -}}
 {{- $names := dict -}}
 {{- range $v.models -}}
 {{- if hasKey $names .model }}{{ fail (printf "models: model %q appears twice" .model) }}{{ end -}}
