@@ -50,7 +50,7 @@ loadtest: $(STAMP)
 test: $(STAMP) test-tools
 	$(BIN)/ruff check hps tests loadtests
 	$(BIN)/mypy hps
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q --durations=15 tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
