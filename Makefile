@@ -39,6 +39,8 @@ test-tools:
 	  echo "installing $$missing (apt)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing >/dev/null; }
+	@# checkov, in an environment of its own (.venv-tools: tests/helm/tools.py says why)
+	$(BIN)/python -c "from tests.helm.tools import checkov; checkov()"
 
 # Load test of the demo model on this machine (docs/loadtest.md); e.g.
 # make loadtest LOADTEST_ARGS="--shape ramp --users 64 --run-time 160 --updates 10000"

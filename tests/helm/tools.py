@@ -3,6 +3,7 @@
 checkov pins older versions of packages the project's environment holds (packaging, boto3,
 networkx), so it is installed apart, once, from checkov-requirements.txt; a changed
 requirements file rebuilds the environment. A lock keeps parallel runs from building it twice.
+`make test-tools` (part of `make test`) builds it before the suite runs.
 """
 
 from __future__ import annotations
