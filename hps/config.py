@@ -30,7 +30,6 @@ from hps.errors import ConfigError
 from hps.types import TableSpec
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
-INT32_MAX = 2**31 - 1
 NO_LIMIT = 2**64 - 1
 """``overflow_margin`` when none is set: the one "no capacity limit" value of every L2."""
 

@@ -11,7 +11,6 @@ Keys = npt.NDArray[np.int64]
 Vectors = npt.NDArray[np.float32]
 Mask = npt.NDArray[np.bool_]
 
-KEY_DTYPE = np.dtype(np.int64)
 VALUE_DTYPE = np.dtype(np.float32)
 RESERVED_KEYS = (int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).min) + 1)
 """Key values the hash indexes use as slot markers; no table may hold them."""

@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 
 REDIS_L2 = {"redis", "redis_cluster"}
 EMBEDDED_L2 = {"hash_map", "parallel_hash_map"}
-L2_CHOICES = ("hash_map", "multi_process_hash_map", "redis", "redis_cluster")
 FAST_KAFKA = {"session.timeout.ms": 2000, "heartbeat.interval.ms": 300}
 READY_TIMEOUT_S = 300.0
 
