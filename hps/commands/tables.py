@@ -58,8 +58,8 @@ def _session(config_path: str, l3_mode: AccessMode = "read_write") -> LookupSess
 def _import(args: argparse.Namespace) -> int:
     from hps.config import load_config
     from hps.errors import RequestError
-    from hps.io.imports import import_tables, sparse_sources
-    from hps.io.loader import TableSource, npy_source, sparse_source
+    from hps.loading.imports import import_tables, sparse_sources
+    from hps.loading.loader import TableSource, npy_source, sparse_source
     from hps.topology import topology
     from hps.validate import table_or_raise
 

@@ -1,1 +1,7 @@
-"""Files in and out: HugeCTR sparse-model folders, keyset files, .npy pairs; bulk import."""
+"""File formats, pure: HugeCTR sparse-model folders, .npy pairs, keyset and frequency files,
+a progress line.
+
+A leaf: it imports nothing of ours above :mod:`hps.errors`, :mod:`hps.types` and (for types
+only) :mod:`hps.config` and :mod:`hps.storage.base` (``tests/unit/test_layers.py``). Loading
+the files into the tiers is :mod:`hps.loading`.
+"""

@@ -2,7 +2,7 @@
 
 It runs beside ``hps serve`` on a node (a sidecar in Kubernetes) and reuses the core:
 :class:`hps.tiers.Tiers` for L2/L3, the :class:`hps.topology.Topology`, the one loader
-(:mod:`hps.io.loader`) for imports, the :class:`hps.updates.Publisher` when Kafka is
+(:mod:`hps.loading.loader`) for imports, the :class:`hps.updates.Publisher` when Kafka is
 configured, and Triton's model-control API to reach every serving instance. See
 docs/control-plane.md.
 

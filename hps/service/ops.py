@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from hps.errors import RequestError
-from hps.io.loader import Loader, TableSource, l2_action
+from hps.loading.loader import Loader, TableSource, l2_action
 from hps.service.jobs import Job
 from hps.service.state import AdminState
 from hps.types import Keys, TableSpec

@@ -4,7 +4,7 @@ Tiers as the control plane reaches them:
 
 - L3 (RocksDB) is read through a *secondary* instance that catches up before every read;
   writes (import, delete without Kafka) open it read-write for their duration only, under
-  the same lock ``hps serve`` takes to import (:func:`hps.io.imports.import_lock`).
+  the same lock ``hps serve`` takes to import (:func:`hps.loading.imports.import_lock`).
 - L2 is reached when it is shared (``multi_process_hash_map`` of this node, Redis); an
   in-process ``hash_map`` belongs to each serving process and is reported as such.
 - With Kafka configured, writes are published (:class:`hps.updates.Publisher`) and applied
@@ -25,7 +25,7 @@ from typing import Any
 
 from hps.config import PSConfig
 from hps.errors import BackendError, UnknownTableError
-from hps.io.imports import import_lock
+from hps.loading.imports import import_lock
 from hps.service.jobs import JobRegistry
 from hps.service.triton_admin import TritonAdmin
 from hps.tiers import Tiers
@@ -34,7 +34,6 @@ from hps.triton.repository import served_models
 from hps.types import TableSpec
 
 log = logging.getLogger(__name__)
-
 
 
 def topology_view(config: PSConfig, topo: Topology) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Import sources: uploads staged to disk, or server-side paths; validated before any write.
 
 Layout of a staged source (a folder): ``key`` + ``emb_vector`` (a HugeCTR sparse model) or
-``keys.npy`` + ``vectors.npy``, made a :class:`hps.io.loader.TableSource` (sizes, dtypes and
+``keys.npy`` + ``vectors.npy``, made a :class:`hps.loading.loader.TableSource` (sizes, dtypes and
 dimension checked); :func:`validate` reads it whole once (finite values, reserved keys), so
 that a bad input is refused with a 4xx before anything is written.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import BinaryIO, Literal
 
 from hps.errors import FormatError, RequestError
-from hps.io.loader import Chunks, TableSource, npy_source, sparse_source
 from hps.io.sparse_model import KEY_FILE, VECTOR_FILE
+from hps.loading.loader import Chunks, TableSource, npy_source, sparse_source
 from hps.types import TableSpec
 
 Format = Literal["sparse", "npy"]

@@ -5,7 +5,7 @@
   runs several instances and the file names no volatile_db type (one L2 per node, not one
   per Triton process).
 - :func:`prepare_tables` brings L3 (and a shared L2) up to date with the tables named by
-  ``sparse_files`` (:func:`hps.io.imports.import_tables`), which is also how a reload through
+  ``sparse_files`` (:func:`hps.loading.imports.import_tables`), which is also how a reload through
   Triton's model-control API picks up retrained tables.
 - :func:`fill_l2` fills an L2 that lives and dies with the serving processes (an in-process
   ``hash_map``, or the node's ``multi_process_hash_map``) per ``initial_cache_rate``
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from hps.config import ModelConfig, PSConfig, load_config
-from hps.io.imports import import_lock, import_tables, sparse_sources
-from hps.io.loader import Loader, TableSource
+from hps.loading.imports import import_lock, import_tables, sparse_sources
+from hps.loading.loader import Loader, TableSource
 from hps.lookup import LookupSession
 from hps.topology import SHARED_L2_DEFAULT, l2_placement, topology
 from hps.types import TableSpec

@@ -11,9 +11,9 @@ import pytest
 
 from hps.build import build_session
 from hps.errors import ConfigError
-from hps.io.imports import sparse_sources
-from hps.io.loader import Loader
 from hps.io.sparse_model import write_sparse_model
+from hps.loading.imports import sparse_sources
+from hps.loading.loader import Loader
 from hps.storage.rocks_db import RocksDBStore
 from hps.tiers import Tiers
 from hps.triton.deploy import fill_l2, only_model, prepare_tables, serving_config

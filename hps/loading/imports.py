@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hps.config import PSConfig
-from hps.io.loader import Loader, TableSource, l2_action, l3_matches, sparse_source
+from hps.loading.loader import Loader, TableSource, l2_action, l3_matches, sparse_source
 from hps.tiers import Tiers
 from hps.topology import Topology
 
@@ -106,7 +106,9 @@ def import_tables(
             if duplicates:
                 log.warning(
                     "%s: %d duplicate keys in %s; the last occurrence of each wins",
-                    s.spec.name, duplicates, s.files[0],
+                    s.spec.name,
+                    duplicates,
+                    s.files[0],
                 )
         action = l2_action(topo, own=False)
         writer = Tiers.open(config, l3_mode="read_write", l2=action != "skip")

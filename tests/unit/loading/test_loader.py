@@ -10,10 +10,10 @@ import pytest
 
 from hps.config import PSConfig
 from hps.errors import FormatError, SparseModelError
-from hps.io.imports import import_tables, sparse_sources
-from hps.io.loader import Loader, l3_matches, npy_source, sparse_source
 from hps.io.npy import write_npy_pair
 from hps.io.sparse_model import write_sparse_model
+from hps.loading.imports import import_tables, sparse_sources
+from hps.loading.loader import Loader, l3_matches, npy_source, sparse_source
 from hps.storage.hash_map import HashMapStore
 from hps.tiers import Tiers
 from hps.topology import topology
