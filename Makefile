@@ -29,7 +29,7 @@ serve: $(STAMP)
 	$(BIN)/hps serve --config demo/ps.json
 
 # model_repository/: the demo's Triton models as `hps serve` writes them, regenerated from the
-# templates in hps/triton/model_repository/ (tests/unit/triton/test_model_repository.py)
+# templates in hps/triton/model/templates/ (tests/unit/triton/test_model_repository.py)
 model-repository: $(STAMP)
 	$(BIN)/hps repository --out model_repository
 

@@ -64,7 +64,7 @@ def l2_placement(config: PSConfig) -> Placement | None:
 
 
 def topology(config: PSConfig) -> Topology:
-    """The placement of every part for ``config`` (as served: see hps.triton.deploy)."""
+    """The placement of every part for ``config`` (as served: see hps.triton.serving)."""
     l2 = l2_placement(config)
     l3 = config.persistent_db.type != "disabled"
     kafka = config.update_source.enabled

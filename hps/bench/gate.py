@@ -199,12 +199,12 @@ class _Served:
 
 
 def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    from hps.ctr.demo import DEMO_MODEL, create_demo, table_sizes
     from hps.net import free_port
-    from hps.triton.demo import DEMO_MODEL, create_demo, table_sizes
-    from hps.triton.deploy import prepare_tables, serving_config
-    from hps.triton.gate import BodyLimit, RequestGate
     from hps.triton.repository import prepare_repository
-    from hps.triton.server import TritonServer
+    from hps.triton.serving import prepare_tables, serving_config
+    from hps.triton.supervisor.gate import BodyLimit, RequestGate
+    from hps.triton.supervisor.server import TritonServer
 
     paths = [p for p in args.paths.split(",") if p]
     protocols = [p for p in args.protocols.split(",") if p]

@@ -132,11 +132,11 @@ def level_hits(metrics_url: str, model: str) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
-    from hps.triton.demo import DEMO_MODEL, create_demo, table_sizes
-    from hps.triton.deploy import prepare_tables, serving_config
-    from hps.triton.gate import BodyLimit
+    from hps.ctr.demo import DEMO_MODEL, create_demo, table_sizes
     from hps.triton.repository import copy_template, prepare_repository
-    from hps.triton.server import TritonServer
+    from hps.triton.serving import prepare_tables, serving_config
+    from hps.triton.supervisor.gate import BodyLimit
+    from hps.triton.supervisor.server import TritonServer
 
     with tempfile.TemporaryDirectory(prefix="hps-bench-triton-") as tmp:
         root = Path(args.dir or tmp)
@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
 
 
 def _row(args: argparse.Namespace, level: int, stats: dict[str, list[Any]]) -> dict[str, Any]:
-    from hps.triton.demo import DEMO_MODEL
+    from hps.ctr.demo import DEMO_MODEL
 
     def summary(model: str) -> tuple[float, float, float]:
         lat = np.concatenate([s[0] for s in stats[model]]) * 1e3

@@ -1,6 +1,6 @@
 """The one loader: whole tables from files into L3 and L2, validated before anything is written.
 
-Used by ``hps import``, a serving process's start-up and reload (:mod:`hps.triton.deploy`)
+Used by ``hps import``, a serving process's start-up and reload (:mod:`hps.triton.serving`)
 and the control plane's import route. A :class:`TableSource` is a table's files, checked
 when it is made (sizes, dtypes) and, by :meth:`TableSource.validate`, read once through
 (reserved keys, NaN or infinity, duplicate keys: the last occurrence of a key wins, as in

@@ -26,7 +26,7 @@ from hps.errors import ConfigError
 from hps.types import TableSpec
 
 if TYPE_CHECKING:
-    from hps.triton.ctr import DenseNetwork
+    from hps.ctr.network import DenseNetwork
 
 CLASSES = 16
 BULK, FRESH = 0, 1  # key classes that updates touch; every other class is verified
@@ -320,7 +320,7 @@ def load_workload(
         )
     network = None
     if mc.dense_file.endswith(".npz") and os.path.exists(mc.dense_file):
-        from hps.triton.ctr import DenseNetwork
+        from hps.ctr.network import DenseNetwork
 
         network = DenseNetwork(mc.dense_file, "numpy")
     num_dense = network.num_dense if network else mc.maxnum_des_feature_per_sample

@@ -40,7 +40,7 @@ def _admin(args: argparse.Namespace) -> int:
     from hps.service.auth import resolve_token
     from hps.service.state import AdminState
     from hps.service.triton_admin import TritonAdmin
-    from hps.triton.deploy import serving_config
+    from hps.triton.serving import serving_config
     from hps.updates.kafka import check_update_source
 
     protect()  # from here on no log record holds a registered secret
@@ -74,7 +74,7 @@ def admin_key_source(state_dir: Path) -> Callable[[], str | None]:
     503 naming the file.
     """
     from hps.errors import BackendUnavailable
-    from hps.triton.admin import KEY_ENV, KEY_FILE_ENV, resolve_key
+    from hps.triton.admin_key import KEY_ENV, KEY_FILE_ENV, resolve_key
 
     def current() -> str | None:
         named = os.environ.get(KEY_FILE_ENV)

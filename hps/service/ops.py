@@ -81,7 +81,7 @@ def warmup_keys(state: AdminState, model: str, keysets: dict[str, Keys]) -> dict
 
     The keys go to keyset files in the state folder, named by the ``hps_warmup_keysets``
     parameter of a config given with the load request; each new instance warms up from them
-    after its usual warm-up (see hps.triton.backend).
+    after its usual warm-up (see hps.triton.model.process).
     """
     from hps.io.keyset import write_keyset
 

@@ -1,24 +1,21 @@
-"""Triton calls of the control plane: health, reloads, one inference, metrics.
+"""The control plane's view of its Triton server: health, reloads, one inference, hit counts.
 
-Health and reloads go through :class:`hps.triton.control.ModelControl` (Triton's HTTP API);
-a reload carries header ``hps-admin-key`` with the admin key
-(:func:`hps.triton.admin.resolve_key`): ``hps serve`` restricts Triton's admin APIs to it.
+A thin user of :mod:`hps.triton.client`, the one Triton client: it makes no call of its own
+and only chooses the control plane's timeouts, the metrics address and the admin key. A
+reload carries header ``hps-admin-key`` with the admin key
+(:func:`hps.triton.admin_key.resolve_key`): ``hps serve`` restricts Triton's admin APIs to it.
 The key may be given as a function, asked at every reload: ``hps serve`` writes a fresh key
 file at every start, and the control plane must follow it without a restart.
-The inference goes through :class:`hps.triton.client.Client`, as any client's would.
 """
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
-from collections import defaultdict
 from collections.abc import Callable
 
 import numpy as np
 
 from hps.errors import BackendUnavailable, HPSError
-from hps.triton.control import ModelControl
+from hps.triton.client import Client, ModelControl, hit_counts
 
 TIMEOUT_S = 5.0
 LOAD_TIMEOUT_S = 300.0
@@ -56,8 +53,6 @@ class TritonAdmin:
 
     def lookup(self, model: str, keys: np.ndarray, numkeys: np.ndarray) -> np.ndarray:
         """One HugeCTR-shaped inference (KEYS, NUMKEYS -> OUTPUT0)."""
-        from hps.triton.client import Client
-
         with Client(self.url, connection_timeout=TIMEOUT_S, network_timeout=TIMEOUT_S) as c:
             try:
                 return c.lookup(model, keys, numkeys)
@@ -68,24 +63,4 @@ class TritonAdmin:
 
     def hit_counts(self) -> dict[tuple[str, str], dict[str, float]]:
         """``hps_hits_total`` summed over processes: (model, table) -> level -> keys."""
-        try:
-            with urllib.request.urlopen(self.metrics_url, timeout=TIMEOUT_S) as resp:
-                text = resp.read().decode()
-        except (urllib.error.URLError, OSError) as exc:
-            raise BackendUnavailable(f"Triton metrics at {self.metrics_url}: {exc}") from None
-        return parse_hits(text)
-
-
-def parse_hits(text: str) -> dict[tuple[str, str], dict[str, float]]:
-    """Sum ``hps_hits_total{model,table,level,process}`` over ``process``."""
-    out: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
-    for line in text.splitlines():
-        if not line.startswith("hps_hits_total{"):
-            continue
-        labels_text, _, value = line[len("hps_hits_total{") :].rpartition("} ")
-        labels = dict(part.split("=", 1) for part in labels_text.split(",") if "=" in part)
-        labels = {k: v.strip('"') for k, v in labels.items()}
-        key = (labels.get("model", ""), labels.get("table", ""))
-        level = labels.get("level", "")
-        out[key][level] = out[key].get(level, 0.0) + float(value)
-    return dict(out)
+        return hit_counts(self.metrics_url, TIMEOUT_S)

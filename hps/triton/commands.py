@@ -1,19 +1,12 @@
-"""``hps demo``, ``hps serve``, ``hps query``, ``hps reload`` (install-triton: install.py)."""
+"""``hps demo``, ``hps serve``, ``hps repository``, ``hps reload``, ``hps query``,
+``hps install-triton``: the options, and a few lines each over the modules that do the work
+(``hps serve``: :mod:`hps.triton.supervisor.serve`).
+"""
 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import signal
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from hps.config import PSConfig
-    from hps.triton.gate import BodyLimit
-    from hps.triton.server import TritonServer
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -95,13 +88,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--samples", type=int, default=2, help="random samples (CTR models)")
     p.set_defaults(func=_query)
 
-    from hps.triton import install
+    from hps.triton.supervisor.install import PYTRITON_REQUIREMENT
 
-    install.register(sub)
+    p = sub.add_parser(
+        "install-triton",
+        help=f"install tritonserver ({PYTRITON_REQUIREMENT}, --no-deps) into this environment",
+        description="pip-install the nvidia-pytriton wheel without its requirements (it pins "
+        "numpy<2 for an API HPS does not use), then check that tritonserver is found.",
+    )
+    p.add_argument("--force", action="store_true", help="install even if tritonserver is on PATH")
+    p.add_argument("pip_args", nargs="*", metavar="PIP_ARG", help="extra pip options, after `--`")
+    p.set_defaults(func=_install)
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from hps.triton.demo import create_demo
+    from hps.ctr.demo import create_demo
 
     existed = (Path(args.dir) / "ps.json").exists() and not args.force
     path = create_demo(
@@ -117,61 +118,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import logging
+    from hps.triton.supervisor.serve import serve
 
-    from hps.triton.deploy import serving_config
-    from hps.triton.lifecycle import check_ports, clean_stale, owned_tempdir
-    from hps.triton.output import TritonOutput
-    from hps.triton.repository import prepare_repository, served_models
-    from hps.triton.server import TritonServer
-
-    verbose = bool(getattr(args, "verbose", False))
-    if not verbose:  # a quiet start: what goes wrong, and the steps printed below
-        logging.getLogger().setLevel(logging.WARNING)
-    ports = {"HTTP": args.http_port, "gRPC": args.grpc_port, "metrics": args.metrics_port}
-    check_ports(args.host, ports)  # before anything is written or printed
-    for path in clean_stale():
-        print(f"removed {path}, left by a dead hps serve", file=sys.stderr)
-    if args.config is None:
-        from hps.triton.demo import create_demo
-
-        args.config = str(create_demo("demo"))
-    config = serving_config(args.config)
-    from hps.redact import protect
-    from hps.updates.kafka import check_update_source
-
-    protect(config)  # every log record scrubbed; the config's secrets registered
-    check_update_source(config)  # a bad Kafka setting is a config error before any work
-    tables = sum(len(m.tables) for m in config.models)
-    print(
-        f"hps serve: {args.config}: {_plural(len(config.models), 'model')}, "
-        f"{_plural(tables, 'table')}",
-        flush=True,
-    )
-    tmp = owned_tempdir("hps-repo-")
-    try:
-        repo = Path(args.repository or tmp)
-        names = prepare_repository(config, repo, metrics_interval_s=args.metrics_interval)
-        _import(config, verbose)
-        key, key_file = _admin_key(args.state_dir or Path(args.config).resolve().parent, tmp)
-        output = TritonOutput(
-            verbose=verbose, instances={m.triton_name: m.instances for m in served_models(config)}
-        )
-        server = TritonServer(
-            repo,
-            body_limit=body_limit(config, args.max_request_mb),
-            http_port=args.http_port,
-            grpc_port=args.grpc_port,
-            metrics_port=args.metrics_port,
-            host=args.host,
-            explicit=True,
-            load_models=names,
-            admin_key=key,
-            output=output,
-        )
-        return _run(server, config, args, key_file)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return serve(args)
 
 
 def _repository(args: argparse.Namespace) -> int:
@@ -180,7 +129,7 @@ def _repository(args: argparse.Namespace) -> int:
     if args.config is None:
         names = write_demo_repository(args.out)
     else:
-        from hps.triton.deploy import serving_config
+        from hps.triton.serving import serving_config
 
         config = serving_config(args.config)
         names = prepare_repository(config, args.out, relative=args.relative)
@@ -189,139 +138,8 @@ def _repository(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n:,} {word}{'' if n == 1 else 's'}"
-
-
-def _import(config: PSConfig, verbose: bool) -> None:
-    """Bring L3 (and a shared L2) up to date with the sparse files: one line, or one per
-    table (and a progress bar) when verbose."""
-    import time
-
-    from hps.triton.deploy import prepare_tables
-
-    start = time.perf_counter()
-    imported = prepare_tables(config, progress=verbose)
-    if verbose:
-        for table, rows in imported.items():
-            print(f"imported {table}: {rows:,} rows")
-    elif imported:
-        print(
-            f"imported {_plural(len(imported), 'table')}: {sum(imported.values()):,} rows "
-            f"in {time.perf_counter() - start:.1f}s",
-            flush=True,
-        )
-
-
-def body_limit(config: PSConfig, max_request_mb: float | None) -> BodyLimit | None:
-    """The request-size gate's limit: derived from the config unless given; 0: no gate."""
-    from hps.triton.gate import BodyLimit, find_nginx
-
-    if max_request_mb is not None and max_request_mb <= 0:
-        return None
-    find_nginx()  # its absence is a ConfigError that says what to do, before any work
-    if max_request_mb is None:
-        return BodyLimit.for_config(config)
-    return BodyLimit.of(int(max_request_mb * 2**20))
-
-
-def _admin_key(state_dir: str | Path, fallback: Path) -> tuple[str, Path | None]:
-    from hps.triton.admin import ensure_key
-
-    try:
-        return ensure_key(state_dir)
-    except OSError:  # a read-only config folder: keep it beside the repository
-        return ensure_key(fallback)
-
-
-def _run(server: TritonServer, config: PSConfig, args: argparse.Namespace, key: Path | None) -> int:
-    """Serve until Ctrl-C / SIGTERM (then drain: exit 0 if clean) or until Triton exits."""
-    from hps.errors import HPSError
-    from hps.triton.watchdog import Watchdog, probe_inputs
-
-    watchdog = None
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt
-    try:
-        print(f"starting Triton: {', '.join(server.load_models)}", flush=True)
-        try:
-            server.start()
-        except HPSError:
-            if server.output is not None and not server.output.verbose:
-                print("what tritonserver said last:", file=sys.stderr)
-                for line in server.output.tail():
-                    print(f"  {line}", file=sys.stderr)
-            raise
-        if server.output is not None:
-            server.output.ready()  # its warm-up lines out, from here warnings and errors
-        if args.watchdog_interval > 0:
-            probes = probe_inputs(config)
-            assert server.proc is not None
-            watchdog = Watchdog(
-                server.http_url,
-                server.admin_key,
-                probes,
-                interval=args.watchdog_interval,
-                server_pid=server.proc.pid,
-            )
-            watchdog.start()
-        _print_banner(server, config, args.config, key)
-        name, status = server.wait()
-        print(f"{name} exited by itself (status {status})", file=sys.stderr)
-        return status if status > 0 else 1  # a signal's negative status is no exit code
-    except KeyboardInterrupt:
-        print("stopping: draining requests, then tritonserver", file=sys.stderr, flush=True)
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the drain
-        if watchdog is not None:
-            watchdog.stop()
-        problems = server.stop()
-    for problem in problems:
-        print(f"unclean shutdown: {problem}", file=sys.stderr)
-    return 1 if problems else 0
-
-
-def _hps_command() -> str:
-    """How the user can run this very ``hps`` again (a venv's is often not on PATH)."""
-    me = Path(sys.argv[0]).resolve()
-    on_path = shutil.which("hps")
-    if on_path and Path(on_path).resolve() == me:
-        return "hps"
-    if me.name == "hps":
-        return os.path.relpath(me) if me.is_relative_to(Path.cwd()) else str(me)
-    return f"{sys.executable} -m hps.cli"
-
-
-def _print_banner(server: TritonServer, config: PSConfig, path: str, key: Path | None) -> None:
-    """The end of the start: where to reach the server, the ready line, the commands to paste."""
-    from hps.triton.repository import served_models
-
-    hps = _hps_command()
-    served = served_models(config)
-    tries = [
-        f"{hps} query --url {server.http_url} --model {m.triton_name} "
-        + ("--samples 2" if m.template == "hps_ctr" else "--keys 1,2,3")
-        for m in served
-    ]
-    names = [m.triton_name for m in served]
-    gate = (
-        f"request bodies up to {server.body_limit.describe()} (the request-size gate)"
-        if server.body_limit
-        else "no request-size gate (--max-request-mb 0): Triton reads any body"
-    )
-    print(
-        f"  HTTP {server.http_url}   gRPC {server.grpc_url}   metrics {server.metrics_url}\n"
-        f"  {gate}\n"
-        "  admin APIs (model control, shared memory, logging, trace) need the header "
-        f"hps-admin-key: {f'the key in {key}' if key else 'the key in $HPS_ADMIN_KEY'}\n"
-        f"ready: serving {', '.join(names)} from {path} (Ctrl-C stops). Try:\n"
-        + "".join(f"  {t}\n" for t in tries),
-        end="",
-        flush=True,
-    )
-
-
 def _query(args: argparse.Namespace) -> int:
-    from hps.triton.client import query
+    from hps.triton.client.query import query
 
     for line in query(
         args.url,
@@ -338,8 +156,8 @@ def _query(args: argparse.Namespace) -> int:
 
 def _reload(args: argparse.Namespace) -> int:
     from hps.errors import ConfigError
-    from hps.triton.admin import resolve_key
-    from hps.triton.control import ModelControl
+    from hps.triton.admin_key import resolve_key
+    from hps.triton.client import ModelControl
 
     state = args.state_dir or (Path(args.config).resolve().parent if args.config else None)
     key = resolve_key(state)
@@ -349,4 +167,11 @@ def _reload(args: argparse.Namespace) -> int:
         )
     ModelControl(args.url, key, timeout=600.0).reload(args.model)
     print(f"reloaded {args.model}")
+    return 0
+
+
+def _install(args: argparse.Namespace) -> int:
+    from hps.triton.supervisor.install import install_triton
+
+    print(install_triton(args.pip_args, force=args.force))
     return 0

@@ -1,12 +1,12 @@
 """Prepare a Triton model repository for a ps.json from the model templates.
 
 The templates (``hps_embedding``, ``hps_ctr``, ``hps_floor``) ship inside the package, in
-``hps/triton/model_repository/``, and are found with :mod:`importlib.resources`, so a wheel
+``hps/triton/model/templates/``, and are found with :mod:`importlib.resources`, so a wheel
 or a container image serves exactly like a checkout.
 
 Each ps.json model becomes a Triton model of the same name with HugeCTR's HPS interface
 (``hps_embedding``), as HugeCTR's HPS backend named them; a model whose ``dense_file`` is
-an ``.npz`` of :mod:`hps.triton.ctr` also gets ``<model>_ctr`` (``hps_ctr``). The copies
+an ``.npz`` of :mod:`hps.ctr.network` also gets ``<model>_ctr`` (``hps_ctr``). The copies
 get the config.pbtxt parameters filled in (ps.json path, model name, where relative paths
 start), ``hps_instances`` as instance count and the ps.json model's ``max_batch_size`` as
 Triton's (the most rows a request may have).
@@ -35,8 +35,11 @@ DEMO_CONFIG = Path("demo") / "ps.json"  # where `make serve` creates the demo, b
 
 
 def packaged_templates() -> Path:
-    """The templates shipped as package data (``hps.triton``'s ``model_repository/``)."""
-    resource = files("hps.triton").joinpath("model_repository")
+    """The templates shipped as package data (``hps/triton/model/templates/``).
+
+    Found from ``hps.triton``, so that writing a repository does not import the package of
+    the model process (:mod:`hps.triton.model`)."""
+    resource = files("hps.triton").joinpath("model").joinpath("templates")
     # An installed package is a folder on disk (never a zip: tritonserver reads model.py files).
     return Path(str(resource))
 
@@ -47,7 +50,7 @@ def templates_dir() -> Path:
     if not (path / "hps_embedding" / "config.pbtxt").is_file():
         raise ConfigError(
             f"no model templates in {path}; unset {TEMPLATES_ENV} or point it at a copy of "
-            "hps/triton/model_repository/"
+            "hps/triton/model/templates/"
         )
     return path
 
@@ -168,7 +171,7 @@ def write_demo_repository(dest: str | Path = DEMO_REPOSITORY) -> list[str]:
     that the files read the same on every machine. Model folders of ``dest`` that the demo
     no longer serves are removed; other files (its README.md) stay.
     """
-    from hps.triton.demo import demo_config, table_sizes
+    from hps.ctr.demo import demo_config, table_sizes
 
     dest = Path(dest).resolve()
     ps_path = dest.parent / DEMO_CONFIG

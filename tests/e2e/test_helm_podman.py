@@ -38,9 +38,9 @@ import numpy as np
 import pytest
 import yaml
 
+from hps.ctr.demo import table_vectors
 from hps.net import free_port
 from hps.triton.client import Client
-from hps.triton.demo import table_vectors
 from tests.helm.chart import of_kind, profile_values, render
 
 pytestmark = pytest.mark.integration
@@ -229,7 +229,7 @@ def test_control_plane_reads_the_key_hps_serve_generated(pod: dict[str, Any], po
     """No Secret holds Triton's admin key: hps serve wrote a fresh one (0600) into the pod's
     in-memory admin-key volume, and the control plane reads that very file. Compared by
     digest: the key itself is never printed."""
-    from hps.triton.admin import KEY_FILE_ENV
+    from hps.triton.admin_key import KEY_FILE_ENV
 
     (workload,) = [d for d in play_documents(pod["values"])[0] if d["kind"] == "Pod"]
     control_plane = {c["name"]: c for c in workload["spec"]["containers"]}["control-plane"]

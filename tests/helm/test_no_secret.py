@@ -20,7 +20,7 @@ import yaml
 
 from hps.cli import build_parser
 from hps.redact import is_reference_name, is_secret_name
-from hps.triton.admin import KEY_FILE_ENV, key_file_for
+from hps.triton.admin_key import KEY_FILE_ENV, key_file_for
 from tests.helm.chart import (
     CHART,
     EXAMPLES,
@@ -195,7 +195,7 @@ def test_control_plane_starts_before_hps_serve_writes_the_key(
     from hps.errors import BackendUnavailable
     from hps.service.auth import check_bearer, resolve_token
     from hps.service.commands import admin_key_source
-    from hps.triton.admin import ensure_key
+    from hps.triton.admin_key import ensure_key
 
     spec = serving_workload(manifests({}))["spec"]["template"]["spec"]
     by_name = _by_name(spec)

@@ -32,7 +32,7 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
 
 def _key_writers(spec: dict[str, Any]) -> dict[str, str]:
     """Volume -> the admin key file ``hps serve --state-dir`` writes into it (this pod's)."""
-    from hps.triton.admin import KEY_FILE_NAME
+    from hps.triton.admin_key import KEY_FILE_NAME
 
     writers = {}
     for c in spec["containers"]:

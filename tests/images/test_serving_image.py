@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hps.ctr.demo import create_demo
 from hps.errors import RequestError
 from hps.io.sparse_model import read_sparse_model
 from hps.net import free_port
 from hps.triton.client import Client
-from hps.triton.demo import create_demo
 from tests.images.conftest import GRACE_S, SHM_SIZE, UID, USER, Containers
 from tests.images.podman import Podman
 

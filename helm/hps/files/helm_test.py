@@ -15,7 +15,7 @@ import numpy as np
 
 from hps.config import load_config
 from hps.triton.client import Client
-from hps.triton.demo import table_vectors
+from hps.ctr.demo import table_vectors
 
 KEYS = np.array([1, 2, 3, 2**62], dtype=np.int64)
 

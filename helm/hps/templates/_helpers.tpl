@@ -163,7 +163,7 @@ readinessProbe:
   key admin-key of admin.existingSecret, and both containers read it (HPS_ADMIN_KEY_FILE);
 - the token: only admin.existingSecret's key token, mounted into the control plane
   (--token-file); without it the mutating routes answer 403.
-The file name is hps.triton.admin.KEY_FILE_NAME. */}}
+The file name is hps.triton.admin_key.KEY_FILE_NAME. */}}
 {{- define "hps.adminKeyDir" -}}/var/run/hps-admin{{- end }}
 {{- define "hps.adminKeyFile" -}}/var/run/hps-admin/hps-admin-key{{- end }}
 {{- define "hps.adminTokenFile" -}}/var/run/secrets/hps/token{{- end }}

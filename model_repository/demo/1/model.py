@@ -2,8 +2,8 @@
 
 from functools import partial
 
-from hps.triton.backend import ModelProcess, input_array
-from hps.triton.request import RequestLimits, lookup_hps_request
+from hps.triton.model.process import ModelProcess, input_array
+from hps.triton.model.request import RequestLimits, lookup_hps_request
 
 
 class TritonPythonModel:

@@ -1,8 +1,8 @@
 """An example CTR model: HPS lookup + dense network in one model (DES, CATCOLUMN, ROWINDEX)."""
 
-from hps.triton.backend import ModelProcess, input_array
-from hps.triton.ctr import DenseNetwork, pool_embeddings
-from hps.triton.request import parse_ctr_request
+from hps.ctr.network import DenseNetwork, pool_embeddings
+from hps.triton.model.process import ModelProcess, input_array
+from hps.triton.model.request import parse_ctr_request
 
 
 class TritonPythonModel:

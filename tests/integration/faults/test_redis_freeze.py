@@ -22,9 +22,9 @@ import pytest
 from hps.io.sparse_model import write_sparse_model
 from hps.testing.redis import RedisServer
 from hps.triton.client import Client
-from hps.triton.deploy import prepare_tables, serving_config
 from hps.triton.repository import prepare_repository
-from hps.triton.server import TritonServer
+from hps.triton.serving import prepare_tables, serving_config
+from hps.triton.supervisor.server import TritonServer
 
 pytestmark = pytest.mark.integration
 

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 
 from hps.cli import main
+from hps.ctr.demo import create_demo
 from hps.loadtest.stack import Stack, has_admin, start_stack
 from hps.loadtest.summary import read_report
-from hps.triton.demo import create_demo
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[3]

@@ -27,9 +27,9 @@ from hps.net import free_port
 from hps.service.app import create_app
 from hps.service.state import AdminState
 from hps.service.triton_admin import TritonAdmin
-from hps.triton.deploy import prepare_tables, serving_config
 from hps.triton.repository import prepare_repository
-from hps.triton.server import TritonServer
+from hps.triton.serving import prepare_tables, serving_config
+from hps.triton.supervisor.server import TritonServer
 from tests.fixtures.triton import write_tables
 
 TOKEN = "s3cret-admin-token"

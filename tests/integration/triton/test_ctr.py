@@ -12,7 +12,7 @@ pytestmark = pytest.mark.integration
 
 
 def reference_scores(triton, dense, per_sample_keys) -> np.ndarray:
-    """Written independently of hps.triton.ctr: sum-pool per sample, ReLU MLP, sigmoid."""
+    """Written independently of hps.ctr.network: sum-pool per sample, ReLU MLP, sigmoid."""
     weights = np.load(triton.root / "ctr_dense.npz")
     layers = sum(1 for k in weights.files if k.startswith("w"))
     specs = triton.config.model("ctr").tables

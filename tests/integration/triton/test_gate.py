@@ -28,7 +28,7 @@ from tritonclient.utils import InferenceServerException
 from hps.bench.gate import Flood
 from hps.net import free_port
 from hps.triton.client import Client
-from hps.triton.gate import BodyLimit, RequestGate
+from hps.triton.supervisor.gate import BodyLimit, RequestGate
 
 pytestmark = pytest.mark.integration
 

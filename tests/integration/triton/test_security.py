@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hps.triton.admin import ADMIN_HEADER, grpc_headers, http_headers
-from hps.triton.lifecycle import regions
+from hps.triton.admin_key import ADMIN_HEADER, grpc_headers, http_headers
+from hps.triton.supervisor.lifecycle import regions
 
 pytestmark = pytest.mark.integration
 

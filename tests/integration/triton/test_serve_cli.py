@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hps.ctr.demo import table_vectors
 from hps.net import free_port
-from hps.triton.demo import table_vectors
 from tests.helpers import wait_for_banner
 
 pytestmark = pytest.mark.integration

@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hps.ctr.demo import table_vectors
 from hps.errors import HPSError
 from hps.net import free_port
 from hps.triton.client import Client
-from hps.triton.demo import table_vectors
-from hps.triton.lifecycle import pid_alive, regions
+from hps.triton.supervisor.lifecycle import pid_alive, regions
 from tests.integration.triton.test_serve_cli import HPS, run_hps, wait_for_banner
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hps.io.sparse_model import write_sparse_model
-from hps.triton.admin import http_headers
+from hps.triton.admin_key import http_headers
 
 pytestmark = pytest.mark.integration
 

@@ -196,8 +196,9 @@ def test_group_lag_counts_what_a_group_has_not_committed(
         with running(build_service(cfg, session)) as svc:
             wait_for(lambda: svc.rows_applied >= keys.size, 60, "300 rows applied")
             wait_for(
-                lambda: sum(group_lag(kafka_broker.bootstrap, group, topics)[topics[0]].values())
-                == 0,
+                lambda: (
+                    sum(group_lag(kafka_broker.bootstrap, group, topics)[topics[0]].values()) == 0
+                ),
                 30,
                 "the group's commits",
             )

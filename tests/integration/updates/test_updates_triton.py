@@ -15,9 +15,9 @@ from hps.build import build_session
 from hps.io.sparse_model import write_sparse_model
 from hps.testing.kafka import TansuBroker
 from hps.triton.client import Client
-from hps.triton.deploy import prepare_tables, serving_config
 from hps.triton.repository import prepare_repository
-from hps.triton.server import TritonServer
+from hps.triton.serving import prepare_tables, serving_config
+from hps.triton.supervisor.server import TritonServer
 from hps.updates import Publisher
 from hps.updates.runtime import build_service
 from tests.fixtures.kafka import running, update_source_doc, wait_for

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from hps.config import load_config
+from hps.ctr.demo import create_demo, table_sizes, table_vectors
+from hps.ctr.network import pool_embeddings
 from hps.errors import ConfigError
 from hps.loadtest.workload import (
     BULK,
@@ -17,8 +19,6 @@ from hps.loadtest.workload import (
     load_workload,
     zipf_cdf,
 )
-from hps.triton.ctr import pool_embeddings
-from hps.triton.demo import create_demo, table_sizes, table_vectors
 
 
 def vectors_of(table: int, keys: np.ndarray, dim: int = 4) -> np.ndarray:
@@ -100,7 +100,7 @@ def test_ctr_request_expects_the_networks_scores(demo: Path) -> None:
 def test_keys_come_from_l3_without_sparse_files(tmp_path: Path, demo: Path) -> None:
     import json
 
-    from hps.triton.deploy import prepare_tables, serving_config
+    from hps.triton.serving import prepare_tables, serving_config
 
     prepare_tables(serving_config(demo))
     doc = json.loads(demo.read_text())

@@ -1,4 +1,5 @@
-"""Unit tests of the control plane's small parts: token resolution, redaction, metrics."""
+"""Unit tests of the control plane's small parts: token resolution, redaction, body limits,
+its Triton view following a new admin key."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from hps.errors import ConfigError
 from hps.redact import REDACTED, redact_mapping
 from hps.service.auth import check_bearer, resolve_token
 from hps.service.limits import Gate, TooLarge
-from hps.service.triton_admin import parse_hits
 
 
 def test_token_sources_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,19 +78,6 @@ def test_config_route_redacts_by_name_pattern(tmp_path: Path) -> None:
     assert redact_mapping({"empty": {"password": ""}}) == {"empty": {"password": ""}}
 
 
-def test_parse_hits_sums_processes() -> None:
-    text = "\n".join(
-        [
-            "# HELP hps_hits_total x",
-            'hps_hits_total{model="m",process="1:10",table="t",level="l1"} 3',
-            'hps_hits_total{model="m",process="2:11",table="t",level="l1"} 4',
-            'hps_hits_total{model="m",process="2:11",table="t",level="l2"} 1',
-            'hps_keys_total{model="m",process="2:11",table="t"} 9',
-        ]
-    )
-    assert parse_hits(text) == {("m", "t"): {"l1": 7.0, "l2": 1.0}}
-
-
 def test_gate_refuses_before_reading_and_limits_bodies() -> None:
     inner = FastAPI()
     seen: list[int] = []
@@ -132,7 +119,7 @@ def test_triton_admin_follows_a_new_key_file(
 ) -> None:
     """hps serve writes a fresh key at every start: the control plane reads the current one."""
     from hps.service.triton_admin import TritonAdmin
-    from hps.triton.admin import KEY_ENV, KEY_FILE_ENV, ensure_key, resolve_key
+    from hps.triton.admin_key import KEY_ENV, KEY_FILE_ENV, ensure_key, resolve_key
 
     monkeypatch.delenv(KEY_ENV, raising=False)
     monkeypatch.delenv(KEY_FILE_ENV, raising=False)

@@ -1,6 +1,6 @@
 """The checked-in model_repository/ is what `hps serve`'s repository writer makes of the demo.
 
-The templates in hps/triton/model_repository/ are the one source; model_repository/ at the
+The templates in hps/triton/model/templates/ are the one source; model_repository/ at the
 top of the checkout is generated from them (`make model-repository`, i.e. `hps repository`).
 """
 
@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from hps.config import parse_config
-from hps.triton.demo import demo_config
+from hps.ctr.demo import demo_config
 from hps.triton.repository import DEMO_CONFIG, prepare_repository, write_demo_repository
 
 ROOT = Path(__file__).resolve().parents[3]

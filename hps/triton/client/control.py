@@ -1,0 +1,104 @@
+"""Triton's model-control API over HTTP, with the admin key (docs/security.md).
+
+Plain ``urllib`` (no tritonclient), so the supervisor can drain without the client extra.
+Used by ``hps reload``, the dead-stub watchdog, the shutdown drain and the control plane
+(its health checks and reloads, :mod:`hps.service.triton_admin`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from hps.errors import BackendUnavailable, RequestError
+from hps.triton.admin_key import http_headers
+
+RELOAD_STAMP = "hps_reload_stamp"
+RELOAD_ONLY = {RELOAD_STAMP, "hps_warmup_keysets"}  # parameters a reload does not keep
+
+
+class ModelControl:
+    """Load, unload and list the models of one Triton server (HTTP ``host:port``), and
+    ask whether it and its models are ready."""
+
+    def __init__(self, http_url: str, key: str | None, timeout: float = 60.0) -> None:
+        self.base = f"http://{http_url}"
+        self.key = key
+        self.timeout = timeout
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = json.dumps(body or {}).encode() if method == "POST" else None
+        headers = {"Content-Type": "application/json", **http_headers(self.key)}
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                text = resp.read().decode() or "null"
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")
+            if exc.code == 403:
+                raise RequestError(f"Triton refused {path}: {detail} (wrong admin key?)") from None
+            raise RequestError(f"Triton answered {exc.code} to {path}: {detail}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise BackendUnavailable(f"cannot reach Triton at {self.base}: {exc}") from None
+        return json.loads(text)
+
+    def load(self, model: str) -> None:
+        """Load (or reload) ``model``; returns once Triton has it ready or raises."""
+        self._call("POST", f"/v2/repository/models/{model}/load")
+
+    def reload(self, model: str, parameters: dict[str, str] | None = None) -> None:
+        """Load ``model`` again, with new instances, even when none of its files changed.
+
+        Triton skips a load whose model files did not change, so the load carries the
+        model's config with a fresh ``hps_reload_stamp`` parameter (plus ``parameters``, for
+        this load only): the new instances re-import changed tables and replace the old ones.
+        """
+        config = self._call("GET", f"/v2/models/{model}/config")
+        params = {k: v for k, v in config.get("parameters", {}).items() if k not in RELOAD_ONLY}
+        extra = {RELOAD_STAMP: str(time.time_ns()), **(parameters or {})}
+        params.update({k: {"string_value": v} for k, v in extra.items()})
+        body = {"parameters": {"config": json.dumps({**config, "parameters": params})}}
+        self._call("POST", f"/v2/repository/models/{model}/load", body)
+
+    def unload(self, model: str) -> None:
+        self._call("POST", f"/v2/repository/models/{model}/unload")
+
+    def states(self) -> dict[str, str]:
+        """Model name -> state (READY, UNLOADING, UNAVAILABLE, LOADING) in the repository."""
+        index = self._call("POST", "/v2/repository/index", {})
+        return {m["name"]: m.get("state", "") for m in index or []}
+
+    def server_ready(self) -> bool:
+        """Whether Triton reports itself ready (``/v2/health/ready``)."""
+        return self._ready("/v2/health/ready")
+
+    def model_ready(self, model: str) -> bool:
+        """Whether ``model`` is loaded and ready (``/v2/models/<model>/ready``)."""
+        return self._ready(f"/v2/models/{model}/ready")
+
+    def _ready(self, path: str) -> bool:
+        """True on 200, False on Triton's "not ready" (an HTTP error); unreachable raises."""
+        try:
+            with urllib.request.urlopen(self.base + path, timeout=self.timeout) as resp:
+                return bool(resp.status == 200)
+        except urllib.error.HTTPError:
+            return False
+        except (urllib.error.URLError, OSError) as exc:
+            raise BackendUnavailable(f"cannot reach Triton at {self.base}: {exc}") from None
+
+    def drain(self, timeout: float) -> bool:
+        """Unload every model and wait until none is left: in-flight requests finish first,
+        new ones get an error. True if every model was unloaded within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        loaded = [m for m, s in self.states().items() if s in ("READY", "LOADING")]
+        for model in loaded:
+            self.unload(model)
+        while time.monotonic() < deadline:
+            busy = [m for m, s in self.states().items() if s in ("READY", "LOADING", "UNLOADING")]
+            if not busy:
+                return True
+            time.sleep(0.1)
+        return False

@@ -1,0 +1,56 @@
+"""``hps query``: one request to a served model, its answer printed as JSON lines."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import numpy as np
+
+from hps.errors import RequestError, UnknownTableError
+from hps.triton.client.inference import Client, ctr_request
+
+
+def query(
+    url: str,
+    model: str,
+    *,
+    grpc: bool = False,
+    config: str | None = None,
+    table: str | None = None,
+    keys: str | None = None,
+    samples: int = 2,
+) -> Iterator[str]:
+    """What ``hps query`` prints: one JSON object per key (or per sample of a CTR model)."""
+    with Client(url, grpc=grpc) as client:
+        _, model_cfg = client.served_config(model, config)
+        specs = model_cfg.tables
+        if "CATCOLUMN" in client.input_names(model):
+            from hps.ctr.network import DenseNetwork
+            from hps.io.sparse_model import table_rows
+
+            rows = [table_rows(model_cfg, i, None) or 1000 for i in range(len(specs))]
+            num_dense = DenseNetwork(model_cfg.dense_file, "numpy").num_dense
+            dense, cat, rowindex = ctr_request(
+                samples, [s.dim for s in specs], num_dense, rows, np.random.default_rng()
+            )
+            scores = client.predict(model, dense, cat, rowindex).reshape(-1)
+            per_sample = cat.reshape(len(specs), samples).T
+            for i, score in enumerate(scores.tolist()):
+                yield json.dumps({"sample": i, "keys": per_sample[i].tolist(), "score": score})
+            return
+        if keys is None:
+            raise RequestError("--keys is needed for an embedding model, e.g. --keys 1,2,3")
+        try:
+            key_array = np.array([int(k) for k in keys.split(",") if k.strip()], dtype=np.int64)
+        except ValueError:
+            raise RequestError(f"--keys must be comma-separated integers, got {keys!r}") from None
+        names = [s.table for s in specs]
+        index = names.index(table) if table in names else 0
+        if table is not None and table not in names:
+            raise UnknownTableError(f"model {model_cfg.model} has no table {table!r}; has {names}")
+        numkeys = np.zeros(len(specs), dtype=np.int32)
+        numkeys[index] = key_array.size
+        vectors = client.lookup(model, key_array, numkeys).reshape(key_array.size, -1)
+        for k, v in zip(key_array.tolist(), vectors.tolist(), strict=True):
+            yield json.dumps({"table": names[index], "key": k, "vector": [round(x, 6) for x in v]})

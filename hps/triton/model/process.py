@@ -1,0 +1,186 @@
+"""What the model.py adapters share inside a Triton Python-backend process.
+
+Imported only by model.py files (it imports ``triton_python_backend_utils``, which exists
+only inside Triton's Python stub).
+
+Tensors cross the stub through DLPack, not ``as_numpy()`` / ``Tensor(name, array)``: the
+stub's pybind11 NumPy bridge predates NumPy 2 and silently corrupts data under it (an
+INT64 input arrived as ``[1, 1, 1]`` for ``[1, 2, 3]``; outputs came back empty).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from hps.redact import scrub
+from hps.triton.instance_ready import InstanceReady
+from hps.triton.model.metrics import MetricsExporter
+from hps.triton.model.request import error_reply
+
+if TYPE_CHECKING:
+    from hps.config import ModelConfig, PSConfig
+    from hps.lookup import LookupSession
+
+log = logging.getLogger(__name__)
+
+_CAPSULE_NOISE = "PyCapsule_GetPointer called with incorrect name"
+
+
+def _quiet_capsule_hook(default: Any) -> Any:
+    """Drop one known-harmless unraisable error, pass the others on.
+
+    ``Tensor.from_dlpack`` renames the consumed capsule ``used_dlpack`` where NumPy's
+    capsule destructor expects ``used_dltensor``; the destructor then reports an unraisable
+    ValueError for every output. The stub owns and frees the tensor itself (checked: no
+    growth over thousands of requests), so the report is noise.
+    """
+
+    def hook(unraisable: Any) -> None:
+        exc = unraisable.exc_value
+        if isinstance(exc, ValueError) and str(exc) == _CAPSULE_NOISE:
+            return
+        default(unraisable)
+
+    return hook
+
+
+sys.unraisablehook = _quiet_capsule_hook(sys.unraisablehook)
+
+
+def input_array(request: Any, name: str) -> np.ndarray:
+    """Input ``name`` of a request as a NumPy array (a view of the stub's buffer)."""
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        raise KeyError(f"request has no input {name}")
+    return np.from_dlpack(tensor)
+
+
+def output_tensor(name: str, array: np.ndarray) -> Any:
+    return pb_utils.Tensor.from_dlpack(name, np.ascontiguousarray(array))
+
+
+def error_response(exc: BaseException) -> Any:
+    """A response carrying a Triton error for this request only."""
+    message, code = error_reply(exc)
+    message = scrub(message)  # e.g. a backend's error text: no registered secret in it
+    return pb_utils.InferenceResponse(
+        output_tensors=[], error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code))
+    )
+
+
+def model_parameters(args: dict[str, str]) -> dict[str, str]:
+    """The ``parameters`` of the model's config.pbtxt, as strings."""
+    params = json.loads(args["model_config"]).get("parameters", {})
+    return {k: v.get("string_value", "") for k, v in params.items()}
+
+
+def open_session(config: PSConfig, model: ModelConfig) -> tuple[LookupSession, str]:
+    """The instance's session, and how it opened L3 (the topology decides, see
+    :mod:`hps.topology`): a process that applies updates itself writes L3, unless another
+    process holds the writer's lock (e.g. the old instance during a reload): then it follows
+    it as a secondary."""
+    from hps.build import build_session
+    from hps.errors import BackendError
+    from hps.topology import topology
+
+    placement = topology(config).model(model.model)
+    mode = placement.l3_mode or "read_write"
+    try:
+        return build_session(config, l3_mode=mode), mode
+    except BackendError as exc:
+        if placement.l3_fallback is None:
+            raise
+        log.warning("L3 writer lock held elsewhere (%s); following it as a secondary", exc)
+        return build_session(config, l3_mode=placement.l3_fallback), placement.l3_fallback
+
+
+class ModelProcess:
+    """One Triton model instance: its ps.json model, its LookupSession and its metrics.
+
+    config.pbtxt parameters: ``ps_config`` (ps.json; relative to the model's folder),
+    ``hps_model`` (the ps.json model; default: the Triton model's name), ``base_dir``
+    (where relative paths in ps.json start; default: the ps.json's folder) and
+    ``metrics_interval_s`` (how often counters reach Triton's /metrics; 0: every batch).
+    """
+
+    def __init__(self, args: dict[str, str]) -> None:
+        from hps.redact import protect
+        from hps.startup import refreshers_for, warm_up_keysets, warm_up_session
+        from hps.triton.serving import fill_l2, only_model, prepare_tables, serving_config
+
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        params = model_parameters(args)
+        ps_path = Path(args["model_repository"]) / params.get("ps_config", "ps.json")
+        self.name = params.get("hps_model") or args["model_name"]
+        base = params.get("base_dir") or str(ps_path.parent)
+        config = serving_config(ps_path, base)
+        protect(config)  # no log line of this process shows the config's secrets
+        self.config = only_model(config, self.name)
+        self.model = self.config.model(self.name)
+        start = time.perf_counter()
+        prepare_tables(self.config)
+        self.session, mode = open_session(self.config, self.model)
+        rows = fill_l2(self.session, self.config, self.model)
+        warm = sum(warm_up_session(self.session, self.config).values())
+        extra = warm_up_keysets(self.session, self.name, params.get("hps_warmup_keysets"))
+        warm += sum(extra.values())
+        # hps serve summarises these per model (hps.triton.supervisor.output)
+        report = InstanceReady(
+            instance=args["model_instance_name"],
+            model=args["model_name"],
+            hps_model=self.name,
+            seconds=time.perf_counter() - start,
+            l1_rows=warm,
+            tables=len(self.model.tables),
+            l2=self.config.volatile_db.type,
+            l2_loaded=rows,
+            l3=self.config.persistent_db.type,
+            l3_mode=mode,
+        )
+        log.info("%s", report.message())
+        self.refreshers = [r.start() for r in refreshers_for(self.session, self.config)]
+        self.updates = None
+        if self.config.update_source.enabled:  # Kafka: the embedded applier or an L1 listener
+            from hps.updates.runtime import start_updates
+
+            self.updates = start_updates(self.session, self.config)
+        interval = float(params.get("metrics_interval_s") or 1.0)
+        self.metrics = MetricsExporter(
+            pb_utils, args["model_name"], args["model_instance_name"], self.session, interval
+        )
+
+    def answer(self, requests: list[Any], compute: Callable[[Any], np.ndarray]) -> list[Any]:
+        """One response per request: ``OUTPUT0 = compute(request)``, or that request's error.
+
+        Each request succeeds or fails on its own; latency and errors reach the metrics.
+        """
+        responses = []
+        for request in requests:
+            start = time.perf_counter()
+            try:
+                out = compute(request)
+                responses.append(pb_utils.InferenceResponse([output_tensor("OUTPUT0", out)]))
+                self.metrics.observe(time.perf_counter() - start)
+            except Exception as exc:
+                responses.append(error_response(exc))
+                self.metrics.error(error_reply(exc)[1])
+        self.metrics.maybe_flush()
+        return responses
+
+    def close(self) -> None:
+        for refresher in self.refreshers:
+            refresher.stop()
+        if self.updates is not None:
+            self.updates.stop()
+        self.metrics.flush()
+        self.metrics.close()
+        self.session.close()

@@ -1,0 +1,202 @@
+"""``hps serve``: the supervisor's run, from a ps.json to a serving tritonserver and back.
+
+In order: check the ports and clean what a dead predecessor left
+(:mod:`hps.triton.supervisor.lifecycle`), read the ps.json as served
+(:mod:`hps.triton.serving`), write the model repository (:mod:`hps.triton.repository`),
+import the tables, make the admin key (:mod:`hps.triton.admin_key`), start tritonserver
+behind the request-size gate (:mod:`hps.triton.supervisor.server`,
+:mod:`hps.triton.supervisor.gate`), show its output (:mod:`hps.triton.supervisor.output`),
+watch its models (:mod:`hps.triton.supervisor.watchdog`) and, on Ctrl-C or SIGTERM, drain
+and stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+from hps.config import PSConfig
+from hps.errors import HPSError
+from hps.triton.admin_key import ensure_key
+from hps.triton.repository import prepare_repository, served_models
+from hps.triton.serving import prepare_tables, serving_config
+from hps.triton.supervisor.gate import BodyLimit, find_nginx
+from hps.triton.supervisor.lifecycle import check_ports, clean_stale, owned_tempdir
+from hps.triton.supervisor.output import TritonOutput
+from hps.triton.supervisor.server import TritonServer
+from hps.triton.supervisor.watchdog import Watchdog, probe_inputs
+
+
+def serve(args: argparse.Namespace) -> int:
+    """``hps serve``: the options as :mod:`hps.triton.commands` parses them; the exit status."""
+    verbose = bool(getattr(args, "verbose", False))
+    if not verbose:  # a quiet start: what goes wrong, and the steps printed below
+        logging.getLogger().setLevel(logging.WARNING)
+    ports = {"HTTP": args.http_port, "gRPC": args.grpc_port, "metrics": args.metrics_port}
+    check_ports(args.host, ports)  # before anything is written or printed
+    for path in clean_stale():
+        print(f"removed {path}, left by a dead hps serve", file=sys.stderr)
+    if args.config is None:
+        from hps.ctr.demo import create_demo
+
+        args.config = str(create_demo("demo"))
+    config = serving_config(args.config)
+    from hps.redact import protect
+    from hps.updates.kafka import check_update_source
+
+    protect(config)  # every log record scrubbed; the config's secrets registered
+    check_update_source(config)  # a bad Kafka setting is a config error before any work
+    tables = sum(len(m.tables) for m in config.models)
+    print(
+        f"hps serve: {args.config}: {_plural(len(config.models), 'model')}, "
+        f"{_plural(tables, 'table')}",
+        flush=True,
+    )
+    tmp = owned_tempdir("hps-repo-")
+    try:
+        repo = Path(args.repository or tmp)
+        names = prepare_repository(config, repo, metrics_interval_s=args.metrics_interval)
+        _import(config, verbose)
+        key, key_file = _admin_key(args.state_dir or Path(args.config).resolve().parent, tmp)
+        output = TritonOutput(
+            verbose=verbose, instances={m.triton_name: m.instances for m in served_models(config)}
+        )
+        server = TritonServer(
+            repo,
+            body_limit=body_limit(config, args.max_request_mb),
+            http_port=args.http_port,
+            grpc_port=args.grpc_port,
+            metrics_port=args.metrics_port,
+            host=args.host,
+            explicit=True,
+            load_models=names,
+            admin_key=key,
+            output=output,
+        )
+        return _run(server, config, args, key_file)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def _import(config: PSConfig, verbose: bool) -> None:
+    """Bring L3 (and a shared L2) up to date with the sparse files: one line, or one per
+    table (and a progress bar) when verbose."""
+    start = time.perf_counter()
+    imported = prepare_tables(config, progress=verbose)
+    if verbose:
+        for table, rows in imported.items():
+            print(f"imported {table}: {rows:,} rows")
+    elif imported:
+        print(
+            f"imported {_plural(len(imported), 'table')}: {sum(imported.values()):,} rows "
+            f"in {time.perf_counter() - start:.1f}s",
+            flush=True,
+        )
+
+
+def body_limit(config: PSConfig, max_request_mb: float | None) -> BodyLimit | None:
+    """The request-size gate's limit: derived from the config unless given; 0: no gate."""
+    if max_request_mb is not None and max_request_mb <= 0:
+        return None
+    find_nginx()  # its absence is a ConfigError that says what to do, before any work
+    if max_request_mb is None:
+        return BodyLimit.for_config(config)
+    return BodyLimit.of(int(max_request_mb * 2**20))
+
+
+def _admin_key(state_dir: str | Path, fallback: Path) -> tuple[str, Path | None]:
+    try:
+        return ensure_key(state_dir)
+    except OSError:  # a read-only config folder: keep it beside the repository
+        return ensure_key(fallback)
+
+
+def _run(server: TritonServer, config: PSConfig, args: argparse.Namespace, key: Path | None) -> int:
+    """Serve until Ctrl-C / SIGTERM (then drain: exit 0 if clean) or until Triton exits."""
+    watchdog = None
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt
+    try:
+        print(f"starting Triton: {', '.join(server.load_models)}", flush=True)
+        try:
+            server.start()
+        except HPSError:
+            if server.output is not None and not server.output.verbose:
+                print("what tritonserver said last:", file=sys.stderr)
+                for line in server.output.tail():
+                    print(f"  {line}", file=sys.stderr)
+            raise
+        if server.output is not None:
+            server.output.ready()  # its warm-up lines out, from here warnings and errors
+        if args.watchdog_interval > 0:
+            probes = probe_inputs(config)
+            assert server.proc is not None
+            watchdog = Watchdog(
+                server.http_url,
+                server.admin_key,
+                probes,
+                interval=args.watchdog_interval,
+                server_pid=server.proc.pid,
+            )
+            watchdog.start()
+        _print_banner(server, config, args.config, key)
+        name, status = server.wait()
+        print(f"{name} exited by itself (status {status})", file=sys.stderr)
+        return status if status > 0 else 1  # a signal's negative status is no exit code
+    except KeyboardInterrupt:
+        print("stopping: draining requests, then tritonserver", file=sys.stderr, flush=True)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the drain
+        if watchdog is not None:
+            watchdog.stop()
+        problems = server.stop()
+    for problem in problems:
+        print(f"unclean shutdown: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def _hps_command() -> str:
+    """How the user can run this very ``hps`` again (a venv's is often not on PATH)."""
+    me = Path(sys.argv[0]).resolve()
+    on_path = shutil.which("hps")
+    if on_path and Path(on_path).resolve() == me:
+        return "hps"
+    if me.name == "hps":
+        return os.path.relpath(me) if me.is_relative_to(Path.cwd()) else str(me)
+    return f"{sys.executable} -m hps.cli"
+
+
+def _print_banner(server: TritonServer, config: PSConfig, path: str, key: Path | None) -> None:
+    """The end of the start: where to reach the server, the ready line, the commands to paste."""
+    hps = _hps_command()
+    served = served_models(config)
+    tries = [
+        f"{hps} query --url {server.http_url} --model {m.triton_name} "
+        + ("--samples 2" if m.template == "hps_ctr" else "--keys 1,2,3")
+        for m in served
+    ]
+    names = [m.triton_name for m in served]
+    gate = (
+        f"request bodies up to {server.body_limit.describe()} (the request-size gate)"
+        if server.body_limit
+        else "no request-size gate (--max-request-mb 0): Triton reads any body"
+    )
+    print(
+        f"  HTTP {server.http_url}   gRPC {server.grpc_url}   metrics {server.metrics_url}\n"
+        f"  {gate}\n"
+        "  admin APIs (model control, shared memory, logging, trace) need the header "
+        f"hps-admin-key: {f'the key in {key}' if key else 'the key in $HPS_ADMIN_KEY'}\n"
+        f"ready: serving {', '.join(names)} from {path} (Ctrl-C stops). Try:\n"
+        + "".join(f"  {t}\n" for t in tries),
+        end="",
+        flush=True,
+    )

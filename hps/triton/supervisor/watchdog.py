@@ -1,0 +1,194 @@
+"""The dead-stub watchdog of ``hps serve``: probe every model, reload one whose stub died.
+
+Triton's Python backend does not restart a model's stub process when it dies (OOM killer,
+a crash in an extension module, a stray SIGKILL): every request then fails with ``Stub
+process '<instance>' is not healthy.`` while the server's and the model's readiness stay
+true. The watchdog sends each served model a tiny real inference (one key of its first
+table; a CTR model: one sample with key 0 in each table) every ``interval`` seconds and,
+when a model answers with that error, or when ``max_timeouts`` probes in a row time out,
+reloads it through the model-control API with the admin key: unload (the model's
+readiness, and with ``--strict-readiness`` the server's, turns false), then load (new
+stubs). Other errors (a model an operator unloaded on purpose, say) are left alone.
+Given the server's PID, the watchdog also looks at its stub processes every
+:data:`STUB_POLL_S` seconds and probes a model at once when one of its stubs disappears,
+so detection takes a fraction of a second rather than up to ``interval``.
+
+Triton 2.51 never finishes unloading the old version once a request has failed on the
+dead stub (it stays UNLOADING), so the watchdog does not wait for that: the load starts
+as soon as the model is no longer READY, and the stuck version only costs a clean exit
+(see docs/security.md, "What stays open").
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hps.config import PSConfig
+from hps.errors import BackendUnavailable, HPSError
+from hps.triton.client import ModelControl
+
+log = logging.getLogger(__name__)
+
+UNHEALTHY = "is not healthy"
+STUB_POLL_S = 0.5
+Inputs = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """One reload of a model: why, and how long from detection until it was ready again."""
+
+    model: str
+    reason: str
+    seconds: float
+
+
+def stub_pids(server_pid: int) -> dict[str, set[int]]:
+    """Model name -> PIDs of its Python stubs, the children of ``server_pid`` (Linux /proc).
+
+    A stub's command line is ``triton_python_backend_stub <repo>/<model>/<version>/model.py
+    ...``. Reads ``/proc/<pid>/task/*/children``: a few small files, not every process.
+    """
+    children: set[int] = set()
+    for task in Path(f"/proc/{server_pid}/task").glob("*/children"):
+        try:
+            children.update(int(pid) for pid in task.read_text().split())
+        except (OSError, ValueError):
+            continue
+    stubs: dict[str, set[int]] = {}
+    for pid in children:
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(args) > 1 and args[0].endswith(b"triton_python_backend_stub"):
+            model = Path(args[1].decode(errors="replace")).parent.parent.name
+            stubs.setdefault(model, set()).add(pid)
+    return stubs
+
+
+def probe_inputs(config: PSConfig) -> dict[str, Inputs]:
+    """A tiny valid request for every Triton model ``hps serve`` makes of ``config``."""
+    from hps.ctr.network import DenseNetwork
+    from hps.triton.repository import served_models
+
+    probes: dict[str, Inputs] = {}
+    for served in served_models(config):
+        tables = len(config.model(served.hps_model).tables)
+        if served.template == "hps_ctr":
+            num_dense = DenseNetwork(config.model(served.hps_model).dense_file, "numpy").num_dense
+            probes[served.triton_name] = {
+                "DES": np.zeros((1, num_dense), np.float32),
+                "CATCOLUMN": np.zeros((1, tables), np.int64),
+                "ROWINDEX": np.tile(np.array([0, 1], np.int32), tables).reshape(1, -1),
+            }
+        else:
+            numkeys = np.zeros((1, tables), np.int32)
+            numkeys[0, 0] = 1
+            probes[served.triton_name] = {"KEYS": np.zeros((1, 1), np.int64), "NUMKEYS": numkeys}
+    return probes
+
+
+class Watchdog:
+    """Probes ``probes`` on a Triton server every ``interval`` s in a daemon thread."""
+
+    def __init__(
+        self,
+        http_url: str,
+        admin_key: str,
+        probes: dict[str, Inputs],
+        *,
+        interval: float = 2.0,
+        timeout: float = 10.0,
+        max_timeouts: int = 3,
+        server_pid: int | None = None,
+    ) -> None:
+        self.http_url = http_url
+        self.control = ModelControl(http_url, admin_key, timeout=120.0)
+        self.probes = probes
+        self.interval = interval
+        self.timeout = timeout
+        self.max_timeouts = max_timeouts
+        self.server_pid = server_pid
+        self.recoveries: list[Recovery] = []
+        self._timeouts = dict.fromkeys(probes, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hps-watchdog", daemon=True)
+
+    def start(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.timeout + 130.0)
+
+    def _run(self) -> None:
+        from hps.triton.client import Client
+
+        tick = STUB_POLL_S if self.server_pid else self.interval
+        with Client(self.http_url, network_timeout=self.timeout) as client:
+            known = self._stubs()
+            next_probe = time.monotonic() + self.interval
+            while not self._stop.wait(tick):
+                now = self._stubs()
+                gone = {m for m, pids in known.items() if pids - now.get(m, set())}
+                known = now
+                due = time.monotonic() >= next_probe
+                if due:
+                    next_probe = time.monotonic() + self.interval
+                for model in [m for m in self.probes if due or m in gone]:
+                    if self._stop.is_set():
+                        return
+                    if self.check(client, model) is not None:
+                        known = self._stubs()
+
+    def _stubs(self) -> dict[str, set[int]]:
+        return stub_pids(self.server_pid) if self.server_pid else {}
+
+    def check(self, client: object, model: str) -> Recovery | None:
+        """Probe ``model`` once; reload it if its stub is dead. The reload, if any."""
+        from hps.triton.client import Client
+
+        assert isinstance(client, Client)
+        try:
+            client.infer(model, self.probes[model])
+            self._timeouts[model] = 0
+            return None
+        except BackendUnavailable as exc:
+            if UNHEALTHY in str(exc):
+                return self.reload(model, str(exc))
+            self._timeouts[model] += 1
+            if self._timeouts[model] < self.max_timeouts:
+                return None
+            return self.reload(model, f"{self.max_timeouts} probes in a row failed: {exc}")
+        except HPSError as exc:
+            if UNHEALTHY in str(exc):
+                return self.reload(model, str(exc))
+            return None  # e.g. unloaded by an operator: not ours to bring back
+
+    def reload(self, model: str, reason: str) -> Recovery | None:
+        """Unload and load ``model``; None if Triton refused (logged, retried next probe)."""
+        start = time.monotonic()
+        log.warning("model %s is unhealthy (%s); reloading it", model, reason)
+        try:
+            self.control.unload(model)  # readiness false from here on
+            deadline = start + 5.0
+            while self.control.states().get(model) == "READY" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.control.load(model)
+        except HPSError as exc:
+            log.error("reloading %s failed: %s", model, exc)
+            return None
+        recovery = Recovery(model, reason, time.monotonic() - start)
+        self._timeouts[model] = 0
+        self.recoveries.append(recovery)
+        log.warning("model %s reloaded in %.1fs", model, recovery.seconds)
+        return recovery

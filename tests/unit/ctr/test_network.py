@@ -1,0 +1,63 @@
+"""The example CTR model's pooling and dense network, against loop references."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hps.ctr.network import DenseNetwork, make_weights, pool_embeddings
+from hps.errors import ConfigError, ShapeError
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    counts=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=6), min_size=1, max_size=4),
+    seed=st.integers(0, 1000),
+)
+def test_pool_embeddings_matches_a_loop(counts: list[list[int]], seed: int) -> None:
+    batch = len(counts[0])
+    counts = [(c * batch)[:batch] for c in counts]  # same number of samples in every table
+    dims = [2 + t for t in range(len(counts))]
+    rng = np.random.default_rng(seed)
+    rows = [rng.standard_normal((sum(c), d), np.float32) for c, d in zip(counts, dims, strict=True)]
+    flat = np.concatenate([r.ravel() for r in rows])
+    offsets = np.array([[0, *np.cumsum(c)] for c in counts])
+    got = pool_embeddings(flat, offsets[:, -1], offsets, dims)
+    want = np.zeros((batch, sum(dims)), dtype=np.float32)
+    col = 0
+    for t, d in enumerate(dims):
+        for s in range(batch):
+            for r in range(offsets[t, s], offsets[t, s + 1]):
+                want[s, col : col + d] += rows[t][r]
+        col += d
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_dense_network_matches_hand_computation(tmp_path: Path) -> None:
+    path = tmp_path / "w.npz"
+    make_weights(path, num_dense=3, emb_width=5, hidden=(4,), seed=1)
+    net = DenseNetwork(path, "numpy")
+    assert net.num_dense == 3 and net.input_width == 8
+    rng = np.random.default_rng(0)
+    dense = rng.standard_normal((6, 3)).astype(np.float32)
+    pooled = rng.standard_normal((6, 5)).astype(np.float32)
+    w = np.load(path)
+    hidden = np.maximum(np.hstack([dense, pooled]) @ w["w0"] + w["b0"], 0)
+    want = 1 / (1 + np.exp(-(hidden @ w["w1"] + w["b1"])[:, 0]))
+    got = net(dense, pooled)
+    assert got.dtype == np.float32 and got.shape == (6,)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    with pytest.raises(ShapeError, match="takes 8 inputs, got 7"):
+        net(dense, pooled[:, :4])
+
+
+def test_bad_weight_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not CTR weights"):
+        DenseNetwork(tmp_path / "missing.npz")
+    np.savez(tmp_path / "two.npz", num_dense=np.array(1), w0=np.ones((2, 2)), b0=np.ones(2))
+    with pytest.raises(ConfigError, match="one output"):
+        DenseNetwork(tmp_path / "two.npz")

@@ -1,0 +1,98 @@
+"""The metric exporter against a stand-in for the Python backend's metric API."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hps.triton.model.metrics import LATENCY_BUCKETS_US, MetricsExporter
+
+
+class FakeMetric:
+    def __init__(self, labels: dict[str, str], kw: dict[str, Any]) -> None:
+        self.labels, self.kw = labels, kw
+        self.value = 0.0
+        self.observed: list[float] = []
+
+    def increment(self, n: float) -> None:
+        self.value += n
+
+    def set(self, v: float) -> None:
+        self.value = v
+
+    def observe(self, v: float) -> None:
+        self.observed.append(v)
+
+
+class FakeFamily:
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+    created: list[FakeFamily] = []
+
+    def __init__(self, name: str, description: str, kind: str) -> None:
+        self.name, self.kind = name, kind
+        self.metrics: list[FakeMetric] = []
+        FakeFamily.created.append(self)
+
+    def Metric(self, labels: dict[str, str], **kw: Any) -> FakeMetric:  # noqa: N802 (Triton's)
+        metric = FakeMetric(labels, kw)
+        self.metrics.append(metric)
+        return metric
+
+
+class FakePbUtils:
+    MetricFamily = FakeFamily
+
+
+class FakeSession:
+    def __init__(self) -> None:
+        self.counts = {"lookups": 0, "keys": 0, "l1": 0, "l2": 0, "l3": 0, "default": 0}
+
+    def stats(self) -> dict[str, Any]:
+        return {"tables": {"m.t": dict(self.counts)}}
+
+
+def values(name: str) -> dict[tuple[tuple[str, str], ...], Any]:
+    fam = next(f for f in reversed(FakeFamily.created) if f.name == name)
+    return {tuple(sorted(m.labels.items())): m for m in fam.metrics}
+
+
+def test_deltas_reach_the_families() -> None:
+    session = FakeSession()
+    exporter = MetricsExporter(FakePbUtils, "emb", "emb_0_1", session, interval=0.0)
+    process = ("process", f"emb_0_1:{os.getpid()}")
+    session.counts.update(lookups=2, keys=10, l1=3, l2=4, default=1)
+    exporter.observe(0.002)
+    exporter.observe(0.004)
+    exporter.error("INVALID_ARG")
+    exporter.maybe_flush()
+    session.counts.update(lookups=3, keys=15, l1=6)
+    exporter.observe(0.001)
+    exporter.flush()
+    base = (("model", "emb"), process)
+    assert values("hps_requests_total")[base].value == 3
+    errors = values("hps_request_errors_total")
+    assert errors[tuple(sorted((*base, ("code", "INVALID_ARG"))))].value == 1
+    keys = values("hps_keys_total")[tuple(sorted((*base, ("table", "t"))))]
+    assert keys.value == 15
+    hits = values("hps_hits_total")
+    l1 = hits[tuple(sorted((*base, ("table", "t"), ("level", "l1"))))]
+    assert l1.value == 6
+    rate = values("hps_hit_rate")[tuple(sorted((*base, ("table", "t"), ("level", "l1"))))]
+    assert rate.value == 6 / 11
+    latency = values("hps_lookup_latency_us")[base]
+    assert latency.kw == {"buckets": LATENCY_BUCKETS_US}
+    assert [round(v) for v in latency.observed] == [2000, 4000, 1000]
+    exporter.close()
+
+
+def test_interval_batches_the_updates() -> None:
+    session = FakeSession()
+    exporter = MetricsExporter(FakePbUtils, "emb", "emb_0_0", session, interval=3600.0)
+    exporter.observe(0.001)
+    exporter.maybe_flush()  # the first call sends
+    exporter.observe(0.001)
+    exporter.maybe_flush()  # within the interval: kept
+    requests = next(iter(values("hps_requests_total").values()))
+    assert requests.value == 1
+    exporter.flush()
+    assert requests.value == 2

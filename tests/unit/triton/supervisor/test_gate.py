@@ -1,0 +1,108 @@
+"""The request-size gate: its limit from a ps.json, its nginx.conf, and nginx started,
+probed and stopped by PID (against a plain HTTP upstream; Triton behind it: tests/integration)."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hps.config import PSConfig
+from hps.errors import ConfigError
+from hps.net import free_port
+from hps.triton.supervisor.gate import (
+    HEADROOM,
+    UNLIMITED_MODEL_BYTES,
+    BodyLimit,
+    RequestGate,
+    find_nginx,
+)
+
+
+def config(**model: object) -> PSConfig:
+    doc = {"model": "m", "embedding_vecsize_per_table": [16, 8], "max_batch_size": 100}
+    return PSConfig.model_validate({"models": [{**doc, **model}]})
+
+
+def test_the_limit_is_the_largest_request_the_key_limits_allow() -> None:
+    limit = BodyLimit.for_config(
+        config(maxnum_catfeature_query_per_table_per_sample=[3, 1], maxnum_des_feature_per_sample=5)
+    )
+    keys = 100 * (3 + 1) * 8
+    counts = 101 * 2 * 4  # NUMKEYS, or ROWINDEX of a CTR request: max_batch_size + 1 rows
+    dense = 100 * 5 * 4
+    assert limit.grpc == keys + counts + dense + HEADROOM
+    assert limit.http == 3 * limit.grpc  # JSON text of int64 keys
+
+
+def test_a_model_without_key_limits_gets_the_fallback() -> None:
+    assert BodyLimit.for_config(config()).grpc == UNLIMITED_MODEL_BYTES + HEADROOM
+
+
+def test_without_nginx_the_error_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("shutil.which", lambda _: None)
+    monkeypatch.setattr("hps.triton.supervisor.gate.NGINX_PATHS", ())
+    with pytest.raises(ConfigError, match=r"apt-get install nginx-light.*--max-request-mb 0"):
+        find_nginx()
+
+
+class Echo(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def upstream() -> Iterator[int]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+def post(port: int, body: bytes) -> bytes:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/m/infer", data=body)
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return bytes(resp.read())
+
+
+def test_nginx_forwards_refuses_and_stops(tmp_path: Path, upstream: int) -> None:
+    gate = RequestGate(
+        BodyLimit.of(1000), tmp_path, upstream, free_port(), free_port(), free_port()
+    )
+    with gate:
+        assert gate.proc is not None and gate.proc.poll() is None
+        assert post(gate.http_port, b"x" * 2000) == b"x" * 2000  # HTTP: 3 x 1000 bytes
+        with pytest.raises(urllib.error.HTTPError) as err:
+            post(gate.http_port, b"x" * 3001)
+        assert err.value.code == 413
+        assert b"more than 3,000 bytes refused by the request-size gate" in err.value.read()
+        pid = gate.proc.pid
+    assert gate.proc is None
+    assert not Path(f"/proc/{pid}").exists()
+
+
+def test_a_port_in_use_is_a_clear_start_up_error(tmp_path: Path, upstream: int) -> None:
+    first = RequestGate(BodyLimit.of(1000), tmp_path / "a", upstream, 1, free_port(), free_port())
+    with first:
+        second = RequestGate(
+            BodyLimit.of(1000), tmp_path / "b", upstream, 1, first.http_port, free_port()
+        )
+        with pytest.raises(
+            ConfigError, match=f"HTTP port {first.http_port} on 127.0.0.1 is in use"
+        ):
+            second.start()
+        assert second.proc is None

@@ -1,0 +1,53 @@
+"""The cleanup of dead servers' leftovers, and ports in use named before a start."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hps.errors import ConfigError
+from hps.triton.supervisor import lifecycle
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_clean_stale_removes_what_dead_owners_left(tmp_path: Path) -> None:
+    dead = dead_pid()
+    stale = lifecycle.SHM_DIR / f"hpspb_{dead}_0a1b2c3d_x"
+    live = lifecycle.SHM_DIR / f"hpspb_{os.getpid()}_0a1b2c3d_y"
+    for region in (stale, live):
+        region.write_bytes(b"\0" * 16)
+    old = tmp_path / "hps-repo-old"
+    old.mkdir()
+    (old / lifecycle.OWNER_FILE).write_text(str(dead))
+    mine = tmp_path / "hps-triton-mine"
+    mine.mkdir()
+    (mine / lifecycle.OWNER_FILE).write_text(str(os.getpid()))
+    unmarked = tmp_path / "hps-repo-unmarked"
+    unmarked.mkdir()
+    try:
+        removed = lifecycle.clean_stale(tmp_path)
+        assert {stale, old} <= set(removed)  # and any other dead server's regions
+        assert live.exists() and mine.exists() and unmarked.exists()
+    finally:
+        stale.unlink(missing_ok=True)
+        live.unlink(missing_ok=True)
+
+
+def test_a_port_in_use_is_named() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"gRPC port {port} on 127.0.0.1 is in use"):
+            lifecycle.check_ports("127.0.0.1", {"HTTP": 0, "gRPC": port})
+    lifecycle.check_ports("127.0.0.1", {"HTTP": port})  # free again
