@@ -11,10 +11,19 @@ ROOT = Path(hps.__file__).parent
 
 LEAVES = {
     "hps.errors", "hps.types", "hps.config", "hps.validate", "hps.index", "hps.dedup",
-    "hps.net", "hps.storage", "hps.cache", "hps.io.sparse_model", "hps.io.npy",
-    "hps.io.keyset", "hps.io.frequency", "hps.io.progress",
+    "hps.net", "hps.storage", "hps.cache", "hps.io",
 }  # fmt: skip
-ABOVE = {"hps.build", "hps.lookup", "hps.triton", "hps.updates", "hps.service", "hps.startup"}
+ABOVE = {
+    "hps.build", "hps.lookup", "hps.tiers", "hps.topology", "hps.startup", "hps.plan",
+    "hps.loading", "hps.ctr", "hps.triton", "hps.updates", "hps.service", "hps.commands",
+    "hps.bench", "hps.loadtest", "hps.cli",
+}  # fmt: skip
+# What the file formats (hps/io) may import of ours: nothing but these, below them.
+IO_BELOW = {"hps.errors", "hps.types", "hps.config", "hps.storage.base", "hps.io"}
+MODEL = "hps.triton.model"  # runs inside Triton's Python stub
+SUPERVISOR = "hps.triton.supervisor"  # what `hps serve` runs
+CLIENT = "hps.triton.client"  # runs in whoever talks to Triton
+PB_UTILS = "triton_python_backend_utils"  # exists only inside Triton's Python stub
 
 
 def _module(path: Path) -> str:
@@ -22,7 +31,9 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports() -> dict[str, set[str]]:
+def _all_imports() -> dict[str, set[str]]:
+    """Module -> every module it imports (absolute imports, TYPE_CHECKING and lazy ones
+    included), the model templates under hps/triton/model/templates/ too."""
     graph: dict[str, set[str]] = {}
     for path in ROOT.rglob("*.py"):
         tree = ast.parse(path.read_text())
@@ -32,8 +43,16 @@ def _imports() -> dict[str, set[str]]:
                 found.add(node.module)
             elif isinstance(node, ast.Import):
                 found.update(a.name for a in node.names)
-        graph[_module(path)] = {m for m in found if m == "hps" or m.startswith("hps.")}
+        graph[_module(path)] = found
     return graph
+
+
+def _imports() -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports."""
+    return {
+        mod: {m for m in deps if m == "hps" or m.startswith("hps.")}
+        for mod, deps in _all_imports().items()
+    }
 
 
 def _within(module: str, group: set[str]) -> str | None:
@@ -70,3 +89,46 @@ def test_no_cycle_between_packages() -> None:
 
     cycles = sorted(p for p in edges if reaches(p, p, {p}))
     assert cycles == []
+
+
+def test_io_formats_import_nothing_of_ours_above_them() -> None:
+    bad = [
+        f"{mod} -> {dep}"
+        for mod, deps in _imports().items()
+        if _within(mod, {"hps.io"})
+        for dep in deps
+        if not _within(dep, IO_BELOW)
+    ]
+    assert bad == []
+
+
+def _crossing(importer: str, imported: str) -> list[str]:
+    return [
+        f"{mod} -> {dep}"
+        for mod, deps in _imports().items()
+        if _within(mod, {importer})
+        for dep in deps
+        if _within(dep, {imported})
+    ]
+
+
+def test_the_model_process_does_not_import_the_supervisor() -> None:
+    assert _crossing(MODEL, SUPERVISOR) == []
+
+
+def test_the_supervisor_does_not_import_the_model_process() -> None:
+    assert _crossing(SUPERVISOR, MODEL) == []
+
+
+def test_the_client_imports_neither_the_model_process_nor_the_supervisor() -> None:
+    assert _crossing(CLIENT, MODEL) + _crossing(CLIENT, SUPERVISOR) == []
+
+
+def test_only_the_model_package_imports_triton_python_backend_utils() -> None:
+    importers = {
+        mod
+        for mod, deps in _all_imports().items()
+        if any(d == PB_UTILS or d.startswith(PB_UTILS + ".") for d in deps)
+    }
+    assert importers, "the model process must import it (the check would be vacuous)"
+    assert sorted(m for m in importers if not _within(m, {MODEL})) == []
