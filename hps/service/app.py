@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException
 
 from hps.errors import HPSError
 from hps.redact import redact_mapping
-from hps.service.limits import Gate, TooLarge
+from hps.service.limits import TokenAndBodyLimits, TooLarge
 from hps.service.state import AdminState
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,8 @@ def create_app(state: AdminState) -> FastAPI:
     async def too_large(request: Request, exc: TooLarge) -> JSONResponse:
         return _error(413, "TooLarge", "request body too large")
 
-    app.add_middleware(Gate, token=state.token)  # inside `count`: refusals are counted too
+    # inside `count`: refusals are counted too
+    app.add_middleware(TokenAndBodyLimits, token=state.token)
 
     @app.middleware("http")
     async def count(request: Request, call_next: Any) -> Response:

@@ -1,4 +1,5 @@
-"""ASGI middleware: the bearer token gate and request body size limits.
+"""ASGI middleware (:class:`TokenAndBodyLimits`): the bearer token check and request body
+size limits.
 
 Both act before a body is read: an unauthenticated upload is refused without spooling it,
 and a body over its limit gets 413 as soon as the limit is crossed.
@@ -35,7 +36,7 @@ async def _answer(send: Any, status: int) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-class Gate:
+class TokenAndBodyLimits:
     """Token check for every POST/PUT/PATCH/DELETE, and body limits (uploads: ``upload_limit``)."""
 
     def __init__(

@@ -1,4 +1,4 @@
-"""Mutating routes (bearer token, checked by :class:`hps.service.limits.Gate`)."""
+"""Mutating routes (bearer token, checked by :class:`hps.service.limits.TokenAndBodyLimits`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from hps.service.jobs import Job
 from hps.service.schemas import WRITE, DeleteBody, WarmupBody, WarmupKeys, WarmupKeyset
 from hps.service.state import AdminState
 
-# Declares the scheme in the OpenAPI document; Gate has already checked the token.
+# Declares the scheme in the OpenAPI document; TokenAndBodyLimits has checked the token.
 bearer = HTTPBearer(auto_error=False, description="the admin token (--token-file, HPS_ADMIN_TOKEN)")
 Auth = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 router = APIRouter(tags=["admin"])

@@ -20,7 +20,7 @@ import numpy as np
 
 from hps.errors import BackendError
 from hps.index import EMPTY, TOMBSTONE, mix
-from hps.storage._shm_layout import E, EntryView
+from hps.storage._shm_layout import EntryView, EntryWord
 from hps.storage._shm_segment import Segment
 
 BUCKET_HEADER = 64
@@ -86,7 +86,7 @@ class BucketIndex:
         """``(bucket, global slot word)`` of each key; slot word -1 where absent."""
         n = keys.size
         slot = np.full(n, -1, dtype=np.int64)
-        if n == 0 or self.entry.meta[E.N_BUCKETS] == 0:
+        if n == 0 or self.entry.meta[EntryWord.N_BUCKETS] == 0:
             return np.zeros(n, dtype=np.int64), slot
         h = mix(keys)
         ext = self._route(h)
@@ -154,11 +154,11 @@ class BucketIndex:
         if keys.size == 0:
             return
         h = mix(keys)
-        if self.entry.meta[E.N_BUCKETS] == 0:
+        if self.entry.meta[EntryWord.N_BUCKETS] == 0:
             first = int(self.seg.alloc(1)[0])
             self._init_bucket(first, 0, 0)
             self.entry.dir[:] = first
-            self.entry.meta[E.N_BUCKETS] = 1
+            self.entry.meta[EntryWord.N_BUCKETS] = 1
         while True:
             ext = self._route(h)
             b, count = np.unique(ext, return_counts=True)
@@ -251,7 +251,7 @@ class BucketIndex:
         h = mix(keys)
         upper = ((h >> np.uint64(ld)) & np.uint64(1)).astype(bool)
         self._place(np.where(upper, new, bucket), h, keys, rows)
-        self.entry.meta[E.N_BUCKETS] += 1
+        self.entry.meta[EntryWord.N_BUCKETS] += 1
 
     def release(self) -> None:
         """Free every bucket (the table is empty)."""
@@ -259,4 +259,4 @@ class BucketIndex:
         buckets = np.unique(d[d >= 0]).astype(np.int64)
         self.seg.free(buckets)
         d[:] = -1
-        self.entry.meta[E.N_BUCKETS] = 0
+        self.entry.meta[EntryWord.N_BUCKETS] = 0

@@ -2,12 +2,12 @@
 
 Bytes of a segment::
 
-    [0, 4096)              header: int64 words, see ``H``
+    [0, 4096)              header: int64 words, see ``HeaderWord``
     [FREE_OFF, ...)        free-extent stack: int32 extent ids
     [TABLES_OFF, ...)      MAX_TABLES table entries of ENTRY_BYTES each (see ``EntryView``)
     [DATA_OFF, SIZE)       N_EXT extents of EXTENT bytes: index buckets and row extents
 
-A table entry holds int64 fields (``E``), the table's name (at byte 64), the ids of its row
+A table entry holds int64 fields (``EntryWord``), the table's name (at byte 64), the ids of its row
 extents (int32[ROW_EXT_CAP], at byte ENTRY_META) and its bucket directory (int32[DIR_LEN]).
 """
 
@@ -38,7 +38,7 @@ NAME_BYTES = 128
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
-class H(IntEnum):
+class HeaderWord(IntEnum):
     """Header words (int64)."""
 
     MAGIC = 0
@@ -62,7 +62,7 @@ class H(IntEnum):
     REPAIRS = 18
 
 
-class E(IntEnum):
+class EntryWord(IntEnum):
     """Table entry words (int64); the name's bytes follow at byte 64."""
 
     STATE = 0  # 0 free, 1 in use
@@ -130,7 +130,7 @@ class EntryView:
     def __init__(self, seg: Segment, slot: int) -> None:
         off = seg.tables_off + slot * seg.entry_bytes
         self.slot = slot
-        self.meta = seg.i64[off // 8 : off // 8 + len(E)]
+        self.meta = seg.i64[off // 8 : off // 8 + len(EntryWord)]
         r0 = (off + ENTRY_META) // 4
         self.row_ext = seg.i32[r0 : r0 + seg.row_ext_cap]
         self.dir = seg.i32[r0 + seg.row_ext_cap : r0 + seg.row_ext_cap + seg.dir_len]
@@ -138,27 +138,27 @@ class EntryView:
 
     @property
     def name(self) -> str:
-        return bytes(self._name[: int(self.meta[E.NAME_LEN])]).decode()
+        return bytes(self._name[: int(self.meta[EntryWord.NAME_LEN])]).decode()
 
     def claim(self, name: str, dim: int, rows_per_ext: int) -> None:
         raw = name.encode()
         self._name[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
         self.meta[:] = 0
-        self.meta[E.NAME_LEN] = len(raw)
-        self.meta[E.DIM] = dim
-        self.meta[E.ROWS_PER_EXT] = rows_per_ext
+        self.meta[EntryWord.NAME_LEN] = len(raw)
+        self.meta[EntryWord.DIM] = dim
+        self.meta[EntryWord.ROWS_PER_EXT] = rows_per_ext
         self.dir[:] = -1
-        self.meta[E.STATE] = 1
+        self.meta[EntryWord.STATE] = 1
 
     def reset(self) -> None:
         """Forget every row (the caller rebuilds the free extents)."""
-        self.meta[E.ROWS] = 0
-        self.meta[E.N_ROW_EXT] = 0
-        self.meta[E.N_BUCKETS] = 0
+        self.meta[EntryWord.ROWS] = 0
+        self.meta[EntryWord.N_ROW_EXT] = 0
+        self.meta[EntryWord.N_BUCKETS] = 0
         self.dir[:] = -1
-        self.meta[E.DIRTY] = 0
+        self.meta[EntryWord.DIRTY] = 0
 
     def extents(self) -> np.ndarray:
         """Every extent this table holds: its row extents and its buckets."""
-        rows = self.row_ext[: int(self.meta[E.N_ROW_EXT])]
+        rows = self.row_ext[: int(self.meta[EntryWord.N_ROW_EXT])]
         return np.concatenate([rows, np.unique(self.dir[self.dir >= 0])]).astype(np.int64)

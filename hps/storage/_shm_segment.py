@@ -38,10 +38,10 @@ from hps.storage._shm_layout import (
     NAME_BYTES,
     NAME_RE,
     VERSION,
-    E,
     EntryView,
+    EntryWord,
     Geometry,
-    H,
+    HeaderWord,
     NoSpace,
     default_directory,
     plan,
@@ -84,8 +84,8 @@ class Segment:
             with self._flock(fcntl.LOCK_EX):
                 self._map(size)
                 if self._only_user():
-                    self.h[H.ATTACHED] = 0  # counts left behind by crashed processes
-                self.h[H.ATTACHED] += 1
+                    self.h[HeaderWord.ATTACHED] = 0  # counts left behind by crashed processes
+                self.h[HeaderWord.ATTACHED] += 1
         except BaseException:
             self._drop_mapping()
             os.close(self._lock)
@@ -139,8 +139,8 @@ class Segment:
             os.close(fd)
             raise BackendError(f"multi_process_hash_map: cannot map {self.path}: {exc}") from exc
         self._views()
-        if existing == 0 or self.h[H.READY] != 1:
-            if existing and self.h[H.MAGIC] not in (0, MAGIC):
+        if existing == 0 or self.h[HeaderWord.READY] != 1:
+            if existing and self.h[HeaderWord.MAGIC] not in (0, MAGIC):
                 raise BackendError(f"{self.path} is not an HPS shared hash map; remove it")
             geo = self._geo if existing == 0 else plan(existing, self._geo.extent)
             try:
@@ -149,10 +149,10 @@ class Segment:
                 if existing == 0:
                     os.unlink(self.path)
                 raise BackendError(f"multi_process_hash_map: {self.path}: {exc}") from None
-        elif self.h[H.MAGIC] != MAGIC or self.h[H.VERSION] != VERSION:
+        elif self.h[HeaderWord.MAGIC] != MAGIC or self.h[HeaderWord.VERSION] != VERSION:
             raise BackendError(
-                f"{self.path} has layout version {int(self.h[H.VERSION])}, this HPS writes "
-                f"{VERSION}: stop its users and remove it"
+                f"{self.path} has layout version {int(self.h[HeaderWord.VERSION])}, this HPS "
+                f"writes {VERSION}: stop its users and remove it"
             )
         self._geometry()
 
@@ -163,15 +163,22 @@ class Segment:
         self.i32 = np.frombuffer(mm, dtype=np.int32, count=len(mm) // 4)
         self.u32 = np.frombuffer(mm, dtype=np.uint32, count=len(mm) // 4)
         self.groups = self.i64[: len(mm) // 64 * 8].reshape(-1, 8)  # 64-byte key groups
-        self.h = self.i64[: len(H)]
+        self.h = self.i64[: len(HeaderWord)]
 
     def _geometry(self) -> None:
         h = self.h
-        self.size, self.extent, self.n_ext = int(h[H.SIZE]), int(h[H.EXTENT]), int(h[H.N_EXT])
-        self.row_ext_cap, self.dir_len = int(h[H.ROW_EXT_CAP]), int(h[H.DIR_LEN])
-        self.tables_off, self.entry_bytes = int(h[H.TABLES_OFF]), int(h[H.ENTRY_BYTES])
-        self.data_off = int(h[H.DATA_OFF])
-        f0 = int(h[H.FREE_OFF]) // 4
+        self.size, self.extent, self.n_ext = (
+            int(h[HeaderWord.SIZE]),
+            int(h[HeaderWord.EXTENT]),
+            int(h[HeaderWord.N_EXT]),
+        )
+        self.row_ext_cap, self.dir_len = int(h[HeaderWord.ROW_EXT_CAP]), int(h[HeaderWord.DIR_LEN])
+        self.tables_off, self.entry_bytes = (
+            int(h[HeaderWord.TABLES_OFF]),
+            int(h[HeaderWord.ENTRY_BYTES]),
+        )
+        self.data_off = int(h[HeaderWord.DATA_OFF])
+        f0 = int(h[HeaderWord.FREE_OFF]) // 4
         self.free_stack = self.i32[f0 : f0 + self.n_ext]
 
     def _init(self, geo: Geometry) -> None:
@@ -179,27 +186,27 @@ class Segment:
         self.u8[: geo.data_off] = 0
         h = self.h
         for key, value in (
-            (H.SIZE, geo.size),
-            (H.EXTENT, geo.extent),
-            (H.N_EXT, geo.n_ext),
-            (H.ROW_EXT_CAP, geo.row_ext_cap),
-            (H.DIR_LEN, geo.dir_len),
-            (H.MAX_TABLES, MAX_TABLES),
-            (H.FREE_OFF, geo.free_off),
-            (H.TABLES_OFF, geo.tables_off),
-            (H.ENTRY_BYTES, geo.entry_bytes),
-            (H.DATA_OFF, geo.data_off),
-            (H.MAGIC, MAGIC),
-            (H.VERSION, VERSION),
+            (HeaderWord.SIZE, geo.size),
+            (HeaderWord.EXTENT, geo.extent),
+            (HeaderWord.N_EXT, geo.n_ext),
+            (HeaderWord.ROW_EXT_CAP, geo.row_ext_cap),
+            (HeaderWord.DIR_LEN, geo.dir_len),
+            (HeaderWord.MAX_TABLES, MAX_TABLES),
+            (HeaderWord.FREE_OFF, geo.free_off),
+            (HeaderWord.TABLES_OFF, geo.tables_off),
+            (HeaderWord.ENTRY_BYTES, geo.entry_bytes),
+            (HeaderWord.DATA_OFF, geo.data_off),
+            (HeaderWord.MAGIC, MAGIC),
+            (HeaderWord.VERSION, VERSION),
         ):
             h[key] = value
         self._geometry()
         self._reset_extents()
-        h[H.READY] = 1
+        h[HeaderWord.READY] = 1
 
     def _reset_extents(self) -> None:
         self.free_stack[:] = np.arange(self.n_ext - 1, -1, -1, dtype=np.int32)
-        self.h[H.FREE_TOP] = self.n_ext
+        self.h[HeaderWord.FREE_TOP] = self.n_ext
 
     def _commit(self, offset: int, length: int) -> None:
         """Back these bytes with memory now, so a full /dev/shm fails here, not with SIGBUS."""
@@ -220,7 +227,7 @@ class Segment:
         with self._tlock:
             fcntl.flock(self._lock, fcntl.LOCK_EX)
             try:
-                self.h[H.ATTACHED] = max(0, int(self.h[H.ATTACHED]) - 1)
+                self.h[HeaderWord.ATTACHED] = max(0, int(self.h[HeaderWord.ATTACHED]) - 1)
                 if self.auto_remove and self._only_user():
                     for path in self._paths:
                         with contextlib.suppress(FileNotFoundError):
@@ -265,11 +272,11 @@ class Segment:
         with self._tlock:
             while True:
                 fcntl.flock(self._lock, fcntl.LOCK_SH)
-                if not self.h[H.DIRTY]:
+                if not self.h[HeaderWord.DIRTY]:
                     break
                 fcntl.flock(self._lock, fcntl.LOCK_UN)
                 with self._flock(fcntl.LOCK_EX):
-                    if self.h[H.DIRTY]:
+                    if self.h[HeaderWord.DIRTY]:
                         self.repair()
             try:
                 yield
@@ -281,9 +288,9 @@ class Segment:
         """Exclusive lock; the structure is marked dirty until the block ends cleanly."""
         self._check_process()
         with self._tlock, self._flock(fcntl.LOCK_EX):
-            if self.h[H.DIRTY]:
+            if self.h[HeaderWord.DIRTY]:
                 self.repair()
-            self.h[H.DIRTY] = 1
+            self.h[HeaderWord.DIRTY] = 1
             self._touched = []
             try:
                 yield
@@ -295,15 +302,15 @@ class Segment:
 
     def touch(self, entry: EntryView) -> None:
         """Flag a table as being changed (call under the write lock, before changing it)."""
-        if not entry.meta[E.DIRTY]:
-            entry.meta[E.DIRTY] = 1
+        if not entry.meta[EntryWord.DIRTY]:
+            entry.meta[EntryWord.DIRTY] = 1
             self._touched.append(entry)
 
     def _clean(self) -> None:
         for entry in self._touched:
-            entry.meta[E.DIRTY] = 0
+            entry.meta[EntryWord.DIRTY] = 0
         self._touched = []
-        self.h[H.DIRTY] = 0
+        self.h[HeaderWord.DIRTY] = 0
 
     def repair(self) -> None:
         """After a writer died mid-update: clear the tables it was changing, rebuild the
@@ -311,42 +318,42 @@ class Segment:
         held = [np.empty(0, dtype=np.int64)]
         for slot in range(MAX_TABLES):
             entry = EntryView(self, slot)
-            if not entry.meta[E.STATE]:
+            if not entry.meta[EntryWord.STATE]:
                 continue
-            if entry.meta[E.DIRTY]:
+            if entry.meta[EntryWord.DIRTY]:
                 log.warning("%s: a writer died changing %s; clearing it", self.path, entry.name)
                 entry.reset()
             else:
                 held.append(entry.extents())
         free = np.setdiff1d(np.arange(self.n_ext, dtype=np.int64), np.concatenate(held))
         self.free_stack[: free.size] = free[::-1]
-        self.h[H.FREE_TOP] = free.size
-        self.h[H.REPAIRS] += 1
-        self.h[H.DIRTY] = 0
+        self.h[HeaderWord.FREE_TOP] = free.size
+        self.h[HeaderWord.REPAIRS] += 1
+        self.h[HeaderWord.DIRTY] = 0
 
     # -- extents -----------------------------------------------------------------------
 
     def alloc(self, n: int) -> np.ndarray:
         """Take ``n`` free extents (int64 ids); raises :class:`NoSpace`."""
-        top = int(self.h[H.FREE_TOP])
+        top = int(self.h[HeaderWord.FREE_TOP])
         if n > top:
             raise NoSpace(f"{n} extents wanted, {top} free")
         ids = self.free_stack[top - n : top][::-1].astype(np.int64)
-        if n and ids.max() >= self.h[H.COMMITTED]:
-            lo = int(self.h[H.COMMITTED])
+        if n and ids.max() >= self.h[HeaderWord.COMMITTED]:
+            lo = int(self.h[HeaderWord.COMMITTED])
             self._commit(self.data_off + lo * self.extent, (int(ids.max()) + 1 - lo) * self.extent)
-            self.h[H.COMMITTED] = ids.max() + 1
-        self.h[H.FREE_TOP] = top - n
+            self.h[HeaderWord.COMMITTED] = ids.max() + 1
+        self.h[HeaderWord.FREE_TOP] = top - n
         return ids
 
     def free(self, ids: np.ndarray) -> None:
-        top = int(self.h[H.FREE_TOP])
+        top = int(self.h[HeaderWord.FREE_TOP])
         self.free_stack[top : top + ids.size] = ids
-        self.h[H.FREE_TOP] = top + ids.size
+        self.h[HeaderWord.FREE_TOP] = top + ids.size
 
     @property
     def free_extents(self) -> int:
-        return int(self.h[H.FREE_TOP])
+        return int(self.h[HeaderWord.FREE_TOP])
 
     def offset(self, ext: np.ndarray | np.integer | int) -> np.ndarray:
         """Byte offset of extents ``ext`` (an array; 0-d for one extent)."""
@@ -363,12 +370,12 @@ class Segment:
 
     def next_tick(self) -> int:
         """A new tick for row stamps (uint32: see :data:`hps.storage.overflow.TICK_MASK`)."""
-        self.h[H.TICK] += 1
+        self.h[HeaderWord.TICK] += 1
         return self.tick()
 
     def tick(self) -> int:
         """The latest tick handed out."""
-        return int(self.h[H.TICK]) & TICK_MASK
+        return int(self.h[HeaderWord.TICK]) & TICK_MASK
 
     # -- table registry ----------------------------------------------------------------
 
@@ -377,13 +384,13 @@ class Segment:
         free = -1
         for slot in range(MAX_TABLES):
             entry = EntryView(self, slot)
-            if not entry.meta[E.STATE]:
+            if not entry.meta[EntryWord.STATE]:
                 free = slot if free < 0 else free
             elif entry.name == name:
-                if int(entry.meta[E.DIM]) != dim:
+                if int(entry.meta[EntryWord.DIM]) != dim:
                     raise ConfigError(
-                        f"table {name} has dimension {int(entry.meta[E.DIM])} in shared memory "
-                        f"{self.path}, but this process configures {dim}"
+                        f"table {name} has dimension {int(entry.meta[EntryWord.DIM])} in shared "
+                        f"memory {self.path}, but this process configures {dim}"
                     )
                 return slot
         if free < 0:

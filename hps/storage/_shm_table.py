@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from hps.storage._shm_index import BucketIndex
-from hps.storage._shm_layout import E, EntryView, NoSpace
+from hps.storage._shm_layout import EntryView, EntryWord, NoSpace
 from hps.storage._shm_segment import Segment
 from hps.storage.overflow import choose_victims
 
@@ -34,16 +34,16 @@ class ShmTable:
         self.entry = EntryView(seg, slot)
         self.meta = self.entry.meta
         self.index = BucketIndex(seg, self.entry)
-        self.dim = int(self.meta[E.DIM])
-        self.rpe = int(self.meta[E.ROWS_PER_EXT])
+        self.dim = int(self.meta[EntryWord.DIM])
+        self.rpe = int(self.meta[EntryWord.ROWS_PER_EXT])
 
     @property
     def rows(self) -> int:
-        return int(self.meta[E.ROWS])
+        return int(self.meta[EntryWord.ROWS])
 
     @property
     def extents(self) -> int:
-        return int(self.meta[E.N_ROW_EXT] + self.meta[E.N_BUCKETS])
+        return int(self.meta[EntryWord.N_ROW_EXT] + self.meta[EntryWord.N_BUCKETS])
 
     def _where(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Indices of rows ``g`` in the int64 (key), uint32 (tick) and value views."""
@@ -92,7 +92,7 @@ class ShmTable:
             except NoSpace:
                 self._trim()
                 raise
-            self.meta[E.ROWS] = n + n_new
+            self.meta[EntryWord.ROWS] = n + n_new
             rows[new] = g
         k, t, v = self._where(rows)
         self.seg.i64[k] = keys
@@ -100,22 +100,22 @@ class ShmTable:
         self.seg.values(self.dim)[v] = values
 
     def _reserve(self, n_rows: int) -> None:
-        have = int(self.meta[E.N_ROW_EXT])
+        have = int(self.meta[EntryWord.N_ROW_EXT])
         need = -(-n_rows // self.rpe)
         if need > have:
             if need > self.seg.row_ext_cap:
                 raise NoSpace(f"{n_rows} rows exceed the segment")
             self.entry.row_ext[have:need] = self.seg.alloc(need - have)
-            self.meta[E.N_ROW_EXT] = need
+            self.meta[EntryWord.N_ROW_EXT] = need
 
     def _trim(self) -> None:
         """Give back row extents past the last row (and the buckets of an empty table)."""
         keep = -(-self.rows // self.rpe)
-        have = int(self.meta[E.N_ROW_EXT])
+        have = int(self.meta[EntryWord.N_ROW_EXT])
         if have > keep:
             self.seg.free(self.entry.row_ext[keep:have].astype(np.int64))
-            self.meta[E.N_ROW_EXT] = keep
-        if self.rows == 0 and self.meta[E.N_BUCKETS]:
+            self.meta[EntryWord.N_ROW_EXT] = keep
+        if self.rows == 0 and self.meta[EntryWord.N_BUCKETS]:
             self.index.release()
 
     def remove(self, keys: np.ndarray) -> int:
@@ -158,7 +158,7 @@ class ShmTable:
             u32[dt] = u32[st]
             vals[dv] = vals.take(sv, axis=0)
             self.index.set_rows(keys, holes)
-        self.meta[E.ROWS] = m
+        self.meta[EntryWord.ROWS] = m
         self._trim()
 
     def dump(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:

@@ -30,7 +30,7 @@ from hps.config import NO_LIMIT, PersistentDBConfig, VolatileDBConfig
 from hps.dedup import last_occurrence
 from hps.errors import BackendError, ConfigError
 from hps.storage._shm_index import MAX_LOAD
-from hps.storage._shm_layout import MAX_TABLES, E, EntryView, H, NoSpace
+from hps.storage._shm_layout import MAX_TABLES, EntryView, EntryWord, HeaderWord, NoSpace
 from hps.storage._shm_segment import Segment
 from hps.storage._shm_table import ShmTable, rows_per_extent
 from hps.storage.base import AccessMode, EmbeddingStore
@@ -194,7 +194,7 @@ class SharedHashMapStore(EmbeddingStore):
     def _largest_table(self) -> ShmTable | None:
         best: ShmTable | None = None
         for slot in range(MAX_TABLES):
-            if EntryView(self._seg, slot).meta[E.STATE]:
+            if EntryView(self._seg, slot).meta[EntryWord.STATE]:
                 t = ShmTable(self._seg, slot)
                 if best is None or t.extents > best.extents:
                     best = t
@@ -241,8 +241,8 @@ class SharedHashMapStore(EmbeddingStore):
                 "extent_bytes": seg.extent,
                 "extents": seg.n_ext,
                 "free_extents": seg.free_extents,
-                "attached": int(seg.h[H.ATTACHED]),
-                "repairs": int(seg.h[H.REPAIRS]),
+                "attached": int(seg.h[HeaderWord.ATTACHED]),
+                "repairs": int(seg.h[HeaderWord.REPAIRS]),
                 "tables": tables,
             }
 

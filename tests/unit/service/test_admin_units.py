@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from hps.errors import ConfigError
 from hps.redact import REDACTED, redact_mapping
 from hps.service.auth import check_bearer, resolve_token
-from hps.service.limits import Gate, TooLarge
+from hps.service.limits import TokenAndBodyLimits, TooLarge
 
 
 def test_token_sources_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,7 +78,7 @@ def test_config_route_redacts_by_name_pattern(tmp_path: Path) -> None:
     assert redact_mapping({"empty": {"password": ""}}) == {"empty": {"password": ""}}
 
 
-def test_gate_refuses_before_reading_and_limits_bodies() -> None:
+def test_token_and_body_limits_refuse_before_reading_and_limit_bodies() -> None:
     inner = FastAPI()
     seen: list[int] = []
 
@@ -96,7 +96,7 @@ def test_gate_refuses_before_reading_and_limits_bodies() -> None:
     async def too_large(request: Request, exc: TooLarge) -> object:
         return JSONResponse({"error": "TooLarge"}, status_code=413)
 
-    app = Gate(inner, token="tok", json_limit=100, upload_limit=1000)
+    app = TokenAndBodyLimits(inner, token="tok", json_limit=100, upload_limit=1000)
     client = TestClient(app)
     auth = {"Authorization": "Bearer tok"}
     assert client.post("/echo", content=b"x" * 50).status_code == 401

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hps.storage._shm_layout import H
+from hps.storage._shm_layout import HeaderWord
 from hps.storage.base import EmbeddingStore
 from hps.storage.hash_map import HashMapStore
 from hps.storage.multi_process_hash_map import SharedHashMapStore
@@ -41,7 +41,7 @@ def _near_wrap(kind: str) -> Iterator[Callable[..., EmbeddingStore]]:
             store._tick = TICK_MASK - 2  # type: ignore[attr-defined]
         else:
             store = SharedHashMapStore(unique_name("hps_test_wrap"), 8 << 20, seed=0, **kw)
-            store._seg.h[H.TICK] = TICK_MASK - 2  # type: ignore[attr-defined]
+            store._seg.h[HeaderWord.TICK] = TICK_MASK - 2  # type: ignore[attr-defined]
         opened.append(store)
         return store
 

@@ -17,7 +17,7 @@ from hps.config import VolatileDBConfig
 from hps.errors import BackendError, ConfigError, InvalidValueError
 from hps.index import EMPTY, TOMBSTONE
 from hps.storage import open_store
-from hps.storage._shm_layout import MAX_TABLES, E, H
+from hps.storage._shm_layout import MAX_TABLES, EntryWord, HeaderWord
 from hps.storage.multi_process_hash_map import SharedHashMapStore
 from hps.types import TableSpec
 from hps.validate import as_rows
@@ -215,9 +215,9 @@ def test_a_writer_death_clears_only_the_tables_it_was_changing(opener: Opener) -
         store.insert(spec.name, keys, rows(keys, 4))
     # What a writer killed while changing table a leaves behind: both flags set, and an
     # extent taken from the free stack that no table records yet.
-    store._seg.h[H.DIRTY] = 1
-    store._table(a.name).meta[E.DIRTY] = 1
-    store._seg.h[H.FREE_TOP] -= 1
+    store._seg.h[HeaderWord.DIRTY] = 1
+    store._table(a.name).meta[EntryWord.DIRTY] = 1
+    store._seg.h[HeaderWord.FREE_TOP] -= 1
     _, found = store.fetch(a.name, keys)
     assert not found.any() and store.size(a.name) == 0
     got, found = store.fetch(b.name, keys)
