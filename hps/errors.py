@@ -20,9 +20,23 @@ boundary, so callers never see them::
         └── BackendUnavailable    the tier cannot be reached right now (retriable)
             └── CircuitOpenError  skipped without trying: the tier failed moments ago
 
-Each class carries ``status``, the HTTP status an HTTP edge answers with (the control plane
-maps errors to responses with it, in one place). ``BackendUnavailable`` is the one error for
-which retrying the same call may succeed.
+The one mapping from errors to statuses: each class carries ``status``, the HTTP status
+(the control plane answers with :func:`http_status`), and ``code``, the Triton error code
+(``pb_utils.TritonError.<code>``: a Triton model answers with :func:`triton_code`):
+
+=====================  ====  ===========
+error                  HTTP  Triton
+=====================  ====  ===========
+RequestError           400   INVALID_ARG
+UnknownTableError      404   NOT_FOUND
+BatchTooLargeError     413   INVALID_ARG
+FormatError            422   INTERNAL
+BackendError           502   INTERNAL
+BackendUnavailable     503   UNAVAILABLE
+any other              500   INTERNAL
+=====================  ====  ===========
+
+``BackendUnavailable`` is the one error for which retrying the same call may succeed.
 """
 
 from __future__ import annotations
@@ -31,7 +45,8 @@ from __future__ import annotations
 class HPSError(Exception):
     """Base of every error HPS raises on purpose."""
 
-    status: int = 500
+    status: int = 500  # HTTP
+    code: str = "INTERNAL"  # Triton (pb_utils.TritonError.<code>)
 
 
 class ConfigError(HPSError):
@@ -42,10 +57,12 @@ class RequestError(HPSError):
     """A request is malformed; nothing stored was changed."""
 
     status = 400
+    code = "INVALID_ARG"
 
 
 class UnknownTableError(RequestError):
     status = 404
+    code = "NOT_FOUND"
 
 
 class DTypeError(RequestError):
@@ -92,7 +109,18 @@ class BackendUnavailable(BackendError):
     """The tier cannot be reached right now; the same call may succeed later."""
 
     status = 503
+    code = "UNAVAILABLE"
 
 
 class CircuitOpenError(BackendUnavailable):
     """Not tried: the tier failed moments ago and is skipped for a back-off period."""
+
+
+def http_status(exc: BaseException) -> int:
+    """The HTTP status an edge answers ``exc`` with (500 for anything not ours)."""
+    return exc.status if isinstance(exc, HPSError) else 500
+
+
+def triton_code(exc: BaseException) -> str:
+    """The Triton error code a model answers ``exc`` with (``INTERNAL`` for anything not ours)."""
+    return exc.code if isinstance(exc, HPSError) else "INTERNAL"

@@ -1,7 +1,8 @@
 """The FastAPI application: errors mapped to statuses in one place, metrics, the routes.
 
 ``create_app(state)`` builds it; ``hps admin`` serves it with uvicorn. Every core error
-(:class:`hps.errors.HPSError`) answers with its ``status`` and a body naming what is wrong.
+(:class:`hps.errors.HPSError`) answers with :func:`hps.errors.http_status` (the one mapping,
+which Triton's models share) and a body naming what is wrong.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from starlette.exceptions import HTTPException
 
-from hps.errors import HPSError
+from hps.errors import HPSError, http_status
 from hps.redact import redact_mapping
 from hps.service.limits import TokenAndBodyLimits, TooLarge
 from hps.service.state import AdminState
@@ -75,7 +76,7 @@ def create_app(state: AdminState) -> FastAPI:
     @app.exception_handler(HPSError)
     async def core_error(request: Request, exc: HPSError) -> JSONResponse:
         metrics.errors.labels(type(exc).__name__).inc()
-        status = exc.status
+        status = http_status(exc)
         if status >= 500:
             log.warning("%s %s: %s", request.method, request.url.path, exc)
         return _error(status, type(exc).__name__, str(exc))

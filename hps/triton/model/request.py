@@ -23,14 +23,11 @@ import numpy as np
 import numpy.typing as npt
 
 from hps.errors import (
-    BackendUnavailable,
     BatchTooLargeError,
     DTypeError,
-    HPSError,
     InvalidValueError,
-    RequestError,
     ShapeError,
-    UnknownTableError,
+    triton_code,
 )
 from hps.types import Keys, TableSpec, Vectors
 
@@ -191,16 +188,7 @@ def parse_ctr_request(
     return CTRBatch(batch, dense, keys, num_keys, offsets)
 
 
-# Triton's error codes (pb_utils.TritonError.<CODE>), by HPS error type, most specific first.
-_CODES: tuple[tuple[type[BaseException], str], ...] = (
-    (UnknownTableError, "NOT_FOUND"),
-    (RequestError, "INVALID_ARG"),
-    (BackendUnavailable, "UNAVAILABLE"),
-    (HPSError, "INTERNAL"),
-)
-
-
 def error_reply(exc: BaseException) -> tuple[str, str]:
-    """The message and Triton error code a failed request is answered with."""
-    code = next((c for t, c in _CODES if isinstance(exc, t)), "INTERNAL")
-    return f"{type(exc).__name__}: {exc}", code
+    """The message and Triton error code a failed request is answered with
+    (:func:`hps.errors.triton_code`: the mapping the control plane's HTTP statuses share)."""
+    return f"{type(exc).__name__}: {exc}", triton_code(exc)
