@@ -18,12 +18,10 @@ find them.
 
 from __future__ import annotations
 
-from types import ModuleType
-from typing import Any
-
 import numpy as np
+import numpy.typing as npt
 
-from hps.types import RESERVED_KEYS
+from hps.types import RESERVED_KEYS, Array, ArrayModule
 
 EMPTY = np.int64(RESERVED_KEYS[0])
 TOMBSTONE = np.int64(RESERVED_KEYS[1])
@@ -35,7 +33,9 @@ _M2 = np.uint64(0x94D049BB133111EB)
 CACHE_LINE = 64
 
 
-def aligned_full(xp: ModuleType, shape: int | tuple[int, ...], fill: Any, dtype: Any) -> Any:
+def aligned_full(
+    xp: ArrayModule, shape: int | tuple[int, ...], fill: float | np.generic, dtype: npt.DTypeLike
+) -> Array:
     """``xp.full`` whose data starts on a cache line (NumPy's large arrays start 16 bytes
     into a page, so a 64-byte row or slot group straddled two lines: twice the memory
     traffic of a random probe or gather). Device arrays are aligned already."""
@@ -50,7 +50,7 @@ def aligned_full(xp: ModuleType, shape: int | tuple[int, ...], fill: Any, dtype:
     return out
 
 
-def mix(keys: Any, xp: ModuleType = np) -> Any:
+def mix(keys: Array, xp: ArrayModule = np) -> Array:
     """splitmix64's finaliser: a well-spread uint64 hash of int64 keys."""
     x = keys.astype(xp.uint64, copy=True)
     x ^= x >> np.uint64(30)
@@ -61,7 +61,7 @@ def mix(keys: Any, xp: ModuleType = np) -> Any:
     return x
 
 
-def _bytes(mask: Any) -> Any:
+def _bytes(mask: Array) -> Array:
     """A ``(n, GROUP)`` bool mask as n uint64 words, one byte (0 or 1) per slot."""
     return mask.view(np.uint64).reshape(-1)
 
@@ -69,12 +69,12 @@ def _bytes(mask: Any) -> Any:
 _BYTE_INDEX = np.uint64(0x0706050403020100)
 
 
-def _only_byte(words: Any, xp: ModuleType) -> Any:
+def _only_byte(words: Array, xp: ArrayModule) -> Array:
     """Index (0-7) of the one byte set to 1 in each word (garbage where none or several)."""
     return 7 - ((words * _BYTE_INDEX) >> np.uint64(56)).astype(xp.int64)
 
 
-def _first_byte(words: Any, xp: ModuleType) -> Any:
+def _first_byte(words: Array, xp: ArrayModule) -> Array:
     """Index (0-7) of the lowest non-zero byte of each non-zero little-endian word."""
     return _only_byte(words & (~words + np.uint64(1)), xp)  # lowest set bit: 1 << (8 * i)
 
@@ -88,7 +88,7 @@ def slots_for(capacity: int, max_load: float = 0.7) -> int:
 class KeyIndex:
     """Map unique int64 keys to int32 rows; grows by doubling past ``max_load``."""
 
-    def __init__(self, capacity: int = 1024, *, xp: ModuleType = np, max_load: float = 0.7):
+    def __init__(self, capacity: int = 1024, *, xp: ArrayModule = np, max_load: float = 0.7):
         self.xp = xp
         self.max_load = max_load
         self._used = 0
@@ -119,10 +119,10 @@ class KeyIndex:
         """Groups - 1: a key's home group is ``mix(key) & gmask`` (compiled probes use it)."""
         return int(self._gmask)
 
-    def _home(self, keys: Any) -> Any:
+    def _home(self, keys: Array) -> Array:
         return (mix(keys, self.xp) & self._gmask).astype(self.xp.int64)
 
-    def _find(self, keys: Any, *, rows: bool) -> Any:
+    def _find(self, keys: Array, *, rows: bool) -> Array:
         """Row (``rows``) or slot position of each key, -1 where absent (reserved keys too)."""
         xp = self.xp
         if keys.size == 0:
@@ -154,15 +154,15 @@ class KeyIndex:
             g, k = (g[rest] + r) & gmask, k[rest]
         return out
 
-    def _positions(self, keys: Any) -> Any:
+    def _positions(self, keys: Array) -> Array:
         """Slot position of each key, -1 where absent (reserved keys are always absent)."""
         return self._find(keys, rows=False)
 
-    def lookup(self, keys: Any) -> Any:
+    def lookup(self, keys: Array) -> Array:
         """Row of each key (int64), -1 where absent."""
         return self._find(keys, rows=True)
 
-    def insert(self, keys: Any, rows: Any) -> None:
+    def insert(self, keys: Array, rows: Array) -> None:
         """Add keys that are unique and not yet present, pointing at ``rows``."""
         xp = self.xp
         n = int(keys.size)
@@ -196,7 +196,7 @@ class KeyIndex:
                 break
         self._used += n
 
-    def remove(self, keys: Any) -> Any:
+    def remove(self, keys: Array) -> Array:
         """Remove keys; returns the row each pointed at (-1 where absent)."""
         pos = self._positions(keys)
         found = pos >= 0
@@ -210,7 +210,7 @@ class KeyIndex:
         self._tombs += removed
         return rows
 
-    def items(self) -> tuple[Any, Any]:
+    def items(self) -> tuple[Array, Array]:
         """All live (keys, rows)."""
         live = self.slot_keys > TOMBSTONE
         return self.slot_keys[live], self.slot_rows[live].astype(self.xp.int64)

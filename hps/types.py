@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -10,6 +12,15 @@ import numpy.typing as npt
 Keys = npt.NDArray[np.int64]
 Vectors = npt.NDArray[np.float32]
 Mask = npt.NDArray[np.bool_]
+
+Array: TypeAlias = npt.NDArray[Any]
+"""An array of an array module ``xp`` (:mod:`hps.cache.xp`): a NumPy array, or a CuPy array,
+which has the same interface for everything we use and no type stubs (to mypy it is this)."""
+ArrayModule: TypeAlias = ModuleType
+"""``numpy`` or ``cupy``: code written once against ``xp`` takes it as this."""
+
+JSON: TypeAlias = dict[str, object]
+"""A JSON object as we build or read it (a ps.json section, an API answer, a bench row)."""
 
 VALUE_DTYPE = np.dtype(np.float32)
 RESERVED_KEYS = (int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).min) + 1)

@@ -16,27 +16,36 @@ given by the addresses of their arrays, so a 26-table request crosses from Pytho
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import TypeVar
 
 import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
+from numba.core.base import BaseContext
+from numba.core.dispatcher import Dispatcher
+from numba.core.typing.templates import Signature
 from numba.extending import intrinsic
 
 from hps.index import EMPTY, GROUP, TOMBSTONE
 
 log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., object])
+# What an intrinsic's code generator is: (context, builder, signature, args) -> LLVM value
+Codegen = Callable[[BaseContext, ir.IRBuilder, Signature, list[ir.Value]], ir.Value]
 AHEAD = 12  # keys between a prefetch and its use
 
 
 @intrinsic
-def _prefetch(typingctx: Any, arr: Any, idx: Any) -> Any:
+def _prefetch(typingctx: object, arr: types.Array, idx: types.Integer) -> tuple[Signature, Codegen]:
     """``llvm.prefetch`` of ``arr[idx]`` (read, high locality): a hint, never a fault."""
     sig = types.void(arr, idx)
 
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+    def codegen(
+        context: BaseContext, builder: ir.IRBuilder, signature: Signature, args: list[ir.Value]
+    ) -> ir.Value:
         aryty = signature.args[0]
         ary = context.make_array(aryty)(context, builder, args[0])
         ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
@@ -122,14 +131,17 @@ def _probe_gather(  # the signature is kernels.ProbeGather's
     return n_miss, n_hit
 
 
-def _pointer_to(nbtype: Any) -> Any:
-    """An intrinsic turning an address (int64) into a typed pointer for ``numba.carray``."""
+def _pointer_to(nbtype: types.Type) -> object:
+    """An intrinsic turning an address (int64) into a typed pointer for ``numba.carray``
+    (callable from compiled code only)."""
 
     @intrinsic
-    def as_pointer(typingctx: Any, address: Any) -> Any:
+    def as_pointer(typingctx: object, address: types.Integer) -> tuple[Signature, Codegen]:
         pointer = types.CPointer(nbtype)
 
-        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        def codegen(
+            context: BaseContext, builder: ir.IRBuilder, signature: Signature, args: list[ir.Value]
+        ) -> ir.Value:
             return builder.inttoptr(args[0], context.get_value_type(pointer))
 
         return pointer(address), codegen
@@ -169,7 +181,7 @@ def _probe_gather_tables(desc, bounds, keys, out, out_offsets, miss_pos, result)
         result[t, 1] = n_hit
 
 
-def _compile(fn: Any) -> Any:
+def _compile(fn: F) -> Dispatcher[F]:
     try:
         return numba.njit(cache=True, nogil=True, error_model="numpy")(fn)
     except RuntimeError as exc:  # no writable cache folder (a read-only install)

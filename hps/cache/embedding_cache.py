@@ -22,12 +22,12 @@ overwrites a newer write (:mod:`hps.cache.writelog`).
 from __future__ import annotations
 
 import threading
-from types import ModuleType
-from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from hps.cache import kernels
+from hps.cache.placement import Placement
 from hps.cache.policies import WINDOW_PER_ROW, Policy, make_policy, policy_nbytes
 from hps.cache.rows import RowStore, rows_nbytes
 from hps.cache.writelog import WriteLog
@@ -35,7 +35,7 @@ from hps.cache.xp import device_scope, to_host, to_xp
 from hps.dedup import unique_inverse
 from hps.errors import DTypeError, ShapeError
 from hps.index import TOMBSTONE
-from hps.types import Keys, Mask, Vectors
+from hps.types import Array, ArrayModule, Keys, Mask, Vectors
 
 
 def cache_nbytes(capacity: int, dim: int, policy: str = "lru") -> int:
@@ -43,7 +43,7 @@ def cache_nbytes(capacity: int, dim: int, policy: str = "lru") -> int:
     return rows_nbytes(capacity, dim) + policy_nbytes(policy, capacity)
 
 
-def _host_keys(keys: Any) -> Keys:
+def _host_keys(keys: npt.ArrayLike) -> Keys:
     arr = np.asarray(keys)
     if arr.dtype != np.int64:
         raise DTypeError(f"L1 cache: keys must be int64, got {arr.dtype}")
@@ -58,7 +58,7 @@ class EmbeddingCache:
         dim: int,
         capacity: int,
         *,
-        xp: ModuleType = np,
+        xp: ArrayModule = np,
         policy: str = "lru",
         static_fraction: float = 0.5,
         frequency_window: int | None = None,
@@ -74,26 +74,25 @@ class EmbeddingCache:
         self.max_pinned = int(static_fraction * capacity)
         self.device_id = device_id
         self._scope = device_scope(xp, device_id)
-        with self._scope:
-            self._alloc(policy, frequency_window)
-        self._lock = threading.RLock()
-        self._log = WriteLog(xp, max(1 << 16, capacity))
         self._stats = dict.fromkeys(
             ("queries", "hits", "misses", "inserts", "evictions", "rejected", "updates"), 0
         )
+        window = WINDOW_PER_ROW * capacity if frequency_window is None else frequency_window
+        with self._scope:
+            self._rows = RowStore(capacity, dim, xp)
+            self.policy: Policy = make_policy(policy, capacity, self._rows.ticks, xp, window)
+        self._placement = Placement(self._rows, self.policy, xp, self.max_pinned, self._stats)
+        self._tick = 0
+        self._lock = threading.RLock()
+        self._log = WriteLog(xp, max(1 << 16, capacity))
         self._kernel = kernels.kernel_for(xp)
         self._no_keys = xp.zeros(0, dtype=xp.int64)
-        self._desc = np.zeros(len(kernels.DESCRIPTOR), dtype=np.int64)
-        self._desc_arrays: tuple[Any, ...] = ()
-        self._desc_ids: tuple[int, ...] = ()
+        self._desc = kernels.CacheDescriptor()
 
-    def _alloc(self, policy: str, frequency_window: int | None) -> None:
-        capacity = self.capacity
-        self._rows = RowStore(capacity, self.dim, self.xp)
-        window = WINDOW_PER_ROW * capacity if frequency_window is None else frequency_window
-        self.policy: Policy = make_policy(policy, capacity, self._rows.ticks, self.xp, window)
-        self._tick = 0
-        self._window_tick = 0
+    def _count(self, hits: int, misses: int) -> None:
+        self._stats["queries"] += 1
+        self._stats["hits"] += hits
+        self._stats["misses"] += misses
 
     # -- introspection -------------------------------------------------------------------
 
@@ -114,7 +113,7 @@ class EmbeddingCache:
         with self._lock, self._scope:
             return int(self._rows.pinned.sum())
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, int | str]:
         with self._lock, self._scope:
             return {
                 **self._stats,
@@ -128,7 +127,9 @@ class EmbeddingCache:
 
     # -- reads ---------------------------------------------------------------------------
 
-    def query(self, keys: Keys, inverse: Any = None, *, counts: Any = None) -> tuple[Vectors, Mask]:
+    def query(
+        self, keys: Keys, inverse: Array | None = None, *, counts: Array | None = None
+    ) -> tuple[Vectors, Mask]:
         """Rows of unique ``keys`` and their hit mask (host arrays); missed rows are zeros.
 
         With ``inverse`` (``np.unique``'s, mapping request positions to ``keys``) the rows
@@ -163,11 +164,8 @@ class EmbeddingCache:
             elif inv is not None:
                 counts = xp.bincount(inv, minlength=keys.size)
             if self.policy.on_query(kd, rows, hit, counts):
-                self.policy.age()
-                self._repin()
-            self._stats["queries"] += 1
-            self._stats["hits"] += n_hit
-            self._stats["misses"] += keys.size - n_hit
+                self._placement.new_window(self._tick)
+            self._count(n_hit, keys.size - n_hit)
             return to_host(out), to_host(hit)
 
     def query_into(self, keys: Keys, out: np.ndarray) -> tuple[np.ndarray, int]:
@@ -201,44 +199,21 @@ class EmbeddingCache:
 
     def _descriptor(self) -> np.ndarray:
         """This cache's row for the many-table kernel, for a new query's tick (the caller
-        holds the lock until the kernel has run): the addresses of its arrays, rebuilt only
-        when one of them was replaced (kept referenced, so an address is never reused)."""
-        rows, access = self._rows, self.policy.access_counts()
+        holds the lock until the kernel has run)."""
+        access = self.policy.access_counts()
         counts, cap = access if access is not None else (None, kernels.COUNT_CAP_NONE)
-        arrays = (rows.index.slot_keys, rows.index.slot_rows, rows.values, rows.ticks, counts)
-        if tuple(map(id, arrays)) != self._desc_ids:
-            slot_keys, slot_rows, values, ticks, _ = arrays
-            self._desc = np.array(
-                [slot_keys.ctypes.data, slot_rows.ctypes.data, slot_keys.size, 0,
-                 values.ctypes.data, self.dim, values.shape[0], ticks.ctypes.data, 0,
-                 0 if counts is None else counts.ctypes.data, cap],
-                dtype=np.int64,
-            )  # fmt: skip
-            self._desc_arrays = arrays  # referenced: their ids and addresses stay theirs
-            self._desc_ids = tuple(map(id, arrays))
         self._tick += 1
-        desc = self._desc
-        desc[3] = rows.index.gmask
-        desc[8] = self._tick
-        desc[10] = cap
-        return desc
+        return self._desc.row(self._rows, counts, cap, self._tick)
 
     def _after_probe(self, keys: np.ndarray, miss_pos: np.ndarray, n_hit: int) -> None:
         """The policy and the counters after a compiled probe of ``keys`` (lock held)."""
-        n_missed = 0
+        missed, times = self._no_keys, self._no_keys
         if miss_pos.size:
-            missed, times = np.unique(keys[miss_pos], return_counts=True)
-            n_missed = missed.size
-            if self.policy.on_misses(to_xp(self.xp, missed), to_xp(self.xp, times), keys.size):
-                self.policy.age()
-                self._repin()
-        elif self.policy.on_misses(self._no_keys, self._no_keys, keys.size):
-            self.policy.age()
-            self._repin()
-        stats = self._stats
-        stats["queries"] += 1
-        stats["hits"] += n_hit
-        stats["misses"] += n_missed
+            unique_missed, n_times = np.unique(keys[miss_pos], return_counts=True)
+            missed, times = to_xp(self.xp, unique_missed), to_xp(self.xp, n_times)
+        if self.policy.on_misses(missed, times, keys.size):
+            self._placement.new_window(self._tick)
+        self._count(n_hit, int(missed.size))
 
     def resident(self, keys: Keys) -> Mask:
         keys = _host_keys(keys)
@@ -275,77 +250,16 @@ class EmbeddingCache:
         with self._lock, self._scope:
             self._insert(keys, values, since=since, force=force)
 
-    def _insert(self, keys: Keys, values: Vectors, *, since: int | None, force: bool) -> Any:
+    def _insert(self, keys: Keys, values: Vectors, *, since: int | None, force: bool) -> Array:
         """Insert under the lock; returns the rows now holding ``keys`` (-1: not admitted)."""
-        xp = self.xp
-        rows_out = xp.full(keys.size, -1, dtype=xp.int64)
-        kd = to_xp(xp, keys)
+        kd = to_xp(self.xp, keys)
         ok = kd > TOMBSTONE
         if since is not None:
             ok &= ~self._log.since(kd, since)
         self._tick += 1
-        rows = self._rows.lookup(kd)
-        present = ok & (rows >= 0)
-        fresh = xp.flatnonzero(ok & (rows < 0))
-        vd = to_xp(xp, values)
-        if bool(present.any()):
-            prow = rows[present]
-            self._rows.values[prow] = vd[present]
-            self._rows.ticks[prow] = self._tick
-            rows_out[present] = prow
-        if fresh.size:
-            rows_out[fresh] = self._place(kd[fresh], vd[fresh], rows, force)
-        written = rows_out >= 0
-        self._log.record(kd[written])
-        return rows_out
-
-    def _place(self, keys: Any, values: Any, current: Any, force: bool) -> Any:
-        """Put absent keys into free or evicted rows; returns their rows (-1: turned away)."""
-        xp, store = self.xp, self._rows
-        m = int(keys.size)
-        admit = xp.ones(m, dtype=bool)
-        need = m - store.n_free
-        if need > 0:
-            evictable = store.occupied() & ~store.pinned
-            evictable[current[current >= 0]] = False  # rows this batch just upserted stay
-            cand = xp.flatnonzero(evictable)
-            victims, admit = self._choose_victims(keys, cand, need, force)
-            self._evict_rows(victims)
-        idx = xp.flatnonzero(admit)[: store.n_free]
-        out = xp.full(m, -1, dtype=xp.int64)
-        n = int(idx.size)
-        self._stats["inserts"] += n
-        self._stats["rejected"] += m - n
-        if n:
-            rows = store.place(keys[idx], values[idx], self._tick)
-            self.policy.on_insert(keys[idx], rows)
-            out[idx] = rows
-        return out
-
-    def _choose_victims(self, keys: Any, cand: Any, need: int, force: bool) -> tuple[Any, Any]:
-        """Rows to evict so that ``need`` more keys fit, and which newcomers to admit."""
-        xp = self.xp
-        m, e = int(keys.size), int(cand.size)
-        admit = xp.ones(m, dtype=bool)
-        if e == 0:
-            return cand, admit
-        prio = self.policy.priority(cand)
-        if not self.policy.admission or force:
-            if need >= e:
-                return cand, admit
-            return cand[xp.argpartition(prio, need - 1)[:need]], admit
-        # Newcomers compete with the evictable rows: the `need` lowest of both go.
-        both = xp.concatenate([prio, self.policy.newcomer_priority(keys, self._tick)])
-        drop = xp.argpartition(both, need - 1)[:need]
-        admit[drop[drop >= e] - e] = False
-        return cand[drop[drop < e]], admit
-
-    def _evict_rows(self, rows: Any) -> None:
-        if rows.size == 0:
-            return
-        self.policy.on_evict(self._rows.row_keys[rows], rows)
-        self._rows.release(rows)
-        self._stats["evictions"] += int(rows.size)
+        rows = self._placement.upsert(kd, to_xp(self.xp, values), ok, force, self._tick)
+        self._log.record(kd[rows >= 0])
+        return rows
 
     def update(self, keys: Keys, values: Vectors, *, since: int | None = None) -> Mask:
         """Overwrite the rows of keys already resident; returns which were updated."""
@@ -368,7 +282,7 @@ class EmbeddingCache:
         with self._lock, self._scope:
             kd = to_xp(self.xp, keys)
             rows = self._rows.lookup(kd)
-            self._evict_rows(rows[rows >= 0])
+            self._placement.evict_rows(rows[rows >= 0])
             self._log.record(kd)
 
     def pin(self, keys: Keys, values: Vectors) -> None:
@@ -379,11 +293,7 @@ class EmbeddingCache:
         """
         keys, values = self._batch(keys, values)
         with self._lock, self._scope:
-            rows = self._insert(keys, values, since=None, force=True)
-            rows = rows[rows >= 0]
-            pinned = self._rows.pinned
-            room = max(0, self.max_pinned - int(pinned.sum()))
-            pinned[rows[~pinned[rows]][:room]] = True
+            self._placement.pin(self._insert(keys, values, since=None, force=True))
 
     def clear(self) -> None:
         with self._lock, self._scope:
@@ -393,7 +303,7 @@ class EmbeddingCache:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _batch(self, keys: Any, values: Any) -> tuple[Keys, Vectors]:
+    def _batch(self, keys: npt.ArrayLike, values: npt.ArrayLike) -> tuple[Keys, Vectors]:
         from hps.dedup import last_occurrence
 
         keys = _host_keys(keys)
@@ -404,19 +314,3 @@ class EmbeddingCache:
                 f"got {vals.shape}"
             )
         return last_occurrence(keys, vals)
-
-    def _repin(self) -> None:
-        """Re-choose the pinned hot set: the most frequent rows used since the last choice.
-
-        A hot set that moved on leaves the pinned set at once, not after its counts decayed.
-        """
-        if not self.policy.adaptive_pinning or self.max_pinned == 0:
-            return
-        store = self._rows
-        rows = self.xp.flatnonzero(store.occupied() & (store.ticks > self._window_tick))
-        self._window_tick = self._tick
-        store.pinned.fill(False)
-        if rows.size > self.max_pinned:
-            k = rows.size - self.max_pinned
-            rows = rows[self.xp.argpartition(self.policy.priority(rows), k - 1)[k:]]
-        store.pinned[rows] = True

@@ -32,11 +32,15 @@ import functools
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hps.index import EMPTY
+from hps.types import Array, ArrayModule
+
+if TYPE_CHECKING:
+    from hps.cache.rows import RowStore
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +113,12 @@ def warm_up() -> float:
 
 # What EmbeddingCache calls: (row store, host keys, host out, tick, counts or None, cap)
 #   -> (host miss positions, distinct rows hit)
-CacheKernel = Callable[[Any, np.ndarray, np.ndarray, int, Any, int], tuple[np.ndarray, int]]
+CacheKernel = Callable[
+    ["RowStore", np.ndarray, np.ndarray, int, Array | None, int], tuple[np.ndarray, int]
+]
 
 
-def kernel_for(xp: Any) -> CacheKernel | None:
+def kernel_for(xp: ArrayModule) -> CacheKernel | None:
     """The compiled probe+gather for caches on ``xp``, or ``None`` (use the NumPy path)."""
     if xp is np:
         kernel = cpu_kernel()
@@ -124,8 +130,38 @@ def kernel_for(xp: Any) -> CacheKernel | None:
     return run_cupy
 
 
-def _run_cpu(kernel: ProbeGather, rows: Any, keys: np.ndarray, out: np.ndarray, tick: int,
-             counts: Any, cap: int) -> tuple[np.ndarray, int]:  # fmt: skip
+class CacheDescriptor:
+    """One cache's row of the many-table kernel's descriptors (:data:`DESCRIPTOR`): the
+    addresses of its arrays, rebuilt only when one of them was replaced (the arrays are kept
+    referenced, so an address is never reused while the row names it)."""
+
+    def __init__(self) -> None:
+        self._row = np.zeros(len(DESCRIPTOR), dtype=np.int64)
+        self._arrays: tuple[Array | None, ...] = ()
+        self._ids: tuple[int, ...] = ()
+
+    def row(self, rows: RowStore, counts: Array | None, cap: int, tick: int) -> np.ndarray:
+        """The row for a query at ``tick`` (the cache's lock held until the kernel ran)."""
+        arrays = (rows.index.slot_keys, rows.index.slot_rows, rows.values, rows.ticks, counts)
+        if tuple(map(id, arrays)) != self._ids:
+            slot_keys, slot_rows, values, ticks, _ = arrays
+            self._row = np.array(
+                [slot_keys.ctypes.data, slot_rows.ctypes.data, slot_keys.size, 0,
+                 values.ctypes.data, rows.dim, values.shape[0], ticks.ctypes.data, 0,
+                 0 if counts is None else counts.ctypes.data, cap],
+                dtype=np.int64,
+            )  # fmt: skip
+            self._arrays = arrays  # referenced: their ids and addresses stay theirs
+            self._ids = tuple(map(id, arrays))
+        desc = self._row
+        desc[3] = rows.index.gmask
+        desc[8] = tick
+        desc[10] = cap
+        return desc
+
+
+def _run_cpu(kernel: ProbeGather, rows: RowStore, keys: np.ndarray, out: np.ndarray, tick: int,
+             counts: Array | None, cap: int) -> tuple[np.ndarray, int]:  # fmt: skip
     index = rows.index
     miss_pos = np.empty(keys.shape[0], dtype=np.int64)
     n_miss, n_hit = kernel(

@@ -17,11 +17,17 @@ the same source as C++ and run it thread by thread on the CPU
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hps.index import EMPTY, GROUP, TOMBSTONE
+from hps.types import Array
+
+if TYPE_CHECKING:
+    import cupy
+
+    from hps.cache.rows import RowStore
 
 _SOURCE = r"""
 extern "C" __global__ void probe_gather(
@@ -86,14 +92,14 @@ def kernel_source() -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _kernel() -> Any:
+def _kernel() -> cupy.RawKernel:
     import cupy
 
     return cupy.RawKernel(kernel_source(), "probe_gather")
 
 
-def kernel_arguments(rows: Any, keys: Any, out: Any, tick: int, counts: Any, cap: int,
-                     miss: Any, tallies: Any) -> tuple[Any, ...]:  # fmt: skip
+def kernel_arguments(rows: RowStore, keys: Array, out: Array, tick: int, counts: Array | None,
+                     cap: int, miss: Array, tallies: Array) -> tuple[object, ...]:  # fmt: skip
     """The kernel's arguments in its order, for arrays of ``rows.xp`` (device arrays here;
     host arrays where tests run the source compiled for the CPU): ``keys`` int64 ``[n]``,
     ``out`` float32 ``[n, dim]``, ``miss`` int64 ``[>= n]``, ``tallies`` uint64 ``[2]``
@@ -109,7 +115,7 @@ def kernel_arguments(rows: Any, keys: Any, out: Any, tick: int, counts: Any, cap
     )  # fmt: skip
 
 
-def run_cupy(rows: Any, keys: np.ndarray, out: np.ndarray, tick: int, counts: Any,
+def run_cupy(rows: RowStore, keys: np.ndarray, out: np.ndarray, tick: int, counts: Array | None,
              cap: int) -> tuple[np.ndarray, int]:  # fmt: skip
     """Probe and gather on the GPU; ``out`` (host) receives the rows, as the CPU kernel."""
     import cupy

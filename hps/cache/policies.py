@@ -20,10 +20,8 @@ priority ends in the row's last-access tick, so ties fall back to LRU order.
 
 from __future__ import annotations
 
-from types import ModuleType
-from typing import Any
-
 from hps.cache.sketch import CountMinSketch, sketch_nbytes
+from hps.types import Array, ArrayModule
 
 POLICIES = ("lru", "lfu", "frequency")
 WINDOW_PER_ROW = 50  # default frequency_window: accesses per cache row
@@ -33,7 +31,7 @@ _MAX_COUNT = (1 << 22) - 1
 _INT32_MAX = (1 << 31) - 1
 
 
-def compose(xp: ModuleType, counts: Any, ticks: Any) -> Any:
+def compose(xp: ArrayModule, counts: Array, ticks: Array) -> Array:
     """int64 priority: count in the high bits, last-access tick in the low ``TICK_BITS``."""
     c = xp.minimum(counts.astype(xp.int64), _MAX_COUNT)
     return (c << TICK_BITS) | (ticks.astype(xp.int64) & _TICK_MASK)
@@ -47,7 +45,7 @@ class Policy:
     counts_accesses = False  # whether on_query wants each key's accesses in the request
     adaptive_pinning = False
 
-    def __init__(self, capacity: int, ticks: Any, xp: ModuleType) -> None:
+    def __init__(self, capacity: int, ticks: Array, xp: ArrayModule) -> None:
         self.capacity = capacity
         self.ticks = ticks
         self.xp = xp
@@ -61,7 +59,7 @@ class Policy:
     def nbytes(self) -> int:
         return 0
 
-    def on_query(self, keys: Any, rows: Any, hit: Any, counts: Any) -> bool:
+    def on_query(self, keys: Array, rows: Array, hit: Array, counts: Array | None) -> bool:
         """One query of unique ``keys`` (``counts``: accesses of each in the request, or None).
 
         Returns True when a frequency window ended: the cache then calls :meth:`age` and
@@ -69,25 +67,25 @@ class Policy:
         """
         return False
 
-    def on_insert(self, keys: Any, rows: Any) -> None:
+    def on_insert(self, keys: Array, rows: Array) -> None:
         """Missed keys placed in ``rows``."""
 
-    def on_evict(self, keys: Any, rows: Any) -> None:
+    def on_evict(self, keys: Array, rows: Array) -> None:
         """Rows about to be freed (still holding their metadata)."""
 
-    def on_misses(self, keys: Any, counts: Any, accesses: int) -> bool:
+    def on_misses(self, keys: Array, counts: Array, accesses: int) -> bool:
         """After a compiled probe (which bumped the hits' ticks and counts): the missed
         unique ``keys``, their ``counts`` and the query's ``accesses``; as :meth:`on_query`."""
         return False
 
-    def access_counts(self) -> tuple[Any, int] | None:
+    def access_counts(self) -> tuple[Array, int] | None:
         """The per-row access counts a compiled probe bumps per hit, and their cap."""
         return None
 
-    def priority(self, rows: Any) -> Any:
+    def priority(self, rows: Array) -> Array:
         return self.ticks[rows]
 
-    def newcomer_priority(self, keys: Any, tick: int) -> Any:
+    def newcomer_priority(self, keys: Array, tick: int) -> Array:
         """Priority a missed key would have once admitted (used only with ``admission``)."""
         return self.xp.full(keys.size, tick, dtype=self.xp.int64)
 
@@ -102,7 +100,7 @@ class LFUPolicy(Policy):
     name = "lfu"
     counts_accesses = True
 
-    def __init__(self, capacity: int, ticks: Any, xp: ModuleType) -> None:
+    def __init__(self, capacity: int, ticks: Array, xp: ArrayModule) -> None:
         super().__init__(capacity, ticks, xp)
         self.counts = xp.zeros(capacity, dtype=xp.int32)
 
@@ -114,7 +112,7 @@ class LFUPolicy(Policy):
     def nbytes(self) -> int:
         return int(self.counts.nbytes)
 
-    def on_query(self, keys: Any, rows: Any, hit: Any, counts: Any) -> bool:
+    def on_query(self, keys: Array, rows: Array, hit: Array, counts: Array | None) -> bool:
         xp, r = self.xp, rows[hit]  # unique rows: the keys of a query are de-duplicated
         add = 1 if counts is None else counts[hit].astype(xp.int64)
         # saturating, as the compiled kernels: a wrapped count would make the hottest row
@@ -122,13 +120,13 @@ class LFUPolicy(Policy):
         self.counts[r] = xp.minimum(self.counts[r].astype(xp.int64) + add, _INT32_MAX)
         return False
 
-    def on_insert(self, keys: Any, rows: Any) -> None:
+    def on_insert(self, keys: Array, rows: Array) -> None:
         self.counts[rows] = 1
 
-    def access_counts(self) -> tuple[Any, int] | None:
+    def access_counts(self) -> tuple[Array, int] | None:
         return self.counts, _INT32_MAX
 
-    def priority(self, rows: Any) -> Any:
+    def priority(self, rows: Array) -> Array:
         return compose(self.xp, self.counts[rows], self.ticks[rows])
 
     def clear(self) -> None:
@@ -141,7 +139,7 @@ class FrequencyPolicy(LFUPolicy):
     adaptive_pinning = True
     count_cap = 63  # bounded counts: a hot set that moved on fades within a few windows
 
-    def __init__(self, capacity: int, ticks: Any, xp: ModuleType, window: int) -> None:
+    def __init__(self, capacity: int, ticks: Array, xp: ArrayModule, window: int) -> None:
         super().__init__(capacity, ticks, xp)
         self.sketch = CountMinSketch(capacity, xp)
         self.window = window
@@ -155,17 +153,17 @@ class FrequencyPolicy(LFUPolicy):
     def nbytes(self) -> int:
         return int(self.counts.nbytes) + self.sketch.nbytes
 
-    def on_query(self, keys: Any, rows: Any, hit: Any, counts: Any) -> bool:
+    def on_query(self, keys: Array, rows: Array, hit: Array, counts: Array | None) -> bool:
         xp, r, miss = self.xp, rows[hit], ~hit
         add = 1 if counts is None else counts[hit].astype(xp.int32)
         self.counts[r] = xp.minimum(self.counts[r] + add, self.count_cap)
         self.sketch.add(keys[miss], 1 if counts is None else counts[miss])
         return self._window_ended(int(keys.size) if counts is None else int(counts.sum()))
 
-    def access_counts(self) -> tuple[Any, int] | None:
+    def access_counts(self) -> tuple[Array, int] | None:
         return self.counts, self.count_cap
 
-    def on_misses(self, keys: Any, counts: Any, accesses: int) -> bool:
+    def on_misses(self, keys: Array, counts: Array, accesses: int) -> bool:
         """The compiled probe's misses (unique keys, accesses of each) and total accesses;
         the hits' counts were bumped by the probe. Returns True when a window ended."""
         self.sketch.add(keys, counts)
@@ -180,17 +178,17 @@ class FrequencyPolicy(LFUPolicy):
         self._seen = 0
         return True
 
-    def _estimate(self, keys: Any) -> Any:
+    def _estimate(self, keys: Array) -> Array:
         return self.xp.clip(self.sketch.estimate(keys), 1, self.count_cap)
 
-    def on_insert(self, keys: Any, rows: Any) -> None:
+    def on_insert(self, keys: Array, rows: Array) -> None:
         # A newcomer starts with what the sketch saw of it while it was not resident.
         self.counts[rows] = self._estimate(keys)
 
-    def on_evict(self, keys: Any, rows: Any) -> None:
+    def on_evict(self, keys: Array, rows: Array) -> None:
         self.sketch.raise_to(keys, self.counts[rows])
 
-    def newcomer_priority(self, keys: Any, tick: int) -> Any:
+    def newcomer_priority(self, keys: Array, tick: int) -> Array:
         ticks = self.xp.full(keys.size, tick, dtype=self.xp.int64)
         return compose(self.xp, self._estimate(keys), ticks)
 
@@ -204,7 +202,7 @@ class FrequencyPolicy(LFUPolicy):
         self._seen = 0
 
 
-def make_policy(name: str, capacity: int, ticks: Any, xp: ModuleType, window: int) -> Policy:
+def make_policy(name: str, capacity: int, ticks: Array, xp: ArrayModule, window: int) -> Policy:
     if name == "lru":
         return Policy(capacity, ticks, xp)
     if name == "lfu":

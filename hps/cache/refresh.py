@@ -15,11 +15,21 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
+
+from hps.types import Keys
 
 log = logging.getLogger(__name__)
 
-RefreshFn = Callable[[str, Any], Any]
+RefreshFn = Callable[[str, Keys], object]
+
+
+class Refreshable(Protocol):
+    """What the refresher needs of a cache (:class:`hps.cache.EmbeddingCache` has it)."""
+
+    @property
+    def capacity(self) -> int: ...
+    def resident_keys(self) -> Keys: ...
 
 
 class Refresher:
@@ -27,7 +37,7 @@ class Refresher:
 
     def __init__(
         self,
-        caches: Mapping[str, Any],
+        caches: Mapping[str, Any],  # Refreshable; the session types its caches as L1Cache
         refresh: RefreshFn,
         *,
         interval: float,
@@ -50,7 +60,7 @@ class Refresher:
     def enabled(self) -> bool:
         return self.interval > 0 and bool(self.caches)
 
-    def slice_size(self, cache: Any) -> int:
+    def slice_size(self, cache: Refreshable) -> int:
         """Keys per slice: ``percentage`` x capacity (the whole cache when 0)."""
         if self.percentage <= 0:
             return max(1, cache.capacity)

@@ -8,12 +8,10 @@ class only executes, a whole batch at a time.
 
 from __future__ import annotations
 
-from types import ModuleType
-from typing import Any
-
 import numpy as np
 
 from hps.index import TOMBSTONE, KeyIndex, aligned_full, slots_for
+from hps.types import Array, ArrayModule
 
 MAX_LOAD = 0.5  # fixed capacity: a sparser index ends most probes in the first group
 # Per row beyond the arena and the index: row key 8, tick 8, pinned flag 1, free-stack slot 8.
@@ -26,7 +24,7 @@ def rows_nbytes(capacity: int, dim: int) -> int:
 
 
 class RowStore:
-    def __init__(self, capacity: int, dim: int, xp: ModuleType) -> None:
+    def __init__(self, capacity: int, dim: int, xp: ArrayModule) -> None:
         self.capacity, self.dim, self.xp = capacity, dim, xp
         self.index = KeyIndex(capacity, xp=xp, max_load=MAX_LOAD)
         self.values = aligned_full(xp, (capacity, dim), 0.0, np.float32)
@@ -44,14 +42,14 @@ class RowStore:
         arrays = (self.values, self.row_keys, self.ticks, self.pinned, self.free)
         return sum(int(a.nbytes) for a in arrays) + self.index.nbytes
 
-    def lookup(self, keys: Any) -> Any:
+    def lookup(self, keys: Array) -> Array:
         """Row of each key (``xp`` int64), -1 where absent."""
         return self.index.lookup(keys)
 
-    def occupied(self) -> Any:
+    def occupied(self) -> Array:
         return self.row_keys != TOMBSTONE
 
-    def place(self, keys: Any, values: Any, tick: int) -> Any:
+    def place(self, keys: Array, values: Array, tick: int) -> Array:
         """Put absent, unique ``keys`` into free rows (at most ``n_free``); returns the rows."""
         n = int(keys.size)
         rows = self.free[self.n_free - n : self.n_free].copy()
@@ -63,7 +61,7 @@ class RowStore:
         self.pinned[rows] = False
         return rows
 
-    def release(self, rows: Any) -> None:
+    def release(self, rows: Array) -> None:
         """Free occupied ``rows`` (unique): their keys leave the index."""
         if rows.size == 0:
             return

@@ -7,12 +7,10 @@ resident (TinyLFU's admission test), in a fixed amount of memory. Counters are h
 
 from __future__ import annotations
 
-from types import ModuleType
-from typing import Any
-
 import numpy as np
 
 from hps.index import mix
+from hps.types import Array, ArrayModule
 
 DEPTH = 4
 _SALT = np.int64(0x5DEECE66D)
@@ -27,7 +25,7 @@ def sketch_nbytes(capacity: int) -> int:
     return DEPTH * sketch_width(capacity) * 4
 
 
-def scatter_max(xp: ModuleType, target: Any, index: Any, value: Any) -> None:
+def scatter_max(xp: ArrayModule, target: Array, index: Array, value: Array) -> None:
     """``target[index] = max(target[index], value)`` with repeated indices all applied."""
     if xp is np:
         np.maximum.at(target, index, value)
@@ -40,7 +38,7 @@ def scatter_max(xp: ModuleType, target: Any, index: Any, value: Any) -> None:
 class CountMinSketch:
     """``DEPTH`` rows of int32 counters; a key's estimate is the minimum of its counters."""
 
-    def __init__(self, capacity: int, xp: ModuleType = np) -> None:
+    def __init__(self, capacity: int, xp: ArrayModule = np) -> None:
         self.xp = xp
         self.width = sketch_width(capacity)
         self._mask = np.uint64(self.width - 1)
@@ -50,7 +48,7 @@ class CountMinSketch:
     def nbytes(self) -> int:
         return int(self.table.nbytes)
 
-    def _slots(self, keys: Any) -> Any:
+    def _slots(self, keys: Array) -> Array:
         """Flat counter index of each key in each row, shape ``(DEPTH, n)`` (double hashing)."""
         xp = self.xp
         h1 = mix(keys, xp)
@@ -60,7 +58,7 @@ class CountMinSketch:
         offsets = rows * np.uint64(self.width)
         return (idx + offsets).astype(xp.int64)
 
-    def add(self, keys: Any, count: Any = 1) -> None:
+    def add(self, keys: Array, count: Array | int = 1) -> None:
         """Count unique ``keys`` once each, or ``count[i]`` times for key ``i``.
 
         Conservative update: only the counters at a key's current minimum grow (each becomes
@@ -75,14 +73,14 @@ class CountMinSketch:
         vals = xp.broadcast_to(new.astype(xp.int32)[None, :], slots.shape)
         scatter_max(xp, self.table, slots.ravel(), vals.ravel())
 
-    def raise_to(self, keys: Any, counts: Any) -> None:
+    def raise_to(self, keys: Array, counts: Array) -> None:
         """Make every counter of each key at least its count (keeps an evicted row's history)."""
         if keys.size:
             slots = self._slots(keys)
             vals = self.xp.broadcast_to(counts.astype(self.xp.int32)[None, :], slots.shape)
             scatter_max(self.xp, self.table, slots.ravel(), vals.ravel())
 
-    def estimate(self, keys: Any) -> Any:
+    def estimate(self, keys: Array) -> Array:
         if keys.size == 0:
             return self.xp.zeros(0, dtype=self.xp.int32)
         return self.table[self._slots(keys)].min(axis=0)

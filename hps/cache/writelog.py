@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from types import ModuleType
-from typing import Any
+
+from hps.types import Array, ArrayModule
 
 log = logging.getLogger(__name__)
 
@@ -20,15 +20,15 @@ log = logging.getLogger(__name__)
 class WriteLog:
     """Versions and the keys (``xp`` arrays) written at each; not thread-safe on its own."""
 
-    def __init__(self, xp: ModuleType, limit: int) -> None:
+    def __init__(self, xp: ArrayModule, limit: int) -> None:
         self.xp = xp
         self.limit = limit
         self.version = 0
-        self._entries: deque[tuple[int, Any]] = deque()
+        self._entries: deque[tuple[int, Array]] = deque()
         self._keys = 0
         self._floor = 0  # versions up to this one are no longer in the log
 
-    def record(self, keys: Any) -> None:
+    def record(self, keys: Array) -> None:
         """A write touched ``keys``: a new version."""
         self.version += 1
         if keys.size == 0:
@@ -40,7 +40,7 @@ class WriteLog:
             self._keys -= int(old.size)
             self._floor = version
 
-    def since(self, keys: Any, version: int) -> Any:
+    def since(self, keys: Array, version: int) -> Array:
         """Mask of ``keys`` written after ``version`` (all of them when the log lost track)."""
         xp = self.xp
         if version < self._floor:

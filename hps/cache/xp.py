@@ -9,12 +9,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from types import ModuleType
-from typing import Any
+from contextlib import AbstractContextManager
 
 import numpy as np
+import numpy.typing as npt
 
 from hps.errors import ConfigError
+from hps.types import Array, ArrayModule
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,7 @@ DEVICES = ("auto", "numpy", "cupy")
 
 
 @functools.lru_cache(maxsize=1)
-def _cupy_or_none() -> ModuleType | None:
+def _cupy_or_none() -> ArrayModule | None:
     """CuPy when it imports and sees at least one GPU; ``None`` otherwise (logged once)."""
     try:
         import cupy
@@ -41,7 +42,7 @@ def gpu_available() -> bool:
     return _cupy_or_none() is not None
 
 
-def select_xp(device: str = "auto") -> ModuleType:
+def select_xp(device: str = "auto") -> ArrayModule:
     """``numpy`` or ``cupy`` for ``hps_cache.device`` (``auto``: CuPy when a GPU is usable)."""
     if device == "numpy":
         return np
@@ -55,25 +56,26 @@ def select_xp(device: str = "auto") -> ModuleType:
     return np
 
 
-def available_xps() -> list[ModuleType]:
+def available_xps() -> list[ArrayModule]:
     """Every array module usable here (NumPy, plus CuPy on a GPU): the tests run on each."""
     cp = _cupy_or_none()
     return [np] if cp is None else [np, cp]
 
 
-def to_host(a: Any) -> np.ndarray:
+def to_host(a: Array) -> np.ndarray:
     """A NumPy array of ``a`` (a device-to-host copy for CuPy, a no-op for NumPy)."""
     if isinstance(a, np.ndarray):
         return a
-    return a.get()
+    host: np.ndarray = a.get()  # a CuPy array (to mypy, Array is NumPy's)
+    return host
 
 
-def to_xp(xp: ModuleType, a: Any) -> Any:
+def to_xp(xp: ArrayModule, a: npt.ArrayLike) -> Array:
     """``a`` as an ``xp`` array (a host-to-device copy for CuPy, a no-op for NumPy)."""
     return xp.asarray(a)
 
 
-def device_scope(xp: ModuleType, device_id: int | None) -> Any:
+def device_scope(xp: ArrayModule, device_id: int | None) -> AbstractContextManager[object]:
     """A reusable context that makes ``device_id`` current for CuPy (a no-op otherwise)."""
     if xp is np or device_id is None:
         return contextlib.nullcontext()
