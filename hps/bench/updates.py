@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from hps.config import PSConfig, parse_config
+from hps.types import JSON
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,8 +71,9 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
         yield summary
 
 
-def _config(brokers: str, workdir: Path, dim: int, **update_source: Any) -> PSConfig:
+def _config(brokers: str, workdir: Path, dim: int, **update_source: object) -> PSConfig:
     model = f"bench{uuid.uuid4().hex[:8]}"
+    source: JSON = {"type": "kafka_message_queue", "brokers": brokers, **update_source}
     return parse_config(
         {
             "models": [
@@ -84,7 +86,7 @@ def _config(brokers: str, workdir: Path, dim: int, **update_source: Any) -> PSCo
             ],
             "volatile_db": {"type": "hash_map"},
             "persistent_db": {"type": "rocks_db", "path": str(workdir / model)},
-            "update_source": {"type": "kafka_message_queue", "brokers": brokers, **update_source},
+            "update_source": source,
         },
         "bench-updates",
     )

@@ -1,0 +1,73 @@
+"""What the sections of the ps.json share: the frozen base model, names, secrets from the
+environment, regular expressions, and the keys of older HugeCTR releases."""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
+NO_LIMIT = 2**64 - 1
+"""``overflow_margin`` when none is set: the one "no capacity limit" value of every L2."""
+
+
+class Frozen(BaseModel):
+    """A ps.json section: immutable, and an unknown key is an error."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+def rename_deprecated(data: object, renames: dict[str, str], where: str) -> object:
+    """Map keys of older HugeCTR releases onto their replacement, with a warning."""
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    for old, new in renames.items():
+        if old in data:
+            value = data.pop(old)
+            warnings.warn(
+                f"{where}.{old} is deprecated (HugeCTR < 3.4); use {where}.{new}",
+                FutureWarning,
+                stacklevel=2,
+            )
+            data.setdefault(new, value)
+    return data
+
+
+def from_env(variable: str, what: str) -> str:
+    """A secret named by environment variable: ``$NAME``, or the file ``$NAME_FILE`` names.
+
+    ``NAME_FILE`` is how a mounted Kubernetes or Compose secret arrives: the file's content,
+    less a trailing newline, is the secret. Setting both is an error. Messages name the
+    variable and the file, never the content.
+    """
+    if not NAME_RE.match(variable):
+        raise ValueError(f"{what}: {variable!r} is not an environment variable name")
+    value = os.environ.get(variable)
+    path = os.environ.get(f"{variable}_FILE")
+    if value is not None and path is not None:
+        raise ValueError(f"{what}: set {variable} or {variable}_FILE, not both")
+    if path is not None:
+        try:
+            return Path(path).read_text(encoding="utf-8").rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise ValueError(f"{what}: {variable}_FILE names {path}: {reason}") from None
+    if value is None:
+        raise ValueError(
+            f"{what}: environment variable {variable} is not set (nor {variable}_FILE)"
+        )
+    return value
+
+
+def check_regexes(patterns: list[str]) -> list[str]:
+    for p in patterns:
+        try:
+            re.compile(p)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression {p!r}: {exc}") from None
+    return patterns

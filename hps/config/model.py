@@ -1,0 +1,126 @@
+"""``models[]`` of the ps.json: one model's tables, its L1 cache (``hps_cache``) and limits."""
+
+from __future__ import annotations
+
+from typing import Literal, TypeVar
+
+from pydantic import Field, StrictInt, field_validator, model_validator
+
+from hps.config.common import NAME_RE, Frozen
+from hps.types import TableSpec
+
+T = TypeVar("T")
+
+
+class CacheConfig(Frozen):
+    """``hps_cache``: our L1 settings (an extension of ps.json)."""
+
+    policy: Literal["lru", "lfu", "frequency"] = "lru"
+    capacity: int | None = Field(default=None, ge=1, description="rows; default gpucacheper x rows")
+    device: Literal["auto", "numpy", "cupy"] = "auto"
+    static_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
+    frequency_file: str | None = None
+    warmup_keyset: str | None = None
+    default_on_async_miss: bool = False
+    frequency_window: int | None = Field(
+        default=None, ge=0, description="accesses per ageing step of `frequency` (50 x capacity)"
+    )
+
+
+class ModelConfig(Frozen):
+    model: str
+    sparse_files: list[str] = []
+    dense_file: str = ""
+    network_file: str = ""
+    deployed_device_list: list[int] = [0]
+    max_batch_size: int = Field(default=64, ge=1)
+    embedding_table_names: list[str] = []
+    embedding_vecsize_per_table: list[StrictInt]  # `true` is not a dim of 1
+    maxnum_catfeature_query_per_table_per_sample: list[StrictInt] = []
+    maxnum_des_feature_per_sample: int = Field(default=26, ge=0)
+    default_value_for_each_table: list[float] = [0.0]
+    gpucache: bool = True
+    gpucacheper: float = Field(default=0.2, ge=0.0, le=1.0)
+    hit_rate_threshold: float = Field(default=0.9, ge=0.0, le=1.0)
+    num_of_worker_buffer_in_pool: int = Field(default=1, ge=1)
+    num_of_refresher_buffer_in_pool: int = Field(default=1, ge=0)
+    cache_refresh_percentage_per_iteration: float = Field(default=0.0, ge=0.0, le=1.0)
+    refresh_delay: float = Field(default=0.0, ge=0.0)
+    refresh_interval: float = Field(default=0.0, ge=0.0)
+    use_static_table: bool = False
+    embedding_cache_type: Literal["dynamic", "uvm", "static", "stochastic"] = "dynamic"
+    use_context_stream: bool = True
+    use_hctr_cache_implementation: bool = True
+    thread_pool_size: int = Field(default=16, ge=1)
+    init_ec: bool = True
+    enable_pagelock: bool = False
+    fp8_quant: bool = False
+    label_dim: int = Field(default=1, ge=0)
+    slot_num: int = Field(default=10, ge=0)
+    hps_cache: CacheConfig = CacheConfig()
+    hps_instances: int = Field(default=1, ge=1, description="Triton instances of the model")
+
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"model name {v!r} must match {NAME_RE.pattern}")
+        return v
+
+    @field_validator("embedding_vecsize_per_table")
+    @classmethod
+    def _dims(cls, v: list[int]) -> list[int]:
+        if not v or any(d <= 0 for d in v):
+            raise ValueError("needs one positive vector size per table")
+        return v
+
+    @model_validator(mode="after")
+    def _tables_consistent(self) -> ModelConfig:
+        n = len(self.embedding_vecsize_per_table)
+        names = self.embedding_table_names
+        if names and len(names) != n:
+            raise ValueError(
+                f"embedding_table_names has {len(names)} names but embedding_vecsize_per_table "
+                f"has {n} sizes"
+            )
+        for name in names:
+            if not NAME_RE.match(name):
+                raise ValueError(f"embedding_table_names: invalid table name {name!r}")
+        if len(set(names)) != len(names):
+            raise ValueError("embedding_table_names: duplicate table names")
+        for key in ("maxnum_catfeature_query_per_table_per_sample", "default_value_for_each_table"):
+            got = getattr(self, key)
+            if len(got) not in (0, 1, n):
+                raise ValueError(f"{key} has {len(got)} entries but the model has {n} tables")
+        if self.sparse_files and len(self.sparse_files) != n:
+            raise ValueError(f"sparse_files has {len(self.sparse_files)} entries for {n} tables")
+        return self
+
+    @property
+    def table_names(self) -> list[str]:
+        n = len(self.embedding_vecsize_per_table)
+        return list(self.embedding_table_names) or [f"sparse_embedding{i}" for i in range(n)]
+
+    def _per_table(self, values: list[T], fallback: T) -> list[T]:
+        n = len(self.embedding_vecsize_per_table)
+        if not values:
+            return [fallback] * n
+        return list(values) * n if len(values) == 1 else list(values)
+
+    @property
+    def tables(self) -> list[TableSpec]:
+        """Tables of this model in request order."""
+        queries = self._per_table(self.maxnum_catfeature_query_per_table_per_sample, 0)
+        defaults = self._per_table(self.default_value_for_each_table, 0.0)
+        return [
+            TableSpec(
+                model=self.model,
+                table=name,
+                dim=dim,
+                default_value=float(default),
+                max_keys_per_request=int(q) * self.max_batch_size,
+            )
+            for name, dim, q, default in zip(
+                self.table_names, self.embedding_vecsize_per_table, queries, defaults, strict=True
+            )
+        ]

@@ -1,0 +1,94 @@
+"""The whole ps.json (:class:`PSConfig`), and reading it: :func:`load_config` from a file,
+:func:`parse_config` from a parsed document; errors name the key and the file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from hps.config.common import Frozen
+from hps.config.databases import PersistentDBConfig, VolatileDBConfig
+from hps.config.model import ModelConfig
+from hps.config.update_source import UpdateSourceConfig
+from hps.errors import ConfigError
+from hps.types import TableSpec
+
+
+class PSConfig(Frozen):
+    """The whole ps.json."""
+
+    supportlonglong: bool = True
+    # Ours defaults to true (measured faster, same results: hps/fused.py); HugeCTR's to false.
+    fuse_embedding_table: bool = True
+    models: list[ModelConfig]
+    volatile_db: VolatileDBConfig = VolatileDBConfig()
+    persistent_db: PersistentDBConfig = PersistentDBConfig()
+    update_source: UpdateSourceConfig = UpdateSourceConfig()
+    source: str = Field(default="<memory>", exclude=True, description="file it was read from")
+
+    @field_validator("models")
+    @classmethod
+    def _some_models(cls, v: list[ModelConfig]) -> list[ModelConfig]:
+        if not v:
+            raise ValueError("needs at least one model (an empty list would serve nothing)")
+        return v
+
+    @model_validator(mode="after")
+    def _unique_models(self) -> PSConfig:
+        names = [m.model for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"models: duplicate model names {names}")
+        if not self.supportlonglong:
+            raise ValueError("supportlonglong: HPS stores int64 keys; set it to true")
+        return self
+
+    def model(self, name: str) -> ModelConfig:
+        for m in self.models:
+            if m.model == name:
+                return m
+        from hps.errors import UnknownTableError
+
+        raise UnknownTableError(
+            f"unknown model {name!r}; configured: {[m.model for m in self.models]}"
+        )
+
+    @property
+    def tables(self) -> list[TableSpec]:
+        return [t for m in self.models for t in m.tables]
+
+
+def _format_errors(exc: ValidationError, source: str) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ""
+        for part in err["loc"]:
+            loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        lines.append(f"{source}: {loc or '<top>'}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_config(data: object, source: str = "<memory>") -> PSConfig:
+    """Validate an already-parsed ps.json document."""
+    if isinstance(data, dict):
+        data = {**data, "source": source}
+    try:
+        return PSConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, source)) from None
+
+
+def load_config(path: str | Path) -> PSConfig:
+    """Read and validate a ps.json; relative paths in it stay relative to the caller."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+    return parse_config(data, str(path))

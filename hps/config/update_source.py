@@ -1,0 +1,47 @@
+"""``update_source`` of the ps.json: where online updates come from (Kafka)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from hps.config.common import Frozen, from_env
+
+
+class UpdateSourceConfig(Frozen):
+    type: Literal["null", "kafka_message_queue", "kafka", "kafka_mq"] = "null"
+    brokers: str = "127.0.0.1:9092"
+    metadata_refresh_interval_ms: int = Field(default=30_000, ge=1)
+    receive_buffer_size: int = Field(default=256 * 1024, ge=1)
+    poll_timeout_ms: int = Field(default=500, ge=0)
+    max_batch_size: int = Field(default=8192, ge=1)
+    failure_backoff_ms: int = Field(default=50, ge=0)
+    max_commit_interval: int = Field(default=32, ge=1)
+    hps_group_id: str = "hps"
+    hps_dead_letter_topic: str = "hps_et.dead_letter"
+    hps_max_version_ahead_s: float = Field(
+        default=300.0,
+        ge=0.0,
+        description="an update version (ns) beyond its message's timestamp + this is refused",
+    )
+    hps_kafka_config: dict[str, str | int | bool] = {}
+    hps_kafka_config_env: dict[str, str] = Field(
+        default={},
+        description="librdkafka setting -> env variable NAME holding it, or NAME_FILE a file",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kafka_secrets_from_env(cls, data: object) -> object:
+        if not isinstance(data, dict):
+            return data
+        env, given = data.get("hps_kafka_config_env"), data.get("hps_kafka_config")
+        if isinstance(env, dict) and env and isinstance(given, dict | None):  # else: its error
+            resolved = {k: from_env(str(v), f"hps_kafka_config_env.{k}") for k, v in env.items()}
+            data = {**data, "hps_kafka_config": {**(given or {}), **resolved}}
+        return data
+
+    @property
+    def enabled(self) -> bool:
+        return self.type != "null"
