@@ -6,8 +6,7 @@ import logging
 
 from hps.config import PSConfig
 from hps.lookup import L1Cache, LookupSession
-from hps.storage import AccessMode
-from hps.tiers import Tiers
+from hps.tiers import AccessMode, Tiers
 
 log = logging.getLogger(__name__)
 

@@ -247,14 +247,11 @@ class LookupSession:
         values[~found] = spec.default_value
         counts["default"] += int(keys.size - np.count_nonzero(found))
         if self.cache_missed_embeddings and in_l3.any():
-            self._background(self._backfill, spec.name, keys[in_l3], values[in_l3])
+            self._background(self.tiers.backfill, spec.name, keys[in_l3], values[in_l3])
         if found_out is not None:
             found_out[:] = found
         return values
 
-    def _backfill(self, table: str, keys: Keys, values: Vectors) -> None:
-        assert self.tiers.volatile is not None
-        self.tiers.volatile.insert(table, keys, values)
 
     # -- writes and L1 maintenance -------------------------------------------------------
 

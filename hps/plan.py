@@ -2,7 +2,7 @@
 
 HugeCTR users could not predict it (HugeCTR issue 427). The naive sizing rule is
 ``unique keys x vector size x sizeof(float)``; the real cost adds each tier's per-row
-overhead, which each backend declares (``EmbeddingStore.bytes_per_row``):
+overhead, which each backend declares (:func:`hps.tiers.bytes_per_row`):
 
 - L1: :func:`hps.cache.cache_nbytes` (arena + row metadata + index + policy state), exact,
   for each cache; every Triton instance is a process with its own caches, spread over the
@@ -29,7 +29,7 @@ from typing import Any
 from hps.cache import cache_capacity, cache_nbytes
 from hps.config import ModelConfig, PersistentDBConfig, PSConfig, VolatileDBConfig
 from hps.errors import ConfigError
-from hps.storage import store_class
+from hps.tiers import bytes_per_row
 from hps.topology import Topology, topology
 
 
@@ -54,11 +54,11 @@ class TablePlan:
 
 def l2_bytes_per_row(cfg: VolatileDBConfig, dim: int) -> float:
     """One L2 row's bytes, as its backend declares them."""
-    return float(store_class(cfg.type).bytes_per_row(dim, bounded=cfg.bounded))
+    return bytes_per_row(cfg.type, dim, bounded=cfg.bounded)
 
 
 def l3_bytes_per_row(cfg: PersistentDBConfig, dim: int) -> float:
-    return float(store_class(cfg.type).bytes_per_row(dim))
+    return bytes_per_row(cfg.type, dim)
 
 
 def _rows(model: ModelConfig, index: int, given: dict[str, int]) -> tuple[int, str]:

@@ -19,14 +19,14 @@ from hps.cache.warmup import WARMUP_CHUNK, plan_warm_up, prefill_wanted
 from hps.config import ModelConfig, PSConfig
 from hps.io.sparse_model import table_rows
 from hps.lookup import LookupSession
-from hps.storage import EmbeddingStore
+from hps.tiers import RowStore
 from hps.types import Keys
 
 log = logging.getLogger(__name__)
 
 
 def table_keys(
-    model: ModelConfig, index: int, persistent: EmbeddingStore | None, n: int
+    model: ModelConfig, index: int, persistent: RowStore | None, n: int
 ) -> Keys | None:
     """Up to ``n`` keys of a table: from its sparse file's ``key`` file, else L3's dump."""
     if model.sparse_files:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from hps.config import ModelConfig, PSConfig
-from hps.storage import AccessMode, Placement, store_class
+from hps.tiers import AccessMode, Placement, placement_of
 
 UpdateApplier = Literal["none", "embedded", "consumer"]
 """Who applies Kafka updates to L2/L3: nobody (no update source), each serving process to
@@ -60,7 +60,7 @@ class Topology:
 
 def l2_placement(config: PSConfig) -> Placement | None:
     vtype = config.volatile_db.type
-    return None if vtype == "disabled" else store_class(vtype).placement
+    return None if vtype == "disabled" else placement_of(vtype)
 
 
 def topology(config: PSConfig) -> Topology:

@@ -11,7 +11,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from hps.lookup import LookupSession
-    from hps.storage import AccessMode
+    from hps.tiers import AccessMode
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -95,18 +95,18 @@ def _export(args: argparse.Namespace) -> int:
 
     session = _session(args.config, "read_only")
     try:
-        store = session.tiers.persistent or session.tiers.volatile
-        if store is None:
+        tiers = session.tiers
+        if tiers.primary is None:
             raise RequestError("export needs an L3 or an L2; both are disabled")
         table_or_raise(session.tables, args.table)
         rows = 0
         if args.sparse:
             with SparseModelWriter(args.sparse) as w:
-                for keys, vecs in store.dump(args.table):
+                for keys, vecs in tiers.dump(args.table):
                     w.write(keys, vecs)
                 rows = w.rows
         else:
-            parts = list(store.dump(args.table))
+            parts = list(tiers.dump(args.table))
             dim = session.tables[args.table].dim
             keys = np.concatenate([k for k, _ in parts]) if parts else np.empty(0, np.int64)
             vecs = (

@@ -2,6 +2,6 @@
 a progress line.
 
 A leaf: it imports nothing of ours above :mod:`hps.errors`, :mod:`hps.types` and (for types
-only) :mod:`hps.config` and :mod:`hps.storage.base` (``tests/unit/test_layers.py``). Loading
-the files into the tiers is :mod:`hps.loading`.
+only) :mod:`hps.config` (``tests/unit/test_layers.py``). Loading the files into the tiers is
+:mod:`hps.loading`.
 """

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -20,7 +20,12 @@ from hps.types import Keys, Vectors
 
 if TYPE_CHECKING:
     from hps.config import ModelConfig
-    from hps.storage.base import EmbeddingStore
+
+
+class CountsRows(Protocol):
+    """What :func:`table_rows` needs of a tier (an L3 :class:`hps.tiers.RowStore`)."""
+
+    def size(self, table: str) -> int: ...
 
 KEY_FILE = "key"
 VECTOR_FILE = "emb_vector"
@@ -95,7 +100,7 @@ class SparseModelWriter:
         self.close()
 
 
-def table_rows(model: ModelConfig, index: int, persistent: EmbeddingStore | None) -> int:
+def table_rows(model: ModelConfig, index: int, persistent: CountsRows | None) -> int:
     """Rows of a model's ``index``-th table: from its sparse file, else what L3 holds."""
     spec = model.tables[index]
     if model.sparse_files and os.path.isdir(model.sparse_files[index]):

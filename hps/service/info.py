@@ -8,8 +8,7 @@ from typing import Any
 
 from hps.errors import HPSError
 from hps.service.state import AdminState, topology_view
-from hps.storage.base import EmbeddingStore
-from hps.tiers import Tiers
+from hps.tiers import RowStore, Tiers
 from hps.types import TableSpec
 
 log = logging.getLogger(__name__)
@@ -17,7 +16,7 @@ log = logging.getLogger(__name__)
 KAFKA_TIMEOUT_S = 3.0
 
 
-def _rows(store: EmbeddingStore | None, spec: TableSpec, exact: bool) -> int | None:
+def _rows(store: RowStore | None, spec: TableSpec, exact: bool) -> int | None:
     if store is None:
         return None
     return int(store.size(spec.name) if exact else store.estimated_size(spec.name))
@@ -27,17 +26,6 @@ def _estimated(reader: Tiers, exact: bool) -> list[str]:
     """The tiers whose row count in a report is the store's estimate."""
     tiers = (("l2", reader.volatile), ("l3", reader.persistent))
     return [] if exact else [t for t, s in tiers if s is not None and not s.exact_size]
-
-
-def last_version(store: Any, spec: TableSpec) -> int | None:
-    """The highest update version applied to the table (its partitions' watermarks)."""
-    from hps.updates.versions import Watermarks, from_limbs
-
-    if store is None:
-        return None
-    marks = Watermarks(store, spec)
-    top = [int(from_limbs(limbs).max()) for _, limbs in store.dump(marks.spec.name) if limbs.size]
-    return max(top) if top else None
 
 
 @dataclass(frozen=True)
@@ -109,7 +97,6 @@ def table_info(
         for level, n in hits.get((served, spec.table), {}).items():
             counts[level] = counts.get(level, 0.0) + n
     total = sum(counts.values())
-    stores = reader.stores
     return {
         "model": spec.model,
         "table": spec.table,
@@ -126,7 +113,7 @@ def table_info(
         "hits": counts,
         "hit_rates": {k: v / total for k, v in counts.items()} if total else {},
         "consumer_lag": lags.of(spec) if state.kafka else None,
-        "last_update_version": last_version(stores[0], spec) if stores else None,
+        "last_update_version": reader.last_version(spec),
     }
 
 

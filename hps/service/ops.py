@@ -24,16 +24,12 @@ WARMUP_PARAMETER = "hps_warmup_keysets"
 
 def lookup(state: AdminState, spec: TableSpec, keys: Keys) -> list[dict[str, Any]]:
     """Where each key is found (l2, l3, default), its vector and update version; no writes."""
-    from hps.updates.versions import key_versions
-
     tiers = state.reader()
     got = tiers.fetch(spec, keys)
     values = got.values
     values[~got.found] = spec.default_value
     where = np.array(["default", "", "l2", "l3"], dtype=object)[got.level]
-    versions = np.zeros(keys.size, dtype=np.uint64)
-    if tiers.persistent is not None:  # versions live beside the data: L3 when there is one
-        versions = key_versions(tiers.persistent, spec).get(keys)
+    versions = tiers.stored_versions(spec, keys)  # beside the data: L3, else L2
     return [
         {"key": k, "found_in": w, "version": v or None, "vector": vec}
         for k, w, v, vec in zip(

@@ -12,6 +12,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import ClassVar, Literal
 
+import numpy as np
+import numpy.typing as npt
+
 from hps.config import PersistentDBConfig, VolatileDBConfig
 from hps.types import Keys, Mask, TableSpec, Vectors
 
@@ -61,7 +64,7 @@ class EmbeddingStore(ABC):
     - ``versioned_rows``: the store keeps an update version inside each row and has
       ``insert_versioned(table, keys, values, versions, durable=)`` and
       ``fetch_versions(table, keys) -> (versions, has_version)`` (``rocks_db``): the Kafka
-      applier then writes each row once (:mod:`hps.updates.versions`).
+      applier then writes each row once (:mod:`hps.tiers.versions`).
     """
 
     name: ClassVar[str]
@@ -110,6 +113,23 @@ class EmbeddingStore(ABC):
     @abstractmethod
     def bytes_per_row(cls, dim: int, *, bounded: bool = False) -> float:
         """Expected bytes one stored row costs; ``bounded``: with an ``overflow_margin``."""
+
+    def insert_versioned(
+        self,
+        table: str,
+        keys: Keys,
+        values: Vectors,
+        versions: npt.NDArray[np.uint64] | None,
+        *,
+        durable: bool = False,
+    ) -> None:
+        """Upsert rows with their update versions (``versioned_rows`` stores only)."""
+        raise NotImplementedError(f"{self.name} keeps no version in its rows")
+
+    def fetch_versions(self, table: str, keys: Keys) -> tuple[npt.NDArray[np.uint64], Mask]:
+        """Each key's stored update version, and whether its row carries one
+        (``versioned_rows`` stores only)."""
+        raise NotImplementedError(f"{self.name} keeps no version in its rows")
 
     def catch_up(self) -> None:  # noqa: B027 (a no-op is the right default)
         """Replay what the writer wrote since (``secondary`` handles only)."""

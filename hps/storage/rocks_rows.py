@@ -7,7 +7,7 @@ value and its version together, so the applier writes each row once.
 
 Format 1 (databases written before): the ``dim`` float32 alone. Such rows are read as they
 are, with no version (``has_version`` false: the applier then looks in the legacy version
-side table, :mod:`hps.updates.versions`); they are not migrated in place, but every row an
+side table, :mod:`hps.tiers.versions`); they are not migrated in place, but every row an
 update or an import rewrites is written in format 2, so a database converges as it is
 updated. Both formats may sit in one column family; a read tells them apart by length.
 """

@@ -24,7 +24,6 @@ from hps.loading.imports import import_lock, import_tables, sparse_sources
 from hps.loading.loader import Loader, TableSource
 from hps.lookup import LookupSession
 from hps.topology import SHARED_L2_DEFAULT, l2_placement, topology
-from hps.types import TableSpec
 
 log = logging.getLogger(__name__)
 
@@ -91,17 +90,19 @@ def fill_l2(session: LookupSession, config: PSConfig, model: ModelConfig) -> int
     topo = topology(config)
     if topo.l2_filled_by != "serving" or not model.sparse_files:
         return 0
-    loader = Loader(session.tiers, "fill", config.volatile_db.initial_cache_rate, l3=False)
+    tiers = session.tiers
+    share = config.volatile_db.initial_cache_rate
+    loader = Loader(tiers, "fill", share, l3=False)
     sources = sparse_sources(config, [model.model])
-    l2 = session.tiers.volatile
+    l2 = tiers.volatile
     assert l2 is not None
 
     def fill(source: TableSource) -> int:
         # From L3 when there is one: it holds the imports and deletes made since the files
         # (hps admin), which a reload must not undo.
-        if session.tiers.persistent is None:
+        if tiers.persistent is None:
             return loader.load(source)
-        return _fill_from_l3(session, source.spec, config.volatile_db.initial_cache_rate)
+        return tiers.fill_l2_from_l3(source.spec.name, share)
 
     if topo.l2 == "process":
         return sum(fill(s) for s in sources)
@@ -109,17 +110,3 @@ def fill_l2(session: LookupSession, config: PSConfig, model: ModelConfig) -> int
     with import_lock(topo.state_dir):
         return sum(fill(s) for s in sources if l2.size(s.spec.name) == 0)
 
-
-def _fill_from_l3(session: LookupSession, spec: TableSpec, share: float) -> int:
-    l2, l3 = session.tiers.volatile, session.tiers.persistent
-    assert l2 is not None and l3 is not None
-    # size() scans the keys: count them only when a share is wanted
-    left = int(round(share * l3.size(spec.name))) if share < 1 else 1 << 62
-    done = 0
-    for keys, vectors in l3.dump(spec.name):
-        n = min(keys.size, left - done)
-        if n <= 0:
-            break
-        l2.insert(spec.name, keys[:n], vectors[:n])
-        done += n
-    return done

@@ -1,15 +1,16 @@
 """Apply decoded update batches to L3 then L2, then tell the L1 listeners.
 
-Ordering and idempotence: each key's last applied version is kept in a side table
-(:mod:`hps.updates.versions`). A row is applied only when its version is >= the stored one,
-so an older update never overwrites a newer one and replaying messages after a crash (at-
-least-once delivery) rewrites the same values. Within one call, the rows of a key collapse
+Ordering and idempotence: each key's last applied version is kept beside its data
+(:mod:`hps.tiers.versions`; the applier writes through :meth:`hps.tiers.Tiers.versioned`).
+A row is applied only when its version is >= the stored one, so an older update never
+overwrites a newer one and replaying messages after a crash (at-least-once delivery)
+rewrites the same values. Within one call, the rows of a key collapse
 to the one with the highest version (the latest in stream order among equals). Rows at or
 above their partition's watermark skip the per-key read (``UpdateBatch.extras["partition"]``
 names the partition; without it every row is checked).
 
 Write order per table: data and per-key versions to the first tier (L3 when it takes the
-table; on ``rocks_db`` one put per row carries both, :mod:`hps.updates.versions`), data to
+table; on ``rocks_db`` one put per row carries both, :mod:`hps.tiers.versions`), data to
 L2, then the partition watermarks with a synced write, which also syncs everything written
 before it. A crash before that sync leaves versions and watermarks no newer than the data,
 and a row whose stored version equals the update's is re-applied, so the replay re-applies.
@@ -26,10 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hps.errors import UnknownTableError
-from hps.storage.base import EmbeddingStore
-from hps.tiers import Tiers
+from hps.tiers import Tiers, VersionedRows
 from hps.types import Keys, TableSpec, UpdateBatch, Vectors
-from hps.updates.versions import SideVersions, Watermarks, key_versions
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +53,8 @@ def model_filter(patterns: Iterable[str]) -> Callable[[str], bool]:
     return lambda model: any(c.search(model) for c in compiled)
 
 
-@dataclass
-class _Route:
-    spec: TableSpec
-    stores: list[EmbeddingStore]  # L3 first
-    versions: SideVersions  # per-key versions, kept with the data of stores[0]
-    watermarks: Watermarks
-
-
 class Applier:
-    """Applies :class:`hps.types.UpdateBatch` lists to the stores of the configured tables.
+    """Applies :class:`hps.types.UpdateBatch` lists to the tiers of the configured tables.
 
     ``persistent_models`` / ``volatile_models`` decide per model which tiers take its updates
     (ps.json's ``update_filters``); a tier that is ``None`` in ``tiers`` takes none.
@@ -79,20 +70,13 @@ class Applier:
         listeners: Sequence[Listener] = (),
     ) -> None:
         self.listeners = list(listeners)
-        self._routes: dict[str, _Route] = {}
+        self._routes: dict[str, VersionedRows] = {}
         for name, spec in tables.items():
-            stores: list[EmbeddingStore] = []
-            if tiers.persistent is not None and persistent_models(spec.model):
-                stores.append(tiers.persistent)
-            if tiers.volatile is not None and volatile_models(spec.model):
-                stores.append(tiers.volatile)
-            if not stores:
-                continue
-            for store in stores:
-                store.open_table(spec)
-            self._routes[name] = _Route(
-                spec, stores, key_versions(stores[0], spec), Watermarks(stores[0], spec)
+            route = tiers.versioned(
+                spec, l2=volatile_models(spec.model), l3=persistent_models(spec.model)
             )
+            if route is not None:
+                self._routes[name] = route
 
     @property
     def tables(self) -> dict[str, TableSpec]:
@@ -119,28 +103,21 @@ class Applier:
                     log.exception("update listener failed for %s", applied.table)
         return done
 
-    def _apply_table(self, route: _Route, group: list[UpdateBatch]) -> Applied:
+    def _apply_table(self, route: VersionedRows, group: list[UpdateBatch]) -> Applied:
         spec = route.spec
         keys, versions, deletes, values, parts = _latest_per_key(group, spec.dim)
         slow = (parts < 0) | (versions < route.watermarks.of(parts))
         stored = np.zeros(keys.size, dtype=np.uint64)
         if slow.any():
-            stored[slow] = route.versions.get(keys[slow])
+            stored[slow] = route.stored(keys[slow])
         keep = versions >= stored
         up = keep & ~deletes
         rm = keep & deletes
         up_keys, up_values, rm_keys = keys[up], values[up], keys[rm]
         # Without a partition there is no watermark write to sync the batch: sync the data.
         sync = bool(keep.any()) and not bool((parts[keep] >= 0).any())
-        if up_keys.size:  # the first store takes data and versions together
-            route.versions.upsert(up_keys, up_values, versions[up], durable=sync)
-        if rm_keys.size:
-            route.versions.delete(rm_keys, versions[rm], durable=sync)
-        for store in route.stores[1:]:
-            if up_keys.size:
-                store.insert(spec.name, up_keys, up_values)
-            if rm_keys.size:
-                store.remove(spec.name, rm_keys)
+        # the first tier takes data and versions together, then the others the data
+        route.write((up_keys, up_values, versions[up]), (rm_keys, versions[rm]), durable=sync)
         if keep.any():
             route.watermarks.advance(parts[keep], versions[keep], durable=True)
         return Applied(spec.name, up_keys, up_values, rm_keys, int((~keep).sum()))

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 from hps.config import PSConfig
 from hps.errors import ConfigError, FormatError, HPSError, RequestError
-from hps.tiers import Tiers
 from hps.topology import topology
 from hps.types import TableSpec
 from hps.updates import codec
@@ -50,18 +49,19 @@ def build_applier(
     listeners: list[Listener] | None = None,
 ) -> Applier:
     """An Applier over the session's tiers; ``shared_only`` skips an in-process L2."""
-    volatile = session.tiers.volatile
-    if volatile is not None and shared_only and topology(config).l2 == "process":
+    tiers = session.tiers
+    l2 = tiers.volatile is not None
+    if l2 and shared_only and topology(config).l2 == "process":
         log.warning(
             "volatile_db %r lives inside each serving process: hps consume applies updates to "
             "L3 only; serving processes apply them to their own L2",
             config.volatile_db.type,
         )
-        volatile = None
-    l3 = session.tiers.persistent
+        l2 = False
+    l3 = tiers.persistent is not None and tiers.persistent.writable
     applier = Applier(
         session.tables,
-        Tiers(volatile, l3 if l3 is not None and l3.writable else None),
+        tiers.subset(l2=l2, l3=l3),
         volatile_models=model_filter(config.volatile_db.update_filters),
         persistent_models=model_filter(config.persistent_db.update_filters),
         listeners=listeners or [],

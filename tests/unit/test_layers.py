@@ -19,7 +19,11 @@ ABOVE = {
     "hps.bench", "hps.loadtest", "hps.cli",
 }  # fmt: skip
 # What the file formats (hps/io) may import of ours: nothing but these, below them.
-IO_BELOW = {"hps.errors", "hps.types", "hps.config", "hps.storage.base", "hps.io"}
+IO_BELOW = {"hps.errors", "hps.types", "hps.config", "hps.io"}
+STORAGE = "hps.storage"  # the backends, their interface and the factory that opens them
+TIERS = "hps.tiers"  # the one way below L1
+# Benchmarks of a backend itself (no tier above it to measure): they may hold one directly.
+BACKEND_BENCHES = {"hps.bench.storage", "hps.bench.shm", "hps.bench.updates"}
 MODEL = "hps.triton.model"  # runs inside Triton's Python stub
 SUPERVISOR = "hps.triton.supervisor"  # what `hps serve` runs
 CLIENT = "hps.triton.client"  # runs in whoever talks to Triton
@@ -110,6 +114,15 @@ def _crossing(importer: str, imported: str) -> list[str]:
         for dep in deps
         if _within(dep, {imported})
     ]
+
+
+def test_nothing_but_tiers_imports_a_store_backend() -> None:
+    """Every read or write below L1 goes through hps.tiers (a RowStore): only the storage
+    package itself, hps.tiers and the backends' own benchmarks import hps.storage."""
+    importers = {m for m, deps in _imports().items() if any(_within(d, {STORAGE}) for d in deps)}
+    assert TIERS in importers, "hps.tiers opens the stores (the check would be vacuous)"
+    allowed = {STORAGE, TIERS, *BACKEND_BENCHES}
+    assert sorted(m for m in importers if not _within(m, allowed)) == []
 
 
 def test_the_model_process_does_not_import_the_supervisor() -> None:

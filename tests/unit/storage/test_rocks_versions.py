@@ -15,9 +15,9 @@ import rocksdict as rd
 from hps.storage import rocks_rows
 from hps.storage.rocks_db import RocksDBStore
 from hps.tiers import Tiers
+from hps.tiers.versions import VERSION_SUFFIX, RowVersions, to_limbs
 from hps.types import TableSpec, UpdateBatch
 from hps.updates.applier import Applier
-from hps.updates.versions import VERSION_SUFFIX, RowVersions, to_limbs
 
 SPEC = TableSpec("m", "t", 3)
 

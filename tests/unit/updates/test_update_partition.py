@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from hps.tiers.versions import from_limbs, to_limbs
 from hps.updates.partition import key_hash, partition_of, split_by_partition
-from hps.updates.versions import from_limbs, to_limbs
 
 
 def test_hash_is_fixed() -> None:

@@ -1,0 +1,146 @@
+"""RowStore: the rows of one tier (L2 or L3), the one typed interface to a store below L1.
+
+Callers never hold a backend (:mod:`hps.storage`): they read and write rows through the
+:class:`RowStore` s of a :class:`hps.tiers.Tiers`. What a stored row is, today a float32
+vector of the table's dimension (with its update version where the backend keeps one in the
+row), and later its stored format and model version, is decided here, once, for every
+caller: the lookup, the loader, the applier, the control plane, the load test.
+
+The class methods :meth:`RowStore.open`, :func:`placement_of` and :func:`bytes_per_row` are
+the only way to a backend's class (what ``hps plan`` and the topology need of it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from hps.config import PersistentDBConfig, VolatileDBConfig
+from hps.storage import AccessMode, EmbeddingStore, Placement, open_store, store_class
+from hps.types import Keys, Mask, TableSpec, Vectors
+
+Level = Literal["L2", "L3"]
+
+
+class RowStore:
+    """One tier's rows: ``int64 key -> row`` per table ``<model>.<table>``, whole batches.
+
+    The contract is :class:`hps.storage.base.EmbeddingStore`'s (batches come validated;
+    ``fetch`` returns rows in the order of the keys with a found mask; driver errors are
+    :class:`hps.errors.BackendError`); the capabilities are the backend's declared ones.
+    """
+
+    def __init__(self, store: EmbeddingStore, level: Level) -> None:
+        self._store = store
+        self.level = level
+
+    @classmethod
+    def open(
+        cls,
+        cfg: VolatileDBConfig | PersistentDBConfig,
+        level: Level,
+        mode: AccessMode = "read_write",
+    ) -> RowStore | None:
+        """The tier ``cfg`` configures, opened ``mode`` (``None`` when it is disabled)."""
+        store = open_store(cfg, mode)
+        return None if store is None else cls(store, level)
+
+    def __repr__(self) -> str:
+        return f"RowStore({self.level}, {self.backend})"
+
+    # -- capabilities (declared by the backend, see hps.storage.base) ----------------------
+
+    @property
+    def backend(self) -> str:
+        """The backend's registered name (``hash_map``, ``rocks_db``, ...)."""
+        return self._store.name
+
+    @property
+    def placement(self) -> Placement:
+        return self._store.placement
+
+    @property
+    def writable(self) -> bool:
+        return self._store.writable
+
+    @property
+    def exact_size(self) -> bool:
+        return self._store.exact_size
+
+    @property
+    def versioned_rows(self) -> bool:
+        return self._store.versioned_rows
+
+    # -- rows -------------------------------------------------------------------------------
+
+    def open_table(self, spec: TableSpec) -> None:
+        self._store.open_table(spec)
+
+    def fetch(self, table: str, keys: Keys) -> tuple[Vectors, Mask]:
+        """``(rows[n, dim], found[n])`` in the order of ``keys``; rows not found unspecified."""
+        return self._store.fetch(table, keys)
+
+    def insert(self, table: str, keys: Keys, values: Vectors, *, durable: bool = False) -> None:
+        """Upsert the batch; ``durable``: synced before returning (where the tier is durable)."""
+        if durable:
+            self._store.insert(table, keys, values, durable=True)
+        else:
+            self._store.insert(table, keys, values)
+
+    def remove(self, table: str, keys: Keys, *, durable: bool = False) -> None:
+        if durable:
+            self._store.remove(table, keys, durable=True)
+        else:
+            self._store.remove(table, keys)
+
+    def size(self, table: str) -> int:
+        """The table's rows, counted exactly (a scan where not ``exact_size``)."""
+        return self._store.size(table)
+
+    def estimated_size(self, table: str) -> int:
+        """The table's rows, cheaply: exact where ``exact_size``, else the store's estimate."""
+        return self._store.estimated_size(table)
+
+    def dump(self, table: str, chunk_rows: int | None = None) -> Iterator[tuple[Keys, Vectors]]:
+        """Every row of the table, in chunks of at most ``chunk_rows`` (the backend's default)."""
+        if chunk_rows is None:
+            return self._store.dump(table)
+        return self._store.dump(table, chunk_rows)
+
+    def insert_versioned(
+        self,
+        table: str,
+        keys: Keys,
+        values: Vectors,
+        versions: npt.NDArray[np.uint64],
+        *,
+        durable: bool = False,
+    ) -> None:
+        """Upsert rows that carry their update version (``versioned_rows`` tiers)."""
+        self._store.insert_versioned(table, keys, values, versions, durable=durable)
+
+    def fetch_versions(self, table: str, keys: Keys) -> tuple[npt.NDArray[np.uint64], Mask]:
+        """The version each key's row carries, and whether it carries one."""
+        return self._store.fetch_versions(table, keys)
+
+    # -- the handle ---------------------------------------------------------------------------
+
+    def catch_up(self) -> None:
+        """A secondary L3 replays what its writer wrote since; a no-op elsewhere."""
+        self._store.catch_up()
+
+    def close(self) -> None:
+        self._store.close()
+
+
+def placement_of(type_name: str) -> Placement:
+    """Where the rows of a ps.json store ``type`` live (its backend's declaration)."""
+    return store_class(type_name).placement
+
+
+def bytes_per_row(type_name: str, dim: int, *, bounded: bool = False) -> float:
+    """What one row of dimension ``dim`` costs in a store of ``type_name`` (``hps plan``)."""
+    return float(store_class(type_name).bytes_per_row(dim, bounded=bounded))

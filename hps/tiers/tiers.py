@@ -1,0 +1,211 @@
+"""Tiers: the L2 and L3 of one process, the one way below L1.
+
+The session, the applier, the loader, the control plane and the load test all reach rows
+below L1 through a :class:`Tiers`: the order of writes (L3 first, then L2), the L2-to-L3
+fallback, the backfill of L3 hits into L2, where update versions live and how rows move
+from L3 to L2 are decided here once. Each tier is a :class:`hps.tiers.rows.RowStore`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from hps.config import PSConfig
+from hps.errors import BackendUnavailable, CircuitOpenError
+from hps.storage import AccessMode, EmbeddingStore
+from hps.tiers.rows import Level, RowStore
+from hps.tiers.versions import VersionedRows, Versions, key_versions, last_version
+from hps.types import Keys, TableSpec, Vectors
+
+log = logging.getLogger(__name__)
+
+NOWHERE, IN_L2, IN_L3 = 0, 2, 3
+"""Values of :attr:`Fetched.level`: where each key was found."""
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """Rows of a batch of keys from L2/L3: ``values[i]`` is valid where ``level[i] != 0``."""
+
+    values: Vectors
+    level: npt.NDArray[np.int8]
+
+    @property
+    def found(self) -> npt.NDArray[np.bool_]:
+        return self.level != NOWHERE
+
+
+def _tier(store: EmbeddingStore | RowStore | None, level: Level) -> RowStore | None:
+    if store is None or isinstance(store, RowStore):
+        return store
+    return RowStore(store, level)
+
+
+class Tiers:
+    """L2 (``volatile``) and L3 (``persistent``), each a :class:`RowStore` or ``None``.
+
+    Built from open stores (tests pass in-memory ones) or by :meth:`open` from a ps.json.
+    """
+
+    def __init__(
+        self,
+        volatile: EmbeddingStore | RowStore | None,
+        persistent: EmbeddingStore | RowStore | None,
+    ) -> None:
+        self.volatile = _tier(volatile, "L2")
+        self.persistent = _tier(persistent, "L3")
+
+    @classmethod
+    def open(
+        cls, config: PSConfig, *, l3_mode: AccessMode = "read_write", l2: bool = True
+    ) -> Tiers:
+        """The tiers ``config`` names; ``l3_mode``: how this process opens L3 (see Topology);
+        ``l2=False`` leaves L2 closed (e.g. another process's in-process L2)."""
+        volatile = RowStore.open(config.volatile_db, "L2") if l2 else None
+        return cls(volatile, RowStore.open(config.persistent_db, "L3", l3_mode))
+
+    def subset(self, *, l2: bool = True, l3: bool = True) -> Tiers:
+        """A view of these tiers without L2 (``l2=False``) or L3; the stores stay shared
+        (closing is the owner's)."""
+        return Tiers(self.volatile if l2 else None, self.persistent if l3 else None)
+
+    @property
+    def stores(self) -> list[RowStore]:
+        """The open tiers, L3 first."""
+        return [s for s in (self.persistent, self.volatile) if s is not None]
+
+    @property
+    def primary(self) -> RowStore | None:
+        """The tier that holds a table's whole copy and its update versions: L3, else L2."""
+        return self.persistent if self.persistent is not None else self.volatile
+
+    def open_tables(self, specs: Iterable[TableSpec]) -> None:
+        for spec in specs:
+            for store in self.stores:
+                store.open_table(spec)
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def fetch(
+        self, spec: TableSpec, keys: Keys, *, before_l3: Callable[[], None] | None = None
+    ) -> Fetched:
+        """L2, then L3 for what L2 missed. An L2 that cannot be reached counts as a miss.
+
+        ``before_l3`` runs just before L3 is read, and only when some key has to be read
+        there (e.g. :meth:`catch_up_once`: a secondary L3 catches up only when needed).
+        """
+        level = np.zeros(keys.size, dtype=np.int8)
+        values: Vectors | None = None
+        if self.volatile is not None and keys.size:
+            try:
+                values, found = self.volatile.fetch(spec.name, keys)
+                level[found] = IN_L2
+            except CircuitOpenError:
+                pass  # L2 failed moments ago and is skipped for a while (hps.storage.breaker)
+            except BackendUnavailable as exc:
+                log.warning("L2 unavailable, reading L3: %s", exc)
+        if values is None:
+            values = np.empty((keys.size, spec.dim), dtype=np.float32)
+        rest = np.flatnonzero(level == NOWHERE)
+        if rest.size and self.persistent is not None:
+            if before_l3 is not None:
+                before_l3()
+            v3, f3 = self.persistent.fetch(spec.name, keys[rest])
+            hit = rest[f3]
+            values[hit] = v3[f3]
+            level[hit] = IN_L3
+        return Fetched(values, level)
+
+    def dump(self, table: str) -> Iterator[tuple[Keys, Vectors]]:
+        """Every row of a table, from the tier that holds its whole copy (L3, else L2)."""
+        if self.primary is not None:
+            yield from self.primary.dump(table)
+
+    def stored_versions(self, spec: TableSpec, keys: Keys) -> Versions:
+        """The version of each key's last applied update (0: never), where versions live."""
+        if self.primary is None:
+            return np.zeros(keys.size, dtype=np.uint64)
+        return key_versions(self.primary, spec).get(keys)
+
+    def last_version(self, spec: TableSpec) -> int | None:
+        """The highest update version applied to a table (None: none, or no tier)."""
+        return None if self.primary is None else last_version(self.primary, spec)
+
+    # -- writes -------------------------------------------------------------------------------
+
+    def write(
+        self, table: str, keys: Keys, values: Vectors, *, durable: bool = False, l2: bool = True
+    ) -> None:
+        """Upsert into L3 (synced when ``durable``), then into L2 unless ``l2`` is false."""
+        if self.persistent is not None:
+            self.persistent.insert(table, keys, values, durable=durable)
+        if l2 and self.volatile is not None:
+            self.volatile.insert(table, keys, values)
+
+    def remove(self, table: str, keys: Keys, *, durable: bool = False) -> None:
+        """Delete from L3 and L2."""
+        if self.persistent is not None:
+            self.persistent.remove(table, keys, durable=durable)
+        if self.volatile is not None:
+            self.volatile.remove(table, keys)
+
+    def backfill(self, table: str, keys: Keys, values: Vectors) -> None:
+        """Rows L3 answered, into L2 (``cache_missed_embeddings``); a no-op without L2."""
+        if self.volatile is not None:
+            self.volatile.insert(table, keys, values)
+
+    def fill_l2_from_l3(self, table: str, share: float = 1.0) -> int:
+        """Copy the first ``share`` of a table's L3 rows into L2 (rows as stored); how many."""
+        if self.volatile is None or self.persistent is None:
+            return 0
+        # size() scans the keys: count them only when a share is wanted
+        left = int(round(share * self.persistent.size(table))) if share < 1 else 1 << 62
+        done = 0
+        for keys, vectors in self.persistent.dump(table):
+            n = min(keys.size, left - done)
+            if n <= 0:
+                break
+            self.volatile.insert(table, keys[:n], vectors[:n])
+            done += n
+        return done
+
+    def versioned(
+        self, spec: TableSpec, *, l2: bool = True, l3: bool = True
+    ) -> VersionedRows | None:
+        """The table's rows with their update versions in L3 (if ``l3``) and L2 (if ``l2``):
+        what the Kafka applier writes through; ``None`` when neither tier takes them."""
+        tiers = [t for t, wanted in ((self.persistent, l3), (self.volatile, l2)) if wanted]
+        open_ = [t for t in tiers if t is not None]
+        return VersionedRows(spec, open_) if open_ else None
+
+    # -- the handles ----------------------------------------------------------------------------
+
+    def catch_up(self) -> None:
+        """Let a secondary L3 replay what its writer wrote since (a no-op otherwise)."""
+        if self.persistent is not None:
+            self.persistent.catch_up()
+
+    def catch_up_once(self) -> Callable[[], None]:
+        """A ``before_l3`` hook that calls :meth:`catch_up` the first time it runs only.
+
+        A secondary's catch-up re-reads the writer's WAL (tens to hundreds of ms): readers
+        that must see recent writes pay it once per pass, and only when L2 did not answer.
+        """
+        done = False
+
+        def once() -> None:
+            nonlocal done
+            if not done:
+                self.catch_up()
+                done = True
+
+        return once
+
+    def close(self) -> None:
+        for store in self.stores:
+            store.close()
