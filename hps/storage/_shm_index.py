@@ -63,13 +63,13 @@ class BucketIndex:
 
     def _meta(self, ext: np.ndarray | np.integer) -> np.ndarray:
         """Word index of each bucket's header in the segment's int64 view."""
-        return self.seg.offset(ext) // 8
+        return self.seg.extents.offset(ext) // 8
 
     def _kbase(self, ext: np.ndarray | np.integer) -> np.ndarray:
-        return (self.seg.offset(ext) + BUCKET_HEADER) // 8
+        return (self.seg.extents.offset(ext) + BUCKET_HEADER) // 8
 
     def _rbase(self, ext: np.ndarray | np.integer) -> np.ndarray:
-        off = self.seg.offset(ext) + BUCKET_HEADER + 8 * self.slots
+        off = self.seg.extents.offset(ext) + BUCKET_HEADER + 8 * self.slots
         return off // 4
 
     def _home(self, h: np.ndarray, ext: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -155,7 +155,7 @@ class BucketIndex:
             return
         h = mix(keys)
         if self.entry.meta[EntryWord.N_BUCKETS] == 0:
-            first = int(self.seg.alloc(1)[0])
+            first = int(self.seg.extents.alloc(1)[0])
             self._init_bucket(first, 0, 0)
             self.entry.dir[:] = first
             self.entry.meta[EntryWord.N_BUCKETS] = 1
@@ -243,7 +243,7 @@ class BucketIndex:
                 f"multi_process_hash_map: table {self.entry.name}: a bucket of "
                 f"{self.capacity} keys is full at the deepest directory level"
             )
-        new = int(self.seg.alloc(1)[0])
+        new = int(self.seg.extents.alloc(1)[0])
         keys, rows = self._items(bucket)
         self._init_bucket(bucket, ld + 1, pattern)
         self._init_bucket(new, ld + 1, pattern | (1 << ld))
@@ -257,6 +257,6 @@ class BucketIndex:
         """Free every bucket (the table is empty)."""
         d = self.entry.dir
         buckets = np.unique(d[d >= 0]).astype(np.int64)
-        self.seg.free(buckets)
+        self.seg.extents.free(buckets)
         d[:] = -1
         self.entry.meta[EntryWord.N_BUCKETS] = 0

@@ -1,14 +1,9 @@
-"""The shared-memory segment of ``multi_process_hash_map``: mapping, extents, locks, lifecycle.
+"""The shared-memory segment of ``multi_process_hash_map``: mapping, lifecycle, readers and
+writers, the table registry.
 
 One file under ``/dev/shm`` (POSIX shared memory, as ``shm_open`` names it) holds the whole
-L2 of a node; every process maps it (layout: ``_shm_layout``).
-
-Two lock files sit next to the segment. ``<name>.lock`` is the readers-writer lock
-(``flock`` LOCK_SH to read, LOCK_EX to write); the kernel drops it when a holder dies.
-``<name>.users`` is held LOCK_SH by every attached store for its lifetime: whoever can turn
-it into LOCK_EX on close is the last user (crashed processes do not count) and removes the
-files when ``shared_memory_auto_remove`` is set. Plain files are used rather than
-``multiprocessing.shared_memory`` so that no resource tracker ever unlinks the segment.
+L2 of a node; every process maps it (layout: ``_shm_layout``; lock files: ``_shm_locks``;
+free extents: ``_shm_extents``).
 
 A writer sets the header's ``DIRTY`` flag while it holds the lock, and a table's own flag
 before it changes that table. A writer killed half-way leaves them set; the next process to
@@ -20,17 +15,16 @@ free-extent stack from what the surviving tables hold.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import logging
 import mmap
 import os
-import threading
 from collections.abc import Iterator
 
 import numpy as np
 
 from hps.errors import BackendError, ConfigError, HPSError
+from hps.storage._shm_extents import Extents, commit
 from hps.storage._shm_layout import (
     MAGIC,
     MAX_EXTENT,
@@ -46,6 +40,7 @@ from hps.storage._shm_layout import (
     default_directory,
     plan,
 )
+from hps.storage._shm_locks import SegmentLocks
 from hps.storage.overflow import TICK_MASK
 
 log = logging.getLogger(__name__)
@@ -72,51 +67,23 @@ class Segment:
         self.auto_remove = auto_remove
         base = directory or default_directory()
         self.path = os.path.join(base, name)
-        self._paths = (self.path, self.path + ".lock", self.path + ".users")
         self._geo = plan(size, allocation_rate)
-        self._tlock = threading.Lock()
-        self._pid = os.getpid()
         self._closed = False
         self._touched: list[EntryView] = []  # tables flagged dirty by the current write
-        self._users = self._join()
-        self._lock = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        self._locks = SegmentLocks(self.path)
         try:
-            with self._flock(fcntl.LOCK_EX):
+            with self._locks.held(fcntl.LOCK_EX):
                 self._map(size)
-                if self._only_user():
+                if self._locks.only_user():
                     self.h[HeaderWord.ATTACHED] = 0  # counts left behind by crashed processes
                 self.h[HeaderWord.ATTACHED] += 1
         except BaseException:
             self._drop_mapping()
-            os.close(self._lock)
-            os.close(self._users)
+            self._locks.close()
             raise
         self._values: dict[int, np.ndarray] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
-
-    def _join(self) -> int:
-        """Hold ``<name>.users`` LOCK_SH, on the file that is at the path right now."""
-        users = self._paths[2]
-        while True:
-            fd = os.open(users, os.O_RDWR | os.O_CREAT, 0o600)
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            with contextlib.suppress(FileNotFoundError):
-                if os.stat(users).st_ino == os.fstat(fd).st_ino:
-                    return fd
-            os.close(fd)  # the last user removed it meanwhile: join the next one
-
-    def _only_user(self) -> bool:
-        """True if no other store is attached. Call with the main lock held exclusively."""
-        try:
-            fcntl.flock(self._users, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            alone = True
-        except BlockingIOError:
-            alone = False
-        # A failed conversion may have dropped our shared lock: take it again. Nobody holds
-        # LOCK_EX meanwhile (that needs the main lock, which we hold).
-        fcntl.flock(self._users, fcntl.LOCK_SH)
-        return alone
 
     def _map(self, size: int) -> None:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -177,12 +144,11 @@ class Segment:
             int(h[HeaderWord.TABLES_OFF]),
             int(h[HeaderWord.ENTRY_BYTES]),
         )
-        self.data_off = int(h[HeaderWord.DATA_OFF])
         f0 = int(h[HeaderWord.FREE_OFF]) // 4
-        self.free_stack = self.i32[f0 : f0 + self.n_ext]
+        self.extents = Extents(h, self.i32[f0 : f0 + self.n_ext], self._fd, self.path)
 
     def _init(self, geo: Geometry) -> None:
-        self._commit(0, geo.data_off)
+        commit(self._fd, self.path, 0, geo.data_off)
         self.u8[: geo.data_off] = 0
         h = self.h
         for key, value in (
@@ -201,46 +167,26 @@ class Segment:
         ):
             h[key] = value
         self._geometry()
-        self._reset_extents()
+        self.extents.reset()
         h[HeaderWord.READY] = 1
-
-    def _reset_extents(self) -> None:
-        self.free_stack[:] = np.arange(self.n_ext - 1, -1, -1, dtype=np.int32)
-        self.h[HeaderWord.FREE_TOP] = self.n_ext
-
-    def _commit(self, offset: int, length: int) -> None:
-        """Back these bytes with memory now, so a full /dev/shm fails here, not with SIGBUS."""
-        try:
-            os.posix_fallocate(self._fd, offset, length)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.ENOMEM):
-                raise BackendError(f"multi_process_hash_map: {self.path}: {exc}") from exc
-            raise NoSpace(f"{os.path.dirname(self.path)} is full") from exc
 
     def close(self) -> None:
         """Detach; the last user removes the files when ``auto_remove`` is set."""
         if self._closed:
             return
         self._closed = True
-        if os.getpid() != self._pid:
+        if self._locks.forked:
             return  # a forked child shares our lock files' descriptions: leave them alone
-        with self._tlock:
-            fcntl.flock(self._lock, fcntl.LOCK_EX)
-            try:
-                self.h[HeaderWord.ATTACHED] = max(0, int(self.h[HeaderWord.ATTACHED]) - 1)
-                if self.auto_remove and self._only_user():
-                    for path in self._paths:
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(path)
-            finally:
-                fcntl.flock(self._lock, fcntl.LOCK_UN)
+        with self._locks.thread, self._locks.held(fcntl.LOCK_EX):
+            self.h[HeaderWord.ATTACHED] = max(0, int(self.h[HeaderWord.ATTACHED]) - 1)
+            if self.auto_remove and self._locks.only_user():
+                self._locks.remove_files()
         self._values.clear()
         self._drop_mapping()
-        os.close(self._lock)
-        os.close(self._users)
+        self._locks.close()
 
     def _drop_mapping(self) -> None:
-        for view in ("u8", "i64", "i32", "u32", "groups", "h", "free_stack"):
+        for view in ("u8", "i64", "i32", "u32", "groups", "h", "extents"):
             self.__dict__.pop(view, None)
         if hasattr(self, "_mm"):
             with contextlib.suppress(BufferError):  # a caller still holds a view: GC unmaps
@@ -251,43 +197,29 @@ class Segment:
     # -- locking -----------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _flock(self, op: int) -> Iterator[None]:
-        fcntl.flock(self._lock, op)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._lock, fcntl.LOCK_UN)
-
-    def _check_process(self) -> None:
-        if os.getpid() != self._pid:
-            raise BackendError(
-                f"multi_process_hash_map: this store was opened by process {self._pid}; "
-                "open a new one in a forked child"
-            )
-
-    @contextlib.contextmanager
     def reading(self) -> Iterator[None]:
         """Shared lock (several readers of any process); repairs a segment left dirty."""
-        self._check_process()
-        with self._tlock:
+        locks = self._locks
+        locks.check_process()
+        with locks.thread:
             while True:
-                fcntl.flock(self._lock, fcntl.LOCK_SH)
+                fcntl.flock(locks.fd, fcntl.LOCK_SH)
                 if not self.h[HeaderWord.DIRTY]:
                     break
-                fcntl.flock(self._lock, fcntl.LOCK_UN)
-                with self._flock(fcntl.LOCK_EX):
+                fcntl.flock(locks.fd, fcntl.LOCK_UN)
+                with locks.held(fcntl.LOCK_EX):
                     if self.h[HeaderWord.DIRTY]:
                         self.repair()
             try:
                 yield
             finally:
-                fcntl.flock(self._lock, fcntl.LOCK_UN)
+                fcntl.flock(locks.fd, fcntl.LOCK_UN)
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
         """Exclusive lock; the structure is marked dirty until the block ends cleanly."""
-        self._check_process()
-        with self._tlock, self._flock(fcntl.LOCK_EX):
+        self._locks.check_process()
+        with self._locks.thread, self._locks.held(fcntl.LOCK_EX):
             if self.h[HeaderWord.DIRTY]:
                 self.repair()
             self.h[HeaderWord.DIRTY] = 1
@@ -325,39 +257,11 @@ class Segment:
                 entry.reset()
             else:
                 held.append(entry.extents())
-        free = np.setdiff1d(np.arange(self.n_ext, dtype=np.int64), np.concatenate(held))
-        self.free_stack[: free.size] = free[::-1]
-        self.h[HeaderWord.FREE_TOP] = free.size
+        self.extents.keep_only(np.concatenate(held))
         self.h[HeaderWord.REPAIRS] += 1
         self.h[HeaderWord.DIRTY] = 0
 
-    # -- extents -----------------------------------------------------------------------
-
-    def alloc(self, n: int) -> np.ndarray:
-        """Take ``n`` free extents (int64 ids); raises :class:`NoSpace`."""
-        top = int(self.h[HeaderWord.FREE_TOP])
-        if n > top:
-            raise NoSpace(f"{n} extents wanted, {top} free")
-        ids = self.free_stack[top - n : top][::-1].astype(np.int64)
-        if n and ids.max() >= self.h[HeaderWord.COMMITTED]:
-            lo = int(self.h[HeaderWord.COMMITTED])
-            self._commit(self.data_off + lo * self.extent, (int(ids.max()) + 1 - lo) * self.extent)
-            self.h[HeaderWord.COMMITTED] = ids.max() + 1
-        self.h[HeaderWord.FREE_TOP] = top - n
-        return ids
-
-    def free(self, ids: np.ndarray) -> None:
-        top = int(self.h[HeaderWord.FREE_TOP])
-        self.free_stack[top : top + ids.size] = ids
-        self.h[HeaderWord.FREE_TOP] = top + ids.size
-
-    @property
-    def free_extents(self) -> int:
-        return int(self.h[HeaderWord.FREE_TOP])
-
-    def offset(self, ext: np.ndarray | np.integer | int) -> np.ndarray:
-        """Byte offset of extents ``ext`` (an array; 0-d for one extent)."""
-        return self.data_off + np.asarray(ext, dtype=np.int64) * self.extent
+    # -- rows ------------------------------------------------------------------------
 
     def values(self, dim: int) -> np.ndarray:
         """The whole segment as float32 rows of ``dim``: row r starts at byte ``4 * dim * r``."""

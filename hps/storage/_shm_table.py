@@ -53,7 +53,7 @@ class ShmTable:
     def _split(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Byte offset of each row's extent, and the row's place in it."""
         j = g // self.rpe
-        off = self.seg.offset(self.entry.row_ext[j])
+        off = self.seg.extents.offset(self.entry.row_ext[j])
         return off, g - j * self.rpe
 
     def _ticks(self, off: np.ndarray, local: np.ndarray) -> np.ndarray:
@@ -105,7 +105,7 @@ class ShmTable:
         if need > have:
             if need > self.seg.row_ext_cap:
                 raise NoSpace(f"{n_rows} rows exceed the segment")
-            self.entry.row_ext[have:need] = self.seg.alloc(need - have)
+            self.entry.row_ext[have:need] = self.seg.extents.alloc(need - have)
             self.meta[EntryWord.N_ROW_EXT] = need
 
     def _trim(self) -> None:
@@ -113,7 +113,7 @@ class ShmTable:
         keep = -(-self.rows // self.rpe)
         have = int(self.meta[EntryWord.N_ROW_EXT])
         if have > keep:
-            self.seg.free(self.entry.row_ext[keep:have].astype(np.int64))
+            self.seg.extents.free(self.entry.row_ext[keep:have].astype(np.int64))
             self.meta[EntryWord.N_ROW_EXT] = keep
         if self.rows == 0 and self.meta[EntryWord.N_BUCKETS]:
             self.index.release()

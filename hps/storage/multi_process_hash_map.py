@@ -240,7 +240,7 @@ class SharedHashMapStore(EmbeddingStore):
                 "size": seg.size,
                 "extent_bytes": seg.extent,
                 "extents": seg.n_ext,
-                "free_extents": seg.free_extents,
+                "free_extents": seg.extents.n_free,
                 "attached": int(seg.h[HeaderWord.ATTACHED]),
                 "repairs": int(seg.h[HeaderWord.REPAIRS]),
                 "tables": tables,

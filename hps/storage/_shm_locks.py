@@ -1,0 +1,90 @@
+"""The lock files of a ``multi_process_hash_map`` segment, and who may use them.
+
+Two lock files sit next to the segment. ``<name>.lock`` is the readers-writer lock
+(``flock`` LOCK_SH to read, LOCK_EX to write); the kernel drops it when a holder dies.
+``<name>.users`` is held LOCK_SH by every attached store for its lifetime: whoever can turn
+it into LOCK_EX on close is the last user (crashed processes do not count) and removes the
+files when ``shared_memory_auto_remove`` is set. Plain files are used rather than
+``multiprocessing.shared_memory`` so that no resource tracker ever unlinks the segment.
+
+A store belongs to the process that opened it: a forked child opens its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+from collections.abc import Iterator
+
+from hps.errors import BackendError
+
+
+class SegmentLocks:
+    """The lock files of the segment at ``path``, held open; one thread at a time inside."""
+
+    def __init__(self, path: str) -> None:
+        self.paths = (path, path + ".lock", path + ".users")
+        self.thread = threading.Lock()  # one thread of this process in the segment at a time
+        self.pid = os.getpid()
+        self.users = self._join()
+        try:
+            self.fd = os.open(self.paths[1], os.O_RDWR | os.O_CREAT, 0o600)
+        except BaseException:
+            os.close(self.users)
+            raise
+
+    def _join(self) -> int:
+        """Hold ``<name>.users`` LOCK_SH, on the file that is at the path right now."""
+        users = self.paths[2]
+        while True:
+            fd = os.open(users, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(users).st_ino == os.fstat(fd).st_ino:
+                    return fd
+            os.close(fd)  # the last user removed it meanwhile: join the next one
+
+    def only_user(self) -> bool:
+        """True if no other store is attached. Call with the main lock held exclusively."""
+        try:
+            fcntl.flock(self.users, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            alone = True
+        except BlockingIOError:
+            alone = False
+        # A failed conversion may have dropped our shared lock: take it again. Nobody holds
+        # LOCK_EX meanwhile (that needs the main lock, which we hold).
+        fcntl.flock(self.users, fcntl.LOCK_SH)
+        return alone
+
+    @contextlib.contextmanager
+    def held(self, op: int) -> Iterator[None]:
+        """The main lock, ``fcntl.LOCK_SH`` or ``fcntl.LOCK_EX``, for the block."""
+        fcntl.flock(self.fd, op)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    @property
+    def forked(self) -> bool:
+        """Whether this is a forked child of the process that opened the store."""
+        return os.getpid() != self.pid
+
+    def check_process(self) -> None:
+        if self.forked:
+            raise BackendError(
+                f"multi_process_hash_map: this store was opened by process {self.pid}; "
+                "open a new one in a forked child"
+            )
+
+    def remove_files(self) -> None:
+        """Unlink the segment and its lock files (the last user, under the main lock)."""
+        for path in self.paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        os.close(self.users)
