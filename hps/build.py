@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 
 from hps.config import PSConfig
-from hps.lookup import L1Cache, LookupSession
+from hps.lookup import LookupSession
+from hps.pipeline import L1Cache
 from hps.tiers import AccessMode, Tiers
 
 log = logging.getLogger(__name__)
@@ -19,30 +20,27 @@ def build_session(
     with_cache: bool = True,
     device_id: int | None = None,
 ) -> LookupSession:
-    """Open the tiers (or take ready ones), build the L1 caches, wire them.
+    """Open the tiers (or take ready ones), build the L1 caches, then the session with both.
 
     ``l3_mode`` is how L3 is opened when ``tiers`` is not given (a serving process takes it
     from :func:`hps.topology.topology`). ``with_cache=False`` builds no L1 (the consumer and
     the import commands need none). ``device_id`` places the L1 caches on that GPU (default:
     each model's first ``deployed_device_list`` entry).
     """
-    session = LookupSession(
+    tiers = tiers if tiers is not None else Tiers.open(config, l3_mode=l3_mode)
+    tiers.open_tables(t for m in config.models for t in m.tables)
+    caches: dict[str, L1Cache] = {}
+    if with_cache and any(m.gpucache for m in config.models):
+        caches = _build_caches(config, tiers, device_id)
+    return LookupSession(
         config.models,
-        tiers if tiers is not None else Tiers.open(config, l3_mode=l3_mode),
+        tiers,
+        caches=caches,
         cache_missed_embeddings=config.volatile_db.cache_missed_embeddings,
     )
-    if with_cache and any(m.gpucache for m in config.models):
-        session.caches.update(_build_caches(config, session, device_id))
-    if config.fuse_embedding_table:
-        from hps.fused import FusedLookup
-
-        session.fused = FusedLookup(session)
-    return session
 
 
-def _build_caches(
-    config: PSConfig, session: LookupSession, device_id: int | None
-) -> dict[str, L1Cache]:
+def _build_caches(config: PSConfig, tiers: Tiers, device_id: int | None) -> dict[str, L1Cache]:
     from hps.cache import build_cache, cache_capacity
     from hps.io.sparse_model import table_rows
 
@@ -51,7 +49,7 @@ def _build_caches(
         if not model.gpucache:
             continue
         for i, spec in enumerate(model.tables):
-            rows = table_rows(model, i, session.tiers.persistent)
+            rows = table_rows(model, i, tiers.persistent)
             device = model.deployed_device_list[0] if device_id is None else device_id
             capacity = cache_capacity(model, rows)
             caches[spec.name] = build_cache(spec, model.hps_cache, capacity, device_id=device)

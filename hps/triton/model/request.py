@@ -10,13 +10,15 @@ size ``B > 1`` is ``B`` such lookups, one per row; its rows must come out equall
 
 Limits (docs/security.md): the keys of one table over all rows of a request may not exceed
 the table's ``max_batch_size x maxnum_catfeature_query_per_table_per_sample``, checked from
-``NUMKEYS`` (and the size of ``KEYS``) before any key is looked up; a CTR request may not
-have more samples than the model's ``max_batch_size``, nor non-finite dense features.
+``NUMKEYS`` (and the size of ``KEYS``) before any key is looked up by
+:class:`hps.validate.RequestLimits`, the rule the session applies to each lookup; a CTR
+request may not have more samples than the model's ``max_batch_size``, nor non-finite
+dense features.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +31,10 @@ from hps.errors import (
     ShapeError,
     triton_code,
 )
-from hps.types import Keys, TableSpec, Vectors
+from hps.types import Keys, Vectors
+from hps.validate import RequestLimits
+
+__all__ = ["CTRBatch", "RequestLimits", "error_reply", "lookup_hps_request", "parse_ctr_request"]
 
 Lookup = Callable[[Keys, npt.NDArray[np.integer]], Vectors]
 
@@ -51,60 +56,15 @@ def _check(name: str, array: np.ndarray, triton_type: str) -> None:
         )
 
 
-_LIMIT_RULE = "max_batch_size x maxnum_catfeature_query_per_table_per_sample"
-
-
-@dataclass(frozen=True, eq=False)  # an array field: identity, not element-wise ==
-class RequestLimits:
-    """The keys a request may hold per table of a model (0: unlimited), over all its rows.
-
-    Built once per model (:meth:`of`); :meth:`check` looks at shapes and ``NUMKEYS`` only
-    (cheap, before any lookup). A ``NUMKEYS`` of the wrong width is left to the lookup,
-    which names that mistake.
-    """
-
-    model: str
-    names: tuple[str, ...]
-    per_table: npt.NDArray[np.int64]
-
-    @classmethod
-    def of(cls, tables: Sequence[TableSpec]) -> RequestLimits:
-        per_table = np.array([t.max_keys_per_request for t in tables], dtype=np.int64)
-        model = tables[0].model if tables else ""
-        return cls(model, tuple(t.name for t in tables), per_table)
-
-    def check(self, keys: np.ndarray, numkeys: np.ndarray) -> None:
-        """Refuse a request whose keys per table, summed over its rows, exceed the limits."""
-        limits = self.per_table
-        if limits.size == 0 or numkeys.shape[1] != limits.size:
-            return
-        bounded = limits > 0
-        if bounded.all() and keys.shape[1] > int(limits.sum()):
-            raise BatchTooLargeError(
-                f"{self.model}: {keys.shape[1]:,} keys per row exceed the "
-                f"{int(limits.sum()):,} a request may hold over all tables ({_LIMIT_RULE})"
-            )
-        # a negative count is the lookup's to name; here it must not hide another row's excess
-        totals = numkeys[0] if numkeys.shape[0] == 1 else np.clip(numkeys, 0, None).sum(axis=0)
-        over = bounded & (totals > limits)
-        if over.any():
-            i = int(np.argmax(over))
-            n_rows = numkeys.shape[0]
-            rows = f" over the {n_rows} rows of this request" if n_rows > 1 else ""
-            raise BatchTooLargeError(
-                f"{self.names[i]}: {int(totals[i]):,} keys{rows} exceed the limit of "
-                f"{int(limits[i]):,} ({_LIMIT_RULE})"
-            )
-
-
 def lookup_hps_request(
     keys: np.ndarray, numkeys: np.ndarray, lookup: Lookup, limits: RequestLimits | None = None
 ) -> Vectors:
     """Answer one HPS-interface request: ``OUTPUT0`` of shape ``[batch, n x dim]``.
 
     ``lookup(flat_keys, counts_per_table)`` is ``LookupSession.lookup_request`` bound to a
-    model; it validates counts, limits and tables and raises typed errors. ``limits`` (the
-    model's) bound the keys of the whole request (:meth:`RequestLimits.check`).
+    model; it checks each row's counts (:meth:`RequestLimits.counts`) and raises typed
+    errors. ``limits`` (the model's) bound the keys of all rows together
+    (:meth:`RequestLimits.check`).
     """
     _check("KEYS", keys, "INT64")
     _check("NUMKEYS", numkeys, "INT32")

@@ -1,0 +1,232 @@
+"""The one lookup pipeline: every lookup, of one table or of a whole Triton request.
+
+:meth:`LookupPipeline.run` takes validated keys (what :class:`hps.LookupSession` checked at
+its boundary) and the keys per table, and answers into one output buffer::
+
+    keys of tables t0 .. tn, counts per table
+      │ one float32 buffer: each table's rows at its slice, in request order
+      ├─► L1 probe of every cached table, written straight into its slice (probe_l1):
+      │     one compiled call for all tables (hps.cache.many) where the caches allow,
+      │     else each cache's query_into (its compiled kernel, or the NumPy reference);
+      │     the probe does L1's bookkeeping and counts distinct hits
+      ├─► per table, the keys L1 missed (every key of a table without L1), de-duplicated
+      ├─► Tiers.fetch: L2, then L3 for what L2 missed; the table's default for the rest
+      ├─► backfill: L3 hits into L2 (cache_missed_embeddings, in the background); rows
+      │     found into L1 (before returning below hit_rate_threshold, else in the background)
+      ▼
+    the buffer
+
+A single table's lookup is the same call with one table. Contract: vectors in request
+order, one row per key (duplicates included); a key found nowhere gets its table's default;
+a key that L2 or L3 holds never gets the default, unless the table opted into HugeCTR's
+behaviour for asynchronous misses (``hps_cache.default_on_async_miss``). Counters are the
+distinct keys found per level.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
+from types import MappingProxyType
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from hps.cache.many import query_tables_into
+from hps.config import ModelConfig
+from hps.dedup import unique_inverse
+from hps.errors import CircuitOpenError
+from hps.tiers import IN_L2, IN_L3, Tiers
+from hps.types import Keys, Mask, TableSpec, Vectors
+
+log = logging.getLogger(__name__)
+
+LEVELS = ("l1", "l2", "l3", "default")
+COUNTERS = ("lookups", "keys", *LEVELS)
+
+
+class L1Cache(Protocol):
+    """What the pipeline needs of an L1 cache (hps.cache.EmbeddingCache implements it)."""
+
+    @property
+    def version(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    def query_into(self, keys: Keys, out: Vectors) -> tuple[npt.NDArray[np.int64], int]: ...
+    def insert(
+        self, keys: Keys, values: Vectors, *, since: int | None = None, force: bool = False
+    ) -> None: ...
+    def update(self, keys: Keys, values: Vectors, *, since: int | None = None) -> Mask: ...
+    def evict(self, keys: Keys) -> None: ...
+    def resident(self, keys: Keys) -> Mask: ...
+    def pin(self, keys: Keys, values: Vectors) -> None: ...
+
+
+# (spec, cache, first key, keys, first value) of a table probed in L1
+Probed = tuple[TableSpec, L1Cache, int, int, int]
+
+
+def probe_l1(
+    probed: Sequence[Probed], keys: Keys, out: Vectors
+) -> list[tuple[npt.NDArray[np.int64], int]]:
+    """L1 of every table in ``probed``, its rows written into ``out`` in request order
+    (misses as zeros): one compiled call for all tables where the caches allow
+    (:func:`hps.cache.many.query_tables_into`), else one ``query_into`` per cache.
+
+    Returns per table the positions it missed (within its keys) and its distinct hits.
+    """
+    if not probed:
+        return []
+    bounds = np.array([(k, k + n) for _, _, k, n, _ in probed], dtype=np.int64)
+    offsets = np.array([v for *_, v in probed], dtype=np.int64)
+    answers = query_tables_into([c for _, c, *_ in probed], keys, bounds, out, offsets)
+    if answers is not None:
+        return answers
+    return [
+        cache.query_into(keys[k : k + n], out[v : v + n * spec.dim].reshape(n, spec.dim))
+        for spec, cache, k, n, v in probed
+    ]
+
+
+class LookupPipeline:
+    """L1 → L2 → L3 → default for the tables of ``models``, with backfill; see the module.
+
+    Holds the caches (fixed when built), the tiers, the per-table counters and the one
+    background worker that L1 and L2 backfills run on.
+    """
+
+    def __init__(
+        self,
+        models: Sequence[ModelConfig],
+        tiers: Tiers,
+        caches: Mapping[str, L1Cache],
+        *,
+        backfill_l2: bool = False,
+    ) -> None:
+        self.tiers = tiers
+        self.caches: Mapping[str, L1Cache] = MappingProxyType(dict(caches))
+        self.backfill_l2 = backfill_l2 and tiers.volatile is not None
+        # per table: (hit_rate_threshold, default_on_async_miss) of its model
+        self._async = {
+            t.name: (m.hit_rate_threshold, m.hps_cache.default_on_async_miss)
+            for m in models
+            for t in m.tables
+        }
+        self.counts = {name: dict.fromkeys(COUNTERS, 0) for name in self._async}
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hps-l1")
+
+    def run(self, specs: Sequence[TableSpec], keys: Keys, counts: Sequence[int]) -> Vectors:
+        """Flat vectors of ``keys`` (``counts[i]`` keys for ``specs[i]``), validated."""
+        out = np.empty(sum(n * s.dim for s, n in zip(specs, counts, strict=True)), np.float32)
+        probed: list[Probed] = []
+        k = v = 0
+        for spec, n in zip(specs, counts, strict=True):
+            if n:
+                cache = self.caches.get(spec.name)
+                if cache is None:  # no L1: every key goes below, de-duplicated
+                    tally = self.counts[spec.name]
+                    tally["lookups"] += 1
+                    tally["keys"] += n
+                    uniq, inverse = unique_inverse(keys[k : k + n])
+                    view = out[v : v + n * spec.dim].reshape(n, spec.dim)
+                    np.take(self.below_l1(spec, uniq), inverse, axis=0, out=view)
+                else:
+                    probed.append((spec, cache, k, n, v))
+            k += n
+            v += n * spec.dim
+        for (spec, cache, k, n, v), (miss_pos, n_hit) in zip(
+            probed, probe_l1(probed, keys, out), strict=True
+        ):
+            tally = self.counts[spec.name]
+            tally["lookups"] += 1
+            tally["keys"] += n
+            tally["l1"] += n_hit
+            if miss_pos.size:
+                missed, inverse = unique_inverse(keys[k : k + n][miss_pos])
+                view = out[v : v + n * spec.dim].reshape(n, spec.dim)
+                view[miss_pos] = self._l1_misses(spec, cache, missed, n_hit)[inverse]
+        return out
+
+    def _l1_misses(self, spec: TableSpec, cache: L1Cache, missed: Keys, n_hit: int) -> Vectors:
+        """Rows of the distinct keys L1 missed (``n_hit`` distinct keys hit), and L1's share.
+
+        At or above the model's ``hit_rate_threshold`` L1 takes the rows in the background
+        (with ``default_on_async_miss``: the defaults are served and the keys prefetched);
+        below it, before the request returns.
+        """
+        threshold, default_on_async = self._async[spec.name]
+        above = n_hit / (n_hit + missed.size) >= threshold
+        if above and default_on_async:
+            self.counts[spec.name]["default"] += missed.size
+            self.background(self.prefetch, spec, missed)
+            return spec.default_vectors(missed.size)
+        since = cache.version  # a write to L1 after this (a Kafka update) wins over our rows
+        found = np.zeros(missed.size, dtype=bool)
+        fetched = self.below_l1(spec, missed, found)
+        if found.any():
+            rows_in, rows = missed[found], fetched[found]
+            if above:
+                self.background(partial(cache.insert, since=since), rows_in, rows)
+            else:
+                cache.insert(rows_in, rows, since=since)
+        return fetched
+
+    def below_l1(
+        self,
+        spec: TableSpec,
+        keys: Keys,
+        found_out: Mask | None = None,
+        before_l3: Callable[[], None] | None = None,
+    ) -> Vectors:
+        """Rows of distinct ``keys`` from L2, then L3, else the table's default, counted;
+        L3 hits go to L2 in the background (``backfill_l2``). ``found_out`` marks L2/L3 hits;
+        ``before_l3``: see :meth:`hps.tiers.Tiers.fetch`."""
+        tally = self.counts[spec.name]
+        got = self.tiers.fetch(spec, keys, before_l3=before_l3)
+        values, level = got.values, got.level
+        in_l3 = level == IN_L3
+        tally["l2"] += int(np.count_nonzero(level == IN_L2))
+        tally["l3"] += int(np.count_nonzero(in_l3))
+        found = got.found
+        values[~found] = spec.default_value
+        tally["default"] += int(keys.size - np.count_nonzero(found))
+        if self.backfill_l2 and in_l3.any():
+            self.background(self.tiers.backfill, spec.name, keys[in_l3], values[in_l3])
+        if found_out is not None:
+            found_out[:] = found
+        return values
+
+    def prefetch(self, spec: TableSpec, keys: Keys) -> int:
+        """Load the distinct ``keys`` that L1 does not hold from L2/L3; how many were loaded."""
+        cache = self.caches.get(spec.name)
+        if cache is None:
+            return 0
+        keys = keys[~cache.resident(keys)]
+        since = cache.version
+        found = np.zeros(keys.size, dtype=bool)
+        values = self.below_l1(spec, keys, found)
+        # force: keys asked for ahead of use must not be turned away by admission.
+        cache.insert(keys[found], values[found], since=since, force=True)
+        return int(found.sum())
+
+    def background(self, fn: Callable[..., object], *args: object) -> Future[object]:
+        """Run ``fn(*args)`` on the one background worker (L1 inserts, backfills)."""
+        future = self._worker.submit(fn, *args)
+        future.add_done_callback(_log_failure)
+        return future
+
+    def drain(self) -> None:
+        """Wait for the background work submitted so far."""
+        self._worker.submit(lambda: None).result()
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True)
+
+
+def _log_failure(future: Future[object]) -> None:
+    exc = future.exception()
+    if exc is not None and not isinstance(exc, CircuitOpenError):
+        log.warning("background L1 work failed: %s", exc)
