@@ -24,13 +24,13 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from hps.cache import cache_capacity, cache_nbytes
 from hps.config import ModelConfig, PersistentDBConfig, PSConfig, VolatileDBConfig
 from hps.errors import ConfigError
 from hps.tiers import bytes_per_row
 from hps.topology import Topology, topology
+from hps.types import JSON
 
 
 @dataclass(frozen=True)
@@ -206,7 +206,7 @@ def l3_memory(config: PSConfig) -> str | None:
 
 
 def to_json(plans: list[TablePlan], topo: Topology) -> str:
-    doc: dict[str, Any] = {
+    doc: JSON = {
         "topology": topo.as_dict(),
         "tables": [asdict(p) for p in plans],
         "totals": totals(plans),

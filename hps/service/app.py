@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -47,7 +46,7 @@ class Metrics:
 
 
 def _error(
-    status: int, kind: str, detail: Any, headers: dict[str, str] | None = None
+    status: int, kind: str, detail: object, headers: dict[str, str] | None = None
 ) -> JSONResponse:
     """An error body; registered secrets (hps.redact) are scrubbed from what it says."""
     body = redact_mapping({"error": kind, "detail": detail})
@@ -98,7 +97,9 @@ def create_app(state: AdminState) -> FastAPI:
     app.add_middleware(TokenAndBodyLimits, token=state.token)
 
     @app.middleware("http")
-    async def count(request: Request, call_next: Any) -> Response:
+    async def count(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
         start = time.perf_counter()
         response: Response = await call_next(request)
         route = request.scope.get("route")

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from hps.errors import HPSError
 from hps.service.state import AdminState, topology_view
 from hps.tiers import RowStore, Tiers
-from hps.types import TableSpec
+from hps.types import JSON, TableSpec
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +81,7 @@ def table_info(
     lags: Lags,
     *,
     exact: bool,
-) -> dict[str, Any]:
+) -> JSON:
     """One table's report; ``reader`` (caught up) and ``lags`` are fetched once per request.
 
     ``exact``: count the rows of every tier exactly. A listing of all tables does not: a
@@ -117,13 +116,13 @@ def table_info(
     }
 
 
-def one_table(state: AdminState, spec: TableSpec) -> dict[str, Any]:
+def one_table(state: AdminState, spec: TableSpec) -> JSON:
     hits, _ = hit_rates(state)
     lags = consumer_lags(state, [spec])
     return table_info(state, spec, hits, state.reader(), lags, exact=True)
 
 
-def models_info(state: AdminState) -> dict[str, Any]:
+def models_info(state: AdminState) -> JSON:
     hits, why = hit_rates(state)
     reader = state.reader()
     lags = consumer_lags(state, state.config.tables)

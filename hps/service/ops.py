@@ -9,7 +9,6 @@ Triton so that every instance reopens L3 and starts a fresh L1.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import numpy as np
 
@@ -17,12 +16,12 @@ from hps.errors import RequestError
 from hps.loading.loader import Loader, TableSource, l2_action
 from hps.service.jobs import Job
 from hps.service.state import AdminState
-from hps.types import Keys, TableSpec
+from hps.types import JSON, Keys, TableSpec
 
 WARMUP_PARAMETER = "hps_warmup_keysets"
 
 
-def lookup(state: AdminState, spec: TableSpec, keys: Keys) -> list[dict[str, Any]]:
+def lookup(state: AdminState, spec: TableSpec, keys: Keys) -> list[JSON]:
     """Where each key is found (l2, l3, default), its vector and update version; no writes."""
     tiers = state.reader()
     got = tiers.fetch(spec, keys)
@@ -38,7 +37,7 @@ def lookup(state: AdminState, spec: TableSpec, keys: Keys) -> list[dict[str, Any
     ]
 
 
-def delete(state: AdminState, spec: TableSpec, keys: Keys) -> dict[str, Any]:
+def delete(state: AdminState, spec: TableSpec, keys: Keys) -> JSON:
     """Remove ``keys`` from L3, L2 and every serving process's L1."""
     if state.kafka:
         pub = state.publisher()
@@ -52,7 +51,7 @@ def delete(state: AdminState, spec: TableSpec, keys: Keys) -> dict[str, Any]:
     return {"deleted": int(keys.size), "via": "reload", "reloaded": reloaded}
 
 
-def import_table(state: AdminState, job: Job, source: TableSource) -> dict[str, Any]:
+def import_table(state: AdminState, job: Job, source: TableSource) -> JSON:
     """Load a validated source through the one loader (or publish it when Kafka is on)."""
     spec = source.spec
     if state.kafka:
@@ -72,7 +71,7 @@ def import_table(state: AdminState, job: Job, source: TableSource) -> dict[str, 
     return {"via": "reload", "reloaded": state.reload(spec.model)}
 
 
-def warmup_keys(state: AdminState, model: str, keysets: dict[str, Keys]) -> dict[str, Any]:
+def warmup_keys(state: AdminState, model: str, keysets: dict[str, Keys]) -> JSON:
     """Reload ``model`` with these keys per table to load into every instance's L1 at start.
 
     The keys go to keyset files in the state folder, named by the ``hps_warmup_keysets``

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hps.config import PSConfig
 from hps.errors import BackendError, UnknownTableError
@@ -31,12 +31,15 @@ from hps.service.triton_admin import TritonAdmin
 from hps.tiers import Tiers
 from hps.topology import Topology, topology
 from hps.triton.repository import served_models
-from hps.types import TableSpec
+from hps.types import JSON, TableSpec
+
+if TYPE_CHECKING:
+    from hps.updates import Publisher
 
 log = logging.getLogger(__name__)
 
 
-def topology_view(config: PSConfig, topo: Topology) -> dict[str, Any]:
+def topology_view(config: PSConfig, topo: Topology) -> JSON:
     """The Topology, plus the Triton models and the channel writes take from here."""
     return {
         **topo.as_dict(),
@@ -57,7 +60,7 @@ class AdminState:
     jobs: JobRegistry = field(default_factory=JobRegistry)
     _reader: Tiers | None = field(default=None, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
-    _publisher: Any = field(default=None, init=False)
+    _publisher: Publisher | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.topology = topology(self.config)
@@ -117,7 +120,7 @@ class AdminState:
             finally:
                 tiers.close()
 
-    def publisher(self) -> Any:
+    def publisher(self) -> Publisher:
         from hps.updates import Publisher
 
         with self._lock:

@@ -17,13 +17,13 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 from hps.config import ModelConfig, PSConfig, load_config
 from hps.loading.imports import import_lock, import_tables, sparse_sources
 from hps.loading.loader import Loader, TableSource
 from hps.lookup import LookupSession
 from hps.topology import SHARED_L2_DEFAULT, l2_placement, topology
+from hps.types import JSON
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def serving_config(path: str | Path, base_dir: str | Path | None = None) -> PSCo
         )
         for m in config.models
     ]
-    update: dict[str, Any] = {"models": models}
+    update: JSON = {"models": models}
     if config.persistent_db.type != "disabled":
         update["persistent_db"] = config.persistent_db.model_copy(
             update={"path": _absolute(config.persistent_db.path, base)}
