@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
 
 from hps.errors import ConfigError
 
@@ -10,7 +10,7 @@ USER_KINDS = ("grpc", "http", "ctr", "bad", "updates", "freshness", "admin")
 DEFAULT_MIX = "grpc=4,http=2,ctr=1,bad=1"
 
 
-def add_locust_options(parser: Any) -> None:
+def add_locust_options(parser: argparse.ArgumentParser) -> None:
     """Add the ``--hps-*`` and friends to Locust's parser (``include_in_web_ui`` aside)."""
     g = parser.add_argument_group("HPS")
     add = g.add_argument

@@ -23,7 +23,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from hps.errors import ConfigError
 
@@ -37,11 +37,14 @@ Thresholds = dict[str, dict[str, float]]
 class Entry(Protocol):
     """What a threshold reads of one Locust stats entry (``locust.stats.StatsEntry``)."""
 
-    method: str | None
-    name: str
-    num_requests: int
-    num_failures: int
-
+    @property
+    def method(self) -> str | None: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def num_requests(self) -> int: ...
+    @property
+    def num_failures(self) -> int: ...
     @property
     def total_rps(self) -> float: ...
 
@@ -60,7 +63,7 @@ class Violation:
         return f"{self.request_type}: {self.limit} {self.value:.4g} (must be {op} {self.bound:g})"
 
 
-def _check_limits(where: str, limits: Mapping[str, Any]) -> dict[str, float]:
+def _check_limits(where: str, limits: object) -> dict[str, float]:
     if not isinstance(limits, Mapping):
         raise ConfigError(f"{where}: expected an object of limits, got {limits!r}")
     out = {}

@@ -1,4 +1,4 @@
-"""The load-test workload: real keys, Zipf draws, planted known keys, answer checks."""
+"""The load-test workload: requests of real keys with known ones planted, answer checks."""
 
 from __future__ import annotations
 
@@ -8,42 +8,13 @@ import numpy as np
 import pytest
 
 from hps.config import load_config
-from hps.ctr.demo import create_demo, table_sizes, table_vectors
+from hps.ctr.demo import table_sizes
 from hps.ctr.network import pool_embeddings
 from hps.errors import ConfigError
-from hps.loadtest.workload import (
-    BULK,
-    FRESH,
-    WrongAnswer,
-    key_class,
-    load_workload,
-    zipf_cdf,
-)
-
-
-def vectors_of(table: int, keys: np.ndarray, dim: int = 4) -> np.ndarray:
-    """The demo's vectors of ``keys`` (table ``table`` holds keys 0 .. rows - 1 in order)."""
-    rows = table_sizes(3, 3000)[table]
-    return table_vectors(np.arange(rows, dtype=np.int64), dim, table)[keys]
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return create_demo(tmp_path_factory.mktemp("demo"), num_tables=3, max_rows=3000, dim=4)
-
-
-def test_key_classes_are_stable_and_spread() -> None:
-    keys = np.arange(-50_000, 50_000, dtype=np.int64)
-    cls = key_class(keys)
-    assert np.array_equal(cls, key_class(keys.copy()))
-    share = np.bincount(cls) / keys.size
-    assert share.size == 16 and np.all(np.abs(share - 1 / 16) < 0.01)
-
-
-def test_zipf_cdf_is_skewed_by_the_exponent() -> None:
-    flat, steep = zipf_cdf(1000, 0.0), zipf_cdf(1000, 1.2)
-    assert flat[0] == pytest.approx(0.001)
-    assert steep[0] > 0.15 and steep[-1] == pytest.approx(1.0)
+from hps.loadtest.keys import FRESH, key_class
+from hps.loadtest.requests import WrongAnswer
+from hps.loadtest.workload import load_workload
+from tests.unit.loadtest.conftest import vectors_of
 
 
 def test_requests_use_real_keys_and_plant_known_ones(demo: Path) -> None:
@@ -72,14 +43,6 @@ def test_requests_use_real_keys_and_plant_known_ones(demo: Path) -> None:
         req.check(good[:-1])
 
 
-def test_bulk_and_fresh_keys_are_never_verified(demo: Path) -> None:
-    w = load_workload(load_config(demo), samples=(8, 8))
-    for t in w.tables:
-        assert np.all(key_class(t.bulk_keys) == BULK)
-        assert np.all(key_class(t.fresh_keys) == FRESH)
-        assert not np.isin(t.verify_keys, np.concatenate([t.bulk_keys, t.fresh_keys])).any()
-
-
 def test_ctr_request_expects_the_networks_scores(demo: Path) -> None:
     w = load_workload(load_config(demo), samples=(16, 16), keys_per_sample=2)
     req = w.ctr_request(np.random.default_rng(2), known=3)
@@ -95,21 +58,6 @@ def test_ctr_request_expects_the_networks_scores(demo: Path) -> None:
     req.check(scores)
     with pytest.raises(WrongAnswer):
         req.check(np.concatenate([[scores[0] * 0.5 + 0.1], scores[1:]]))
-
-
-def test_keys_come_from_l3_without_sparse_files(tmp_path: Path, demo: Path) -> None:
-    import json
-
-    from hps.triton.serving import prepare_tables, serving_config
-
-    prepare_tables(serving_config(demo))
-    doc = json.loads(demo.read_text())
-    doc["models"][0]["sparse_files"] = []
-    (tmp_path / "ps.json").write_text(json.dumps(doc))
-    w = load_workload(load_config(tmp_path / "ps.json"), samples=(8, 8))
-    t = w.tables[2]
-    assert t.keys.size == 1000
-    assert np.array_equal(t.verify_vectors, vectors_of(2, t.verify_keys))
 
 
 def test_limits_are_checked(demo: Path) -> None:

@@ -1,0 +1,109 @@
+"""Which keys the load-test users send, and which of them are checked.
+
+Keys come from the real keys of the ps.json's tables (the sparse files, else L3), drawn by a
+Zipf law over the keys in file order (rank 1 is the first key; exponent ``zipf``; 0 is
+uniform).
+
+Every key falls in one of three classes by a hash of the key (:func:`key_class`): ``BULK``
+keys receive the publisher's bulk updates, ``FRESH`` keys the freshness probes, and all the
+others are never updated, so their vectors are known: ``VERIFY_POOL`` of them per table are
+kept with their vectors, to be planted in requests and checked in the answers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hps.errors import ConfigError
+from hps.types import TableSpec
+
+if TYPE_CHECKING:
+    from hps.tiers import Tiers
+
+CLASSES = 16
+BULK, FRESH = 0, 1  # key classes that updates touch; every other class is verified
+VERIFY_POOL = 4096  # known vectors kept per table
+MAX_KEYS = 1 << 20  # keys per table drawn from (a random subset of larger tables)
+
+
+def key_class(keys: np.ndarray) -> np.ndarray:
+    """``0 .. CLASSES - 1`` per key (splitmix64 of the key), the same in every process."""
+    with np.errstate(over="ignore"):
+        z = keys.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z % np.uint64(CLASSES)).astype(np.int64)
+
+
+def zipf_cdf(n: int, exponent: float) -> np.ndarray:
+    """Cumulative probabilities of ranks ``1..n`` under Zipf(``exponent``), any exponent >= 0."""
+    weights = np.arange(1, n + 1, dtype=np.float64) ** -float(exponent)
+    cdf = np.cumsum(weights)
+    return cdf / cdf[-1]
+
+
+@dataclass
+class TableKeys:
+    """One table's keys to draw from, and the vectors of its verified keys."""
+
+    spec: TableSpec
+    keys: np.ndarray  # int64, Zipf rank order
+    cdf: np.ndarray
+    verify_keys: np.ndarray
+    verify_vectors: np.ndarray  # [len(verify_keys), dim] float32
+    bulk_keys: np.ndarray
+    fresh_keys: np.ndarray
+
+    def draw(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        idx = np.searchsorted(self.cdf, rng.random(n), side="right")
+        return self.keys[np.minimum(idx, self.keys.size - 1)]
+
+
+def _split(
+    spec: TableSpec, keys: np.ndarray, exponent: float, rng: np.random.Generator
+) -> tuple[TableKeys, np.ndarray]:
+    """The table's keys by class, with ``VERIFY_POOL`` known keys picked (and where in
+    ``keys`` they are); their vectors are the caller's to fill in."""
+    if keys.size == 0:
+        raise ConfigError(f"{spec.name}: the table holds no keys to load-test with")
+    cls = key_class(keys)
+    verifiable = np.flatnonzero(cls > FRESH)
+    pick = np.sort(rng.choice(verifiable, min(VERIFY_POOL, verifiable.size), replace=False))
+    no_vectors = np.zeros((0, spec.dim), dtype=np.float32)
+    cdf = zipf_cdf(keys.size, exponent)
+    table = TableKeys(
+        spec, keys, cdf, keys[pick], no_vectors, keys[cls == BULK], keys[cls == FRESH]
+    )
+    return table, pick
+
+
+def from_sparse(spec: TableSpec, path: str, exponent: float, rng: np.random.Generator) -> TableKeys:
+    """A table's keys from its sparse-model files (a random ``MAX_KEYS`` of larger ones)."""
+    from hps.io.sparse_model import KEY_FILE, VECTOR_FILE, sparse_model_rows
+
+    rows = sparse_model_rows(path, spec.dim)
+    all_keys = np.memmap(Path(path) / KEY_FILE, dtype="<i8", mode="r", shape=(rows,))
+    vectors = np.memmap(Path(path) / VECTOR_FILE, dtype="<f4", mode="r", shape=(rows, spec.dim))
+    index = np.arange(rows) if rows <= MAX_KEYS else np.sort(rng.choice(rows, MAX_KEYS, False))
+    table, pick = _split(spec, np.asarray(all_keys[index], dtype=np.int64), exponent, rng)
+    return replace(table, verify_vectors=np.asarray(vectors[index[pick]], dtype=np.float32))
+
+
+def from_l3(spec: TableSpec, tiers: Tiers, exponent: float, rng: np.random.Generator) -> TableKeys:
+    """A table's keys from L3 (its first ``MAX_KEYS``), the known vectors read back."""
+    chunks, total = [], 0
+    for keys, _ in tiers.dump(spec.name):
+        chunks.append(np.asarray(keys, dtype=np.int64))
+        total += keys.size
+        if total >= MAX_KEYS:
+            break
+    keys = np.concatenate(chunks)[:MAX_KEYS] if chunks else np.zeros(0, np.int64)
+    table, _ = _split(spec, keys, exponent, rng)
+    got = tiers.fetch(spec, table.verify_keys)
+    found = got.found
+    return replace(table, verify_keys=table.verify_keys[found], verify_vectors=got.values[found])

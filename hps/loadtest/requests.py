@@ -1,0 +1,71 @@
+"""The requests of the load-test users, and the checks of Triton's answers to them.
+
+An HPS lookup (KEYS + NUMKEYS -> OUTPUT0) carries known keys at random positions of every
+table, and its answer must hold their vectors there; a CTR request's known samples must get
+the scores that the tables and the dense weights give. Anything else is a
+:class:`WrongAnswer`: a failure, not just an error status.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class WrongAnswer(AssertionError):
+    """Triton answered, but not what the tables hold."""
+
+
+@dataclass
+class LookupRequest:
+    keys: np.ndarray
+    numkeys: np.ndarray
+    dims: list[int]
+    checks: list[tuple[np.ndarray, np.ndarray]]  # per table: (positions, expected vectors)
+
+    @property
+    def inputs(self) -> dict[str, np.ndarray]:
+        return {"KEYS": self.keys[None], "NUMKEYS": self.numkeys[None]}
+
+    def check(self, output: np.ndarray) -> None:
+        """Raise :class:`WrongAnswer` unless every planted key got its vector."""
+        flat = np.asarray(output, dtype=np.float32).reshape(-1)
+        expected_size = int(np.dot(self.numkeys, self.dims))
+        if flat.size != expected_size:
+            raise WrongAnswer(f"OUTPUT0 has {flat.size} values, expected {expected_size}")
+        start = 0
+        for t, (n, dim) in enumerate(zip(self.numkeys.tolist(), self.dims, strict=True)):
+            rows = flat[start : start + n * dim].reshape(n, dim)
+            pos, want = self.checks[t]
+            bad = ~np.isclose(rows[pos], want, rtol=1e-5, atol=1e-6).all(axis=1)
+            if bad.any():
+                raise WrongAnswer(
+                    f"table {t}: {int(bad.sum())}/{pos.size} known keys got wrong vectors"
+                )
+            start += n * dim
+
+
+@dataclass
+class CTRRequest:
+    dense: np.ndarray
+    catcolumn: np.ndarray
+    rowindex: np.ndarray
+    known: int
+    expected: np.ndarray | None  # scores of the first ``known`` samples
+
+    @property
+    def inputs(self) -> dict[str, np.ndarray]:
+        return {"DES": self.dense[None], "CATCOLUMN": self.catcolumn[None],
+                "ROWINDEX": self.rowindex[None]}  # fmt: skip
+
+    def check(self, output: np.ndarray) -> None:
+        """Raise :class:`WrongAnswer` unless the scores are probabilities, and the known
+        samples' scores are what the tables and the dense weights give."""
+        scores = np.asarray(output, dtype=np.float32).reshape(-1)
+        if not np.isfinite(scores).all() or ((scores < 0) | (scores > 1)).any():
+            raise WrongAnswer("CTR scores are not probabilities")
+        if self.expected is not None:
+            got = scores[: self.known]
+            if not np.allclose(got, self.expected, rtol=1e-3, atol=1e-5):
+                raise WrongAnswer(f"CTR scores {got.tolist()} != expected {self.expected.tolist()}")

@@ -1,0 +1,100 @@
+"""Users that publish to the ps.json's update topics: bulk updates and freshness probes.
+
+Bulk updates touch only BULK-class keys and the probes only FRESH-class keys
+(:func:`hps.loadtest.keys.key_class`), so the readers' verified keys never change.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from locust import User, task
+
+from hps.loadtest.requests import WrongAnswer
+from hps.loadtest.steps import stage_at, updates_on
+from hps.loadtest.users.shared import STATE, fire
+
+
+class KafkaUser(User):
+    """Publishes through ``hps.updates.Publisher`` to the ps.json's update topics."""
+
+    abstract = True
+    fixed_count = 1
+
+    def on_start(self) -> None:
+        from hps.updates.producer import Publisher
+
+        o = self.environment.parsed_options
+        assert o is not None
+        self.work = STATE.work()
+        self.publisher = Publisher(o.brokers)
+        self.rng = np.random.default_rng()
+
+    def on_stop(self) -> None:
+        self.publisher.close(timeout_s=10.0)
+
+
+class Updater(KafkaUser):
+    """Bulk updates of BULK-class keys at ``--update-rows-per-s`` (never verified keys)."""
+
+    @task
+    def publish(self) -> None:
+        o = self.environment.parsed_options
+        assert o is not None and STATE.recorder is not None
+        if not updates_on(o.update_phases, stage_at(STATE.recorder.plan, STATE.elapsed())):
+            return  # a phase without bulk updates
+        t = self.work.tables[int(self.rng.integers(0, len(self.work.tables)))]
+        if t.bulk_keys.size == 0:
+            return
+        keys = t.bulk_keys[self.rng.integers(0, t.bulk_keys.size, o.update_batch_rows)]
+        vectors = self.rng.standard_normal((keys.size, t.spec.dim), dtype=np.float32)
+
+        def call() -> int:
+            self.publisher.publish(self.work.name, t.spec.table, keys, vectors)
+            return int(vectors.nbytes)
+
+        fire(self.environment, "kafka", "publish", call)
+
+
+class Prober(KafkaUser):
+    """Freshness: publish new vectors for FRESH-class keys, time until Triton serves them."""
+
+    def on_start(self) -> None:
+        super().on_start()
+        from hps.triton.client import Client
+
+        o = self.environment.parsed_options
+        assert o is not None
+        self.client = Client(o.triton_grpc, grpc=True)
+
+    def on_stop(self) -> None:
+        self.client.close()
+        super().on_stop()
+
+    @task
+    def probe(self) -> None:
+        o = self.environment.parsed_options
+        assert o is not None
+        ti = int(self.rng.integers(0, len(self.work.tables)))
+        t = self.work.tables[ti]
+        if t.fresh_keys.size == 0:
+            return
+        n = min(o.freshness_keys, t.fresh_keys.size)
+        keys = self.rng.choice(t.fresh_keys, n, replace=False)
+        vectors = self.rng.standard_normal((n, t.spec.dim), dtype=np.float32)
+        probe_keys, numkeys = self.work.probe_request(ti, keys)
+        inputs = {"KEYS": probe_keys[None], "NUMKEYS": numkeys[None]}
+
+        def call() -> int:
+            self.publisher.publish(self.work.name, t.spec.table, keys, vectors)
+            deadline = time.perf_counter() + o.freshness_timeout
+            while True:
+                got = self.client.infer(self.work.name, inputs).reshape(n, t.spec.dim)
+                if np.allclose(got, vectors, rtol=1e-5, atol=1e-6):
+                    return int(vectors.nbytes)
+                if time.perf_counter() > deadline:
+                    raise WrongAnswer(f"update not served after {o.freshness_timeout}s")
+                time.sleep(0.005)  # gevent-patched: the other users run meanwhile
+
+        fire(self.environment, "kafka", "freshness", call)
