@@ -31,12 +31,16 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hps.config import PSConfig, parse_config
-from hps.types import JSON
+from hps.types import JSON, UpdateBatch
+from hps.updates.source import MessageSource
+
+if TYPE_CHECKING:
+    from confluent_kafka import Message
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dir", help="folder for RocksDB (a temporary one otherwise)")
 
 
-def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+def run(args: argparse.Namespace) -> Iterator[JSON]:
     with contextlib.ExitStack() as stack:
         brokers = args.brokers
         if not brokers:
@@ -61,7 +65,7 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
         workdir = Path(args.dir or stack.enter_context(tempfile.TemporaryDirectory()))
         apply_row = _apply_phase(args, brokers, workdir)
         yield apply_row
-        summary: dict[str, Any] = dict(apply_row, phase="summary")
+        summary: JSON = dict(apply_row, phase="summary")
         for mode in [m for m in args.modes.split(",") if m]:
             row = _freshness_phase(args, brokers, workdir, mode)
             yield row
@@ -92,13 +96,12 @@ def _config(brokers: str, workdir: Path, dim: int, **update_source: object) -> P
     )
 
 
-def _apply_phase(args: argparse.Namespace, brokers: str, workdir: Path) -> dict[str, Any]:
+def _apply_phase(args: argparse.Namespace, brokers: str, workdir: Path) -> JSON:
     from hps.build import build_session
     from hps.updates.applier import Applier
     from hps.updates.consumer import UpdateConsumer, decode_message
     from hps.updates.producer import Publisher
     from hps.updates.runtime import topics_of
-    from hps.updates.source import MessageSource
 
     cfg = _config(brokers, workdir, args.dim)
     model = cfg.models[0].model
@@ -135,8 +138,8 @@ def _apply_phase(args: argparse.Namespace, brokers: str, workdir: Path) -> dict[
     ceiling_s = _l3_ceiling(decoded, workdir, us.max_batch_size)
 
     applier = Applier(session.tables, session.tiers)
-    timed = _FirstMessageClock(source())
-    consumer = UpdateConsumer(timed, applier, us)  # type: ignore[arg-type]
+    timed = _FirstMessageClock(brokers, topics, mode="replay", group_id="bench", config={})
+    consumer = UpdateConsumer(timed, applier, us)
     stop = threading.Event()
     seen = 0
     while seen < messages:
@@ -164,7 +167,7 @@ def _apply_phase(args: argparse.Namespace, brokers: str, workdir: Path) -> dict[
     }
 
 
-def _l3_ceiling(batches: list[Any], workdir: Path, batch_rows: int) -> float:
+def _l3_ceiling(batches: list[UpdateBatch], workdir: Path, batch_rows: int) -> float:
     """Seconds rocksdict alone takes to write the same rows into a fresh RocksDB column
     family (WriteBatch, one synced write per ``batch_rows`` rows), bytes prepared ahead."""
     import rocksdict as rd
@@ -195,26 +198,19 @@ def _l3_ceiling(batches: list[Any], workdir: Path, batch_rows: int) -> float:
     return elapsed
 
 
-class _FirstMessageClock:
+class _FirstMessageClock(MessageSource):
     """A MessageSource that notes when it first hands out a message."""
 
-    def __init__(self, source: Any) -> None:
-        self._source = source
-        self.first = 0.0
+    first = 0.0
 
-    def poll(self, timeout_s: float) -> Any:
-        msg = self._source.poll(timeout_s)
+    def poll(self, timeout_s: float) -> Message | None:
+        msg = super().poll(timeout_s)
         if msg is not None and not self.first:
             self.first = time.perf_counter()
         return msg
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._source, name)
 
-
-def _freshness_phase(
-    args: argparse.Namespace, brokers: str, workdir: Path, mode: str
-) -> dict[str, Any]:
+def _freshness_phase(args: argparse.Namespace, brokers: str, workdir: Path, mode: str) -> JSON:
     from hps.build import build_session
     from hps.updates.producer import Publisher
     from hps.updates.runtime import build_service, start_updates

@@ -7,7 +7,7 @@ imported lazily so ``import hps.updates`` works without Kafka installed.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING
 
 _EXPORTS = {
     "Publisher": "hps.updates.producer",
@@ -24,10 +24,36 @@ _EXPORTS = {
     "decode": "hps.updates.codec",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "Applier",
+    "Publisher",
+    "UpdateConsumer",
+    "build_service",
+    "decode",
+    "encode",
+    "encode_hugectr",
+    "parse_topic",
+    "start_background_applier",
+    "start_l1_listener",
+    "start_updates",
+    "topic_name",
+]
+assert sorted(__all__) == sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # what the names are, to a type checker
+    from hps.updates.applier import Applier
+    from hps.updates.codec import decode, encode, encode_hugectr, parse_topic, topic_name
+    from hps.updates.consumer import UpdateConsumer
+    from hps.updates.producer import Publisher
+    from hps.updates.runtime import (
+        build_service,
+        start_background_applier,
+        start_l1_listener,
+        start_updates,
+    )
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'hps.updates' has no attribute {name!r}")

@@ -7,7 +7,11 @@ import logging
 import signal
 import sys
 import threading
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hps.types import Keys, Vectors
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +184,7 @@ def _publish(args: argparse.Namespace) -> int:
         kafka_conf = client_settings(config.update_source.hps_kafka_config)
     if not brokers:
         raise ConfigError("give --brokers or --config")
-    chunks: Any
+    chunks: Iterator[tuple[Keys, Vectors]]
     if args.sparse:
         if not dim:
             raise ConfigError("a sparse-model folder needs --dim or --config")

@@ -22,8 +22,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -41,7 +41,9 @@ from hps.updates import codec, metrics
 from hps.updates.applier import Applier
 from hps.updates.deadletter import DeadLetters
 from hps.updates.heartbeat import Heartbeat
-from hps.updates.source import MessageSource
+
+if TYPE_CHECKING:
+    from confluent_kafka import Message
 
 log = logging.getLogger(__name__)
 
@@ -51,18 +53,33 @@ LAG_INTERVAL_S = 1.0
 DRAIN_CHUNK = 256
 
 
+class Source(Protocol):
+    """What the loop needs of its messages' source (:class:`hps.updates.source.MessageSource`
+    is the one HPS runs)."""
+
+    @property
+    def topics(self) -> list[str]: ...
+    def poll(self, timeout_s: float) -> Message | None: ...
+    def drain(self, max_messages: int) -> list[Message]: ...
+    def store(self, msgs: Sequence[Message]) -> None: ...
+    def commit(self, *, asynchronous: bool) -> None: ...
+    def lag(self) -> dict[tuple[str, int], int]: ...
+    def close(self) -> None: ...
+
+
 def decode_message(
-    msg: Any, tables: Mapping[str, TableSpec], *, max_version_ahead_s: float = MAX_AHEAD_S
+    msg: Message, tables: Mapping[str, TableSpec], *, max_version_ahead_s: float = MAX_AHEAD_S
 ) -> UpdateBatch:
     """A consumed Kafka message as an UpdateBatch; FormatError/RequestError when it is bad.
 
     The update version must not lie more than ``max_version_ahead_s`` after the message's
     broker timestamp (the consumer's clock when the message has none): VersionError.
     """
-    model, table = codec.parse_topic(msg.topic())
+    topic = msg.topic() or ""  # a consumed message has its topic
+    model, table = codec.parse_topic(topic)
     spec = tables.get(f"{model}.{table}")
     if spec is None:
-        raise UnknownTableError(f"no configured table {model}.{table} for topic {msg.topic()}")
+        raise UnknownTableError(f"no configured table {model}.{table} for topic {topic}")
     _, ts_ms = msg.timestamp()
     ts_ns = max(ts_ms, 0) * 1_000_000
     d = codec.decode(msg.value(), timestamp_ns=ts_ns, has_key=bool(msg.key()))
@@ -79,11 +96,11 @@ def decode_message(
 
 
 class UpdateConsumer:
-    """Runs the loop over a :class:`MessageSource` into an :class:`Applier`."""
+    """Runs the loop over a :class:`Source` into an :class:`Applier`."""
 
     def __init__(
         self,
-        source: MessageSource,
+        source: Source,
         applier: Applier,
         settings: UpdateSourceConfig,
         *,
@@ -126,7 +143,7 @@ class UpdateConsumer:
             return 0
         msgs = [first]
         updates: list[UpdateBatch] = []
-        bad: list[tuple[Any, str]] = []
+        bad: list[tuple[Message, str]] = []
         rows = self._decode(first, updates, bad)
         limit = self.settings.max_batch_size
         while rows < limit:
@@ -147,7 +164,9 @@ class UpdateConsumer:
         self._export_lag()
         return len(msgs)
 
-    def _decode(self, msg: Any, updates: list[UpdateBatch], bad: list[tuple[Any, str]]) -> int:
+    def _decode(
+        self, msg: Message, updates: list[UpdateBatch], bad: list[tuple[Message, str]]
+    ) -> int:
         try:
             upd = decode_message(
                 msg, self.tables, max_version_ahead_s=self.settings.hps_max_version_ahead_s
@@ -159,7 +178,9 @@ class UpdateConsumer:
             updates.append(upd)
         return int(upd.keys.size)
 
-    def _apply(self, updates: list[UpdateBatch], bad: list[tuple[Any, str]], stop: Any) -> bool:
+    def _apply(
+        self, updates: list[UpdateBatch], bad: list[tuple[Message, str]], stop: threading.Event
+    ) -> bool:
         attempt = 0
         pending_dead = list(bad)
         while True:
@@ -189,7 +210,7 @@ class UpdateConsumer:
                     log.warning("stopping with an unapplied batch; it will be redelivered")
                     return False
 
-    def _send_dead(self, bad: list[tuple[Any, str]]) -> None:
+    def _send_dead(self, bad: list[tuple[Message, str]]) -> None:
         for msg, reason in bad:
             metrics.DEAD_LETTERS.labels(reason.split(":", 1)[0]).inc()
             if self.dead_letters is None:

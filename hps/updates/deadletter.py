@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hps.errors import BackendUnavailable
-from hps.updates.kafka import client_settings, ensure_topics, merged, translated
+from hps.updates.kafka import Setting, client_settings, ensure_topics, merged, translated
+
+if TYPE_CHECKING:
+    from confluent_kafka import KafkaError, Message
 
 log = logging.getLogger(__name__)
 
 
 class DeadLetters:
-    def __init__(self, brokers: str, topic: str, config: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, brokers: str, topic: str, config: Mapping[str, Setting] | None = None
+    ) -> None:
         from confluent_kafka import Producer
 
         self.topic = topic
@@ -31,12 +36,12 @@ class DeadLetters:
         self._errors: list[str] = []
         self.sent = 0
 
-    def send(self, msg: Any, reason: str) -> None:
-        """Queue ``msg`` (a confluent-kafka Message) with ``reason``; :meth:`flush` delivers."""
+    def send(self, msg: Message, reason: str) -> None:
+        """Queue ``msg`` with ``reason``; :meth:`flush` delivers."""
         _, ts = msg.timestamp()
-        headers = [
+        headers: list[tuple[str, str | bytes | None]] = [
             ("hps_reason", reason.encode()),
-            ("hps_topic", msg.topic().encode()),
+            ("hps_topic", (msg.topic() or "").encode()),
             ("hps_partition", str(msg.partition()).encode()),
             ("hps_offset", str(msg.offset()).encode()),
             ("hps_timestamp_ms", str(ts).encode()),
@@ -52,7 +57,7 @@ class DeadLetters:
                 self._producer.poll(0.05)
         self.sent += 1
 
-    def _report(self, err: Any, msg: Any) -> None:
+    def _report(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
             self._errors.append(f"{err.name()}: {err.str()}")
 

@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hps.types import Keys, Vectors
 from hps.updates import metrics
@@ -37,7 +37,7 @@ MAX_PENDING_KEYS = 1 << 22
 class _Pending:
     table: str
     keys: Keys
-    token: Any  # handed to ``ready``
+    token: object  # handed to ``ready``
     since: float
 
 
@@ -65,7 +65,7 @@ class L1Refresher:
             self.session.refresh(table, keys, values)
         metrics.L1_REFRESHED.labels(table).inc(keys.size)
 
-    def later(self, table: str, keys: Keys, token: Any = None) -> None:
+    def later(self, table: str, keys: Keys, token: object = None) -> None:
         """Queue pass 2 for ``keys``; it runs when ``ready(token)`` holds (see :meth:`run_due`)."""
         if not self.tracks(table) or keys.size == 0:
             return
@@ -81,7 +81,7 @@ class L1Refresher:
     def pending(self) -> int:
         return len(self._pending)
 
-    def run_due(self, ready: Callable[[Any], bool] = lambda token: True) -> int:
+    def run_due(self, ready: Callable[[object], bool] = lambda token: True) -> int:
         """Pass 2 for the queued updates that are old enough and ready, in order."""
         done = 0
         deadline = time.monotonic() - self.grace_s

@@ -9,20 +9,25 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hps.errors import BackendError, BackendUnavailable, ConfigError
 from hps.redact import REDACTED, is_secret_name, scrub
 
 if TYPE_CHECKING:
+    from confluent_kafka.admin import OffsetSpec
+
     from hps.config import PSConfig
 
 log = logging.getLogger(__name__)
 
+Setting = str | int | float | bool
+"""The value of a librdkafka setting (named as librdkafka names it: ``security.protocol``)."""
+
 # A consumer group's join waits about half the session timeout on some brokers (Tansu), and a
 # crashed member holds its partitions for a whole one: 10 s (Kafka's pre-3.0 default) keeps
 # fail-over short. Both can be overridden through update_source.hps_kafka_config.
-CONSUMER_DEFAULTS: dict[str, Any] = {
+CONSUMER_DEFAULTS: dict[str, Setting] = {
     "session.timeout.ms": 10_000,
     "heartbeat.interval.ms": 1_000,
     "auto.offset.reset": "earliest",
@@ -35,14 +40,14 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
 DEFAULT_PARTITIONS = 8
 
 
-def kafka_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def kafka_kwargs(kwargs: Mapping[str, Setting]) -> dict[str, Setting]:
     """Python keyword names to librdkafka names: ``security_protocol`` → ``security.protocol``."""
     return {k.replace("_", "."): v for k, v in kwargs.items()}
 
 
-def merged(brokers: str, *layers: Mapping[str, Any] | None) -> dict[str, Any]:
+def merged(brokers: str, *layers: Mapping[str, Setting] | None) -> dict[str, Setting]:
     """``bootstrap.servers`` plus each layer of settings, later layers winning."""
-    conf: dict[str, Any] = {"bootstrap.servers": brokers}
+    conf: dict[str, Setting] = {"bootstrap.servers": brokers}
     for layer in layers:
         if layer:
             conf.update(layer)
@@ -61,15 +66,15 @@ def translated(what: str, *, ignore: Iterable[str] = ()) -> Iterator[None]:
     try:
         yield
     except KafkaException as exc:
-        err = exc.args[0] if exc.args else None
-        if err is not None and hasattr(err, "name") and err.name() in set(ignore):
+        err: object = exc.args[0] if exc.args else None
+        if hasattr(err, "name") and err.name() in set(ignore):
             return
         raise _translate(exc, what) from None
 
 
 def _translate(exc: BaseException, what: str) -> BackendError:
     """A confluent-kafka exception as an HPS error (retriable ones as BackendUnavailable)."""
-    err: Any = exc.args[0] if exc.args else None
+    err: object = exc.args[0] if exc.args else None  # a KafkaError, normally
     name = err.name() if hasattr(err, "name") else type(exc).__name__
     text = err.str() if hasattr(err, "str") else str(exc)
     retriable = bool(getattr(err, "retriable", lambda: False)()) or name in {
@@ -88,7 +93,7 @@ def ensure_topics(
     topics: Iterable[str],
     *,
     num_partitions: int = DEFAULT_PARTITIONS,
-    config: Mapping[str, Any] | None = None,
+    config: Mapping[str, Setting] | None = None,
     timeout_s: float = 15.0,
 ) -> dict[str, int]:
     """Create the topics that do not exist yet; return each topic's partition count."""
@@ -125,7 +130,7 @@ def group_lag(
     group: str,
     topics: Iterable[str],
     *,
-    config: Mapping[str, Any] | None = None,
+    config: Mapping[str, Setting] | None = None,
     timeout_s: float = 3.0,
 ) -> dict[str, dict[int, int]]:
     """Messages ``group`` has not committed, per topic and partition, in three batched
@@ -149,7 +154,7 @@ def group_lag(
         if not parts:
             return {}
 
-        def offsets(spec: Any) -> dict[tuple[str, int], int]:
+        def offsets(spec: OffsetSpec) -> dict[tuple[str, int], int]:
             futures = admin.list_offsets({tp: spec for tp in parts}, request_timeout=timeout_s)
             return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
 
@@ -186,19 +191,19 @@ CONSUMER_ONLY = (
 )
 
 
-def client_settings(config: Mapping[str, Any] | None) -> dict[str, Any]:
+def client_settings(config: Mapping[str, Setting] | None) -> dict[str, Setting]:
     """The settings of ``config`` that apply to a producer or admin client (security, ...)."""
     return {k: v for k, v in (config or {}).items() if not k.startswith(CONSUMER_ONLY)}
 
 
-def _admin_conf(brokers: str, config: Mapping[str, Any] | None) -> dict[str, Any]:
+def _admin_conf(brokers: str, config: Mapping[str, Setting] | None) -> dict[str, Setting]:
     layer = client_settings(config)
     for k in ("enable.idempotence", "acks", "linger.ms", "message.max.bytes", "compression.type"):
         layer.pop(k, None)
     return merged(brokers, layer)
 
 
-def check_config(conf: Mapping[str, Any], role: str) -> None:
+def check_config(conf: Mapping[str, Setting], role: str) -> None:
     """Reject settings that would break our delivery guarantees."""
     if role == "consumer" and conf.get("enable.auto.commit") not in (False, "false"):
         raise ConfigError(
@@ -218,7 +223,7 @@ def check_update_source(config: PSConfig) -> None:
         check_settings(us.hps_kafka_config, f"{config.source}: update_source.hps_kafka_config")
 
 
-def check_settings(settings: Mapping[str, Any], where: str) -> None:
+def check_settings(settings: Mapping[str, Setting], where: str) -> None:
     """Have librdkafka check every setting of ``settings`` once, no broker contacted.
 
     A misspelled name or a bad value (``hps_kafka_config``) is then a ConfigError at start
@@ -237,14 +242,14 @@ def check_settings(settings: Mapping[str, Any], where: str) -> None:
     try:
         Producer({**settings, "logger": quiet})  # no bootstrap.servers: nothing is contacted
     except KafkaException as exc:
-        err: Any = exc.args[0] if exc.args else None
+        err: object = exc.args[0] if exc.args else None
         text = err.str() if hasattr(err, "str") else str(exc)
         raise ConfigError(f"{where}: {_hide_values(text.strip(), settings)}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {_hide_values(str(exc), settings)}") from None
 
 
-def _hide_values(text: str, settings: Mapping[str, Any]) -> str:
+def _hide_values(text: str, settings: Mapping[str, Setting]) -> str:
     secrets = [str(v) for k, v in settings.items() if is_secret_name(k) and str(v)]
     text = scrub(text, extra=secrets)
     for key, value in settings.items():

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from hps.types import Keys, Vectors
 from hps.updates import codec
 from hps.updates.kafka import (
     DEFAULT_PARTITIONS,
+    Setting,
     check_config,
     ensure_topics,
     kafka_kwargs,
@@ -29,9 +30,12 @@ from hps.updates.kafka import (
 )
 from hps.updates.partition import split_by_partition
 
+if TYPE_CHECKING:
+    from confluent_kafka import KafkaError, Message
+
 log = logging.getLogger(__name__)
 
-PRODUCER_DEFAULTS: dict[str, Any] = {
+PRODUCER_DEFAULTS: dict[str, Setting] = {
     "enable.idempotence": True,
     "acks": "all",
     "linger.ms": 5,
@@ -52,11 +56,11 @@ class Publisher:
         self,
         brokers: str,
         *,
-        config: Mapping[str, Any] | None = None,
+        config: Mapping[str, Setting] | None = None,
         num_partitions: int = DEFAULT_PARTITIONS,
         max_message_bytes: int = 900_000,
         create_topics: bool = True,
-        **kafka_config: Any,
+        **kafka_config: Setting,
     ) -> None:
         from confluent_kafka import Producer
 
@@ -188,20 +192,21 @@ class Publisher:
             raise BackendError(f"kafka: topic {topic!r} does not exist (create_topics=False)")
         return len(meta.partitions)
 
-    def _on_delivery(self, err: Any, msg: Any) -> None:
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
             self._errors.append(f"{msg.topic()}[{msg.partition()}]: {err.name()}: {err.str()}")
 
     def _produce(self, topic: str, payload: bytes, partition: int | None) -> None:
         if self._closed:
             raise BackendError("publisher is closed")
-        kwargs: dict[str, Any] = {"on_delivery": self._on_delivery}
-        if partition is not None:
-            kwargs["partition"] = partition
+        # -1: librdkafka's "unassigned", its partitioner chooses
+        where = -1 if partition is None else partition
         while True:
             try:
                 with translated(f"producing to {topic}"):
-                    self._producer.produce(topic, payload, **kwargs)
+                    self._producer.produce(
+                        topic, payload, partition=where, on_delivery=self._on_delivery
+                    )
                 break
             except BufferError:  # local queue full: serve delivery reports, then retry
                 self._producer.poll(0.05)

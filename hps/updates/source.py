@@ -14,10 +14,20 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from hps.errors import BackendError
-from hps.updates.kafka import CONSUMER_DEFAULTS, check_config, ensure_topics, merged, translated
+from hps.updates.kafka import (
+    CONSUMER_DEFAULTS,
+    Setting,
+    check_config,
+    ensure_topics,
+    merged,
+    translated,
+)
+
+if TYPE_CHECKING:
+    from confluent_kafka import Consumer, Message, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +43,7 @@ class MessageSource:
         *,
         mode: Mode,
         group_id: str,
-        config: Mapping[str, Any] | None = None,
+        config: Mapping[str, Setting] | None = None,
         num_partitions: int = 8,
     ) -> None:
         from confluent_kafka import OFFSET_BEGINNING, Consumer
@@ -43,7 +53,7 @@ class MessageSource:
         conf = merged(brokers, CONSUMER_DEFAULTS, {"group.id": group_id}, config)
         check_config(conf, "consumer")
         counts = ensure_topics(brokers, self.topics, num_partitions=num_partitions, config=config)
-        self._assigned: list[Any] = []
+        self._assigned: list[TopicPartition] = []
         self._last_error_log = 0.0
         with translated(f"consuming {len(self.topics)} topics"):
             self._consumer = Consumer(conf)
@@ -60,7 +70,7 @@ class MessageSource:
                 self._assigned = parts
                 self._consumer.assign(parts)
 
-    def _end(self, tp: Any) -> int:
+    def _end(self, tp: TopicPartition) -> int:
         # An explicit offset rather than OFFSET_END: the source is positioned on return, so
         # nothing published after the constructor returns is missed.
         _, high = self._consumer.get_watermark_offsets(tp, timeout=10.0)
@@ -68,11 +78,11 @@ class MessageSource:
 
     # -- rebalance callbacks (group mode; run inside poll) ----------------------------------
 
-    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._assigned = list(partitions)
         log.info("assigned %s", _describe(partitions))
 
-    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Every message handed out before this poll is applied and stored: commit it now.
         log.info("revoked %s", _describe(partitions))
         self.commit(asynchronous=False)
@@ -80,20 +90,20 @@ class MessageSource:
 
     # -- messages ---------------------------------------------------------------------------
 
-    def poll(self, timeout_s: float) -> Any | None:
+    def poll(self, timeout_s: float) -> Message | None:
         """The next message (None on timeout); transient errors are logged and skipped."""
         msg = self._consumer.poll(timeout_s)
         if msg is None or self._is_error(msg):
             return None
         return msg
 
-    def drain(self, max_messages: int) -> list[Any]:
+    def drain(self, max_messages: int) -> list[Message]:
         """Messages already fetched, without waiting."""
         if max_messages <= 0:
             return []
         return [m for m in self._consumer.consume(max_messages, 0) if not self._is_error(m)]
 
-    def _is_error(self, msg: Any) -> bool:
+    def _is_error(self, msg: Message) -> bool:
         err = msg.error()
         if err is None:
             return False
@@ -107,7 +117,7 @@ class MessageSource:
 
     # -- offsets ----------------------------------------------------------------------------
 
-    def store(self, msgs: Sequence[Any]) -> None:
+    def store(self, msgs: Sequence[Message]) -> None:
         """Mark ``msgs`` as applied (group mode): their next offsets are committed later."""
         if self.mode != "group" or not msgs:
             return
@@ -115,8 +125,9 @@ class MessageSource:
 
         nxt: dict[TopicPartitionKey, int] = {}
         for m in msgs:
-            key = (m.topic(), m.partition())
-            nxt[key] = max(nxt.get(key, -1), m.offset() + 1)
+            topic, partition, offset = position(m)
+            key = (topic, partition)
+            nxt[key] = max(nxt.get(key, -1), offset + 1)
         try:
             with translated("storing offsets"):
                 self._consumer.store_offsets(
@@ -170,5 +181,13 @@ class MessageSource:
             self._consumer.close()
 
 
-def _describe(partitions: list[Any]) -> str:
+def position(msg: Message) -> tuple[str, int, int]:
+    """``(topic, partition, offset)`` of a consumed message (only error events lack them,
+    and :meth:`MessageSource.poll` and :meth:`~MessageSource.drain` never hand those out)."""
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    assert topic is not None and partition is not None and offset is not None, msg.error()
+    return topic, partition, offset
+
+
+def _describe(partitions: list[TopicPartition]) -> str:
     return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions) or "nothing"
