@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import numpy as np
 
@@ -35,6 +34,7 @@ from hps.cache.kernels import kernel_for
 from hps.cache.policies import POLICIES
 from hps.cache.xp import select_xp, to_host, to_xp
 from hps.dedup import unique_inverse
+from hps.types import JSON, Array, ArrayModule
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--repeats", type=int, default=30)
 
 
-def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+def run(args: argparse.Namespace) -> Iterator[JSON]:
     if args.mode == "throughput":
         yield from _throughput(args)
     else:
@@ -116,7 +116,7 @@ def replay(cache: EmbeddingCache, stream: np.ndarray, batch: int, skip: int) -> 
     return hits / max(1, measured), hits_all / max(1, stream.size)
 
 
-def _hitrate(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+def _hitrate(args: argparse.Namespace) -> Iterator[JSON]:
     xp = select_xp(args.device)
     policies = [p for p in args.policies.split(",") if p]
     ratios = [float(r) for r in args.ratios.split(",") if r]
@@ -165,7 +165,7 @@ def _hitrate(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
 # -- throughput ----------------------------------------------------------------------------
 
 
-def _time(fns: list[Callable[[], Any]], repeats: int, sync: Callable[[], None]) -> list[float]:
+def _time(fns: list[Callable[[], object]], repeats: int, sync: Callable[[], None]) -> list[float]:
     """Median seconds of each of ``fns``, run in turn ``repeats`` times (after a warm-up)."""
     times: list[list[float]] = [[] for _ in fns]
     for i in range(repeats + 1):
@@ -178,7 +178,7 @@ def _time(fns: list[Callable[[], Any]], repeats: int, sync: Callable[[], None]) 
     return [float(np.median(t)) for t in times]
 
 
-def _throughput(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+def _throughput(args: argparse.Namespace) -> Iterator[JSON]:
     xp = select_xp(args.device)
     sync: Callable[[], None] = (
         (lambda: None) if xp is np else (lambda: xp.cuda.Stream.null.synchronize())
@@ -213,10 +213,10 @@ def _throughput(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
             vals, _ = cache.query(uniq)
             vals[inverse]
 
-        def raw(arena: Any = arena, idx: Any = idx) -> None:
+        def raw(arena: Array = arena, idx: Array = idx) -> None:
             to_host(arena.take(idx, axis=0))
 
-        fns: list[Callable[[], Any]] = [ours, reference, ours_expand, raw]
+        fns: list[Callable[[], object]] = [ours, reference, ours_expand, raw]
         t_ours, t_ref, t_expand, t_raw = _time(fns, args.repeats, sync)
         unique = np.unique(batch).size / n
         kernel = "compiled" if kernel_for(xp) is not None else "numpy"
@@ -228,12 +228,12 @@ def _throughput(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
 
 def _insert_throughput(
     args: argparse.Namespace,
-    xp: Any,
+    xp: ArrayModule,
     sync: Callable[[], None],
     policy: str,
     resident: np.ndarray,
     values: np.ndarray,
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[JSON]:
     """Inserts of ``n`` new keys into a full cache (each evicts) vs. a raw row scatter."""
     n = args.tables * args.batch_per_table
     rows = resident.size
@@ -257,8 +257,8 @@ def _insert_throughput(
 
 
 def _row(
-    op: str, policy: str, xp: Any, n: int, t_ours: float, t_raw: float, unique: float
-) -> dict[str, Any]:
+    op: str, policy: str, xp: ArrayModule, n: int, t_ours: float, t_raw: float, unique: float
+) -> JSON:
     return {
         "bench": "cache.throughput",
         "op": op,

@@ -20,148 +20,22 @@ models' limits, as fast as it can. Two kinds of rows, one JSON object each:
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import subprocess
-import sys
 import tempfile
-import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-# The flood: one client per protocol, each request of KEYS [1, n] (int64 zeros) and NUMKEYS
-# [1, tables] = [n, 0, ...], sent as fast as answers come; one line per answer:
-# "<protocol> <status>" (OK, or the status tritonclient reports, e.g. 413 or
-# StatusCode.RESOURCE_EXHAUSTED, or the exception's type). "ready" once connected.
-FLOOD = """
-import sys
-import numpy as np
-from tritonclient.utils import InferenceServerException
+from hps.bench.flood import Flood, process_cpu_ms
+from hps.types import JSON
 
-grpc_url, http_url, model, tables, n = sys.argv[1:6]
-clients = []
-for protocol in sys.argv[6].split(","):
-    if protocol == "grpc":
-        import tritonclient.grpc as m
-        client = m.InferenceServerClient(grpc_url)
-    else:
-        import tritonclient.http as m
-        client = m.InferenceServerClient(http_url, connection_timeout=600, network_timeout=600)
-    keys = m.InferInput("KEYS", [1, int(n)], "INT64")
-    keys.set_data_from_numpy(np.zeros((1, int(n)), np.int64))
-    counts = np.zeros((1, int(tables)), np.int32)
-    counts[0, 0] = int(n)
-    numkeys = m.InferInput("NUMKEYS", [1, int(tables)], "INT32")
-    numkeys.set_data_from_numpy(counts)
-    clients.append((protocol, client, [keys, numkeys]))
-print("ready", flush=True)
-while True:
-    for protocol, client, inputs in clients:
-        try:
-            client.infer(model, inputs)
-            status = "OK"
-        except InferenceServerException as exc:
-            status = str(exc.status())
-        except Exception as exc:
-            status = type(exc).__name__
-        print(protocol, status, flush=True)
-"""
-
-
-@dataclass
-class Flood:
-    """A flood client process: oversized requests to ``model`` at ``grpc_url`` /
-    ``http_url`` over ``protocols``; :attr:`answers` collects its lines as they come."""
-
-    grpc_url: str
-    http_url: str
-    model: str
-    tables: int
-    keys: int
-    protocols: tuple[str, ...] = ("grpc",)
-    nice: int = 19
-    answers: list[tuple[str, str]] = field(default_factory=list, init=False)
-    proc: subprocess.Popen[str] | None = field(default=None, init=False)
-    _ready: threading.Event = field(default_factory=threading.Event, init=False)
-    _reader: threading.Thread | None = field(default=None, init=False)
-
-    def start(self, timeout: float = 120.0) -> Flood:
-        """Start it; return once it is connected and its first answer has come."""
-        args = [self.grpc_url, self.http_url, self.model, str(self.tables), str(self.keys)]
-        self.proc = subprocess.Popen(
-            ["nice", "-n", str(self.nice), sys.executable, "-c", FLOOD, *args]
-            + [",".join(self.protocols)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        deadline = time.monotonic() + timeout  # a hang guard: it answers in seconds
-        while not (self._ready.is_set() and self.answers):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the flood client exited with status {self.proc.returncode}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the flood client sent nothing in {timeout:.0f}s")
-            time.sleep(0.05)
-        return self
-
-    def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.strip() == "ready":
-                self._ready.set()
-            elif line.strip():
-                protocol, status = line.split(maxsplit=1)
-                self.answers.append((protocol, status.strip()))
-
-    def pause(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None:
-            proc.kill()  # SIGKILL ends a stopped process too
-            proc.wait()
-        if self._reader is not None:
-            self._reader.join(10)
-
-    def statuses(self, since: int = 0) -> dict[str, int]:
-        """``"<protocol> <status>"`` -> answers, from answer number ``since`` on."""
-        return dict(Counter(f"{p} {s}" for p, s in self.answers[since:]))
-
-    def __enter__(self) -> Flood:
-        return self.start() if self.proc is None else self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def process_cpu_ms(pid: int) -> float:
-    """CPU time (user + system) of ``pid`` and its children so far, in ms."""
-    tick = os.sysconf("SC_CLK_TCK")
-    pids = [pid] + [
-        int(c) for t in Path(f"/proc/{pid}/task").glob("*/children") for c in t.read_text().split()
-    ]
-    total = 0
-    for p in pids:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except FileNotFoundError:  # a child that has just exited
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total * 1e3 / tick
+if TYPE_CHECKING:
+    from hps.triton.client import Client
+    from hps.triton.supervisor.gate import RequestGate
+    from hps.triton.supervisor.server import TritonServer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -185,8 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 class _Served:
     """The demo model behind Triton and the gate in front of it."""
 
-    server: Any  # TritonServer
-    gate: Any  # RequestGate
+    server: TritonServer
+    gate: RequestGate
     model: str
     tables: int
     rows: list[int]
@@ -198,7 +72,7 @@ class _Served:
         return self.server.grpc_url, self.server.http_url
 
 
-def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+def run(args: argparse.Namespace) -> Iterator[JSON]:
     from hps.ctr.demo import DEMO_MODEL, create_demo, table_sizes
     from hps.net import free_port
     from hps.triton.repository import prepare_repository
@@ -249,7 +123,7 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
                     yield common | _refusal_row(args, served, protocol, flood_keys)
 
 
-def _latencies_ms(client: Any, model: str, requests: list[dict[str, np.ndarray]]) -> np.ndarray:
+def _latencies_ms(client: Client, model: str, requests: list[dict[str, np.ndarray]]) -> np.ndarray:
     times = np.zeros(len(requests))
     for i, request in enumerate(requests):
         start = time.perf_counter()
@@ -258,9 +132,7 @@ def _latencies_ms(client: Any, model: str, requests: list[dict[str, np.ndarray]]
     return times
 
 
-def _neighbour_row(
-    args: argparse.Namespace, served: _Served, path: str, flood_keys: int
-) -> dict[str, Any]:
+def _neighbour_row(args: argparse.Namespace, served: _Served, path: str, flood_keys: int) -> JSON:
     from hps.bench.triton import zipf_requests
     from hps.triton.client import Client
 
@@ -301,9 +173,7 @@ def _neighbour_row(
     }
 
 
-def _refusal_row(
-    args: argparse.Namespace, served: _Served, protocol: str, flood_keys: int
-) -> dict[str, Any]:
+def _refusal_row(args: argparse.Namespace, served: _Served, protocol: str, flood_keys: int) -> JSON:
     from hps.errors import RequestError
     from hps.triton.client import Client
 
@@ -311,6 +181,7 @@ def _refusal_row(
         "KEYS": np.zeros((1, flood_keys), np.int64),
         "NUMKEYS": np.array([[flood_keys] + [0] * (served.tables - 1)], np.int32),
     }
+    assert served.server.proc is not None and served.gate.proc is not None  # both started
     triton_pid, gate_pid = served.server.proc.pid, served.gate.proc.pid
     cpu: dict[str, tuple[float, float]] = {}
     for path in ("direct", "gate"):

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import multiprocessing.queues as mp_queues
+import multiprocessing.synchronize as mp_sync
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 
 from hps.storage.hash_map import HashMapStore
 from hps.storage.multi_process_hash_map import SharedHashMapStore
-from hps.types import TableSpec
+from hps.types import JSON, TableSpec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=7)
 
 
-def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+def run(args: argparse.Namespace) -> Iterator[JSON]:
     rng = np.random.default_rng(args.seed)
     spec = TableSpec(model="bench", table="t", dim=args.dim)
     keys = rng.permutation(args.rows).astype(np.int64) * 7919 + 1
@@ -95,7 +96,7 @@ def _time(
 
 
 def _reader(name: str, size: int, dim: int, keys: np.ndarray, batch: int, seconds: float,
-            start: Any, out: Any) -> None:  # fmt: skip
+            start: mp_sync.Barrier, out: mp_queues.Queue[float]) -> None:  # fmt: skip
     store = SharedHashMapStore(name, size)
     spec = TableSpec(model="bench", table="t", dim=dim)
     store.open_table(spec)
@@ -110,7 +111,7 @@ def _reader(name: str, size: int, dim: int, keys: np.ndarray, batch: int, second
 
 
 def _readers(name: str, size: int, spec: TableSpec, keys: np.ndarray, args: argparse.Namespace,
-             shared_bytes: float) -> dict[str, Any]:  # fmt: skip
+             shared_bytes: float) -> JSON:  # fmt: skip
     ctx = mp.get_context("spawn")
     rates = {}
     for n in sorted({1, args.readers}):

@@ -27,17 +27,17 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hps.config import PersistentDBConfig, VolatileDBConfig
 from hps.storage import open_store
 from hps.storage.base import EmbeddingStore
-from hps.types import TableSpec
+from hps.types import JSON, TableSpec
 
 BACKENDS = ("hash_map", "redis", "redis_cluster", "rocksdb")
-Prepared = Any
+RawCalls = tuple[Callable[[], object], Callable[[], object]]  # fetch, insert: bound
 
 if TYPE_CHECKING:
     from hps.storage.redis_cluster import RedisStore
@@ -50,10 +50,8 @@ class Harness:
     store: EmbeddingStore
     spec: TableSpec
     baseline: str
-    prepare: Callable[[np.ndarray, np.ndarray, np.ndarray], Prepared]  # idx, keys, values
-    raw_fetch: Callable[[Prepared], object]
-    raw_insert: Callable[[Prepared], object]
-    extra: dict[str, Any] = field(default_factory=dict)
+    prepare: Callable[[np.ndarray, np.ndarray, np.ndarray], RawCalls]  # idx, keys, values
+    extra: JSON = field(default_factory=dict)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=7)
 
 
-def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+def run(args: argparse.Namespace) -> Iterator[JSON]:
     rng = np.random.default_rng(args.seed)
     keys = rng.permutation(args.rows).astype(np.int64) * 7919 + 1
     values = rng.standard_normal((args.rows, args.dim), dtype=np.float32)
@@ -111,11 +109,11 @@ def _time_op(
         idx = rng.integers(0, keys.size, args.batch)
         k = keys[idx]
         v = values[idx] + np.float32(r + 1)
-        prepared = h.prepare(idx, k, v)
-        calls: tuple[tuple[Callable[..., object], tuple[Any, ...]], ...] = (
-            ((h.store.fetch, (h.spec.name, k)), (h.raw_fetch, (prepared,)))
+        raw_fetch, raw_insert = h.prepare(idx, k, v)
+        calls: tuple[tuple[Callable[..., object], tuple[object, ...]], ...] = (
+            ((h.store.fetch, (h.spec.name, k)), (raw_fetch, ()))
             if op == "fetch"
-            else ((h.store.insert, (h.spec.name, k, v)), (h.raw_insert, (prepared,)))
+            else ((h.store.insert, (h.spec.name, k, v)), (raw_insert, ()))
         )
         spent = [0.0, 0.0]
         for slot in (0, 1) if r % 2 else (1, 0):
@@ -141,7 +139,7 @@ def _harness(
 
 
 def _load(store: EmbeddingStore, spec: TableSpec, keys: np.ndarray, values: np.ndarray,
-          batch: int) -> dict[str, int]:  # fmt: skip
+          batch: int) -> JSON:  # fmt: skip
     """Load every row through the store; its load rate goes into the report."""
     store.open_table(spec)
     start = time.perf_counter()
@@ -160,15 +158,15 @@ def _hash_map(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, value
     loaded = _load(store, spec, keys, values, args.batch)
     raw = values.copy()
 
-    def put(p: Prepared) -> None:
-        raw[p[0]] = p[1]
+    def prepare(idx: np.ndarray, k: np.ndarray, v: np.ndarray) -> RawCalls:
+        def put() -> None:
+            raw[idx] = v
+
+        return (lambda: raw[idx]), put
 
     nbytes = store.nbytes(spec.name)
     return Harness(
-        store, spec, "numpy gather/scatter with precomputed row indices",
-        prepare=lambda idx, k, v: (idx, v),
-        raw_fetch=lambda p: raw[p[0]],
-        raw_insert=put,
+        store, spec, "numpy gather/scatter with precomputed row indices", prepare,
         extra={**loaded, "bytes_per_row": round(nbytes / keys.size, 1),
                "raw_bytes_per_row": 8 + 4 * spec.dim},
     )  # fmt: skip
@@ -193,20 +191,23 @@ def _rocksdb(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, values
     stack.callback(db.close)
     row = f"V{4 * spec.dim}"
 
-    def put(p: Prepared) -> None:
+    def put(kbs: list[bytes], vbs: list[bytes]) -> None:
         wb = rd.WriteBatch(raw_mode=True)
-        for kb, vb in zip(p[0], p[1], strict=True):
+        for kb, vb in zip(kbs, vbs, strict=True):
             wb.put(kb, vb)
         db.write(wb)
 
+    def prepare(idx: np.ndarray, k: np.ndarray, v: np.ndarray) -> RawCalls:
+        kbs, vbs = key_bytes(k), v.view(row).ravel().tolist()
+        wanted: list[str | int | float | bytes | bool] = [*kbs]  # the type Rdict.get takes
+        return (lambda: db.get(wanted)), (lambda: put(kbs, vbs))
+
     for lo in range(0, keys.size, args.batch):
-        put((key_bytes(keys[lo : lo + args.batch]),
-             values[lo : lo + args.batch].view(row).ravel().tolist()))  # fmt: skip
+        put(key_bytes(keys[lo : lo + args.batch]),
+            values[lo : lo + args.batch].view(row).ravel().tolist())  # fmt: skip
     return Harness(
         store, spec, "rocksdict Rdict.get(list of key bytes) / WriteBatch, second database",
-        prepare=lambda idx, k, v: (key_bytes(k), v.view(row).ravel().tolist()),
-        raw_fetch=lambda p: db.get(p[0]),
-        raw_insert=put,
+        prepare,
         extra=loaded,
     )  # fmt: skip
 
@@ -236,19 +237,20 @@ def _redis(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, values: 
     hashes = [hash_name(spec.name, p) for p in range(args.partitions)]
     row = f"V{4 * spec.dim}"
 
-    def prepare(idx: np.ndarray, k: np.ndarray, v: np.ndarray) -> Prepared:
+    def prepare(idx: np.ndarray, k: np.ndarray, v: np.ndarray) -> RawCalls:
         order, groups = group_by_partition(k, args.partitions)
         fields = key_bytes(k[order])
         rows = v[order].view(row).ravel().tolist()
-        gets, sets = [], []
+        gets: list[tuple[bytes, list[bytes]]] = []
+        sets: list[tuple[bytes, list[bytes]]] = []
         for p, lo, hi in groups:
             gets.append((hashes[p], fields[lo:hi]))
-            pairs: list[Any] = [None] * (2 * (hi - lo))
+            pairs = [b""] * (2 * (hi - lo))
             pairs[0::2], pairs[1::2] = fields[lo:hi], rows[lo:hi]
             sets.append((hashes[p], pairs))
-        return gets, sets
+        return (lambda: pipelined("HMGET", gets)), (lambda: pipelined("HSET", sets))
 
-    def pipelined(command: str, calls: list[tuple[bytes, list[Any]]]) -> object:
+    def pipelined(command: str, calls: list[tuple[bytes, list[bytes]]]) -> object:
         pipe = client.pipeline(transaction=False)
         for name, rest in calls:
             pipe.execute_command(command, name, *rest)
@@ -256,9 +258,7 @@ def _redis(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, values: 
 
     return Harness(
         store, spec, "redis-py pipelined HMGET/HSET, same hashes, replies not decoded",
-        prepare=prepare,
-        raw_fetch=lambda p: pipelined("HMGET", p[0]),
-        raw_insert=lambda p: pipelined("HSET", p[1]),
+        prepare,
         extra={**loaded, "cluster": store.cluster, "partitions": args.partitions,
                "redis_bytes_per_row": round(used / keys.size, 1),
                "raw_bytes_per_row": 8 + 4 * spec.dim},
@@ -267,8 +267,10 @@ def _redis(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, values: 
 
 def _used_memory(store: RedisStore) -> int:
     """Sum of ``used_memory`` over the Redis node(s) the store talks to."""
-    client: Any = store.client
-    if store.cluster:
+    from redis.cluster import RedisCluster
+
+    client = store.client
+    if isinstance(client, RedisCluster):
         nodes = [n.redis_connection for n in client.get_primaries()]
         return sum(int(c.info("memory")["used_memory"]) for c in nodes)
     return int(client.info("memory")["used_memory"])

@@ -20,9 +20,10 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+
+from hps.types import JSON
 
 FLOOR = "hps_floor"
 
@@ -131,7 +132,7 @@ def level_hits(metrics_url: str, model: str) -> dict[str, float]:
     return totals
 
 
-def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+def run(args: argparse.Namespace) -> Iterator[JSON]:
     from hps.ctr.demo import DEMO_MODEL, create_demo, table_sizes
     from hps.triton.repository import copy_template, prepare_repository
     from hps.triton.serving import prepare_tables, serving_config
@@ -176,7 +177,7 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
             drive(url, grpc, FLOOR, warm, max(levels))
             for level in levels:
                 before = level_hits(server.metrics_url, DEMO_MODEL)
-                stats: dict[str, list[Any]] = {DEMO_MODEL: [], FLOOR: []}
+                stats: dict[str, list[tuple[np.ndarray, float]]] = {DEMO_MODEL: [], FLOOR: []}
                 per_round = max(1, args.requests // args.rounds)
                 for _ in range(args.rounds):
                     reqs = zipf_requests(per_round, args.batch, rows, args.alpha, rng)
@@ -189,7 +190,9 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
                 yield _row(args, level, stats) | shares
 
 
-def _row(args: argparse.Namespace, level: int, stats: dict[str, list[Any]]) -> dict[str, Any]:
+def _row(
+    args: argparse.Namespace, level: int, stats: dict[str, list[tuple[np.ndarray, float]]]
+) -> JSON:
     from hps.ctr.demo import DEMO_MODEL
 
     def summary(model: str) -> tuple[float, float, float]:

@@ -25,7 +25,7 @@ import tritonclient.grpc
 import tritonclient.http
 from tritonclient.utils import InferenceServerException
 
-from hps.bench.gate import Flood
+from hps.bench.flood import Flood
 from hps.net import free_port
 from hps.triton.client import Client
 from hps.triton.supervisor.gate import BodyLimit, RequestGate
