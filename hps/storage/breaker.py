@@ -13,7 +13,7 @@ Contract (docs/redis.md, "When Redis fails"):
   others keep skipping). If it answers, the breaker closes and L2 is used again; if it fails,
   the breaker opens again for twice the previous back-off, up to ``max_backoff_s``.
 
-Any other outcome of a call (success, or an error that proves the server answered, such as
+Every other outcome of a call (success, or an error that proves the server answered, such as
 a refused password) counts as "it answers". ``backoff_s == 0`` disables the breaker.
 """
 

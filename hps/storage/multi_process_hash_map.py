@@ -22,7 +22,6 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 
@@ -34,7 +33,7 @@ from hps.storage._shm_layout import MAX_TABLES, EntryView, EntryWord, HeaderWord
 from hps.storage._shm_segment import Segment
 from hps.storage._shm_table import ShmTable, rows_per_extent
 from hps.storage.base import AccessMode, EmbeddingStore
-from hps.types import Keys, Mask, TableSpec, Vectors
+from hps.types import JSON, Keys, Mask, TableSpec, Vectors
 from hps.validate import table_or_raise
 
 
@@ -228,7 +227,7 @@ class SharedHashMapStore(EmbeddingStore):
         index = extent / (bucket_slots(extent) * MAX_LOAD * 0.69)
         return extent / rows_per_extent(extent, dim) + index
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> JSON:
         seg = self._seg
         with seg.reading():
             tables = {

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -34,6 +34,8 @@ from hps.storage.breaker import CircuitBreaker
 from hps.storage.keybytes import key_bytes
 from hps.storage.redis_conn import Client, connect, translated
 from hps.storage.redis_layout import (
+    Group,
+    Reply,
     group_by_partition,
     hash_name,
     interleave,
@@ -43,6 +45,10 @@ from hps.storage.redis_layout import (
     unsort,
 )
 from hps.types import Keys, Mask, TableSpec, Vectors
+
+if TYPE_CHECKING:
+    from redis.client import Pipeline
+    from redis.cluster import ClusterPipeline
 
 _EVICT_ROUNDS = 4  # rounds per overflow: stale scores or concurrent writers may need more
 
@@ -125,7 +131,7 @@ class RedisStore(EmbeddingStore):
 
     # -- data -------------------------------------------------------------------------------
 
-    def _chunks(self, keys: Keys) -> Iterator[tuple[int, np.ndarray, list[Any], list[bytes]]]:
+    def _chunks(self, keys: Keys) -> Iterator[tuple[int, np.ndarray, list[Group], list[bytes]]]:
         """Per chunk of ``max_batch_size`` keys: its start, the order that groups it by
         partition, the ``(partition, lo, hi)`` groups and the keys' field bytes in that order."""
         for start in range(0, keys.size, self._batch):
@@ -221,11 +227,11 @@ class RedisStore(EmbeddingStore):
         """Yield (keys, vectors) chunks of the whole table (HSCAN of each partition)."""
         t = self._table(table)
         for h in t.hashes:
-            cursor: Any = 0
+            cursor = 0
             while True:
-                page: dict[bytes, bytes]
                 with translated(f"dump {table}"):
-                    cursor, page = self._r.hscan(h, cursor, count=chunk_rows)  # type: ignore[assignment]
+                    cursor, reply = self._r.hscan(h, cursor, count=chunk_rows)
+                page = cast("dict[bytes, bytes]", reply)  # fields and values, undecoded
                 if page:
                     keys = np.frombuffer(b"".join(page), "<i8").astype(np.int64)
                     vals = np.frombuffer(b"".join(page.values()), np.float32)
@@ -238,8 +244,8 @@ class RedisStore(EmbeddingStore):
 
     # -- capacity ---------------------------------------------------------------------------
 
-    def _stamp(self, pipe: Any, t: _Table, groups: list[tuple], fields: list[bytes],
-               *flags: bytes) -> None:  # fmt: skip
+    def _stamp(self, pipe: Pipeline | ClusterPipeline, t: _Table, groups: list[Group],
+               fields: list[bytes], *flags: bytes) -> None:  # fmt: skip
         """Queue ZADD of the current time (µs) for every key, per partition."""
         now = str(time.time_ns() // 1000).encode()
         for p, lo, hi in groups:
@@ -260,7 +266,7 @@ class RedisStore(EmbeddingStore):
                 if self._stamped:
                     victims = pair_items(self._r.zpopmin(t.stamps[p], excess))[0]
                 if not victims:
-                    sample: Any = self._r.hrandfield(t.hashes[p], excess)
+                    sample: Reply = self._r.hrandfield(t.hashes[p], excess)
                     victims = list(sample or [])
                 if not victims:
                     return
@@ -282,8 +288,8 @@ class RedisStore(EmbeddingStore):
         while True:
             cursor, page = self._r.hscan(t.hashes[p], cursor, count=self._batch)
             if page:
-                fields = list(page)
-                zero = [b"0"] * len(fields)
+                fields: list[bytes | str] = list(page)
+                zero: list[bytes | str] = [b"0"] * len(fields)
                 self._r.execute_command("ZADD", t.stamps[p], "NX", *interleave(zero, fields))
             if int(cursor) == 0:
                 return

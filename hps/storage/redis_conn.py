@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
-from redis.connection import ConnectionPool, SSLConnection
+from redis.connection import Connection, ConnectionPool, SSLConnection
 from redis.exceptions import (
     AuthenticationError,
     AuthorizationError,
@@ -37,6 +38,16 @@ from hps.errors import BackendError, BackendUnavailable, ConfigError
 log = logging.getLogger(__name__)
 
 Client = redis.Redis | RedisCluster
+
+
+class _Common(TypedDict, total=False):
+    """Connection settings every node's connections get."""
+
+    socket_timeout: float
+    socket_connect_timeout: float
+    username: str | None
+    password: str
+
 
 _UNAVAILABLE = (
     RedisConnectionError,
@@ -123,13 +134,14 @@ def _tls_connection_class(cfg: VolatileDBConfig) -> type[SSLConnection]:
         if ("tls_server_name_identification" in explicit)
         else None
     )
-    settings: dict[str, Any] = {"ssl_cert_reqs": "required", "ssl_check_hostname": True, **files}
+    settings: dict[str, object] = {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
+    settings.update(files)
 
     class TLSConnection(SSLConnection):
-        def __init__(self, **kwargs: Any) -> None:
+        def __init__(self, **kwargs: Any) -> None:  # redis-py's connection keywords
             super().__init__(**{**settings, **kwargs})
 
-        def _wrap_socket_with_ssl(self, sock: Any) -> Any:
+        def _wrap_socket_with_ssl(self, sock: socket.socket) -> ssl.SSLSocket:
             if server_name is None:
                 return super()._wrap_socket_with_ssl(sock)
             host, self.host = self.host, server_name  # redis-py sends self.host as SNI
@@ -141,10 +153,9 @@ def _tls_connection_class(cfg: VolatileDBConfig) -> type[SSLConnection]:
     return TLSConnection
 
 
-def _probe(host: str, port: int, common: dict[str, Any], tls: type | None) -> bool:
+def _probe(host: str, port: int, common: _Common, tls: type[SSLConnection] | None) -> bool:
     """Whether the node at host:port runs in cluster mode (raises redis errors)."""
-    extra: dict[str, Any] = {"connection_class": tls} if tls else {}
-    pool = ConnectionPool(host=host, port=port, **common, **extra)
+    pool = ConnectionPool(host=host, port=port, connection_class=tls or Connection, **common)
     client = redis.Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))
     try:
         info = client.info("cluster")
@@ -158,12 +169,9 @@ def connect(cfg: VolatileDBConfig) -> tuple[Client, bool]:
     """A client for ``cfg.address`` and whether it is a Redis Cluster."""
     nodes = parse_addresses(cfg.address)
     timeout = cfg.hps_socket_timeout_s
-    common: dict[str, Any] = {
-        "socket_timeout": timeout,
-        "socket_connect_timeout": timeout,
-    }
+    common: _Common = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
     if cfg.password:
-        common.update(username=cfg.user_name or None, password=cfg.password)
+        common.update({"username": cfg.user_name or None, "password": cfg.password})
     tls = _tls_connection_class(cfg) if cfg.enable_tls else None
     where = f"connecting to Redis at {cfg.address}"
     cluster: bool | None = None
@@ -184,8 +192,7 @@ def connect(cfg: VolatileDBConfig) -> tuple[Client, bool]:
                 f"volatile_db.address lists {len(nodes)} nodes but {host}:{port} is not in "
                 "cluster mode (cluster_enabled:0); give one address for a single Redis"
             )
-        pool_kwargs: dict[str, Any] = {"connection_class": tls} if tls else {}
-        pool = ConnectionPool(host=host, port=port, **common, **pool_kwargs)
+        pool = ConnectionPool(host=host, port=port, connection_class=tls or Connection, **common)
         return redis.Redis(connection_pool=pool, retry=Retry(NoBackoff(), 1)), False
     retry = Retry(NoBackoff(), 1)
     with translated(where):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import chain
 from operator import itemgetter
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 
@@ -16,6 +16,12 @@ from hps.index import GOLDEN
 from hps.types import Keys
 
 _SHIFT = np.uint64(32)
+T = TypeVar("T")
+
+Group = tuple[int, int, int]
+"""``(partition, lo, hi)``: keys ``lo:hi`` of a batch sorted by partition are in ``partition``."""
+Reply: TypeAlias = Any
+"""An item of a Redis reply: what redis-py returns depends on the command and the protocol."""
 
 
 def partition_of(keys: Keys, num_partitions: int) -> np.ndarray:
@@ -32,7 +38,7 @@ def stamp_name(table: str, partition: int) -> bytes:
     return f"hps_ts{{{table}/p{partition}}}".encode()
 
 
-def group_by_partition(keys: Keys, num_partitions: int) -> tuple[np.ndarray, list[tuple]]:
+def group_by_partition(keys: Keys, num_partitions: int) -> tuple[np.ndarray, list[Group]]:
     """``order`` sorting keys by partition and ``[(partition, lo, hi)]`` runs in that order."""
     if num_partitions == 1:
         return np.arange(keys.size), [(0, 0, keys.size)] if keys.size else []
@@ -47,17 +53,17 @@ def group_by_partition(keys: Keys, num_partitions: int) -> tuple[np.ndarray, lis
     )
 
 
-def unsort(replies: list[Any], order: np.ndarray, groups: int) -> Sequence[Any]:
+def unsort(replies: list[T], order: np.ndarray, groups: int) -> Sequence[T]:
     """Replies of keys taken in ``order`` (partition order), put back in request order."""
     if groups <= 1:  # one partition: the stable sort left the keys in request order
         return replies
     inverse = np.empty_like(order)
     inverse[order] = np.arange(order.size)
-    reordered: tuple[Any, ...] = itemgetter(*inverse.tolist())(replies)  # >= 2 keys: a tuple
+    reordered: tuple[T, ...] = itemgetter(*inverse.tolist())(replies)  # >= 2 keys: a tuple
     return reordered
 
 
-def pair_items(reply: Any) -> tuple[list[Any], list[Any]]:
+def pair_items(reply: Reply) -> tuple[list[Reply], list[Reply]]:
     """(firsts, seconds) of a pair reply, flat ``[a, b, ...]`` or nested ``[[a, b], ...]``
 
     (redis-py's shape for WITHVALUES / WITHSCORES replies differs between its versions)."""
@@ -65,8 +71,8 @@ def pair_items(reply: Any) -> tuple[list[Any], list[Any]]:
     return flat[0::2], flat[1::2]
 
 
-def interleave(a: list[Any], b: list[Any]) -> list[Any]:
-    out: list[Any] = [None] * (2 * len(a))
+def interleave(a: list[T], b: list[T]) -> list[T]:
+    out = a + b  # the length of the result; every item is replaced below
     out[0::2] = a
     out[1::2] = b
     return out

@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from typing import cast
 
 import numpy as np
 import rocksdict as rd
@@ -31,6 +32,9 @@ from hps.storage.base import AccessMode, EmbeddingStore
 from hps.storage.keybytes import key_bytes
 from hps.types import Keys, Mask, TableSpec, Vectors
 from hps.validate import table_or_raise
+
+RdictKey = str | int | float | bytes | bool
+"""A key as rocksdict's stubs type it (in raw mode, ours are always bytes)."""
 
 ENTRY_OVERHEAD = 16  # bytes of SST index/metadata per entry
 SPACE_AMP = 1.1  # leveled compaction's space amplification
@@ -173,7 +177,8 @@ class RocksDBStore(EmbeddingStore):
         for lo in range(0, n, self.max_batch_size):
             hi = min(n, lo + self.max_batch_size)
             try:
-                got: list[bytes | None] = cf.get(key_bytes(keys[lo:hi]))  # type: ignore[arg-type,assignment]
+                wanted = cast("list[RdictKey]", key_bytes(keys[lo:hi]))  # the stub's list type
+                got = cast("list[bytes | None]", cf.get(wanted))  # raw mode: bytes or None
                 parts = rocks_rows.decode(got, spec.dim)
             except Exception as exc:
                 raise BackendError(f"rocks_db: read of {table} failed: {exc}") from exc
@@ -252,16 +257,16 @@ class RocksDBStore(EmbeddingStore):
         cf = self._cf(table)
         if cf is None:
             return
-        keys: list[bytes] = []
+        keys: list[RdictKey] = []  # bytes in raw mode
         vals: list[bytes] = []
         for k, v in cf.items():
-            keys.append(k)  # type: ignore[arg-type]
+            keys.append(k)
             vals.append(v)
             if len(keys) == chunk_rows:
-                yield rocks_rows.decode_items(keys, vals, spec.dim)
+                yield rocks_rows.decode_items(cast("list[bytes]", keys), vals, spec.dim)
                 keys, vals = [], []
         if keys:
-            yield rocks_rows.decode_items(keys, vals, spec.dim)
+            yield rocks_rows.decode_items(cast("list[bytes]", keys), vals, spec.dim)
 
     def close(self) -> None:
         self._cfs.clear()

@@ -14,8 +14,10 @@ updated. Both formats may sit in one column family; a read tells them apart by l
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 from itertools import compress
+from typing import cast
 
 import numpy as np
 
@@ -40,7 +42,9 @@ def encode(values: Vectors, versions: np.ndarray | None) -> list[bytes]:
     return rows
 
 
-def decode(got: list[bytes | None], dim: int) -> tuple[Vectors, np.ndarray, np.ndarray, np.ndarray]:
+def decode(
+    got: Sequence[bytes | None], dim: int
+) -> tuple[Vectors, np.ndarray, np.ndarray, np.ndarray]:
     """``(values, found, versions, has_version)`` of MultiGet results (None: absent).
 
     Rows of format 1 are found with ``has_version`` false and version 0.
@@ -53,7 +57,7 @@ def decode(got: list[bytes | None], dim: int) -> tuple[Vectors, np.ndarray, np.n
     m = int(found.sum())
     if m == 0:
         return values, found, versions, has_version
-    present: list[bytes] = list(compress(got, found))  # type: ignore[arg-type]
+    present = cast("list[bytes]", list(compress(got, found)))  # the found ones: no None
     blob = b"".join(present)
     new, old = 4 * dim + VERSION_BYTES, 4 * dim
     if len(blob) == m * new:  # all format 2: one structured view
@@ -84,5 +88,5 @@ def decode(got: list[bytes | None], dim: int) -> tuple[Vectors, np.ndarray, np.n
 def decode_items(keys: list[bytes], vals: list[bytes], dim: int) -> tuple[Keys, Vectors]:
     """Keys and vectors of a scan (``dump``), either format."""
     k = np.frombuffer(b"".join(keys), dtype="<i8").astype(np.int64)
-    v, _, _, _ = decode(vals, dim)  # type: ignore[arg-type]
+    v, _, _, _ = decode(vals, dim)
     return k, v
