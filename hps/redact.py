@@ -21,7 +21,7 @@ import fnmatch
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import TypeVar, cast
 
 REDACTED = "<redacted>"
 
@@ -79,14 +79,14 @@ def registered() -> frozenset[str]:
         return frozenset(_values)
 
 
-def register_config(config: Any) -> None:
+def register_config(config: object) -> None:
     """Register every secret-named value of a config (a pydantic model or a mapping):
     the volatile_db password, the Kafka client's SASL/SSL secrets, ..."""
     doc = config.model_dump(mode="json") if hasattr(config, "model_dump") else config
     _redact(doc)
 
 
-def protect(config: Any = None, *values: str | None) -> None:
+def protect(config: object = None, *values: str | None) -> None:
     """What every HPS process does at start: scrub all its log records
     (:func:`install_log_filter`) and register the secrets it knows (``values``: the admin
     key, the control plane's token; ``config``'s secret-named settings)."""
@@ -114,7 +114,7 @@ def redact_mapping(doc: T) -> T:
     Secret values found in a document are registered, so later log lines scrub them too.
     Empty values stay empty (an unset password is not a secret worth hiding).
     """
-    return _redact(doc)  # type: ignore[return-value]
+    return cast(T, _redact(doc))  # the same shape, values redacted
 
 
 def _redact(doc: object) -> object:
@@ -225,7 +225,7 @@ def install_log_filter(logger: logging.Logger | None = None) -> None:
 def _scrubbing_factory(
     inner: Callable[..., logging.LogRecord],
 ) -> Callable[..., logging.LogRecord]:
-    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+    def factory(*args: object, **kwargs: object) -> logging.LogRecord:
         record = inner(*args, **kwargs)
         scrub_record(record)
         return record

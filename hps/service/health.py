@@ -11,18 +11,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from functools import cache, partial
-from typing import Any
 
 import numpy as np
 
 from hps.service.state import AdminState
 from hps.tiers import Tiers
 from hps.triton.repository import served_models
+from hps.types import JSON
 
 KAFKA_TIMEOUT_S = 3.0
 
 
-def _run(name: str, check: Callable[[], str]) -> dict[str, Any]:
+def _run(name: str, check: Callable[[], str]) -> JSON:
     start = time.perf_counter()
     try:
         detail, ok = check(), True
@@ -84,17 +84,17 @@ def _l3(state: AdminState, reader: Reader) -> str:
 def _kafka(state: AdminState) -> str:
     from confluent_kafka.admin import AdminClient
 
-    from hps.updates.kafka import client_settings
+    from hps.updates.kafka import Setting, client_settings
 
     src = state.config.update_source
     # the consumer's settings left out: librdkafka would warn about each on every probe
     settings = client_settings(src.hps_kafka_config)
-    conf: dict[str, Any] = {"bootstrap.servers": src.brokers, **settings}
+    conf: dict[str, Setting] = {"bootstrap.servers": src.brokers, **settings}
     meta = AdminClient(conf).list_topics(timeout=KAFKA_TIMEOUT_S)
     return f"{len(meta.brokers)} broker(s), {len(meta.topics)} topic(s)"
 
 
-def readiness(state: AdminState) -> tuple[bool, list[dict[str, Any]]]:
+def readiness(state: AdminState) -> tuple[bool, list[JSON]]:
     """All checks, in order; ready when every one passed. L3 is caught up once for all."""
     reader = cache(state.reader)  # an exception is not cached: each check reports it
     checks = [_run("triton", lambda: _ready(state.triton.server_ready()))]

@@ -9,9 +9,10 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from hps.errors import HPSError, UnknownTableError
+from hps.types import JSON
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +33,12 @@ class Job:
     started: float | None = None
     finished: float | None = None
     error: str | None = None
-    result: dict[str, Any] = field(default_factory=dict)
+    result: JSON = field(default_factory=dict)
 
     def advance(self, rows: int) -> None:
         self.rows_done += rows
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> JSON:
         end = self.finished or time.time()
         elapsed = (end - self.started) if self.started else 0.0
         return {
@@ -62,7 +63,7 @@ class JobRegistry:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hps-admin-job")
 
-    def submit(self, job: Job, work: Callable[[Job], dict[str, Any]]) -> Job:
+    def submit(self, job: Job, work: Callable[[Job], JSON]) -> Job:
         with self._lock:
             self._jobs[job.id] = job
             for old in list(self._jobs)[:-KEEP_JOBS]:
@@ -71,7 +72,7 @@ class JobRegistry:
         self._pool.submit(self._run, job, work)
         return job
 
-    def _run(self, job: Job, work: Callable[[Job], dict[str, Any]]) -> None:
+    def _run(self, job: Job, work: Callable[[Job], JSON]) -> None:
         job.state, job.started = "running", time.time()
         try:
             job.result = work(job)

@@ -8,7 +8,8 @@ and a body over its limit gets 413 as soon as the limit is crossed.
 from __future__ import annotations
 
 import json
-from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hps.service.auth import check_bearer
 
@@ -26,7 +27,7 @@ class TooLarge(Exception):
     pass
 
 
-async def _answer(send: Any, status: int) -> None:
+async def _answer(send: Send, status: int) -> None:
     kind = {401: "Unauthorized", 403: "Forbidden", 413: "TooLarge"}[status]
     body = json.dumps({"error": kind, "detail": MESSAGES[status]}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
@@ -41,7 +42,7 @@ class TokenAndBodyLimits:
 
     def __init__(
         self,
-        app: Any,
+        app: ASGIApp,
         token: str | None,
         json_limit: int = MAX_JSON_BYTES,
         upload_limit: int = MAX_UPLOAD_BYTES,
@@ -51,7 +52,7 @@ class TokenAndBodyLimits:
         self.json_limit = json_limit
         self.upload_limit = upload_limit
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -70,7 +71,7 @@ class TokenAndBodyLimits:
         seen = 0
         started = False
 
-        async def counted() -> Any:
+        async def counted() -> Message:
             nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
@@ -79,7 +80,7 @@ class TokenAndBodyLimits:
                     raise TooLarge
             return message
 
-        async def watched(message: Any) -> None:
+        async def watched(message: Message) -> None:
             nonlocal started
             started = started or message["type"] == "http.response.start"
             await send(message)

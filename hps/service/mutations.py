@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import uuid
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, cast
 
 import numpy as np
 from fastapi import APIRouter, Depends, Request
@@ -17,6 +17,10 @@ from hps.service import ops, uploads
 from hps.service.jobs import Job
 from hps.service.schemas import WRITE, DeleteBody, WarmupBody, WarmupKeys, WarmupKeyset
 from hps.service.state import AdminState
+from hps.types import JSON
+
+if TYPE_CHECKING:
+    from starlette.datastructures import FormData, UploadFile
 
 # Declares the scheme in the OpenAPI document; TokenAndBodyLimits has checked the token.
 bearer = HTTPBearer(auto_error=False, description="the admin token (--token-file, HPS_ADMIN_TOKEN)")
@@ -30,9 +34,7 @@ def _state(request: Request) -> AdminState:
 
 
 @router.delete("/v1/models/{model}/tables/{table}/keys", responses=WRITE)
-def delete_keys(
-    model: str, table: str, body: DeleteBody, request: Request, _: Auth
-) -> dict[str, Any]:
+def delete_keys(model: str, table: str, body: DeleteBody, request: Request, _: Auth) -> JSON:
     """Remove keys from L3, L2 and every serving process's L1 (Kafka, else a reload)."""
     state = _state(request)
     spec = state.spec(model, table)
@@ -40,7 +42,7 @@ def delete_keys(
 
 
 @router.post("/v1/models/{model}/reload", responses=WRITE)
-def reload(model: str, request: Request, _: Auth) -> dict[str, Any]:
+def reload(model: str, request: Request, _: Auth) -> JSON:
     """Reload the model in Triton: every instance restarts (fresh L1, L3 reopened)."""
     state = _state(request)
     state.reset_reader()
@@ -48,7 +50,7 @@ def reload(model: str, request: Request, _: Auth) -> dict[str, Any]:
 
 
 @router.post("/v1/models/{model}/warmup", responses=WRITE)
-def warmup(model: str, body: WarmupBody, request: Request, _: Auth) -> dict[str, Any]:
+def warmup(model: str, body: WarmupBody, request: Request, _: Auth) -> JSON:
     """Load keys into every instance's L1 (the model is reloaded with them)."""
     from hps.cache.warmup import hottest
     from hps.io.frequency import read_frequency_file
@@ -103,7 +105,9 @@ IMPORT_BODY = {
 }
 
 
-async def _form(request: Request) -> tuple[uploads.Format, Any, Any, str | None, Any]:
+async def _form(
+    request: Request,
+) -> tuple[uploads.Format, UploadFile | None, UploadFile | None, str | None, FormData]:
     """(format, keys file, vectors file, path, form) of the multipart body; files spool to disk."""
     from starlette.datastructures import UploadFile
 
@@ -114,10 +118,12 @@ async def _form(request: Request) -> tuple[uploads.Format, Any, Any, str | None,
     unknown = set(form.keys()) - {"format", "keys", "vectors", "path"}
     if unknown:
         raise FormatError(f"unknown form fields {sorted(unknown)}")
-    files = [form.get(n) for n in ("keys", "vectors")]
-    for name, f in zip(("keys", "vectors"), files, strict=True):
+    files: list[UploadFile | None] = []
+    for name in ("keys", "vectors"):
+        f = form.get(name)
         if f is not None and not isinstance(f, UploadFile):
             raise FormatError(f"form field `{name}` must be a file part")
+        files.append(f)
     path = form.get("path")
     if path is not None and not isinstance(path, str):
         raise FormatError("form field `path` must be text")
@@ -130,7 +136,7 @@ async def _form(request: Request) -> tuple[uploads.Format, Any, Any, str | None,
     responses=WRITE,
     openapi_extra={"requestBody": IMPORT_BODY},
 )
-async def import_table(model: str, table: str, request: Request, _: Auth) -> dict[str, Any]:
+async def import_table(model: str, table: str, request: Request, _: Auth) -> JSON:
     """Load a table from an upload or a server-side folder; progress at ``/v1/jobs/{id}``.
 
     Multipart fields: ``format`` (``sparse``: HugeCTR's ``key`` + ``emb_vector``; ``npy``: a
@@ -155,7 +161,7 @@ async def import_table(model: str, table: str, request: Request, _: Auth) -> dic
             shutil.rmtree(staged, ignore_errors=True)
         raise
 
-    def work(job: Job) -> dict[str, Any]:
+    def work(job: Job) -> JSON:
         try:
             return ops.import_table(state, job, src)
         finally:
@@ -167,7 +173,11 @@ async def import_table(model: str, table: str, request: Request, _: Auth) -> dic
 
 
 async def _source(
-    state: AdminState, format: uploads.Format, keys: Any, vectors: Any, path: str | None
+    state: AdminState,
+    format: uploads.Format,
+    keys: UploadFile | None,
+    vectors: UploadFile | None,
+    path: str | None,
 ) -> tuple[Path, Path | None]:
     """The folder to import from, and the staging folder to remove afterwards (uploads)."""
     staged = None

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -12,8 +10,10 @@ from hps.redact import redact_mapping
 from hps.service import health, info, ops
 from hps.service.schemas import READ, WRITE, LookupBody, errors
 from hps.service.state import AdminState
+from hps.types import JSON
 
 router = APIRouter()
+
 
 def _state(request: Request) -> AdminState:
     state: AdminState = request.app.state.hps
@@ -39,26 +39,26 @@ def readyz(request: Request) -> JSONResponse:
 
 
 @router.get("/v1/config", tags=["models"])
-def config(request: Request) -> dict[str, Any]:
+def config(request: Request) -> JSON:
     """The effective ps.json (defaults filled in), every secret-named value redacted."""
     return redact_mapping(_state(request).config.model_dump(mode="json"))
 
 
 @router.get("/v1/models", tags=["models"], responses=errors(502, 503))
-def models(request: Request) -> dict[str, Any]:
+def models(request: Request) -> JSON:
     """Every model and table: dims, rows per tier, L1, hit rates, lag, versions; topology."""
     return redact_mapping(info.models_info(_state(request)))  # e.g. a broker's error text
 
 
 @router.get("/v1/models/{model}/tables/{table}", tags=["models"], responses=READ)
-def table(model: str, table: str, request: Request) -> dict[str, Any]:
+def table(model: str, table: str, request: Request) -> JSON:
     """One table: dims, rows per tier, L1 capacity and policy, hit rates, lag, last version."""
     state = _state(request)
     return redact_mapping(info.one_table(state, state.spec(model, table)))
 
 
 @router.post("/v1/models/{model}/tables/{table}/lookup", tags=["debug"], responses=WRITE)
-def lookup(model: str, table: str, body: LookupBody, request: Request) -> dict[str, Any]:
+def lookup(model: str, table: str, body: LookupBody, request: Request) -> JSON:
     """Where each key is found (l2, l3, default), its vector and version. Never writes L1."""
     state = _state(request)
     spec = state.spec(model, table)
@@ -67,6 +67,6 @@ def lookup(model: str, table: str, body: LookupBody, request: Request) -> dict[s
 
 
 @router.get("/v1/jobs/{job_id}", tags=["jobs"], responses=errors(404))
-def job(job_id: str, request: Request) -> dict[str, Any]:
+def job(job_id: str, request: Request) -> JSON:
     """Progress of an import: state, rows done, rows/s, result or error."""
     return _state(request).jobs.get(job_id).view()

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 
 # The document states the bounds +-(2**63 - 1024): JSON-schema tools read bounds as doubles,
 # where 2**63 - 1 becomes 2**63, and generators then send keys the server must refuse.
-def _json_integer(value: Any) -> Any:
+def _json_integer(value: object) -> object:
     """JSON integers only (1.0 is one, per JSON Schema); no strings, no booleans."""
     if isinstance(value, (str, bytes, bool)):
         raise ValueError("keys must be JSON integers")
@@ -63,10 +63,10 @@ WarmupBody = WarmupKeys | WarmupKeyset | WarmupFrequency
 
 class Error(BaseModel):
     error: str
-    detail: Any
+    detail: object  # a message, or the list of a validation error's problems
 
 
-def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+def errors(*codes: int) -> dict[int | str, dict[str, object]]:
     """``responses=`` of a route: these statuses, each with the Error body."""
     text = {
         400: "bad request (names what is wrong)",
