@@ -9,14 +9,13 @@ CuPy (``xp``); the network is tiny next to the embedding lookup.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from hps.cache.xp import select_xp
 from hps.errors import ConfigError, ShapeError
-from hps.types import Vectors
+from hps.types import ArrayModule, Vectors
 
 Array = npt.NDArray[np.float32]
 
@@ -37,10 +36,10 @@ def make_weights(
             np.float32
         )
         arrays[f"b{i}"] = (rng.standard_normal(n_out) * 0.01).astype(np.float32)
-    np.savez(path, **arrays)  # type: ignore[arg-type]
+    np.savez(path, allow_pickle=False, **arrays)
 
 
-def xp_f32(xp: Any, a: np.ndarray) -> Any:
+def xp_f32(xp: ArrayModule, a: np.ndarray) -> Array:
     return xp.asarray(a, dtype=xp.float32)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import numpy as np
 
@@ -12,7 +12,7 @@ from hps.errors import FormatError
 from hps.types import Keys, Vectors
 
 
-def _open(path: Path) -> tuple[BinaryIO, tuple[int, ...], np.dtype[Any]]:
+def _open(path: Path) -> tuple[BinaryIO, tuple[int, ...], np.dtype[np.generic]]:
     """Open a .npy file positioned at its data; returns (file, shape, dtype)."""
     try:
         f = open(path, "rb")

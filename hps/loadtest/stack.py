@@ -23,10 +23,13 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from hps.errors import BackendUnavailable, ConfigError
 from hps.net import free_port
+
+if TYPE_CHECKING:
+    from hps.testing.redis import RedisClusterServers, RedisServer
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +37,17 @@ REDIS_L2 = {"redis", "redis_cluster"}
 EMBEDDED_L2 = {"hash_map", "parallel_hash_map"}
 FAST_KAFKA = {"session.timeout.ms": 2000, "heartbeat.interval.ms": 300}
 READY_TIMEOUT_S = 300.0
+
+
+Doc: TypeAlias = dict[str, Any]
+"""A ps.json document as parsed JSON, edited in place before ``hps serve`` validates it."""
+
+
+class Server(Protocol):
+    """A server the load test starts beside the stack (Redis, the Kafka broker)."""
+
+    def start(self) -> object: ...
+    def stop(self) -> object: ...
 
 
 @dataclass
@@ -49,7 +63,7 @@ class Stack:
     ctr: bool = False  # the model is also served as <model>_ctr
     started: list[str] = field(default_factory=list)  # what start_stack started, in order
     _procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
-    _servers: list[Any] = field(default_factory=list)  # RedisServer, TansuBroker, ...
+    _servers: list[Server] = field(default_factory=list)  # RedisServer, TansuBroker, ...
 
     @property
     def serve_pid(self) -> int | None:
@@ -84,7 +98,7 @@ def _terminate(name: str, proc: subprocess.Popen[bytes], grace_s: float = 40.0) 
             proc.wait()
 
 
-def _absolute(doc: dict[str, Any], base: Path) -> None:
+def _absolute(doc: Doc, base: Path) -> None:
     def fix(p: str) -> str:
         return p if not p or os.path.isabs(p) else str((base / p).resolve())
 
@@ -102,9 +116,7 @@ def _absolute(doc: dict[str, Any], base: Path) -> None:
         pdb["path"] = fix(pdb["path"])
 
 
-def effective_doc(
-    doc: dict[str, Any], *, l2: str | None, instances: int | None, updates: bool
-) -> dict[str, Any]:
+def effective_doc(doc: Doc, *, l2: str | None, instances: int | None, updates: bool) -> Doc:
     """The ps.json document with the load test's overrides (addresses are set later)."""
     doc = json.loads(json.dumps(doc))
     vdb = doc.setdefault("volatile_db", {})
@@ -126,7 +138,7 @@ def effective_doc(
     return doc
 
 
-def needs_consumer(doc: dict[str, Any]) -> bool:
+def needs_consumer(doc: Doc) -> bool:
     """Kafka updates that the serving processes do not apply to L2/L3 themselves."""
     if (doc.get("update_source") or {}).get("type", "null") == "null":
         return False
@@ -200,13 +212,13 @@ def start_stack(
     return stack
 
 
-def _start_servers(stack: Stack, doc: dict[str, Any], run_dir: Path) -> None:
+def _start_servers(stack: Stack, doc: Doc, run_dir: Path) -> None:
     vdb = doc.get("volatile_db") or {}
     if vdb.get("type") in REDIS_L2:
         from hps.testing.redis import RedisClusterServers, RedisServer
 
         n = len([a for a in str(vdb.get("address", "")).split(",") if a.strip()])
-        server: Any = (
+        server: RedisClusterServers | RedisServer = (
             RedisClusterServers(run_dir / "redis", masters=max(3, n))
             if n > 1
             else RedisServer(run_dir / "redis")
@@ -226,7 +238,7 @@ def _start_servers(stack: Stack, doc: dict[str, Any], run_dir: Path) -> None:
         us["brokers"] = stack.brokers = broker.bootstrap
 
 
-def _start(server: Any, what: str, logs: Path) -> None:
+def _start(server: Server, what: str, logs: Path) -> None:
     try:
         server.start()
     except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:

@@ -17,11 +17,14 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hps.net import free_port
+
+if TYPE_CHECKING:
+    import redis
 
 HOST = "127.0.0.1"
 CLUSTER_BUS_OFFSET = 10_000  # Redis Cluster's bus listens on port + 10000
@@ -54,7 +57,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _wait(predicate: Any, timeout: float, what: str) -> None:
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -173,7 +176,7 @@ class RedisNode:
                 os.kill(pid, signal.SIGKILL)
             _wait(lambda: not _alive(pid), 5.0, f"redis-server pid {pid} to die")
 
-    def client(self, **kwargs: Any) -> Any:
+    def client(self, **kwargs: Any) -> redis.Redis:
         """A plain redis-py client to this node (with its credentials)."""
         import redis
 

@@ -11,6 +11,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from typing import Any
 
 from hps.errors import BackendUnavailable, RequestError
@@ -29,7 +30,9 @@ class ModelControl:
         self.key = key
         self.timeout = timeout
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    def _call(
+        self, method: str, path: str, body: Mapping[str, object] | None = None
+    ) -> Any:  # Triton's parsed JSON answer
         data = json.dumps(body or {}).encode() if method == "POST" else None
         headers = {"Content-Type": "application/json", **http_headers(self.key)}
         req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)

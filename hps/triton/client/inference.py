@@ -10,26 +10,34 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.client import HTTPException
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hps.config import ModelConfig, PSConfig
 from hps.errors import BackendUnavailable, ConfigError, RequestError, UnknownTableError
 
+if TYPE_CHECKING:  # tritonclient has no type hints: these names document what is meant
+    import tritonclient.grpc
+    import tritonclient.http
+    from tritonclient.utils import InferenceServerException
+
 
 class Client:
     """One tritonclient connection (HTTP or gRPC) to a Triton server."""
 
-    def __init__(self, url: str, *, grpc: bool = False, **kw: Any) -> None:
+    def __init__(self, url: str, *, grpc: bool = False, **kw: object) -> None:
         if grpc:
             import tritonclient.grpc as module
         else:
             import tritonclient.http as module
-        self.module: Any = module
+        self.module: ModuleType = module
         self.url = url
         self.grpc = grpc
-        self.client: Any = module.InferenceServerClient(url, **kw)
+        self.client: tritonclient.grpc.InferenceServerClient | (
+            tritonclient.http.InferenceServerClient
+        ) = module.InferenceServerClient(url, **kw)
 
     def close(self) -> None:
         self.client.close()
@@ -40,7 +48,9 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _input(self, name: str, array: np.ndarray) -> Any:
+    def _input(
+        self, name: str, array: np.ndarray
+    ) -> tritonclient.grpc.InferInput | tritonclient.http.InferInput:
         from tritonclient.utils import np_to_triton_dtype
 
         tensor = self.module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
@@ -120,7 +130,7 @@ class Client:
         return config, config.model(params.get("hps_model") or model)
 
 
-def translate(exc: Any) -> Exception:
+def translate(exc: InferenceServerException) -> Exception:
     """A tritonclient InferenceServerException as the hps error it stands for."""
     message = exc.message() if callable(getattr(exc, "message", None)) else str(exc)
     status = str(exc.status() or "")
