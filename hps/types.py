@@ -22,7 +22,6 @@ ArrayModule: TypeAlias = ModuleType
 JSON: TypeAlias = dict[str, object]
 """A JSON object as we build or read it (a ps.json section, an API answer, a bench row)."""
 
-VALUE_DTYPE = np.dtype(np.float32)
 RESERVED_KEYS = (int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).min) + 1)
 """Key values the hash indexes use as slot markers; no table may hold them."""
 

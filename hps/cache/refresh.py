@@ -52,7 +52,6 @@ class Refresher:
         self.delay = delay
         self.percentage = percentage
         self.passes = 0
-        self.keys_refreshed = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -84,7 +83,6 @@ class Refresher:
                     break
                 done += min(step, keys.size - lo)
         self.passes += 1
-        self.keys_refreshed += done
         return done
 
     def _loop(self) -> None:

@@ -49,7 +49,6 @@ class L1Refresher:
         self.grace_s = grace_s
         self._pending: deque[_Pending] = deque()
         self._pending_keys = 0
-        self.dropped = 0
 
     def tracks(self, table: str) -> bool:
         return self.session.caches.get(table) is not None
@@ -74,7 +73,6 @@ class L1Refresher:
         while self._pending_keys > MAX_PENDING_KEYS:  # L2/L3 writer gone for long: give up
             old = self._pending.popleft()
             self._pending_keys -= old.keys.size
-            self.dropped += old.keys.size
             log.warning("L1 re-read queue full: %d keys rely on pass 1 only", old.keys.size)
 
     @property
