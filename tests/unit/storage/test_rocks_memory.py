@@ -5,6 +5,7 @@ twice the budget (a secondary re-reads it on each catch-up)."""
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 
 import numpy as np
@@ -36,9 +37,16 @@ def test_memtables_of_all_tables_share_one_budget(tmp_path: Path) -> None:
             keys = rng.choice(1 << 40, 1000, replace=False)
             values = rng.standard_normal((1000, 16), np.float32)
             store.insert(spec.name, keys, values)
-    ssts, _ = _bytes(path, ".sst")
-    _, wal = _bytes(path, ".log")
     # RocksDB's defaults (64 MiB per table) would flush nothing and keep all 19 MB in the WAL.
+    # Flushes run in the background: on a busy machine they may still be running, so wait
+    # for them (a hang guard; they take milliseconds on an idle one).
+    deadline = time.monotonic() + 60
+    while True:
+        ssts, _ = _bytes(path, ".sst")
+        _, wal = _bytes(path, ".log")
+        if (ssts > 0 and wal < 8 << 20) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert ssts > 0 and wal < 8 << 20, (ssts, wal)
     got, found = store.fetch(specs[-1].name, keys)  # flushed or not, every row reads back
     assert found.all()
