@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import re
 import tempfile
 import threading
@@ -42,12 +41,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     parser.add_argument("--dir", help="keep the demo model here (default: a temp folder)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--fuse",
-        choices=("default", "true", "false"),
-        default="default",
-        help="ps.json fuse_embedding_table for the served model (default: as the demo has it)",
-    )
     parser.add_argument(
         "--gate",
         action="store_true",
@@ -149,10 +142,6 @@ def run(args: argparse.Namespace) -> Iterator[JSON]:
             instances=args.instances,
             force=args.dir is None,
         )
-        if args.fuse != "default":
-            doc = json.loads(ps.read_text())
-            doc["fuse_embedding_table"] = args.fuse == "true"
-            ps.write_text(json.dumps(doc, indent=2))
         config = serving_config(ps)
         repo = Path(tmp) / "repository"
         prepare_repository(config, repo)
@@ -220,5 +209,4 @@ def _row(
         "floor_p99_ms": round(f99, 3),
         "floor_throughput_rps": round(frps, 1),
         "ratio": round(p50 / f50, 3),
-        "fuse_embedding_table": args.fuse,
     }

@@ -20,7 +20,7 @@ class PSConfig(Frozen):
     """The whole ps.json."""
 
     supportlonglong: bool = True
-    # Ours defaults to true (measured faster, same results: hps/fused.py); HugeCTR's to false.
+    # Accepted and ignored: every lookup takes the one pipeline (docs/config.md).
     fuse_embedding_table: bool = True
     models: list[ModelConfig]
     volatile_db: VolatileDBConfig = VolatileDBConfig()
