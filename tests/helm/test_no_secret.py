@@ -1,4 +1,4 @@
-"""The chart renders no secret (issue 22, "No secret in sight"; helm/hps/README.md, "Secrets").
+"""The chart renders no secret (helm/hps/README.md, "Secrets").
 
 No Secret object and no secret value in any rendered manifest (what `helm template` and
 `helm get manifest` show) nor in the values the chart ships (what `helm get values` dumps):

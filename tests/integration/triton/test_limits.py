@@ -1,4 +1,4 @@
-"""Request limits checked by the models (issue 9, item 4): keys over all rows, CTR samples,
+"""Request limits checked by the models (docs/security.md, row 4): keys over all rows, CTR samples,
 non-finite features. The request-size gate in front of them: test_gate.py."""
 
 from __future__ import annotations

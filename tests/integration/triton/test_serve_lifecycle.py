@@ -1,4 +1,4 @@
-"""`hps serve` under faults (issue 9, items 3 and 6), on a two-table demo model.
+"""`hps serve` under faults (docs/security.md, rows 3 and 6), on a two-table demo model.
 
 - a SIGKILLed stub is found by the watchdog and its model reloaded (the time it took is
   printed; docs/security.md row 3);
