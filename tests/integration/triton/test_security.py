@@ -1,4 +1,5 @@
-"""Triton's admin APIs are closed without the admin key, on HTTP and gRPC (docs/security.md, rows 1-2).
+"""Triton's admin APIs are closed without the admin key, on HTTP and gRPC (docs/security.md,
+rows 1-2).
 
 Attack 1: a load call carrying a model.py of the attacker's (it would run in the server).
 Attack 2: registering the Python stub's own shared-memory region, then pointing an output
