@@ -50,7 +50,7 @@ loadtest: $(STAMP)
 	$(BIN)/hps loadtest --config demo/ps.json $(LOADTEST_ARGS)
 
 test: $(STAMP) test-tools
-	$(BIN)/ruff check hps tests loadtests
+	$(BIN)/ruff check .
 	$(BIN)/mypy hps
 	$(BIN)/pytest -q --durations=15 tests
 

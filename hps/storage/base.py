@@ -124,12 +124,12 @@ class EmbeddingStore(ABC):
         durable: bool = False,
     ) -> None:
         """Upsert rows with their update versions (``versioned_rows`` stores only)."""
-        raise NotImplementedError(f"{self.name} keeps no version in its rows")
+        raise TypeError(f"{self.name} keeps no version in its rows (versioned_rows is False)")
 
     def fetch_versions(self, table: str, keys: Keys) -> tuple[npt.NDArray[np.uint64], Mask]:
         """Each key's stored update version, and whether its row carries one
         (``versioned_rows`` stores only)."""
-        raise NotImplementedError(f"{self.name} keeps no version in its rows")
+        raise TypeError(f"{self.name} keeps no version in its rows (versioned_rows is False)")
 
     def catch_up(self) -> None:  # noqa: B027 (a no-op is the right default)
         """Replay what the writer wrote since (``secondary`` handles only)."""

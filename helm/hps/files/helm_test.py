@@ -14,8 +14,8 @@ import sys
 import numpy as np
 
 from hps.config import load_config
-from hps.triton.client import Client
 from hps.ctr.demo import table_vectors
+from hps.triton.client import Client
 
 KEYS = np.array([1, 2, 3, 2**62], dtype=np.int64)
 
