@@ -9,6 +9,8 @@ from typing import Any, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
+from hps.rowformat import FORMATS, RowDtype, RowFormat
+
 Keys = npt.NDArray[np.int64]
 Vectors = npt.NDArray[np.float32]
 Mask = npt.NDArray[np.bool_]
@@ -38,10 +40,21 @@ class TableSpec:
     dim: int
     default_value: float = 0.0
     max_keys_per_request: int = 0  # 0: unlimited
+    row_dtype: RowDtype = "float32"  # how every tier stores its rows (hps.rowformat)
 
     @property
     def name(self) -> str:
         return f"{self.model}.{self.table}"
+
+    @property
+    def fmt(self) -> RowFormat:
+        """The table's row format: stored dtype and width, encode and decode."""
+        return FORMATS[self.row_dtype]
+
+    @property
+    def width(self) -> int:
+        """Stored elements per row (``dim`` but for int8's scale and offset)."""
+        return self.fmt.width(self.dim)
 
     def default_vectors(self, n: int) -> Vectors:
         return np.full((n, self.dim), self.default_value, dtype=np.float32)

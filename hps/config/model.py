@@ -7,6 +7,7 @@ from typing import Literal, TypeVar
 from pydantic import Field, StrictInt, field_validator, model_validator
 
 from hps.config.common import NAME_RE, Frozen
+from hps.rowformat import RowDtype
 from hps.types import TableSpec
 
 T = TypeVar("T")
@@ -59,6 +60,11 @@ class ModelConfig(Frozen):
     slot_num: int = Field(default=10, ge=0)
     hps_cache: CacheConfig = CacheConfig()
     hps_instances: int = Field(default=1, ge=1, description="Triton instances of the model")
+    hps_row_dtype: RowDtype | list[RowDtype] | None = Field(
+        default=None,
+        description="how every tier stores the rows: one format, or one per table "
+        "(float32 unless fp8_quant asks for 8-bit rows)",
+    )
 
     @field_validator("model")
     @classmethod
@@ -92,6 +98,14 @@ class ModelConfig(Frozen):
             got = getattr(self, key)
             if len(got) not in (0, 1, n):
                 raise ValueError(f"{key} has {len(got)} entries but the model has {n} tables")
+        dtypes = self.hps_row_dtype
+        if isinstance(dtypes, list) and len(dtypes) not in (1, n):
+            raise ValueError(f"hps_row_dtype has {len(dtypes)} entries but the model has {n} tables")
+        if self.fp8_quant and dtypes is not None and set(self._per_table_dtypes()) != {"int8"}:
+            raise ValueError(
+                "fp8_quant: true asks for 8-bit rows (int8) but hps_row_dtype says "
+                f"{dtypes!r}: set one of them"
+            )
         if self.sparse_files and len(self.sparse_files) != n:
             raise ValueError(f"sparse_files has {len(self.sparse_files)} entries for {n} tables")
         return self
@@ -107,6 +121,13 @@ class ModelConfig(Frozen):
             return [fallback] * n
         return list(values) * n if len(values) == 1 else list(values)
 
+    def _per_table_dtypes(self) -> list[RowDtype]:
+        """Each table's row format: ``hps_row_dtype``; else int8 for HugeCTR's ``fp8_quant``."""
+        dtypes = self.hps_row_dtype
+        if dtypes is None:
+            dtypes = "int8" if self.fp8_quant else "float32"
+        return self._per_table([dtypes] if isinstance(dtypes, str) else dtypes, "float32")
+
     @property
     def tables(self) -> list[TableSpec]:
         """Tables of this model in request order."""
@@ -119,8 +140,14 @@ class ModelConfig(Frozen):
                 dim=dim,
                 default_value=float(default),
                 max_keys_per_request=int(q) * self.max_batch_size,
+                row_dtype=dtype,
             )
-            for name, dim, q, default in zip(
-                self.table_names, self.embedding_vecsize_per_table, queries, defaults, strict=True
+            for name, dim, q, default, dtype in zip(
+                self.table_names,
+                self.embedding_vecsize_per_table,
+                queries,
+                defaults,
+                self._per_table_dtypes(),
+                strict=True,
             )
         ]

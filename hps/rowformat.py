@@ -1,0 +1,144 @@
+"""Row formats: how a table's rows are stored in every tier (``hps_row_dtype``).
+
+A table's format is decided once (its :class:`hps.types.TableSpec`'s ``row_dtype``) and a
+stored row keeps it in L1, every L2 backend, L3 and the shared-memory map: rows move between
+tiers unchanged, never re-quantized. float32 exists only at the edges: imports, Kafka
+updates and control-plane writes are encoded where they enter (:meth:`RowFormat.encode`), and
+lookups decode into the float32 response (the L1 kernels in the same pass as the gather,
+rows from below L1 with :meth:`RowFormat.decode`).
+
+========  =================  ==================================  ============================
+format    stored element     one row of dimension ``d``          what it loses
+========  =================  ==================================  ============================
+float32   ``float32`` × d    4·d bytes                           nothing
+float16   ``float16`` × d    2·d bytes                           relative error ≤ 2⁻¹¹ in
+                                                                 float16's normal range;
+                                                                 |x| > 65504 is refused
+int8      ``uint8`` × (d+8)  d codes, then the row's scale and   |x − x̂| ≤ (max − min) / 510
+                             offset as float32 (FBGEMM's 8-bit   per element (half a step of
+                             rowwise layout): d + 8 bytes        the row's 255 steps)
+========  =================  ==================================  ============================
+
+int8 is row-wise affine: ``x̂ = code · scale + offset`` with ``offset = min(row)`` and
+``scale = (max(row) − min(row)) / 255``; a constant row is stored exactly (scale 0). The
+bound holds up to float32 rounding of the decode (a few ulp of the row's largest value).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+import numpy as np
+import numpy.typing as npt
+
+from hps.errors import InvalidValueError
+
+RowDtype = Literal["float32", "float16", "int8"]
+ROW_DTYPES: tuple[str, ...] = get_args(RowDtype)
+
+Stored = npt.NDArray[np.generic]
+"""Rows in a table's stored form: ``(n, width)`` of the format's element dtype."""
+Floats = npt.NDArray[np.float32]
+
+FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65504
+INT8_EXTRA = 8  # bytes after the codes: float32 scale, float32 offset
+INT8_STEPS = 255
+
+
+class RowFormat:
+    """One row format: its stored element dtype and width, encode and decode (see module)."""
+
+    name: RowDtype = "float32"
+    dtype: np.dtype[np.generic] = np.dtype(np.float32)
+
+    def width(self, dim: int) -> int:
+        """Stored elements per row of dimension ``dim``."""
+        return dim
+
+    def row_bytes(self, dim: int) -> int:
+        """Bytes of one stored row of dimension ``dim``."""
+        return self.width(dim) * self.dtype.itemsize
+
+    def empty(self, n: int, dim: int) -> Stored:
+        return np.empty((n, self.width(dim)), dtype=self.dtype)
+
+    def encode(self, values: Floats) -> Stored:
+        """float32 ``(n, dim)`` rows in this format (the same array for float32)."""
+        return np.ascontiguousarray(values, dtype=np.float32)
+
+    def decode(self, stored: Stored, dim: int) -> Floats:
+        """Stored rows ``(n, width)`` back to float32 ``(n, dim)``."""
+        return np.asarray(stored, dtype=np.float32)
+
+    def from_bytes(self, buf: bytes | bytearray | memoryview, dim: int) -> Stored:
+        """Stored rows from their raw bytes (what the byte-keeping tiers hold)."""
+        return np.frombuffer(buf, dtype=self.dtype).reshape(-1, self.width(dim))
+
+    def __repr__(self) -> str:
+        return f"RowFormat({self.name})"
+
+
+class _Float16(RowFormat):
+    name: RowDtype = "float16"
+    dtype = np.dtype(np.float16)
+
+    def encode(self, values: Floats) -> Stored:
+        values = np.asarray(values, dtype=np.float32)
+        over = np.abs(values) > FLOAT16_MAX
+        if over.any():
+            raise InvalidValueError(
+                f"{int(over.sum())} value(s) outside float16's range (|x| <= {FLOAT16_MAX:g}; "
+                f"largest |x| {float(np.abs(values).max()):g}): store this table as float32 "
+                "or int8 (hps_row_dtype)"
+            )
+        return values.astype(np.float16)
+
+    def decode(self, stored: Stored, dim: int) -> Floats:
+        return np.asarray(stored, dtype=np.float16).astype(np.float32)
+
+
+class _Int8(RowFormat):
+    name: RowDtype = "int8"
+    dtype = np.dtype(np.uint8)
+
+    def width(self, dim: int) -> int:
+        return dim + INT8_EXTRA
+
+    def encode(self, values: Floats) -> Stored:
+        values = np.asarray(values, dtype=np.float32)
+        n, dim = values.shape
+        out = np.empty((n, dim + INT8_EXTRA), dtype=np.uint8)
+        if n == 0:
+            return out
+        lo = values.min(axis=1).astype(np.float64)
+        hi = values.max(axis=1).astype(np.float64)
+        scale = ((hi - lo) / INT8_STEPS).astype(np.float32)  # float64 first: no overflow
+        step = scale.astype(np.float64)
+        inv = np.divide(1.0, step, out=np.zeros_like(step), where=step > 0)
+        codes = np.rint((values - lo[:, None]) * inv[:, None])
+        out[:, :dim] = np.clip(codes, 0, INT8_STEPS)
+        tail = out[:, dim:].view(np.float32)  # (n, 2): scale, offset
+        tail[:, 0] = scale
+        tail[:, 1] = lo
+        return out
+
+    def decode(self, stored: Stored, dim: int) -> Floats:
+        stored = np.ascontiguousarray(stored, dtype=np.uint8)
+        tail = stored[:, dim : dim + INT8_EXTRA].copy().view(np.float32)
+        return stored[:, :dim] * tail[:, :1] + tail[:, 1:2]
+
+
+FORMATS: dict[str, RowFormat] = {
+    "float32": RowFormat(),
+    "float16": _Float16(),
+    "int8": _Int8(),
+}
+FLOAT32 = FORMATS["float32"]
+
+
+def row_format(name: str) -> RowFormat:
+    """The format called ``name`` (one of :data:`ROW_DTYPES`)."""
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise ValueError(f"unknown row format {name!r}: one of {', '.join(ROW_DTYPES)}") from None
