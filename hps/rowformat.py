@@ -16,12 +16,15 @@ float16   ``float16`` × d    2·d bytes                           relative erro
                                                                  |x| > 65504 is refused
 int8      ``uint8`` × (d+8)  d codes, then the row's scale and   |x − x̂| ≤ (max − min) / 510
                              offset as float32 (FBGEMM's 8-bit   per element (half a step of
-                             rowwise layout): d + 8 bytes        the row's 255 steps)
+                             rowwise layout): d + 8 bytes        the row's 255 steps); rows
+                                                                 with max − min beyond
+                                                                 float32's range are refused
 ========  =================  ==================================  ============================
 
 int8 is row-wise affine: ``x̂ = code · scale + offset`` with ``offset = min(row)`` and
 ``scale = (max(row) − min(row)) / 255``; a constant row is stored exactly (scale 0). The
-bound holds up to float32 rounding of the decode (a few ulp of the row's largest value).
+bound holds up to float32 rounding of the decode (a few ulp of the row's largest value), for
+rows whose step is a normal float32 (max − min ≥ 3·10⁻³⁶); narrower rows stay within their range.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ Stored = npt.NDArray[np.generic]
 Floats = npt.NDArray[np.float32]
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65504
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 INT8_EXTRA = 8  # bytes after the codes: float32 scale, float32 offset
 INT8_STEPS = 255
 
@@ -112,6 +116,12 @@ class _Int8(RowFormat):
             return out
         lo = values.min(axis=1).astype(np.float64)
         hi = values.max(axis=1).astype(np.float64)
+        wide = hi - lo > FLOAT32_MAX
+        if wide.any():  # code * scale would overflow float32 in the decode
+            raise InvalidValueError(
+                f"{int(wide.sum())} row(s) span more than float32's range (max - min > "
+                f"{FLOAT32_MAX:g}): int8 cannot store them; store this table as float32"
+            )
         scale = ((hi - lo) / INT8_STEPS).astype(np.float32)  # float64 first: no overflow
         step = scale.astype(np.float64)
         inv = np.divide(1.0, step, out=np.zeros_like(step), where=step > 0)

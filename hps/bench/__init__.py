@@ -10,4 +10,5 @@ BENCHES: dict[str, str] = {
     "updates": "hps.bench.updates",
     "triton": "hps.bench.triton",
     "gate": "hps.bench.gate",
+    "memory": "hps.bench.memory",
 }

@@ -23,7 +23,7 @@ IO_BELOW = {"hps.errors", "hps.types", "hps.config", "hps.io"}
 STORAGE = "hps.storage"  # the backends, their interface and the factory that opens them
 TIERS = "hps.tiers"  # the one way below L1
 # Benchmarks of a backend itself (no tier above it to measure): they may hold one directly.
-BACKEND_BENCHES = {"hps.bench.storage", "hps.bench.shm", "hps.bench.updates"}
+BACKEND_BENCHES = {"hps.bench.storage", "hps.bench.shm", "hps.bench.updates", "hps.bench.memory"}
 MODEL = "hps.triton.model"  # runs inside Triton's Python stub
 SUPERVISOR = "hps.triton.supervisor"  # what `hps serve` runs
 CLIENT = "hps.triton.client"  # runs in whoever talks to Triton
