@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TypeVar
 
-from hps.types import Keys, Vectors
+import numpy as np
+import numpy.typing as npt
+
+from hps.types import Keys
+
+G = TypeVar("G", bound=np.generic)
 
 
 def unique_inverse(keys: Keys) -> tuple[Keys, np.ndarray]:
@@ -26,8 +31,8 @@ def unique_inverse(keys: Keys) -> tuple[Keys, np.ndarray]:
     return ordered[first], inverse
 
 
-def last_occurrence(keys: Keys, values: Vectors) -> tuple[Keys, Vectors]:
-    """Drop duplicate keys, keeping each key's last vector (upsert order)."""
+def last_occurrence(keys: Keys, values: npt.NDArray[G]) -> tuple[Keys, npt.NDArray[G]]:
+    """Drop duplicate keys, keeping each key's last row (upsert order; any dtype)."""
     uniq, idx = np.unique(keys[::-1], return_index=True)
     if uniq.size == keys.size:
         return keys, values

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> Iterator[JSON]:
     keys = rng.permutation(args.rows).astype(np.int64) * 7919 + 1
     values = rng.standard_normal((args.rows, args.dim), dtype=np.float32)
     size = args.size or max(64 << 20, int(2 * args.rows * SharedHashMapStore.bytes_per_row(
-        args.dim)))  # fmt: skip
+        4 * args.dim)))  # fmt: skip
     name = f"hps_bench_{uuid.uuid4().hex[:8]}"
     shared = SharedHashMapStore(name, size, max_batch_size=65536)
     local = HashMapStore()
@@ -125,7 +125,7 @@ def _readers(name: str, size: int, spec: TableSpec, keys: np.ndarray, args: argp
         rates[n] = sum(out.get(timeout=120 + args.seconds) for _ in procs)
         for p in procs:
             p.join()
-    local_copy = HashMapStore.bytes_per_row(spec.dim) * args.rows
+    local_copy = HashMapStore.bytes_per_row(spec.fmt.row_bytes(spec.dim)) * args.rows
     return {"op": "fetch_processes", "processes": args.readers,
             "keys_per_s": round(rates[args.readers]), "one_process_keys_per_s": round(rates[1]),
             "scaling": round(rates[args.readers] / rates[1], 2),

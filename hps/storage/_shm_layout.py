@@ -9,6 +9,9 @@ Bytes of a segment::
 
 A table entry holds int64 fields (``EntryWord``), the table's name (at byte 64), the ids of its row
 extents (int32[ROW_EXT_CAP], at byte ENTRY_META) and its bucket directory (int32[DIR_LEN]).
+The ``DIM`` word also records the table's row format (:mod:`hps.rowformat`): the dimension in
+its low 32 bits, the format's code (:data:`FORMAT_CODES`) above them; a segment written before
+formats were recorded has 0 there, float32.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hps.errors import ConfigError
+from hps.rowformat import FORMATS, RowFormat
 
 if TYPE_CHECKING:
     from hps.storage._shm_segment import Segment
@@ -36,6 +40,9 @@ MAX_TABLES = 64
 ENTRY_META = 192  # bytes of int64 fields and the name at the start of a table entry
 NAME_BYTES = 128
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+FORMAT_CODES = {"float32": 0, "float16": 1, "int8": 2}  # stored in DIM's high 32 bits
+_FORMAT_SHIFT = 32
+_DIM_MASK = (1 << _FORMAT_SHIFT) - 1
 
 
 class HeaderWord(IntEnum):
@@ -66,7 +73,7 @@ class EntryWord(IntEnum):
     """Table entry words (int64); the name's bytes follow at byte 64."""
 
     STATE = 0  # 0 free, 1 in use
-    DIM = 1
+    DIM = 1  # dimension | format code << 32
     ROWS = 2
     ROWS_PER_EXT = 3
     N_ROW_EXT = 4
@@ -140,12 +147,25 @@ class EntryView:
     def name(self) -> str:
         return bytes(self._name[: int(self.meta[EntryWord.NAME_LEN])]).decode()
 
-    def claim(self, name: str, dim: int, rows_per_ext: int) -> None:
+    @property
+    def dim(self) -> int:
+        return int(self.meta[EntryWord.DIM]) & _DIM_MASK
+
+    @property
+    def fmt(self) -> RowFormat:
+        """The format of the table's rows (code 0, float32, where none was recorded)."""
+        code = int(self.meta[EntryWord.DIM]) >> _FORMAT_SHIFT
+        names = {c: n for n, c in FORMAT_CODES.items()}
+        if code not in names:
+            raise ConfigError(f"table {self.name}: unknown row format code {code} in the segment")
+        return FORMATS[names[code]]
+
+    def claim(self, name: str, dim: int, fmt: RowFormat, rows_per_ext: int) -> None:
         raw = name.encode()
         self._name[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
         self.meta[:] = 0
         self.meta[EntryWord.NAME_LEN] = len(raw)
-        self.meta[EntryWord.DIM] = dim
+        self.meta[EntryWord.DIM] = dim | FORMAT_CODES[fmt.name] << _FORMAT_SHIFT
         self.meta[EntryWord.ROWS_PER_EXT] = rows_per_ext
         self.dir[:] = -1
         self.meta[EntryWord.STATE] = 1
@@ -157,6 +177,14 @@ class EntryView:
         self.meta[EntryWord.N_BUCKETS] = 0
         self.dir[:] = -1
         self.meta[EntryWord.DIRTY] = 0
+
+    def release(self) -> np.ndarray:
+        """Free the entry (its name, format and rows); returns the extents it held, which the
+        caller gives back to the segment."""
+        held = self.extents()
+        self.reset()
+        self.meta[:] = 0
+        return held
 
     def extents(self) -> np.ndarray:
         """Every extent this table holds: its row extents and its buckets."""

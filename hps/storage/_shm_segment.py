@@ -24,6 +24,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from hps.errors import BackendError, ConfigError, HPSError
+from hps.rowformat import RowFormat
 from hps.storage._shm_extents import Extents, commit
 from hps.storage._shm_layout import (
     MAGIC,
@@ -41,7 +42,9 @@ from hps.storage._shm_layout import (
     plan,
 )
 from hps.storage._shm_locks import SegmentLocks
+from hps.storage.base import refused
 from hps.storage.overflow import TICK_MASK
+from hps.types import TableSpec
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +84,7 @@ class Segment:
             self._drop_mapping()
             self._locks.close()
             raise
-        self._values: dict[int, np.ndarray] = {}
+        self._values: dict[tuple[str, int], np.ndarray] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -263,13 +266,16 @@ class Segment:
 
     # -- rows ------------------------------------------------------------------------
 
-    def values(self, dim: int) -> np.ndarray:
-        """The whole segment as float32 rows of ``dim``: row r starts at byte ``4 * dim * r``."""
-        view = self._values.get(dim)
+    def values(self, fmt: RowFormat, dim: int) -> np.ndarray:
+        """The whole segment as stored rows of ``fmt`` and ``dim`` (``fmt.width(dim)``
+        elements of ``fmt.dtype``): row r starts at byte ``fmt.row_bytes(dim) * r``."""
+        key = (fmt.name, dim)
+        view = self._values.get(key)
         if view is None:
-            n = len(self._mm) // (4 * dim)
-            view = np.frombuffer(self._mm, dtype=np.float32, count=n * dim).reshape(n, dim)
-            self._values[dim] = view
+            width = fmt.width(dim)
+            n = len(self._mm) // fmt.row_bytes(dim)
+            view = np.frombuffer(self._mm, dtype=fmt.dtype, count=n * width).reshape(n, width)
+            self._values[key] = view
         return view
 
     def next_tick(self) -> int:
@@ -283,23 +289,37 @@ class Segment:
 
     # -- table registry ----------------------------------------------------------------
 
-    def table_slot(self, name: str, dim: int, rows_per_ext: int) -> int:
-        """The entry of table ``name`` (created if new). Call under the write lock."""
-        free = -1
+    def find(self, name: str) -> int:
+        """The slot of table ``name``, or -1. Call under a lock."""
         for slot in range(MAX_TABLES):
             entry = EntryView(self, slot)
-            if not entry.meta[EntryWord.STATE]:
-                free = slot if free < 0 else free
-            elif entry.name == name:
-                if int(entry.meta[EntryWord.DIM]) != dim:
-                    raise ConfigError(
-                        f"table {name} has dimension {int(entry.meta[EntryWord.DIM])} in shared "
-                        f"memory {self.path}, but this process configures {dim}"
-                    )
+            if entry.meta[EntryWord.STATE] and entry.name == name:
                 return slot
+        return -1
+
+    def table_slot(self, spec: TableSpec, rows_per_ext: int) -> int:
+        """The entry of table ``spec.name`` (created if new), refused where the segment holds
+        its rows in another format or dimension. Call under the write lock."""
+        name = spec.name
+        slot = self.find(name)
+        if slot >= 0:
+            entry = EntryView(self, slot)
+            if entry.fmt.name != spec.row_dtype or entry.dim != spec.dim:
+                raise refused(spec, f"shared memory {self.path}", entry.fmt, entry.dim)
+            return slot
+        free = next(
+            (s for s in range(MAX_TABLES) if not EntryView(self, s).meta[EntryWord.STATE]), -1
+        )
         if free < 0:
             raise BackendError(f"{self.path}: all {MAX_TABLES} table entries are in use")
         if len(name.encode()) > NAME_BYTES:
             raise ConfigError(f"table name {name!r} is longer than {NAME_BYTES} bytes")
-        EntryView(self, free).claim(name, dim, rows_per_ext)
+        EntryView(self, free).claim(name, spec.dim, spec.fmt, rows_per_ext)
         return free
+
+    def drop(self, name: str) -> None:
+        """Free table ``name``'s entry and extents (absent: nothing). Call under the write
+        lock; other processes' handles of the table must open it again."""
+        slot = self.find(name)
+        if slot >= 0:
+            self.extents.free(EntryView(self, slot).release())

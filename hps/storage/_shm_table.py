@@ -4,8 +4,9 @@ Rows ``[0, rows)`` of a table are always dense: removing rows moves the last one
 holes (and repoints their keys), so there is no free list to share between processes and
 trailing row extents go back to the segment as the table shrinks. Row ``g`` lives in row
 extent ``row_ext[g // rows_per_ext]``, laid out as ``row_keys`` int64[R] · ``ticks``
-uint32[R] · padding · ``values`` float32[R, dim], the values aligned to ``4 * dim`` bytes
-from the segment's start so the whole segment can be read as one ``(-1, dim)`` array.
+uint32[R] · padding · ``values`` (R stored rows of the table's format: ``width`` elements of
+its dtype each, :mod:`hps.rowformat`), the values aligned to the stored row's bytes from the
+segment's start so the whole segment can be read as one ``(-1, width)`` array.
 
 Callers hold the segment's lock: shared for :meth:`ShmTable.fetch` and :meth:`dump`,
 exclusive for the rest.
@@ -21,9 +22,9 @@ from hps.storage._shm_segment import Segment
 from hps.storage.overflow import choose_victims
 
 
-def rows_per_extent(extent: int, dim: int) -> int:
-    """Rows of ``dim`` floats one row extent holds (worst-case alignment padding)."""
-    return (extent - 4 * dim) // (12 + 4 * dim)
+def rows_per_extent(extent: int, row_bytes: int) -> int:
+    """Stored rows of ``row_bytes`` bytes one row extent holds (worst-case alignment padding)."""
+    return (extent - row_bytes) // (12 + row_bytes)
 
 
 class ShmTable:
@@ -34,7 +35,9 @@ class ShmTable:
         self.entry = EntryView(seg, slot)
         self.meta = self.entry.meta
         self.index = BucketIndex(seg, self.entry)
-        self.dim = int(self.meta[EntryWord.DIM])
+        self.dim = self.entry.dim
+        self.fmt = self.entry.fmt
+        self.row_bytes = self.fmt.row_bytes(self.dim)
         self.rpe = int(self.meta[EntryWord.ROWS_PER_EXT])
 
     @property
@@ -60,20 +63,24 @@ class ShmTable:
         return (off + 8 * self.rpe) // 4 + local
 
     def _values(self, off: np.ndarray, local: np.ndarray) -> np.ndarray:
-        return -(-(off + 12 * self.rpe) // (4 * self.dim)) + local
+        return -(-(off + 12 * self.rpe) // self.row_bytes) + local
+
+    def _arena(self) -> np.ndarray:
+        """The whole segment as this table's stored rows."""
+        return self.seg.values(self.fmt, self.dim)
 
     def fetch(self, keys: np.ndarray, tick: int | None) -> tuple[np.ndarray, np.ndarray]:
-        """Values and found mask; ``tick`` (evict_least_used) stamps the rows found."""
+        """Stored rows and found mask; ``tick`` (evict_least_used) stamps the rows found."""
         rows = self.index.lookup(keys)
         found = rows >= 0
         every = bool(found.all())
         off, local = self._split(rows if every else rows[found])
-        got = self.seg.values(self.dim).take(self._values(off, local), axis=0)
+        got = self._arena().take(self._values(off, local), axis=0)
         if tick is not None:
             self.seg.u32[self._ticks(off, local)] = tick
         if every:
             return got, found
-        values = np.zeros((keys.size, self.dim), dtype=np.float32)
+        values = np.zeros((keys.size, got.shape[1]), dtype=got.dtype)
         values[found] = got
         return values, found
 
@@ -97,7 +104,7 @@ class ShmTable:
         k, t, v = self._where(rows)
         self.seg.i64[k] = keys
         self.seg.u32[t] = tick
-        self.seg.values(self.dim)[v] = values
+        self._arena()[v] = values
 
     def _reserve(self, n_rows: int) -> None:
         have = int(self.meta[EntryWord.N_ROW_EXT])
@@ -152,7 +159,7 @@ class ShmTable:
         if holes.size:
             sk, st, sv = self._where(movers)
             dk, dt, dv = self._where(holes)
-            i64, u32, vals = self.seg.i64, self.seg.u32, self.seg.values(self.dim)
+            i64, u32, vals = self.seg.i64, self.seg.u32, self._arena()
             keys = i64[sk]
             i64[dk] = keys
             u32[dt] = u32[st]
@@ -162,7 +169,7 @@ class ShmTable:
         self._trim()
 
     def dump(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        """Keys and values of rows ``[lo, hi)``."""
+        """Keys and stored rows of rows ``[lo, hi)``."""
         g = np.arange(lo, min(hi, self.rows), dtype=np.int64)
         k, _, v = self._where(g)
-        return self.seg.i64[k], self.seg.values(self.dim).take(v, axis=0)
+        return self.seg.i64[k], self._arena().take(v, axis=0)

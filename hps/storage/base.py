@@ -16,7 +16,9 @@ import numpy as np
 import numpy.typing as npt
 
 from hps.config import PersistentDBConfig, VolatileDBConfig
-from hps.types import Keys, Mask, TableSpec, Vectors
+from hps.errors import ConfigError, DTypeError, ShapeError
+from hps.rowformat import FLOAT32, RowFormat, Stored
+from hps.types import Keys, Mask, TableSpec
 
 Placement = Literal["process", "node", "server", "disk"]
 """Where a store's rows live, which decides who fills and updates them:
@@ -34,15 +36,27 @@ AccessMode = Literal["read_write", "read_only", "secondary"]
 
 
 class EmbeddingStore(ABC):
-    """int64 keys → float32 vectors, per table ``<model>.<table>``, over whole NumPy batches.
+    """int64 keys → stored rows, per table ``<model>.<table>``, over whole NumPy batches.
+
+    A table's rows are kept in its row format (:attr:`hps.types.TableSpec.fmt`): a stored
+    row is ``spec.width`` elements of ``spec.fmt.dtype`` (float32 ``dim`` for float32 tables,
+    :mod:`hps.rowformat`); a store never encodes, decodes or converts them.
 
     Contract:
 
-    - ``fetch`` returns ``(values[n, dim] float32, found[n] bool)`` in the order of ``keys``;
-      rows of keys not found are unspecified (callers fill defaults).
-    - ``insert`` upserts the whole batch; ``remove`` deletes keys (absent keys are ignored).
-      Batches come validated (int64 keys, finite float32 rows of the table's dim: the session,
-      the codec and the loader check them once); a backend does not check them again.
+    - ``fetch`` returns ``(rows[n, width] of fmt.dtype, found[n] bool)`` in the order of
+      ``keys``; rows of keys not found are unspecified (callers fill defaults).
+    - ``insert`` upserts the whole batch of stored rows; ``remove`` deletes keys (absent keys
+      are ignored). Batches come validated (int64 keys, finite rows encoded in the table's
+      format: the session, the codec and the loader check them once); a backend checks only
+      that the rows are the table's stored form (:func:`check_rows`: dtype and width, no
+      pass over the data) and refuses another with ``DTypeError`` / ``ShapeError``, storing
+      nothing.
+    - ``open_table`` of a table whose rows a persistent or shared store already holds in
+      another format or dimension raises :class:`hps.errors.ConfigError` (:func:`refused`):
+      rows of two formats are never mixed. Stores written before formats were recorded hold
+      float32 rows. ``drop_table`` deletes a table's rows and what was recorded of it, so
+      that it can be created again in another format (``hps import --force``).
     - Batches larger than the backend's ``max_batch_size`` are chunked inside the backend.
     - A table must be declared with ``open_table`` before use; an unknown table raises
       :class:`hps.errors.UnknownTableError`.
@@ -57,7 +71,8 @@ class EmbeddingStore(ABC):
     - ``writable``: whether this handle may write (a read-only or secondary L3 may not).
     - ``catch_up``: a ``secondary`` handle replays what the writer wrote since; a no-op
       elsewhere.
-    - ``bytes_per_row``: memory (or disk) one row costs, for ``hps plan``.
+    - ``bytes_per_row``: memory (or disk) one row of ``row_bytes`` stored bytes costs, for
+      ``hps plan``.
     - ``exact_size``: ``size`` is an exact count that costs little. Where it is not
       (``rocks_db``: a scan of every key), ``estimated_size`` is the store's own cheap
       estimate; elsewhere it is ``size``.
@@ -88,11 +103,16 @@ class EmbeddingStore(ABC):
     def open_table(self, spec: TableSpec) -> None: ...
 
     @abstractmethod
-    def fetch(self, table: str, keys: Keys) -> tuple[Vectors, Mask]: ...
+    @abstractmethod
+    def drop_table(self, table: str) -> None:
+        """Delete every row of ``table`` and its recorded format and dimension (open or not
+        in this handle); it must be opened again before use."""
 
     @abstractmethod
-    def insert(self, table: str, keys: Keys, values: Vectors, *, durable: bool = False) -> None:
-        ...
+    def fetch(self, table: str, keys: Keys) -> tuple[Stored, Mask]: ...
+
+    @abstractmethod
+    def insert(self, table: str, keys: Keys, values: Stored, *, durable: bool = False) -> None: ...
 
     @abstractmethod
     def remove(self, table: str, keys: Keys, *, durable: bool = False) -> None: ...
@@ -106,19 +126,20 @@ class EmbeddingStore(ABC):
         return self.size(table)
 
     @abstractmethod
-    def dump(self, table: str, chunk_rows: int = 1 << 16) -> Iterator[tuple[Keys, Vectors]]:
-        """Every row of the table, in chunks of at most ``chunk_rows``."""
+    def dump(self, table: str, chunk_rows: int = 1 << 16) -> Iterator[tuple[Keys, Stored]]:
+        """Every (key, stored row) of the table, in chunks of at most ``chunk_rows``."""
 
     @classmethod
     @abstractmethod
-    def bytes_per_row(cls, dim: int, *, bounded: bool = False) -> float:
-        """Expected bytes one stored row costs; ``bounded``: with an ``overflow_margin``."""
+    def bytes_per_row(cls, row_bytes: int, *, bounded: bool = False) -> float:
+        """Expected bytes a stored row of ``row_bytes`` bytes (``fmt.row_bytes(dim)``) costs
+        with its key and bookkeeping; ``bounded``: with an ``overflow_margin``."""
 
     def insert_versioned(
         self,
         table: str,
         keys: Keys,
-        values: Vectors,
+        values: Stored,
         versions: npt.NDArray[np.uint64] | None,
         *,
         durable: bool = False,
@@ -136,3 +157,34 @@ class EmbeddingStore(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+
+def check_rows(spec: TableSpec, keys: Keys, values: Stored) -> None:
+    """Refuse a batch that is not ``spec``'s stored rows, one per key (dtype and shape only:
+    no pass over the data). Raised before anything is written."""
+    fmt = spec.fmt
+    if values.dtype != fmt.dtype:
+        raise DTypeError(
+            f"{spec.name}: stored rows of a {fmt.name} table are {fmt.dtype}, got {values.dtype}"
+        )
+    if values.ndim != 2 or values.shape[1] != spec.width:
+        raise ShapeError(
+            f"{spec.name}: stored {fmt.name} rows of dimension {spec.dim} have {spec.width} "
+            f"elements, got shape {values.shape}"
+        )
+    if values.shape[0] != keys.size:
+        raise ShapeError(f"{spec.name}: {keys.size} keys but {values.shape[0]} rows")
+
+
+def refused(spec: TableSpec, where: str, fmt: RowFormat, dim: int) -> ConfigError:
+    """The error for a table whose rows ``where`` holds in format ``fmt`` and dimension
+    ``dim`` that differ from ``spec``'s."""
+    return ConfigError(
+        f"table {spec.name}: {where} holds {fmt.name} rows of dimension {dim}, but the table "
+        f"is configured as {spec.row_dtype} rows of dimension {spec.dim}: re-import it with "
+        "`hps import --force` (which drops the stored rows) or configure it as stored"
+    )
+
+
+LEGACY_FORMAT = FLOAT32
+"""The format of a table whose store recorded none (written before formats existed)."""

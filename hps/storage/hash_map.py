@@ -1,9 +1,10 @@
 """``hash_map``: the in-process L2, the embedded default (HugeCTR's ``parallel_hash_map`` too).
 
-Each table is a :class:`hps.index.KeyIndex` over a dense float32 arena; per row it costs the
-key (8 bytes), the vector, about 17–34 bytes of index and, only when a finite
+Each table is a :class:`hps.index.KeyIndex` over a dense arena of stored rows (the table's
+row format: ``spec.width`` elements of ``spec.fmt.dtype``); per row it costs the key
+(8 bytes), the stored row, about 17–34 bytes of index and, only when a finite
 ``overflow_margin`` is set, a 4-byte tick for the overflow policy. HugeCTR's paid ~10x the
-raw bytes (its issue 412); this stays under 1.5x for dim >= 16.
+raw bytes (its issue 412); this stays under 1.5x for float32 rows of dim >= 16.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import numpy as np
 from hps.config import NO_LIMIT, PersistentDBConfig, VolatileDBConfig
 from hps.dedup import last_occurrence
 from hps.index import EMPTY, KeyIndex
-from hps.storage.base import AccessMode, EmbeddingStore
+from hps.rowformat import Stored
+from hps.storage.base import AccessMode, EmbeddingStore, check_rows, refused
 from hps.storage.overflow import TICK_MASK, choose_victims
-from hps.types import Keys, Mask, TableSpec, Vectors
+from hps.types import Keys, Mask, TableSpec
 from hps.validate import table_or_raise
 
 GROWTH = 1.25
@@ -47,7 +49,7 @@ class _Table:
 
 
 class HashMapStore(EmbeddingStore):
-    """In-process L2: int64 keys → float32 rows per table, vectorised over batches."""
+    """In-process L2: int64 keys → stored rows per table, vectorised over batches."""
 
     name = "hash_map"
     placement = "process"
@@ -79,10 +81,10 @@ class HashMapStore(EmbeddingStore):
         )
 
     @classmethod
-    def bytes_per_row(cls, dim: int, *, bounded: bool = False) -> float:
+    def bytes_per_row(cls, row_bytes: int, *, bounded: bool = False) -> float:
         """Expected bytes per stored row (index at mid load, arena at mid growth)."""
         index = 12 / 0.525
-        arena = (8 + 4 * dim + (4 if bounded else 0)) * (1 + GROWTH) / 2
+        arena = (8 + row_bytes + (4 if bounded else 0)) * (1 + GROWTH) / 2
         return index + arena
 
     @property
@@ -90,13 +92,16 @@ class HashMapStore(EmbeddingStore):
         return self.overflow_margin < NO_LIMIT
 
     def open_table(self, spec: TableSpec) -> None:
-        if spec.name in self._tables:
+        held = self._tables.get(spec.name)
+        if held is not None:
+            if held.spec.row_dtype != spec.row_dtype or held.spec.dim != spec.dim:
+                raise refused(spec, "hash_map", held.spec.fmt, held.spec.dim)
             return
         cap = 1024
         self._tables[spec.name] = _Table(
             spec=spec,
             index=KeyIndex(cap),
-            values=np.empty((cap, spec.dim), dtype=np.float32),
+            values=spec.fmt.empty(cap, spec.dim),
             row_keys=np.full(cap, EMPTY, dtype=np.int64),
             ticks=np.zeros(cap, dtype=np.uint32) if self._bounded else None,
         )
@@ -104,7 +109,10 @@ class HashMapStore(EmbeddingStore):
     def _table(self, name: str) -> _Table:
         return table_or_raise(self._tables, name)
 
-    def fetch(self, table: str, keys: Keys) -> tuple[Vectors, Mask]:
+    def drop_table(self, table: str) -> None:
+        self._tables.pop(table, None)
+
+    def fetch(self, table: str, keys: Keys) -> tuple[Stored, Mask]:
         t = self._table(table)
         with t.lock:
             rows = t.index.lookup(keys)
@@ -115,8 +123,9 @@ class HashMapStore(EmbeddingStore):
                 t.ticks[rows[found]] = self._tick
         return values, found
 
-    def insert(self, table: str, keys: Keys, values: Vectors, *, durable: bool = False) -> None:
+    def insert(self, table: str, keys: Keys, values: Stored, *, durable: bool = False) -> None:
         t = self._table(table)
+        check_rows(t.spec, keys, values)
         keys, values = last_occurrence(keys, values)
         with t.lock:
             rows = t.index.lookup(keys)
@@ -147,7 +156,7 @@ class HashMapStore(EmbeddingStore):
     @staticmethod
     def _grow(t: _Table, need: int) -> None:
         cap = max(need, int(t.capacity * GROWTH))
-        values = np.empty((cap, t.spec.dim), dtype=np.float32)
+        values = t.spec.fmt.empty(cap, t.spec.dim)
         values[: t.top] = t.values[: t.top]
         row_keys = np.full(cap, EMPTY, dtype=np.int64)
         row_keys[: t.top] = t.row_keys[: t.top]
@@ -189,8 +198,8 @@ class HashMapStore(EmbeddingStore):
         """Bytes the table's arrays hold (index, arena, bookkeeping)."""
         return self._table(table).nbytes()
 
-    def dump(self, table: str, chunk_rows: int = 1 << 18) -> Iterator[tuple[Keys, Vectors]]:
-        """Yield (keys, vectors) chunks of the whole table."""
+    def dump(self, table: str, chunk_rows: int = 1 << 18) -> Iterator[tuple[Keys, Stored]]:
+        """Yield (keys, stored rows) chunks of the whole table."""
         t = self._table(table)
         for lo in range(0, t.top, chunk_rows):
             with t.lock:

@@ -3,7 +3,9 @@
 Triton runs each model instance in its own process; with ``hash_map`` each would hold its
 own copy of L2. This backend keeps a single copy in a POSIX shared-memory segment
 (``shared_memory_name`` under ``/dev/shm``, at most ``shared_memory_size`` bytes) that
-every process maps: whatever one process inserts, all others fetch.
+every process maps: whatever one process inserts, all others fetch. Rows are stored in the
+table's row format (:mod:`hps.rowformat`), which the table's entry records: a process that
+opens the table with another format or dimension is refused (``ConfigError``).
 
 The segment is carved into fixed-size extents (see ``_shm_segment``); a table is a dense
 row arena of extents plus an extendible-hashing key index of bucket extents
@@ -28,12 +30,13 @@ import numpy as np
 from hps.config import NO_LIMIT, PersistentDBConfig, VolatileDBConfig
 from hps.dedup import last_occurrence
 from hps.errors import BackendError, ConfigError
+from hps.rowformat import Stored
 from hps.storage._shm_index import MAX_LOAD
 from hps.storage._shm_layout import MAX_TABLES, EntryView, EntryWord, HeaderWord, NoSpace
 from hps.storage._shm_segment import Segment
 from hps.storage._shm_table import ShmTable, rows_per_extent
-from hps.storage.base import AccessMode, EmbeddingStore
-from hps.types import JSON, Keys, Mask, TableSpec, Vectors
+from hps.storage.base import AccessMode, EmbeddingStore, check_rows
+from hps.types import JSON, Keys, Mask, TableSpec
 from hps.validate import table_or_raise
 
 
@@ -93,20 +96,30 @@ class SharedHashMapStore(EmbeddingStore):
         )
 
     def open_table(self, spec: TableSpec) -> None:
-        if spec.name in self._slots:
+        held = self._specs.get(spec.name)
+        if held is not None and held.row_dtype == spec.row_dtype and held.dim == spec.dim:
             return
-        rpe = rows_per_extent(self._seg.extent, spec.dim)
+        rpe = rows_per_extent(self._seg.extent, spec.fmt.row_bytes(spec.dim))
         if rpe < 1:
             raise ConfigError(
-                f"{spec.name}: rows of dimension {spec.dim} do not fit in the shared hash "
-                f"map's {self._seg.extent}-byte extents; raise volatile_db.allocation_rate "
-                "and shared_memory_size"
+                f"{spec.name}: {spec.row_dtype} rows of dimension {spec.dim} do not fit in the "
+                f"shared hash map's {self._seg.extent}-byte extents; raise "
+                "volatile_db.allocation_rate and shared_memory_size"
             )
         with self._seg.writing():
-            slot = self._seg.table_slot(spec.name, spec.dim, rpe)
+            slot = self._seg.table_slot(spec, rpe)
         self._specs[spec.name] = spec
         self._slots[spec.name] = slot
         self._tables[spec.name] = ShmTable(self._seg, slot)  # views only: valid until close
+
+    def drop_table(self, table: str) -> None:
+        """Free the table's rows and entry in the segment (other processes holding it open
+        must open it again)."""
+        with self._seg.writing():
+            self._seg.drop(table)
+        self._specs.pop(table, None)
+        self._slots.pop(table, None)
+        self._tables.pop(table, None)
 
     def _table(self, name: str) -> ShmTable:
         return table_or_raise(self._tables, name)
@@ -117,17 +130,17 @@ class SharedHashMapStore(EmbeddingStore):
 
     # -- reads -------------------------------------------------------------------------
 
-    def fetch(self, table: str, keys: Keys) -> tuple[Vectors, Mask]:
+    def fetch(self, table: str, keys: Keys) -> tuple[Stored, Mask]:
         t = self._table(table)
         if keys.size <= self.max_batch_size:
             return self._fetch_chunk(t, keys)
-        values = np.zeros((keys.size, t.dim), dtype=np.float32)
+        values = np.zeros((keys.size, t.fmt.width(t.dim)), dtype=t.fmt.dtype)
         found = np.zeros(keys.size, dtype=bool)
         for part in self._chunks(keys.size):
             values[part], found[part] = self._fetch_chunk(t, keys[part])
         return values, found
 
-    def _fetch_chunk(self, t: ShmTable, keys: Keys) -> tuple[Vectors, Mask]:
+    def _fetch_chunk(self, t: ShmTable, keys: Keys) -> tuple[Stored, Mask]:
         with self._seg.reading():
             # Readers race on the tick only; any recent tick is good enough for LRU.
             touch = self.overflow_policy == "evict_least_used"
@@ -138,8 +151,8 @@ class SharedHashMapStore(EmbeddingStore):
         with self._seg.reading():
             return t.rows
 
-    def dump(self, table: str, chunk_rows: int = 1 << 18) -> Iterator[tuple[Keys, Vectors]]:
-        """Yield (keys, vectors) chunks of the whole table (rows may move between chunks)."""
+    def dump(self, table: str, chunk_rows: int = 1 << 18) -> Iterator[tuple[Keys, Stored]]:
+        """Yield (keys, stored rows) chunks of the whole table (rows may move between chunks)."""
         t = self._table(table)
         lo = 0
         while True:
@@ -152,8 +165,9 @@ class SharedHashMapStore(EmbeddingStore):
 
     # -- writes ------------------------------------------------------------------------
 
-    def insert(self, table: str, keys: Keys, values: Vectors, *, durable: bool = False) -> None:
+    def insert(self, table: str, keys: Keys, values: Stored, *, durable: bool = False) -> None:
         t = self._table(table)
+        check_rows(self._specs[table], keys, values)
         keys, values = last_occurrence(keys, values)
         for part in self._chunks(keys.size):
             with self._seg.writing():
@@ -162,7 +176,7 @@ class SharedHashMapStore(EmbeddingStore):
                     keep = int(self.overflow_margin * self.target)
                     self._evict(t, t.rows - keep)
 
-    def _upsert(self, t: ShmTable, keys: Keys, values: Vectors) -> None:
+    def _upsert(self, t: ShmTable, keys: Keys, values: Stored) -> None:
         """Insert, evicting from the largest table whenever no extent is free."""
         self._check_fits(t, keys.size)
         while True:
@@ -185,7 +199,8 @@ class SharedHashMapStore(EmbeddingStore):
         need = -(-n // t.rpe) + buckets
         if need > seg.n_ext:
             raise BackendError(
-                f"multi_process_hash_map: {n} rows of dimension {t.dim} need about {need} "
+                f"multi_process_hash_map: {n} {t.fmt.name} rows of dimension {t.dim} need "
+                f"about {need} "
                 f"extents of {seg.extent} bytes; {seg.path} has {seg.n_ext}: raise "
                 "shared_memory_size or send smaller batches"
             )
@@ -220,12 +235,14 @@ class SharedHashMapStore(EmbeddingStore):
             return t.extents * self._seg.extent
 
     @classmethod
-    def bytes_per_row(cls, dim: int, *, bounded: bool = False, extent: int = 1 << 20) -> float:
+    def bytes_per_row(
+        cls, row_bytes: int, *, bounded: bool = False, extent: int = 1 << 20
+    ) -> float:
         """Expected bytes per row: dense rows plus buckets at ~69% fill (ln 2) of MAX_LOAD."""
         from hps.storage._shm_index import bucket_slots
 
         index = extent / (bucket_slots(extent) * MAX_LOAD * 0.69)
-        return extent / rows_per_extent(extent, dim) + index
+        return extent / rows_per_extent(extent, row_bytes) + index
 
     def stats(self) -> JSON:
         seg = self._seg

@@ -4,7 +4,10 @@ Layout (docs/redis.md): the rows of table ``<model>.<table>`` are hash-partition
 into ``num_partitions`` Redis hashes named ``hps_et{<model>.<table>/p<i>}``; the braces are a
 cluster hash tag, so each partition lives in one slot (a Cluster spreads the partitions over
 its nodes) and one partition's commands form one pipeline. A field is the key as 8 bytes
-int64 little-endian, its value the row as raw float32 bytes (4 x dim).
+int64 little-endian, its value the stored row's raw bytes (the table's row format,
+:mod:`hps.rowformat`: 4 x dim for float32). The string ``hps_tm{<model>.<table>}`` records
+the table's row format and dimension (JSON); ``open_table`` refuses a table stored with
+another (``ConfigError``), and rows written before it was recorded are float32.
 
 With a finite ``overflow_margin`` (rows per partition, as in HugeCTR) each partition also has
 a sorted set ``hps_ts{<model>.<table>/p<i>}`` (same slot) scoring every key by the time of its
@@ -18,6 +21,7 @@ pipelined HMGET.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Iterator
@@ -28,8 +32,9 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from hps.config import PersistentDBConfig, VolatileDBConfig
-from hps.errors import BackendError, ConfigError, UnknownTableError
-from hps.storage.base import AccessMode, EmbeddingStore
+from hps.errors import BackendError, UnknownTableError
+from hps.rowformat import FORMATS, RowFormat, Stored
+from hps.storage.base import LEGACY_FORMAT, AccessMode, EmbeddingStore, check_rows, refused
 from hps.storage.breaker import CircuitBreaker
 from hps.storage.keybytes import key_bytes
 from hps.storage.redis_conn import Client, connect, translated
@@ -39,12 +44,13 @@ from hps.storage.redis_layout import (
     group_by_partition,
     hash_name,
     interleave,
+    meta_name,
     pair_items,
     redis_bytes_per_row,
     stamp_name,
     unsort,
 )
-from hps.types import Keys, Mask, TableSpec, Vectors
+from hps.types import Keys, Mask, TableSpec
 
 if TYPE_CHECKING:
     from redis.client import Pipeline
@@ -91,8 +97,8 @@ class RedisStore(EmbeddingStore):
         return cls(client, cfg, cluster=cluster)
 
     @classmethod
-    def bytes_per_row(cls, dim: int, *, bounded: bool = False) -> float:
-        return redis_bytes_per_row(dim, bounded)
+    def bytes_per_row(cls, row_bytes: int, *, bounded: bool = False) -> float:
+        return redis_bytes_per_row(row_bytes, bounded)
 
     @property
     def client(self) -> Client:
@@ -102,24 +108,61 @@ class RedisStore(EmbeddingStore):
     # -- tables -----------------------------------------------------------------------------
 
     def open_table(self, spec: TableSpec) -> None:
-        """Declare a table; rows already stored with another dimension are a ConfigError."""
+        """Declare a table; rows already stored in another format or dimension are a
+        ConfigError. The first to open a table records its format and dimension."""
         t = _Table(
             spec,
             [hash_name(spec.name, p) for p in range(self._partitions)],
             [stamp_name(spec.name, p) for p in range(self._partitions)],
         )
+        meta = meta_name(spec.name)
+        record = json.dumps({"row_dtype": spec.row_dtype, "dim": spec.dim}).encode()
         with translated(f"open_table {spec.name}"):
             pipe = self._r.pipeline(transaction=False)
+            pipe.execute_command("GET", meta)
             for h in t.hashes:
                 pipe.execute_command("HRANDFIELD", h, 1, "WITHVALUES")
-            samples = pipe.execute()
-        widths = {len(v) for s in samples for v in pair_items(s)[1]}
-        if widths - {4 * spec.dim}:
-            raise ConfigError(
-                f"table {spec.name}: Redis already holds rows of {sorted(w / 4 for w in widths)} "
-                f"floats, but the table's dimension is {spec.dim}"
-            )
+            replies = pipe.execute()
+            stored = self._recorded(spec, replies[0], replies[1:])
+            fresh = replies[0] is None and self._same(spec, stored)  # new, or from before records
+            if fresh and not self._r.execute_command("SET", meta, record, "NX"):  # another won
+                stored = self._recorded(spec, self._r.execute_command("GET", meta), [])
+        if not self._same(spec, stored):
+            assert stored is not None
+            raise refused(spec, "Redis", *stored)
         self._tables[spec.name] = t
+
+    @staticmethod
+    def _same(spec: TableSpec, stored: tuple[RowFormat, int] | None) -> bool:
+        return stored is None or (stored[0] is spec.fmt and stored[1] == spec.dim)
+
+    @staticmethod
+    def _recorded(
+        spec: TableSpec, raw: Reply, samples: list[Reply]
+    ) -> tuple[RowFormat, int] | None:
+        """The table's recorded format and dimension; else, where rows of the days before
+        formats were recorded are sampled, float32 of their width (or None: no rows)."""
+        if raw is not None:
+            doc = json.loads(raw)
+            return FORMATS[doc["row_dtype"]], int(doc["dim"])
+        widths = {len(v) for s in samples for v in pair_items(s)[1]}
+        if not widths:
+            return None
+        if widths == {LEGACY_FORMAT.row_bytes(spec.dim)}:
+            return LEGACY_FORMAT, spec.dim
+        return LEGACY_FORMAT, max(widths - {LEGACY_FORMAT.row_bytes(spec.dim)}) // 4
+
+    def drop_table(self, table: str) -> None:
+        """Delete the table's partitions, their timestamps and its recorded format."""
+        names = [meta_name(table)]
+        for p in range(self._partitions):
+            names += [hash_name(table, p), stamp_name(table, p)]
+        with self.breaker.guard(f"drop {table}"), translated(f"drop {table}"):
+            pipe = self._r.pipeline(transaction=False)
+            for name in names:  # one key per command: each in its own cluster slot
+                pipe.execute_command("UNLINK", name)
+            pipe.execute()
+        self._tables.pop(table, None)
 
     def _table(self, table: str) -> _Table:
         try:
@@ -139,13 +182,14 @@ class RedisStore(EmbeddingStore):
             order, groups = group_by_partition(chunk, self._partitions)
             yield start, order, groups, key_bytes(chunk[order])
 
-    def fetch(self, table: str, keys: Keys) -> tuple[Vectors, Mask]:
+    def fetch(self, table: str, keys: Keys) -> tuple[Stored, Mask]:
         with self.breaker.guard(f"fetch {table}"):
             return self._fetch(table, keys)
 
-    def _fetch(self, table: str, keys: Keys) -> tuple[Vectors, Mask]:
+    def _fetch(self, table: str, keys: Keys) -> tuple[Stored, Mask]:
         t = self._table(table)
-        dim = t.spec.dim
+        fmt, dim = t.spec.fmt, t.spec.dim
+        row_bytes = fmt.row_bytes(dim)
         found = np.ones(keys.size, np.bool_)
         pieces: list[bytes] = []  # one row per key, request order; joined once at the end
         for start, order, groups, fields in self._chunks(keys):
@@ -163,21 +207,24 @@ class RedisStore(EmbeddingStore):
                 found[start : start + hit.size] = hit
                 filled = np.empty(hit.size, object)
                 filled[:] = got
-                filled[~hit] = bytes(4 * dim)
+                filled[~hit] = bytes(row_bytes)
                 got = filled.tolist()
             pieces += got
         blob = bytearray().join(pieces)  # writable: the caller may fill rows in place
-        if len(blob) != 4 * dim * keys.size:
-            raise BackendError(f"fetch {table}: Redis holds rows that are not {dim} floats")
-        return np.frombuffer(blob, np.float32).reshape(keys.size, dim), found
+        if len(blob) != row_bytes * keys.size:
+            raise BackendError(
+                f"fetch {table}: Redis holds rows that are not {fmt.name} rows of dimension {dim}"
+            )
+        return np.frombuffer(blob, fmt.dtype).reshape(keys.size, fmt.width(dim)), found
 
-    def insert(self, table: str, keys: Keys, values: Vectors, *, durable: bool = False) -> None:
+    def insert(self, table: str, keys: Keys, values: Stored, *, durable: bool = False) -> None:
+        check_rows(self._table(table).spec, keys, values)
         with self.breaker.guard(f"insert {table}"):
-            self._insert(table, keys, values)
+            self._insert(table, keys, np.ascontiguousarray(values))
 
-    def _insert(self, table: str, keys: Keys, values: Vectors) -> None:
+    def _insert(self, table: str, keys: Keys, values: Stored) -> None:
         t = self._table(table)
-        row = f"V{4 * t.spec.dim}"
+        row = f"V{t.spec.fmt.row_bytes(t.spec.dim)}"
         for start, order, groups, fields in self._chunks(keys):
             rows = values[start : start + self._batch].view(row).ravel()[order].tolist()
             with translated(f"insert {table}"):
@@ -223,9 +270,10 @@ class RedisStore(EmbeddingStore):
                 pipe.execute_command("HLEN", h)
             return sum(int(n) for n in pipe.execute())
 
-    def dump(self, table: str, chunk_rows: int = 1 << 16) -> Iterator[tuple[Keys, Vectors]]:
-        """Yield (keys, vectors) chunks of the whole table (HSCAN of each partition)."""
+    def dump(self, table: str, chunk_rows: int = 1 << 16) -> Iterator[tuple[Keys, Stored]]:
+        """Yield (keys, stored rows) chunks of the whole table (HSCAN of each partition)."""
         t = self._table(table)
+        fmt = t.spec.fmt
         for h in t.hashes:
             cursor = 0
             while True:
@@ -234,8 +282,8 @@ class RedisStore(EmbeddingStore):
                 page = cast("dict[bytes, bytes]", reply)  # fields and values, undecoded
                 if page:
                     keys = np.frombuffer(b"".join(page), "<i8").astype(np.int64)
-                    vals = np.frombuffer(b"".join(page.values()), np.float32)
-                    yield keys, vals.reshape(keys.size, t.spec.dim)
+                    vals = fmt.from_bytes(b"".join(page.values()), t.spec.dim)
+                    yield keys, vals
                 if int(cursor) == 0:
                     break
 

@@ -38,6 +38,11 @@ def stamp_name(table: str, partition: int) -> bytes:
     return f"hps_ts{{{table}/p{partition}}}".encode()
 
 
+def meta_name(table: str) -> bytes:
+    """The string recording the table's row format and dimension (JSON)."""
+    return f"hps_tm{{{table}}}".encode()
+
+
 def group_by_partition(keys: Keys, num_partitions: int) -> tuple[np.ndarray, list[Group]]:
     """``order`` sorting keys by partition and ``[(partition, lo, hi)]`` runs in that order."""
     if num_partitions == 1:
@@ -89,9 +94,10 @@ def _jemalloc(n: int) -> int:
     return -(-n // step) * step
 
 
-def redis_bytes_per_row(dim: int, bounded: bool) -> float:
-    """Estimated Redis memory per row of a partition hash (hashtable encoding)."""
-    value = 4 * dim
+def redis_bytes_per_row(row_bytes: int, bounded: bool) -> float:
+    """Estimated Redis memory per stored row of ``row_bytes`` bytes in a partition hash
+    (hashtable encoding)."""
+    value = row_bytes
     value_sds = _jemalloc(value + (3 if value < 256 else 5) + 1)
     field_sds = _jemalloc(8 + 3 + 1)
     entry = _jemalloc(24)

@@ -1,9 +1,15 @@
 """``rocks_db``: the persistent L3 (rocksdict), one column family per ``<model>.<table>``.
 
-Keys are the 8 little-endian bytes of the int64 key, values the raw float32 row followed by
-the row's update version (:mod:`hps.storage.rocks_rows`: format 2; rows of format 1, without
-the version, are still read). Reads are MultiGet, writes one WriteBatch per chunk of
-``max_batch_size``. ``versioned_rows``: :meth:`RocksDBStore.insert_versioned` and
+Keys are the 8 little-endian bytes of the int64 key, values the stored row's raw bytes (the
+table's row format, :mod:`hps.rowformat`) followed by the row's update version
+(:mod:`hps.storage.rocks_rows`: format 2; rows of format 1, without the version, are still
+read). Each table's row format and dimension are recorded in the database's ``default``
+column family under ``hps.table/<model>.<table>`` (JSON) when the table is created, and
+checked when it is opened: a table stored with another format or dimension is refused (a
+``ConfigError``); a table created before formats were recorded holds float32 rows.
+
+Reads are MultiGet, writes one WriteBatch per chunk of ``max_batch_size``.
+``versioned_rows``: :meth:`RocksDBStore.insert_versioned` and
 :meth:`RocksDBStore.fetch_versions` let the Kafka applier write a row and its version in one
 put, and read the versions back.
 
@@ -16,6 +22,7 @@ process).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -27,10 +34,11 @@ import rocksdict as rd
 
 from hps.config import PersistentDBConfig, VolatileDBConfig
 from hps.errors import BackendError
+from hps.rowformat import FORMATS, RowFormat, Stored
 from hps.storage import rocks_rows
-from hps.storage.base import AccessMode, EmbeddingStore
+from hps.storage.base import LEGACY_FORMAT, AccessMode, EmbeddingStore, check_rows, refused
 from hps.storage.keybytes import key_bytes
-from hps.types import Keys, Mask, TableSpec, Vectors
+from hps.types import Keys, Mask, TableSpec
 from hps.validate import table_or_raise
 
 RdictKey = str | int | float | bytes | bool
@@ -38,6 +46,11 @@ RdictKey = str | int | float | bytes | bool
 
 ENTRY_OVERHEAD = 16  # bytes of SST index/metadata per entry
 SPACE_AMP = 1.1  # leveled compaction's space amplification
+META_PREFIX = b"hps.table/"  # + table name, in the default column family: its format
+
+
+def _meta_key(table: str) -> bytes:
+    return META_PREFIX + table.encode()
 
 
 def _cf_options(cache: rd.Cache) -> rd.Options:
@@ -125,25 +138,77 @@ class RocksDBStore(EmbeddingStore):
         )
 
     def open_table(self, spec: TableSpec) -> None:
-        self._specs[spec.name] = spec
-        if spec.name in self._cfs:
+        """Declare a table (created if new and writable); a table stored with another format
+        or dimension is a ConfigError."""
+        if spec.name in self._cfs and self._specs.get(spec.name) == spec:
             return
-        if spec.name in self._existing:
-            self._cfs[spec.name] = self._db.get_column_family(spec.name)
-        elif self.mode == "read_write":
-            self._cfs[spec.name] = self._db.create_column_family(
-                spec.name, _cf_options(self._cache)
-            )
-            self._existing.add(spec.name)
+        stored = self._recorded(spec)
+        if stored is not None and (stored[0] is not spec.fmt or stored[1] != spec.dim):
+            raise refused(spec, f"rocks_db {self.path}", *stored)
+        try:
+            if spec.name in self._existing:
+                cf = self._db.get_column_family(spec.name)
+            elif self.mode == "read_write":
+                cf = self._db.create_column_family(spec.name, _cf_options(self._cache))
+                self._existing.add(spec.name)
+            else:
+                cf = None  # a reader opened before the writer created it
+            if stored is None and self.mode == "read_write":
+                self._db.put(_meta_key(spec.name), self._record(spec), self._sync)
+        except Exception as exc:
+            raise BackendError(f"rocks_db: cannot open table {spec.name}: {exc}") from exc
+        self._specs[spec.name] = spec
+        if cf is not None:
+            self._cfs[spec.name] = cf
+
+    @staticmethod
+    def _record(spec: TableSpec) -> bytes:
+        return json.dumps({"row_dtype": spec.row_dtype, "dim": spec.dim}).encode()
+
+    def _recorded(self, spec: TableSpec) -> tuple[RowFormat, int] | None:
+        """The format and dimension the database holds the table's rows in (None: a new
+        table). A table without a record is one written before formats were recorded:
+        float32 rows, whose dimension a stored row tells (if any)."""
+        try:
+            raw = self._db.get(_meta_key(spec.name))
+            if raw is not None:
+                doc = json.loads(cast("bytes", raw))
+                return FORMATS[doc["row_dtype"]], int(doc["dim"])
+            if spec.name not in self._existing:
+                return None
+            first = next(iter(self._db.get_column_family(spec.name).values()), None)
+        except Exception as exc:
+            raise BackendError(f"rocks_db: cannot read the format of {spec.name}: {exc}") from exc
+        if first is None:
+            return None  # created but empty: nothing to refuse
+        length = len(cast("bytes", first))
+        row = LEGACY_FORMAT.row_bytes(spec.dim)
+        if length in (row, row + rocks_rows.VERSION_BYTES):  # format 1 or 2 of this dim
+            return LEGACY_FORMAT, spec.dim
+        return LEGACY_FORMAT, (length - rocks_rows.VERSION_BYTES) // 4  # format 2 of another
+
+    def drop_table(self, table: str) -> None:
+        """Drop the table's column family and its recorded format (read_write only)."""
+        if self.mode != "read_write":
+            raise BackendError(f"rocks_db: {self.path} is open {self.mode}; cannot drop {table}")
+        try:
+            if table in self._existing:
+                self._cfs.pop(table, None)
+                self._db.drop_column_family(table)
+                self._existing.discard(table)
+            self._db.delete(_meta_key(table), self._sync)
+        except Exception as exc:
+            raise BackendError(f"rocks_db: cannot drop {table}: {exc}") from exc
+        self._specs.pop(table, None)
 
     def _cf(self, table: str) -> rd.Rdict | None:
         table_or_raise(self._specs, table)
         return self._cfs.get(table)  # None: a reader opened before the writer created it
 
     @classmethod
-    def bytes_per_row(cls, dim: int, *, bounded: bool = False) -> float:
+    def bytes_per_row(cls, row_bytes: int, *, bounded: bool = False) -> float:
         """Disk per row: key, value and per-entry SST overhead, times space amplification."""
-        return (8 + 4 * dim + rocks_rows.VERSION_BYTES + ENTRY_OVERHEAD) * SPACE_AMP
+        return (8 + row_bytes + rocks_rows.VERSION_BYTES + ENTRY_OVERHEAD) * SPACE_AMP
 
     @property
     def writable(self) -> bool:
@@ -154,7 +219,7 @@ class RocksDBStore(EmbeddingStore):
         if self.mode == "secondary":
             self._db.try_catch_up_with_primary()
 
-    def fetch(self, table: str, keys: Keys) -> tuple[Vectors, Mask]:
+    def fetch(self, table: str, keys: Keys) -> tuple[Stored, Mask]:
         values, found, _, _ = self._read(table, keys)
         return values, found
 
@@ -164,10 +229,10 @@ class RocksDBStore(EmbeddingStore):
         _, _, versions, has_version = self._read(table, keys)
         return versions, has_version
 
-    def _read(self, table: str, keys: Keys) -> tuple[Vectors, Mask, np.ndarray, Mask]:
+    def _read(self, table: str, keys: Keys) -> tuple[Stored, Mask, np.ndarray, Mask]:
         spec = table_or_raise(self._specs, table)
         n = keys.size
-        values = np.zeros((n, spec.dim), dtype=np.float32)
+        values = np.zeros((n, spec.width), dtype=spec.fmt.dtype)
         found = np.zeros(n, dtype=bool)
         versions = np.zeros(n, dtype=np.uint64)
         has_version = np.zeros(n, dtype=bool)
@@ -179,7 +244,7 @@ class RocksDBStore(EmbeddingStore):
             try:
                 wanted = cast("list[RdictKey]", key_bytes(keys[lo:hi]))  # the stub's list type
                 got = cast("list[bytes | None]", cf.get(wanted))  # raw mode: bytes or None
-                parts = rocks_rows.decode(got, spec.dim)
+                parts = rocks_rows.decode(got, spec.fmt, spec.dim)
             except Exception as exc:
                 raise BackendError(f"rocks_db: read of {table} failed: {exc}") from exc
             values[lo:hi], found[lo:hi], versions[lo:hi], has_version[lo:hi] = parts
@@ -200,7 +265,7 @@ class RocksDBStore(EmbeddingStore):
             raise BackendError(f"rocks_db: {self.path} is open {self.mode}; cannot write {table}")
         return cf
 
-    def insert(self, table: str, keys: Keys, values: Vectors, *, durable: bool = False) -> None:
+    def insert(self, table: str, keys: Keys, values: Stored, *, durable: bool = False) -> None:
         """Upsert (version 0); ``durable`` syncs the WAL before returning."""
         self.insert_versioned(table, keys, values, None, durable=durable)
 
@@ -208,13 +273,14 @@ class RocksDBStore(EmbeddingStore):
         self,
         table: str,
         keys: Keys,
-        values: Vectors,
+        values: Stored,
         versions: np.ndarray | None,
         *,
         durable: bool = False,
     ) -> None:
-        """Upsert rows with their update versions (uint64; ``None``: 0), one put per row."""
-        table_or_raise(self._specs, table)
+        """Upsert stored rows with their update versions (uint64; ``None``: 0), one put per
+        row."""
+        check_rows(table_or_raise(self._specs, table), keys, values)
         self._writable_cf(table)
         handle = self._db.get_column_family_handle(table)
         for lo in range(0, keys.size, self.max_batch_size):
@@ -251,8 +317,8 @@ class RocksDBStore(EmbeddingStore):
         cf = self._cf(table)
         return 0 if cf is None else int(cf.property_int_value("rocksdb.estimate-num-keys") or 0)
 
-    def dump(self, table: str, chunk_rows: int = 1 << 18) -> Iterator[tuple[Keys, Vectors]]:
-        """Yield (keys, vectors) chunks of the whole table."""
+    def dump(self, table: str, chunk_rows: int = 1 << 18) -> Iterator[tuple[Keys, Stored]]:
+        """Yield (keys, stored rows) chunks of the whole table."""
         spec = table_or_raise(self._specs, table)
         cf = self._cf(table)
         if cf is None:
@@ -263,10 +329,10 @@ class RocksDBStore(EmbeddingStore):
             keys.append(k)
             vals.append(v)
             if len(keys) == chunk_rows:
-                yield rocks_rows.decode_items(cast("list[bytes]", keys), vals, spec.dim)
+                yield rocks_rows.decode_items(cast("list[bytes]", keys), vals, spec.fmt, spec.dim)
                 keys, vals = [], []
         if keys:
-            yield rocks_rows.decode_items(cast("list[bytes]", keys), vals, spec.dim)
+            yield rocks_rows.decode_items(cast("list[bytes]", keys), vals, spec.fmt, spec.dim)
 
     def close(self) -> None:
         self._cfs.clear()

@@ -1,15 +1,18 @@
-"""The value format of ``rocks_db`` rows: the float32 vector, then the row's update version.
+"""The value format of ``rocks_db`` rows: the stored row, then the row's update version.
 
-Format 2 (written since the update path carries versions with the data): ``dim`` float32
-(little-endian) followed by one uint64 (little-endian), the version of the Kafka update that
-wrote the row (0 for rows written by an import or ``insert``). One put per row stores the
-value and its version together, so the applier writes each row once.
+Format 2 (written since the update path carries versions with the data): the stored row's
+bytes (the table's row format, :mod:`hps.rowformat`: ``fmt.row_bytes(dim)`` bytes, e.g.
+``dim`` little-endian float32 for float32 tables) followed by one uint64 (little-endian), the
+version of the Kafka update that wrote the row (0 for rows written by an import or
+``insert``). One put per row stores the row and its version together, so the applier writes
+each row once.
 
-Format 1 (databases written before): the ``dim`` float32 alone. Such rows are read as they
-are, with no version (``has_version`` false: the applier then looks in the legacy version
-side table, :mod:`hps.tiers.versions`); they are not migrated in place, but every row an
-update or an import rewrites is written in format 2, so a database converges as it is
-updated. Both formats may sit in one column family; a read tells them apart by length.
+Format 1 (databases written before): the float32 row alone (such databases hold float32
+rows only). Such rows are read as they are, with no version (``has_version`` false: the
+applier then looks in the legacy version side table, :mod:`hps.tiers.versions`); they are not
+migrated in place, but every row an update or an import rewrites is written in format 2, so a
+database converges as it is updated. Both formats may sit in one column family; a read
+tells them apart by length.
 """
 
 from __future__ import annotations
@@ -21,21 +24,22 @@ from typing import cast
 
 import numpy as np
 
-from hps.types import Keys, Vectors
+from hps.rowformat import RowFormat, Stored
+from hps.types import Keys
 
 VERSION_BYTES = 8
 
 
 @lru_cache(maxsize=64)
-def row_dtype(dim: int) -> np.dtype:
-    """One stored row of format 2, packed: ``v`` (dim float32) then ``ver`` (uint64)."""
-    return np.dtype([("v", "<f4", (dim,)), ("ver", "<u8")])
+def row_dtype(fmt: RowFormat, dim: int) -> np.dtype:
+    """One stored row of format 2, packed: ``v`` (the stored row) then ``ver`` (uint64)."""
+    return np.dtype([("v", fmt.dtype.newbyteorder("<"), (fmt.width(dim),)), ("ver", "<u8")])
 
 
-def encode(values: Vectors, versions: np.ndarray | None) -> list[bytes]:
-    """Format-2 value bytes of each row (one ``bytes`` per row: what rocksdict takes)."""
-    n, dim = values.shape
-    rec = np.empty(n, dtype=row_dtype(dim))
+def encode(values: Stored, versions: np.ndarray | None) -> list[bytes]:
+    """Format-2 value bytes of each stored row (one ``bytes`` per row: what rocksdict takes)."""
+    n, width = values.shape
+    rec = np.empty(n, dtype=[("v", values.dtype, (width,)), ("ver", "<u8")])
     rec["v"] = values
     rec["ver"] = 0 if versions is None else versions
     rows: list[bytes] = rec.view(f"V{rec.dtype.itemsize}").tolist()
@@ -43,14 +47,14 @@ def encode(values: Vectors, versions: np.ndarray | None) -> list[bytes]:
 
 
 def decode(
-    got: Sequence[bytes | None], dim: int
-) -> tuple[Vectors, np.ndarray, np.ndarray, np.ndarray]:
-    """``(values, found, versions, has_version)`` of MultiGet results (None: absent).
+    got: Sequence[bytes | None], fmt: RowFormat, dim: int
+) -> tuple[Stored, np.ndarray, np.ndarray, np.ndarray]:
+    """``(stored rows, found, versions, has_version)`` of MultiGet results (None: absent).
 
     Rows of format 1 are found with ``has_version`` false and version 0.
     """
     n = len(got)
-    values = np.zeros((n, dim), dtype=np.float32)
+    values = np.zeros((n, fmt.width(dim)), dtype=fmt.dtype)
     versions = np.zeros(n, dtype=np.uint64)
     found = np.fromiter(map(bool, got), dtype=np.bool_, count=n)
     has_version = np.zeros(n, dtype=bool)
@@ -59,25 +63,28 @@ def decode(
         return values, found, versions, has_version
     present = cast("list[bytes]", list(compress(got, found)))  # the found ones: no None
     blob = b"".join(present)
-    new, old = 4 * dim + VERSION_BYTES, 4 * dim
+    old = fmt.row_bytes(dim)
+    new = old + VERSION_BYTES
     if len(blob) == m * new:  # all format 2: one structured view
-        rec = np.frombuffer(blob, dtype=row_dtype(dim))
+        rec = np.frombuffer(blob, dtype=row_dtype(fmt, dim))
         values[found] = rec["v"]
         versions[found] = rec["ver"]
         has_version[found] = True
     elif len(blob) == m * old:  # all format 1
-        values[found] = np.frombuffer(blob, dtype="<f4").reshape(m, dim)
+        values[found] = fmt.from_bytes(blob, dim)
     else:  # a mixed batch (an old database part-way through being updated)
         lengths = np.fromiter(map(len, present), dtype=np.int64, count=m)
         bad = (lengths != new) & (lengths != old)
         if bad.any():
-            raise ValueError(f"stored rows of {sorted(set(lengths[bad].tolist()))} bytes, "
-                             f"expected {old} or {new} for dim {dim}")  # fmt: skip
+            sizes = sorted(set(lengths[bad].tolist()))
+            raise ValueError(
+                f"stored rows of {sizes} bytes, expected {old} or {new} for {fmt.name} rows "
+                f"of dim {dim}"
+            )
         starts = np.cumsum(lengths) - lengths
         raw = np.frombuffer(blob, dtype=np.uint8)
-        floats = raw[starts[:, None] + np.arange(old)].view("<f4")
         rows = np.flatnonzero(found)
-        values[rows] = floats
+        values[rows] = fmt.from_bytes(raw[starts[:, None] + np.arange(old)].tobytes(), dim)
         is_new = lengths == new
         tail = raw[starts[is_new, None] + old + np.arange(VERSION_BYTES)].view("<u8")
         versions[rows[is_new]] = tail.reshape(-1)
@@ -85,8 +92,10 @@ def decode(
     return values, found, versions, has_version
 
 
-def decode_items(keys: list[bytes], vals: list[bytes], dim: int) -> tuple[Keys, Vectors]:
-    """Keys and vectors of a scan (``dump``), either format."""
+def decode_items(
+    keys: list[bytes], vals: list[bytes], fmt: RowFormat, dim: int
+) -> tuple[Keys, Stored]:
+    """Keys and stored rows of a scan (``dump``), either format."""
     k = np.frombuffer(b"".join(keys), dtype="<i8").astype(np.int64)
-    v, _, _, _ = decode(vals, dim)
+    v, _, _, _ = decode(vals, fmt, dim)
     return k, v

@@ -1,10 +1,13 @@
 """RowStore: the rows of one tier (L2 or L3), the one typed interface to a store below L1.
 
 Callers never hold a backend (:mod:`hps.storage`): they read and write rows through the
-:class:`RowStore` s of a :class:`hps.tiers.Tiers`. What a stored row is, today a float32
-vector of the table's dimension (with its update version where the backend keeps one in the
-row), and later its stored format and model version, is decided here, once, for every
-caller: the lookup, the loader, the applier, the control plane, the load test.
+:class:`RowStore` s of a :class:`hps.tiers.Tiers`. A row here is a *stored row*: the table's
+row format (:attr:`hps.types.TableSpec.fmt`, :mod:`hps.rowformat`), ``(n, spec.width)`` of
+``spec.fmt.dtype`` (float32 ``(n, dim)`` for float32 tables), with its update version where
+the backend keeps one in the row. Tiers store and return stored rows unchanged; float32 is
+encoded into them at the edges (imports, updates, control-plane writes) and decoded from
+them by the lookup. A store that already holds a table in another format or dimension
+refuses to open it (:class:`hps.errors.ConfigError`); :meth:`RowStore.drop_table` clears it.
 
 The class methods :meth:`RowStore.open`, :func:`placement_of` and :func:`bytes_per_row` are
 the only way to a backend's class (what ``hps plan`` and the topology need of it).
@@ -19,18 +22,22 @@ import numpy as np
 import numpy.typing as npt
 
 from hps.config import PersistentDBConfig, VolatileDBConfig
+from hps.rowformat import FLOAT32, RowFormat, Stored
 from hps.storage import AccessMode, EmbeddingStore, Placement, open_store, store_class
-from hps.types import Keys, Mask, TableSpec, Vectors
+from hps.types import Keys, Mask, TableSpec
 
 Level = Literal["L2", "L3"]
 
 
 class RowStore:
-    """One tier's rows: ``int64 key -> row`` per table ``<model>.<table>``, whole batches.
+    """One tier's rows: ``int64 key -> stored row`` per table ``<model>.<table>``, whole
+    batches.
 
-    The contract is :class:`hps.storage.base.EmbeddingStore`'s (batches come validated;
-    ``fetch`` returns rows in the order of the keys with a found mask; driver errors are
-    :class:`hps.errors.BackendError`); the capabilities are the backend's declared ones.
+    The contract is :class:`hps.storage.base.EmbeddingStore`'s (batches come validated and
+    encoded in the table's format, a batch of another dtype or width is refused with
+    ``DTypeError`` / ``ShapeError``; ``fetch`` returns stored rows in the order of the keys
+    with a found mask; driver errors are :class:`hps.errors.BackendError`); the capabilities
+    are the backend's declared ones.
     """
 
     def __init__(self, store: EmbeddingStore, level: Level) -> None:
@@ -77,14 +84,23 @@ class RowStore:
     # -- rows -------------------------------------------------------------------------------
 
     def open_table(self, spec: TableSpec) -> None:
+        """Declare a table; one stored here in another format or dimension is a
+        :class:`hps.errors.ConfigError` (re-import it with ``hps import --force``)."""
         self._store.open_table(spec)
 
-    def fetch(self, table: str, keys: Keys) -> tuple[Vectors, Mask]:
-        """``(rows[n, dim], found[n])`` in the order of ``keys``; rows not found unspecified."""
+    def drop_table(self, table: str) -> None:
+        """Delete the table's rows and its recorded format and dimension (open or not); open
+        it again before use."""
+        self._store.drop_table(table)
+
+    def fetch(self, table: str, keys: Keys) -> tuple[Stored, Mask]:
+        """``(stored rows[n, width], found[n])`` in the order of ``keys``; rows not found
+        unspecified."""
         return self._store.fetch(table, keys)
 
-    def insert(self, table: str, keys: Keys, values: Vectors, *, durable: bool = False) -> None:
-        """Upsert the batch; ``durable``: synced before returning (where the tier is durable)."""
+    def insert(self, table: str, keys: Keys, values: Stored, *, durable: bool = False) -> None:
+        """Upsert the batch of stored rows; ``durable``: synced before returning (where the
+        tier is durable)."""
         if durable:
             self._store.insert(table, keys, values, durable=True)
         else:
@@ -104,8 +120,9 @@ class RowStore:
         """The table's rows, cheaply: exact where ``exact_size``, else the store's estimate."""
         return self._store.estimated_size(table)
 
-    def dump(self, table: str, chunk_rows: int | None = None) -> Iterator[tuple[Keys, Vectors]]:
-        """Every row of the table, in chunks of at most ``chunk_rows`` (the backend's default)."""
+    def dump(self, table: str, chunk_rows: int | None = None) -> Iterator[tuple[Keys, Stored]]:
+        """Every (key, stored row) of the table, in chunks of at most ``chunk_rows`` (the
+        backend's default)."""
         if chunk_rows is None:
             return self._store.dump(table)
         return self._store.dump(table, chunk_rows)
@@ -114,12 +131,12 @@ class RowStore:
         self,
         table: str,
         keys: Keys,
-        values: Vectors,
+        values: Stored,
         versions: npt.NDArray[np.uint64],
         *,
         durable: bool = False,
     ) -> None:
-        """Upsert rows that carry their update version (``versioned_rows`` tiers)."""
+        """Upsert stored rows that carry their update version (``versioned_rows`` tiers)."""
         self._store.insert_versioned(table, keys, values, versions, durable=durable)
 
     def fetch_versions(self, table: str, keys: Keys) -> tuple[npt.NDArray[np.uint64], Mask]:
@@ -141,6 +158,9 @@ def placement_of(type_name: str) -> Placement:
     return store_class(type_name).placement
 
 
-def bytes_per_row(type_name: str, dim: int, *, bounded: bool = False) -> float:
-    """What one row of dimension ``dim`` costs in a store of ``type_name`` (``hps plan``)."""
-    return float(store_class(type_name).bytes_per_row(dim, bounded=bounded))
+def bytes_per_row(
+    type_name: str, dim: int, fmt: RowFormat = FLOAT32, *, bounded: bool = False
+) -> float:
+    """What one row of dimension ``dim`` stored in format ``fmt`` costs in a store of
+    ``type_name``, key and bookkeeping included (``hps plan``)."""
+    return float(store_class(type_name).bytes_per_row(fmt.row_bytes(dim), bounded=bounded))

@@ -56,7 +56,7 @@ def test_plan_uses_the_real_per_row_costs(tmp_path: Path) -> None:
     assert (t1.devices, t1.instances_per_device) == (2, 2)
     assert t1.cache_bytes_per_device == 2 * real.nbytes and t1.cache_memory == "host"
     # hash_map lives in each of the 4 instance processes
-    assert t1.l2_bytes == int(5000 * HashMapStore.bytes_per_row(32) * 4)
+    assert t1.l2_bytes == int(5000 * HashMapStore.bytes_per_row(4 * 32) * 4)
     assert t1.l3_bytes == int(5000 * l3_bytes_per_row(cfg.persistent_db, 32))
     assert t1.raw_bytes == 5000 * 32 * 4
     assert not (tmp_path / "db").exists()  # nothing was opened
@@ -83,9 +83,9 @@ def test_redis_estimate() -> None:
         112,
         640,
     ]
-    per_row = redis_bytes_per_row(16, bounded=False)
+    per_row = redis_bytes_per_row(4 * 16, bounded=False)
     assert 64 + 8 < per_row < 64 + 8 + 100
-    assert redis_bytes_per_row(16, bounded=True) > per_row
+    assert redis_bytes_per_row(4 * 16, bounded=True) > per_row
 
 
 def test_plan_command_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -1,4 +1,6 @@
-"""The contract every L2/L3 backend passes, against real servers and real RocksDB files."""
+"""The contract every L2/L3 backend passes, against real servers and real RocksDB files,
+for every row format: what is inserted (stored rows, :mod:`hps.rowformat`) is fetched back
+byte for byte, and decodes within the format's bound."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ import numpy as np
 import pytest
 
 from hps.config import ModelConfig, PersistentDBConfig, VolatileDBConfig
-from hps.errors import DTypeError, InvalidValueError, ShapeError, UnknownTableError
+from hps.errors import ConfigError, DTypeError, InvalidValueError, ShapeError, UnknownTableError
 from hps.lookup import LookupSession
+from hps.rowformat import FORMATS, ROW_DTYPES
 from hps.storage import EmbeddingStore, open_store
+from hps.storage.multi_process_hash_map import SharedHashMapStore
 from hps.tiers import Tiers
 from hps.types import TableSpec
 from tests.helpers import rows, unique_name
@@ -53,31 +57,52 @@ def store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[EmbeddingSt
     s.close()
 
 
-@pytest.fixture
-def spec(store: EmbeddingStore) -> TableSpec:
-    t = TableSpec(model=unique_name(), table="t", dim=5)
+@pytest.fixture(params=ROW_DTYPES)
+def spec(store: EmbeddingStore, request: pytest.FixtureRequest) -> TableSpec:
+    t = TableSpec(model=unique_name(), table="t", dim=5, row_dtype=request.param)
     store.open_table(t)
     return t
+
+
+def stored(spec: TableSpec, keys: np.ndarray, seed: int = 0) -> np.ndarray:
+    """The stored rows of ``rows(keys)`` in the table's format."""
+    return spec.fmt.encode(rows(keys, spec.dim, seed))
+
+
+def assert_rows(spec: TableSpec, got: np.ndarray, keys: np.ndarray, seed: int = 0) -> None:
+    """``got`` are the stored rows of ``rows(keys)``: the same bytes, of the table's dtype
+    and width, and decoded within the format's bound of the float32 rows."""
+    assert got.dtype == spec.fmt.dtype and got.shape == (keys.size, spec.width)
+    np.testing.assert_array_equal(got, stored(spec, keys, seed))
+    want = rows(keys, spec.dim, seed)
+    decoded = spec.fmt.decode(got, spec.dim)
+    if spec.row_dtype == "float32":
+        np.testing.assert_array_equal(decoded, want)
+    elif spec.row_dtype == "float16":
+        np.testing.assert_allclose(decoded, want, rtol=2.0**-11, atol=0)
+    else:  # int8: half a step of the row's 255
+        bound = (want.max(axis=1) - want.min(axis=1)) / 510 * (1 + 1e-5) + 1e-6
+        assert (np.abs(decoded - want) <= bound[:, None]).all()
 
 
 KEYS = np.array([0, 1, -1, 2**62, -(2**62), 12345678901, 42, 7, 99, 100, 101], dtype=np.int64)
 
 
 def test_round_trip_in_request_order(store: EmbeddingStore, spec: TableSpec) -> None:
-    store.insert(spec.name, KEYS, rows(KEYS, spec.dim))
+    store.insert(spec.name, KEYS, stored(spec, KEYS))
     query = np.array([42, 555, 0, -1, 2**62, 3], dtype=np.int64)
     values, found = store.fetch(spec.name, query)
     assert found.tolist() == [True, False, True, True, True, False]
-    np.testing.assert_array_equal(values[found], rows(query[found], spec.dim))
-    assert values.dtype == np.float32 and values.shape == (6, spec.dim)
+    assert values.dtype == spec.fmt.dtype and values.shape == (6, spec.width)
+    assert_rows(spec, values[found], query[found])
     assert store.size(spec.name) == KEYS.size
 
 
 def test_upsert_and_duplicates_keep_the_last(store: EmbeddingStore, spec: TableSpec) -> None:
-    store.insert(spec.name, KEYS, rows(KEYS, spec.dim))
+    store.insert(spec.name, KEYS, stored(spec, KEYS))
     dup = np.array([7, 7, 8], dtype=np.int64)
-    vals = np.stack(
-        [rows(dup[:1], spec.dim, 1)[0], rows(dup[:1], spec.dim, 2)[0], rows(dup[2:], spec.dim)[0]]
+    vals = np.concatenate(
+        [stored(spec, dup[:1], 1), stored(spec, dup[:1], 2), stored(spec, dup[2:])]
     )
     store.insert(spec.name, dup, vals)
     got, found = store.fetch(spec.name, np.array([7, 8]))
@@ -87,7 +112,7 @@ def test_upsert_and_duplicates_keep_the_last(store: EmbeddingStore, spec: TableS
 
 
 def test_remove(store: EmbeddingStore, spec: TableSpec) -> None:
-    store.insert(spec.name, KEYS, rows(KEYS, spec.dim))
+    store.insert(spec.name, KEYS, stored(spec, KEYS))
     store.remove(spec.name, np.array([0, 42, 31337], dtype=np.int64))
     _, found = store.fetch(spec.name, KEYS)
     assert found.tolist() == [k not in (0, 42) for k in KEYS.tolist()]
@@ -95,31 +120,31 @@ def test_remove(store: EmbeddingStore, spec: TableSpec) -> None:
 
 
 def test_tables_are_separate(store: EmbeddingStore, spec: TableSpec) -> None:
-    other = TableSpec(model=spec.model, table="u", dim=3)
+    other = TableSpec(model=spec.model, table="u", dim=3, row_dtype=spec.row_dtype)
     store.open_table(other)
-    store.insert(spec.name, KEYS, rows(KEYS, spec.dim))
-    store.insert(other.name, KEYS[:3], rows(KEYS[:3], 3, seed=9))
+    store.insert(spec.name, KEYS, stored(spec, KEYS))
+    store.insert(other.name, KEYS[:3], stored(other, KEYS[:3], seed=9))
     got, found = store.fetch(other.name, KEYS)
     assert found.sum() == 3
-    np.testing.assert_array_equal(got[:3], rows(KEYS[:3], 3, seed=9))
+    assert_rows(other, got[:3], KEYS[:3], seed=9)
     assert store.size(other.name) == 3
 
 
 def test_large_batches_are_chunked(store: EmbeddingStore, spec: TableSpec) -> None:
     keys = np.arange(1000, 1000 + 20 * CHUNK + 3, dtype=np.int64)
-    store.insert(spec.name, keys, rows(keys, spec.dim))
+    store.insert(spec.name, keys, stored(spec, keys))
     got, found = store.fetch(spec.name, keys[::-1])
     assert found.all()
-    np.testing.assert_array_equal(got, rows(keys[::-1], spec.dim))
+    assert_rows(spec, got, keys[::-1])
     store.remove(spec.name, keys[: 10 * CHUNK])
     assert store.size(spec.name) == keys.size - 10 * CHUNK
 
 
 def test_empty_batches(store: EmbeddingStore, spec: TableSpec) -> None:
     empty = np.empty(0, dtype=np.int64)
-    store.insert(spec.name, empty, np.empty((0, spec.dim), dtype=np.float32))
+    store.insert(spec.name, empty, spec.fmt.empty(0, spec.dim))
     values, found = store.fetch(spec.name, empty)
-    assert values.shape == (0, spec.dim) and found.shape == (0,)
+    assert values.shape == (0, spec.width) and found.shape == (0,)
     store.remove(spec.name, empty)
     assert store.size(spec.name) == 0
 
@@ -138,9 +163,12 @@ def test_bad_inserts_change_nothing(
     store: EmbeddingStore, spec: TableSpec, keys: Any, values: Any, error: type
 ) -> None:
     """Bad batches are refused at the boundary (the session), before any store sees them."""
-    store.insert(spec.name, KEYS, rows(KEYS, spec.dim))
+    store.insert(spec.name, KEYS, stored(spec, KEYS))
     model = ModelConfig(
-        model=spec.model, embedding_table_names=["t"], embedding_vecsize_per_table=[spec.dim]
+        model=spec.model,
+        embedding_table_names=["t"],
+        embedding_vecsize_per_table=[spec.dim],
+        hps_row_dtype=spec.row_dtype,
     )
     tiers = Tiers(store, None) if store.placement != "disk" else Tiers(None, store)
     session = LookupSession([model], tiers)
@@ -148,7 +176,42 @@ def test_bad_inserts_change_nothing(
         session.insert(spec.name, keys, values)
     got, found = store.fetch(spec.name, KEYS)
     assert found.all()
-    np.testing.assert_array_equal(got, rows(KEYS, spec.dim))
+    assert_rows(spec, got, KEYS)
+    assert store.size(spec.name) == KEYS.size
+
+
+def _other_dtype(spec: TableSpec) -> np.dtype:
+    return np.dtype(np.float16 if spec.row_dtype == "float32" else np.float32)
+
+
+def test_a_batch_of_another_dtype_or_width_is_refused_and_stores_nothing(
+    store: EmbeddingStore, spec: TableSpec
+) -> None:
+    """A store takes only the table's stored rows: float32 rows for an int8 table, rows of
+    another width or count are refused before anything is written."""
+    store.insert(spec.name, KEYS, stored(spec, KEYS))
+    new = np.array([5000, 5001], dtype=np.int64)
+    both = np.concatenate([KEYS[:2], new])  # overwrites and new keys
+    good = stored(spec, both, seed=3)
+    bad = [
+        (good.astype(_other_dtype(spec)), DTypeError),
+        (rows(both, spec.dim, 3), DTypeError if spec.row_dtype != "float32" else None),
+        (np.concatenate([good, good[:, :1]], axis=1), ShapeError),
+        (good[:, :-1], ShapeError),
+        (good[:3], ShapeError),
+        (good.reshape(-1), ShapeError),
+    ]
+    for values, error in bad:
+        if error is None:
+            continue  # float32 rows are a float32 table's stored rows
+        with pytest.raises(error, match=spec.name):
+            store.insert(spec.name, both, values)
+        if store.versioned_rows:
+            with pytest.raises(error, match=spec.name):
+                store.insert_versioned(spec.name, both, values, np.ones(4, np.uint64))
+    got, found = store.fetch(spec.name, np.concatenate([KEYS, new]))
+    assert found.tolist() == [True] * KEYS.size + [False, False]
+    assert_rows(spec, got[: KEYS.size], KEYS)
     assert store.size(spec.name) == KEYS.size
 
 
@@ -168,20 +231,20 @@ def test_placement_and_write_access(store: EmbeddingStore) -> None:
 
 
 def test_durable_writes_and_removes_are_accepted(store: EmbeddingStore, spec: TableSpec) -> None:
-    store.insert(spec.name, KEYS, rows(KEYS, spec.dim), durable=True)
+    store.insert(spec.name, KEYS, stored(spec, KEYS), durable=True)
     store.remove(spec.name, KEYS[:2], durable=True)
     _, found = store.fetch(spec.name, KEYS)
     assert found.tolist() == [False, False] + [True] * (KEYS.size - 2)
 
 
 def test_dump_yields_every_row_in_bounded_chunks(store: EmbeddingStore, spec: TableSpec) -> None:
-    store.insert(spec.name, KEYS, rows(KEYS, spec.dim))
+    store.insert(spec.name, KEYS, stored(spec, KEYS))
     chunks = list(store.dump(spec.name, chunk_rows=4))
     keys = np.concatenate([k for k, _ in chunks])
     vectors = np.concatenate([v for _, v in chunks])
     order = np.argsort(keys)
     np.testing.assert_array_equal(keys[order], np.sort(KEYS))
-    np.testing.assert_array_equal(vectors[order], rows(np.sort(KEYS), spec.dim))
+    assert_rows(spec, vectors[order], np.sort(KEYS))
     if store.placement != "server":  # Redis's HSCAN COUNT is a hint, not a bound
         assert max(k.size for k, _ in chunks) <= 4
 
@@ -192,12 +255,85 @@ def test_estimated_size(store: EmbeddingStore, spec: TableSpec) -> None:
     assert isinstance(store.exact_size, bool)
     assert store.exact_size == (store.name != "rocks_db")  # a scan only there
     assert store.estimated_size(spec.name) == 0
-    store.insert(spec.name, KEYS, rows(KEYS, spec.dim))
+    store.insert(spec.name, KEYS, stored(spec, KEYS))
     assert store.estimated_size(spec.name) == store.size(spec.name) == KEYS.size
 
 
 def test_catch_up_and_bytes_per_row(store: EmbeddingStore) -> None:
     store.catch_up()  # a no-op for a read-write handle of every backend
-    per_row = type(store).bytes_per_row(64)
+    cls = type(store)
+    per_row = cls.bytes_per_row(FORMATS["float32"].row_bytes(64))
     assert 64 * 4 < per_row < 64 * 4 * 3
-    assert type(store).bytes_per_row(64, bounded=True) >= per_row
+    assert cls.bytes_per_row(4 * 64, bounded=True) >= per_row
+    int8 = cls.bytes_per_row(FORMATS["int8"].row_bytes(64))
+    assert FORMATS["int8"].row_bytes(64) < int8 < cls.bytes_per_row(2 * 64) < per_row
+
+
+# -- row formats recorded where rows persist or are shared ------------------------------------
+
+
+def _second_handle(store: EmbeddingStore, kind: str, request: pytest.FixtureRequest,
+                   tmp_path: Any) -> EmbeddingStore:  # fmt: skip
+    """Another handle on the same rows: the same segment, server or (reopened) database."""
+    if kind == "rocks_db":
+        store.close()
+        return _open(kind, request, tmp_path)
+    if isinstance(store, SharedHashMapStore):
+        cfg = VolatileDBConfig(
+            type=kind,
+            shared_memory_name=store.path.rsplit("/", 1)[1],
+            shared_memory_size=64 * 1024 * 1024,
+            max_batch_size=CHUNK,
+        )
+        again = open_store(cfg)
+        assert again is not None
+        return again
+    return _open(kind, request, tmp_path)
+
+
+@pytest.mark.parametrize("kind", [b for b in BACKENDS if b != "hash_map"])
+def test_a_table_stored_in_another_format_or_dim_is_refused_until_dropped(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Any
+) -> None:
+    first = _open(kind, request, tmp_path)
+    spec = TableSpec(model=unique_name(), table="t", dim=8, row_dtype="int8")
+    first.open_table(spec)
+    first.insert(spec.name, KEYS, stored(spec, KEYS))
+    other = _second_handle(first, kind, request, tmp_path)
+    try:
+        for wrong in (
+            TableSpec(model=spec.model, table="t", dim=8, row_dtype="float16"),
+            TableSpec(model=spec.model, table="t", dim=8),
+            TableSpec(model=spec.model, table="t", dim=9, row_dtype="int8"),
+        ):
+            with pytest.raises(ConfigError, match=r"holds int8 rows of dimension 8.*--force"):
+                other.open_table(wrong)
+        other.open_table(spec)  # the same format: the rows are there, byte for byte
+        got, found = other.fetch(spec.name, KEYS)
+        assert found.all()
+        assert_rows(spec, got, KEYS)
+        # what `hps import --force` does: drop, then create in the new format
+        other.drop_table(spec.name)
+        again = TableSpec(model=spec.model, table="t", dim=8, row_dtype="float16")
+        other.open_table(again)
+        assert other.size(again.name) == 0
+        other.insert(again.name, KEYS[:3], stored(again, KEYS[:3]))
+        assert_rows(again, other.fetch(again.name, KEYS[:3])[0], KEYS[:3])
+        with pytest.raises(ConfigError, match="holds float16 rows"):
+            other.open_table(spec)
+    finally:
+        other.close()
+        if kind != "rocks_db":
+            first.close()
+
+
+def test_hash_map_refuses_another_format_in_the_same_process(tmp_path: Any) -> None:
+    store = open_store(VolatileDBConfig(type="hash_map"))
+    assert store is not None
+    spec = TableSpec(model=unique_name(), table="t", dim=4, row_dtype="float16")
+    store.open_table(spec)
+    with pytest.raises(ConfigError, match="holds float16 rows.*--force"):
+        store.open_table(TableSpec(model=spec.model, table="t", dim=4, row_dtype="int8"))
+    store.drop_table(spec.name)
+    store.open_table(TableSpec(model=spec.model, table="t", dim=4, row_dtype="int8"))
+    store.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import time
@@ -19,7 +20,7 @@ from hps.errors import BackendError, BackendUnavailable, ConfigError
 from hps.net import free_port
 from hps.storage import open_store
 from hps.storage.redis_cluster import RedisStore
-from hps.storage.redis_layout import hash_name, partition_of
+from hps.storage.redis_layout import hash_name, meta_name, partition_of
 from hps.testing.redis import RedisClusterServers, RedisServer
 from hps.types import TableSpec
 from tests.helpers import rows, unique_name
@@ -98,7 +99,7 @@ def test_existing_rows_of_another_dimension_are_refused(address: str) -> None:
     store = make_store(address, num_partitions=2)
     spec = new_table(store, dim=4)
     store.insert(spec.name, np.arange(10), rows(np.arange(10), 4))
-    with pytest.raises(ConfigError, match="dimension is 6"):
+    with pytest.raises(ConfigError, match="holds float32 rows of dimension 4.*--force"):
         store.open_table(TableSpec(model=spec.model, table=spec.table, dim=6))
 
 
@@ -230,3 +231,18 @@ def test_dump_yields_every_row(address: str) -> None:
     order = np.argsort(got_keys)
     np.testing.assert_array_equal(got_keys[order], keys)
     np.testing.assert_array_equal(got_vals[order], rows(keys, 3))
+
+
+def test_rows_from_before_formats_are_float32(address: str) -> None:
+    """Rows written before the format was recorded (no ``hps_tm`` key) are float32."""
+    store = make_store(address, num_partitions=2)
+    spec = new_table(store, dim=4)
+    store.insert(spec.name, np.arange(10), rows(np.arange(10), 4))
+    store.client.delete(meta_name(spec.name))  # as an older HPS left it
+    again = make_store(address, num_partitions=2)
+    with pytest.raises(ConfigError, match="holds float32 rows of dimension 4.*--force"):
+        again.open_table(TableSpec(model=spec.model, table=spec.table, dim=4, row_dtype="int8"))
+    again.open_table(spec)  # accepted, and recorded
+    assert json.loads(store.client.get(meta_name(spec.name))) == {"row_dtype": "float32", "dim": 4}
+    store.close()
+    again.close()

@@ -10,8 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import rocksdict as rd
 
+from hps.rowformat import FLOAT32, FORMATS
 from hps.storage import rocks_rows
 from hps.storage.rocks_db import RocksDBStore
 from hps.tiers import Tiers
@@ -45,7 +47,7 @@ def test_decode_reads_both_formats_in_one_batch() -> None:
     values = vec([1, 2, 3], 0.5)
     new = rocks_rows.encode(values[:2], np.array([7, 9], np.uint64))
     got = [new[0], None, values[2].tobytes(), new[1]]
-    v, found, versions, has_version = rocks_rows.decode(got, 3)
+    v, found, versions, has_version = rocks_rows.decode(got, FLOAT32, 3)
     assert found.tolist() == [True, False, True, True]
     assert has_version.tolist() == [True, False, False, True]
     assert versions.tolist() == [7, 0, 0, 9]
@@ -108,4 +110,38 @@ def test_replay_after_a_restart_changes_nothing(tmp_path: Path) -> None:
     assert replayed.stale == 1 and replayed.keys.tolist() == [1]  # equal version re-applied
     values, _ = store.fetch(SPEC.name, np.array([1, 2], np.int64))
     np.testing.assert_array_equal(values, np.concatenate([vec([1], 0.5), vec([2], 0.8)]))
+    store.close()
+
+
+def test_decode_keeps_the_stored_rows_of_every_format() -> None:
+    """Format 2 of a float16 or int8 table: the stored row's bytes, then the version; a mixed
+    batch of lengths is refused for a format that never had format 1."""
+    values = vec([1, 2, 3], 0.5)
+    for fmt in (FORMATS["float16"], FORMATS["int8"]):
+        stored = fmt.encode(values)
+        got = rocks_rows.encode(stored, np.array([1, 2, 3], np.uint64))
+        assert {len(g) for g in got} == {fmt.row_bytes(3) + rocks_rows.VERSION_BYTES}
+        v, found, versions, has = rocks_rows.decode([got[2], None, got[0]], fmt, 3)
+        assert v.dtype == fmt.dtype and v.shape == (3, fmt.width(3))
+        np.testing.assert_array_equal(v[[0, 2]], stored[[2, 0]])
+        assert found.tolist() == has.tolist() == [True, False, True]
+        assert versions.tolist() == [3, 0, 1]
+
+
+def test_a_database_from_before_formats_holds_float32_rows(tmp_path: Path) -> None:
+    """No format recorded: float32 rows; another format is refused, float32 is recorded."""
+    from hps.errors import ConfigError
+
+    write_format_1(tmp_path / "db", [1, 2], vec([1, 2], 0.5), [4, 5])
+    store = RocksDBStore(str(tmp_path / "db"))
+    with pytest.raises(ConfigError, match="holds float32 rows of dimension 3.*--force"):
+        store.open_table(TableSpec("m", "t", 3, row_dtype="int8"))
+    store.open_table(SPEC)
+    got, found = store.fetch(SPEC.name, np.array([1, 2], np.int64))
+    assert found.all()
+    np.testing.assert_array_equal(got, vec([1, 2], 0.5))
+    store.close()
+    store = RocksDBStore(str(tmp_path / "db"))  # recorded now: refused from the record
+    with pytest.raises(ConfigError, match="holds float32 rows"):
+        store.open_table(TableSpec("m", "t", 3, row_dtype="float16"))
     store.close()

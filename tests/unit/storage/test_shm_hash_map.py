@@ -305,3 +305,25 @@ def test_a_forked_child_must_open_its_own_store(opener: Opener) -> None:
     assert os.waitstatus_to_exitcode(status) == 0
     store.insert("m.t", np.arange(3), np.ones((3, 2), np.float32))
     assert store.fetch("m.t", np.arange(3))[1].all()
+
+
+def test_the_entry_records_the_format_float32_as_before(opener: Opener) -> None:
+    """A float32 entry's DIM word is the dimension alone (what segments written before
+    formats hold); another format is recorded above it and refused to other formats."""
+    store = opener()
+    store.open_table(TableSpec("m", "f", 6))
+    store.open_table(TableSpec("m", "q", 6, row_dtype="int8"))
+    words = {s: store._tables[s].meta[EntryWord.DIM] for s in ("m.f", "m.q")}
+    assert words["m.f"] == 6 and words["m.q"] != 6
+    other = opener()
+    with pytest.raises(ConfigError, match="holds float32 rows of dimension 6.*--force"):
+        other.open_table(TableSpec("m", "f", 6, row_dtype="float16"))
+    with pytest.raises(ConfigError, match="holds int8 rows of dimension 6"):
+        other.open_table(TableSpec("m", "q", 6))
+    spec = TableSpec("m", "q", 6, row_dtype="int8")
+    other.open_table(spec)
+    values = spec.fmt.encode(rows(np.arange(5), 6))
+    store.insert(spec.name, np.arange(5), values)
+    got, found = other.fetch(spec.name, np.arange(6))
+    assert found.tolist() == [True] * 5 + [False]
+    np.testing.assert_array_equal(got[:5], values)
