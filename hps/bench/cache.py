@@ -19,6 +19,13 @@ module, and inserts against a raw scatter of the same rows. ``query`` is what a 
 in request order); ``query_numpy`` is the NumPy reference path (dedup with
 ``hps.dedup.unique_inverse``, query, expansion to request order); ``kernel`` names which
 ran as ``query``.
+
+``--row-dtype`` (``float32``, ``float16``, ``int8`` or ``all``) stores the rows in that format
+(:mod:`hps.rowformat`; the arena holds stored rows, ``query_into`` dequantizes as it
+gathers). Every format other than float32 is also compared with a float32 cache of the same
+rows in the same run: ``op`` ``query_vs_float32`` gives both caches' all-hit ``query_into``
+speeds, timed in turn, and their ratio (``ratio``: float32's time / this format's; 1.0 is
+as fast as float32).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 
 import numpy as np
 
@@ -34,7 +42,8 @@ from hps.cache.kernels import kernel_for
 from hps.cache.policies import POLICIES
 from hps.cache.xp import select_xp, to_host, to_xp
 from hps.dedup import unique_inverse
-from hps.types import JSON, Array, ArrayModule
+from hps.rowformat import FLOAT32, ROW_DTYPES, RowFormat, row_format
+from hps.types import JSON, ArrayModule
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,6 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--rows", type=int, default=1 << 18, help="resident rows")
     t.add_argument("--key-alpha", type=float, default=0.0, help="0: uniform keys, else Zipf")
     t.add_argument("--repeats", type=int, default=30)
+    t.add_argument(
+        "--row-dtype",
+        choices=(*ROW_DTYPES, "all"),
+        default="float32",
+        help="row format of the cache (all: each); others are compared with float32",
+    )
 
 
 def run(args: argparse.Namespace) -> Iterator[JSON]:
@@ -194,36 +209,96 @@ def _throughput(args: argparse.Namespace) -> Iterator[JSON]:
     else:
         pick = rng.integers(0, rows, n)
     batch = resident[pick]
+    names = ROW_DTYPES if args.row_dtype == "all" else (args.row_dtype,)
+    formats = [row_format(name) for name in names]
     for policy in (p for p in args.policies.split(",") if p):
-        cache = EmbeddingCache(dim, rows, xp=xp, policy=policy)
-        cache.insert(resident, values)
-        # The baseline reads the cache's own arena at rows known in advance.
-        arena = cache._rows.values
-        idx = cache._rows.lookup(to_xp(xp, batch))
+        caches: dict[str, EmbeddingCache] = {}
+        for fmt in formats:
+            cache = EmbeddingCache(dim, rows, xp=xp, policy=policy, fmt=fmt)
+            cache.insert(resident, fmt.encode(values))
+            caches[fmt.name] = cache
+            yield from _query_throughput(args, xp, sync, policy, cache, batch)
+            yield from _insert_throughput(args, xp, sync, policy, resident, values, fmt)
+        if any(fmt is not FLOAT32 for fmt in formats):
+            yield from _against_float32(args, xp, sync, policy, caches, resident, values, batch)
 
-        def ours(cache: EmbeddingCache = cache) -> None:
-            cache.query_into(batch, np.empty((batch.size, dim), dtype=np.float32))
 
-        def reference(cache: EmbeddingCache = cache) -> None:
-            uniq, inverse = unique_inverse(batch)
-            cache.query(uniq, inverse)
+def _query_throughput(
+    args: argparse.Namespace,
+    xp: ArrayModule,
+    sync: Callable[[], None],
+    policy: str,
+    cache: EmbeddingCache,
+    batch: np.ndarray,
+) -> Iterator[JSON]:
+    """``query_into``, the NumPy reference and query-then-expand vs. a raw take."""
+    dim, n = cache.dim, batch.size
+    # The baseline reads the cache's own arena at rows known in advance.
+    arena = cache._rows.values
+    idx = cache._rows.lookup(to_xp(xp, batch))
 
-        def ours_expand(cache: EmbeddingCache = cache) -> None:
-            uniq, inverse = unique_inverse(batch)
-            vals, _ = cache.query(uniq)
-            vals[inverse]
+    def ours() -> None:
+        cache.query_into(batch, np.empty((batch.size, dim), dtype=np.float32))
 
-        def raw(arena: Array = arena, idx: Array = idx) -> None:
-            to_host(arena.take(idx, axis=0))
+    def reference() -> None:
+        uniq, inverse = unique_inverse(batch)
+        cache.query(uniq, inverse)
 
-        fns: list[Callable[[], object]] = [ours, reference, ours_expand, raw]
-        t_ours, t_ref, t_expand, t_raw = _time(fns, args.repeats, sync)
-        unique = np.unique(batch).size / n
-        kernel = "compiled" if kernel_for(xp) is not None else "numpy"
-        yield _row("query", policy, xp, n, t_ours, t_raw, unique) | {"kernel": kernel}
-        yield _row("query_numpy", policy, xp, n, t_ref, t_raw, unique)
-        yield _row("query_then_expand", policy, xp, n, t_expand, t_raw, unique)
-        yield from _insert_throughput(args, xp, sync, policy, resident, values)
+    def ours_expand() -> None:
+        uniq, inverse = unique_inverse(batch)
+        vals, _ = cache.query(uniq)
+        vals[inverse]
+
+    def raw() -> None:
+        to_host(arena.take(idx, axis=0))
+
+    fns: list[Callable[[], object]] = [ours, reference, ours_expand, raw]
+    t_ours, t_ref, t_expand, t_raw = _time(fns, args.repeats, sync)
+    unique = np.unique(batch).size / n
+    kernel = "compiled" if kernel_for(xp) is not None else "numpy"
+    fmt = cache.fmt.name
+    yield _row("query", policy, xp, n, t_ours, t_raw, unique, fmt) | {"kernel": kernel}
+    yield _row("query_numpy", policy, xp, n, t_ref, t_raw, unique, fmt)
+    yield _row("query_then_expand", policy, xp, n, t_expand, t_raw, unique, fmt)
+
+
+def _against_float32(
+    args: argparse.Namespace,
+    xp: ArrayModule,
+    sync: Callable[[], None],
+    policy: str,
+    caches: dict[str, EmbeddingCache],
+    resident: np.ndarray,
+    values: np.ndarray,
+    batch: np.ndarray,
+) -> Iterator[JSON]:
+    """All-hit ``query_into`` of each quantized cache against a float32 cache of the same
+    rows, timed in turn in the same loop (so both see the same machine)."""
+    if "float32" not in caches:
+        caches = {"float32": _filled(xp, policy, FLOAT32, resident, values)} | caches
+    out = np.empty((batch.size, caches["float32"].dim), dtype=np.float32)
+    names = list(caches)
+    fns: list[Callable[[], object]] = [
+        partial(caches[name].query_into, batch, out) for name in names
+    ]
+    times = dict(zip(names, _time(fns, args.repeats, sync), strict=True))
+    unique = np.unique(batch).size / batch.size
+    for name in names:
+        if name != "float32":
+            row = _row("query_vs_float32", policy, xp, batch.size, times[name],
+                       times["float32"], unique, name)  # fmt: skip
+            yield row | {
+                "dim": int(out.shape[1]),
+                "kernel": "compiled" if kernel_for(xp) else "numpy",
+            }
+
+
+def _filled(
+    xp: ArrayModule, policy: str, fmt: RowFormat, resident: np.ndarray, values: np.ndarray
+) -> EmbeddingCache:
+    cache = EmbeddingCache(values.shape[1], resident.size, xp=xp, policy=policy, fmt=fmt)
+    cache.insert(resident, fmt.encode(values))
+    return cache
 
 
 def _insert_throughput(
@@ -233,36 +308,44 @@ def _insert_throughput(
     policy: str,
     resident: np.ndarray,
     values: np.ndarray,
+    fmt: RowFormat = FLOAT32,
 ) -> Iterator[JSON]:
     """Inserts of ``n`` new keys into a full cache (each evicts) vs. a raw row scatter."""
     n = args.tables * args.batch_per_table
     rows = resident.size
-    cache = EmbeddingCache(args.dim, rows, xp=xp, policy=policy)
-    cache.insert(resident, values)
+    cache = _filled(xp, policy, fmt, resident, values)
     fresh = iter(range(1 << 41, 1 << 62, n))
-    new_vals = values[:n]
+    new_vals = fmt.encode(values[:n])
 
     def ours() -> None:
         lo = next(fresh)
         cache.insert(np.arange(lo, lo + n, dtype=np.int64), new_vals, force=True)
 
-    arena = xp.zeros((rows, args.dim), dtype=xp.float32)
+    arena = xp.zeros((rows, cache.width), dtype=fmt.dtype)
     target = to_xp(xp, np.random.default_rng(1).choice(rows, n, replace=False))
 
     def raw() -> None:
         arena[target] = to_xp(xp, new_vals)
 
     t_ours, t_raw = _time([ours, raw], args.repeats, sync)
-    yield _row("insert", policy, xp, n, t_ours, t_raw, 1.0)
+    yield _row("insert", policy, xp, n, t_ours, t_raw, 1.0, fmt.name)
 
 
 def _row(
-    op: str, policy: str, xp: ArrayModule, n: int, t_ours: float, t_raw: float, unique: float
+    op: str,
+    policy: str,
+    xp: ArrayModule,
+    n: int,
+    t_ours: float,
+    t_raw: float,
+    unique: float,
+    row_dtype: str = "float32",
 ) -> JSON:
     return {
         "bench": "cache.throughput",
         "op": op,
         "policy": policy,
+        "row_dtype": row_dtype,
         "keys": n,
         "unique_fraction": round(unique, 4),
         "keys_per_s": round(n / t_ours),

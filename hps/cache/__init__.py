@@ -46,7 +46,8 @@ def cache_capacity(model_cfg: ModelConfig, table_rows: int) -> int:
 def build_cache(
     spec: TableSpec, cfg: CacheConfig, capacity: int, device_id: int | None = None
 ) -> EmbeddingCache:
-    """One table's cache on the device ``cfg.device`` picks (``auto``: CuPy on a usable GPU).
+    """One table's cache on the device ``cfg.device`` picks (``auto``: CuPy on a usable GPU),
+    storing rows in the table's format (``spec.fmt``).
 
     ``device_id`` chooses the GPU (one of ``deployed_device_list``; default: the current one).
     """
@@ -61,4 +62,5 @@ def build_cache(
         frequency_window=cfg.frequency_window,
         name=spec.name,
         device_id=device_id,
+        fmt=spec.fmt,
     )

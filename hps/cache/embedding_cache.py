@@ -1,7 +1,7 @@
 """EmbeddingCache: the L1 cache of one table on one device, written once against ``xp``.
 
 Its rows live in a :class:`hps.cache.rows.RowStore` (an open-addressing index sized for all
-``capacity`` keys over a ``capacity x dim`` arena); this class adds the eviction policy, the
+``capacity`` keys over a ``capacity x width`` arena); this class adds the eviction policy, the
 static hot set, the lock and the write log. Every operation takes a whole batch: keys cross
 host→device once, vectors device→host once, and everything else runs as a few array
 operations.
@@ -9,6 +9,12 @@ operations.
 Because the index holds all ``capacity`` keys, a cache at least as large as the working set
 holds all of it: a 100% hit rate, which HugeCTR's set-associative cache could not reach
 (HugeCTR issue 278).
+
+Rows are kept in the table's :class:`hps.rowformat.RowFormat` (``fmt``): :meth:`insert`,
+:meth:`update` and :meth:`pin` take stored rows (``(n, fmt.width(dim))`` of ``fmt.dtype``,
+anything else is refused) and :meth:`dump` returns them; :meth:`query` and :meth:`query_into`
+answer float32 ``(n, dim)`` rows, dequantized by the kernel as it gathers
+(:mod:`hps.cache.kernels`) or, on the NumPy reference path, by ``fmt.decode``.
 
 Thread safety: one lock around each operation. A lookup on the request thread and inserts,
 updates or refreshes on a background worker never see a half-written row.
@@ -35,12 +41,13 @@ from hps.cache.xp import device_scope, to_host, to_xp
 from hps.dedup import unique_inverse
 from hps.errors import DTypeError, ShapeError
 from hps.index import TOMBSTONE
+from hps.rowformat import FLOAT32, RowFormat, Stored
 from hps.types import Array, ArrayModule, Keys, Mask, Vectors
 
 
-def cache_nbytes(capacity: int, dim: int, policy: str = "lru") -> int:
+def cache_nbytes(capacity: int, dim: int, policy: str = "lru", fmt: RowFormat = FLOAT32) -> int:
     """Exact bytes an EmbeddingCache of this shape allocates (``hps plan`` uses it)."""
-    return rows_nbytes(capacity, dim) + policy_nbytes(policy, capacity)
+    return rows_nbytes(capacity, dim, fmt) + policy_nbytes(policy, capacity)
 
 
 def _host_keys(keys: npt.ArrayLike) -> Keys:
@@ -51,7 +58,8 @@ def _host_keys(keys: npt.ArrayLike) -> Keys:
 
 
 class EmbeddingCache:
-    """int64 keys → float32[dim] rows, at most ``capacity`` of them, evicted by ``policy``."""
+    """int64 keys → rows stored as ``fmt`` (float32[dim] by default), answered as float32,
+    at most ``capacity`` of them, evicted by ``policy``."""
 
     def __init__(
         self,
@@ -64,11 +72,14 @@ class EmbeddingCache:
         frequency_window: int | None = None,
         name: str = "",
         device_id: int | None = None,
+        fmt: RowFormat = FLOAT32,
     ) -> None:
         if capacity < 1 or dim < 1:
             raise ValueError(f"L1 cache needs capacity >= 1 and dim >= 1, got {capacity}, {dim}")
         self.name = name
         self.dim = dim
+        self.fmt = fmt
+        self.width = fmt.width(dim)  # stored elements per row
         self.capacity = capacity
         self.xp = xp
         self.max_pinned = int(static_fraction * capacity)
@@ -79,7 +90,7 @@ class EmbeddingCache:
         )
         window = WINDOW_PER_ROW * capacity if frequency_window is None else frequency_window
         with self._scope:
-            self._rows = RowStore(capacity, dim, xp)
+            self._rows = RowStore(capacity, dim, xp, fmt)
             self.policy: Policy = make_policy(policy, capacity, self._rows.ticks, xp, window)
         self._placement = Placement(self._rows, self.policy, xp, self.max_pinned, self._stats)
         self._tick = 0
@@ -121,6 +132,7 @@ class EmbeddingCache:
                 "capacity": self.capacity,
                 "pinned": int(self._rows.pinned.sum()),
                 "policy": self.policy.name,
+                "row_dtype": self.fmt.name,
                 "device": self.xp.__name__,
                 "nbytes": self.nbytes,
             }
@@ -152,9 +164,9 @@ class EmbeddingCache:
             inv = None if inverse is None else to_xp(xp, np.asarray(inverse).reshape(-1))
             if inv is not None:
                 idx = idx[inv]
-            out = self._rows.values.take(idx, axis=0)
+            out = self._rows.values.take(idx, axis=0)  # stored rows
             if not all_hit:
-                out[~(hit if inv is None else hit[inv])] = 0.0
+                out[~(hit if inv is None else hit[inv])] = 0  # all-zero bytes decode to 0.0
             self._tick += 1
             self._rows.ticks[rows if all_hit else rows[hit]] = self._tick
             if not self.policy.counts_accesses:
@@ -166,7 +178,7 @@ class EmbeddingCache:
             if self.policy.on_query(kd, rows, hit, counts):
                 self._placement.new_window(self._tick)
             self._count(n_hit, keys.size - n_hit)
-            return to_host(out), to_host(hit)
+            return self.fmt.decode(to_host(out), self.dim), to_host(hit)
 
     def query_into(self, keys: Keys, out: np.ndarray) -> tuple[np.ndarray, int]:
         """Rows of ``keys`` (duplicates allowed) written into ``out[len(keys), dim]`` in order.
@@ -228,8 +240,8 @@ class EmbeddingCache:
         with self._lock, self._scope:
             return to_host(self._rows.row_keys[self._rows.pinned])
 
-    def dump(self) -> tuple[Keys, Vectors]:
-        """All resident keys and their vectors (host arrays)."""
+    def dump(self) -> tuple[Keys, Stored]:
+        """All resident keys and their stored rows (host arrays, the cache's format)."""
         with self._lock, self._scope:
             rows = self.xp.flatnonzero(self._rows.occupied())
             return to_host(self._rows.row_keys[rows]), to_host(self._rows.values[rows])
@@ -237,9 +249,9 @@ class EmbeddingCache:
     # -- writes --------------------------------------------------------------------------
 
     def insert(
-        self, keys: Keys, values: Vectors, *, since: int | None = None, force: bool = False
+        self, keys: Keys, values: Stored, *, since: int | None = None, force: bool = False
     ) -> None:
-        """Upsert; evicts by policy when full, never a pinned row.
+        """Upsert stored rows; evicts by policy when full, never a pinned row.
 
         With more new keys than there is room for, what fits is kept by policy; the
         ``frequency`` policy also turns away keys asked for less often than the rows they
@@ -250,7 +262,7 @@ class EmbeddingCache:
         with self._lock, self._scope:
             self._insert(keys, values, since=since, force=force)
 
-    def _insert(self, keys: Keys, values: Vectors, *, since: int | None, force: bool) -> Array:
+    def _insert(self, keys: Keys, values: Stored, *, since: int | None, force: bool) -> Array:
         """Insert under the lock; returns the rows now holding ``keys`` (-1: not admitted)."""
         kd = to_xp(self.xp, keys)
         ok = kd > TOMBSTONE
@@ -261,8 +273,8 @@ class EmbeddingCache:
         self._log.record(kd[rows >= 0])
         return rows
 
-    def update(self, keys: Keys, values: Vectors, *, since: int | None = None) -> Mask:
-        """Overwrite the rows of keys already resident; returns which were updated."""
+    def update(self, keys: Keys, values: Stored, *, since: int | None = None) -> Mask:
+        """Overwrite the stored rows of keys already resident; returns which were updated."""
         keys, values = self._batch(keys, values)
         xp = self.xp
         with self._lock, self._scope:
@@ -285,8 +297,8 @@ class EmbeddingCache:
             self._placement.evict_rows(rows[rows >= 0])
             self._log.record(kd)
 
-    def pin(self, keys: Keys, values: Vectors) -> None:
-        """Upsert ``keys`` and add them to the static hot set, hottest first.
+    def pin(self, keys: Keys, values: Stored) -> None:
+        """Upsert ``keys`` (stored rows) and add them to the static hot set, hottest first.
 
         The pinned set holds at most ``static_fraction x capacity`` rows; keys past that are
         inserted as ordinary rows. Pinned rows are never evicted by policy.
@@ -303,14 +315,23 @@ class EmbeddingCache:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _batch(self, keys: npt.ArrayLike, values: npt.ArrayLike) -> tuple[Keys, Vectors]:
+    def _batch(self, keys: npt.ArrayLike, values: npt.ArrayLike) -> tuple[Keys, Stored]:
+        """Unique keys with their stored rows (the last of a duplicate), checked: rows of
+        another dtype or width are refused, never converted (they would be another format)."""
         from hps.dedup import last_occurrence
 
         keys = _host_keys(keys)
-        vals = np.asarray(values, dtype=np.float32)
-        if vals.ndim != 2 or vals.shape != (keys.size, self.dim):
+        vals = np.asarray(values)
+        fmt = self.fmt
+        if vals.dtype != fmt.dtype:
+            raise DTypeError(
+                f"L1 cache {self.name}: {fmt.name} rows are stored as {fmt.dtype} "
+                f"({keys.size}, {self.width}), got {vals.dtype} (encode with the table's "
+                "RowFormat)"
+            )
+        if vals.ndim != 2 or vals.shape != (keys.size, self.width):
             raise ShapeError(
-                f"L1 cache {self.name}: expected vectors ({keys.size}, {self.dim}), "
-                f"got {vals.shape}"
+                f"L1 cache {self.name}: expected {fmt.name} rows ({keys.size}, {self.width}) "
+                f"of {fmt.dtype} (dim {self.dim}), got {vals.shape}"
             )
         return last_occurrence(keys, vals)

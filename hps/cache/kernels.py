@@ -22,6 +22,11 @@ Back-ends, picked once per process (:func:`cpu_kernel`):
 
 ``HPS_KERNELS=numpy`` turns the compiled CPU path off (measurements, debugging).
 
+Rows are stored in the table's :class:`hps.rowformat.RowFormat`; every back-end
+dequantizes float16 and int8 rows into the float32 output as it copies them (one pass, no
+second pass over the output), and float32 rows are copied as before. The compiled kernels
+read a float16 arena as its bits (``RowStore.kernel_values``, ``uint16``).
+
 Unique hits are counted without a dedup: a row whose tick already equals this query's tick
 was hit earlier in the same call. Reserved keys (``EMPTY``, ``TOMBSTONE``) never hit.
 """
@@ -37,6 +42,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hps.index import EMPTY
+from hps.rowformat import FORMATS
 from hps.types import Array, ArrayModule
 
 if TYPE_CHECKING:
@@ -49,15 +55,18 @@ log = logging.getLogger(__name__)
 #   -> (number of misses, number of distinct rows hit)
 ProbeGather = Callable[..., tuple[int, int]]
 # Signature of the compiled many-table CPU kernel (writes result[t] = misses, distinct hits):
-# (descriptors int64[T, 11], bounds int64[T, 2] (first, end key), keys, out float32[total],
+# (descriptors int64[T, 13], bounds int64[T, 2] (first, end key), keys, out float32[total],
 #  out_offsets int64[T], miss_pos int64[n], result int64[T, 2]) -> None
 ProbeGatherTables = Callable[..., None]
 # Columns of a cache's row in the descriptors: addresses and sizes of its arrays (the cache's
-# lock held while they are used), the query's tick and the count cap.
+# lock held while they are used), the query's tick, the count cap, the stored elements per row
+# and the row format (FORMAT_CODES).
 DESCRIPTOR = (
     "slot_keys", "slot_rows", "slots", "gmask", "values", "dim", "capacity",
-    "ticks", "tick", "counts", "cap",
+    "ticks", "tick", "counts", "cap", "width", "format",
 )  # fmt: skip
+# A row format's code in the kernels (the descriptors' column, the CUDA kernel's argument).
+FORMAT_CODES = {"float32": 0, "float16": 1, "int8": 2}
 NO_COUNTS = np.zeros(0, dtype=np.int32)
 COUNT_CAP_NONE = np.iinfo(np.int32).max
 
@@ -96,19 +105,27 @@ def warm_up() -> float:
     if kernel is not None:
         slots = np.full(16, EMPTY, dtype=np.int64)
         rows = np.full(16, -1, dtype=np.int32)
-        vals = np.zeros((1, 1), dtype=np.float32)
         keys = np.ones(1, dtype=np.int64)
         ticks = np.zeros(1, dtype=np.int64)
-        kernel(slots, rows, 1, vals, keys, np.empty((1, 1), np.float32), ticks, 1,
-               NO_COUNTS, COUNT_CAP_NONE, np.empty(1, np.int64))  # fmt: skip
+        for fmt in FORMATS.values():  # one compiled version per arena dtype
+            vals = kernel_view(fmt.empty(1, 1))
+            kernel(slots, rows, 1, vals, keys, np.empty((1, 1), np.float32), ticks, 1,
+                   NO_COUNTS, COUNT_CAP_NONE, np.empty(1, np.int64))  # fmt: skip
+        vals = np.zeros((1, 1), dtype=np.float32)
         desc = np.array([[slots.ctypes.data, rows.ctypes.data, 16, 1, vals.ctypes.data, 1, 1,
-                          ticks.ctypes.data, 2, 0, COUNT_CAP_NONE]], dtype=np.int64)  # fmt: skip
+                          ticks.ctypes.data, 2, 0, COUNT_CAP_NONE, 1, FORMAT_CODES["float32"]]],
+                        dtype=np.int64)  # fmt: skip
         tables = cpu_tables_kernel()
         assert tables is not None
         bounds, out = np.array([[0, 1]], np.int64), np.empty(1, np.float32)
         tables(desc, bounds, keys, out, np.zeros(1, np.int64), np.empty(1, np.int64),
                np.zeros((1, 2), np.int64))  # fmt: skip
     return time.perf_counter() - start
+
+
+def kernel_view(values: np.ndarray) -> np.ndarray:
+    """An arena as the compiled CPU kernel reads it: float16 as its bits (``uint16``)."""
+    return values.view(np.uint16) if values.dtype == np.float16 else values
 
 
 # What EmbeddingCache calls: (row store, host keys, host out, tick, counts or None, cap)
@@ -148,7 +165,8 @@ class CacheDescriptor:
             self._row = np.array(
                 [slot_keys.ctypes.data, slot_rows.ctypes.data, slot_keys.size, 0,
                  values.ctypes.data, rows.dim, values.shape[0], ticks.ctypes.data, 0,
-                 0 if counts is None else counts.ctypes.data, cap],
+                 0 if counts is None else counts.ctypes.data, cap, rows.width,
+                 FORMAT_CODES[rows.fmt.name]],
                 dtype=np.int64,
             )  # fmt: skip
             self._arrays = arrays  # referenced: their ids and addresses stay theirs
@@ -165,7 +183,7 @@ def _run_cpu(kernel: ProbeGather, rows: RowStore, keys: np.ndarray, out: np.ndar
     index = rows.index
     miss_pos = np.empty(keys.shape[0], dtype=np.int64)
     n_miss, n_hit = kernel(
-        index.slot_keys, index.slot_rows, index.gmask, rows.values, keys, out, rows.ticks,
+        index.slot_keys, index.slot_rows, index.gmask, rows.kernel_values, keys, out, rows.ticks,
         tick, NO_COUNTS if counts is None else counts, cap or COUNT_CAP_NONE, miss_pos,
     )  # fmt: skip
     return miss_pos[:n_miss], int(n_hit)

@@ -1,8 +1,10 @@
 """RowStore: where one cache keeps its rows, in ``xp`` arrays; no policy and no lock.
 
-``C`` = capacity rows: a :class:`hps.index.KeyIndex` maps a key to its row, ``values[C, dim]``
-is the arena, ``row_keys`` / ``ticks`` (last access) / ``pinned`` describe each row, and a
-stack holds the free rows. :class:`hps.cache.EmbeddingCache` decides what goes where; this
+``C`` = capacity rows: a :class:`hps.index.KeyIndex` maps a key to its row, ``values[C, width]``
+is the arena of stored rows in the table's :class:`hps.rowformat.RowFormat` (float32 ``dim``,
+float16 ``dim``, int8 ``dim`` codes + scale and offset: ``fmt.width(dim)`` of ``fmt.dtype``),
+``row_keys`` / ``ticks`` (last access) / ``pinned`` describe each row, and a stack holds the
+free rows. :class:`hps.cache.EmbeddingCache` decides what goes where; this
 class only executes, a whole batch at a time.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from hps.index import TOMBSTONE, KeyIndex, aligned_full, slots_for
+from hps.rowformat import FLOAT32, RowFormat
 from hps.types import Array, ArrayModule
 
 MAX_LOAD = 0.5  # fixed capacity: a sparser index ends most probes in the first group
@@ -18,16 +21,20 @@ MAX_LOAD = 0.5  # fixed capacity: a sparser index ends most probes in the first 
 ROW_OVERHEAD = 8 + 8 + 1 + 8
 
 
-def rows_nbytes(capacity: int, dim: int) -> int:
+def rows_nbytes(capacity: int, dim: int, fmt: RowFormat = FLOAT32) -> int:
     """Exact bytes a RowStore allocates: arena, row metadata and the index (12 per slot)."""
-    return capacity * (4 * dim + ROW_OVERHEAD) + slots_for(capacity, MAX_LOAD) * 12
+    return capacity * (fmt.row_bytes(dim) + ROW_OVERHEAD) + slots_for(capacity, MAX_LOAD) * 12
 
 
 class RowStore:
-    def __init__(self, capacity: int, dim: int, xp: ArrayModule) -> None:
-        self.capacity, self.dim, self.xp = capacity, dim, xp
+    def __init__(self, capacity: int, dim: int, xp: ArrayModule, fmt: RowFormat = FLOAT32) -> None:
+        self.capacity, self.dim, self.xp, self.fmt = capacity, dim, xp, fmt
+        self.width = fmt.width(dim)
         self.index = KeyIndex(capacity, xp=xp, max_load=MAX_LOAD)
-        self.values = aligned_full(xp, (capacity, dim), 0.0, np.float32)
+        self.values = aligned_full(xp, (capacity, self.width), 0, fmt.dtype)
+        # What the compiled kernels read: the same memory, float16 as its bits (uint16:
+        # numba has no float16 on the CPU; the kernels convert the bits themselves).
+        self.kernel_values = self.values.view(np.uint16) if fmt.dtype == np.float16 else self.values
         self.row_keys = xp.full(capacity, TOMBSTONE, dtype=xp.int64)
         self.ticks = xp.zeros(capacity, dtype=xp.int64)
         self.pinned = xp.zeros(capacity, dtype=bool)
@@ -50,7 +57,8 @@ class RowStore:
         return self.row_keys != TOMBSTONE
 
     def place(self, keys: Array, values: Array, tick: int) -> Array:
-        """Put absent, unique ``keys`` into free rows (at most ``n_free``); returns the rows."""
+        """Put absent, unique ``keys`` with their stored rows into free rows (at most
+        ``n_free``); returns the rows."""
         n = int(keys.size)
         rows = self.free[self.n_free - n : self.n_free].copy()
         self.n_free -= n

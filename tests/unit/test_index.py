@@ -107,6 +107,7 @@ def test_slot_groups_and_rows_start_on_cache_lines() -> None:
     """A slot group (8 keys) and a dim-16 row are one 64-byte line each, not two."""
     from hps.cache.rows import RowStore
     from hps.index import CACHE_LINE, aligned_full
+    from hps.rowformat import FORMATS
 
     for shape in (5, (3, 7), (100_000, 16)):
         arr = aligned_full(np, shape, -1, np.int32)
@@ -115,3 +116,8 @@ def test_slot_groups_and_rows_start_on_cache_lines() -> None:
     rows = RowStore(100_000, 16, np)
     assert rows.values.ctypes.data % CACHE_LINE == 0
     assert rows.index.slot_keys.ctypes.data % CACHE_LINE == 0
+    for fmt in FORMATS.values():  # the arena holds the table's stored rows, aligned alike
+        rows = RowStore(1000, 16, np, fmt)
+        assert rows.values.shape == (1000, fmt.width(16)) and rows.values.dtype == fmt.dtype
+        assert rows.values.ctypes.data % CACHE_LINE == 0 and not rows.values.any()
+        assert rows.kernel_values.ctypes.data == rows.values.ctypes.data

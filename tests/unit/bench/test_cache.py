@@ -73,3 +73,21 @@ def test_throughput_mode_prints_the_promised_fields(capsys: pytest.CaptureFixtur
     assert {r["op"] for r in rows} == {"query", "query_numpy", "query_then_expand", "insert"}
     for row in rows:
         assert row["keys_per_s"] > 0 and row["baseline_keys_per_s"] > 0 and row["ratio"] > 0
+
+
+def test_row_dtypes_are_compared_with_float32_in_one_run(capsys: pytest.CaptureFixture) -> None:
+    args = ["bench", "cache", "--mode", "throughput", "--rows", "4096", "--tables", "2"]
+    more = ["--batch-per-table", "256", "--dim", "8", "--repeats", "2", "--policies", "lru"]
+    assert main([*args, *more, "--row-dtype", "all"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    ops = {(r["op"], r["row_dtype"]) for r in rows}
+    for fmt in ("float32", "float16", "int8"):
+        assert {("query", fmt), ("query_numpy", fmt), ("insert", fmt)} <= ops
+    versus = [r for r in rows if r["op"] == "query_vs_float32"]
+    assert sorted(r["row_dtype"] for r in versus) == ["float16", "int8"]
+    for row in versus:
+        assert row["ratio"] > 0 and row["baseline_keys_per_s"] > 0 and row["dim"] == 8
+    assert main([*args, *more, "--row-dtype", "int8"]) == 0  # float32 joins as the baseline
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["row_dtype"] for r in rows if r["op"] == "query_vs_float32"] == ["int8"]
+    assert {r["row_dtype"] for r in rows if r["op"] == "query"} == {"int8"}

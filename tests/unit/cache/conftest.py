@@ -1,4 +1,5 @@
-"""Every L1 test runs on each usable array module: NumPy here, CuPy too on a GPU."""
+"""Every L1 test runs on each usable array module: NumPy here, CuPy too on a GPU; the tests
+about rows run for each row format too (``fmt``)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,16 @@ from types import ModuleType
 import pytest
 
 from hps.cache.xp import available_xps
+from hps.rowformat import FORMATS, RowFormat
 
 XPS = available_xps()
 
 
 @pytest.fixture(params=XPS, ids=[m.__name__ for m in XPS])
 def xp(request: pytest.FixtureRequest) -> ModuleType:
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture(params=list(FORMATS.values()), ids=list(FORMATS))
+def fmt(request: pytest.FixtureRequest) -> RowFormat:
     return request.param  # type: ignore[no-any-return]

@@ -1,7 +1,8 @@
 """The L1 cache driven through random operations against a plain dict model.
 
-Properties, for every policy and array module: a hit never returns a wrong vector (always
-the last one written for the key), the cache never holds more than its capacity, pinned keys
+Properties, for every policy, array module and row format: a hit never returns a wrong
+vector (always the last stored row written for the key, decoded; ``dump`` gives the stored
+rows back unchanged), the cache never holds more than its capacity, pinned keys
 are never evicted by an insert, and a cache at least as large as the key universe never
 evicts anything (the 100% hit rate HugeCTR's set-associative cache could not reach).
 """
@@ -18,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from hps.cache import EmbeddingCache
 from hps.cache.xp import available_xps
+from hps.rowformat import FORMATS, RowFormat
 
 DIM = 3
 UNIVERSE = 40
@@ -27,10 +29,11 @@ unique_keys_st = st.lists(st.integers(0, UNIVERSE - 1), min_size=0, max_size=24,
 
 class CacheMachine(RuleBasedStateMachine):
     xp: ModuleType
+    fmt: RowFormat
 
     def __init__(self) -> None:
         super().__init__()
-        self.model: dict[int, np.ndarray] = {}
+        self.model: dict[int, np.ndarray] = {}  # key -> its stored row
         self.version = 0.0
 
     @initialize(
@@ -47,17 +50,21 @@ class CacheMachine(RuleBasedStateMachine):
             policy=policy,
             static_fraction=static_fraction,
             frequency_window=window,
+            fmt=self.fmt,
         )
         self.never_full = capacity >= UNIVERSE
 
     def _vectors(self, keys: np.ndarray) -> np.ndarray:
-        """Distinct vectors for every write: key, write number, and position."""
+        """Distinct stored rows for every write: key, write number, and position."""
         self.version += 1
         out = np.empty((keys.size, DIM), dtype=np.float32)
         out[:, 0] = keys
         out[:, 1] = self.version
         out[:, 2] = np.arange(keys.size)
-        return out
+        return self.fmt.encode(out)
+
+    def _decoded(self, key: int) -> np.ndarray:
+        return self.fmt.decode(self.model[key][None], DIM)[0]
 
     def _resident(self) -> set[int]:
         return set(self.cache.resident_keys().tolist())
@@ -113,10 +120,9 @@ class CacheMachine(RuleBasedStateMachine):
             keys, inverse = np.unique(request, return_inverse=True)
             values, hit = self.cache.query(keys, inverse)
             assert values.shape == (request.size, DIM)
-            expect_rows = [self.model.get(int(k)) for k in request]
-            for got, want, k in zip(values, expect_rows, request.tolist(), strict=True):
+            for got, k in zip(values, request.tolist(), strict=True):
                 if k in resident:
-                    np.testing.assert_array_equal(got, want)
+                    np.testing.assert_array_equal(got, self._decoded(k))
                 else:
                     assert not got.any()
         else:
@@ -124,7 +130,7 @@ class CacheMachine(RuleBasedStateMachine):
             assert values.shape == (keys.size, DIM)
             for got, k, h in zip(values, keys.tolist(), hit.tolist(), strict=True):
                 if h:
-                    np.testing.assert_array_equal(got, self.model[k])
+                    np.testing.assert_array_equal(got, self._decoded(k))
                 else:
                     assert not got.any()
         assert hit.tolist() == [int(k) in resident for k in keys]
@@ -150,6 +156,7 @@ class CacheMachine(RuleBasedStateMachine):
         if not hasattr(self, "cache"):
             return
         keys, values = self.cache.dump()
+        assert values.dtype == self.fmt.dtype
         assert len(self.cache) == keys.size <= self.cache.capacity
         assert len(set(keys.tolist())) == keys.size
         assert set(keys.tolist()) == set(self.model)
@@ -162,9 +169,10 @@ class CacheMachine(RuleBasedStateMachine):
 XPS = available_xps()
 
 
+@pytest.mark.parametrize("fmt", list(FORMATS.values()), ids=list(FORMATS))
 @pytest.mark.parametrize("xp", XPS, ids=[m.__name__ for m in XPS])
-def test_cache_against_a_dict(xp: ModuleType) -> None:
-    machine = type("Machine", (CacheMachine,), {"xp": xp})
+def test_cache_against_a_dict(xp: ModuleType, fmt: RowFormat) -> None:
+    machine = type("Machine", (CacheMachine,), {"xp": xp, "fmt": fmt})
     runner = machine.TestCase
     runner.settings = settings(max_examples=120, stateful_step_count=30, deadline=None)
     runner().runTest()

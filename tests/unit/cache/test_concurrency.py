@@ -8,30 +8,34 @@ from types import ModuleType
 import numpy as np
 
 from hps.cache import EmbeddingCache
+from hps.rowformat import FLOAT32, RowFormat
 
 DIM = 4
 
 
-def rows_for(keys: np.ndarray, version: float) -> np.ndarray:
+def rows_for(keys: np.ndarray, version: float, fmt: RowFormat = FLOAT32) -> np.ndarray:
+    """Stored rows ``[key, version, version, version]``: the version (the row's minimum
+    here, int8's offset) comes back exactly in every format."""
     out = np.empty((keys.size, DIM), dtype=np.float32)
     out[:, 0] = keys
     out[:, 1:] = version
-    return out
+    return fmt.encode(out)
 
 
-def test_an_older_read_never_overwrites_a_newer_write(xp: ModuleType) -> None:
-    cache = EmbeddingCache(DIM, 16, xp=xp)
+def test_an_older_read_never_overwrites_a_newer_write(xp: ModuleType, fmt: RowFormat) -> None:
+    cache = EmbeddingCache(DIM, 16, xp=xp, fmt=fmt)
+
     keys = np.array([5, 6], dtype=np.int64)
     token = cache.version  # taken before reading L2/L3 for a background insert
-    cache.update(np.array([5], dtype=np.int64), rows_for(np.array([5]), 2.0))  # not resident
-    cache.insert(keys, rows_for(keys, 1.0), since=token)  # the stale background insert
+    cache.update(np.array([5], dtype=np.int64), rows_for(np.array([5]), 2.0, fmt))  # not resident
+    cache.insert(keys, rows_for(keys, 1.0, fmt), since=token)  # the stale background insert
     assert cache.resident(keys).tolist() == [False, True]
-    cache.insert(keys, rows_for(keys, 2.0), since=cache.version)
+    cache.insert(keys, rows_for(keys, 2.0, fmt), since=cache.version)
     values, hit = cache.query(keys)
     assert hit.all() and (values[:, 1] == 2.0).all()
     token = cache.version
-    cache.update(keys[:1], rows_for(keys[:1], 3.0))
-    mask = cache.update(keys, rows_for(keys, 1.5), since=token)
+    cache.update(keys[:1], rows_for(keys[:1], 3.0, fmt))
+    mask = cache.update(keys, rows_for(keys, 1.5, fmt), since=token)
     assert mask.tolist() == [False, True]
     values, _ = cache.query(keys)
     assert values[:, 1].tolist() == [3.0, 1.5]
@@ -58,6 +62,12 @@ def _churn(cache: EmbeddingCache) -> list[str]:
     errors: list[str] = []
     stop = threading.Event()
 
+    def stored(keys: np.ndarray, version: float) -> np.ndarray:
+        if cache.fmt is FLOAT32:
+            return rows_for(keys, version)
+        constant = np.repeat(keys.astype(np.float32)[:, None], DIM, axis=1)  # exact in all
+        return cache.fmt.encode(constant)
+
     def writer(seed: int) -> None:
         rng = np.random.default_rng(seed)
         version = 0.0
@@ -66,13 +76,13 @@ def _churn(cache: EmbeddingCache) -> list[str]:
             keys = np.unique(rng.integers(0, 200, 40)).astype(np.int64)
             op = rng.integers(0, 4)
             if op == 0:
-                cache.insert(keys, rows_for(keys, version), force=bool(rng.integers(0, 2)))
+                cache.insert(keys, stored(keys, version), force=bool(rng.integers(0, 2)))
             elif op == 1:
-                cache.update(keys, rows_for(keys, version))
+                cache.update(keys, stored(keys, version))
             elif op == 2:
                 cache.evict(keys[:5])
             else:
-                cache.pin(keys[:3], rows_for(keys[:3], version))
+                cache.pin(keys[:3], stored(keys[:3], version))
 
     def reader(seed: int) -> None:
         rng = np.random.default_rng(seed)
@@ -100,10 +110,11 @@ def _churn(cache: EmbeddingCache) -> list[str]:
     return errors
 
 
-def test_readers_never_see_a_wrong_row_while_writers_churn(xp: ModuleType) -> None:
+def test_readers_never_see_a_wrong_row_while_writers_churn(xp: ModuleType, fmt: RowFormat) -> None:
     for policy in ("lru", "lfu", "frequency"):
-        cache = EmbeddingCache(DIM, 64, xp=xp, policy=policy, frequency_window=100)
+        cache = EmbeddingCache(DIM, 64, xp=xp, policy=policy, frequency_window=100, fmt=fmt)
         errors = _churn(cache)
         assert not errors, errors[0]
-        keys, values = cache.dump()
-        np.testing.assert_array_equal(values[:, 0], keys.astype(np.float32))
+        keys, stored = cache.dump()
+        assert stored.dtype == fmt.dtype
+        np.testing.assert_array_equal(fmt.decode(stored, DIM)[:, 0], keys.astype(np.float32))

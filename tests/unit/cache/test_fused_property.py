@@ -1,7 +1,9 @@
 """Property tests: the compiled probe fused with the gather against the NumPy reference.
 
-The reference is ``EmbeddingCache.query`` of de-duplicated keys. Random tables, duplicates,
-misses, reserved keys, every policy. The lookup pipeline over such caches (whole requests
+The reference is ``EmbeddingCache.query`` of de-duplicated keys (which decodes with
+``RowFormat.decode``). Random tables, duplicates, misses, reserved keys, every policy and
+row format; the rows must be equal bit for bit (the kernel's dequantization rounds as
+``decode`` does). The lookup pipeline over such caches (whole requests
 against the reference, updates racing lookups) is tests/unit/test_pipeline.py.
 """
 
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 from hps.cache.embedding_cache import EmbeddingCache
 from hps.cache.kernels import kernel_for
 from hps.index import EMPTY, TOMBSTONE
+from hps.rowformat import FORMATS, ROW_DTYPES
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -24,9 +27,12 @@ def test_the_compiled_kernel_is_there() -> None:
     assert kernel_for(np) is not None
 
 
-def _pair(policy: str, dim: int, capacity: int) -> tuple[EmbeddingCache, EmbeddingCache]:
-    fast = EmbeddingCache(dim, capacity, policy=policy, frequency_window=50)
-    ref = EmbeddingCache(dim, capacity, policy=policy, frequency_window=50)
+def _pair(
+    policy: str, dim: int, capacity: int, row_dtype: str = "float32"
+) -> tuple[EmbeddingCache, EmbeddingCache]:
+    fmt = FORMATS[row_dtype]
+    fast = EmbeddingCache(dim, capacity, policy=policy, frequency_window=50, fmt=fmt)
+    ref = EmbeddingCache(dim, capacity, policy=policy, frequency_window=50, fmt=fmt)
     ref._kernel = None  # the NumPy reference path
     return fast, ref
 
@@ -56,15 +62,21 @@ CACHE_CASES = given(
     capacity=st.integers(1, 120),
     resident=st.lists(st.integers(-50, 400), max_size=200),
     queries=st.lists(keys_st, min_size=1, max_size=4),
+    row_dtype=st.sampled_from(ROW_DTYPES),
 )
 
 
 @SETTINGS
 @CACHE_CASES
 def test_query_into_matches_the_reference(
-    policy: str, dim: int, capacity: int, resident: list[int], queries: list[list[int]]
+    policy: str,
+    dim: int,
+    capacity: int,
+    resident: list[int],
+    queries: list[list[int]],
+    row_dtype: str,
 ) -> None:
-    fast, ref = _pair(policy, dim, capacity)
+    fast, ref = _pair(policy, dim, capacity, row_dtype)
     match_the_reference(fast, ref, resident, queries)
 
 
@@ -74,9 +86,9 @@ def match_the_reference(
     """Fill both caches with ``resident``, then for each query: the same rows, misses,
     distinct hits and state from ``fast.query_into`` as from ``ref``'s; the misses then go
     in to both, as a lookup would do, and the caches must stay alike."""
-    dim = fast.dim
+    dim, fmt = fast.dim, fast.fmt
     res = np.array(resident, dtype=np.int64)
-    vals = np.random.default_rng(0).standard_normal((res.size, dim)).astype(np.float32)
+    vals = fmt.encode(np.random.default_rng(0).standard_normal((res.size, dim)).astype(np.float32))
     for cache in (fast, ref):
         cache.insert(res, vals, force=True)
     for q in queries:
@@ -85,13 +97,13 @@ def match_the_reference(
         out_r = np.full((keys.size, dim), np.nan, np.float32)
         miss_f, hit_f = fast.query_into(keys, out_f)
         miss_r, hit_r = ref.query_into(keys, out_r)
-        np.testing.assert_array_equal(out_f, out_r)
+        np.testing.assert_array_equal(out_f.view(np.uint32), out_r.view(np.uint32))
         np.testing.assert_array_equal(miss_f, miss_r)
         assert hit_f == hit_r
         _same_state(fast, ref)
         missed = np.unique(keys[miss_f])
         missed = missed[missed > TOMBSTONE]
-        fill = np.ones((missed.size, dim), np.float32)
+        fill = fmt.encode(np.ones((missed.size, dim), np.float32))
         fast.insert(missed, fill)
         ref.insert(missed, fill)
         _same_state(fast, ref)

@@ -26,6 +26,7 @@ import pytest
 
 from hps.cache.embedding_cache import EmbeddingCache
 from hps.cache.kernels_cupy import THREADS, kernel_arguments, kernel_source
+from hps.rowformat import FORMATS, RowFormat
 from tests.unit.cache.test_fused_property import (
     CACHE_CASES,
     SETTINGS,
@@ -34,9 +35,17 @@ from tests.unit.cache.test_fused_property import (
 )
 
 PRELUDE = r"""
+#include <cstring>
 struct Index3 { unsigned int x, y, z; };
 static Index3 blockIdx, threadIdx, blockDim;
 #define __global__
+#define __device__ static
+static float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &u, 4); return f; }
+static unsigned int __float_as_uint(float f) { unsigned int u; std::memcpy(&u, &f, 4); return u; }
+// one IEEE rounding each, as CUDA's intrinsics (-ffp-contract=off: no fused multiply-add)
+static float __fmul_rn(float a, float b) { return a * b; }
+static float __fadd_rn(float a, float b) { return a + b; }
+static float __fsub_rn(float a, float b) { return a - b; }
 template <class T> static T atomicAdd(T* p, T v) { T old = *p; *p = old + v; return old; }
 template <class T> static T atomicExch(T* p, T v) { T old = *p; *p = v; return old; }
 template <class T> static T atomicCAS(T* p, T expected, T v) {
@@ -48,7 +57,8 @@ LAUNCHER = r"""
 extern "C" void launch(
     long long blocks, int threads,
     const long long* slot_keys, const int* slot_rows, const long long gmask,
-    const float* values, const int dim, const long long* keys, const long long n,
+    const void* values, const int dim, const int width, const int format,
+    const long long* keys, const long long n,
     float* out, unsigned long long* ticks, const unsigned long long tick,
     int* counts, const int use_counts, const int cap,
     long long* miss_pos, unsigned long long* n_miss, unsigned long long* n_hit)
@@ -59,8 +69,8 @@ extern "C" void launch(
         for (int t = threads - 1; t >= 0; --t) {
             blockIdx.x = (unsigned int)b;
             threadIdx.x = (unsigned int)t;
-            probe_gather(slot_keys, slot_rows, gmask, values, dim, keys, n, out, ticks, tick,
-                         counts, use_counts, cap, miss_pos, n_miss, n_hit);
+            probe_gather(slot_keys, slot_rows, gmask, values, dim, width, format, keys, n, out,
+                         ticks, tick, counts, use_counts, cap, miss_pos, n_miss, n_hit);
         }
     }
 }
@@ -89,7 +99,18 @@ def launch(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., None]:
     source.write_text(PRELUDE + kernel_source() + LAUNCHER)
     library = folder / "probe_gather.so"
     subprocess.run(
-        [compiler, "-O1", "-shared", "-fPIC", "-Wall", "-Werror", "-o", library, source],
+        [
+            compiler,
+            "-O1",
+            "-ffp-contract=off",
+            "-shared",
+            "-fPIC",
+            "-Wall",
+            "-Werror",
+            "-o",
+            library,
+            source,
+        ],  # fmt: skip
         check=True,
         capture_output=True,
     )
@@ -127,8 +148,9 @@ def test_the_cuda_source_matches_the_reference(
     capacity: int,
     resident: list[int],
     queries: list[list[int]],
+    row_dtype: str,
 ) -> None:
-    gpu, ref = _pair(policy, dim, capacity)
+    gpu, ref = _pair(policy, dim, capacity, row_dtype)
     gpu._kernel = emulated(launch)
     match_the_reference(gpu, ref, resident, queries)
 
@@ -146,3 +168,28 @@ def test_the_cuda_source_caps_access_counts(launch: Callable[..., None]) -> None
     assert miss.size == 0 and hits == 1
     row = int(gpu._rows.lookup(np.array([7], np.int64))[0])
     assert counts[row] == cap
+
+
+def test_the_cuda_source_dequantizes_as_decode(launch: Callable[..., None]) -> None:
+    """float16 (every one of its values) and int8 rows (every alignment of the scale and
+    offset) come out of the kernel as ``RowFormat.decode`` gives them, bit for bit."""
+    fmt16 = FORMATS["float16"]
+    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16).reshape(256, 256)
+    cases: list[tuple[RowFormat, np.ndarray]] = [(fmt16, halves)]
+    rng = np.random.default_rng(5)
+    for dim in (1, 2, 3, 5, 8, 67):
+        rows = rng.standard_normal((16, dim)).astype(np.float32) * np.float32(100)
+        rows[3] = 1.5  # a constant row: scale 0
+        cases.append((FORMATS["int8"], FORMATS["int8"].encode(rows)))
+    for fmt, stored in cases:
+        n, dim = stored.shape[0], stored.shape[1] - (fmt.width(0))
+        gpu = EmbeddingCache(dim, n, fmt=fmt)
+        gpu._kernel = emulated(launch)
+        keys = np.arange(n, dtype=np.int64)
+        gpu.insert(keys, stored)
+        out = np.empty((n + 1, dim), np.float32)
+        miss, hits = gpu.query_into(np.append(keys[::-1], 10**9), out)
+        assert miss.tolist() == [n] and hits == n
+        want = fmt.decode(stored[::-1], dim)
+        np.testing.assert_array_equal(out[:n].view(np.uint32), want.view(np.uint32))
+        assert not out[n].any()

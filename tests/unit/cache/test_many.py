@@ -1,6 +1,7 @@
 """The many-table probe (hps.cache.many) against ``query_into`` per table, on twin caches:
 same rows, same miss positions and hits, same cache state afterwards, for every policy, with
-duplicates, misses, reserved keys, and index arrays replaced between calls (a rehash)."""
+duplicates, misses, reserved keys, index arrays replaced between calls (a rehash), and
+tables of different row formats in one call."""
 
 from __future__ import annotations
 
@@ -10,12 +11,18 @@ from hypothesis import strategies as st
 
 from hps.cache.embedding_cache import EmbeddingCache
 from hps.cache.many import query_tables_into
+from hps.rowformat import FORMATS, ROW_DTYPES
 from tests.unit.cache.test_fused_property import SETTINGS, _same_state, keys_st
 
 
-def twins(policy: str, dims: list[int], capacity: int) -> tuple[list[EmbeddingCache], ...]:
+def twins(
+    policy: str, dims: list[int], capacity: int, row_dtypes: list[str]
+) -> tuple[list[EmbeddingCache], ...]:
     def make() -> list[EmbeddingCache]:
-        return [EmbeddingCache(d, capacity, policy=policy, frequency_window=50) for d in dims]
+        return [
+            EmbeddingCache(d, capacity, policy=policy, frequency_window=50, fmt=FORMATS[r])
+            for d, r in zip(dims, row_dtypes, strict=False)
+        ]
 
     return make(), make()
 
@@ -27,14 +34,21 @@ def twins(policy: str, dims: list[int], capacity: int) -> tuple[list[EmbeddingCa
     capacity=st.integers(1, 120),
     resident=st.lists(st.integers(-50, 400), max_size=200),
     rounds=st.lists(st.lists(keys_st, min_size=4, max_size=4), min_size=1, max_size=3),
+    row_dtypes=st.lists(st.sampled_from(ROW_DTYPES), min_size=4, max_size=4),
 )
 def test_many_tables_match_query_into_per_table(
-    policy: str, dims: list[int], capacity: int, resident: list[int], rounds: list[list[list[int]]]
+    policy: str,
+    dims: list[int],
+    capacity: int,
+    resident: list[int],
+    rounds: list[list[list[int]]],
+    row_dtypes: list[str],
 ) -> None:
-    many, single = twins(policy, dims, capacity)
+    many, single = twins(policy, dims, capacity, row_dtypes)
     res = np.array(resident, dtype=np.int64)
     for t, dim in enumerate(dims):
-        vals = np.random.default_rng(t).standard_normal((res.size, dim)).astype(np.float32)
+        rows = np.random.default_rng(t).standard_normal((res.size, dim)).astype(np.float32)
+        vals = many[t].fmt.encode(rows)
         many[t].insert(res, vals, force=True)
         single[t].insert(res, vals, force=True)
     for n, round_keys in enumerate(rounds):
@@ -45,7 +59,9 @@ def test_many_tables_match_query_into_per_table(
                 old = cache._rows.index.slot_keys
                 cache._rows.index._rehash(len(cache._rows.index))
                 assert cache._rows.index.slot_keys is not old
-                cache.insert(fresh, np.ones((5, cache.dim), np.float32), force=True)
+                cache.insert(
+                    fresh, cache.fmt.encode(np.ones((5, cache.dim), np.float32)), force=True
+                )
             segs = [np.concatenate([seg, fresh]) for seg in segs]
         used = [t for t, seg in enumerate(segs) if seg.size]
         starts = np.cumsum([0] + [segs[t].size for t in used])
@@ -58,7 +74,10 @@ def test_many_tables_match_query_into_per_table(
         for i, t in enumerate(used):
             want = np.full((segs[t].size, dims[t]), np.nan, np.float32)
             miss, hits = single[t].query_into(segs[t], want)
-            np.testing.assert_array_equal(out[offsets[i] : offsets[i + 1]], want.reshape(-1))
+            got_rows = out[offsets[i] : offsets[i + 1]]
+            np.testing.assert_array_equal(
+                got_rows.view(np.uint32), want.reshape(-1).view(np.uint32)
+            )
             np.testing.assert_array_equal(got[i][0], miss)
             assert got[i][1] == hits
         for a, b in zip(many, single, strict=True):

@@ -10,6 +10,7 @@ import pytest
 from hps.cache import MIN_CAPACITY, EmbeddingCache, build_cache, cache_capacity, cache_nbytes
 from hps.config import CacheConfig, parse_config
 from hps.errors import ConfigError, DTypeError, ShapeError
+from hps.rowformat import FLOAT32, FORMATS, RowFormat
 from hps.types import TableSpec
 
 
@@ -17,12 +18,13 @@ def k(*keys: int) -> np.ndarray:
     return np.array(keys, dtype=np.int64)
 
 
-def v(keys: np.ndarray, dim: int = 2) -> np.ndarray:
-    return np.repeat(keys.astype(np.float32)[:, None], dim, axis=1)
+def v(keys: np.ndarray, dim: int = 2, fmt: RowFormat = FLOAT32) -> np.ndarray:
+    """Stored rows (``fmt``) whose every element is the key (small keys: exact in all)."""
+    return fmt.encode(np.repeat(keys.astype(np.float32)[:, None], dim, axis=1))
 
 
 def fill(cache: EmbeddingCache, *keys: int) -> None:
-    cache.insert(k(*keys), v(k(*keys), cache.dim))
+    cache.insert(k(*keys), v(k(*keys), cache.dim, cache.fmt))
 
 
 def resident(cache: EmbeddingCache) -> set[int]:
@@ -101,27 +103,28 @@ def test_frequency_turns_away_a_rare_key_and_admits_a_frequent_one(xp: ModuleTyp
     assert 9 in resident(cache) and len(resident(cache)) == 2
 
 
-def test_forced_inserts_bypass_admission(xp: ModuleType) -> None:
-    cache = EmbeddingCache(2, 2, xp=xp, policy="frequency", static_fraction=0.0)
+def test_forced_inserts_bypass_admission(xp: ModuleType, fmt: RowFormat) -> None:
+    cache = EmbeddingCache(2, 2, xp=xp, fmt=fmt, policy="frequency", static_fraction=0.0)
     fill(cache, 1, 2)
     for _ in range(3):
         cache.query(k(1, 2))
-    cache.insert(k(9), v(k(9)), force=True)  # prefetch / warm-up
+    cache.insert(k(9), v(k(9), fmt=fmt), force=True)  # prefetch / warm-up
     assert 9 in resident(cache)
 
 
-def test_pinned_rows_are_never_evicted(xp: ModuleType) -> None:
+def test_pinned_rows_are_never_evicted(xp: ModuleType, fmt: RowFormat) -> None:
     for policy in ("lru", "lfu", "frequency"):
-        cache = EmbeddingCache(2, 4, xp=xp, policy=policy, static_fraction=0.5)
-        cache.pin(k(1, 2, 3), v(k(1, 2, 3)))  # only two fit in the pinned set
+        cache = EmbeddingCache(2, 4, xp=xp, fmt=fmt, policy=policy, static_fraction=0.5)
+        cache.pin(k(1, 2, 3), v(k(1, 2, 3), fmt=fmt))  # only two fit in the pinned set
         assert set(cache.pinned_keys().tolist()) == {1, 2} and 3 in resident(cache)
         for batch in range(10, 60, 3):
-            cache.insert(
-                k(batch, batch + 1, batch + 2), v(k(batch, batch + 1, batch + 2)), force=True
-            )
+            more = k(batch, batch + 1, batch + 2)
+            cache.insert(more, v(more, fmt=fmt), force=True)
             assert {1, 2} <= resident(cache)
         cache.evict(k(1))  # explicit removal (a delete) still works
         assert 1 not in resident(cache) and cache.n_pinned == 1
+        values, hit = cache.query(k(2))
+        assert hit.all() and (values == 2.0).all()
 
 
 def test_frequency_repins_the_hot_set_each_window(xp: ModuleType) -> None:
@@ -134,10 +137,10 @@ def test_frequency_repins_the_hot_set_each_window(xp: ModuleType) -> None:
     assert resident(cache) == {1, 2, 3, 4}  # unpinned, not evicted
 
 
-def test_frequency_follows_a_moving_hot_set(xp: ModuleType) -> None:
+def test_frequency_follows_a_moving_hot_set(xp: ModuleType, fmt: RowFormat) -> None:
     capacity, window = 50, 400
-    cache = EmbeddingCache(2, capacity, xp=xp, policy="frequency", frequency_window=window)
-    zeros = np.zeros((capacity, 2), dtype=np.float32)
+    cache = EmbeddingCache(2, capacity, xp=xp, fmt=fmt, policy="frequency", frequency_window=window)
+    zeros = fmt.encode(np.zeros((capacity, 2), dtype=np.float32))
     for hot in (np.arange(0, 50), np.arange(1000, 1050)):
         hits = []
         for _ in range(40):
@@ -148,54 +151,59 @@ def test_frequency_follows_a_moving_hot_set(xp: ModuleType) -> None:
         assert hits[-1] == 1.0
 
 
-def test_full_capacity_reaches_a_100_percent_hit_rate(xp: ModuleType) -> None:
+def test_full_capacity_reaches_a_100_percent_hit_rate(xp: ModuleType, fmt: RowFormat) -> None:
     rng = np.random.default_rng(3)
     keys = rng.choice(1 << 50, 5000, replace=False).astype(np.int64)
+    stored = fmt.encode(rng.standard_normal((keys.size, 4)).astype(np.float32))
     for policy in ("lru", "lfu", "frequency"):
-        cache = EmbeddingCache(4, keys.size, xp=xp, policy=policy)
-        for chunk in np.array_split(rng.permutation(keys), 7):
-            cache.insert(chunk, v(chunk, 4))
+        cache = EmbeddingCache(4, keys.size, xp=xp, policy=policy, fmt=fmt)
+        for chunk in np.array_split(rng.permutation(keys.size), 7):
+            cache.insert(keys[chunk], stored[chunk])
         assert len(cache) == keys.size
-        values, hit = cache.query(np.sort(keys))
+        order = np.argsort(keys)
+        values, hit = cache.query(keys[order])
         assert hit.all()
-        np.testing.assert_array_equal(values[:, 0], np.sort(keys).astype(np.float32))
+        np.testing.assert_array_equal(values, fmt.decode(stored[order], 4))
 
 
-def test_more_new_keys_than_capacity_keeps_what_fits(xp: ModuleType) -> None:
-    cache = EmbeddingCache(2, 5, xp=xp, policy="lru")
+def test_more_new_keys_than_capacity_keeps_what_fits(xp: ModuleType, fmt: RowFormat) -> None:
+    cache = EmbeddingCache(2, 5, xp=xp, fmt=fmt, policy="lru")
     keys = np.arange(100, 120, dtype=np.int64)
-    cache.insert(keys, v(keys))
+    cache.insert(keys, v(keys, fmt=fmt))
     assert len(cache) == 5 and resident(cache) <= set(keys.tolist())
 
 
-def test_reserved_keys_are_not_cached(xp: ModuleType) -> None:
-    cache = EmbeddingCache(2, 4, xp=xp)
+def test_reserved_keys_are_not_cached(xp: ModuleType, fmt: RowFormat) -> None:
+    cache = EmbeddingCache(2, 4, xp=xp, fmt=fmt)
     reserved = np.iinfo(np.int64).min
-    cache.insert(np.array([reserved, 5], dtype=np.int64), np.ones((2, 2), np.float32))
+    cache.insert(np.array([reserved, 5], dtype=np.int64), fmt.encode(np.ones((2, 2), np.float32)))
     assert resident(cache) == {5}
     _, hit = cache.query(np.array([reserved, reserved + 1], dtype=np.int64))
     assert not hit.any()
 
 
-def test_bad_input_is_refused_and_nothing_changes(xp: ModuleType) -> None:
-    cache = EmbeddingCache(2, 4, xp=xp)
+def test_bad_input_is_refused_and_nothing_changes(xp: ModuleType, fmt: RowFormat) -> None:
+    cache = EmbeddingCache(2, 4, xp=xp, fmt=fmt)
     fill(cache, 1)
-    with pytest.raises(ShapeError, match="expected vectors"):
-        cache.insert(k(2, 3), np.ones((2, 3), np.float32))
+    with pytest.raises(ShapeError, match=f"expected {fmt.name} rows"):
+        cache.insert(k(2, 3), np.ones((2, cache.width + 1), fmt.dtype))
     with pytest.raises(ShapeError):
-        cache.update(k(1), np.ones((2, 2), np.float32))
+        cache.update(k(1), np.ones((2, cache.width), fmt.dtype))
     with pytest.raises(DTypeError, match="int64"):
         cache.query(np.array([1.5]))
     assert resident(cache) == {1}
     values, _ = cache.query(k(1))
-    np.testing.assert_array_equal(values, v(k(1)))
+    np.testing.assert_array_equal(values, FLOAT32.encode(np.ones((1, 2), np.float32)))
 
 
-def test_nbytes_matches_the_sizing_formula(xp: ModuleType) -> None:
+def test_nbytes_matches_the_sizing_formula(xp: ModuleType, fmt: RowFormat) -> None:
     for policy in ("lru", "lfu", "frequency"):
         for capacity, dim in ((1, 1), (1000, 16), (4097, 128)):
-            cache = EmbeddingCache(dim, capacity, xp=xp, policy=policy)
-            assert cache.nbytes == cache_nbytes(capacity, dim, policy)
+            cache = EmbeddingCache(dim, capacity, xp=xp, policy=policy, fmt=fmt)
+            assert cache.nbytes == cache_nbytes(capacity, dim, policy, fmt)
+            if fmt is not FLOAT32:
+                arena = capacity * (4 * dim - fmt.row_bytes(dim))
+                assert cache_nbytes(capacity, dim, policy) - cache.nbytes == arena
 
 
 def test_cache_capacity_and_build_cache(tmp_path: object) -> None:
@@ -216,3 +224,8 @@ def test_cache_capacity_and_build_cache(tmp_path: object) -> None:
     assert (cache.capacity, cache.dim, cache.policy.name, cache.xp) == (10, 8, "lfu", np)
     with pytest.raises(ConfigError, match="at least 1 row"):
         build_cache(spec, CacheConfig(), 0)
+    for fmt in FORMATS.values():  # the table's row format
+        table = TableSpec("m", "t", 8, row_dtype=fmt.name)
+        cache = build_cache(table, CacheConfig(device="numpy"), 4)
+        assert cache.fmt is fmt and cache._rows.values.shape == (4, fmt.width(8))
+        assert cache._rows.values.dtype == fmt.dtype
