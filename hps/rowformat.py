@@ -37,7 +37,7 @@ import numpy.typing as npt
 from hps.errors import InvalidValueError
 
 RowDtype = Literal["float32", "float16", "int8"]
-ROW_DTYPES: tuple[str, ...] = get_args(RowDtype)
+ROW_DTYPES: tuple[RowDtype, ...] = get_args(RowDtype)
 
 Stored = npt.NDArray[np.generic]
 """Rows in a table's stored form: ``(n, width)`` of the format's element dtype."""
@@ -133,9 +133,9 @@ class _Int8(RowFormat):
         return out
 
     def decode(self, stored: Stored, dim: int) -> Floats:
-        stored = np.ascontiguousarray(stored, dtype=np.uint8)
-        tail = stored[:, dim : dim + INT8_EXTRA].copy().view(np.float32)
-        return stored[:, :dim] * tail[:, :1] + tail[:, 1:2]
+        codes: npt.NDArray[np.uint8] = np.ascontiguousarray(stored, dtype=np.uint8)
+        tail = codes[:, dim : dim + INT8_EXTRA].copy().view(np.float32)
+        return codes[:, :dim] * tail[:, :1] + tail[:, 1:2]
 
 
 FORMATS: dict[str, RowFormat] = {
