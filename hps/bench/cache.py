@@ -25,7 +25,9 @@ ran as ``query``.
 gathers). Every format other than float32 is also compared with a float32 cache of the same
 rows in the same run: ``op`` ``query_vs_float32`` gives both caches' all-hit ``query_into``
 speeds, timed in turn, and their ratio (``ratio``: float32's time / this format's; 1.0 is
-as fast as float32).
+as fast as float32). With ``--tables`` > 1, ``query_tables_vs_float32`` does the same for
+the many-table call a lookup makes (:func:`hps.cache.many.query_tables_into`): ``--tables``
+caches of ``--rows`` / ``--tables`` rows each, ``--batch-per-table`` keys from each.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import numpy as np
 
 from hps.cache.embedding_cache import EmbeddingCache
 from hps.cache.kernels import kernel_for
+from hps.cache.many import query_tables_into
 from hps.cache.policies import POLICIES
 from hps.cache.xp import select_xp, to_host, to_xp
 from hps.dedup import unique_inverse
@@ -221,6 +224,8 @@ def _throughput(args: argparse.Namespace) -> Iterator[JSON]:
             yield from _insert_throughput(args, xp, sync, policy, resident, values, fmt)
         if any(fmt is not FLOAT32 for fmt in formats):
             yield from _against_float32(args, xp, sync, policy, caches, resident, values, batch)
+            if args.tables > 1 and xp is np:
+                yield from _tables_against_float32(args, policy, formats, resident, values, pick)
 
 
 def _query_throughput(
@@ -291,6 +296,43 @@ def _against_float32(
                 "dim": int(out.shape[1]),
                 "kernel": "compiled" if kernel_for(xp) else "numpy",
             }
+
+
+def _tables_against_float32(
+    args: argparse.Namespace,
+    policy: str,
+    formats: list[RowFormat],
+    resident: np.ndarray,
+    values: np.ndarray,
+    pick: np.ndarray,
+) -> Iterator[JSON]:
+    """The many-table call over ``--tables`` caches per format against float32's."""
+    n_tables, per = args.tables, args.batch_per_table
+    size = max(1, resident.size // n_tables)
+    parts = [slice(t * size, (t + 1) * size) for t in range(n_tables)]
+    keys = np.concatenate(
+        [resident[part][pick[t * per : (t + 1) * per] % size] for t, part in enumerate(parts)]
+    )
+    bounds = np.stack([np.arange(n_tables) * per, np.arange(1, n_tables + 1) * per], axis=1)
+    dim = values.shape[1]
+    offsets = np.arange(n_tables, dtype=np.int64) * per * dim
+    out = np.empty(keys.size * dim, dtype=np.float32)
+    names = ["float32", *(f.name for f in formats if f is not FLOAT32)]
+    tables = {
+        name: [
+            _filled(np, policy, row_format(name), resident[part], values[part]) for part in parts
+        ]
+        for name in names
+    }
+    fns: list[Callable[[], object]] = [
+        partial(query_tables_into, tables[name], keys, bounds, out, offsets) for name in names
+    ]
+    times = dict(zip(names, _time(fns, args.repeats, lambda: None), strict=True))
+    unique = np.unique(keys).size / keys.size
+    for name in names[1:]:
+        row = _row("query_tables_vs_float32", policy, np, keys.size, times[name],
+                   times["float32"], unique, name)  # fmt: skip
+        yield row | {"dim": dim, "tables": n_tables}
 
 
 def _filled(

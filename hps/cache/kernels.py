@@ -11,8 +11,9 @@ Back-ends, picked once per process (:func:`cpu_kernel`):
 
 - numba (``numba.njit(cache=True, nogil=True)``): the CPU path, compiled on first use and
   cached on disk (``__pycache__`` next to this module when writable, else numba's user cache
-  folder or ``NUMBA_CACHE_DIR``), so a Triton instance pays the compilation (about 3-6 s
-  here) once per installation, not per start; loading the cached kernel and numba takes
+  folder or ``NUMBA_CACHE_DIR``), so a Triton instance pays the compilation (about 6-7 s
+  here for the three row formats' versions, :func:`warm_up`) once per installation, not
+  per start; loading the cached kernel and numba takes
   about 1-1.5 s. An image can compile it at build time with
   ``python -c "from hps.cache.kernels import warm_up; warm_up()"``. ``nogil`` lets the
   instances' request threads and the background L1 work run side by side.

@@ -87,6 +87,9 @@ def test_row_dtypes_are_compared_with_float32_in_one_run(capsys: pytest.CaptureF
     assert sorted(r["row_dtype"] for r in versus) == ["float16", "int8"]
     for row in versus:
         assert row["ratio"] > 0 and row["baseline_keys_per_s"] > 0 and row["dim"] == 8
+    tables = [r for r in rows if r["op"] == "query_tables_vs_float32"]
+    assert sorted(r["row_dtype"] for r in tables) == ["float16", "int8"]
+    assert all(r["tables"] == 2 and r["keys"] == 512 and r["ratio"] > 0 for r in tables)
     assert main([*args, *more, "--row-dtype", "int8"]) == 0  # float32 joins as the baseline
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["row_dtype"] for r in rows if r["op"] == "query_vs_float32"] == ["int8"]
