@@ -139,7 +139,9 @@ def _rocks_db(tmp: Path, spec: TableSpec, keys: np.ndarray, rows: np.ndarray) ->
     for k, r in _chunks(keys, rows):
         store.insert(spec.name, k, r)
     store.close()
-    db = rd.Rdict(str(path), column_families={n: rd.Options() for n in rd.Rdict.list_cf(str(path))})
+    raw = rd.Options(raw_mode=True)
+    names = rd.Rdict.list_cf(str(path))
+    db = rd.Rdict(str(path), raw, column_families=dict.fromkeys(names, raw))
     try:
         db.get_column_family(spec.name).compact_range(None, None)
     finally:
