@@ -5,6 +5,10 @@ Its public methods are the boundary: they validate once (:mod:`hps.validate`) an
 runs through the one :class:`hps.pipeline.LookupPipeline` (L1 → L2 → L3 → default, with
 backfill), a single table's lookup and a whole Triton request alike. The session is whole
 when built: ``build_session`` hands it its tiers and caches.
+
+Its API speaks float32: lookups answer float32 vectors, and vectors written through it are
+encoded into each table's stored form (``spec.fmt.encode``, :mod:`hps.rowformat`) before
+they reach L1, L2 or L3; rows moved between the levels (refresh, warm-up) stay stored rows.
 """
 
 from __future__ import annotations
@@ -18,14 +22,14 @@ import numpy as np
 import numpy.typing as npt
 
 from hps.config import ModelConfig
-from hps.errors import UnknownTableError
+from hps.errors import ShapeError, UnknownTableError
 from hps.pipeline import LEVELS, L1Cache, LookupPipeline
-from hps.tiers import Tiers
-from hps.types import TableSpec, Vectors
+from hps.rowformat import Stored
+from hps.tiers import Tiers, encode_rows
+from hps.types import Keys, TableSpec, Vectors
 from hps.validate import RequestLimits, as_keys, as_rows, check_table_keys, table_or_raise
 
 __all__ = ["LEVELS", "L1Cache", "LookupSession"]
-
 
 
 class Stats(TypedDict):
@@ -96,13 +100,15 @@ class LookupSession:
     def insert(
         self, table: str, keys: npt.ArrayLike, values: npt.ArrayLike, *, durable: bool = False
     ) -> None:
-        """Upsert into L3 then L2, and update the rows L1 holds."""
+        """Upsert float32 ``values`` (encoded in the table's format) into L3 then L2, and
+        update the rows L1 holds. A value the format cannot hold: InvalidValueError."""
         spec = table_or_raise(self.tables, table)
         keys, values = as_rows(spec, keys, values)
-        self.tiers.write(table, keys, values, durable=durable)
+        rows = encode_rows(spec, values)
+        self.tiers.write(table, keys, rows, durable=durable)
         cache = self.caches.get(table)
         if cache is not None:
-            cache.update(keys, values)
+            cache.update(keys, rows)
 
     def remove(self, table: str, keys: npt.ArrayLike) -> None:
         """Delete keys from every level."""
@@ -121,8 +127,8 @@ class LookupSession:
         *,
         before_l3: Callable[[], None] | None = None,
     ) -> None:
-        """Bring the L1 rows of ``keys`` up to date: with ``values``, or re-read from L2/L3
-        (``before_l3``: see :meth:`hps.tiers.Tiers.fetch`).
+        """Bring the L1 rows of ``keys`` up to date: with float32 ``values`` (encoded), or
+        re-read from L2/L3 as stored (``before_l3``: see :meth:`hps.tiers.Tiers.fetch`).
 
         Only resident keys change; keys no lower level holds any more leave L1.
         """
@@ -131,15 +137,30 @@ class LookupSession:
         if cache is None:
             return
         if values is not None:
-            cache.update(*as_rows(spec, keys, values))  # the cache keeps a key's last row
+            keys, values = as_rows(spec, keys, values)
+            self.update_rows(table, keys, encode_rows(spec, values))
             return
         uniq = np.unique(as_keys(keys))
         uniq = uniq[cache.resident(uniq)]
         since = cache.version
-        found = np.zeros(uniq.size, dtype=bool)
-        fresh = self.pipeline.below_l1(spec, uniq, found, before_l3)
+        fresh, found = self.pipeline.fetch_rows(spec, uniq, before_l3)
         cache.update(uniq[found], fresh[found], since=since)
         cache.evict(uniq[~found])
+
+    def update_rows(self, table: str, keys: Keys, rows: Stored) -> None:
+        """Give the resident ``keys`` of L1 new rows already in the table's stored form (an
+        update the applier encoded, or a message's vectors encoded); others are left out.
+        The cache keeps a key's last row."""
+        spec = table_or_raise(self.tables, table)
+        cache = self.caches.get(table)
+        if cache is None:
+            return
+        if rows.dtype != spec.fmt.dtype or rows.shape != (keys.size, spec.width):
+            raise ShapeError(
+                f"{table}: stored {spec.row_dtype} rows of {keys.size} keys are "
+                f"({keys.size}, {spec.width}) {spec.fmt.dtype}, got {rows.shape} {rows.dtype}"
+            )
+        cache.update(keys, rows)
 
     def prefetch(self, table: str, keys: npt.ArrayLike) -> int:
         """Load keys that are not resident from L2/L3 into L1; returns how many were loaded."""
@@ -155,9 +176,8 @@ class LookupSession:
         if cache is None:
             return 0
         uniq = np.unique(as_keys(keys))
-        found = np.zeros(uniq.size, dtype=bool)
-        values = self.pipeline.below_l1(spec, uniq, found)
-        cache.pin(uniq[found], values[found])
+        rows, found = self.pipeline.fetch_rows(spec, uniq)
+        cache.pin(uniq[found], rows[found])
         return int(found.sum())
 
     def drain(self) -> None:

@@ -10,11 +10,18 @@ its boundary) and the keys per table, and answers into one output buffer::
       │     else each cache's query_into (its compiled kernel, or the NumPy reference);
       │     the probe does L1's bookkeeping and counts distinct hits
       ├─► per table, the keys L1 missed (every key of a table without L1), de-duplicated
-      ├─► Tiers.fetch: L2, then L3 for what L2 missed; the table's default for the rest
+      ├─► Tiers.fetch: L2, then L3 for what L2 missed: stored rows (the table's format)
       ├─► backfill: L3 hits into L2 (cache_missed_embeddings, in the background); rows
-      │     found into L1 (before returning below hit_rate_threshold, else in the background)
+      │     found into L1 (before returning below hit_rate_threshold, else in the background),
+      │     both as stored, never re-encoded
+      ├─► decoded into the buffer (``spec.fmt.decode``; float32 rows as they are); the
+      │     table's float32 default for keys found nowhere
       ▼
     the buffer
+
+Rows below the buffer are a table's stored rows (:mod:`hps.rowformat`): L1 answers float32
+into the buffer itself (its kernels dequantize in the same pass as the gather), rows from
+L2/L3 are decoded here, and whatever goes into L1 or L2 is the stored rows as fetched.
 
 A single table's lookup is the same call with one table. Contract: vectors in request
 order, one row per key (duplicates included); a key found nowhere gets its table's default;
@@ -39,6 +46,7 @@ from hps.cache.many import query_tables_into
 from hps.config import ModelConfig
 from hps.dedup import unique_inverse
 from hps.errors import CircuitOpenError
+from hps.rowformat import Stored
 from hps.tiers import IN_L2, IN_L3, Tiers
 from hps.types import Keys, Mask, TableSpec, Vectors
 
@@ -49,7 +57,11 @@ COUNTERS = ("lookups", "keys", *LEVELS)
 
 
 class L1Cache(Protocol):
-    """What the pipeline needs of an L1 cache (hps.cache.EmbeddingCache implements it)."""
+    """What the pipeline needs of an L1 cache (hps.cache.EmbeddingCache implements it).
+
+    ``query_into`` writes float32 (dequantized) rows; ``insert``, ``update`` and ``pin``
+    take the table's stored rows (:mod:`hps.rowformat`).
+    """
 
     @property
     def version(self) -> int: ...
@@ -57,12 +69,12 @@ class L1Cache(Protocol):
     def capacity(self) -> int: ...
     def query_into(self, keys: Keys, out: Vectors) -> tuple[npt.NDArray[np.int64], int]: ...
     def insert(
-        self, keys: Keys, values: Vectors, *, since: int | None = None, force: bool = False
+        self, keys: Keys, values: Stored, *, since: int | None = None, force: bool = False
     ) -> None: ...
-    def update(self, keys: Keys, values: Vectors, *, since: int | None = None) -> Mask: ...
+    def update(self, keys: Keys, values: Stored, *, since: int | None = None) -> Mask: ...
     def evict(self, keys: Keys) -> None: ...
     def resident(self, keys: Keys) -> Mask: ...
-    def pin(self, keys: Keys, values: Vectors) -> None: ...
+    def pin(self, keys: Keys, values: Stored) -> None: ...
 
 
 # (spec, cache, first key, keys, first value) of a table probed in L1
@@ -164,15 +176,41 @@ class LookupPipeline:
             self.background(self.prefetch, spec, missed)
             return spec.default_vectors(missed.size)
         since = cache.version  # a write to L1 after this (a Kafka update) wins over our rows
-        found = np.zeros(missed.size, dtype=bool)
-        fetched = self.below_l1(spec, missed, found)
+        stored, found = self.fetch_rows(spec, missed)
         if found.any():
-            rows_in, rows = missed[found], fetched[found]
+            rows_in, rows = missed[found], stored[found]  # copies: safe to hand over
             if above:
                 self.background(partial(cache.insert, since=since), rows_in, rows)
             else:
                 cache.insert(rows_in, rows, since=since)
-        return fetched
+        return self.decode(spec, stored, found)
+
+    def fetch_rows(
+        self, spec: TableSpec, keys: Keys, before_l3: Callable[[], None] | None = None
+    ) -> tuple[Stored, Mask]:
+        """Stored rows of distinct ``keys`` from L2, then L3, and where each was found,
+        counted (keys found nowhere count as defaults; their rows are unspecified). L3 hits
+        go to L2 as they are, in the background (``backfill_l2``). ``before_l3``: see
+        :meth:`hps.tiers.Tiers.fetch`."""
+        tally = self.counts[spec.name]
+        got = self.tiers.fetch(spec, keys, before_l3=before_l3)
+        stored, level = got.values, got.level
+        in_l3 = level == IN_L3
+        tally["l2"] += int(np.count_nonzero(level == IN_L2))
+        tally["l3"] += int(np.count_nonzero(in_l3))
+        found = got.found
+        tally["default"] += int(keys.size - np.count_nonzero(found))
+        if self.backfill_l2 and in_l3.any():
+            self.background(self.tiers.backfill, spec.name, keys[in_l3], stored[in_l3])
+        return stored, found
+
+    @staticmethod
+    def decode(spec: TableSpec, stored: Stored, found: Mask) -> Vectors:
+        """float32 rows of ``stored`` (the same array for a float32 table), the table's
+        default where not ``found``."""
+        values = spec.fmt.decode(stored, spec.dim)
+        values[~found] = spec.default_value
+        return values
 
     def below_l1(
         self,
@@ -181,23 +219,12 @@ class LookupPipeline:
         found_out: Mask | None = None,
         before_l3: Callable[[], None] | None = None,
     ) -> Vectors:
-        """Rows of distinct ``keys`` from L2, then L3, else the table's default, counted;
-        L3 hits go to L2 in the background (``backfill_l2``). ``found_out`` marks L2/L3 hits;
-        ``before_l3``: see :meth:`hps.tiers.Tiers.fetch`."""
-        tally = self.counts[spec.name]
-        got = self.tiers.fetch(spec, keys, before_l3=before_l3)
-        values, level = got.values, got.level
-        in_l3 = level == IN_L3
-        tally["l2"] += int(np.count_nonzero(level == IN_L2))
-        tally["l3"] += int(np.count_nonzero(in_l3))
-        found = got.found
-        values[~found] = spec.default_value
-        tally["default"] += int(keys.size - np.count_nonzero(found))
-        if self.backfill_l2 and in_l3.any():
-            self.background(self.tiers.backfill, spec.name, keys[in_l3], values[in_l3])
+        """float32 rows of distinct ``keys`` from L2, then L3, else the table's default
+        (:meth:`fetch_rows`, decoded); ``found_out`` marks L2/L3 hits."""
+        stored, found = self.fetch_rows(spec, keys, before_l3)
         if found_out is not None:
             found_out[:] = found
-        return values
+        return self.decode(spec, stored, found)
 
     def prefetch(self, spec: TableSpec, keys: Keys) -> int:
         """Load the distinct ``keys`` that L1 does not hold from L2/L3; how many were loaded."""
@@ -206,10 +233,9 @@ class LookupPipeline:
             return 0
         keys = keys[~cache.resident(keys)]
         since = cache.version
-        found = np.zeros(keys.size, dtype=bool)
-        values = self.below_l1(spec, keys, found)
+        stored, found = self.fetch_rows(spec, keys)
         # force: keys asked for ahead of use must not be turned away by admission.
-        cache.insert(keys[found], values[found], since=since, force=True)
+        cache.insert(keys[found], stored[found], since=since, force=True)
         return int(found.sum())
 
     def background(self, fn: Callable[..., object], *args: object) -> Future[object]:

@@ -1,8 +1,10 @@
 """``hps plan``: what runs where, and the memory each tier will take per table, before loading.
 
 HugeCTR users could not predict it (HugeCTR issue 427). The naive sizing rule is
-``unique keys x vector size x sizeof(float)``; the real cost adds each tier's per-row
-overhead, which each backend declares (:func:`hps.tiers.bytes_per_row`):
+``unique keys x vector size x sizeof(float)``; the real cost is each table's stored row (its
+``hps_row_dtype``, :mod:`hps.rowformat`: float32 ``4 x dim`` bytes, float16 ``2 x dim``,
+int8 ``dim + 8``) plus each tier's per-row overhead, which each backend declares
+(:func:`hps.tiers.bytes_per_row`, given the format):
 
 - L1: :func:`hps.cache.cache_nbytes` (arena + row metadata + index + policy state), exact,
   for each cache; every Triton instance is a process with its own caches, spread over the
@@ -15,7 +17,7 @@ overhead, which each backend declares (:func:`hps.tiers.bytes_per_row`):
   leveled compaction's space amplification, on disk.
 
 Table rows come from the sizes of the sparse-model files (nothing is read), or from
-``--rows model.table=N``.
+``--rows model.table=N``. Totals are given per row format as well as overall.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 from hps.cache import cache_capacity, cache_nbytes
 from hps.config import ModelConfig, PersistentDBConfig, PSConfig, VolatileDBConfig
 from hps.errors import ConfigError
+from hps.rowformat import FLOAT32, ROW_DTYPES, RowFormat
 from hps.tiers import bytes_per_row
 from hps.topology import Topology, topology
 from hps.types import JSON
@@ -37,6 +40,8 @@ from hps.types import JSON
 class TablePlan:
     table: str
     dim: int
+    row_dtype: str  # the table's row format (hps_row_dtype)
+    row_bytes: int  # one stored row: 4 x dim (float32), 2 x dim (float16), dim + 8 (int8)
     rows: int
     rows_from: str  # "sparse_files" | "given" | "unknown"
     cache_rows: int
@@ -47,18 +52,25 @@ class TablePlan:
     cache_bytes_per_device: int
     l2_type: str
     l2_rows: int
+    l2_bytes_per_row: float  # one row in L2, key and bookkeeping included (0: no L2)
     l2_bytes: int  # all copies (one per instance for the in-process hash_map)
+    l3_bytes_per_row: float  # one row on disk in L3 (0: no L3)
     l3_bytes: int
-    raw_bytes: int  # rows x dim x 4, the naive sizing rule
+    raw_bytes: int  # rows x dim x 4, the naive sizing rule (float32)
 
 
-def l2_bytes_per_row(cfg: VolatileDBConfig, dim: int) -> float:
-    """One L2 row's bytes, as its backend declares them."""
-    return bytes_per_row(cfg.type, dim, bounded=cfg.bounded)
+def l2_bytes_per_row(cfg: VolatileDBConfig, dim: int, fmt: RowFormat = FLOAT32) -> float:
+    """One L2 row's bytes in format ``fmt``, as its backend declares them."""
+    if cfg.type == "disabled":
+        return 0.0
+    return bytes_per_row(cfg.type, dim, fmt, bounded=cfg.bounded)
 
 
-def l3_bytes_per_row(cfg: PersistentDBConfig, dim: int) -> float:
-    return bytes_per_row(cfg.type, dim)
+def l3_bytes_per_row(cfg: PersistentDBConfig, dim: int, fmt: RowFormat = FLOAT32) -> float:
+    """One L3 row's bytes on disk in format ``fmt``."""
+    if cfg.type == "disabled":
+        return 0.0
+    return bytes_per_row(cfg.type, dim, fmt)
 
 
 def _rows(model: ModelConfig, index: int, given: dict[str, int]) -> tuple[int, str]:
@@ -95,20 +107,23 @@ def plan(config: PSConfig, rows: dict[str, int] | None = None) -> list[TablePlan
         memory = _cache_memory(model) if model.gpucache else "host"
         for i, spec in enumerate(model.tables):
             n, source = _rows(model, i, given)
+            fmt = spec.fmt
             cap = cache_capacity(model, n)
-            one = cache_nbytes(cap, spec.dim, model.hps_cache.policy) if cap else 0
+            one = cache_nbytes(cap, spec.dim, model.hps_cache.policy, fmt) if cap else 0
             l2_rows = 0
             if vdb.type != "disabled":
                 l2_rows = min(n, vdb.overflow_margin)
                 if not vdb.cache_missed_embeddings:
                     l2_rows = min(l2_rows, math.ceil(vdb.initial_cache_rate * n))
             copies = model.hps_instances if topo.l2 == "process" else 1
-            l2 = l2_rows * l2_bytes_per_row(vdb, spec.dim) * copies if l2_rows else 0
-            l3 = n * l3_bytes_per_row(config.persistent_db, spec.dim) if topo.l3 else 0
+            l2_row = l2_bytes_per_row(vdb, spec.dim, fmt)
+            l3_row = l3_bytes_per_row(config.persistent_db, spec.dim, fmt) if topo.l3 else 0.0
             out.append(
                 TablePlan(
                     table=spec.name,
                     dim=spec.dim,
+                    row_dtype=fmt.name,
+                    row_bytes=fmt.row_bytes(spec.dim),
                     rows=n,
                     rows_from=source,
                     cache_rows=cap,
@@ -119,8 +134,10 @@ def plan(config: PSConfig, rows: dict[str, int] | None = None) -> list[TablePlan
                     cache_bytes_per_device=one * per_device,
                     l2_type=vdb.type,
                     l2_rows=l2_rows,
-                    l2_bytes=int(l2),
-                    l3_bytes=int(l3),
+                    l2_bytes_per_row=round(l2_row, 1),
+                    l2_bytes=int(l2_rows * l2_row * copies),
+                    l3_bytes_per_row=round(l3_row, 1),
+                    l3_bytes=int(n * l3_row),
                     raw_bytes=n * spec.dim * 4,
                 )
             )
@@ -137,6 +154,15 @@ def totals(plans: list[TablePlan]) -> dict[str, int]:
     }
 
 
+def totals_by_format(plans: list[TablePlan]) -> dict[str, dict[str, int]]:
+    """:func:`totals` of the tables of each row format present (in ROW_DTYPES order)."""
+    return {
+        name: totals([p for p in plans if p.row_dtype == name])
+        for name in ROW_DTYPES
+        if any(p.row_dtype == name for p in plans)
+    }
+
+
 def human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
@@ -145,9 +171,41 @@ def human(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def _total_line(label: str, t: dict[str, int]) -> tuple[str, ...]:
+    return (
+        label,
+        "",
+        "",
+        "",
+        "",
+        "",
+        human(t["cache_bytes_per_device"]),
+        "",
+        "",
+        human(t["l2_bytes"]),
+        "",
+        human(t["l3_bytes"]),
+        human(t["raw_bytes"]),
+    )
+
+
 def format_text(plans: list[TablePlan]) -> str:
-    header = ("table", "dim", "rows", "L1 rows", "L1/device", "L1 on", "L2", "L3", "raw")
-    lines = [header]
+    header = (
+        "table",
+        "dim",
+        "format",
+        "row B",
+        "rows",
+        "L1 rows",
+        "L1/device",
+        "L1 on",
+        "L2 B/row",
+        "L2",
+        "L3 B/row",
+        "L3",
+        "raw",
+    )
+    lines: list[tuple[str, ...]] = [header]
     for p in plans:
         rows = f"{p.rows:,}" + ("" if p.rows_from != "unknown" else " (unknown)")
         l1 = f"{human(p.cache_bytes_per_device)}"
@@ -157,29 +215,23 @@ def format_text(plans: list[TablePlan]) -> str:
             (
                 p.table,
                 str(p.dim),
+                p.row_dtype,
+                str(p.row_bytes),
                 rows,
                 f"{p.cache_rows:,}",
                 l1,
                 f"{p.cache_memory} x{p.devices}",
+                f"{p.l2_bytes_per_row:.0f}",
                 f"{human(p.l2_bytes)} ({p.l2_type})",
+                f"{p.l3_bytes_per_row:.0f}",
                 human(p.l3_bytes),
                 human(p.raw_bytes),
             )
         )
-    t = totals(plans)
-    lines.append(
-        (
-            "total",
-            "",
-            "",
-            "",
-            human(t["cache_bytes_per_device"]),
-            "",
-            human(t["l2_bytes"]),
-            human(t["l3_bytes"]),
-            human(t["raw_bytes"]),
-        )
-    )
+    by_format = totals_by_format(plans)
+    if len(by_format) > 1:
+        lines += [_total_line(f"total {name}", t) for name, t in by_format.items()]
+    lines.append(_total_line("total", totals(plans)))
     widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
     return "\n".join("  ".join(_cells(row, widths)) for row in lines)
 
@@ -210,5 +262,6 @@ def to_json(plans: list[TablePlan], topo: Topology) -> str:
         "topology": topo.as_dict(),
         "tables": [asdict(p) for p in plans],
         "totals": totals(plans),
+        "totals_by_format": totals_by_format(plans),
     }
     return json.dumps(doc, indent=2)

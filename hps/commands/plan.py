@@ -12,8 +12,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "plan",
         help="print what runs where and the memory each tier takes per table, before loading",
         description="Table rows come from the sizes of the sparse-model files (nothing is "
-        "read) or from --rows. L1 is exact; L2/L3 use each backend's per-row cost "
-        "(docs/cache.md).",
+        "read) or from --rows. Each table's rows are sized in its row format (hps_row_dtype: "
+        "'row B' is one stored row), with totals per format. L1 is exact; L2/L3 use each "
+        "backend's per-row cost (docs/cache.md).",
     )
     p.add_argument("--config", required=True, help="ps.json")
     p.add_argument(

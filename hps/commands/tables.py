@@ -27,17 +27,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--sparse", metavar="DIR", help="HugeCTR sparse-model folder")
     src.add_argument("--npy", nargs=2, metavar=("KEYS", "VECTORS"), help=".npy key/vector pair")
     p.add_argument(
-        "--force", action="store_true", help="import even tables whose files L3 already holds"
+        "--force",
+        action="store_true",
+        help="import even tables whose files L3 already holds; a table stored in another "
+        "row format or dimension (hps_row_dtype changed) is dropped in every tier and "
+        "imported in the configured one",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_import)
 
-    p = sub.add_parser("export", help="write a table from L3 (or L2) to files")
+    p = sub.add_parser(
+        "export",
+        help="write a table from L3 (or L2) to files",
+        description="Writes float32 vectors (decoded from the table's hps_row_dtype), which "
+        "hps import reads back. --raw writes the rows as stored instead.",
+    )
     p.add_argument("--config", required=True, help="ps.json")
     p.add_argument("--table", required=True, help="<model>.<table>")
     dst = p.add_mutually_exclusive_group(required=True)
     dst.add_argument("--sparse", metavar="DIR", help="HugeCTR sparse-model folder")
     dst.add_argument("--npy", nargs=2, metavar=("KEYS", "VECTORS"), help=".npy key/vector pair")
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="write the stored rows, not float32: HugeCTR's key/emb_vector layout (or the "
+        ".npy pair) with each row's stored bytes: float32 x dim, float16 x dim, or for int8 "
+        "dim uint8 codes then the row's float32 scale and offset (dim + 8 bytes, FBGEMM's "
+        "8-bit rowwise layout); not readable by hps import",
+    )
     p.set_defaults(func=_export)
 
     p = sub.add_parser("lookup", help="print the vectors of keys (through L2, L3, defaults)")
@@ -89,7 +106,6 @@ def _import(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from hps.errors import RequestError
-    from hps.io.npy import write_npy_pair
     from hps.io.sparse_model import SparseModelWriter
     from hps.validate import table_or_raise
 
@@ -98,23 +114,30 @@ def _export(args: argparse.Namespace) -> int:
         tiers = session.tiers
         if tiers.primary is None:
             raise RequestError("export needs an L3 or an L2; both are disabled")
-        table_or_raise(session.tables, args.table)
+        spec = table_or_raise(session.tables, args.table)
+        fmt = spec.fmt
+        dtype = fmt.dtype if args.raw else np.dtype(np.float32)
+        # one path: each dumped chunk is written as stored (--raw) or decoded to float32
+        chunks = (
+            (keys, rows if args.raw else fmt.decode(rows, spec.dim))
+            for keys, rows in tiers.dump(args.table)
+        )
         rows = 0
         if args.sparse:
-            with SparseModelWriter(args.sparse) as w:
-                for keys, vecs in tiers.dump(args.table):
+            with SparseModelWriter(args.sparse, dtype) as w:
+                for keys, vecs in chunks:
                     w.write(keys, vecs)
                 rows = w.rows
         else:
-            parts = list(tiers.dump(args.table))
-            dim = session.tables[args.table].dim
+            parts = list(chunks)
+            width = spec.width if args.raw else spec.dim
             keys = np.concatenate([k for k, _ in parts]) if parts else np.empty(0, np.int64)
-            vecs = (
-                np.concatenate([v for _, v in parts]) if parts else np.empty((0, dim), np.float32)
-            )
-            write_npy_pair(args.npy[0], args.npy[1], keys, vecs)
+            vecs = np.concatenate([v for _, v in parts]) if parts else np.empty((0, width), dtype)
+            np.save(args.npy[0], np.asarray(keys, dtype=np.int64))
+            np.save(args.npy[1], np.asarray(vecs, dtype=dtype))
             rows = keys.size
-        print(f"{args.table}: {rows} rows")
+        form = f"stored {fmt.name} rows" if args.raw else "float32"
+        print(f"{args.table}: {rows} rows ({form})")
         return 0
     finally:
         session.close()

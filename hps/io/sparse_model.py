@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from hps.errors import SparseModelError
 from hps.types import Keys, Vectors
@@ -71,18 +72,23 @@ def write_sparse_model(path: str | Path, keys: Keys, vectors: Vectors) -> None:
 
 
 class SparseModelWriter:
-    """Append (keys, vectors) chunks to a new sparse-model folder."""
+    """Append (keys, vectors) chunks to a new sparse-model folder.
 
-    def __init__(self, path: str | Path) -> None:
+    ``dtype``: the element type ``emb_vector`` holds: float32 (HugeCTR's), or a table's
+    stored element type for a raw export of its stored rows (``hps export --raw``).
+    """
+
+    def __init__(self, path: str | Path, dtype: npt.DTypeLike = "<f4") -> None:
+        self.dtype = np.dtype(dtype)
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self._kf = open(self.path / KEY_FILE, "wb")
         self._vf = open(self.path / VECTOR_FILE, "wb")
         self.rows = 0
 
-    def write(self, keys: Keys, vectors: Vectors) -> None:
+    def write(self, keys: Keys, vectors: npt.NDArray[np.generic]) -> None:
         keys = np.asarray(keys, dtype="<i8")
-        vectors = np.asarray(vectors, dtype="<f4")
+        vectors = np.asarray(vectors, dtype=self.dtype)
         if vectors.ndim != 2 or vectors.shape[0] != keys.size:
             raise SparseModelError(f"{self.path}: {keys.size} keys but vectors {vectors.shape}")
         self._kf.write(keys.tobytes())

@@ -7,6 +7,11 @@ recorded as imported (paths, sizes, modification times, in a record beside L3) a
 not already hold them (a sample of rows with exactly the files' vectors: a retrained table,
 same keys with new vectors, is imported again). Every file of every table is validated
 before anything is written, and a table is recorded only once it is completely loaded.
+
+A table's record includes its row format (``hps_row_dtype``), so a format change is seen at
+the next import or start-up: a tier that holds the table in another format or dimension
+refuses it with a ConfigError naming ``hps import --force``; with ``force`` the table is
+dropped in every tier and imported again in its new format.
 """
 
 from __future__ import annotations
@@ -79,6 +84,8 @@ def import_tables(
     """Import what is new or changed (everything with ``force``); rows imported per table.
 
     A missing L3 is created (empty if there is nothing to import), so readers can open it.
+    A table stored in another format or dimension is refused (ConfigError), unless
+    ``force``: then it is dropped in every tier and imported in its configured format.
     """
     sources = sparse_sources(config) if sources is None else sources
     state = topo.state_dir
@@ -112,7 +119,11 @@ def import_tables(
                 )
         action = l2_action(topo, own=False)
         writer = Tiers.open(config, l3_mode="read_write", l2=action != "skip")
-        writer.open_tables(s.spec for s in todo)
+        try:
+            writer.open_tables((s.spec for s in todo), replace=force)
+        except BaseException:
+            writer.close()
+            raise
         loader = Loader(writer, action, config.volatile_db.initial_cache_rate, progress=progress)
         imported: dict[str, int] = {}
         try:

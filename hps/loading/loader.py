@@ -4,7 +4,9 @@ Used by ``hps import``, a serving process's start-up and reload (:mod:`hps.trito
 and the control plane's import route. A :class:`TableSource` is a table's files, checked
 when it is made (sizes, dtypes) and, by :meth:`TableSource.validate`, read once through
 (reserved keys, NaN or infinity, duplicate keys: the last occurrence of a key wins, as in
-an upsert, and the count is reported). :class:`Loader` then streams it in chunks.
+an upsert, and the count is reported; values the table's row format cannot hold, i.e.
+beyond float16's range). :class:`Loader` then streams it in chunks, each encoded into the
+table's row format (``hps_row_dtype``, :mod:`hps.rowformat`) as it streams.
 
 What happens to L2 (:data:`L2Action`) depends on whose L2 it is, which
 :func:`l2_action` reads from the :class:`hps.topology.Topology`.
@@ -20,11 +22,11 @@ from typing import Literal
 
 import numpy as np
 
-from hps.errors import FormatError
+from hps.errors import FormatError, InvalidValueError
 from hps.io.npy import npy_rows, read_npy_pair
 from hps.io.progress import Progress
 from hps.io.sparse_model import KEY_FILE, VECTOR_FILE, read_sparse_model, sparse_model_rows
-from hps.tiers import Tiers
+from hps.tiers import Tiers, check_encodable, encode_rows
 from hps.topology import Topology
 from hps.types import Keys, TableSpec, Vectors
 from hps.validate import as_rows
@@ -56,11 +58,14 @@ class TableSource:
         return read_npy_pair(self.files[0], self.files[1], self.spec.dim, chunk_rows)
 
     def stamp(self) -> list[str | int]:
-        """What identifies this version of the files: paths, sizes, modification times."""
+        """What identifies this version of the files: paths, sizes, modification times, and
+        the row format they are stored in (when not float32: older records stay current)."""
         out: list[str | int] = []
         for f in self.files:
             st = f.stat()
             out += [str(f), st.st_size, st.st_mtime_ns]
+        if self.spec.row_dtype != "float32":
+            out.append(f"row_dtype={self.spec.row_dtype}")
         return out
 
     def _keys(self) -> np.ndarray:
@@ -84,12 +89,18 @@ class TableSource:
         )
 
     def validate(self) -> int:
-        """Read the files once; raise on bad rows. Returns the number of duplicate keys."""
+        """Read the files once; raise on bad rows (FormatError), or on values the table's
+        row format cannot hold (InvalidValueError naming the table). Returns the number of
+        duplicate keys."""
         for keys, vectors in self.chunks():
             try:
-                as_rows(self.spec, keys, vectors)
+                _, vectors = as_rows(self.spec, keys, vectors)
             except Exception as exc:
                 raise FormatError(f"{self.files[0]}: {exc}") from None
+            try:
+                check_encodable(self.spec, vectors)
+            except InvalidValueError as exc:
+                raise InvalidValueError(f"{exc} (in {self.files[-1]})") from None
         return int(self.rows - np.unique(self._keys()).size)
 
 
@@ -116,15 +127,20 @@ def l2_action(topo: Topology, *, own: bool) -> L2Action:
 
 
 def l3_matches(tiers: Tiers, source: TableSource) -> bool:
-    """Whether L3 holds the source's rows: a sample of keys with exactly its vectors."""
+    """Whether L3 holds the source's rows: a sample of keys with exactly its vectors, as
+    the table's format stores them (encoding is deterministic)."""
     if tiers.persistent is None or source.rows == 0:
         return False
     keys, vectors = source.sample()
     # The last occurrence of a duplicated key wins: compare only keys the sample has once.
     once = np.unique(keys, return_counts=True)
     single = np.isin(keys, once[0][once[1] == 1])
+    try:
+        want = encode_rows(source.spec, vectors[single])
+    except InvalidValueError:
+        return False  # not importable as configured: validate() says why
     got, found = tiers.persistent.fetch(source.spec.name, keys[single])
-    return bool(found.all()) and bool(np.array_equal(got, vectors[single]))
+    return bool(found.all()) and bool(np.array_equal(got, want))
 
 
 @dataclass
@@ -143,7 +159,8 @@ class Loader:
     on_rows: Callable[[int], None] | None = None
 
     def load(self, source: TableSource) -> int:
-        """Rows written: to L3, or to L2 when only L2 is loaded."""
+        """Rows written: to L3, or to L2 when only L2 is loaded. Each chunk is encoded into
+        the table's row format once, as it streams (float32: written as read)."""
         spec = source.spec
         write_l3 = self.l3 and self.tiers.persistent is not None
         l2 = self.tiers.volatile if self.l2 != "skip" else None
@@ -152,13 +169,14 @@ class Loader:
         bar = Progress(f"import {spec.name}", source.rows, enabled=self.progress)
         done = in_l2 = 0
         for keys, vectors in source.chunks():
+            rows = encode_rows(spec, vectors)
             if write_l3:
                 assert self.tiers.persistent is not None
-                self.tiers.persistent.insert(spec.name, keys, vectors)
+                self.tiers.persistent.insert(spec.name, keys, rows)
             if l2 is not None:
                 n = max(0, min(keys.size, to_l2 - done))
                 if n:
-                    l2.insert(spec.name, keys[:n], vectors[:n])
+                    l2.insert(spec.name, keys[:n], rows[:n])
                     in_l2 += n
                 if n < keys.size and write_l3:
                     l2.remove(spec.name, keys[n:])

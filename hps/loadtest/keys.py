@@ -82,6 +82,12 @@ def _split(
     return table, pick
 
 
+def served(spec: TableSpec, vectors: np.ndarray) -> np.ndarray:
+    """What serving answers for float32 ``vectors`` written to ``spec``: the vectors as its
+    row format stores them, decoded (the vectors themselves for a float32 table)."""
+    return spec.fmt.decode(spec.fmt.encode(vectors), spec.dim)
+
+
 def from_sparse(spec: TableSpec, path: str, exponent: float, rng: np.random.Generator) -> TableKeys:
     """A table's keys from its sparse-model files (a random ``MAX_KEYS`` of larger ones)."""
     from hps.io.sparse_model import KEY_FILE, VECTOR_FILE, sparse_model_rows
@@ -91,7 +97,8 @@ def from_sparse(spec: TableSpec, path: str, exponent: float, rng: np.random.Gene
     vectors = np.memmap(Path(path) / VECTOR_FILE, dtype="<f4", mode="r", shape=(rows, spec.dim))
     index = np.arange(rows) if rows <= MAX_KEYS else np.sort(rng.choice(rows, MAX_KEYS, False))
     table, pick = _split(spec, np.asarray(all_keys[index], dtype=np.int64), exponent, rng)
-    return replace(table, verify_vectors=np.asarray(vectors[index[pick]], dtype=np.float32))
+    known = np.asarray(vectors[index[pick]], dtype=np.float32)
+    return replace(table, verify_vectors=served(spec, known))
 
 
 def from_l3(spec: TableSpec, tiers: Tiers, exponent: float, rng: np.random.Generator) -> TableKeys:
@@ -106,4 +113,5 @@ def from_l3(spec: TableSpec, tiers: Tiers, exponent: float, rng: np.random.Gener
     table, _ = _split(spec, keys, exponent, rng)
     got = tiers.fetch(spec, table.verify_keys)
     found = got.found
-    return replace(table, verify_keys=table.verify_keys[found], verify_vectors=got.values[found])
+    vectors = spec.fmt.decode(got.values[found], spec.dim)  # stored rows, as served
+    return replace(table, verify_keys=table.verify_keys[found], verify_vectors=vectors)

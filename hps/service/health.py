@@ -54,7 +54,9 @@ def _inference(state: AdminState, reader: Reader, model: str) -> str:
         return f"answered ({out.size} values); no stored key to compare"
     index, key, _ = sample
     # what serving answers for it: L2 first, then L3 (the two may differ after an update)
-    expected = reader().fetch(specs[index], np.array([key], np.int64)).values[0]
+    spec = specs[index]
+    stored = reader().fetch(spec, np.array([key], np.int64)).values
+    expected = spec.fmt.decode(stored, spec.dim)[0]  # serving answers float32
     numkeys = np.zeros(len(specs), dtype=np.int32)
     numkeys[index] = 1
     got = state.triton.lookup(model, np.array([key], np.int64), numkeys).reshape(-1)

@@ -100,6 +100,8 @@ def table_info(
         "model": spec.model,
         "table": spec.table,
         "dim": spec.dim,
+        "row_dtype": spec.row_dtype,
+        "row_bytes": spec.fmt.row_bytes(spec.dim),
         "default_value": float(spec.default_value),
         "rows": {"l2": _rows(reader.volatile, spec, exact), "l3": l3_rows},
         "rows_estimated": _estimated(reader, exact),

@@ -142,9 +142,11 @@ async def import_table(model: str, table: str, request: Request, _: Auth) -> JSO
     Multipart fields: ``format`` (``sparse``: HugeCTR's ``key`` + ``emb_vector``; ``npy``: a
     keys and a vectors ``.npy``), then files ``keys`` and ``vectors``, or ``path`` (a folder
     on the server holding ``key`` + ``emb_vector``, or ``keys.npy`` + ``vectors.npy``).
-    The whole input is validated first (sizes, dims, finite values): a bad one gets a 4xx
-    and nothing is written. A job that fails while writing (a tier down) left the rows
-    before its ``rows_done`` written: run the same import again (upserts are idempotent).
+    The whole input is validated first (sizes, dims, finite values, and values the table's
+    row format can hold: float16's range): a bad one gets a 4xx and nothing is written. Rows
+    are stored in the table's format (``hps_row_dtype``), encoded as they are written. A
+    job that fails while writing (a tier down) left the rows before its ``rows_done``
+    written: run the same import again (upserts are idempotent).
     """
     state = _state(request)
     spec = state.spec(model, table)

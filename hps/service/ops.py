@@ -22,10 +22,11 @@ WARMUP_PARAMETER = "hps_warmup_keysets"
 
 
 def lookup(state: AdminState, spec: TableSpec, keys: Keys) -> list[JSON]:
-    """Where each key is found (l2, l3, default), its vector and update version; no writes."""
+    """Where each key is found (l2, l3, default), its float32 vector (decoded from the
+    table's row format) and update version; no writes."""
     tiers = state.reader()
     got = tiers.fetch(spec, keys)
-    values = got.values
+    values = spec.fmt.decode(got.values, spec.dim)
     values[~got.found] = spec.default_value
     where = np.array(["default", "", "l2", "l3"], dtype=object)[got.level]
     versions = tiers.stored_versions(spec, keys)  # beside the data: L3, else L2

@@ -2,8 +2,9 @@
 
 Layout of a staged source (a folder): ``key`` + ``emb_vector`` (a HugeCTR sparse model) or
 ``keys.npy`` + ``vectors.npy``, made a :class:`hps.loading.loader.TableSource` (sizes, dtypes and
-dimension checked); :func:`validate` reads it whole once (finite values, reserved keys), so
-that a bad input is refused with a 4xx before anything is written.
+dimension checked); :func:`validate` reads it whole once (finite values, reserved keys,
+values the table's row format can hold), so that a bad input is refused with a 4xx before
+anything is written. The loader encodes the rows into the table's format as it writes them.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def source(folder: Path, fmt: Format, spec: TableSpec) -> TableSource:
 
 
 def validate(src: TableSource) -> int:
-    """Read the whole source once (finite values, reserved keys); its row count."""
+    """Read the whole source once (finite values, reserved keys; values beyond float16's
+    range for a float16 table: InvalidValueError, a 400); its row count."""
     if src.rows == 0:
         raise RequestError(f"{src.spec.name}: the input holds no rows")
     src.validate()

@@ -2,6 +2,8 @@
 
 - :class:`Tiers` (:mod:`hps.tiers.tiers`): L2 + L3, the L2-to-L3 fallback, write order,
   backfill, versions; what the session, the applier, the loader and the control plane hold.
+  Rows here are stored rows (a table's :mod:`hps.rowformat` form); :func:`encode_rows` is
+  how an edge (import, update, control-plane write) turns float32 into them.
 - :class:`RowStore` (:mod:`hps.tiers.rows`): one tier's rows, typed, over a backend; where
   a rule about stored rows (a version, later a row format or a model version) is written.
 - :mod:`hps.tiers.versions`: per-key update versions and partition watermarks beside the
@@ -13,7 +15,15 @@ interface or the factory that opens them (tests/unit/test_layers.py checks it).
 
 from hps.storage import AccessMode, Placement
 from hps.tiers.rows import Level, RowStore, bytes_per_row, placement_of
-from hps.tiers.tiers import IN_L2, IN_L3, NOWHERE, Fetched, Tiers
+from hps.tiers.tiers import (
+    IN_L2,
+    IN_L3,
+    NOWHERE,
+    Fetched,
+    Tiers,
+    check_encodable,
+    encode_rows,
+)
 from hps.tiers.versions import VersionedRows
 
 __all__ = [
@@ -28,5 +38,7 @@ __all__ = [
     "Tiers",
     "VersionedRows",
     "bytes_per_row",
+    "check_encodable",
+    "encode_rows",
     "placement_of",
 ]

@@ -4,6 +4,10 @@ The session, the applier, the loader, the control plane and the load test all re
 below L1 through a :class:`Tiers`: the order of writes (L3 first, then L2), the L2-to-L3
 fallback, the backfill of L3 hits into L2, where update versions live and how rows move
 from L3 to L2 are decided here once. Each tier is a :class:`hps.tiers.rows.RowStore`.
+
+Every row here is a table's stored row (``spec.fmt``'s form, :mod:`hps.rowformat`): reads
+return them and writes take them; they move from L3 to L2 as they are. Encoding float32
+(imports, updates, control-plane writes) and decoding (lookups) happen at the edges.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 from hps.config import PSConfig
-from hps.errors import BackendUnavailable, CircuitOpenError
+from hps.errors import BackendUnavailable, CircuitOpenError, ConfigError, InvalidValueError
+from hps.rowformat import FLOAT16_MAX, Stored
 from hps.storage import AccessMode, EmbeddingStore
 from hps.tiers.rows import Level, RowStore
 from hps.tiers.versions import VersionedRows, Versions, key_versions, last_version
@@ -30,14 +35,35 @@ NOWHERE, IN_L2, IN_L3 = 0, 2, 3
 
 @dataclass(frozen=True)
 class Fetched:
-    """Rows of a batch of keys from L2/L3: ``values[i]`` is valid where ``level[i] != 0``."""
+    """Stored rows of a batch of keys from L2/L3 (``(n, spec.width)`` of ``spec.fmt.dtype``):
+    ``values[i]`` is valid where ``level[i] != 0``."""
 
-    values: Vectors
+    values: Stored
     level: npt.NDArray[np.int8]
 
     @property
     def found(self) -> npt.NDArray[np.bool_]:
         return self.level != NOWHERE
+
+
+def encode_rows(spec: TableSpec, values: Vectors) -> Stored:
+    """Validated float32 rows (``hps.validate.as_rows``) in ``spec``'s stored form: what every
+    edge that writes rows calls. A value the format cannot hold (beyond float16's range) is
+    an :class:`hps.errors.InvalidValueError` naming the table. float32: ``values`` itself."""
+    try:
+        return spec.fmt.encode(values)
+    except InvalidValueError as exc:
+        raise InvalidValueError(f"{spec.name}: {exc}") from None
+
+
+def check_encodable(spec: TableSpec, values: Vectors) -> None:
+    """Raise the InvalidValueError :func:`encode_rows` would raise for finite ``values``,
+    without encoding them: float16's range (|x| <= 65504) is the one limit a format puts on
+    finite values. What validates a batch before anything is written (imports, updates)."""
+    if spec.fmt.name != "float16" or not values.size:
+        return
+    if max(float(values.max()), -float(values.min())) > FLOAT16_MAX:
+        encode_rows(spec, values)
 
 
 def _tier(store: EmbeddingStore | RowStore | None, level: Level) -> RowStore | None:
@@ -84,10 +110,27 @@ class Tiers:
         """The tier that holds a table's whole copy and its update versions: L3, else L2."""
         return self.persistent if self.persistent is not None else self.volatile
 
-    def open_tables(self, specs: Iterable[TableSpec]) -> None:
+    def open_tables(self, specs: Iterable[TableSpec], *, replace: bool = False) -> None:
+        """Declare ``specs`` in every tier. A tier that holds a table's rows in another
+        format or dimension refuses it (:class:`hps.errors.ConfigError`, naming
+        ``hps import --force``); with ``replace`` the table is then dropped in every tier
+        and created anew in its configured format (``hps import --force``)."""
         for spec in specs:
-            for store in self.stores:
-                store.open_table(spec)
+            try:
+                for store in self.stores:
+                    store.open_table(spec)
+            except ConfigError as exc:
+                if not replace:
+                    raise
+                log.warning("%s; dropping it in every tier to import it again", exc)
+                self.drop_table(spec)
+
+    def drop_table(self, spec: TableSpec) -> None:
+        """Delete a table's rows and recorded format in every tier, then declare it anew."""
+        for store in self.stores:
+            store.drop_table(spec.name)
+        for store in self.stores:
+            store.open_table(spec)
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -100,17 +143,19 @@ class Tiers:
         there (e.g. :meth:`catch_up_once`: a secondary L3 catches up only when needed).
         """
         level = np.zeros(keys.size, dtype=np.int8)
-        values: Vectors | None = None
+        values: Stored | None = None
         if self.volatile is not None and keys.size:
             try:
                 values, found = self.volatile.fetch(spec.name, keys)
                 level[found] = IN_L2
+                if not values.flags.writeable:  # L3's hits and callers' defaults go into it
+                    values = values.copy()
             except CircuitOpenError:
                 pass  # L2 failed moments ago and is skipped for a while (hps.storage.breaker)
             except BackendUnavailable as exc:
                 log.warning("L2 unavailable, reading L3: %s", exc)
         if values is None:
-            values = np.empty((keys.size, spec.dim), dtype=np.float32)
+            values = spec.fmt.empty(keys.size, spec.dim)
         rest = np.flatnonzero(level == NOWHERE)
         if rest.size and self.persistent is not None:
             if before_l3 is not None:
@@ -121,8 +166,8 @@ class Tiers:
             level[hit] = IN_L3
         return Fetched(values, level)
 
-    def dump(self, table: str) -> Iterator[tuple[Keys, Vectors]]:
-        """Every row of a table, from the tier that holds its whole copy (L3, else L2)."""
+    def dump(self, table: str) -> Iterator[tuple[Keys, Stored]]:
+        """Every stored row of a table, from the tier that holds its whole copy (L3, else L2)."""
         if self.primary is not None:
             yield from self.primary.dump(table)
 
@@ -139,9 +184,10 @@ class Tiers:
     # -- writes -------------------------------------------------------------------------------
 
     def write(
-        self, table: str, keys: Keys, values: Vectors, *, durable: bool = False, l2: bool = True
+        self, table: str, keys: Keys, values: Stored, *, durable: bool = False, l2: bool = True
     ) -> None:
-        """Upsert into L3 (synced when ``durable``), then into L2 unless ``l2`` is false."""
+        """Upsert stored rows into L3 (synced when ``durable``), then into L2 unless ``l2`` is
+        false."""
         if self.persistent is not None:
             self.persistent.insert(table, keys, values, durable=durable)
         if l2 and self.volatile is not None:
@@ -154,8 +200,8 @@ class Tiers:
         if self.volatile is not None:
             self.volatile.remove(table, keys)
 
-    def backfill(self, table: str, keys: Keys, values: Vectors) -> None:
-        """Rows L3 answered, into L2 (``cache_missed_embeddings``); a no-op without L2."""
+    def backfill(self, table: str, keys: Keys, values: Stored) -> None:
+        """Stored rows L3 answered, into L2 (``cache_missed_embeddings``); a no-op without L2."""
         if self.volatile is not None:
             self.volatile.insert(table, keys, values)
 

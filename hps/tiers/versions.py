@@ -35,8 +35,9 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from hps.rowformat import Stored
 from hps.tiers.rows import RowStore
-from hps.types import Keys, TableSpec, Vectors
+from hps.types import Keys, TableSpec
 
 Versions = npt.NDArray[np.uint64]
 
@@ -132,7 +133,7 @@ class SideVersions:
         """Stored versions of ``keys`` (0 where none)."""
         return self.side.get(keys)
 
-    def upsert(self, keys: Keys, values: Vectors, versions: Versions, *, durable: bool) -> None:
+    def upsert(self, keys: Keys, values: Stored, versions: Versions, *, durable: bool) -> None:
         self.store.insert(self.name, keys, values)
         self.side.put(keys, versions, durable=durable)
 
@@ -154,7 +155,7 @@ class RowVersions(SideVersions):
             versions[rest] = self.side.get(keys[rest])
         return np.asarray(versions, dtype=np.uint64)
 
-    def upsert(self, keys: Keys, values: Vectors, versions: Versions, *, durable: bool) -> None:
+    def upsert(self, keys: Keys, values: Stored, versions: Versions, *, durable: bool) -> None:
         self.store.insert_versioned(self.name, keys, values, versions, durable=durable)
 
 
@@ -189,7 +190,7 @@ class VersionedRows:
 
     def write(
         self,
-        upserts: tuple[Keys, Vectors, Versions],
+        upserts: tuple[Keys, Stored, Versions],
         deletes: tuple[Keys, Versions],
         *,
         durable: bool,

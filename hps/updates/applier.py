@@ -15,6 +15,12 @@ L2, then the partition watermarks with a synced write, which also syncs everythi
 before it. A crash before that sync leaves versions and watermarks no newer than the data,
 and a row whose stored version equals the update's is re-applied, so the replay re-applies.
 A failing tier raises :class:`hps.errors.BackendError`; the caller retries the same batch.
+
+Row formats: updates travel as float32 (the wire format does not change); the applier
+encodes each table's winning rows into its row format (``hps_row_dtype``) once, before any
+tier sees them, and hands the listeners (a serving process's L1) those stored rows.
+:func:`hps.updates.consumer.decode_message` has already refused (dead-lettered) a message
+whose values the table's format cannot hold.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hps.errors import UnknownTableError
-from hps.tiers import Tiers, VersionedRows
+from hps.rowformat import Stored
+from hps.tiers import Tiers, VersionedRows, encode_rows
 from hps.types import Keys, TableSpec, UpdateBatch, Vectors
 
 log = logging.getLogger(__name__)
@@ -39,7 +46,7 @@ class Applied:
 
     table: str
     keys: Keys  # upserted keys
-    values: Vectors  # their new vectors
+    values: Stored  # their new rows, in the table's stored form (hps.rowformat)
     deleted: Keys
     stale: int  # rows dropped because a newer version was already applied
 
@@ -113,7 +120,8 @@ class Applier:
         keep = versions >= stored
         up = keep & ~deletes
         rm = keep & deletes
-        up_keys, up_values, rm_keys = keys[up], values[up], keys[rm]
+        up_keys, rm_keys = keys[up], keys[rm]
+        up_values = encode_rows(spec, values[up])  # once, for every tier and the listeners
         # Without a partition there is no watermark write to sync the batch: sync the data.
         sync = bool(keep.any()) and not bool((parts[keep] >= 0).any())
         # the first tier takes data and versions together, then the others the data

@@ -8,8 +8,9 @@ Semantics (docs/updates.md):
   are its offsets stored; stored offsets are committed after at most ``max_commit_interval``
   batches, whenever a poll finds nothing, on a rebalance and on shutdown. A crash replays at
   most those batches, and the per-key versions make the replay change nothing.
-- A message that cannot be decoded (or names an unknown table, has the wrong dimension or
-  non-finite values) goes to the dead-letter topic with the reason; the rest is applied.
+- A message that cannot be decoded (or names an unknown table, has the wrong dimension,
+  non-finite values or values its table's row format cannot hold: beyond float16's range)
+  goes to the dead-letter topic with the reason; the rest is applied.
 - When a tier fails, the same batch is retried after ``failure_backoff_ms``, doubling up to
   ``MAX_BACKOFF_S``: nothing is skipped. A stop request during the backoff leaves the batch
   uncommitted (it is redelivered on restart).
@@ -36,6 +37,7 @@ from hps.errors import (
     ShapeError,
     UnknownTableError,
 )
+from hps.tiers import check_encodable
 from hps.types import TableSpec, UpdateBatch
 from hps.updates import codec, metrics
 from hps.updates.applier import Applier
@@ -91,6 +93,7 @@ def decode_message(
             raise ShapeError(f"{spec.name}: vectors of dim {d.dim}, the table has dim {spec.dim}")
         if not np.isfinite(d.values).all():
             raise InvalidValueError(f"{spec.name}: vectors contain NaN or infinity")
+        check_encodable(spec, d.values)  # beyond float16's range for a float16 table
     extras = {"partition": str(msg.partition())}
     return UpdateBatch(spec.name, d.keys, d.values, int(d.version), d.delete, extras)
 

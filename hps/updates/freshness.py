@@ -2,8 +2,9 @@
 
 Two passes per update message (docs/updates.md, "Freshness"):
 
-1. **At once**, from the message itself: resident rows get the new vectors, deleted keys leave
-   L1. A lookup then returns the new vector within the time the message takes to reach the
+1. **At once**, from the message itself: resident rows get the new rows (in the table's
+   stored form: the applier's, or the message's vectors encoded), deleted keys leave L1. A
+   lookup then returns the new vector within the time the message takes to reach the
    process (broker fetch wait + decode), without waiting for L2/L3.
 2. **Once L2/L3 hold the update** (``ready``; for a shared L2 that is when the consumer group
    has committed past the message) and ``grace_s`` later, the resident rows of the same keys
@@ -21,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hps.types import Keys, Vectors
+from hps.rowformat import Stored
+from hps.types import Keys
 from hps.updates import metrics
 
 if TYPE_CHECKING:
@@ -53,15 +55,16 @@ class L1Refresher:
     def tracks(self, table: str) -> bool:
         return self.session.caches.get(table) is not None
 
-    def now(self, table: str, keys: Keys, values: Vectors | None) -> None:
-        """Pass 1: ``values`` for upserts, ``None`` for deletes."""
+    def now(self, table: str, keys: Keys, rows: Stored | None) -> None:
+        """Pass 1: ``rows`` (stored rows of the table's format) for upserts, ``None`` for
+        deletes."""
         cache = self.session.caches.get(table)
         if cache is None or keys.size == 0:
             return
-        if values is None:
+        if rows is None:
             cache.evict(keys)
         else:
-            self.session.refresh(table, keys, values)
+            self.session.update_rows(table, keys, rows)
         metrics.L1_REFRESHED.labels(table).inc(keys.size)
 
     def later(self, table: str, keys: Keys, token: object = None) -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from hps.config import PSConfig
 from hps.errors import ConfigError, FormatError, HPSError, RequestError
+from hps.tiers import encode_rows
 from hps.topology import topology
 from hps.types import TableSpec
 from hps.updates import codec
@@ -230,7 +231,8 @@ def _refresh_from(
     except (FormatError, RequestError) as exc:
         log.debug("listener skips %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), exc)
         return
-    refresher.now(upd.table, upd.keys, None if upd.delete else upd.values)
+    rows = None if upd.delete or upd.values is None else encode_rows(tables[upd.table], upd.values)
+    refresher.now(upd.table, upd.keys, rows)
     refresher.later(upd.table, upd.keys, (msg.topic(), msg.partition(), msg.offset()))
 
 

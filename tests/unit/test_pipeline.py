@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from hps.build import build_session
 from hps.cache.embedding_cache import EmbeddingCache
+from hps.errors import InvalidValueError
 from hps.lookup import LookupSession
 from hps.storage.hash_map import HashMapStore
 from hps.tiers import Tiers
@@ -173,5 +174,126 @@ def test_the_session_is_whole_when_built(tmp_path: object) -> None:
         assert sorted(session.caches) == [name for name, _ in TABLES]
         with pytest.raises(TypeError):
             session.caches["demo.t0"] = session.caches["demo.t1"]  # type: ignore[index]
+    finally:
+        session.close()
+
+
+# -- row formats (docs/config.md: hps_row_dtype) -------------------------------------------
+
+FORMATS = (("q.f32", "float32", 4), ("q.f16", "float16", 8), ("q.i8", "int8", 5))
+
+
+def _formats_session(tmp_path: object, *, reference: bool = False) -> LookupSession:
+    """One cached table per row format over an in-memory L2 and an in-memory "L3"."""
+    cfg = make_config(
+        tmp_path,
+        models=[
+            {
+                "model": "q",
+                "embedding_table_names": [n.split(".")[1] for n, _, _ in FORMATS],
+                "embedding_vecsize_per_table": [d for *_, d in FORMATS],
+                "hps_row_dtype": [f for _, f, _ in FORMATS],
+                "default_value_for_each_table": [0.5, -1.0, 2.0],
+                "max_batch_size": 1024,
+                "gpucache": True,
+                "hit_rate_threshold": 0.0,
+                "hps_cache": {"capacity": 64, "device": "numpy"},
+            }
+        ],
+        volatile_db={"type": "hash_map", "cache_missed_embeddings": True},
+        persistent_db={"type": "disabled"},
+    )
+    session = build_session(cfg, tiers=Tiers(HashMapStore(), HashMapStore()))
+    if reference:
+        for cache in session.caches.values():
+            assert isinstance(cache, EmbeddingCache)
+            cache._kernel = None
+    return session
+
+
+def _source(dim: int, n: int = 40, seed: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed + dim)
+    keys = np.arange(n, dtype=np.int64) * 7 + 1
+    return keys, (rng.standard_normal((n, dim)) * 3).astype(np.float32)
+
+
+@pytest.mark.parametrize("reference", [False, True], ids=["compiled", "numpy"])
+def test_formats_answer_float32_as_stored_from_every_level(
+    tmp_path: object, reference: bool
+) -> None:
+    """Rows written through the session are stored encoded; a lookup answers them decoded,
+    the same from L2 (decoded by the pipeline) as from L1 (decoded by its kernel), within
+    each format's bound of the float32 source, and the default where no level holds a key."""
+    session = _formats_session(tmp_path, reference=reference)
+    try:
+        data = {name: _source(dim) for name, _, dim in FORMATS}
+        for name, (keys, values) in data.items():
+            session.insert(name, keys, values)
+        q_keys = [np.concatenate([k[::3], [999_999], k[::3]]) for k, _ in data.values()]
+        counts = np.array([q.size for q in q_keys], np.int32)
+        first = session.lookup_request("q", np.concatenate(q_keys), counts)  # L2
+        session.drain()
+        again = session.lookup_request("q", np.concatenate(q_keys), counts)  # L1
+        np.testing.assert_array_equal(again, first)
+        stats = session.stats()["tables"]
+        assert all(stats[n]["l1"] == data[n][0][::3].size for n, *_ in FORMATS)
+        at = 0
+        for (name, fmt_name, dim), q in zip(FORMATS, q_keys, strict=True):
+            spec = session.tables[name]
+            got = first[at : at + q.size * dim].reshape(q.size, dim)
+            at += q.size * dim
+            keys, values = data[name]
+            src = values[np.searchsorted(keys, q[q != 999_999])]
+            served = got[q != 999_999]
+            np.testing.assert_array_equal(served, spec.fmt.decode(spec.fmt.encode(src), dim))
+            err = np.abs(served - src)
+            if fmt_name == "float16":
+                assert (err <= np.abs(src) * 2.0**-11 + 1e-7).all()
+            elif fmt_name == "int8":
+                half_step = (src.max(axis=1) - src.min(axis=1)) / 510
+                ulps = 4 * np.spacing(np.abs(src).max(axis=1))  # float32 rounding of decode
+                assert (err <= (half_step + ulps)[:, None]).all()
+            np.testing.assert_array_equal(got[q == 999_999], spec.default_value)
+    finally:
+        session.close()
+
+
+def test_rows_move_between_tiers_as_stored(tmp_path: object) -> None:
+    """L3 hits go to L2 and L1 byte for byte as stored: nothing is re-quantized."""
+    session = _formats_session(tmp_path)
+    try:
+        for name, _, dim in FORMATS:
+            spec = session.tables[name]
+            keys, values = _source(dim)
+            stored = spec.fmt.encode(values)
+            assert session.tiers.persistent is not None and session.tiers.volatile is not None
+            session.tiers.persistent.insert(name, keys, stored)
+            got = session.lookup(name, keys)  # L3 → the answer, L2 and L1
+            session.drain()
+            np.testing.assert_array_equal(got, spec.fmt.decode(stored, dim))
+            in_l2, found = session.tiers.volatile.fetch(name, keys)
+            assert found.all() and in_l2.dtype == spec.fmt.dtype
+            np.testing.assert_array_equal(in_l2, stored)
+            cache = session.caches[name]
+            assert isinstance(cache, EmbeddingCache)
+            l1_keys, l1_rows = cache.dump()
+            assert l1_rows.dtype == spec.fmt.dtype and l1_rows.shape[1] == spec.width
+            order = np.argsort(np.asarray(l1_keys))
+            at = np.searchsorted(keys, np.asarray(l1_keys)[order])
+            np.testing.assert_array_equal(np.asarray(l1_rows)[order], stored[at])
+    finally:
+        session.close()
+
+
+def test_float16_out_of_range_is_refused_and_nothing_is_written(tmp_path: object) -> None:
+    session = _formats_session(tmp_path)
+    try:
+        keys = np.array([1, 2], np.int64)
+        bad = np.array([[1.0] * 8, [7e4] + [0.0] * 7], np.float32)
+        with pytest.raises(InvalidValueError, match=r"q\.f16: .*float16"):
+            session.insert("q.f16", keys, bad)
+        assert session.stats()["tables"]["q.f16"]["keys"] == 0
+        np.testing.assert_array_equal(session.lookup("q.f16", keys), -1.0)  # defaults
+        session.insert("q.i8", keys, np.array([[7e4] * 5, [-7e4] * 5], np.float32))  # fine
     finally:
         session.close()

@@ -11,6 +11,7 @@ import time
 import numpy as np
 from locust import User, task
 
+from hps.loadtest.keys import served
 from hps.loadtest.requests import WrongAnswer
 from hps.loadtest.steps import stage_at, updates_on
 from hps.loadtest.users.shared import STATE, fire
@@ -83,6 +84,7 @@ class Prober(KafkaUser):
         n = min(o.freshness_keys, t.fresh_keys.size)
         keys = self.rng.choice(t.fresh_keys, n, replace=False)
         vectors = self.rng.standard_normal((n, t.spec.dim), dtype=np.float32)
+        want = served(t.spec, vectors)  # as the table's row format stores them
         probe_keys, numkeys = self.work.probe_request(ti, keys)
         inputs = {"KEYS": probe_keys[None], "NUMKEYS": numkeys[None]}
 
@@ -91,7 +93,7 @@ class Prober(KafkaUser):
             deadline = time.perf_counter() + o.freshness_timeout
             while True:
                 got = self.client.infer(self.work.name, inputs).reshape(n, t.spec.dim)
-                if np.allclose(got, vectors, rtol=1e-5, atol=1e-6):
+                if np.allclose(got, want, rtol=1e-5, atol=1e-6):
                     return int(vectors.nbytes)
                 if time.perf_counter() > deadline:
                     raise WrongAnswer(f"update not served after {o.freshness_timeout}s")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hps.config import PSConfig
-from hps.errors import FormatError, SparseModelError
+from hps.errors import ConfigError, FormatError, InvalidValueError, SparseModelError
 from hps.io.npy import write_npy_pair
 from hps.io.sparse_model import write_sparse_model
 from hps.loading.imports import import_tables, sparse_sources
@@ -20,24 +20,22 @@ from hps.topology import topology
 from tests.helpers import make_config, rows
 
 
-def two_tables(tmp_path: Path, **volatile: object) -> PSConfig:
+def two_tables(tmp_path: Path, row_dtype: list[str] | None = None, **volatile: object) -> PSConfig:
     keys = np.arange(100, dtype=np.int64)
     paths = [tmp_path / "t0.model", tmp_path / "t1.model"]
-    write_sparse_model(paths[0], keys, rows(keys, 4))
-    write_sparse_model(paths[1], keys[:10], rows(keys[:10], 8))
-    return make_config(
-        tmp_path,
-        volatile_db={"type": "hash_map", **volatile},
-        models=[
-            {
-                "model": "demo",
-                "embedding_table_names": ["t0", "t1"],
-                "embedding_vecsize_per_table": [4, 8],
-                "sparse_files": [str(p) for p in paths],
-                "gpucache": False,
-            }
-        ],
-    )
+    if not paths[0].exists():
+        write_sparse_model(paths[0], keys, rows(keys, 4))
+        write_sparse_model(paths[1], keys[:10], rows(keys[:10], 8))
+    model: dict[str, object] = {
+        "model": "demo",
+        "embedding_table_names": ["t0", "t1"],
+        "embedding_vecsize_per_table": [4, 8],
+        "sparse_files": [str(p) for p in paths],
+        "gpucache": False,
+    }
+    if row_dtype is not None:
+        model["hps_row_dtype"] = row_dtype
+    return make_config(tmp_path, volatile_db={"type": "hash_map", **volatile}, models=[model])
 
 
 def l3(config: PSConfig) -> Tiers:
@@ -136,3 +134,58 @@ def test_npy_source(tmp_path: Path) -> None:
     np.testing.assert_array_equal(sample_values, rows(keys, 4)[[0, 3, 6]])
     assert json.dumps(source.stamp())
     assert [s.spec.name for s in sparse_sources(config)] == ["demo.t0", "demo.t1"]
+
+
+# -- row formats (hps_row_dtype) --------------------------------------------------------------
+
+
+def test_tables_are_imported_in_their_row_format(tmp_path: Path) -> None:
+    """Each chunk is encoded as it streams: L3 holds exactly the encoded file rows, which
+    is also what tells a later import that L3 already holds these files."""
+    config = two_tables(tmp_path, ["int8", "float16"])
+    topo = topology(config)
+    assert import_tables(config, topo) == {"demo.t0": 100, "demo.t1": 10}
+    tiers = l3(config)
+    try:
+        assert tiers.persistent is not None
+        for spec, n in zip(config.tables, (100, 10), strict=True):
+            keys = np.arange(n, dtype=np.int64)
+            got, found = tiers.persistent.fetch(spec.name, keys)
+            assert found.all() and got.dtype == spec.fmt.dtype and got.shape[1] == spec.width
+            np.testing.assert_array_equal(got, spec.fmt.encode(rows(keys, spec.dim)))
+            assert l3_matches(tiers, sparse_source(spec, tmp_path / f"{spec.table}.model"))
+    finally:
+        tiers.close()
+    (tmp_path / "rocksdb.hps-import.json").unlink()  # the record gone: L3 is sampled
+    assert import_tables(config, topo) == {}
+
+
+def test_float16_out_of_range_is_refused_at_import_naming_the_table(tmp_path: Path) -> None:
+    config = two_tables(tmp_path, ["float32", "float16"])
+    big = rows(np.arange(10), 8)
+    big[4, 2] = 1e5
+    write_sparse_model(tmp_path / "t1.model", np.arange(10, dtype=np.int64), big)
+    with pytest.raises(InvalidValueError, match=r"demo\.t1: 1 value.*float16.*emb_vector"):
+        import_tables(config, topology(config))
+    assert not Path(config.persistent_db.path).exists()  # nothing written, not even t0
+
+
+def test_a_format_change_is_refused_then_forced(tmp_path: Path) -> None:
+    """Rows of two formats never mix: a changed hps_row_dtype is refused (also when the
+    files did not change) until ``force`` drops the table and imports it in its new format."""
+    topo = topology(two_tables(tmp_path))
+    assert import_tables(two_tables(tmp_path), topo) == {"demo.t0": 100, "demo.t1": 10}
+    changed = two_tables(tmp_path, ["int8", "float32"])
+    with pytest.raises(ConfigError, match=r"demo\.t0.*float32.*int8.*--force"):
+        import_tables(changed, topo)
+    assert import_tables(changed, topo, force=True) == {"demo.t0": 100, "demo.t1": 10}
+    assert import_tables(changed, topo) == {}
+    tiers = l3(changed)
+    try:
+        assert tiers.persistent is not None
+        spec = changed.tables[0]
+        got, found = tiers.persistent.fetch(spec.name, np.arange(100, dtype=np.int64))
+        assert found.all() and got.dtype == np.uint8
+        assert tiers.persistent.size(spec.name) == 100
+    finally:
+        tiers.close()

@@ -129,3 +129,40 @@ def test_triton_admin_follows_a_new_key_file(
     second, _ = ensure_key(tmp_path)  # hps serve restarted
     assert triton.admin_key == second != first
     assert TritonAdmin("127.0.0.1:1", admin_key="fixed").admin_key == "fixed"
+
+
+def test_import_of_values_a_float16_table_cannot_hold_is_a_400(tmp_path: Path) -> None:
+    """Validated before anything is written (docs/config.md: hps_row_dtype)."""
+    import numpy as np
+
+    from hps.service.app import create_app
+    from hps.service.state import AdminState
+    from hps.service.triton_admin import TritonAdmin
+    from tests.helpers import make_config
+
+    config = make_config(
+        tmp_path,
+        models=[
+            {
+                "model": "demo",
+                "embedding_table_names": ["h"],
+                "embedding_vecsize_per_table": [4],
+                "hps_row_dtype": "float16",
+                "gpucache": False,
+            }
+        ],
+    )
+    state = AdminState(config, "tok", TritonAdmin("127.0.0.1:1"), state_dir=tmp_path / "s")
+    keys = np.array([1, 2], dtype=np.int64).tobytes()
+    vectors = np.array([[1, 2, 3, 4], [7e4, 0, 0, 0]], dtype=np.float32).tobytes()
+    with TestClient(create_app(state)) as client:
+        r = client.post(
+            "/v1/models/demo/tables/h/import",
+            data={"format": "sparse"},
+            files={"keys": ("key", keys), "vectors": ("emb_vector", vectors)},
+            headers={"Authorization": "Bearer tok"},
+        )
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == "InvalidValueError"
+    assert "demo.h: 1 value(s) outside float16's range" in r.json()["detail"]
+    assert not (tmp_path / "rocksdb").exists()  # nothing written

@@ -183,3 +183,23 @@ def test_watermarks_survive_a_new_applier() -> None:
     (applied,) = restarted.apply([in_part(up([1], 9, 40), 3)])  # a replayed older message
     assert applied.stale == 1 and l3.version_reads == 1
     np.testing.assert_array_equal(l3.fetch(SPEC.name, np.array([1]))[0], vec([1], 0))
+
+
+@pytest.mark.parametrize("row_dtype", ["float16", "int8"])
+def test_updates_are_stored_in_the_table_format(row_dtype: str) -> None:
+    """The wire stays float32; the applier encodes once, for every tier and the listeners."""
+    spec = TableSpec("m", "q", 3, row_dtype=row_dtype)  # type: ignore[arg-type]
+    l2, l3 = HashMapStore(), HashMapStore()
+    heard: list[Applied] = []
+    applier = Applier({spec.name: spec}, Tiers(l2, l3), listeners=[heard.append])
+    keys = np.array([4, 1, 4], np.int64)
+    values = np.array([[1, 2, 3], [-1, 0, 9], [5, 6, 7.5]], np.float32)
+    applier.apply([UpdateBatch(spec.name, keys[:2], values[:2], 1)])
+    applier.apply([UpdateBatch(spec.name, keys[2:], values[2:], 2)])
+    want = spec.fmt.encode(values[[1, 2]])  # keys 1, 4: the latest row of 4
+    for store in (l2, l3):
+        got, found = store.fetch(spec.name, np.array([1, 4], np.int64))
+        assert found.all() and got.dtype == spec.fmt.dtype
+        np.testing.assert_array_equal(got, want)
+    assert heard[-1].values.dtype == spec.fmt.dtype
+    np.testing.assert_array_equal(heard[-1].values, spec.fmt.encode(values[2:]))

@@ -148,6 +148,27 @@ def test_bad_messages_are_dead_lettered_and_the_rest_applied() -> None:
     assert l3.fetch(SPEC.name, np.array([1, 2, 3, 4]))[1].tolist() == [True, True, False, False]
 
 
+def test_values_beyond_float16_are_dead_lettered_for_a_float16_table() -> None:
+    spec = TableSpec("m", "h", 2, row_dtype="float16")
+    topic = codec.topic_name("m", "h")
+    ok = np.array([[1.5, -65504.0]], np.float32)
+    msgs = [
+        Msg(codec.encode(np.array([1]), ok, 1), 0, topic),
+        Msg(codec.encode(np.array([2, 3]), np.array([[0, 1], [7e4, 0]], np.float32), 1), 1, topic),
+    ]
+    l2, l3 = HashMapStore(), HashMapStore()
+    applier = Applier({spec.name: spec}, Tiers(l2, l3))
+    source, dead = FakeSource(msgs), FakeDead()
+    consumer = UpdateConsumer(source, applier, settings(), dead_letters=dead)  # type: ignore[arg-type]
+    consumer.run_once(threading.Event())
+    assert [o for o, _ in dead.sent] == [1] and source.stored == [0, 1]
+    reason = dead.sent[0][1]
+    assert reason.startswith("InvalidValueError: m.h: 1 value(s) outside float16's range")
+    got, found = l3.fetch(spec.name, np.array([1, 2, 3]))
+    assert found.tolist() == [True, False, False] and got.dtype == np.float16
+    np.testing.assert_array_equal(got[:1], ok.astype(np.float16))
+
+
 def test_a_failing_tier_is_retried_and_nothing_is_skipped() -> None:
     consumer, source, _, l2, l3 = make([upsert([1, 2], 1, 0)], l2=FlakyStore(failures=3))
     assert consumer.run_once(threading.Event()) == 1
@@ -196,12 +217,15 @@ class FakeSession:
     def refresh(self, table: str, keys: np.ndarray, values: Any = None, **_: Any) -> None:
         self.calls.append((keys.tolist(), None if values is None else values.tolist()))
 
+    def update_rows(self, table: str, keys: np.ndarray, rows: np.ndarray) -> None:
+        self.calls.append((keys.tolist(), rows.tolist()))
+
 
 def test_refresher_passes() -> None:
     session = FakeSession()
     r = L1Refresher(session, grace_s=0.0)  # type: ignore[arg-type]
     r.now(SPEC.name, np.array([5, 3, 5]), np.array([[1, 1], [2, 2], [3, 3]], np.float32))
-    # passed on as received: session.refresh de-duplicates (last row of a key wins)
+    # stored rows passed on as received: the cache keeps the last row of a key
     assert session.calls == [([5, 3, 5], [[1, 1], [2, 2], [3, 3]])]
     r.now("unknown.table", np.array([1]), np.ones((1, 2), np.float32))
     assert len(session.calls) == 1
