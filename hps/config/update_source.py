@@ -23,7 +23,8 @@ class UpdateSourceConfig(Frozen):
     hps_max_version_ahead_s: float = Field(
         default=300.0,
         ge=0.0,
-        description="an update version (ns) beyond its message's timestamp + this is refused",
+        description="an update version (ns) beyond the consumer's clock (or an earlier message "
+        "timestamp) + this is refused",
     )
     hps_kafka_config: dict[str, str | int | bool] = {}
     hps_kafka_config_env: dict[str, str] = Field(

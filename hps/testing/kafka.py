@@ -6,7 +6,9 @@ binds a free loopback port (kept across a restart), keeps everything in memory
 
 Tansu quirks worth knowing (the consumer defaults in ``hps.updates.kafka`` allow for them):
 a consumer group's join waits about half of ``session.timeout.ms``, and a waiting fetch is
-not woken when data arrives (it lasts ``fetch.wait.max.ms``).
+not woken when data arrives (it lasts ``fetch.wait.max.ms``). It records a topic's
+``message.timestamp.type=LogAppendTime`` (``describe_configs`` shows it) but keeps the
+producer's ``CreateTime``: against it, the consumer's clock alone bounds update versions.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Per-key update versions and per-partition watermarks, kept next to the data they protect.
+"""Per-key update versions and a table-wide watermark, kept next to the data they protect.
 
 They live in the same tier as the table's data (L3 when the table's updates go to L3, else
 L2), so they live and die with the data, and a synced write of them also syncs the data
@@ -19,25 +19,68 @@ Side tables of ``<model>.<table>``:
 - ``<model>.<table>__hps_version``: the version of each key's last applied update (for
   ``versioned_rows`` stores: of deletes, and of rows written before the format carried it).
   Deleted keys keep theirs, so a replayed older upsert cannot resurrect them.
-- ``<model>.<table>__hps_watermark``: per Kafka partition, the highest version applied from
-  it. A key's updates always travel in the same partition (the producer partitions by key),
-  so a row whose version is at least its partition's watermark is newer than anything stored
-  for its key and needs no per-key read: the common, in-order case costs no read at all.
+- ``<model>.<table>__hps_watermark``: under key ``-1``, the table's **watermark** ``W``
+  (:class:`Watermarks`). Keys ``0, 1, ...`` hold the per-partition watermarks of databases
+  written before ``W`` existed; nothing reads them any more but :func:`last_version` of such
+  a database.
 
 A version (uint64) is stored as four float32 holding its 16-bit limbs, which every backend
 keeps exactly.
+
+The rule and the shortcut
+-------------------------
+
+**Rule**: a row is applied only if its version is >= its key's stored version (0: never
+updated), whatever the partition it came from, keyed or not (HugeCTR's messages carry no
+Kafka key, so one key's updates may travel in several partitions; a topic's partition
+count may change). The per-key read this needs is skipped for a row whose version is >= W.
+
+**Why the shortcut is sound.** Invariant: *W >= every version stored for the table's keys*
+(in the tier that keeps them). Then a row with version v >= W has v >= W >= its key's
+stored version, which is exactly what the per-key read would have checked: the row is
+applied either way, so skipping the read changes nothing. Partitions play no part, so
+neither unkeyed messages nor a change of partition count matter. The invariant holds:
+
+1. *Established*: a table whose tier holds no W (a new table, or a database written before
+   W) gets ``W = max`` of its stored versions, from one scan of them
+   (:meth:`VersionedRows.scan`) when its :class:`VersionedRows` is built, before any update
+   is applied; an empty table costs nothing, an old one a read of every row, once.
+2. *Kept by every write*: :meth:`VersionedRows.write` raises W to the highest version it is
+   about to store **before** it stores any of them, in the same tier. The tier keeps one
+   writer's writes in order (RocksDB: one WAL, of which a crash keeps a prefix; Redis: one
+   connection, each write acknowledged before the next is sent), so whatever survives a
+   crash, a stored version never exceeds the stored W. W only ever rises, except by
+   :meth:`VersionedRows.reset_above` (``hps repair-versions``), which lowers W to the
+   highest version that remains after resetting every larger one.
+3. *Read fresh*: W is read from the tier once per batch (:meth:`Watermarks.of`), never
+   kept from an earlier batch, so another writer's raise (a partition's previous owner
+   after a rebalance) is seen: its W write preceded its data, whose offsets were committed
+   before the partition moved.
+
+Several writers of one tier *at once* (several ``hps consume`` in one group over a Redis-only
+tier, with unkeyed messages spreading a key over their partitions) race between a read and
+the write that follows, whether that read is the per-key one or W's: neither is atomic
+across processes. Keyed messages (``Publisher``) do not race: each key has one writer.
+
+Durability: :meth:`Watermarks.advance` ends each applied batch with a synced write of W,
+which syncs every write before it; "durably applied" (and so the commit of its offsets)
+means that sync returned.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
+from hps.index import GOLDEN, mix
 from hps.rowformat import Stored
 from hps.tiers.rows import RowStore
-from hps.types import Keys, TableSpec
+from hps.types import Keys, Mask, TableSpec
+
+log = logging.getLogger(__name__)
 
 Versions = npt.NDArray[np.uint64]
 
@@ -85,41 +128,111 @@ class VersionTable(_SideTable):
         super().__init__(store, spec, VERSION_SUFFIX)
 
 
+BUCKETS = 192
+"""Key buckets of the watermarks: ``bucket = splitmix64(key) % BUCKETS``, the hash
+``Publisher`` partitions by (:mod:`hps.updates.partition`). 192 = 2^6 x 3 is a multiple of
+the partition counts 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96 and 192: with those, a
+bucket's keys all travel in one partition, whose versions arrive in order, so a keyed stream
+in order skips every per-key read. Small enough to read every bucket's watermark once per
+batch. Never change it for a stored table."""
+
+
+def bucket_of(keys: Keys) -> npt.NDArray[np.int64]:
+    """The watermark bucket of each key."""
+    h = mix(np.asarray(keys, dtype=np.int64).view(np.uint64) + GOLDEN)
+    return (h % np.uint64(BUCKETS)).astype(np.int64)
+
+
+def mark_key(buckets: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Where bucket ``b``'s watermark is stored: key ``-1 - b`` (partitions were >= 0)."""
+    return np.asarray(-1 - buckets, dtype=np.int64)
+
+
+ALL_BUCKETS = np.arange(BUCKETS, dtype=np.int64)
+SYNC_KEY = np.array([-1 - BUCKETS], dtype=np.int64)
+"""A row of the watermark side table written synced at the end of each applied batch (the
+batch's highest version): what makes the batch durable. No watermark."""
+
+
+def top_per_bucket(keys: Keys, versions: Versions) -> Versions:
+    """The highest of ``versions`` in each bucket (0 where none), one vectorised pass."""
+    top = np.zeros(BUCKETS, dtype=np.uint64)
+    np.maximum.at(top, bucket_of(keys), np.asarray(versions, dtype=np.uint64))
+    return top
+
+
 class Watermarks(_SideTable):
-    """Per-partition highest applied version of one table, cached after the first read."""
+    """A table's watermarks W[b], one per key bucket: W[b] >= every version stored for a key
+    of bucket b (the module docstring says why that makes the fast path sound).
 
-    def __init__(self, store: RowStore, spec: TableSpec) -> None:
-        super().__init__(store, spec, WATERMARK_SUFFIX)
-        self._known: dict[int, np.uint64] = {}
+    ``establish`` returns each bucket's highest stored version (a scan), for a tier that
+    holds no watermark yet. A bucket whose watermark is missing while others exist (evicted
+    by a bounded L2) counts as unbounded: its rows are checked key by key.
+    """
 
-    def of(self, partitions: npt.NDArray[np.int64]) -> Versions:
-        """The watermark of each row's partition; rows of unknown partition (< 0) get the max."""
-        uniq = np.unique(partitions)
-        missing = [int(p) for p in uniq if p >= 0 and int(p) not in self._known]
-        if missing:
-            got = self.get(np.array(missing, dtype=np.int64))
-            self._known.update(zip(missing, got, strict=True))
-        table = {int(p): self._known.get(int(p), UINT64_MAX) for p in uniq}
-        lookup = np.array([table[int(p)] for p in uniq], dtype=np.uint64)
-        return lookup[np.searchsorted(uniq, partitions)]
-
-    def advance(
-        self, partitions: npt.NDArray[np.int64], versions: Versions, *, durable: bool
+    def __init__(
+        self, store: RowStore, spec: TableSpec, establish: Callable[[], Versions] | None = None
     ) -> None:
-        """Raise the watermarks to the highest version each partition delivered."""
-        known = partitions >= 0
-        if not known.any():
+        super().__init__(store, spec, WATERMARK_SUFFIX)
+        self._establish = establish
+        self._w = np.full(BUCKETS, UINT64_MAX, dtype=np.uint64)  # as last read or written
+        self._known = np.zeros(BUCKETS, dtype=bool)
+
+    def read(self, buckets: npt.NDArray[np.int64]) -> tuple[Versions, npt.NDArray[np.bool_]]:
+        """The stored watermarks of ``buckets`` and whether each is stored."""
+        limbs, found = self.store.fetch(self.spec.name, mark_key(buckets))
+        w = np.full(buckets.size, UINT64_MAX, dtype=np.uint64)
+        w[found] = from_limbs(limbs[found])
+        return w, np.asarray(found, dtype=bool)
+
+    def establish(self) -> None:
+        """Give a tier that holds no watermark one per bucket (a scan of its versions)."""
+        _, found = self.read(ALL_BUCKETS)
+        if found.any():
             return
-        parts, vers = partitions[known], versions[known]
-        order = np.lexsort((vers, parts))
-        last = np.ones(order.size, dtype=bool)
-        last[:-1] = parts[order][1:] != parts[order][:-1]
-        top_p, top_v = parts[order][last], vers[order][last]
-        current = self.of(top_p)
-        newer = top_v > current
-        if newer.any():
-            self.put(top_p[newer].astype(np.int64), top_v[newer], durable=durable)
-            self._known.update(zip(top_p[newer].tolist(), top_v[newer], strict=True))
+        if self._establish is None:
+            raise ValueError(f"{self.spec.name}: no watermarks and no way to establish them")
+        self.set(self._establish())
+        log.info("%s: update watermarks established", self.spec.name)
+
+    def set(self, w: Versions) -> None:
+        """Store every bucket's watermark (synced); only :meth:`VersionedRows.reset_above`
+        lowers them."""
+        self.put(mark_key(ALL_BUCKETS), w, durable=True)
+        self._w[:] = w
+        self._known[:] = True
+
+    def of(self, keys: Keys) -> Versions:
+        """The watermark of each key's bucket, every bucket's read from the tier now (another
+        writer, a partition's previous owner, may have raised them). A row at or above its
+        bucket's watermark needs no per-key read."""
+        self._w, self._known[:] = self.read(ALL_BUCKETS)[0], True
+        return self._w[bucket_of(keys)]
+
+    def cover(self, keys: Keys, versions: Versions) -> None:
+        """Raise the watermarks of the keys' buckets to the highest of their ``versions``
+        (not synced): called before those versions are stored."""
+        if not keys.size:
+            return
+        top = top_per_bucket(keys, versions)
+        touched = np.flatnonzero(top)  # a version 0 never raises anything
+        unknown = touched[~self._known[touched]]
+        if unknown.size:
+            self._w[unknown], self._known[unknown] = self.read(unknown)[0], True
+        raised = touched[top[touched] > self._w[touched]]
+        if raised.size:
+            self.put(mark_key(raised), top[raised], durable=False)
+            self._w[raised] = top[raised]
+
+    def advance(self, keys: Keys, versions: Versions, *, durable: bool) -> None:
+        """After a batch stored ``versions`` of ``keys``: the watermarks cover them, and
+        with ``durable`` one is written synced, which syncs every write before it."""
+        if not keys.size:
+            return
+        self.cover(keys, versions)
+        if durable:  # any synced write syncs the writes before it: one small row
+            last = np.array([versions.max()], dtype=np.uint64)
+            self.put(SYNC_KEY, last, durable=True)
 
 
 class SideVersions:
@@ -141,6 +254,18 @@ class SideVersions:
         self.store.remove(self.name, keys)
         self.side.put(keys, versions, durable=durable)
 
+    def scan(self) -> Iterator[tuple[Keys, Versions, Mask]]:
+        """Every stored version, in chunks of ``(keys, versions, in_row)``: ``in_row`` where
+        the version is carried by the data row, else it is a side-table entry."""
+        for keys, limbs in self.store.dump(self.side.spec.name):
+            yield keys, from_limbs(limbs), np.zeros(keys.size, dtype=bool)
+
+    def reset(self, keys: Keys, in_row: Mask) -> None:
+        """Set the stored versions of ``keys`` to 0 (``in_row``: the data row's)."""
+        side = keys[~in_row]
+        if side.size:
+            self.side.put(side, np.zeros(side.size, dtype=np.uint64), durable=False)
+
 
 class RowVersions(SideVersions):
     """Per-key versions carried in the rows of a ``versioned_rows`` store (one put per row).
@@ -158,6 +283,20 @@ class RowVersions(SideVersions):
     def upsert(self, keys: Keys, values: Stored, versions: Versions, *, durable: bool) -> None:
         self.store.insert_versioned(self.name, keys, values, versions, durable=durable)
 
+    def scan(self) -> Iterator[tuple[Keys, Versions, Mask]]:
+        yield from super().scan()
+        for keys, _ in self.store.dump(self.name):
+            versions, in_row = self.store.fetch_versions(self.name, keys)
+            yield keys[in_row], np.asarray(versions[in_row], dtype=np.uint64), in_row[in_row]
+
+    def reset(self, keys: Keys, in_row: Mask) -> None:
+        super().reset(keys, in_row)
+        rows = keys[in_row]
+        if rows.size:  # rewritten as they are, with version 0
+            values, found = self.store.fetch(self.name, rows)
+            zeros = np.zeros(int(found.sum()), dtype=np.uint64)
+            self.store.insert_versioned(self.name, rows[found], values[found], zeros)
+
 
 def key_versions(store: RowStore, spec: TableSpec) -> SideVersions:
     """How ``store`` keeps the per-key versions of ``spec`` (see the module docstring)."""
@@ -170,7 +309,7 @@ class VersionedRows:
     """A table's rows and update versions over the tiers that take its updates.
 
     ``tiers[0]`` (L3 when it takes them) keeps the data with the per-key versions and the
-    partition watermarks; the others get the data only. The writes of one call go to
+    table's watermark; the others get the data only. The writes of one call go to
     ``tiers[0]`` first (see :mod:`hps.updates.applier` for why the order is safe).
     """
 
@@ -182,11 +321,53 @@ class VersionedRows:
         for tier in self.tiers:
             tier.open_table(spec)
         self.versions = key_versions(self.tiers[0], spec)
-        self.watermarks = Watermarks(self.tiers[0], spec)
+        self.watermarks = Watermarks(self.tiers[0], spec, self.highest_stored)
+        # Established (a scan, once per database written before them) before any update is
+        # applied, not inside the update loop, whose liveness a long scan would stall.
+        self.watermarks.establish()
 
     def stored(self, keys: Keys) -> Versions:
         """The version of each key's last applied update (0: never updated)."""
         return self.versions.get(keys)
+
+    def scan(self) -> Iterator[tuple[Keys, Versions, Mask]]:
+        """Every stored version of the table (a full scan of its rows and side table)."""
+        return self.versions.scan()
+
+    def highest_stored(self) -> Versions:
+        """The highest version stored for a key of each watermark bucket (0 for none): a scan."""
+        top = np.zeros(BUCKETS, dtype=np.uint64)
+        for keys, versions, _ in self.scan():
+            np.maximum(top, top_per_bucket(keys, versions), out=top)
+        return top
+
+    def fast(self, keys: Keys, versions: Versions) -> npt.NDArray[np.bool_]:
+        """Rows whose version is at least their bucket's watermark: newer than anything
+        stored for their keys, so applied without a per-key read."""
+        return np.asarray(versions, dtype=np.uint64) >= self.watermarks.of(keys)
+
+    def reset_above(self, bound: int) -> int:
+        """Reset every stored version above ``bound`` to 0 (keys pinned by a version from
+        the future: their next update applies, whatever its version), then lower each
+        bucket's watermark to the highest version left in it. Returns how many keys were
+        reset.
+
+        Meant for a stopped consumer (``hps repair-versions``; a running ``hps consume``
+        holds L3's lock); the rows keep their values until the keys' next updates.
+        """
+        pinned: list[tuple[Keys, Mask]] = []
+        top = np.zeros(BUCKETS, dtype=np.uint64)
+        for keys, versions, in_row in self.scan():
+            above = versions > np.uint64(bound)
+            if above.any():
+                pinned.append((keys[above], in_row[above]))
+            np.maximum(top, top_per_bucket(keys[~above], versions[~above]), out=top)
+        for keys, in_row in pinned:
+            self.versions.reset(keys, in_row)
+        self.watermarks.set(top)  # synced: the resets before it too
+        if not pinned:
+            return 0
+        return int(np.unique(np.concatenate([k for k, _ in pinned])).size)
 
     def write(
         self,
@@ -196,9 +377,15 @@ class VersionedRows:
         durable: bool,
     ) -> None:
         """Upserted rows with their versions and deleted keys with theirs (tombstones) to the
-        first tier (``durable``: synced), then the rows and the deletes to the others."""
+        first tier (``durable``: synced), then the rows and the deletes to the others.
+
+        The watermark is raised to cover the versions before any of them is stored."""
         up_keys, up_values, up_versions = upserts
         rm_keys, rm_versions = deletes
+        self.watermarks.cover(
+            np.concatenate([up_keys, rm_keys]).astype(np.int64),
+            np.concatenate([up_versions, rm_versions]).astype(np.uint64),
+        )
         if up_keys.size:
             self.versions.upsert(up_keys, up_values, up_versions, durable=durable)
         if rm_keys.size:
@@ -211,7 +398,11 @@ class VersionedRows:
 
 
 def last_version(store: RowStore, spec: TableSpec) -> int | None:
-    """The highest update version applied to a table (its partitions' watermarks)."""
+    """The highest update version applied to a table: its highest watermark (for a database
+    written before the watermarks of key buckets, the highest of its partitions')."""
     marks = Watermarks(store, spec)
+    w, found = marks.read(ALL_BUCKETS)
+    if found.any():
+        return int(w[found].max())
     top = [int(from_limbs(limbs).max()) for _, limbs in store.dump(marks.spec.name) if limbs.size]
     return max(top) if top else None

@@ -6,14 +6,15 @@ A row is applied only when its version is >= the stored one, so an older update 
 overwrites a newer one and replaying messages after a crash (at-least-once delivery)
 rewrites the same values. Within one call, the rows of a key collapse
 to the one with the highest version (the latest in stream order among equals). Rows at or
-above their partition's watermark skip the per-key read (``UpdateBatch.extras["partition"]``
-names the partition; without it every row is checked).
+above their key bucket's watermark skip the per-key read, whatever partition they came from
+(:mod:`hps.tiers.versions` says why that is sound).
 
 Write order per table: data and per-key versions to the first tier (L3 when it takes the
 table; on ``rocks_db`` one put per row carries both, :mod:`hps.tiers.versions`), data to
-L2, then the partition watermarks with a synced write, which also syncs everything written
-before it. A crash before that sync leaves versions and watermarks no newer than the data,
-and a row whose stored version equals the update's is re-applied, so the replay re-applies.
+L2, then a synced write beside the watermarks (raised before the data), which also syncs
+everything written before it. A crash before that sync leaves versions no newer than the
+data, and a row whose stored version equals the update's is re-applied, so the replay
+re-applies.
 A failing tier raises :class:`hps.errors.BackendError`; the caller retries the same batch.
 
 Row formats: updates travel as float32 (the wire format does not change); the applier
@@ -113,7 +114,7 @@ class Applier:
     def _apply_table(self, route: VersionedRows, group: list[UpdateBatch]) -> Applied:
         spec = route.spec
         keys, versions, deletes, values, parts = _latest_per_key(group, spec.dim)
-        slow = (parts < 0) | (versions < route.watermarks.of(parts))
+        slow = ~route.fast(keys, versions)  # below their bucket's watermark (hps.tiers.versions)
         stored = np.zeros(keys.size, dtype=np.uint64)
         if slow.any():
             stored[slow] = route.stored(keys[slow])
@@ -127,7 +128,7 @@ class Applier:
         # the first tier takes data and versions together, then the others the data
         route.write((up_keys, up_values, versions[up]), (rm_keys, versions[rm]), durable=sync)
         if keep.any():
-            route.watermarks.advance(parts[keep], versions[keep], durable=True)
+            route.watermarks.advance(keys[keep], versions[keep], durable=True)
         return Applied(spec.name, up_keys, up_values, rm_keys, int((~keep).sum()))
 
 

@@ -22,7 +22,8 @@ Two payloads are decoded, both without a Python loop per key:
 
 A truncated or inconsistent payload raises :class:`hps.errors.DecodeError` naming the reason;
 :func:`check_version` raises its subclass :class:`hps.errors.VersionError` for a version
-too far ahead of the message's broker timestamp. No other exception escapes :func:`decode`.
+too far ahead of the consumer's clock (or of the message's timestamp, when that is earlier).
+No other exception escapes :func:`decode`.
 """
 
 from __future__ import annotations
@@ -68,18 +69,33 @@ class Decoded:
     format: str  # "native" | "hugectr"
 
 
-def check_version(version: int, timestamp_ns: int, max_ahead_ns: int) -> None:
-    """Refuse a version beyond ``timestamp_ns + max_ahead_ns`` (:class:`VersionError`).
+def check_version(
+    version: int, *, receipt_ns: int, timestamp_ns: int = 0, max_ahead_ns: int
+) -> None:
+    """Refuse a version that lies more than ``max_ahead_ns`` after a clock the producer does
+    not control (:class:`VersionError`).
 
     Versions are nanoseconds since the epoch (``Publisher``'s default, ``time.time_ns()``),
-    or any smaller counter. A version far in the future would pin its keys: no later update
-    could be applied until the clock reached it, so such a message is dead-lettered instead.
+    or any smaller counter. A version far in the future would pin its keys: every later
+    update would be older and skipped until the clock reached it, so such a message is
+    dead-lettered instead. The bound is ``min(receipt_ns, timestamp_ns) + max_ahead_ns``:
+
+    - ``receipt_ns``, the consumer's own clock when it received the message, is the bound
+      a producer cannot move: a forged ``CreateTime`` (or, in HugeCTR's format, a forged
+      timestamp that *is* the version) changes nothing. A replay days later passes: its
+      versions lie in the past.
+    - ``timestamp_ns`` (the message's timestamp, 0 when it has none) only ever tightens it:
+      the broker's ``LogAppendTime`` where the topic uses it (what ``hps`` creates update
+      topics with), else the producer's ``CreateTime``, whose version should not run ahead
+      of its own timestamp either.
     """
-    bound = timestamp_ns + max_ahead_ns
-    if version > bound:
+    clock, which = receipt_ns, "the consumer's clock at receipt"
+    if 0 < timestamp_ns < receipt_ns:
+        clock, which = timestamp_ns, "the message timestamp"
+    if version > clock + max_ahead_ns:
         raise VersionError(
-            f"update version {version} is {(version - timestamp_ns) / 1e9:.3g}s ahead of the "
-            f"message timestamp {timestamp_ns} ns; at most {max_ahead_ns / 1e9:g}s is allowed "
+            f"update version {version} is {(version - clock) / 1e9:.3g}s ahead of {which} "
+            f"({clock} ns); at most {max_ahead_ns / 1e9:g}s is allowed "
             "(update_source.hps_max_version_ahead_s)"
         )
 

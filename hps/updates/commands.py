@@ -1,4 +1,5 @@
-"""``hps consume`` (the update service) and ``hps publish`` (push a whole table to Kafka)."""
+"""``hps consume`` (the update service), ``hps publish`` (push a whole table to Kafka) and
+``hps repair-versions`` (unpin keys that a version from the future froze)."""
 
 from __future__ import annotations
 
@@ -84,6 +85,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-message-bytes", type=int, default=900_000)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_publish)
+
+    p = sub.add_parser(
+        "repair-versions",
+        help="reset a table's stored update versions above a bound to 0 (keys pinned by a "
+        "version from the future take their next update again); stop hps consume first",
+    )
+    p.add_argument("--config", required=True, help="ps.json (where the versions are kept)")
+    p.add_argument("--table", required=True, help="<model>.<table>")
+    p.add_argument(
+        "--above",
+        type=int,
+        help="reset versions above this one (nanoseconds since the epoch, like Publisher's "
+        "versions; default: now + update_source.hps_max_version_ahead_s, the consumer's bound)",
+    )
+    p.set_defaults(func=_repair_versions)
 
 
 def _consume(args: argparse.Namespace) -> int:
@@ -212,5 +228,32 @@ def _publish(args: argparse.Namespace) -> int:
         pub.flush()
     print(
         f"{args.table}: published {total} rows as version {version} ({pub.messages_sent} messages)"
+    )
+    return 0
+
+
+def _repair_versions(args: argparse.Namespace) -> int:
+    import time
+
+    from hps.config import load_config
+    from hps.redact import protect
+    from hps.tiers import Tiers
+    from hps.updates.runtime import versioned_table
+
+    protect()
+    config = load_config(args.config)
+    protect(config)
+    above = args.above
+    if above is None:
+        above = time.time_ns() + int(config.update_source.hps_max_version_ahead_s * 1e9)
+    tiers = Tiers.open(config, l3_mode="read_write")
+    try:
+        route = versioned_table(config, tiers, args.table)
+        reset = route.reset_above(above)
+    finally:
+        tiers.close()
+    print(
+        f"{args.table}: reset {reset} keys whose update version was above {above} "
+        f"(in {route.tiers[0].level}); their next update applies"
     )
     return 0

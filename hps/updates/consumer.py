@@ -70,12 +70,18 @@ class Source(Protocol):
 
 
 def decode_message(
-    msg: Message, tables: Mapping[str, TableSpec], *, max_version_ahead_s: float = MAX_AHEAD_S
+    msg: Message,
+    tables: Mapping[str, TableSpec],
+    *,
+    max_version_ahead_s: float = MAX_AHEAD_S,
+    receipt_ns: int | None = None,
 ) -> UpdateBatch:
     """A consumed Kafka message as an UpdateBatch; FormatError/RequestError when it is bad.
 
-    The update version must not lie more than ``max_version_ahead_s`` after the message's
-    broker timestamp (the consumer's clock when the message has none): VersionError.
+    The update version must not lie more than ``max_version_ahead_s`` after the consumer's
+    clock at receipt (``receipt_ns``, default now), nor after the message's timestamp when
+    that is earlier (:func:`hps.updates.codec.check_version`): VersionError. The producer
+    sets neither the consumer's clock nor a ``LogAppendTime``, so no message can pin a key.
     """
     topic = msg.topic() or ""  # a consumed message has its topic
     model, table = codec.parse_topic(topic)
@@ -85,8 +91,12 @@ def decode_message(
     _, ts_ms = msg.timestamp()
     ts_ns = max(ts_ms, 0) * 1_000_000
     d = codec.decode(msg.value(), timestamp_ns=ts_ns, has_key=bool(msg.key()))
-    now_ns = ts_ns if ts_ms > 0 else time.time_ns()
-    codec.check_version(d.version, now_ns, int(max_version_ahead_s * 1e9))
+    codec.check_version(
+        d.version,
+        receipt_ns=time.time_ns() if receipt_ns is None else receipt_ns,
+        timestamp_ns=ts_ns,
+        max_ahead_ns=int(max_version_ahead_s * 1e9),
+    )
     metrics.MESSAGES.labels(d.format).inc()
     if d.values is not None and d.keys.size:
         if d.dim != spec.dim:

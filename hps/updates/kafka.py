@@ -11,8 +11,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from hps.errors import BackendError, BackendUnavailable, ConfigError
+from hps.errors import BackendError, BackendUnavailable, ConfigError, DecodeError
 from hps.redact import REDACTED, is_secret_name, scrub
+from hps.updates.codec import parse_topic
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import OffsetSpec
@@ -38,6 +39,11 @@ CONSUMER_DEFAULTS: dict[str, Setting] = {
 }
 
 DEFAULT_PARTITIONS = 8
+
+UPDATE_TOPIC_CONFIG: dict[str, str] = {"message.timestamp.type": "LogAppendTime"}
+"""Settings of the update topics HPS creates: the broker stamps every message with its own
+clock, which the producer cannot set (the version bound, :func:`hps.updates.codec.check_version`,
+and the version of HugeCTR-format messages, which is their timestamp)."""
 
 
 def kafka_kwargs(kwargs: Mapping[str, Setting]) -> dict[str, Setting]:
@@ -96,7 +102,11 @@ def ensure_topics(
     config: Mapping[str, Setting] | None = None,
     timeout_s: float = 15.0,
 ) -> dict[str, int]:
-    """Create the topics that do not exist yet; return each topic's partition count."""
+    """Create the topics that do not exist yet; return each topic's partition count.
+
+    Update topics (``hps_et.<model>.<table>``) are created with :data:`UPDATE_TOPIC_CONFIG`
+    (``LogAppendTime``); other topics (the dead-letter topic) with the broker's defaults.
+    """
     from confluent_kafka.admin import AdminClient, NewTopic
 
     wanted = sorted(set(topics))
@@ -108,7 +118,15 @@ def ensure_topics(
         missing = [t for t in wanted if t not in existing]
         if missing:
             futures = admin.create_topics(
-                [NewTopic(t, num_partitions=num_partitions, replication_factor=1) for t in missing],
+                [
+                    NewTopic(
+                        t,
+                        num_partitions=num_partitions,
+                        replication_factor=1,
+                        config=dict(UPDATE_TOPIC_CONFIG) if _is_update_topic(t) else {},
+                    )
+                    for t in missing
+                ],
                 operation_timeout=timeout_s,
                 request_timeout=timeout_s,
             )
@@ -123,6 +141,14 @@ def ensure_topics(
                 raise BackendUnavailable(f"kafka: topic {t!r} has no partitions yet")
             counts[t] = len(meta.partitions)
     return counts
+
+
+def _is_update_topic(topic: str) -> bool:
+    try:
+        parse_topic(topic)
+    except DecodeError:
+        return False
+    return True
 
 
 def group_lag(

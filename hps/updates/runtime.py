@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from hps.config import PSConfig
 from hps.errors import ConfigError, FormatError, HPSError, RequestError
-from hps.tiers import encode_rows
+from hps.tiers import Tiers, VersionedRows, encode_rows
 from hps.topology import topology
 from hps.types import TableSpec
 from hps.updates import codec
@@ -42,15 +42,9 @@ COMMITTED_CHECK_S = 0.2
 RETRY_S = 1.0
 
 
-def build_applier(
-    config: PSConfig,
-    session: LookupSession,
-    *,
-    shared_only: bool,
-    listeners: list[Listener] | None = None,
-) -> Applier:
-    """An Applier over the session's tiers; ``shared_only`` skips an in-process L2."""
-    tiers = session.tiers
+def update_tiers(config: PSConfig, tiers: Tiers, *, shared_only: bool) -> Tiers:
+    """The tiers that take updates: a writable L3, and L2 unless ``shared_only`` and it lives
+    inside each serving process."""
     l2 = tiers.volatile is not None
     if l2 and shared_only and topology(config).l2 == "process":
         log.warning(
@@ -60,9 +54,20 @@ def build_applier(
         )
         l2 = False
     l3 = tiers.persistent is not None and tiers.persistent.writable
+    return tiers.subset(l2=l2, l3=l3)
+
+
+def build_applier(
+    config: PSConfig,
+    session: LookupSession,
+    *,
+    shared_only: bool,
+    listeners: list[Listener] | None = None,
+) -> Applier:
+    """An Applier over the session's tiers; ``shared_only`` skips an in-process L2."""
     applier = Applier(
         session.tables,
-        tiers.subset(l2=l2, l3=l3),
+        update_tiers(config, session.tiers, shared_only=shared_only),
         volatile_models=model_filter(config.volatile_db.update_filters),
         persistent_models=model_filter(config.persistent_db.update_filters),
         listeners=listeners or [],
@@ -73,6 +78,22 @@ def build_applier(
             "and their update_filters)"
         )
     return applier
+
+
+def versioned_table(config: PSConfig, tiers: Tiers, table: str) -> VersionedRows:
+    """``table``'s rows and update versions where ``hps consume`` keeps them (the same tiers
+    and ``update_filters`` as :func:`build_applier`): what ``hps repair-versions`` resets."""
+    spec = {t.name: t for t in config.tables}.get(table)
+    if spec is None:
+        raise ConfigError(f"{config.source}: no table {table!r} (give <model>.<table>)")
+    route = update_tiers(config, tiers, shared_only=True).versioned(
+        spec,
+        l2=model_filter(config.volatile_db.update_filters)(spec.model),
+        l3=model_filter(config.persistent_db.update_filters)(spec.model),
+    )
+    if route is None:
+        raise ConfigError(f"{config.source}: no tier takes the updates of {table}")
+    return route
 
 
 def topics_of(tables: Mapping[str, TableSpec]) -> list[str]:

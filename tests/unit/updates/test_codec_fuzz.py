@@ -12,10 +12,11 @@ from __future__ import annotations
 import struct
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hps.errors import DecodeError, FormatError, RequestError
+from hps.errors import DecodeError, FormatError, RequestError, VersionError
 from hps.types import TableSpec
 from hps.updates import codec
 from hps.updates.consumer import decode_message
@@ -23,6 +24,7 @@ from hps.updates.consumer import decode_message
 SPEC = TableSpec("m", "t", 3)
 TABLES = {SPEC.name: SPEC}
 U32 = st.integers(0, 2**32 - 1)
+RECEIPT_NS = 1_000_000_000_000 * 1_000_000  # the consumer's clock in these tests: ts_ms 10^12
 
 
 class Msg:
@@ -129,12 +131,58 @@ def test_decode_raises_only_decode_errors(payload: bytes | None, ts_ns: int, key
 def test_decode_message_raises_only_documented_errors(
     payload: bytes | None, topic: str, key: bytes | None, ts_ms: int, ahead_s: float
 ) -> None:
+    receipt_ns = RECEIPT_NS
     try:
-        upd = decode_message(Msg(topic, payload, key, ts_ms), TABLES, max_version_ahead_s=ahead_s)
+        upd = decode_message(
+            Msg(topic, payload, key, ts_ms),
+            TABLES,
+            max_version_ahead_s=ahead_s,
+            receipt_ns=receipt_ns,
+        )
     except (FormatError, RequestError):
         return
+    # whatever the producer put in the timestamp, the consumer's clock bounds the version
+    assert upd.version <= receipt_ns + int(ahead_s * 1e9)
     assert upd.table == SPEC.name
     if upd.values is not None and upd.keys.size:  # an empty message applies nothing
         assert upd.values.shape == (upd.keys.size, SPEC.dim) and np.isfinite(upd.values).all()
     if ts_ms > 0:
         assert upd.version <= ts_ms * 1_000_000 + int(ahead_s * 1e9)
+
+
+FAR_NS = 1_790_000_000_000_000_000 + 50 * 365 * 86400 * 10**9  # 50 years after "now" below
+NOW_NS = 1_790_000_000_000_000_000
+
+
+@pytest.mark.parametrize(
+    ("payload", "ts_ns"),
+    [
+        (codec.encode(np.array([1]), np.ones((1, 3), np.float32), FAR_NS), FAR_NS),  # both
+        (codec.encode(np.array([1]), np.ones((1, 3), np.float32), 2**64 - 1), 0),  # no ts
+        (codec.encode_hugectr(np.array([1]), np.ones((1, 3), np.float32)), FAR_NS),  # HugeCTR
+    ],
+    ids=["native-version-and-timestamp", "native-without-timestamp", "hugectr-timestamp"],
+)
+def test_a_forged_future_cannot_pass_the_consumer_clock(payload: bytes, ts_ns: int) -> None:
+    msg = Msg("hps_et.m.t", payload, None, ts_ns // 1_000_000)
+    with pytest.raises(VersionError, match="ahead of the consumer's clock at receipt"):
+        decode_message(msg, TABLES, receipt_ns=NOW_NS)
+
+
+def test_honest_and_replayed_versions_pass() -> None:
+    values = np.ones((1, 3), np.float32)
+    within = NOW_NS + 299 * 10**9  # a producer clock 299 s ahead, under the 300 s default
+    msg = Msg("hps_et.m.t", codec.encode(np.array([1]), values, within), None, within // 10**6)
+    assert decode_message(msg, TABLES, receipt_ns=NOW_NS).version == within
+    old = NOW_NS - 3 * 86400 * 10**9  # replayed three days later
+    msg = Msg("hps_et.m.t", codec.encode_hugectr(np.array([1]), values), None, old // 10**6)
+    assert decode_message(msg, TABLES, receipt_ns=NOW_NS).version == old
+
+
+def test_an_earlier_timestamp_tightens_the_bound() -> None:
+    """A LogAppendTime (or the producer's own CreateTime) earlier than the consumer's clock
+    bounds the version too."""
+    ts = NOW_NS - 3600 * 10**9
+    payload = codec.encode(np.array([1]), np.ones((1, 3), np.float32), ts + 301 * 10**9)
+    with pytest.raises(VersionError, match="ahead of the message timestamp"):
+        decode_message(Msg("hps_et.m.t", payload, None, ts // 10**6), TABLES, receipt_ns=NOW_NS)
