@@ -67,6 +67,8 @@ class HeaderWord(IntEnum):
     FREE_TOP = 16
     COMMITTED = 17  # extents [0, COMMITTED) are backed by fallocate'd pages
     REPAIRS = 18
+    CREATED = 19  # a random id drawn when the segment is initialised (0: older segments)
+    FILLED = 20  # how many times a process finished filling this segment from L3
 
 
 class EntryWord(IntEnum):

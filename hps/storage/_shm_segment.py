@@ -10,6 +10,16 @@ before it changes that table. A writer killed half-way leaves them set; the next
 take the lock clears the rows of the flagged tables only (L2 is a cache: lookups fall back
 to L3), keeps the table registry (other processes' handles stay valid) and rebuilds the
 free-extent stack from what the surviving tables hold.
+
+**Identity.** A segment is known by :data:`Identity`: the file's ``(st_dev, st_ino)`` and
+the random id its header got when it was initialised (``HeaderWord.CREATED``). Anyone may
+remove the files under ``/dev/shm`` while processes hold them (an operator, a cleanup
+script, a process with another ``shared_memory_auto_remove``): the holders keep an
+unlinked segment that nobody who opens the name will see. :meth:`Segment.current` tells
+whether the name still points at the segment held (a ``stat`` and an 8-byte read, no
+mapping), so the store can follow the name (``SharedHashMapStore.follow``), and
+:meth:`Segment.close` never unlinks a file that is not the one it opened: the "last user"
+removes the files only while they are still its own.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import fcntl
 import logging
 import mmap
 import os
+import secrets
 from collections.abc import Iterator
 
 import numpy as np
@@ -47,6 +58,29 @@ from hps.storage.overflow import TICK_MASK
 from hps.types import TableSpec
 
 log = logging.getLogger(__name__)
+
+Identity = tuple[int, int, int]
+"""``(st_dev, st_ino, created id)`` of a segment file (see the module docstring)."""
+
+
+class SegmentClosed(Exception):
+    """The segment was closed (replaced by a newer one) while a thread waited for it
+    (internal: the store retries on the segment it holds now)."""
+
+
+def path_identity(path: str) -> Identity | None:
+    """The identity of the segment file at ``path`` now (``None``: no file there)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        st = os.fstat(fd)
+        raw = os.pread(fd, 8, 8 * HeaderWord.CREATED)
+    finally:
+        os.close(fd)
+    created = int.from_bytes(raw, "little", signed=True) if len(raw) == 8 else 0
+    return st.st_dev, st.st_ino, created
 
 
 class Segment:
@@ -80,6 +114,8 @@ class Segment:
                 if self._locks.only_user():
                     self.h[HeaderWord.ATTACHED] = 0  # counts left behind by crashed processes
                 self.h[HeaderWord.ATTACHED] += 1
+            st = os.fstat(self._fd)
+            self.identity: Identity = (st.st_dev, st.st_ino, int(self.h[HeaderWord.CREATED]))
         except BaseException:
             self._drop_mapping()
             self._locks.close()
@@ -167,26 +203,41 @@ class Segment:
             (HeaderWord.DATA_OFF, geo.data_off),
             (HeaderWord.MAGIC, MAGIC),
             (HeaderWord.VERSION, VERSION),
+            (HeaderWord.CREATED, secrets.randbits(62) + 1),
         ):
             h[key] = value
         self._geometry()
         self.extents.reset()
         h[HeaderWord.READY] = 1
 
+    def current(self) -> bool:
+        """Whether ``path`` still names this segment (cheap: a ``stat`` and an 8-byte read)."""
+        return path_identity(self.path) == self.identity
+
     def close(self) -> None:
-        """Detach; the last user removes the files when ``auto_remove`` is set."""
+        """Detach; the last user removes the files when ``auto_remove`` is set, and only
+        while they are still the ones it opened (never a newer segment of the same name)."""
         if self._closed:
             return
-        self._closed = True
         if self._locks.forked:
+            self._closed = True
             return  # a forked child shares our lock files' descriptions: leave them alone
-        with self._locks.thread, self._locks.held(fcntl.LOCK_EX):
-            self.h[HeaderWord.ATTACHED] = max(0, int(self.h[HeaderWord.ATTACHED]) - 1)
-            if self.auto_remove and self._locks.only_user():
-                self._locks.remove_files()
-        self._values.clear()
-        self._drop_mapping()
-        self._locks.close()
+        with self._locks.thread:
+            self._closed = True  # threads waiting for the segment now raise SegmentClosed
+            with self._locks.held(fcntl.LOCK_EX):
+                self.h[HeaderWord.ATTACHED] = max(0, int(self.h[HeaderWord.ATTACHED]) - 1)
+                if self.auto_remove and self._locks.only_user():
+                    if self.current():
+                        self._locks.remove_files()
+                    else:
+                        log.info("%s: not removing it, it is no longer the one held", self.path)
+            self._values.clear()
+            self._drop_mapping()
+            self._locks.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SegmentClosed(self.path)
 
     def _drop_mapping(self) -> None:
         for view in ("u8", "i64", "i32", "u32", "groups", "h", "extents"):
@@ -205,6 +256,7 @@ class Segment:
         locks = self._locks
         locks.check_process()
         with locks.thread:
+            self._check_open()
             while True:
                 fcntl.flock(locks.fd, fcntl.LOCK_SH)
                 if not self.h[HeaderWord.DIRTY]:
@@ -223,6 +275,7 @@ class Segment:
         """Exclusive lock; the structure is marked dirty until the block ends cleanly."""
         self._locks.check_process()
         with self._locks.thread, self._locks.held(fcntl.LOCK_EX):
+            self._check_open()
             if self.h[HeaderWord.DIRTY]:
                 self.repair()
             self.h[HeaderWord.DIRTY] = 1
@@ -286,6 +339,14 @@ class Segment:
     def tick(self) -> int:
         """The latest tick handed out."""
         return int(self.h[HeaderWord.TICK]) & TICK_MASK
+
+    def filled(self) -> int:
+        """How many fills from L3 processes finished on this segment (``mark_filled``)."""
+        return int(self.h[HeaderWord.FILLED])
+
+    def mark_filled(self) -> None:
+        """Record a finished fill from L3 (call under the write lock)."""
+        self.h[HeaderWord.FILLED] += 1
 
     # -- table registry ----------------------------------------------------------------
 

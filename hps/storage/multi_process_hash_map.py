@@ -17,27 +17,66 @@ When no extent is free,
 the table holding the most extents sheds rows by ``overflow_policy`` down to
 ``overflow_resolution_target`` of its size; ``overflow_margin`` bounds each table's rows as
 in ``hash_map``.
+
+The store follows its name: when the files under ``/dev/shm`` are removed or replaced while
+it holds the segment, it notices (:meth:`SharedHashMapStore.follow`: the segment's identity,
+file and creation id, checked by the first operation at least ``identity_check_s`` after the
+last check, or whenever a caller asks), opens the segment the name points at now (creating
+it if there is none), opens its tables there and moves every later operation to it; the old
+mapping is closed once this process's threads are out of it. Rows are not carried over
+(L2 is a cache): whoever holds L3 refills the new segment (:class:`hps.startup.SharedL2Watch`)
+and records it (:meth:`SharedHashMapStore.mark_filled`) for the other processes to see. The
+"last user" never removes files that are not the ones it opened.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import numpy as np
 
 from hps.config import NO_LIMIT, PersistentDBConfig, VolatileDBConfig
 from hps.dedup import last_occurrence
-from hps.errors import BackendError, ConfigError
+from hps.errors import BackendError, BackendUnavailable, ConfigError
 from hps.rowformat import Stored
 from hps.storage._shm_index import MAX_LOAD
 from hps.storage._shm_layout import MAX_TABLES, EntryView, EntryWord, HeaderWord, NoSpace
-from hps.storage._shm_segment import Segment
+from hps.storage._shm_segment import Identity, Segment, SegmentClosed
 from hps.storage._shm_table import ShmTable, rows_per_extent
 from hps.storage.base import AccessMode, EmbeddingStore, check_rows
 from hps.types import JSON, Keys, Mask, TableSpec
 from hps.validate import table_or_raise
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+IDENTITY_CHECK_S = 1.0
+"""How often (at most) an operation checks that the name still points at the held segment."""
+
+
+class _Held:
+    """The segment a store holds and its tables' handles there (replaced whole by follow)."""
+
+    def __init__(self, seg: Segment, tables: dict[str, ShmTable]) -> None:
+        self.seg = seg
+        self.tables = tables
+
+
+class _Box:
+    """What the store's finalizer closes: the segment held at the time (not the store)."""
+
+    def __init__(self, held: _Held) -> None:
+        self.held = held
+
+
+def _close_held(box: _Box) -> None:
+    box.held.seg.close()
 
 
 class SharedHashMapStore(EmbeddingStore):
@@ -59,23 +98,32 @@ class SharedHashMapStore(EmbeddingStore):
         overflow_resolution_target: float = 0.8,
         directory: str | None = None,
         seed: int | None = None,
+        identity_check_s: float | None = IDENTITY_CHECK_S,
     ) -> None:
         self.max_batch_size = max_batch_size
         self.overflow_margin = overflow_margin
         self.overflow_policy = overflow_policy
         self.target = overflow_resolution_target
-        self._seg = Segment(
-            shared_memory_name,
-            shared_memory_size,
-            allocation_rate=allocation_rate,
-            auto_remove=shared_memory_auto_remove,
-            directory=directory,
-        )
-        self.path = self._seg.path
-        self._finalizer = weakref.finalize(self, self._seg.close)
+        self.identity_check_s = identity_check_s  # None: only when follow() is called
+
+        def open_segment() -> Segment:
+            return Segment(
+                shared_memory_name,
+                shared_memory_size,
+                allocation_rate=allocation_rate,
+                auto_remove=shared_memory_auto_remove,
+                directory=directory,
+            )
+
+        self._open_segment = open_segment
+        seg = open_segment()
+        self.path = seg.path
+        self._box = _Box(_Held(seg, {}))
+        self._finalizer = weakref.finalize(self, _close_held, self._box)
         self._specs: dict[str, TableSpec] = {}
-        self._slots: dict[str, int] = {}
-        self._tables: dict[str, ShmTable] = {}
+        self._structure = threading.Lock()  # open_table, drop_table, follow
+        self._checked = time.monotonic()
+        self.generation = 0  # how many times follow() moved to another segment
         self._rng = np.random.default_rng(seed)
         self._rng_lock = threading.Lock()
 
@@ -95,69 +143,171 @@ class SharedHashMapStore(EmbeddingStore):
             overflow_resolution_target=cfg.overflow_resolution_target,
         )
 
+    @property
+    def _seg(self) -> Segment:
+        """The segment held now."""
+        return self._box.held.seg
+
+    @property
+    def _tables(self) -> dict[str, ShmTable]:
+        """The held segment's table handles."""
+        return self._box.held.tables
+
+    def _table(self, name: str) -> ShmTable:
+        return table_or_raise(self._box.held.tables, name)
+
     def open_table(self, spec: TableSpec) -> None:
-        held = self._specs.get(spec.name)
-        if held is not None and held.row_dtype == spec.row_dtype and held.dim == spec.dim:
-            return
-        rpe = rows_per_extent(self._seg.extent, spec.fmt.row_bytes(spec.dim))
+        with self._structure:
+            held = self._box.held
+            known = self._specs.get(spec.name)
+            if (
+                known is not None
+                and known.row_dtype == spec.row_dtype
+                and known.dim == spec.dim
+                and spec.name in held.tables
+            ):
+                return
+            held.tables[spec.name] = self._open_on(held.seg, spec)
+            self._specs[spec.name] = spec
+
+    @staticmethod
+    def _open_on(seg: Segment, spec: TableSpec) -> ShmTable:
+        rpe = rows_per_extent(seg.extent, spec.fmt.row_bytes(spec.dim))
         if rpe < 1:
             raise ConfigError(
                 f"{spec.name}: {spec.row_dtype} rows of dimension {spec.dim} do not fit in the "
-                f"shared hash map's {self._seg.extent}-byte extents; raise "
+                f"shared hash map's {seg.extent}-byte extents; raise "
                 "volatile_db.allocation_rate and shared_memory_size"
             )
-        with self._seg.writing():
-            slot = self._seg.table_slot(spec, rpe)
-        self._specs[spec.name] = spec
-        self._slots[spec.name] = slot
-        self._tables[spec.name] = ShmTable(self._seg, slot)  # views only: valid until close
+        with seg.writing():
+            slot = seg.table_slot(spec, rpe)
+        return ShmTable(seg, slot)  # views only: valid until the segment is closed
 
     def drop_table(self, table: str) -> None:
         """Free the table's rows and entry in the segment (other processes holding it open
         must open it again)."""
-        with self._seg.writing():
-            self._seg.drop(table)
-        self._specs.pop(table, None)
-        self._slots.pop(table, None)
-        self._tables.pop(table, None)
-
-    def _table(self, name: str) -> ShmTable:
-        return table_or_raise(self._tables, name)
+        with self._structure:
+            held = self._box.held
+            with held.seg.writing():
+                held.seg.drop(table)
+            self._specs.pop(table, None)
+            held.tables.pop(table, None)
 
     def _chunks(self, n: int) -> Iterator[slice]:
         for lo in range(0, n, self.max_batch_size):
             yield slice(lo, min(n, lo + self.max_batch_size))
 
+    # -- the segment the name points at ---------------------------------------------------
+
+    @property
+    def identity(self) -> Identity:
+        """The held segment's ``(st_dev, st_ino, created id)``."""
+        return self._seg.identity
+
+    def current(self) -> bool:
+        """Whether the name still points at the held segment (a ``stat`` and an 8-byte read)."""
+        return self._seg.current()
+
+    def follow(self) -> bool:
+        """Move to the segment the name points at now if it is not the held one: open (or
+        create) it and open this store's tables there; True if it moved. The old segment
+        is closed once this process's threads are out of it, and its files, no longer the
+        ones at the name, are left alone. Rows are not copied: L2 is refilled from L3 by
+        whoever holds L3 (:class:`hps.startup.SharedL2Watch`)."""
+        if self.current():
+            return False
+        with self._structure:
+            old = self._box.held
+            if old.seg.current():
+                return False  # another thread of this process moved already
+            seg = self._open_segment()
+            try:
+                tables = {name: self._open_on(seg, spec) for name, spec in self._specs.items()}
+            except BaseException:
+                seg.close()
+                raise
+            self._box.held = _Held(seg, tables)
+            self.generation += 1
+        log.warning(
+            "multi_process_hash_map: %s no longer names the segment this process held "
+            "(removed or replaced); moved to the one it names now (%d tables reopened; their "
+            "rows come back from L3)",
+            self.path,
+            len(tables),
+        )
+        old.seg.close()
+        return True
+
+    def _held_now(self) -> _Held:
+        """The held segment, after following the name when the last check is old enough."""
+        every = self.identity_check_s
+        if every is not None:
+            now = time.monotonic()
+            if now - self._checked >= every:
+                self._checked = now
+                self.follow()
+        return self._box.held
+
+    def _on_segment(self, write: bool, fn: Callable[[_Held], R]) -> R:
+        """``fn(held)`` under the held segment's lock; again on the new segment when the
+        held one was replaced while this thread waited for it."""
+        while True:
+            held = self._held_now()
+            try:
+                with held.seg.writing() if write else held.seg.reading():
+                    return fn(held)
+            except SegmentClosed:
+                continue
+
+    def _with(self, table: str, write: bool, fn: Callable[[ShmTable], R]) -> R:
+        return self._on_segment(write, lambda held: fn(table_or_raise(held.tables, table)))
+
+    def filled(self) -> int:
+        """How many fills from L3 finished on the held segment (see :meth:`mark_filled`)."""
+        return self._on_segment(False, lambda held: held.seg.filled())
+
+    def mark_filled(self) -> None:
+        """Record in the held segment that a fill from L3 finished (the other processes'
+        watches refresh their L1 when the count changes)."""
+        self._on_segment(True, lambda held: held.seg.mark_filled())
+
     # -- reads -------------------------------------------------------------------------
 
     def fetch(self, table: str, keys: Keys) -> tuple[Stored, Mask]:
-        t = self._table(table)
         if keys.size <= self.max_batch_size:
-            return self._fetch_chunk(t, keys)
-        values = np.zeros((keys.size, t.fmt.width(t.dim)), dtype=t.fmt.dtype)
+            return self._with(table, False, lambda t: self._fetch_chunk(t, keys))
+        spec = table_or_raise(self._specs, table)
+        values = spec.fmt.empty(keys.size, spec.dim)
         found = np.zeros(keys.size, dtype=bool)
         for part in self._chunks(keys.size):
-            values[part], found[part] = self._fetch_chunk(t, keys[part])
+            values[part], found[part] = self._fetch_part(table, keys[part])
         return values, found
 
+    def _fetch_part(self, table: str, keys: Keys) -> tuple[Stored, Mask]:
+        return self._with(table, False, lambda t: self._fetch_chunk(t, keys))
+
     def _fetch_chunk(self, t: ShmTable, keys: Keys) -> tuple[Stored, Mask]:
-        with self._seg.reading():
-            # Readers race on the tick only; any recent tick is good enough for LRU.
-            touch = self.overflow_policy == "evict_least_used"
-            return t.fetch(keys, self._seg.next_tick() if touch else None)
+        # Readers race on the tick only; any recent tick is good enough for LRU.
+        touch = self.overflow_policy == "evict_least_used"
+        return t.fetch(keys, t.seg.next_tick() if touch else None)
 
     def size(self, table: str) -> int:
-        t = self._table(table)
-        with self._seg.reading():
-            return t.rows
+        return self._with(table, False, lambda t: t.rows)
 
     def dump(self, table: str, chunk_rows: int = 1 << 18) -> Iterator[tuple[Keys, Stored]]:
-        """Yield (keys, stored rows) chunks of the whole table (rows may move between chunks)."""
-        t = self._table(table)
+        """Yield (keys, stored rows) chunks of the whole table (rows may move between chunks;
+        a segment replaced meanwhile is a ``BackendUnavailable``: dump again)."""
+        held = self._held_now()
+        t = table_or_raise(held.tables, table)
         lo = 0
         while True:
-            with self._seg.reading():
-                keys, values = t.dump(lo, lo + chunk_rows)
+            try:
+                with held.seg.reading():
+                    keys, values = t.dump(lo, lo + chunk_rows)
+            except SegmentClosed:
+                raise BackendUnavailable(
+                    f"multi_process_hash_map: {self.path} was replaced during a dump of {table}"
+                ) from None
             if keys.size == 0:
                 return
             yield keys, values
@@ -166,25 +316,29 @@ class SharedHashMapStore(EmbeddingStore):
     # -- writes ------------------------------------------------------------------------
 
     def insert(self, table: str, keys: Keys, values: Stored, *, durable: bool = False) -> None:
-        t = self._table(table)
-        check_rows(self._specs[table], keys, values)
+        check_rows(table_or_raise(self._specs, table), keys, values)
         keys, values = last_occurrence(keys, values)
         for part in self._chunks(keys.size):
-            with self._seg.writing():
-                self._upsert(t, keys[part], values[part])
-                if t.rows > self.overflow_margin:
-                    keep = int(self.overflow_margin * self.target)
-                    self._evict(t, t.rows - keep)
+            self._insert_part(table, keys[part], values[part])
+
+    def _insert_part(self, table: str, keys: Keys, values: Stored) -> None:
+        self._with(table, True, lambda t: self._insert_chunk(t, keys, values))
+
+    def _insert_chunk(self, t: ShmTable, keys: Keys, values: Stored) -> None:
+        self._upsert(t, keys, values)
+        if t.rows > self.overflow_margin:
+            keep = int(self.overflow_margin * self.target)
+            self._evict(t, t.rows - keep)
 
     def _upsert(self, t: ShmTable, keys: Keys, values: Stored) -> None:
         """Insert, evicting from the largest table whenever no extent is free."""
         self._check_fits(t, keys.size)
         while True:
             try:
-                t.upsert(keys, values, self._seg.next_tick())
+                t.upsert(keys, values, t.seg.next_tick())
                 return
             except NoSpace as exc:
-                victim = self._largest_table()
+                victim = self._largest_table(t.seg)
                 if victim is None or victim.rows == 0:
                     raise BackendError(
                         f"multi_process_hash_map: {self.path} is full ({exc}) and no rows are "
@@ -194,7 +348,7 @@ class SharedHashMapStore(EmbeddingStore):
 
     def _check_fits(self, t: ShmTable, n: int) -> None:
         """Refuse, before evicting anything, a batch that could never fit."""
-        seg = self._seg
+        seg = t.seg
         buckets = -(-2 * n // int(t.index.capacity))  # buckets end up half full at worst
         need = -(-n // t.rpe) + buckets
         if need > seg.n_ext:
@@ -205,11 +359,12 @@ class SharedHashMapStore(EmbeddingStore):
                 "shared_memory_size or send smaller batches"
             )
 
-    def _largest_table(self) -> ShmTable | None:
+    @staticmethod
+    def _largest_table(seg: Segment) -> ShmTable | None:
         best: ShmTable | None = None
         for slot in range(MAX_TABLES):
-            if EntryView(self._seg, slot).meta[EntryWord.STATE]:
-                t = ShmTable(self._seg, slot)
+            if EntryView(seg, slot).meta[EntryWord.STATE]:
+                t = ShmTable(seg, slot)
                 if best is None or t.extents > best.extents:
                     best = t
         return best
@@ -220,19 +375,18 @@ class SharedHashMapStore(EmbeddingStore):
                 t.evict(self.overflow_policy, count, self._rng)
 
     def remove(self, table: str, keys: Keys, *, durable: bool = False) -> None:
-        t = self._table(table)
         keys = np.unique(keys)
         for part in self._chunks(keys.size):
-            with self._seg.writing():
-                t.remove(keys[part])
+            self._remove_part(table, keys[part])
+
+    def _remove_part(self, table: str, keys: Keys) -> None:
+        self._with(table, True, lambda t: t.remove(keys))
 
     # -- introspection -----------------------------------------------------------------
 
     def nbytes(self, table: str) -> int:
         """Bytes of the segment the table holds (its row and bucket extents)."""
-        t = self._table(table)
-        with self._seg.reading():
-            return t.extents * self._seg.extent
+        return self._with(table, False, lambda t: t.extents * t.seg.extent)
 
     @classmethod
     def bytes_per_row(
@@ -245,11 +399,10 @@ class SharedHashMapStore(EmbeddingStore):
         return extent / rows_per_extent(extent, row_bytes) + index
 
     def stats(self) -> JSON:
-        seg = self._seg
-        with seg.reading():
+        def read(held: _Held) -> JSON:
+            seg = held.seg
             tables = {
-                name: {"rows": (t := ShmTable(seg, slot)).rows, "extents": t.extents}
-                for name, slot in self._slots.items()
+                name: {"rows": t.rows, "extents": t.extents} for name, t in held.tables.items()
             }
             return {
                 "path": seg.path,
@@ -259,11 +412,16 @@ class SharedHashMapStore(EmbeddingStore):
                 "free_extents": seg.extents.n_free,
                 "attached": int(seg.h[HeaderWord.ATTACHED]),
                 "repairs": int(seg.h[HeaderWord.REPAIRS]),
+                "created": seg.identity[2],
+                "filled": seg.filled(),
+                "followed": self.generation,
                 "tables": tables,
             }
 
+        return self._on_segment(False, read)
+
     def close(self) -> None:
-        self._specs.clear()
-        self._slots.clear()
-        self._tables.clear()
+        with self._structure:
+            self._specs.clear()
+            self._box.held.tables.clear()
         self._finalizer()

@@ -10,20 +10,36 @@ on every pass of its loop: before each poll and before each retry of a batch a t
 - a heartbeat file (``hps consume --heartbeat-file``), touched at most once a second and
   removed on a clean exit; ``hps consume-check`` (:func:`check_file`) fails once it is older
   than ``max_age_s``. For health checks that run a command (Compose).
+
+Watches (:meth:`Heartbeat.watch`, e.g. :class:`hps.startup.SharedL2Watch`) ride on the
+pulse: each beat runs their ``check()`` in the loop's own thread, between batches (a watch
+decides itself how often to act), and ``/healthz`` answers 503 with a watch's ``problem()``
+while it has one (a replaced shared-memory L2 being refilled).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Protocol
+
+log = logging.getLogger(__name__)
 
 FILE_INTERVAL_S = 1.0
 """The heartbeat file is touched at most this often (the in-memory pulse on every pass)."""
+
+
+class Watch(Protocol):
+    """Something a beat runs and ``/healthz`` asks (:class:`hps.startup.SharedL2Watch`)."""
+
+    def check(self, *, force: bool = False) -> bool: ...
+    def problem(self) -> str | None: ...
 
 
 class Heartbeat:
@@ -41,9 +57,20 @@ class Heartbeat:
         self._file_interval_s = file_interval_s
         self._last: float | None = None
         self._last_file: float | None = None
+        self._watches: list[Watch] = []
+
+    def watch(self, watch: Watch) -> None:
+        """Run ``watch.check()`` on every beat; its ``problem()`` fails :meth:`check`."""
+        self._watches.append(watch)
 
     def beat(self) -> None:
-        """One pass of the loop (cheap: a clock read; a file touch at most once a second)."""
+        """One pass of the loop (cheap: a clock read; a file touch at most once a second;
+        the watches' checks, which act at most every few seconds)."""
+        for watch in self._watches:
+            try:
+                watch.check()
+            except Exception:  # a failing watch reports through problem(), not by a crash
+                log.exception("heartbeat watch %r", watch)
         now = self._clock()
         self._last = now
         if self.path is not None and (
@@ -57,8 +84,12 @@ class Heartbeat:
         return float("inf") if self._last is None else self._clock() - self._last
 
     def check(self, max_age_s: float) -> str | None:
-        """None while alive, else why not (the text a failing probe shows)."""
-        return _verdict(self.age_s(), max_age_s, "the consumer loop")
+        """None while alive and no watch has a problem, else why not (the text a failing
+        probe shows)."""
+        verdict = _verdict(self.age_s(), max_age_s, "the consumer loop")
+        if verdict is None:
+            verdict = next((p for w in self._watches if (p := w.problem())), None)
+        return verdict
 
     def close(self) -> None:
         """A clean stop: the file goes, so a check fails at once rather than after max age."""

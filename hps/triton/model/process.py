@@ -114,7 +114,7 @@ class ModelProcess:
 
     def __init__(self, args: dict[str, str]) -> None:
         from hps.redact import protect
-        from hps.startup import refreshers_for, warm_up_keysets, warm_up_session
+        from hps.startup import refreshers_for, warm_up_keysets, warm_up_session, watch_shared_l2
         from hps.triton.serving import fill_l2, only_model, prepare_tables, serving_config
 
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -153,6 +153,10 @@ class ModelProcess:
             from hps.updates.runtime import start_updates
 
             self.updates = start_updates(self.session, self.config)
+        # A node's shared-memory L2 removed or replaced: follow it, refill, re-read L1.
+        self.l2_watch = watch_shared_l2(self.session, self.config, role="serving")
+        if self.l2_watch is not None:
+            self.l2_watch.start()
         interval = float(params.get("metrics_interval_s") or 1.0)
         self.metrics = MetricsExporter(
             pb_utils, args["model_name"], args["model_instance_name"], self.session, interval
@@ -176,7 +180,13 @@ class ModelProcess:
         self.metrics.maybe_flush()
         return responses
 
+    def l2_problem(self) -> str | None:
+        """None while this instance serves the node's current shared L2, else why not."""
+        return None if self.l2_watch is None else self.l2_watch.problem()
+
     def close(self) -> None:
+        if self.l2_watch is not None:
+            self.l2_watch.stop()
         for refresher in self.refreshers:
             refresher.stop()
         if self.updates is not None:
