@@ -100,7 +100,9 @@ class ModelConfig(Frozen):
                 raise ValueError(f"{key} has {len(got)} entries but the model has {n} tables")
         dtypes = self.hps_row_dtype
         if isinstance(dtypes, list) and len(dtypes) not in (1, n):
-            raise ValueError(f"hps_row_dtype has {len(dtypes)} entries but the model has {n} tables")
+            raise ValueError(
+                f"hps_row_dtype has {len(dtypes)} entries but the model has {n} tables"
+            )
         if self.fp8_quant and dtypes is not None and set(self._per_table_dtypes()) != {"int8"}:
             raise ValueError(
                 "fp8_quant: true asks for 8-bit rows (int8) but hps_row_dtype says "

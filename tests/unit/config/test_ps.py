@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -199,3 +200,36 @@ def test_models_are_frozen() -> None:
 def test_empty_models_and_non_integer_dims_are_refused(doc: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_config(doc, "ps.json")
+
+
+def _model(**extra: object) -> dict:
+    return {"models": [{"model": "m", "embedding_vecsize_per_table": [8, 4, 2], **extra}]}
+
+
+@pytest.mark.parametrize(
+    ("extra", "formats"),
+    [
+        ({}, ["float32"] * 3),
+        ({"hps_row_dtype": "float16"}, ["float16"] * 3),
+        ({"hps_row_dtype": ["int8"]}, ["int8"] * 3),
+        ({"hps_row_dtype": ["int8", "float16", "float32"]}, ["int8", "float16", "float32"]),
+        ({"fp8_quant": True}, ["int8"] * 3),  # HugeCTR's 8-bit rows, honoured
+        ({"fp8_quant": True, "hps_row_dtype": "int8"}, ["int8"] * 3),
+    ],
+)
+def test_row_formats_per_table(extra: dict, formats: list[str]) -> None:
+    (model,) = parse_config(_model(**extra)).models
+    assert [t.row_dtype for t in model.tables] == formats
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"hps_row_dtype": "bf16"}, "models[0].hps_row_dtype"),
+        ({"hps_row_dtype": ["int8", "float16"]}, "hps_row_dtype has 2 entries but the model has 3"),
+        ({"fp8_quant": True, "hps_row_dtype": "float16"}, "fp8_quant: true asks for 8-bit rows"),
+    ],
+)
+def test_row_formats_refused(extra: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_config(_model(**extra))
