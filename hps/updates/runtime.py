@@ -127,6 +127,11 @@ def build_service(
         if (us.hps_dead_letter_topic)
         else None
     )
+    heartbeat = heartbeat or Heartbeat()
+    from hps.startup import watch_shared_l2  # a replaced shared-memory L2: refill it
+
+    if (l2_watch := watch_shared_l2(session, config, role="consumer")) is not None:
+        heartbeat.watch(l2_watch)
     return UpdateConsumer(source, applier, us, dead_letters=dead, heartbeat=heartbeat)
 
 
