@@ -5,26 +5,16 @@ Warm-up (which keys, from :func:`hps.cache.warmup.plan_warm_up`) loads vectors t
 ``session.warm_up``, so L1 starts consistent with L2/L3; refreshers re-read resident keys
 every ``refresh_interval`` (:class:`hps.cache.refresh.Refresher`).
 
-:class:`SharedL2Watch` keeps a process on the ``multi_process_hash_map`` segment its name
-points at (:func:`watch_shared_l2` builds one where L2 is one): when the segment held is
-removed or replaced, the store moves to the current one and the watch refills it from L3,
-re-reads L1's resident keys and reports not-ready (:meth:`SharedL2Watch.problem`) until
-that is done. Who refills: the process that applies updates to L3 (``hps consume``,
-``fill="overwrite"``, in its loop between batches, so no update can come between the rows
-it reads from L3 and the ones it writes); with no such process (no Kafka) the serving
-processes, the first to find a table empty (``fill="if_empty"``, under the node's import
-lock, as the start-up fill). A finished fill is recorded in the segment; every watch
-re-reads its L1's resident keys when it sees a new one.
+:func:`watch_shared_l2` keeps a process on its node's current shared-memory L2
+(:mod:`hps.tiers.shared_l2`), its L1 re-reading what a refilled segment fixed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import threading
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -33,13 +23,13 @@ import numpy as np
 from hps.cache.refresh import Refresher
 from hps.cache.warmup import WARMUP_CHUNK, plan_warm_up, prefill_wanted
 from hps.config import ModelConfig, PSConfig
-from hps.errors import HPSError
 from hps.io.sparse_model import table_rows
+from hps.loading.imports import import_lock
 from hps.lookup import LookupSession
-from hps.storage.multi_process_hash_map import SharedHashMapStore
-from hps.tiers import RowStore, Tiers
+from hps.tiers import RowStore
+from hps.tiers.shared_l2 import FillMode, SharedL2Watch, shared_l2
 from hps.topology import topology
-from hps.types import Keys, TableSpec
+from hps.types import Keys
 
 log = logging.getLogger(__name__)
 
@@ -131,174 +121,39 @@ def warm_up_keysets(session: LookupSession, model: str, files_json: str | None) 
     return loaded
 
 
-FillMode = Literal["overwrite", "if_empty", "none"]
-"""How a :class:`SharedL2Watch` refills a new segment: every table from L3 (the process that
-writes L3), the tables it finds empty (serving processes where nothing else writes), none
-(serving processes while ``hps consume`` refills)."""
-
-WATCH_INTERVAL_S = 1.0
-"""How often a watch checks the segment's identity (an ``os.stat``, an 8-byte read)."""
-
-
-class SharedL2Watch:
-    """Keeps one process on its node's current shared-memory L2 (see the module docstring).
-
-    :meth:`check` is cheap and may be called on every pass of a loop (it acts at most every
-    ``interval_s``); :meth:`start` runs it in a daemon thread instead.
-    """
-
-    def __init__(
-        self,
-        store: SharedHashMapStore,
-        tiers: Tiers,
-        tables: Sequence[TableSpec],
-        *,
-        fill: FillMode,
-        share: float = 1.0,
-        session: LookupSession | None = None,
-        lock_dir: Path | None = None,
-        interval_s: float = WATCH_INTERVAL_S,
-    ) -> None:
-        self.store = store
-        self.tiers = tiers
-        self.tables = list(tables)
-        self.fill = fill
-        self.share = share
-        self.session = session
-        self.lock_dir = lock_dir
-        self.interval_s = interval_s
-        self.recoveries = 0  # refills finished after a move
-        self._generation = store.generation
-        self._filled = store.filled()
-        self._failure: str | None = None
-        self._last = time.monotonic()
-        self._busy = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def problem(self) -> str | None:
-        """None while this process serves the current segment, refilled; else why not."""
-        if self._failure is not None:
-            return self._failure
-        if self.store.generation != self._generation:
-            return f"shared L2 {self.store.path} was replaced: refilling it from L3"
-        return None
-
-    def check(self, *, force: bool = False) -> bool:
-        """Follow the segment's name, refill and re-read L1 where needed (at most every
-        ``interval_s`` unless ``force``); True if this call recovered from a move."""
-        now = time.monotonic()
-        if not force and now - self._last < self.interval_s:
-            return False
-        if not self._busy.acquire(blocking=False):
-            return False  # another thread of this process is at it
-        try:
-            self._last = now
-            self.store.follow()
-            if self.store.generation != self._generation or self._failure is not None:
-                return self._recover()
-            filled = self.store.filled()
-            if filled != self._filled:  # another process refilled: L1 may hold what it fixed
-                self._filled = filled
-                self._refresh_l1()
-            return False
-        finally:
-            self._busy.release()
-
-    def _recover(self) -> bool:
-        generation = self.store.generation
-        try:
-            rows = self._fill()
-            self._refresh_l1()
-        except HPSError as exc:
-            self._failure = f"shared L2 {self.store.path} was replaced; refilling failed: {exc}"
-            log.warning("%s (retrying in %g s)", self._failure, self.interval_s)
-            return False
-        self._generation = generation
-        self._filled = self.store.filled()
-        self._failure = None
-        self.recoveries += 1
-        log.warning(
-            "shared L2 %s: back on the current segment (%d rows refilled here)",
-            self.store.path,
-            rows,
-        )
-        return True
-
-    def _fill(self) -> int:
-        if self.fill == "none" or self.tiers.persistent is None:
-            return 0
-        if self.fill == "overwrite":
-            rows = sum(self.tiers.fill_l2_from_l3(s.name, self.share) for s in self.tables)
-            self.store.mark_filled()
-            return rows
-        rows = 0
-        from hps.loading.imports import import_lock
-
-        lock = import_lock(self.lock_dir) if self.lock_dir else contextlib.nullcontext()
-        with lock:
-            empty = [s for s in self.tables if self.store.size(s.name) == 0]
-            if empty:
-                self.tiers.catch_up()
-                rows = sum(self.tiers.fill_l2_from_l3(s.name, self.share) for s in empty)
-                self.store.mark_filled()
-        return rows
-
-    def _refresh_l1(self) -> None:
-        """Re-read every resident L1 row from L2/L3 (L3 caught up once first)."""
-        session = self.session
-        if session is None or not session.caches:
-            return
-        before = self.tiers.catch_up_once()
-        for name, cache in session.caches.items():
-            resident = getattr(cache, "resident_keys", None)  # hps.cache.refresh.Refreshable
-            if resident is None:
-                continue
-            for keys in _chunks(resident(), WARMUP_CHUNK):
-                session.refresh(name, keys, before_l3=before)
-
-    def start(self) -> SharedL2Watch:
-        """Run :meth:`check` every ``interval_s`` in a daemon thread."""
-
-        def loop() -> None:
-            while not self._stop.wait(self.interval_s):
-                try:
-                    self.check(force=True)
-                except Exception:  # a watch that dies would hide the next fault
-                    log.exception("shared L2 watch of %s", self.store.path)
-
-        self._thread = threading.Thread(target=loop, name="hps-shared-l2-watch", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-
-
 def watch_shared_l2(
     session: LookupSession, config: PSConfig, *, role: Literal["consumer", "serving"]
 ) -> SharedL2Watch | None:
-    """A watch over ``session``'s L2 when it is a ``multi_process_hash_map`` (else None).
+    """A watch over ``session``'s L2 when it is a ``multi_process_hash_map`` (else None;
+    :mod:`hps.tiers.shared_l2`).
 
     ``role``: ``consumer`` for ``hps consume`` (it refills every table from the L3 it
     writes), ``serving`` for a serving process (it refills only where no consumer does).
     """
-    volatile = session.tiers.volatile
-    store = getattr(volatile, "_store", None)  # RowStore keeps its backend private
-    if not isinstance(store, SharedHashMapStore):
+    store = shared_l2(session.tiers)
+    if store is None:
         return None
     topo = topology(config)
     fill: FillMode = (
         "overwrite" if role == "consumer" else "none" if topo.updates == "consumer" else "if_empty"
     )
+    state_dir = topo.state_dir
     return SharedL2Watch(
         store,
         session.tiers,
         list(session.tables.values()),
         fill=fill,
         share=config.volatile_db.initial_cache_rate,
-        session=session,
-        lock_dir=topo.state_dir,
+        refresh_l1=partial(reread_l1, session),
+        lock=partial(import_lock, state_dir) if state_dir else None,
     )
+
+
+def reread_l1(session: LookupSession) -> None:
+    """Re-read every resident L1 row from L2/L3 (L3 caught up once first)."""
+    if not session.caches:
+        return
+    before = session.tiers.catch_up_once()
+    for name, cache in session.caches.items():
+        for keys in _chunks(cache.resident_keys(), WARMUP_CHUNK):
+            session.refresh(name, keys, before_l3=before)

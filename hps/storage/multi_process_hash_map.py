@@ -24,7 +24,7 @@ file and creation id, checked by the first operation at least ``identity_check_s
 last check, or whenever a caller asks), opens the segment the name points at now (creating
 it if there is none), opens its tables there and moves every later operation to it; the old
 mapping is closed once this process's threads are out of it. Rows are not carried over
-(L2 is a cache): whoever holds L3 refills the new segment (:class:`hps.startup.SharedL2Watch`)
+(L2 is a cache): whoever holds L3 refills the new segment (:class:`hps.tiers.shared_l2.SharedL2Watch`)
 and records it (:meth:`SharedHashMapStore.mark_filled`) for the other processes to see. The
 "last user" never removes files that are not the ones it opened.
 """
@@ -213,7 +213,7 @@ class SharedHashMapStore(EmbeddingStore):
         create) it and open this store's tables there; True if it moved. The old segment
         is closed once this process's threads are out of it, and its files, no longer the
         ones at the name, are left alone. Rows are not copied: L2 is refilled from L3 by
-        whoever holds L3 (:class:`hps.startup.SharedL2Watch`)."""
+        whoever holds L3 (:class:`hps.tiers.shared_l2.SharedL2Watch`)."""
         if self.current():
             return False
         with self._structure:

@@ -61,6 +61,13 @@ class RowStore:
     # -- capabilities (declared by the backend, see hps.storage.base) ----------------------
 
     @property
+    def backend_store(self) -> EmbeddingStore:
+        """The backend itself, for :mod:`hps.tiers`' own modules only (the shared-L2 watch
+        needs the shared-memory store's identity and refill record); callers outside
+        :mod:`hps.tiers` read and write rows through this class."""
+        return self._store
+
+    @property
     def backend(self) -> str:
         """The backend's registered name (``hash_map``, ``rocks_db``, ...)."""
         return self._store.name

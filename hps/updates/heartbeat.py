@@ -11,7 +11,7 @@ on every pass of its loop: before each poll and before each retry of a batch a t
   removed on a clean exit; ``hps consume-check`` (:func:`check_file`) fails once it is older
   than ``max_age_s``. For health checks that run a command (Compose).
 
-Watches (:meth:`Heartbeat.watch`, e.g. :class:`hps.startup.SharedL2Watch`) ride on the
+Watches (:meth:`Heartbeat.watch`, e.g. :class:`hps.tiers.shared_l2.SharedL2Watch`) ride on the
 pulse: each beat runs their ``check()`` in the loop's own thread, between batches (a watch
 decides itself how often to act), and ``/healthz`` answers 503 with a watch's ``problem()``
 while it has one (a replaced shared-memory L2 being refilled).
@@ -36,7 +36,7 @@ FILE_INTERVAL_S = 1.0
 
 
 class Watch(Protocol):
-    """Something a beat runs and ``/healthz`` asks (:class:`hps.startup.SharedL2Watch`)."""
+    """Something a beat runs and ``/healthz`` asks (:class:`hps.tiers.shared_l2.SharedL2Watch`)."""
 
     def check(self, *, force: bool = False) -> bool: ...
     def problem(self) -> str | None: ...

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from hps.startup import SharedL2Watch
+from hps.tiers.shared_l2 import SharedL2Watch
 from hps.storage.multi_process_hash_map import SharedHashMapStore
 from hps.storage.rocks_db import RocksDBStore
 from hps.tiers import Tiers

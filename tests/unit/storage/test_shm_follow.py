@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from hps.startup import SharedL2Watch
+from hps.tiers.shared_l2 import SharedL2Watch
 from hps.storage._shm_segment import path_identity
 from hps.storage.hash_map import HashMapStore
 from hps.storage.multi_process_hash_map import SharedHashMapStore
