@@ -19,10 +19,11 @@ Side tables of ``<model>.<table>``:
 - ``<model>.<table>__hps_version``: the version of each key's last applied update (for
   ``versioned_rows`` stores: of deletes, and of rows written before the format carried it).
   Deleted keys keep theirs, so a replayed older upsert cannot resurrect them.
-- ``<model>.<table>__hps_watermark``: under key ``-1``, the table's **watermark** ``W``
-  (:class:`Watermarks`). Keys ``0, 1, ...`` hold the per-partition watermarks of databases
-  written before ``W`` existed; nothing reads them any more but :func:`last_version` of such
-  a database.
+- ``<model>.<table>__hps_watermark``: under key ``-1 - b``, the **watermark** ``W[b]`` of
+  key bucket ``b`` (:data:`BUCKETS` buckets by a hash of the key, :class:`Watermarks`); below
+  "W" is the watermark of a row's key's bucket. Keys ``0, 1, ...`` hold the per-partition
+  watermarks of databases written before these existed; nothing reads them any more but
+  :func:`last_version` of such a database.
 
 A version (uint64) is stored as four float32 holding its 16-bit limbs, which every backend
 keeps exactly.
@@ -33,10 +34,11 @@ The rule and the shortcut
 **Rule**: a row is applied only if its version is >= its key's stored version (0: never
 updated), whatever the partition it came from, keyed or not (HugeCTR's messages carry no
 Kafka key, so one key's updates may travel in several partitions; a topic's partition
-count may change). The per-key read this needs is skipped for a row whose version is >= W.
+count may change). The per-key read this needs is skipped for a row whose version is >= W
+(its key's bucket's watermark).
 
-**Why the shortcut is sound.** Invariant: *W >= every version stored for the table's keys*
-(in the tier that keeps them). Then a row with version v >= W has v >= W >= its key's
+**Why the shortcut is sound.** Invariant: *W[b] >= every version stored for a key of bucket
+b* (in the tier that keeps them). Then a row with version v >= W has v >= W >= its key's
 stored version, which is exactly what the per-key read would have checked: the row is
 applied either way, so skipping the read changes nothing. Partitions play no part, so
 neither unkeyed messages nor a change of partition count matter. The invariant holds:
