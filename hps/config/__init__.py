@@ -14,10 +14,12 @@ One module per section; import the names from here:
   (:class:`CacheConfig`);
 - :mod:`hps.config.databases`: ``volatile_db`` and ``persistent_db``;
 - :mod:`hps.config.update_source`: ``update_source``;
+- :mod:`hps.config.admin`: ``hps_admin``, the control plane's settings;
 - :mod:`hps.config.common`: what they share (the frozen base, names, secrets from the
   environment, deprecated keys).
 """
 
+from hps.config.admin import AdminConfig
 from hps.config.common import NAME_RE, NO_LIMIT
 from hps.config.databases import OverflowPolicy, PersistentDBConfig, VolatileDBConfig
 from hps.config.model import CacheConfig, ModelConfig
@@ -25,6 +27,7 @@ from hps.config.ps import PSConfig, load_config, parse_config
 from hps.config.update_source import UpdateSourceConfig
 
 __all__ = [
+    "AdminConfig",
     "NAME_RE",
     "NO_LIMIT",
     "CacheConfig",

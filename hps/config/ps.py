@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from hps.config.admin import AdminConfig
 from hps.config.common import Frozen
 from hps.config.databases import PersistentDBConfig, VolatileDBConfig
 from hps.config.model import ModelConfig
@@ -26,6 +27,7 @@ class PSConfig(Frozen):
     volatile_db: VolatileDBConfig = VolatileDBConfig()
     persistent_db: PersistentDBConfig = PersistentDBConfig()
     update_source: UpdateSourceConfig = UpdateSourceConfig()
+    hps_admin: AdminConfig = AdminConfig()
     source: str = Field(default="<memory>", exclude=True, description="file it was read from")
 
     @field_validator("models")

@@ -15,6 +15,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from hps.errors import FormatError, RequestError
 from hps.service import ops, uploads
 from hps.service.jobs import Job
+from hps.service.paths import MAX_PATH_CHARS, ServerPaths
 from hps.service.schemas import WRITE, DeleteBody, WarmupBody, WarmupKeys, WarmupKeyset
 from hps.service.state import AdminState
 from hps.types import JSON
@@ -64,12 +65,13 @@ def warmup(model: str, body: WarmupBody, request: Request, _: Auth) -> JSON:
     if isinstance(body, WarmupKeys):
         keys = np.asarray(body.keys, dtype=np.int64)
     elif isinstance(body, WarmupKeyset):
+        path = ServerPaths.of(state).file(body.keyset_path)  # confined: hps.service.paths
         try:
-            keys = read_keyset(body.keyset_path)
-        except OSError as exc:
-            raise FormatError(f"{body.keyset_path}: cannot read: {exc.strerror}") from None
+            keys = read_keyset(path)
+        except OSError:
+            raise FormatError(f"{body.keyset_path}: cannot read the keyset file") from None
     else:
-        fkeys, counts = read_frequency_file(body.frequency_path)
+        fkeys, counts = read_frequency_file(ServerPaths.of(state).file(body.frequency_path))
         keys = hottest(fkeys, counts, body.top_k or fkeys.size)
     return ops.warmup_keys(state, model, dict.fromkeys(tables, keys))
 
@@ -96,7 +98,9 @@ IMPORT_BODY = {
                     },
                     "path": {
                         "type": "string",
-                        "description": "server-side folder instead of uploads",
+                        "maxLength": MAX_PATH_CHARS,
+                        "description": "server-side folder instead of uploads: an absolute "
+                        "path under the control plane's path roots (hps_admin.path_roots)",
                     },
                 },
             }
@@ -141,7 +145,8 @@ async def import_table(model: str, table: str, request: Request, _: Auth) -> JSO
 
     Multipart fields: ``format`` (``sparse``: HugeCTR's ``key`` + ``emb_vector``; ``npy``: a
     keys and a vectors ``.npy``), then files ``keys`` and ``vectors``, or ``path`` (a folder
-    on the server holding ``key`` + ``emb_vector``, or ``keys.npy`` + ``vectors.npy``).
+    on the server holding ``key`` + ``emb_vector``, or ``keys.npy`` + ``vectors.npy``, under
+    the path roots: anything else is a 400 ``path not allowed or not found``).
     The whole input is validated first (sizes, dims, finite values, and values the table's
     row format can hold: float16's range): a bad one gets a 4xx and nothing is written. Rows
     are stored in the table's format (``hps_row_dtype``), encoded as they are written. A
@@ -186,7 +191,7 @@ async def _source(
     if path is not None and (keys is not None or vectors is not None):
         raise RequestError("give either uploaded files (keys, vectors) or path, not both")
     if path is not None:
-        folder = uploads.source_folder(format, path)
+        folder = ServerPaths.of(state).folder(path, uploads.names(format))  # confined
     elif keys is not None and vectors is not None:
         staged = state.state_dir / "uploads" / uuid.uuid4().hex
         folder = await run_in_threadpool(uploads.stage, staged, format, keys.file, vectors.file)

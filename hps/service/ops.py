@@ -83,6 +83,8 @@ def warmup_keys(state: AdminState, model: str, keysets: dict[str, Keys]) -> JSON
 
     if not state.config.model(model).gpucache:
         raise RequestError(f"model {model!r} has no L1 (gpucache: false): nothing to warm up")
+    if not any(k.size for k in keysets.values()):
+        raise RequestError(f"warm-up of model {model!r} found no keys: nothing was reloaded")
     folder = state.state_dir / "warmup" / model
     folder.mkdir(parents=True, exist_ok=True)
     files = {}

@@ -6,6 +6,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from hps.service.paths import MAX_PATH_CHARS
+
 
 # The document states the bounds +-(2**63 - 1024): JSON-schema tools read bounds as doubles,
 # where 2**63 - 1 becomes 2**63, and generators then send keys the server must refuse.
@@ -49,12 +51,24 @@ class WarmupKeys(_Warmup):
     keys: list[Int64] = Field(min_length=1, max_length=MAX_DELETE_KEYS)
 
 
+# Server-side paths: absolute, under the control plane's path roots (hps.service.paths).
+ServerPath = Annotated[str, Field(min_length=1, max_length=MAX_PATH_CHARS)]
+_UNDER_ROOTS = (
+    ": an absolute path under the control plane's path roots (hps_admin.path_roots; default "
+    "the ps.json's folder and the state folder); else 400 `path not allowed or not found`"
+)
+
+
 class WarmupKeyset(_Warmup):
-    keyset_path: str = Field(description="keyset file on the server (raw int64 keys)")
+    keyset_path: ServerPath = Field(
+        description="keyset file on the server (raw int64 keys)" + _UNDER_ROOTS
+    )
 
 
 class WarmupFrequency(_Warmup):
-    frequency_path: str = Field(description=".npz frequency file on the server")
+    frequency_path: ServerPath = Field(
+        description=".npz frequency file on the server" + _UNDER_ROOTS
+    )
     top_k: int | None = Field(default=None, ge=1, le=1 << 30, description="hottest k keys")
 
 
@@ -69,7 +83,7 @@ class Error(BaseModel):
 def errors(*codes: int) -> dict[int | str, dict[str, object]]:
     """``responses=`` of a route: these statuses, each with the Error body."""
     text = {
-        400: "bad request (names what is wrong)",
+        400: "bad request (names what is wrong); a server-side path not allowed or not found",
         401: "missing or wrong bearer token",
         403: "mutations are disabled: no admin token configured",
         404: "unknown model, table or job",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -86,7 +85,7 @@ def test_killed_stub_turns_readiness_red_until_reload(client: Any, stack: Stack)
     assert status == 200, body
 
 
-def test_warmup_fills_l1_of_the_new_instances(client: Any, stack: Stack, tmp_path: Path) -> None:
+def test_warmup_fills_l1_of_the_new_instances(client: Any, stack: Stack) -> None:
     keys, vectors = stack.data["one.r"]
     r = client.post("/v1/models/one/warmup", json={"keys": keys[:10].tolist()})
     assert r.status_code == 200, r.text
@@ -103,14 +102,14 @@ def test_warmup_fills_l1_of_the_new_instances(client: Any, stack: Stack, tmp_pat
         time.sleep(0.2)
     # the 10 warmed keys come from L1; the L2 count also holds the warm-up's own 10 reads
     assert delta == {"l1": 10, "l2": 15, "l3": 0, "default": 0}, delta
-    # the hottest keys of a frequency file, for one table
-    freq = tmp_path / "freq.npz"
+    # the hottest keys of a frequency file (under the ps.json's folder, a path root)
+    freq = stack.root / "freq.npz"
     write_frequency_file(freq, keys, np.arange(keys.size))
     body = {"frequency_path": str(freq), "top_k": 7, "table": "r"}
     r = client.post("/v1/models/one/warmup", json=body)
     assert r.status_code == 200 and r.json()["keys"] == {"r": 7}, r.text
-    r = client.post("/v1/models/one/warmup", json={"keyset_path": str(tmp_path / "none")})
-    assert r.status_code == 422, r.text
+    r = client.post("/v1/models/one/warmup", json={"keyset_path": str(stack.root / "none")})
+    assert r.status_code == 400, r.text
 
 
 def _hits(client: Any, model: str, table: str) -> dict[str, float]:
@@ -118,14 +117,15 @@ def _hits(client: Any, model: str, table: str) -> dict[str, float]:
     return hits
 
 
-def test_import_upload_then_triton_serves_it(client: Any, stack: Stack, tmp_path: Any) -> None:
+def test_import_upload_then_triton_serves_it(client: Any, stack: Stack) -> None:
     rng = np.random.default_rng(5)
     keys = np.arange(10_000_000, 10_000_500, dtype=np.int64)
     vectors = rng.standard_normal((keys.size, 8), dtype=np.float32)
-    write_sparse_model(tmp_path / "new", keys, vectors)
+    folder = stack.root / "imports" / "new"  # under the ps.json's folder, a path root
+    write_sparse_model(folder, keys, vectors)
     files = {
-        "keys": ("key", (tmp_path / "new" / "key").read_bytes()),
-        "vectors": ("emb_vector", (tmp_path / "new" / "emb_vector").read_bytes()),
+        "keys": ("key", (folder / "key").read_bytes()),
+        "vectors": ("emb_vector", (folder / "emb_vector").read_bytes()),
     }
     r = client.post("/v1/models/emb/tables/b/import", data={"format": "sparse"}, files=files)
     assert r.status_code == 202, r.text
@@ -136,7 +136,7 @@ def test_import_upload_then_triton_serves_it(client: Any, stack: Stack, tmp_path
     np.testing.assert_allclose(rows, vectors[:4])
     # a server-side folder works the same way
     r = client.post(
-        "/v1/models/emb/tables/b/import", data={"format": "sparse", "path": str(tmp_path / "new")}
+        "/v1/models/emb/tables/b/import", data={"format": "sparse", "path": str(folder)}
     )
     assert _wait_job(client, r.json()["job"])["state"] == "done"
 
