@@ -16,6 +16,7 @@ from hps.errors import HPSError
 COMMAND_MODULES = [
     "hps.commands.tables",  # import, export, lookup
     "hps.commands.plan",  # plan, freq
+    "hps.commands.verify",  # verify
     "hps.bench.commands",  # bench storage|cache|triton|updates
     "hps.triton.commands",  # demo, serve, query
     "hps.updates.commands",  # consume, publish

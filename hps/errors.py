@@ -17,6 +17,8 @@ boundary, so callers never see them::
     │   └── DecodeError           a Kafka payload that cannot be decoded
     │       └── VersionError      an update version too far ahead of its message's timestamp
     └── BackendError              a storage tier failed
+        ├── DamagedRowsError      some keys' rows sit in damaged blocks (the rest were read)
+        ├── FillError             a fill of L2 from L3 stopped part-way
         └── BackendUnavailable    the tier cannot be reached right now (retriable)
             └── CircuitOpenError  skipped without trying: the tier failed moments ago
 
@@ -40,6 +42,12 @@ any other              500   INTERNAL
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 
 class HPSError(Exception):
@@ -103,6 +111,32 @@ class BackendError(HPSError):
     """A storage tier failed."""
 
     status = 502
+
+
+class DamagedRowsError(BackendError):
+    """Some keys of a read sit in damaged storage blocks (a checksum mismatch); the others
+    were read. ``values``/``found`` hold the read of every key but the ``damaged`` ones
+    (a mask over the keys asked for), which are not found."""
+
+    def __init__(
+        self,
+        message: str,
+        values: npt.NDArray[np.generic],
+        found: npt.NDArray[np.bool_],
+        damaged: npt.NDArray[np.bool_],
+    ) -> None:
+        super().__init__(message)
+        self.values = values
+        self.found = found
+        self.damaged = damaged
+
+
+class FillError(BackendError):
+    """A fill of L2 from L3 stopped part-way, after ``rows`` rows."""
+
+    def __init__(self, message: str, rows: int) -> None:
+        super().__init__(message)
+        self.rows = rows
 
 
 class BackendUnavailable(BackendError):

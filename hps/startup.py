@@ -1,5 +1,11 @@
-"""What a process does to a new LookupSession before it serves: warm L1 up, plan refreshes,
-and keep a node's shared L2 whole.
+"""What a process does to a new LookupSession before it serves: fill L2 from L3, warm L1
+up, plan refreshes, and keep a node's shared L2 whole.
+
+:func:`fill_table_from_l3` is the start-up fill of one table's L2 from L3
+(``initial_cache_rate``): a fill that fails (a damaged L3 block, an L2 that refuses rows)
+is logged with its reason and recorded (:class:`hps.loading.imports.FillRecord`) where the
+control plane's ``/readyz`` reports it as degraded; the process still serves (L3 answers
+what L2 lacks).
 
 Warm-up (which keys, from :func:`hps.cache.warmup.plan_warm_up`) loads vectors through
 ``session.warm_up``, so L1 starts consistent with L2/L3; refreshers re-read resident keys
@@ -23,15 +29,32 @@ import numpy as np
 from hps.cache.refresh import Refresher
 from hps.cache.warmup import WARMUP_CHUNK, plan_warm_up, prefill_wanted
 from hps.config import ModelConfig, PSConfig
+from hps.errors import FillError, HPSError
 from hps.io.sparse_model import table_rows
-from hps.loading.imports import import_lock
+from hps.loading.imports import FillRecord, import_lock
 from hps.lookup import LookupSession
-from hps.tiers import RowStore
+from hps.tiers import RowStore, Tiers
 from hps.tiers.shared_l2 import FillMode, SharedL2Watch, shared_l2
 from hps.topology import topology
 from hps.types import Keys
 
 log = logging.getLogger(__name__)
+
+
+def fill_table_from_l3(tiers: Tiers, table: str, share: float, state: Path | None) -> int:
+    """Copy the first ``share`` of a table's L3 rows into L2; rows copied. A failure is
+    logged and recorded for ``/readyz`` (``state``: the node's state dir), not raised."""
+    try:
+        rows = tiers.fill_l2_from_l3(table, share)
+    except HPSError as exc:
+        rows = exc.rows if isinstance(exc, FillError) else 0
+        log.error("%s; L2 is partly filled, L3 answers the rest", exc)
+        if state is not None:
+            FillRecord(state).note(table, rows, str(exc))
+        return rows
+    if state is not None:
+        FillRecord(state).note(table, rows, None)
+    return rows
 
 
 def table_keys(model: ModelConfig, index: int, persistent: RowStore | None, n: int) -> Keys | None:

@@ -8,6 +8,13 @@ not already hold them (a sample of rows with exactly the files' vectors: a retra
 same keys with new vectors, is imported again). Every file of every table is validated
 before anything is written, and a table is recorded only once it is completely loaded.
 
+Nothing is locked or written when there is nothing to import (every table's record is
+current), and an L3 that cannot be written (``persistent_db.read_only``, or a folder this
+process may not write: a read-only volume) is only checked: it must hold every table's
+files (a ConfigError names the first that it does not), and it is served as it is. The
+node's lock and records live beside L3 (:func:`node_file`); where that folder is read-only
+they live in the temporary directory instead, under a name derived from L3's path.
+
 A table's record includes its row format (``hps_row_dtype``), so a format change is seen at
 the next import or start-up: a tier that holds the table in another format or dimension
 refuses it with a ConfigError naming ``hps import --force``; with ``force`` the table is
@@ -17,13 +24,18 @@ dropped in every tier and imported again in its new format.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
+import os
+import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from hps.config import PSConfig
+from hps.errors import ConfigError
 from hps.loading.loader import Loader, TableSource, l2_action, l3_matches, sparse_source
 from hps.tiers import Tiers
 from hps.topology import Topology
@@ -31,10 +43,33 @@ from hps.topology import Topology
 log = logging.getLogger(__name__)
 
 
+def node_file(state: Path, suffix: str, *, writable: bool = True) -> Path:
+    """The node's file ``<state><suffix>`` beside ``state`` (L3's folder, or the ps.json's
+    stem), or, where that folder cannot be written (a read-only volume) and ``writable``,
+    ``hps-<hash of state's path><suffix>`` in the temporary directory (every process of
+    the node that sees the same read-only folder picks the same one)."""
+    beside = state.with_name(state.name + suffix)
+    folder = beside.parent
+    if not writable or os.access(folder if folder.exists() else folder.parent, os.W_OK):
+        return beside
+    digest = hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"hps-{digest}{suffix}"
+
+
+def l3_read_only(config: PSConfig) -> bool:
+    """Whether L3 is to be served as it is: ``persistent_db.read_only``, or an existing
+    database this process may not write (a read-only volume)."""
+    db = config.persistent_db
+    if db.type == "disabled":
+        return False
+    return db.read_only or (Path(db.path).exists() and not os.access(db.path, os.W_OK))
+
+
 @contextmanager
 def import_lock(state: Path) -> Iterator[None]:
-    """The node's import lock, beside ``state`` (L3's folder, or the ps.json's stem)."""
-    lock = state.with_name(state.name + ".hps-import.lock")
+    """The node's import lock (:func:`node_file`: beside ``state``, L3's folder or the
+    ps.json's stem, unless that folder is read-only)."""
+    lock = node_file(state, ".hps-import.lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -48,7 +83,7 @@ class ImportRecord:
     """Which version of each table's files was imported completely (a JSON file)."""
 
     def __init__(self, state: Path) -> None:
-        self.path = state.with_name(state.name + ".hps-import.json")
+        self.path = node_file(state, ".hps-import.json", writable=False)
         self.tables: dict[str, list[str | int]] = (
             json.loads(self.path.read_text()) if self.path.exists() else {}
         )
@@ -61,6 +96,51 @@ class ImportRecord:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.tables, indent=1))
         tmp.replace(self.path)
+
+
+class FillRecord:
+    """How the last fill of each table's L2 from L3 at a serving start-up ended on this
+    node (a JSON file, :func:`node_file` ``.hps-l2-fill.json``): written by the serving
+    process that filled, read by the control plane's ``/readyz``, dropped for a table when
+    an import rewrites it."""
+
+    SUFFIX = ".hps-l2-fill.json"
+
+    def __init__(self, state: Path) -> None:
+        self.path = node_file(state, self.SUFFIX)
+
+    def read(self) -> dict[str, dict[str, str | int | float | None]]:
+        """``{table: {"rows": copied, "problem": why it stopped or None, "at": unix time}}``."""
+        try:
+            doc = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def note(self, table: str, rows: int, problem: str | None) -> None:
+        """Record a fill's outcome; a record that cannot be written is logged, not raised."""
+        self._update(table, {"rows": rows, "problem": problem, "at": time.time()})
+
+    def forget(self, table: str) -> None:
+        self._update(table, None)
+
+    def _update(self, table: str, entry: dict[str, str | int | float | None] | None) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path.with_suffix(".lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                doc = self.read()
+                if entry is None and table not in doc:
+                    return
+                if entry is None:
+                    del doc[table]
+                else:
+                    doc[table] = entry
+                tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(doc, indent=1))
+                tmp.replace(self.path)
+        except OSError as exc:
+            log.warning("cannot record the L2 fill of %s in %s: %s", table, self.path, exc)
 
 
 def sparse_sources(config: PSConfig, models: list[str] | None = None) -> list[TableSource]:
@@ -91,6 +171,12 @@ def import_tables(
     state = topo.state_dir
     if state is None:
         return {}  # no L3 and no shared L2: every serving process loads its own L2
+    fresh = topo.l3 and not Path(config.persistent_db.path).exists()
+    if not force and not fresh and all(map(ImportRecord(state).current, sources)):
+        return {}  # nothing to do: no lock taken, nothing written
+    if topo.l3 and not fresh and l3_read_only(config):
+        _check_read_only(config, sources, force)
+        return {}
     with import_lock(state):
         record = ImportRecord(state)
         fresh = topo.l3 and not Path(config.persistent_db.path).exists()
@@ -131,6 +217,27 @@ def import_tables(
                 log.info("%s: importing %s", s.spec.name, s.files[0].parent)
                 imported[s.spec.name] = loader.load(s)
                 record.mark(s)
+                FillRecord(state).forget(s.spec.name)  # L2 is filled again from here
         finally:
             writer.close()
     return imported
+
+
+def _check_read_only(config: PSConfig, sources: list[TableSource], force: bool) -> None:
+    """An L3 served as it is must already hold every table's files."""
+    path = config.persistent_db.path
+    if force:
+        raise ConfigError(f"persistent_db {path} is read-only: cannot import into it")
+    reader = Tiers.open(config, l3_mode="read_only", l2=False)
+    try:
+        reader.open_tables(s.spec for s in sources)
+        missing = [s for s in sources if s.rows and not l3_matches(reader, s)]
+    finally:
+        reader.close()
+    if missing:
+        s = missing[0]
+        raise ConfigError(
+            f"persistent_db {path} is read-only and does not hold {s.spec.name} as in "
+            f"{s.files[0].parent}: import it where L3 is writable, or serve L3's files"
+        )
+    log.info("L3 %s is read-only and holds every table's files: served as it is", path)

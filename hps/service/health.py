@@ -3,7 +3,16 @@
 1. Triton answers ready; 2. every served model is ready; 3. one real inference per HPS
 model returns, for a key sampled from L3 (else L2), the vector L2/L3 hold: a dead Python
 stub fails here while Triton's own readiness still says 200; 4. each configured tier
-answers (L2: a fetch on the shared store; L3: a catch-up read; Kafka: cluster metadata).
+answers (L2: a fetch on the shared store; L3: a catch-up read; Kafka: cluster metadata);
+5. where serving processes fill L2 from L3 at start-up, how each table's last fill ended
+(:class:`hps.loading.imports.FillRecord`).
+
+A fill that stopped part-way (a damaged L3 block, an L2 that refused rows) does not make
+the node unready: L3 answers what L2 lacks, so every answer stays right, only slower. Its
+check reads ``{"name": "l2_fill", "ok": true, "state": "degraded", "detail": <reasons>}``
+and ``/readyz`` still answers 200 (Kubernetes keeps the pod in service); monitor
+``state``. The record of a table is replaced by its next fill and dropped by its next
+import.
 """
 
 from __future__ import annotations
@@ -11,9 +20,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from functools import cache, partial
+from pathlib import Path
 
 import numpy as np
 
+from hps.loading.imports import FillRecord
 from hps.service.state import AdminState
 from hps.tiers import Tiers
 from hps.triton.repository import served_models
@@ -113,7 +124,31 @@ def readiness(state: AdminState) -> tuple[bool, list[JSON]]:
         checks.append(_run("l3", lambda: _l3(state, reader)))
     if state.kafka:
         checks.append(_run("kafka", lambda: _kafka(state)))
+    topo = state.topology
+    if topo.l3 and topo.l2_filled_by == "serving" and topo.state_dir is not None:
+        checks.append(_l2_fill(state, topo.state_dir))
     return all(c["ok"] for c in checks), checks
+
+
+def _l2_fill(state: AdminState, state_dir: Path) -> JSON:
+    """Degraded (still ok) when a table's last start-up fill of L2 from L3 stopped."""
+    start = time.perf_counter()
+    record = FillRecord(state_dir).read()
+    names = {t.name for t in state.config.tables}
+    failed = sorted(
+        (t, str(e["problem"])) for t, e in record.items() if t in names and e.get("problem")
+    )
+    detail = "; ".join(why for _, why in failed) or (
+        f"{sum(1 for t in record if t in names)} table(s) filled from L3"
+    )
+    return {
+        "name": "l2_fill",
+        "ok": True,
+        "state": "degraded" if failed else "ok",
+        "detail": detail,
+        "tables": [t for t, _ in failed],
+        "ms": round(1e3 * (time.perf_counter() - start), 1),
+    }
 
 
 def _ready(ok: bool) -> str:

@@ -9,6 +9,18 @@ checked when it is opened: a table stored with another format or dimension is re
 ``ConfigError``); a table created before formats were recorded holds float32 rows.
 
 Reads are MultiGet, writes one WriteBatch per chunk of ``max_batch_size``.
+
+Damaged data (a block whose checksum does not match, RocksDB's ``Corruption``) fails only the
+keys stored in it: a MultiGet that meets one is split in halves until the damaged keys are
+isolated (about ``2 log2(n)`` MultiGets per damaged key, once: the damaged keys are
+remembered until they are written again, or until a secondary catches up), and
+:meth:`RocksDBStore.fetch` raises :class:`hps.errors.DamagedRowsError`, naming the table
+and carrying the rows of every other key (:class:`hps.tiers.Tiers` serves those and counts
+the damaged ones). A version read treats a damaged row as one without a version, so the
+next update of the key rewrites it. Scans (``dump``, ``size``) check the iterator's status
+at their end: a scan that stopped at a damaged block raises instead of ending early, and
+:meth:`RocksDBStore.verify` reads a whole column family with checksums verified (``hps
+verify``).
 ``versioned_rows``: :meth:`RocksDBStore.insert_versioned` and
 :meth:`RocksDBStore.fetch_versions` let the Kafka applier write a row and its version in one
 put, and read the versions back.
@@ -16,13 +28,15 @@ put, and read the versions back.
 Several processes may share one database: at most one opens it read-write; the others open it
 ``read_only`` (a snapshot at open time) or as a ``secondary`` instance, which follows the
 writer through :meth:`RocksDBStore.catch_up` (Triton runs each model instance in its own
-process).
+process). A reader writes nothing beside a database it may not write (a read-only volume):
+it opens it through a temporary view of links (:func:`_read_only_view`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -33,13 +47,15 @@ import numpy as np
 import rocksdict as rd
 
 from hps.config import PersistentDBConfig, VolatileDBConfig
-from hps.errors import BackendError
+from hps.errors import BackendError, DamagedRowsError
 from hps.rowformat import FORMATS, RowFormat, Stored
 from hps.storage import rocks_rows
 from hps.storage.base import LEGACY_FORMAT, AccessMode, EmbeddingStore, check_rows, refused
 from hps.storage.keybytes import key_bytes
 from hps.types import Keys, Mask, TableSpec
 from hps.validate import table_or_raise
+
+log = logging.getLogger(__name__)
 
 RdictKey = str | int | float | bytes | bool
 """A key as rocksdict's stubs type it (in raw mode, ours are always bytes)."""
@@ -51,6 +67,66 @@ META_PREFIX = b"hps.table/"  # + table name, in the default column family: its f
 
 def _meta_key(table: str) -> bytes:
     return META_PREFIX + table.encode()
+
+
+def _is_damage(exc: Exception) -> bool:
+    """Whether rocksdict's exception is RocksDB's ``Corruption`` status (a block checksum
+    mismatch, a malformed block): the data is damaged, not the call."""
+    return str(exc).startswith("Corruption")
+
+
+def _read_only_view(path: str) -> str:
+    """A temporary folder of symbolic links to the files of the database at ``path``.
+
+    rocksdict writes its ``rocksdict-config.json`` beside every database it opens, read-only
+    too: a reader of a folder it may not write (a read-only volume) opens this view instead
+    (RocksDB reads through the links; the config is a copy rocksdict may rewrite). The
+    files are those of the moment it opens: right for a folder nothing writes.
+    """
+    view = tempfile.mkdtemp(prefix="hps-rocks-view-")
+    for name in os.listdir(path):
+        src = os.path.join(path, name)
+        if name == "rocksdict-config.json":
+            shutil.copyfile(src, os.path.join(view, name))
+        elif name != "LOCK":
+            os.symlink(src, os.path.join(view, name))
+    return view
+
+
+def _scan_options() -> rd.ReadOptions:
+    """A whole-table read: every block's checksum verified, none kept in the block cache."""
+    ro = rd.ReadOptions()
+    ro.set_verify_checksums(True)
+    ro.fill_cache(False)  # type: ignore[call-arg]  # the stub omits its argument
+    ro.set_readahead_size(2 << 20)
+    return ro
+
+
+def _multiget(cf: rd.Rdict, wanted: list[RdictKey]) -> tuple[list[bytes | None], list[int], str]:
+    """MultiGet ``wanted``; a damaged block fails only the keys stored in it.
+
+    Returns the values (None: absent or damaged), the positions of the damaged keys and the
+    first damage's message. A failed MultiGet is split in halves, recursively, down to the
+    keys that cannot be read (the others are read in the halves that succeed).
+    """
+    got: list[bytes | None] = [None] * len(wanted)
+    damaged: list[int] = []
+    first = ""
+    todo = [(0, len(wanted))]
+    while todo:
+        lo, hi = todo.pop()
+        try:
+            got[lo:hi] = cast("list[bytes | None]", cf.get(wanted[lo:hi]))
+        except Exception as exc:
+            if not _is_damage(exc):
+                raise
+            first = first or str(exc)
+            if hi - lo == 1:
+                damaged.append(lo)
+            else:
+                mid = (lo + hi) // 2
+                todo += [(lo, mid), (mid, hi)]
+    return got, damaged, first
 
 
 def _cf_options(cache: rd.Cache) -> rd.Options:
@@ -103,23 +179,29 @@ class RocksDBStore(EmbeddingStore):
         self._opts = opts
         access = rd.AccessType.read_write()
         if mode == "read_only":
-            access = rd.AccessType.read_only()
+            access = rd.AccessType.read_only(error_if_log_file_exist=False)  # a WAL: replayed
         elif mode == "secondary":
             self._secondary_dir = tempfile.mkdtemp(prefix="hps-rocks-secondary-")
             access = rd.AccessType.secondary(self._secondary_dir)
         if mode != "read_write" and not os.path.exists(os.path.join(path, "CURRENT")):
             raise BackendError(f"rocks_db: no database at {path!r} to open {mode}; run hps import")
+        self._view: str | None = None
+        if mode != "read_write" and not os.access(path, os.W_OK):
+            self._view = _read_only_view(path)
         try:
             existing = rd.Rdict.list_cf(path, opts) if os.path.exists(path) else ["default"]
             self._db = rd.Rdict(
-                path,
+                self._view or path,
                 opts,
                 column_families={cf: _cf_options(self._cache) for cf in existing},
                 access_type=access,
             )
         except Exception as exc:
+            self._drop_view()
             raise BackendError(f"rocks_db: cannot open {path!r} ({mode}): {exc}") from exc
         self._existing = set(existing)
+        self._damaged: dict[str, Keys] = {}  # per table: keys found in damaged blocks, sorted
+        self._damage: dict[str, str] = {}  # per table: the first damage RocksDB reported
         self._sync = rd.WriteOptions()
         self._sync.sync = True
 
@@ -218,37 +300,90 @@ class RocksDBStore(EmbeddingStore):
         """Secondary instances: replay what the writer has written since."""
         if self.mode == "secondary":
             self._db.try_catch_up_with_primary()
+            self._damaged.clear()  # the writer may have rewritten them: read them again
+            self._damage.clear()
 
     def fetch(self, table: str, keys: Keys) -> tuple[Stored, Mask]:
-        values, found, _, _ = self._read(table, keys)
+        """Stored rows and found mask; keys in damaged blocks raise DamagedRowsError
+        (carrying the rows of the others)."""
+        values, found, _, _, damaged, why = self._read(table, keys)
+        if why:
+            count = int(damaged.sum())
+            raise DamagedRowsError(
+                f"rocks_db: {count} of {keys.size} keys of {table} sit in damaged blocks of "
+                f"{self.path} ({why}); run hps verify, then re-import the table "
+                "(hps import --force)",
+                values,
+                found,
+                damaged,
+            )
         return values, found
 
     def fetch_versions(self, table: str, keys: Keys) -> tuple[np.ndarray, Mask]:
         """Stored update version of each key (uint64) and whether its row carries one
-        (false: absent, or a row of format 1)."""
-        _, _, versions, has_version = self._read(table, keys)
+        (false: absent, a row of format 1, or a row in a damaged block: an update then
+        rewrites it)."""
+        _, _, versions, has_version, damaged, why = self._read(table, keys)
+        if why:
+            log.warning(
+                "rocks_db: %d keys of %s sit in damaged blocks (%s); read as unversioned",
+                int(damaged.sum()),
+                table,
+                why,
+            )
         return versions, has_version
 
-    def _read(self, table: str, keys: Keys) -> tuple[Stored, Mask, np.ndarray, Mask]:
+    def _read(self, table: str, keys: Keys) -> tuple[Stored, Mask, np.ndarray, Mask, Mask, str]:
+        """Rows, found, versions, has_version, damaged, and the first damage's message
+        (empty: none)."""
         spec = table_or_raise(self._specs, table)
         n = keys.size
         values = np.zeros((n, spec.width), dtype=spec.fmt.dtype)
         found = np.zeros(n, dtype=bool)
         versions = np.zeros(n, dtype=np.uint64)
         has_version = np.zeros(n, dtype=bool)
+        damaged = np.zeros(n, dtype=bool)
         cf = self._cf(table)
         if cf is None or n == 0:
-            return values, found, versions, has_version
+            return values, found, versions, has_version, damaged, ""
+        known = self._damaged.get(table)
         for lo in range(0, n, self.max_batch_size):
             hi = min(n, lo + self.max_batch_size)
+            chunk = keys[lo:hi]
+            skip = np.isin(chunk, known) if known is not None else np.zeros(chunk.size, bool)
             try:
-                wanted = cast("list[RdictKey]", key_bytes(keys[lo:hi]))  # the stub's list type
-                got = cast("list[bytes | None]", cf.get(wanted))  # raw mode: bytes or None
+                # the stub's list type; raw mode answers bytes or None
+                wanted = cast("list[RdictKey]", key_bytes(chunk[~skip]))
+                got, bad, first = _multiget(cf, wanted)
                 parts = rocks_rows.decode(got, spec.fmt, spec.dim)
             except Exception as exc:
                 raise BackendError(f"rocks_db: read of {table} failed: {exc}") from exc
-            values[lo:hi], found[lo:hi], versions[lo:hi], has_version[lo:hi] = parts
-        return values, found, versions, has_version
+            rows = lo + np.flatnonzero(~skip)
+            values[rows], found[rows], versions[rows], has_version[rows] = parts
+            damaged[lo + np.flatnonzero(skip)] = True
+            if bad:
+                damaged[rows[bad]] = True
+                self._damage.setdefault(table, first)
+                known = self._remember(table, keys[rows[bad]])
+        why = self._damage.get(table, "damaged") if damaged.any() else ""
+        return values, found, versions, has_version, damaged, why
+
+    def _remember(self, table: str, keys: Keys) -> Keys:
+        """Add keys found in damaged blocks; the table's damaged keys."""
+        known = self._damaged.get(table)
+        self._damaged[table] = keys if known is None else np.union1d(known, keys)
+        return self._damaged[table]
+
+    def _forget(self, table: str, keys: Keys) -> None:
+        """Keys written or removed again: their damaged rows are shadowed."""
+        known = self._damaged.get(table)
+        if known is not None:
+            left = np.setdiff1d(known, keys)
+            if left.size:
+                self._damaged[table] = left
+            else:
+                del self._damaged[table]
+                self._damage.pop(table, None)
 
     def _write(self, table: str, batch: rd.WriteBatch, durable: bool) -> None:
         try:
@@ -282,6 +417,7 @@ class RocksDBStore(EmbeddingStore):
         row."""
         check_rows(table_or_raise(self._specs, table), keys, values)
         self._writable_cf(table)
+        self._forget(table, keys)
         handle = self._db.get_column_family_handle(table)
         for lo in range(0, keys.size, self.max_batch_size):
             hi = min(keys.size, lo + self.max_batch_size)
@@ -296,6 +432,7 @@ class RocksDBStore(EmbeddingStore):
 
     def remove(self, table: str, keys: Keys, *, durable: bool = False) -> None:
         self._writable_cf(table)
+        self._forget(table, keys)
         handle = self._db.get_column_family_handle(table)
         for lo in range(0, keys.size, self.max_batch_size):
             batch = rd.WriteBatch(raw_mode=True)
@@ -309,7 +446,11 @@ class RocksDBStore(EmbeddingStore):
         if cf is None:
             return 0
         # RocksDB keeps only an estimate; count exactly with a key-only scan.
-        return sum(1 for _ in cf.keys())  # noqa: SIM118 (keys only: no value copies)
+        n, last = 0, None
+        for key in cf.keys():  # noqa: SIM118 (keys only: no value copies)
+            n, last = n + 1, key
+        self._check_scan(table, cf, last, n)
+        return n
 
     def estimated_size(self, table: str) -> int:
         """RocksDB's ``estimate-num-keys``: memtables plus SST files, read from metadata. It
@@ -325,14 +466,74 @@ class RocksDBStore(EmbeddingStore):
             return
         keys: list[RdictKey] = []  # bytes in raw mode
         vals: list[bytes] = []
+        n, last = 0, None
         for k, v in cf.items():
             keys.append(k)
             vals.append(v)
             if len(keys) == chunk_rows:
+                n, last = n + len(keys), keys[-1]
                 yield rocks_rows.decode_items(cast("list[bytes]", keys), vals, spec.fmt, spec.dim)
                 keys, vals = [], []
         if keys:
+            n, last = n + len(keys), keys[-1]
+        self._check_scan(table, cf, last, n)  # before the last chunk: a caller may stop there
+        if keys:
             yield rocks_rows.decode_items(cast("list[bytes]", keys), vals, spec.fmt, spec.dim)
+
+    def _check_scan(self, table: str, cf: rd.Rdict, last: RdictKey | None, rows: int) -> None:
+        """Raise if a scan that ended after key ``last`` (None: no row) stopped at an error.
+
+        rocksdict's iterators end at a damaged block as they end at the last key; its status
+        says which. A fresh iterator stepping past ``last`` meets the same block."""
+        it = cf.iter()
+        if last is None:
+            it.seek_to_first()
+        else:
+            it.seek(last)
+            if it.valid():
+                it.next()
+        try:
+            it.status()
+        except Exception as exc:
+            raise BackendError(
+                f"rocks_db: {table} is damaged: a scan stopped after {rows} rows ({exc}); "
+                "run hps verify, then re-import the table (hps import --force)"
+            ) from exc
+        if it.valid():  # rows after the end: the scan stopped for another reason
+            raise BackendError(f"rocks_db: a scan of {table} stopped after {rows} rows")
+
+    @property
+    def column_families(self) -> list[str]:
+        """Every column family of the database (``default`` and one per table)."""
+        return sorted(self._existing)
+
+    def verify(self, name: str) -> tuple[int, str | None]:
+        """Read the whole column family ``name`` with every block's checksum verified (and,
+        for an open table, every row's length); ``(rows read, None)`` when intact, else
+        ``(rows read before the damage, why)``."""
+        try:
+            cf = self._db if name == "default" else self._db.get_column_family(name)
+        except Exception as exc:
+            return 0, f"cannot open the column family: {exc}"
+        spec = self._specs.get(name)
+        it = cf.iter(_scan_options())
+        it.seek_to_first()
+        rows, vals = 0, []
+        try:
+            while it.valid():
+                if spec is not None:
+                    vals.append(it.value())
+                    if len(vals) == 1 << 16:
+                        rocks_rows.decode(vals, spec.fmt, spec.dim)
+                        vals.clear()
+                rows += 1
+                it.next()
+            it.status()
+            if vals and spec is not None:
+                rocks_rows.decode(vals, spec.fmt, spec.dim)
+        except Exception as exc:
+            return rows, str(exc)
+        return rows, None
 
     def close(self) -> None:
         self._cfs.clear()
@@ -340,3 +541,9 @@ class RocksDBStore(EmbeddingStore):
             self._db.close()
         if self.mode == "secondary":
             shutil.rmtree(self._secondary_dir, ignore_errors=True)
+        self._drop_view()
+
+    def _drop_view(self) -> None:
+        if self._view is not None:
+            shutil.rmtree(self._view, ignore_errors=True)
+            self._view = None

@@ -5,6 +5,12 @@ below L1 through a :class:`Tiers`: the order of writes (L3 first, then L2), the 
 fallback, the backfill of L3 hits into L2, where update versions live and how rows move
 from L3 to L2 are decided here once. Each tier is a :class:`hps.tiers.rows.RowStore`.
 
+L3 rows in damaged blocks (:class:`hps.errors.DamagedRowsError`) are answered as not found
+(L2's copy if it has one, else the table's default vector), logged at most every
+:data:`DAMAGE_LOG_INTERVAL_S` per table and counted in :attr:`Tiers.damaged_keys`; the
+other keys of the batch are served. A fill of L2 from L3 that fails raises
+:class:`hps.errors.FillError`, saying how many rows it had copied.
+
 Every row here is a table's stored row (``spec.fmt``'s form, :mod:`hps.rowformat`): reads
 return them and writes take them; they move from L3 to L2 as they are. Encoding float32
 (imports, updates, control-plane writes) and decoding (lookups) happen at the edges.
@@ -13,6 +19,7 @@ return them and writes take them; they move from L3 to L2 as they are. Encoding 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -20,7 +27,15 @@ import numpy as np
 import numpy.typing as npt
 
 from hps.config import PSConfig
-from hps.errors import BackendUnavailable, CircuitOpenError, ConfigError, InvalidValueError
+from hps.errors import (
+    BackendUnavailable,
+    CircuitOpenError,
+    ConfigError,
+    DamagedRowsError,
+    FillError,
+    HPSError,
+    InvalidValueError,
+)
 from hps.rowformat import FLOAT16_MAX, Stored
 from hps.storage import AccessMode, EmbeddingStore
 from hps.tiers.rows import Level, RowStore
@@ -31,6 +46,22 @@ log = logging.getLogger(__name__)
 
 NOWHERE, IN_L2, IN_L3 = 0, 2, 3
 """Values of :attr:`Fetched.level`: where each key was found."""
+
+DAMAGE_LOG_INTERVAL_S = 10.0
+"""At most one warning per table this often about keys read from damaged L3 blocks."""
+
+
+@dataclass(frozen=True)
+class TableCheck:
+    """:meth:`Tiers.verify_l3`'s verdict on one column family of L3."""
+
+    name: str  # ``<model>.<table>``, or ``default`` (the tables' recorded formats)
+    rows: int  # rows read (before the damage, when damaged)
+    problem: str | None  # None: every block's checksum (and every row's length) is right
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
 
 
 @dataclass(frozen=True)
@@ -85,6 +116,8 @@ class Tiers:
     ) -> None:
         self.volatile = _tier(volatile, "L2")
         self.persistent = _tier(persistent, "L3")
+        self.damaged_keys = 0  # keys L3 could not read (damaged blocks), answered not found
+        self._damage_logged: dict[str, tuple[float, int]] = {}  # table: (when, keys since)
 
     @classmethod
     def open(
@@ -160,11 +193,36 @@ class Tiers:
         if rest.size and self.persistent is not None:
             if before_l3 is not None:
                 before_l3()
-            v3, f3 = self.persistent.fetch(spec.name, keys[rest])
+            try:
+                v3, f3 = self.persistent.fetch(spec.name, keys[rest])
+            except DamagedRowsError as exc:  # the other keys were read: serve them
+                v3, f3 = exc.values, exc.found
+                self._damaged(spec.name, int(exc.damaged.sum()), exc)
             hit = rest[f3]
             values[hit] = v3[f3]
             level[hit] = IN_L3
         return Fetched(values, level)
+
+    def _damaged(self, table: str, count: int, exc: DamagedRowsError) -> None:
+        """Count keys L3 could not read and warn, at most every DAMAGE_LOG_INTERVAL_S."""
+        self.damaged_keys += count
+        now = time.monotonic()
+        when, since = self._damage_logged.get(table, (-DAMAGE_LOG_INTERVAL_S, 0))
+        if now - when < DAMAGE_LOG_INTERVAL_S:
+            self._damage_logged[table] = (when, since + count)
+            return
+        self._damage_logged[table] = (now, 0)
+        log.error("%s; answered as not found (%d more since the last report)", exc, since)
+
+    def verify_l3(self) -> list[TableCheck]:
+        """Every column family of L3 read with checksums verified (``hps verify``); none
+        without a RocksDB L3."""
+        from hps.storage.rocks_db import RocksDBStore
+
+        store = self.persistent.backend_store if self.persistent is not None else None
+        if not isinstance(store, RocksDBStore):
+            return []
+        return [TableCheck(name, *store.verify(name)) for name in store.column_families]
 
     def dump(self, table: str) -> Iterator[tuple[Keys, Stored]]:
         """Every stored row of a table, from the tier that holds its whole copy (L3, else L2)."""
@@ -209,15 +267,20 @@ class Tiers:
         """Copy the first ``share`` of a table's L3 rows into L2 (rows as stored); how many."""
         if self.volatile is None or self.persistent is None:
             return 0
-        # size() scans the keys: count them only when a share is wanted
-        left = int(round(share * self.persistent.size(table))) if share < 1 else 1 << 62
         done = 0
-        for keys, vectors in self.persistent.dump(table):
-            n = min(keys.size, left - done)
-            if n <= 0:
-                break
-            self.volatile.insert(table, keys[:n], vectors[:n])
-            done += n
+        try:
+            # size() scans the keys: count them only when a share is wanted
+            left = int(round(share * self.persistent.size(table))) if share < 1 else 1 << 62
+            for keys, vectors in self.persistent.dump(table):
+                n = min(keys.size, left - done)
+                if n <= 0:
+                    break
+                self.volatile.insert(table, keys[:n], vectors[:n])
+                done += n
+        except HPSError as exc:
+            raise FillError(
+                f"L2 fill of {table} from L3 stopped after {done} rows: {exc}", done
+            ) from exc
         return done
 
     def versioned(

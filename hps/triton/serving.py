@@ -22,6 +22,7 @@ from hps.config import ModelConfig, PSConfig, load_config
 from hps.loading.imports import import_lock, import_tables, sparse_sources
 from hps.loading.loader import Loader, TableSource
 from hps.lookup import LookupSession
+from hps.startup import fill_table_from_l3
 from hps.topology import SHARED_L2_DEFAULT, l2_placement, topology
 from hps.types import JSON
 
@@ -102,11 +103,11 @@ def fill_l2(session: LookupSession, config: PSConfig, model: ModelConfig) -> int
         # (hps admin), which a reload must not undo.
         if tiers.persistent is None:
             return loader.load(source)
-        return tiers.fill_l2_from_l3(source.spec.name, share)
+        # a failure is logged and shown in /readyz as degraded; L3 answers what L2 lacks
+        return fill_table_from_l3(tiers, source.spec.name, share, topo.state_dir)
 
     if topo.l2 == "process":
         return sum(fill(s) for s in sources)
     assert topo.state_dir is not None  # a node's L2 always has one
     with import_lock(topo.state_dir):
         return sum(fill(s) for s in sources if l2.size(s.spec.name) == 0)
-
