@@ -20,7 +20,8 @@ boundary, so callers never see them::
         ├── DamagedRowsError      some keys' rows sit in damaged blocks (the rest were read)
         ├── FillError             a fill of L2 from L3 stopped part-way
         └── BackendUnavailable    the tier cannot be reached right now (retriable)
-            └── CircuitOpenError  skipped without trying: the tier failed moments ago
+            ├── CircuitOpenError  skipped without trying: the tier failed moments ago
+            └── QueueFullError    the control plane's job queue is full (429, Retry-After)
 
 The one mapping from errors to statuses: each class carries ``status``, the HTTP status
 (the control plane answers with :func:`http_status`), and ``code``, the Triton error code
@@ -35,6 +36,7 @@ BatchTooLargeError     413   INVALID_ARG
 FormatError            422   INTERNAL
 BackendError           502   INTERNAL
 BackendUnavailable     503   UNAVAILABLE
+QueueFullError         429   UNAVAILABLE
 any other              500   INTERNAL
 =====================  ====  ===========
 
@@ -148,6 +150,16 @@ class BackendUnavailable(BackendError):
 
 class CircuitOpenError(BackendUnavailable):
     """Not tried: the tier failed moments ago and is skipped for a back-off period."""
+
+
+class QueueFullError(BackendUnavailable):
+    """Too much work is pending (the control plane's jobs); retry after ``retry_after_s``."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after_s: int = 30) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 def http_status(exc: BaseException) -> int:

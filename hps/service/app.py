@@ -15,12 +15,12 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.exceptions import HTTPException
 
-from hps.errors import HPSError, http_status
+from hps.errors import HPSError, QueueFullError, http_status
 from hps.redact import redact_mapping
-from hps.service.limits import TokenAndBodyLimits, TooLarge
+from hps.service.limits import ConnectionGuard, TokenAndBodyLimits, TooLarge
 from hps.service.state import AdminState
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,35 @@ class Metrics:
             "hps_admin_core_errors_total", "Core errors by type", ["error"], registry=self.registry
         )
 
+    def watch(self, state: AdminState, guard: ConnectionGuard | None) -> None:
+        """Gauges read when scraped: the job queue, and the connection guard's counts."""
+        jobs = state.jobs
+        queue = Gauge("hps_admin_jobs_pending", "Jobs queued or running", registry=self.registry)
+        queue.set_function(lambda: float(jobs.load()[0]))
+        staged = Gauge(
+            "hps_admin_staged_bytes", "Upload bytes staged for pending jobs", registry=self.registry
+        )
+        staged.set_function(lambda: float(jobs.load()[1]))
+        reloads = Gauge(
+            "hps_admin_model_loads",
+            "Model loads run (coalesced reloads count once)",
+            registry=self.registry,
+        )
+        reloads.set_function(lambda: float(state.triton.reloads.loads))
+        if guard is None:
+            return
+        conns = Gauge("hps_admin_connections", "Open connections", registry=self.registry)
+        conns.set_function(lambda: float(guard.open))
+        closed = Gauge(
+            "hps_admin_connections_closed",
+            "Connections closed by the guard, by reason (since start)",
+            ["reason"],
+            registry=self.registry,
+        )
+        closed.labels("evicted").set_function(lambda: float(guard.evicted))
+        closed.labels("refused").set_function(lambda: float(guard.refused))
+        closed.labels("read_timeout").set_function(lambda: float(guard.timed_out))
+
 
 def _error(
     status: int, kind: str, detail: object, headers: dict[str, str] | None = None
@@ -53,13 +82,17 @@ def _error(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def create_app(state: AdminState) -> FastAPI:
+def create_app(state: AdminState, guard: ConnectionGuard | None = None) -> FastAPI:
+    """The application; ``guard``: the connection guard it is served with (its counts go
+    to ``/metrics``)."""
     from hps.service import mutations, routes
 
     metrics = Metrics()
+    metrics.watch(state, guard)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.jobs.reopen()  # a no-op unless a previous lifespan closed it (tests)
         yield
         state.close()
 
@@ -78,7 +111,10 @@ def create_app(state: AdminState) -> FastAPI:
         status = http_status(exc)
         if status >= 500:
             log.warning("%s %s: %s", request.method, request.url.path, exc)
-        return _error(status, type(exc).__name__, str(exc))
+        headers = None
+        if isinstance(exc, QueueFullError):
+            headers = {"Retry-After": str(exc.retry_after_s)}
+        return _error(status, type(exc).__name__, str(exc), headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -94,7 +130,7 @@ def create_app(state: AdminState) -> FastAPI:
         return _error(413, "TooLarge", "request body too large")
 
     # inside `count`: refusals are counted too
-    app.add_middleware(TokenAndBodyLimits, token=state.token)
+    app.add_middleware(TokenAndBodyLimits, token=state.token, jobs=state.jobs)
 
     @app.middleware("http")
     async def count(

@@ -9,7 +9,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+# defaults of the limits (hps.service.limits, hps.service.jobs hold the same: a test checks);
+# not imported from there: the CLI loads without the `admin` extra (uvicorn, starlette)
+MAX_CONNECTIONS = 1024
+READ_TIMEOUT_S = 10.0
+MAX_JOBS = 16
+MAX_STAGED_BYTES = 64 * 1024**3
 METRICS_URL_ENV = "HPS_TRITON_METRICS_URL"
+STATE_DIR_ENV = "HPS_ADMIN_STATE_DIR"
+DEFAULT_STATE_DIR = "hps-admin"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,6 +37,38 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8081)
     p.add_argument("--triton-url", default="127.0.0.1:8000", help="Triton's HTTP address")
     p.add_argument("--token-file", help="file holding the bearer token of mutating routes")
+    p.add_argument(
+        "--state-dir",
+        help="where job records, staged uploads and warm-up keysets are kept across restarts "
+        f"(default: ${STATE_DIR_ENV}, else {DEFAULT_STATE_DIR}/ beside the ps.json)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=MAX_CONNECTIONS,
+        help="open connections at most (also kept below the file-descriptor limit); past it "
+        "the oldest idle connection is closed (default: %(default)s)",
+    )
+    p.add_argument(
+        "--read-timeout",
+        type=float,
+        default=READ_TIMEOUT_S,
+        help="seconds a connection may stay open without a request in progress "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-jobs",
+        type=int,
+        default=MAX_JOBS,
+        help="import jobs queued or running at most; past it 429 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-staged-gb",
+        type=float,
+        default=MAX_STAGED_BYTES / 1024**3,
+        help="GiB of uploads staged for pending jobs at most; past it 429, a larger upload "
+        "413 (default: %(default)s)",
+    )
     p.set_defaults(func=_admin)
 
 
@@ -38,6 +78,8 @@ def _admin(args: argparse.Namespace) -> int:
     from hps.redact import protect
     from hps.service.app import create_app
     from hps.service.auth import resolve_token
+    from hps.service.jobs import JobRegistry
+    from hps.service.limits import BACKLOG, ConnectionGuard, fd_bound, limit_repeated_logs
     from hps.service.state import AdminState
     from hps.service.triton_admin import TritonAdmin
     from hps.triton.serving import serving_config
@@ -52,13 +94,54 @@ def _admin(args: argparse.Namespace) -> int:
     protect(None, token)
     metrics_url = os.environ.get(METRICS_URL_ENV) or None
     triton = TritonAdmin(args.triton_url, metrics_url, admin_key)
-    app = create_app(AdminState(config, token, triton))
+    jobs = JobRegistry(args.max_jobs, int(args.max_staged_gb * 1024**3))
+    state_dir = state_dir_of(args)
+    guard = ConnectionGuard(fd_bound(args.max_connections), args.read_timeout)
+    app = create_app(AdminState(config, token, triton, state_dir=state_dir, jobs=jobs), guard)
     # uvicorn's access log shows paths and statuses only, never the Authorization header;
     # its loggers, configured here, are scrubbed too (the record factory of hps.redact).
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
+    uv_config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="info",
+        http=guard.protocol(),
+        backlog=BACKLOG,
+    )
+    limit_repeated_logs()  # after uvicorn configured its loggers: accept errors once per 10 s
+    server = uvicorn.Server(uv_config)
     with contextlib.suppress(KeyboardInterrupt):
         server.run()
     return 0 if server.started else 1  # not started: e.g. the port is taken (logged)
+
+
+def state_dir_of(args: argparse.Namespace) -> Path:
+    """``--state-dir``, else ``$HPS_ADMIN_STATE_DIR``, else ``hps-admin/`` beside the ps.json;
+    created. A read-only default (a ConfigMap's folder) falls back to a temporary folder,
+    with a warning: jobs then do not outlive the process."""
+    import tempfile
+
+    from hps.errors import ConfigError
+
+    named = args.state_dir or os.environ.get(STATE_DIR_ENV)
+    folder = Path(named) if named else Path(args.config).resolve().parent / DEFAULT_STATE_DIR
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        if named:
+            raise ConfigError(f"--state-dir {folder}: not writable: {exc.strerror}") from None
+        tmp = Path(tempfile.mkdtemp(prefix="hps-admin-"))
+        print(
+            f"hps admin: {folder} is not writable ({exc.strerror}); job records and staged "
+            f"uploads go to {tmp} and do not survive a restart: pass --state-dir",
+            file=sys.stderr,
+            flush=True,
+        )
+        return tmp
+    return folder
 
 
 def admin_key_source(state_dir: Path) -> Callable[[], str | None]:

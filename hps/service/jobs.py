@@ -1,28 +1,92 @@
-"""Background jobs (imports): one at a time, progress visible at ``GET /v1/jobs/{id}``."""
+"""Background jobs (imports): one at a time, bounded, recorded, progress at ``GET /v1/jobs/{id}``.
+
+- **Bounded.** At most ``max_jobs`` jobs are pending (queued or running) and their staged
+  uploads hold at most ``max_staged_bytes``; past either, a new one is refused with
+  :class:`hps.errors.QueueFullError` (429 with ``Retry-After``). An upload is admitted
+  *before* its body is read (:meth:`JobRegistry.reserve`, taken by the request middleware
+  with the request's ``Content-Length``): a refused upload is never spooled. The job
+  submitted by that request takes the reservation over (a context variable carries it).
+- **Recorded.** With a folder (:meth:`JobRegistry.attach`, the control plane's state dir)
+  every job is a JSON record there, rewritten at each change of state; staged uploads live
+  in the state dir too. At start (:meth:`JobRegistry.recover`) a queued job is resumed when
+  its kind has a resumer (imports do: the record names the model, table, format and folder),
+  else marked ``interrupted``; a job found ``running`` (the process died under it) is marked
+  ``interrupted`` with the reason. Staged folders no resumed job names are removed then.
+- **Ended cleanly.** A job's staged folder is removed when it ends, whatever the end. On
+  shutdown (:meth:`JobRegistry.close`) queued jobs stay queued on disk (resumed at the next
+  start) and the running one stops at its next chunk (``advance`` raises
+  :class:`JobInterrupted`): it is recorded ``interrupted``, naming the rows written.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import json
 import logging
+import math
+import os
+import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
-from hps.errors import HPSError, UnknownTableError
+from pydantic import TypeAdapter, ValidationError
+from typing_extensions import TypedDict
+
+from hps.errors import BackendUnavailable, HPSError, QueueFullError, UnknownTableError
 from hps.types import JSON
 
 log = logging.getLogger(__name__)
 
-State = Literal["queued", "running", "done", "failed"]
+State = Literal["queued", "running", "done", "failed", "interrupted"]
+PENDING: tuple[State, ...] = ("queued", "running")
 KEEP_JOBS = 100
+MAX_JOBS = 16
+MAX_STAGED_BYTES = 64 * 1024**3
+CLOSE_WAIT_S = 20.0  # how long shutdown waits for the running job to reach a chunk boundary
+RETRY_AFTER_DEFAULT_S = 30
+RETRY_AFTER_MAX_S = 3600
+
+Work = Callable[["Job"], JSON]
+Resumer = Callable[["Job"], Work]  # a recorded job -> its work again (raises if it cannot)
+
+
+class JobInterrupted(Exception):
+    """Raised by :meth:`Job.advance` once the control plane is stopping."""
+
+
+class JobRecord(TypedDict):
+    """A job as its JSON record in the state dir holds it."""
+
+    kind: str
+    target: str
+    rows_total: int
+    id: str
+    state: State
+    rows_done: int
+    started: float | None
+    finished: float | None
+    error: str | None
+    result: JSON
+    params: dict[str, str]
+    staged: str | None
+    staged_bytes: int
+    created: float
 
 
 @dataclass
 class Job:
-    """One job; ``advance`` is called by the worker as rows are written."""
+    """One job; ``advance`` is called by the worker as rows are written.
+
+    ``params`` say how to run the job again after a restart (its kind's resumer reads
+    them); ``staged`` is the folder of its uploaded files, removed when the job ends.
+    """
 
     kind: str
     target: str
@@ -34,9 +98,16 @@ class Job:
     finished: float | None = None
     error: str | None = None
     result: JSON = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict)
+    staged: str | None = None
+    staged_bytes: int = 0
+    created: float = field(default_factory=time.time)
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
     def advance(self, rows: int) -> None:
         self.rows_done += rows
+        if self._stop.is_set():
+            raise JobInterrupted
 
     def view(self) -> JSON:
         end = self.finished or time.time()
@@ -54,36 +125,325 @@ class Job:
             "result": self.result,
         }
 
+    def record(self) -> JobRecord:
+        """What is kept on disk: everything but the stop flag."""
+        return {
+            "kind": self.kind,
+            "target": self.target,
+            "rows_total": self.rows_total,
+            "id": self.id,
+            "state": self.state,
+            "rows_done": self.rows_done,
+            "started": self.started,
+            "finished": self.finished,
+            "error": self.error,
+            "result": self.result,
+            "params": self.params,
+            "staged": self.staged,
+            "staged_bytes": self.staged_bytes,
+            "created": self.created,
+        }
+
+    @classmethod
+    def from_record(cls, rec: JobRecord) -> Job:
+        return cls(**rec)
+
+    def remove_staged(self) -> None:
+        if self.staged:
+            shutil.rmtree(self.staged, ignore_errors=True)
+
+
+@dataclass
+class Reservation:
+    """A place in the queue held for a request whose job is not submitted yet."""
+
+    registry: JobRegistry
+    nbytes: int
+    taken: bool = False  # by a job (submitted) or released
+
+    def release(self) -> None:
+        with self.registry._lock:
+            if not self.taken:
+                self.taken = True
+                self.registry._reserved.discard(self)
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+_RECORD = TypeAdapter(JobRecord)
+_current: contextvars.ContextVar[Reservation | None] = contextvars.ContextVar(
+    "hps_job_reservation", default=None
+)
+
 
 class JobRegistry:
     """Runs jobs on one worker thread (imports of one node are serialised) and keeps them."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_jobs: int = MAX_JOBS, max_staged_bytes: int = MAX_STAGED_BYTES) -> None:
+        self.max_jobs = max_jobs
+        self.max_staged_bytes = max_staged_bytes
         self._jobs: dict[str, Job] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hps-admin-job")
+        self._futures: dict[str, Future[None]] = {}
+        self._work: dict[str, Work] = {}  # of queued jobs: run again if reopened
+        self._reserved: set[Reservation] = set()
+        self._resumers: dict[str, Resumer] = {}
+        self._durations: list[float] = []  # of the last finished jobs: Retry-After's estimate
+        self._closing = False
+        self.folder: Path | None = None
+        self.staging: Path | None = None
 
-    def submit(self, job: Job, work: Callable[[Job], JSON]) -> Job:
+    # -- records ---------------------------------------------------------------------------
+
+    def attach(self, folder: Path, staging: Path) -> None:
+        """Keep job records in ``folder``; staged uploads live under ``staging``."""
+        folder.mkdir(parents=True, exist_ok=True)
+        staging.mkdir(parents=True, exist_ok=True)
+        self.folder, self.staging = folder, staging
+
+    def resumable(self, kind: str, resumer: Resumer) -> None:
+        """Jobs of ``kind`` found queued at start are run again with ``resumer(job)``."""
+        self._resumers[kind] = resumer
+
+    def _save(self, job: Job) -> None:
+        if self.folder is None:
+            return
+        path = self.folder / f"{job.id}.json"
+        tmp = path.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps(job.record()))
+            os.replace(tmp, path)
+        except OSError as exc:  # a full disk must not fail the job itself
+            log.warning("cannot record job %s in %s: %s", job.id, self.folder, exc)
+
+    def _forget(self, job_id: str) -> None:
+        if self.folder is not None:
+            with contextlib.suppress(OSError):
+                (self.folder / f"{job_id}.json").unlink()
+
+    def recover(self) -> JSON:
+        """Read the records of a previous run: resume queued jobs, mark running ones
+        ``interrupted``, remove staged folders no resumed job uses. What was done, counted."""
+        if self.folder is None:
+            return {}
+        records: list[Job] = []
+        for path in sorted(self.folder.glob("*.json")):
+            try:
+                records.append(Job.from_record(_RECORD.validate_json(path.read_bytes())))
+            except (OSError, ValidationError) as exc:
+                log.warning("unreadable job record %s removed: %s", path.name, exc)
+                path.unlink(missing_ok=True)
+        for tmp in self.folder.glob("*.tmp"):
+            tmp.unlink(missing_ok=True)
+        counts = {"resumed": 0, "interrupted": 0, "kept": 0}
+        keep_staged: set[str] = set()
+        for job in sorted(records, key=lambda j: j.created):
+            if job.state == "running":
+                self._interrupt(
+                    job,
+                    f"the control plane stopped while this job ran ({job.rows_done} of "
+                    f"{job.rows_total} rows written); submit it again (imports are upserts)",
+                )
+                counts["interrupted"] += 1
+            elif job.state == "queued":
+                work = self._resume(job)
+                if work is None:
+                    counts["interrupted"] += 1
+                else:
+                    with self._lock:
+                        self._jobs[job.id] = job
+                    self._enqueue(job, work)
+                    if job.staged:
+                        keep_staged.add(str(Path(job.staged).resolve()))
+                    counts["resumed"] += 1
+                    continue
+            else:
+                counts["kept"] += 1
+            with self._lock:
+                self._jobs[job.id] = job
+        self._prune()
+        if self.staging is not None:
+            for stale in self.staging.iterdir():
+                if str(stale.resolve()) not in keep_staged:
+                    log.info("removing stale staged upload %s", stale)
+                    if stale.is_dir():
+                        shutil.rmtree(stale, ignore_errors=True)
+                    else:
+                        stale.unlink(missing_ok=True)
+        if counts["resumed"] or counts["interrupted"]:
+            log.info(
+                "jobs of the previous run: %d resumed, %d marked interrupted",
+                counts["resumed"],
+                counts["interrupted"],
+            )
+        return {k: v for k, v in counts.items()}
+
+    def _resume(self, job: Job) -> Work | None:
+        resumer = self._resumers.get(job.kind)
+        if resumer is None:
+            self._interrupt(job, "the control plane restarted before this job ran; submit it again")
+            return None
+        try:
+            return resumer(job)
+        except Exception as exc:
+            self._interrupt(job, f"the control plane restarted and cannot resume this job: {exc}")
+            return None
+
+    def _interrupt(self, job: Job, reason: str) -> None:
+        job.state, job.error = "interrupted", reason
+        job.finished = job.finished or time.time()
+        job.remove_staged()
+        self._save(job)
+
+    # -- admission -------------------------------------------------------------------------
+
+    def _pending(self) -> tuple[int, int]:
+        """(jobs or reservations pending, their staged bytes); under the lock."""
+        jobs = [j for j in self._jobs.values() if j.state in PENDING]
+        count = len(jobs) + len(self._reserved)
+        nbytes = sum(j.staged_bytes for j in jobs) + sum(r.nbytes for r in self._reserved)
+        return count, nbytes
+
+    def _admit(self, nbytes: int) -> None:
+        """Raise QueueFullError unless one more job of ``nbytes`` fits; under the lock."""
+        if self._closing:
+            raise BackendUnavailable("the control plane is shutting down; retry on its restart")
+        count, staged = self._pending()
+        if nbytes > self.max_staged_bytes:
+            raise QueueFullError(
+                f"{nbytes} bytes to stage exceed the limit of {self.max_staged_bytes} bytes",
+                self._retry_after(count),
+            )
+        if count >= self.max_jobs:
+            raise QueueFullError(
+                f"{count} jobs are pending (the limit is {self.max_jobs}); retry later",
+                self._retry_after(count),
+            )
+        if count and staged + nbytes > self.max_staged_bytes:
+            raise QueueFullError(
+                f"pending jobs stage {staged} bytes; {nbytes} more would pass the limit of "
+                f"{self.max_staged_bytes}; retry later",
+                self._retry_after(count),
+            )
+
+    def _retry_after(self, pending: int) -> int:
+        """Seconds until a place is likely free: the recent mean job time (a default before
+        any), times the jobs ahead that must end first."""
+        if not self._durations:
+            return RETRY_AFTER_DEFAULT_S
+        mean = sum(self._durations) / len(self._durations)
+        ahead = max(1, pending - self.max_jobs + 1)
+        return int(min(RETRY_AFTER_MAX_S, max(1, math.ceil(mean * ahead))))
+
+    def reserve(self, nbytes: int) -> Reservation:
+        """Hold a place for a job of ``nbytes`` staged bytes (QueueFullError if none is
+        free); :meth:`submit` in the same context takes it over, else ``release`` it."""
         with self._lock:
+            self._admit(nbytes)
+            res = Reservation(self, nbytes)
+            self._reserved.add(res)
+        return res
+
+    @contextlib.contextmanager
+    def holding(self, res: Reservation) -> Iterator[Reservation]:
+        """Make ``res`` the reservation a :meth:`submit` in this context takes over; released
+        on exit if none did."""
+        token = _current.set(res)
+        try:
+            yield res
+        finally:
+            _current.reset(token)
+            res.release()
+
+    @contextlib.contextmanager
+    def reserved(self, nbytes: int) -> Iterator[Reservation]:
+        """:meth:`reserve` then :meth:`holding`."""
+        with self.holding(self.reserve(nbytes)) as res:
+            yield res
+
+    # -- running ---------------------------------------------------------------------------
+
+    def submit(self, job: Job, work: Work) -> Job:
+        """Queue ``job``. Admitted under the request's reservation if there is one, else
+        now (QueueFullError past a limit: the job's staged folder is then removed)."""
+        res = _current.get()
+        with self._lock:
+            if res is not None and not res.taken and res.registry is self:
+                res.taken = True
+                self._reserved.discard(res)
+                job.staged_bytes = job.staged_bytes or res.nbytes
+            else:
+                try:
+                    self._admit(job.staged_bytes)
+                except HPSError:
+                    job.remove_staged()
+                    raise
+            if job.staged and not job.staged_bytes:
+                job.staged_bytes = _size(Path(job.staged))
             self._jobs[job.id] = job
-            for old in list(self._jobs)[:-KEEP_JOBS]:
-                if self._jobs[old].state in ("done", "failed"):
-                    del self._jobs[old]
-        self._pool.submit(self._run, job, work)
+        self._save(job)
+        self._prune()
+        self._enqueue(job, work)
         return job
 
-    def _run(self, job: Job, work: Callable[[Job], JSON]) -> None:
+    def _enqueue(self, job: Job, work: Work) -> None:
+        with self._lock:
+            self._work[job.id] = work
+            self._futures[job.id] = self._pool.submit(self._run, job, work)
+
+    def reopen(self) -> None:
+        """Run again after :meth:`close` (an application started anew in one process):
+        the jobs close left queued are queued again."""
+        with self._lock:
+            if not self._closing:
+                return
+            self._closing = False
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hps-admin-job")
+            queued = [(j, self._work[i]) for i, j in self._jobs.items() if j.state == "queued"]
+        for job, work in queued:
+            self._enqueue(job, work)
+
+    def _prune(self) -> None:
+        with self._lock:
+            ended = [i for i, j in self._jobs.items() if j.state not in PENDING]
+            dropped = ended[: max(0, len(ended) - KEEP_JOBS)]
+            for old in dropped:
+                del self._jobs[old]
+        for old in dropped:
+            self._forget(old)
+
+    def _run(self, job: Job, work: Work) -> None:
+        if self._closing:
+            return  # stays queued on disk: resumed at the next start
         job.state, job.started = "running", time.time()
+        self._save(job)
+        state: State = "failed"
+        error: str | None = None
         try:
             job.result = work(job)
-            job.state = "done"
+            state = "done"
+        except JobInterrupted:
+            error = (
+                f"the control plane stopped during this job ({job.rows_done} of "
+                f"{job.rows_total} rows written); submit it again (imports are upserts)"
+            )
+            state = "interrupted"
         except HPSError as exc:
-            job.error, job.state = str(exc), "failed"
+            error = str(exc)
         except Exception as exc:  # a job must end in a state, whatever happened
             log.exception("job %s failed", job.id)
-            job.error, job.state = f"{type(exc).__name__}: {exc}", "failed"
+            error = f"{type(exc).__name__}: {exc}"
         finally:
+            job.remove_staged()  # before the end is visible: an ended job holds no upload
             job.finished = time.time()
+            job.error, job.state = error, state
+            self._save(job)
+            with self._lock:
+                self._futures.pop(job.id, None)
+                self._work.pop(job.id, None)
+                self._durations = [*self._durations[-9:], job.finished - job.started]
 
     def get(self, job_id: str) -> Job:
         with self._lock:
@@ -92,5 +452,52 @@ class JobRegistry:
             raise UnknownTableError(f"no job {job_id!r}")
         return job
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
+    def load(self) -> tuple[int, int]:
+        """(jobs pending or reserved, their staged bytes)."""
+        with self._lock:
+            return self._pending()
+
+    def pending(self) -> JSON:
+        """Pending jobs and staged bytes, with the limits."""
+        count, nbytes = self.load()
+        return {
+            "pending": count,
+            "staged_bytes": nbytes,
+            "max_jobs": self.max_jobs,
+            "max_staged_bytes": self.max_staged_bytes,
+        }
+
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Stop: queued jobs stay queued (recorded: resumed at the next start); the running
+        one is asked to stop at its next chunk and waited for up to ``wait_s``."""
+        with self._lock:
+            self._closing = True
+            running = [j for j in self._jobs.values() if j.state == "running"]
+            futures = list(self._futures.items())
+        for job in running:
+            job._stop.set()
+        kept = [job_id for job_id, future in futures if future.cancel()]
+        if kept or running:
+            log.info(
+                "stopping: %d queued job(s) kept for the next start, %d running asked to stop",
+                len(kept),
+                len(running),
+            )
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + wait_s
+        for _, future in futures:
+            if future.cancelled():
+                continue
+            with contextlib.suppress(Exception):
+                future.result(timeout=max(0.0, deadline - time.monotonic()))
+        for job in running:
+            if job.state == "running":  # still at work (e.g. in its reload): say so on disk
+                record = Job.from_record(job.record())
+                record.state = "interrupted"
+                record.error = "the control plane stopped while this job ran; submit it again"
+                record.finished = time.time()
+                self._save(record)
+
+
+def _size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())

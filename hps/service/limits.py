@@ -1,17 +1,42 @@
-"""ASGI middleware (:class:`TokenAndBodyLimits`): the bearer token check and request body
-size limits.
+"""Limits of the control plane: what a client may hold or send, checked before it costs much.
 
-Both act before a body is read: an unauthenticated upload is refused without spooling it,
-and a body over its limit gets 413 as soon as the limit is crossed.
+- :class:`TokenAndBodyLimits` (ASGI middleware): the bearer token check, request body size
+  limits, and the job queue's admission of an import. All act before a body is read: an
+  unauthenticated upload is refused without spooling it, a body over its limit gets 413 as
+  soon as the limit is crossed, and an import past the queue's limits (count or staged
+  bytes, :mod:`hps.service.jobs`) gets 429 with ``Retry-After`` before its upload is read.
+- :class:`ConnectionGuard` (uvicorn's HTTP protocol): at most ``max_connections`` open
+  connections, kept below the process's file-descriptor limit so that ``accept`` never runs
+  out of descriptors. A new connection past the bound closes the oldest *idle* one (no
+  request in progress: a client that connected and sent nothing, or a kept-alive one), so
+  a flood of half-open connections can never keep ``/healthz`` and ``/readyz`` from being
+  answered; a connection idle for ``read_timeout_s`` (no complete request header) is closed.
+- :class:`RateLimitFilter`: a logging filter that lets one record of a kind through per
+  interval, counting the rest (accept errors, "Too many open files", invalid requests).
 """
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import json
+import logging
+import resource
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from hps.errors import HPSError, QueueFullError
 from hps.service.auth import check_bearer
+
+if TYPE_CHECKING:
+    from hps.service.jobs import JobRegistry
+
+log = logging.getLogger(__name__)
 
 MAX_JSON_BYTES = 64 * 1024**2
 MAX_UPLOAD_BYTES = 64 * 1024**3
@@ -21,24 +46,41 @@ MESSAGES = {
     403: "mutations are disabled: no admin token is configured (--token-file, HPS_ADMIN_TOKEN)",
     413: "request body too large",
 }
+KINDS = {
+    401: "Unauthorized",
+    403: "Forbidden",
+    413: "TooLarge",
+    429: "QueueFullError",
+    503: "BackendUnavailable",
+}
+MAX_CONNECTIONS = 1024
+READ_TIMEOUT_S = 10.0
+BACKLOG = 128  # connections the kernel queues before accept (uvicorn's default is 2048)
+FD_RESERVE = 256  # descriptors kept for everything but connections (RocksDB, Triton, Kafka)
+SWEEP_S = 1.0
+LOG_INTERVAL_S = 10.0
 
 
 class TooLarge(Exception):
     pass
 
 
-async def _answer(send: Send, status: int) -> None:
-    kind = {401: "Unauthorized", 403: "Forbidden", 413: "TooLarge"}[status]
-    body = json.dumps({"error": kind, "detail": MESSAGES[status]}).encode()
+async def _answer(
+    send: Send, status: int, detail: str | None = None, retry_after_s: int | None = None
+) -> None:
+    body = json.dumps({"error": KINDS[status], "detail": detail or MESSAGES[status]}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
+    if retry_after_s is not None:
+        headers.append((b"retry-after", str(retry_after_s).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
 class TokenAndBodyLimits:
-    """Token check for every POST/PUT/PATCH/DELETE, and body limits (uploads: ``upload_limit``)."""
+    """Token check for every POST/PUT/PATCH/DELETE, body limits (uploads: ``upload_limit``,
+    at most the job queue's staged bytes) and the job queue's admission of imports."""
 
     def __init__(
         self,
@@ -46,11 +88,13 @@ class TokenAndBodyLimits:
         token: str | None,
         json_limit: int = MAX_JSON_BYTES,
         upload_limit: int = MAX_UPLOAD_BYTES,
+        jobs: JobRegistry | None = None,
     ) -> None:
         self.app = app
         self.token = token
         self.json_limit = json_limit
         self.upload_limit = upload_limit
+        self.jobs = jobs
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -63,11 +107,29 @@ class TokenAndBodyLimits:
             if refused is not None:
                 await _answer(send, refused)
                 return
+        is_import = scope["method"] == "POST" and scope["path"].endswith("/import")
         limit = self.upload_limit if scope["path"].endswith("/import") else self.json_limit
+        if is_import and self.jobs is not None:
+            limit = min(limit, self.jobs.max_staged_bytes)
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             await _answer(send, 413)
             return
+        if not is_import or self.jobs is None:
+            await self._limited(scope, receive, send, limit)
+            return
+        try:  # a place in the job queue before the upload is read
+            res = self.jobs.reserve(int(length) if length is not None and length.isdigit() else 0)
+        except QueueFullError as exc:
+            await _answer(send, 429, str(exc), exc.retry_after_s)
+            return
+        except HPSError as exc:  # shutting down
+            await _answer(send, 503, str(exc))
+            return
+        with self.jobs.holding(res):
+            await self._limited(scope, receive, send, limit)
+
+    async def _limited(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
         seen = 0
         started = False
 
@@ -90,3 +152,155 @@ class TokenAndBodyLimits:
         except TooLarge:
             if not started:
                 await _answer(send, 413)
+
+
+# -- connections ---------------------------------------------------------------------------
+
+
+def fd_bound(max_connections: int, backlog: int = BACKLOG) -> int:
+    """``max_connections`` lowered so that connections, plus a full accept batch and
+    :data:`FD_RESERVE` (or a quarter of the limit if more), stay under ``RLIMIT_NOFILE``."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return max_connections
+    reserve = max(FD_RESERVE, soft // 4) + backlog + 1
+    return max(8, min(max_connections, soft - reserve))
+
+
+class ConnectionGuard:
+    """Bounds the open connections of one uvicorn server; closes idle ones past the bound
+    and after ``read_timeout_s``. ``protocol()`` is the HTTP protocol class to serve with."""
+
+    def __init__(self, max_connections: int, read_timeout_s: float = READ_TIMEOUT_S) -> None:
+        self.max_connections = max_connections
+        self.read_timeout_s = read_timeout_s
+        # open connections, oldest first -> monotonic time since which it is idle (None: busy)
+        self._open: OrderedDict[H11Protocol, float | None] = OrderedDict()
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._logged = 0.0
+        self.evicted = 0  # idle connections closed to make room
+        self.refused = 0  # new connections closed: every open one was busy
+        self.timed_out = 0  # idle past read_timeout_s
+
+    @property
+    def open(self) -> int:
+        return len(self._open)
+
+    def protocol(self) -> type[H11Protocol]:
+        guard = self
+
+        class GuardedH11Protocol(H11Protocol):
+            def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+                super().connection_made(transport)
+                guard.opened(self)
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                guard._open.pop(self, None)
+                super().connection_lost(exc)
+
+        return GuardedH11Protocol
+
+    @staticmethod
+    def _busy(conn: H11Protocol) -> bool:
+        cycle = conn.cycle
+        return cycle is not None and not cycle.response_complete
+
+    def opened(self, conn: H11Protocol) -> None:
+        self._open[conn] = time.monotonic()
+        if self._sweeper is None:
+            self._sweeper = conn.loop.call_later(SWEEP_S, self._sweep, conn.loop)
+        if len(self._open) <= self.max_connections:
+            return
+        victim = next((c for c in self._open if c is not conn and not self._busy(c)), conn)
+        if victim is conn:
+            self.refused += 1
+        else:
+            self.evicted += 1
+        self._close(victim)
+        now = time.monotonic()
+        if now - self._logged >= LOG_INTERVAL_S:
+            self._logged = now
+            log.warning(
+                "%d connections open (the limit): closing the oldest idle ones "
+                "(%d closed, %d refused so far)",
+                self.max_connections,
+                self.evicted,
+                self.refused,
+            )
+
+    def _close(self, conn: H11Protocol) -> None:
+        self._open.pop(conn, None)
+        conn.transport.close()
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Close connections idle (no request in progress) for longer than the timeout."""
+        now = time.monotonic()
+        expired = []
+        for conn, since in self._open.items():
+            if self._busy(conn):
+                self._open[conn] = None
+            elif since is None:
+                self._open[conn] = now
+            elif now - since > self.read_timeout_s:
+                expired.append(conn)
+        for conn in expired:
+            self.timed_out += 1
+            self._close(conn)
+        self._sweeper = loop.call_later(SWEEP_S, self._sweep, loop) if self._open else None
+
+
+# -- logs ----------------------------------------------------------------------------------
+
+
+def resource_exhaustion(record: logging.LogRecord) -> bool:
+    """Records about accept failing or descriptors running out, and invalid requests."""
+    exc = record.exc_info[1] if record.exc_info else None
+    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS):
+        return True
+    text = record.getMessage()
+    return any(
+        s in text for s in ("out of system resource", "Too many open files", "Invalid HTTP request")
+    )
+
+
+class RateLimitFilter(logging.Filter):
+    """Lets one record of each kind (logger, first line) that ``match`` selects through per
+    ``interval_s``; the next one let through says how many were dropped meanwhile."""
+
+    def __init__(
+        self,
+        match: Callable[[logging.LogRecord], bool] = resource_exhaustion,
+        interval_s: float = LOG_INTERVAL_S,
+    ) -> None:
+        super().__init__()
+        self.match = match
+        self.interval_s = interval_s
+        self._seen: dict[tuple[str, str], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.match(record):
+            return True
+        key = (record.name, record.getMessage().split("\n", 1)[0][:200])
+        now = time.monotonic()
+        last, dropped = self._seen.get(key, (float("-inf"), 0))
+        if now - last < self.interval_s:
+            self._seen[key] = (last, dropped + 1)
+            return False
+        if len(self._seen) > 1000:  # kinds are few; never let the table itself grow
+            self._seen.clear()
+        self._seen[key] = (now, 0)
+        if dropped:
+            record.msg = f"{record.getMessage()} ({dropped} more like it not logged)"
+            record.args = ()
+        return True
+
+
+LIMITED_LOGGERS = ("asyncio", "uvicorn.error", "uvicorn")
+
+
+def limit_repeated_logs(interval_s: float = LOG_INTERVAL_S) -> RateLimitFilter:
+    """Install one :class:`RateLimitFilter` on the loggers accept errors come from."""
+    flt = RateLimitFilter(interval_s=interval_s)
+    for name in LIMITED_LOGGERS:
+        logging.getLogger(name).addFilter(flt)
+    return flt

@@ -14,7 +14,6 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from hps.errors import FormatError, RequestError
 from hps.service import ops, uploads
-from hps.service.jobs import Job
 from hps.service.paths import MAX_PATH_CHARS, ServerPaths
 from hps.service.schemas import WRITE, DeleteBody, WarmupBody, WarmupKeys, WarmupKeyset
 from hps.service.state import AdminState
@@ -168,14 +167,8 @@ async def import_table(model: str, table: str, request: Request, _: Auth) -> JSO
             shutil.rmtree(staged, ignore_errors=True)
         raise
 
-    def work(job: Job) -> JSON:
-        try:
-            return ops.import_table(state, job, src)
-        finally:
-            if staged is not None:
-                shutil.rmtree(staged, ignore_errors=True)
-
-    job = state.jobs.submit(Job("import", spec.name, total), work)
+    # recorded in the state dir (resumed after a restart); the staged folder goes when it ends
+    job = state.submit_import(src, format, folder, staged, total)
     return {"job": job.id, "rows": total, "status_url": f"/v1/jobs/{job.id}"}
 
 

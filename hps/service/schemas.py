@@ -90,10 +90,11 @@ def errors(*codes: int) -> dict[int | str, dict[str, object]]:
         413: "request body too large",
         422: "invalid body or undecodable input",
         502: "a storage tier or Triton failed",
+        429: "import queue full: retry after the Retry-After header's seconds",
         503: "a tier or Triton cannot be reached now (retry)",
     }
     return {c: {"model": Error, "description": text[c]} for c in codes}
 
 
 READ = errors(404, 413, 422, 502, 503)
-WRITE = errors(400, 401, 403, 404, 413, 422, 502, 503)
+WRITE = errors(400, 401, 403, 404, 413, 422, 429, 502, 503)

@@ -10,6 +10,11 @@ Tiers as the control plane reaches them:
 - With Kafka configured, writes are published (:class:`hps.updates.Publisher`) and applied
   by ``hps consume`` and the serving processes; otherwise the control plane writes L2/L3
   and reloads the model through Triton so that every instance reopens L3 and rebuilds L1.
+
+The state dir (``hps admin --state-dir``) keeps what must outlive the process: job records
+(``jobs/``) and staged uploads (``uploads/``), read again at start (:mod:`hps.service.jobs`:
+queued imports resume, interrupted ones are marked so, stale uploads are removed), and
+warm-up keysets (``warmup/``).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import TYPE_CHECKING
 from hps.config import PSConfig
 from hps.errors import BackendError, UnknownTableError
 from hps.loading.imports import import_lock
-from hps.service.jobs import JobRegistry
+from hps.service.jobs import Job, JobRegistry, Work
 from hps.service.triton_admin import TritonAdmin
 from hps.tiers import Tiers
 from hps.topology import Topology, topology
@@ -34,6 +39,8 @@ from hps.triton.repository import served_models
 from hps.types import JSON, TableSpec
 
 if TYPE_CHECKING:
+    from hps.loading.loader import TableSource
+    from hps.service.uploads import Format
     from hps.updates import Publisher
 
 log = logging.getLogger(__name__)
@@ -64,6 +71,62 @@ class AdminState:
 
     def __post_init__(self) -> None:
         self.topology = topology(self.config)
+        if self.jobs.folder is None:
+            self.jobs.attach(self.state_dir / "jobs", self.uploads_dir)
+            self.jobs.resumable("import", self._resume_import)
+            self.jobs.recover()
+
+    @property
+    def uploads_dir(self) -> Path:
+        """Where uploads are staged until their import job ends."""
+        return self.state_dir / "uploads"
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    def submit_import(
+        self, source: TableSource, fmt: Format, folder: Path, staged: Path | None, rows: int
+    ) -> Job:
+        """Queue the import of a validated ``source`` (files in ``folder``; ``staged``: the
+        upload folder to remove when the job ends), recorded so that a restart resumes it."""
+        spec = source.spec
+        job = Job(
+            "import",
+            spec.name,
+            rows,
+            params={"model": spec.model, "table": spec.table, "format": fmt, "folder": str(folder)},
+            staged=str(staged) if staged is not None else None,
+        )
+        return self.jobs.submit(job, self._import_work(source, validate=False))
+
+    def _import_work(self, source: TableSource, validate: bool) -> Work:
+        from hps.service import direct, uploads
+
+        def work(job: Job) -> JSON:
+            if validate:  # resumed: the files are read again before anything is written
+                uploads.validate(source)
+            return direct.import_table(self, job, source)
+
+        return work
+
+    def _resume_import(self, job: Job) -> Work:
+        from hps.service import uploads
+
+        p = job.params
+        if p.get("format") not in ("sparse", "npy"):
+            raise ValueError(f"its record names no known format: {p.get('format')!r}")
+        fmt: Format = "npy" if p["format"] == "npy" else "sparse"
+        spec = self.spec(p["model"], p["table"])
+        source = uploads.source(Path(p["folder"]), fmt, spec)
+        return self._import_work(source, validate=True)
+
+    def wait_loaded(self, model: str, timeout: float | None = None) -> None:
+        """Wait until no Triton model serving HPS model ``model`` is being reloaded (a
+        warm-up or an inference then finds it loaded); BackendUnavailable past ``timeout``."""
+        from hps.service.triton_admin import LOAD_TIMEOUT_S
+
+        for served in served_models(self.config):
+            if served.hps_model == model:
+                self.triton.wait_loaded(served.triton_name, timeout or LOAD_TIMEOUT_S)
 
     # -- tables ----------------------------------------------------------------------------
 

@@ -6,11 +6,22 @@ reload carries header ``hps-admin-key`` with the admin key
 (:func:`hps.triton.admin_key.resolve_key`): ``hps serve`` restricts Triton's admin APIs to it.
 The key may be given as a function, asked at every reload: ``hps serve`` writes a fresh key
 file at every start, and the control plane must follow it without a restart.
+
+Reloads of one Triton model never overlap, and concurrent ones coalesce
+(:class:`ReloadQueue`): a reload asked while none runs starts at once; one asked while a
+reload runs waits for it and then runs once for all the requests that arrived meanwhile
+(their data changes may have landed after the running one began). Forty concurrent
+reloads are thus two loads, not forty in a row. Callers that need the model served (a
+warm-up, an inference) call :meth:`TritonAdmin.wait_loaded` first: it waits out a reload
+in progress instead of failing on a model that is, for a moment, not loaded.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -19,6 +30,91 @@ from hps.triton.client import Client, ModelControl, hit_counts
 
 TIMEOUT_S = 5.0
 LOAD_TIMEOUT_S = 300.0
+WAIT_POLL_S = 0.1
+
+Parameters = dict[str, str] | None
+
+
+@dataclass
+class _Reload:
+    """One load of a model, shared by every request that joined it before it started."""
+
+    parameters: Parameters
+    started: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+    joined: int = 1
+
+    def takes(self, parameters: Parameters) -> bool:
+        """Whether a request with ``parameters`` can share this load (not started yet; a plain
+        reload joins any, a load with parameters joins one with none or the same)."""
+        if self.started:
+            return False
+        if parameters is None or parameters == self.parameters:
+            return True
+        if self.parameters is None:
+            self.parameters = dict(parameters)  # the plain reload now carries them too
+            return True
+        return False
+
+
+class ReloadQueue:
+    """Per model: one load at a time; requests arriving while one is queued share it."""
+
+    def __init__(self, load: Callable[[str, Parameters], None]) -> None:
+        self._load = load
+        self._lock = threading.Condition()
+        self._queues: dict[str, list[_Reload]] = {}
+        self.loads = 0  # loads run (a test and the metrics read it)
+
+    def busy(self, model: str) -> bool:
+        """Whether a reload of ``model`` is running or queued."""
+        with self._lock:
+            return bool(self._queues.get(model))
+
+    def wait_idle(self, model: str, timeout: float) -> bool:
+        """Wait until no reload of ``model`` is running or queued; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._queues.get(model):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+        return True
+
+    def reload(self, model: str, parameters: Parameters) -> None:
+        with self._lock:
+            queue = self._queues.setdefault(model, [])
+            mine = next((r for r in queue if r.takes(parameters)), None)
+            if mine is not None:
+                mine.joined += 1
+            else:
+                mine = _Reload(dict(parameters) if parameters is not None else None)
+                queue.append(mine)
+            owner = mine.joined == 1
+            if owner:
+                while queue[0] is not mine:  # the loads queued before it run first
+                    self._lock.wait()
+                mine.started = True
+        if not owner:
+            mine.done.wait()
+            if mine.error is not None:
+                raise mine.error
+            return
+        try:
+            self._load(model, mine.parameters)
+        except BaseException as exc:
+            mine.error = exc
+            raise
+        finally:
+            with self._lock:
+                self.loads += 1
+                queue.remove(mine)
+                if not queue:
+                    del self._queues[model]
+                mine.done.set()
+                self._lock.notify_all()
 
 
 class TritonAdmin:
@@ -35,6 +131,7 @@ class TritonAdmin:
         host = url.rsplit(":", 1)[0]
         self.metrics_url = metrics_url or f"http://{host}:8002/metrics"
         self.control = ModelControl(url, None, timeout=TIMEOUT_S)  # health needs no key
+        self.reloads = ReloadQueue(self._load)
 
     @property
     def admin_key(self) -> str | None:
@@ -48,8 +145,32 @@ class TritonAdmin:
         return self.control.model_ready(model)
 
     def reload(self, model: str, parameters: dict[str, str] | None = None) -> None:
-        """Load Triton model ``model`` again with new instances (see ``ModelControl.reload``)."""
+        """Load Triton model ``model`` again with new instances (see ``ModelControl.reload``);
+        concurrent reloads of one model coalesce (:class:`ReloadQueue`)."""
+        self.reloads.reload(model, parameters)
+
+    def _load(self, model: str, parameters: Parameters) -> None:
+        self.wait_loaded(model, LOAD_TIMEOUT_S, ours=False)  # e.g. `hps reload` loading it
         ModelControl(self.url, self.admin_key, timeout=LOAD_TIMEOUT_S).reload(model, parameters)
+
+    def wait_loaded(self, model: str, timeout: float = LOAD_TIMEOUT_S, ours: bool = True) -> None:
+        """Return once ``model`` is neither being reloaded by this control plane (``ours``)
+        nor loading in Triton (whoever asked); BackendUnavailable after ``timeout``. A model
+        Triton does not know at all returns at once (the caller's own call reports it)."""
+        deadline = time.monotonic() + timeout
+        if ours and not self.reloads.wait_idle(model, timeout):
+            raise BackendUnavailable(f"model {model} is still being reloaded after {timeout:.0f} s")
+        while True:
+            try:
+                control = ModelControl(self.url, self.admin_key, timeout=TIMEOUT_S)
+                state = control.states().get(model)  # the repository index needs the key
+            except HPSError:
+                return  # Triton unreachable or refusing: the caller's own call says so
+            if state not in ("LOADING", "UNLOADING"):
+                return
+            if time.monotonic() > deadline:
+                raise BackendUnavailable(f"model {model} is still {state} after {timeout:.0f} s")
+            time.sleep(WAIT_POLL_S)
 
     def lookup(self, model: str, keys: np.ndarray, numkeys: np.ndarray) -> np.ndarray:
         """One HugeCTR-shaped inference (KEYS, NUMKEYS -> OUTPUT0)."""

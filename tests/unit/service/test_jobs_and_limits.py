@@ -1,0 +1,311 @@
+"""The control plane's job queue (bounds, records, resume), coalesced reloads, the
+connection guard under real uvicorn, and the rate-limited log filter."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from hps.errors import QueueFullError
+from hps.service.jobs import Job, JobRegistry
+from hps.service.limits import ConnectionGuard, RateLimitFilter, TokenAndBodyLimits
+from hps.service.triton_admin import ReloadQueue
+from hps.types import JSON
+
+HANG_S = 30.0  # hang guards only
+
+
+def _blocking(gate: threading.Event, started: threading.Event | None = None):  # type: ignore[no-untyped-def]
+    def work(job: Job) -> JSON:
+        if started is not None:
+            started.set()
+        while not gate.wait(0.01):
+            job.advance(0)  # a chunk boundary: raises once the registry closes
+        return {"ok": True}
+
+    return work
+
+
+def test_queue_is_bounded_by_count_and_staged_bytes(tmp_path: Path) -> None:
+    jobs = JobRegistry(max_jobs=3, max_staged_bytes=1000)
+    jobs.attach(tmp_path / "jobs", tmp_path / "uploads")
+    gate = threading.Event()
+    try:
+        jobs.submit(Job("import", "m.t", 1, staged_bytes=600), _blocking(gate))
+        with pytest.raises(QueueFullError, match="pass the limit") as exc:
+            jobs.submit(Job("import", "m.t", 1, staged_bytes=500), _blocking(gate))
+        assert exc.value.status == 429 and exc.value.retry_after_s >= 1
+        jobs.submit(Job("import", "m.t", 1, staged_bytes=300), _blocking(gate))
+        jobs.submit(Job("import", "m.t", 1), _blocking(gate))
+        staged = tmp_path / "uploads" / "x"
+        staged.mkdir()
+        with pytest.raises(QueueFullError, match="3 jobs are pending"):
+            jobs.submit(Job("import", "m.t", 1, staged=str(staged)), _blocking(gate))
+        assert not staged.exists()  # a refused job's upload is not left behind
+        with pytest.raises(QueueFullError, match="exceed the limit"):
+            jobs.reserve(1001)
+    finally:
+        gate.set()
+        jobs.close()
+
+
+def test_a_reservation_is_taken_over_by_the_job_it_admits(tmp_path: Path) -> None:
+    jobs = JobRegistry(max_jobs=1)
+    gate = threading.Event()
+    try:
+        with jobs.reserved(10):
+            with pytest.raises(QueueFullError):
+                jobs.reserve(0)  # the request's place counts before its job exists
+            job = jobs.submit(Job("import", "m.t", 1), _blocking(gate))
+        assert job.staged_bytes == 10 and jobs.load() == (1, 10)
+        with jobs.reserved(0) as res:
+            pass
+        raise AssertionError(f"admitted past the limit: {res}")
+    except QueueFullError:
+        pass
+    finally:
+        gate.set()
+        jobs.close()
+    assert jobs.get(job.id).state == "done"
+
+
+def test_records_survive_a_restart(tmp_path: Path) -> None:
+    """Queued jobs resume, the running one is interrupted with its reason, staged folders
+    of ended jobs and stale ones are removed."""
+    uploads = tmp_path / "uploads"
+    jobs = JobRegistry()
+    jobs.attach(tmp_path / "jobs", uploads)
+    gate, started = threading.Event(), threading.Event()
+    folders = [uploads / f"u{i}" for i in range(3)]
+    for f in folders:
+        f.mkdir(parents=True)
+        (f / "keys").write_bytes(b"x" * 10)
+    running = jobs.submit(Job("import", "m.t", 5, staged=str(folders[0])), _blocking(gate, started))
+    queued = [
+        jobs.submit(Job("import", "m.t", 5, staged=str(f), params={"n": str(i)}), _blocking(gate))
+        for i, f in enumerate(folders[1:], 1)
+    ]
+    unknown = jobs.submit(Job("mystery", "m.t", 1), _blocking(gate))
+    assert started.wait(HANG_S)
+    (uploads / "stale").mkdir()
+    jobs.close(wait_s=HANG_S)  # SIGTERM: the running job stops at its next chunk
+    assert running.state == "interrupted" and "rows written" in str(running.error)
+    assert not folders[0].exists()
+    assert all(f.exists() for f in folders[1:])  # queued: kept for the next start
+
+    ran: list[str] = []
+
+    def resume(job: Job) -> object:
+        def work(j: Job) -> JSON:
+            ran.append(j.params["n"])
+            return {"resumed": True}
+
+        return work
+
+    again = JobRegistry()
+    again.attach(tmp_path / "jobs", uploads)
+    again.resumable("import", resume)  # type: ignore[arg-type]
+    counts = again.recover()
+    assert counts == {"resumed": 2, "interrupted": 1, "kept": 1}
+    deadline = time.monotonic() + HANG_S
+    while any(again.get(q.id).state != "done" for q in queued) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ran == ["1", "2"]
+    assert [again.get(q.id).view()["result"] for q in queued] == [{"resumed": True}] * 2
+    assert again.get(running.id).state == "interrupted"
+    assert again.get(unknown.id).state == "interrupted"
+    assert "restarted" in str(again.get(unknown.id).error)
+    assert list(uploads.iterdir()) == []  # ended jobs' and stale uploads removed
+    again.close()
+
+
+def test_a_job_found_running_is_marked_interrupted(tmp_path: Path) -> None:
+    folder = tmp_path / "jobs"
+    folder.mkdir()
+    job = Job("import", "m.t", 10, state="running", rows_done=4, staged=str(tmp_path / "up"))
+    (tmp_path / "up").mkdir()
+    (folder / f"{job.id}.json").write_text(json.dumps(job.record()))
+    (folder / "garbage.json").write_text("{")
+    jobs = JobRegistry()
+    jobs.attach(folder, tmp_path / "uploads")
+    jobs.recover()
+    view = jobs.get(job.id).view()
+    assert view["state"] == "interrupted" and "4 of 10 rows" in str(view["error"])
+    assert not (tmp_path / "up").exists() and not (folder / "garbage.json").exists()
+    on_disk = json.loads((folder / f"{job.id}.json").read_text())
+    assert on_disk["state"] == "interrupted"
+    jobs.close()
+
+
+def test_import_past_the_queue_gets_429_before_its_body_is_read() -> None:
+    jobs = JobRegistry(max_jobs=1)
+    read: list[int] = []
+    app = FastAPI()
+
+    @app.post("/v1/models/m/tables/t/import")
+    async def imp(request: object) -> JSON:
+        return {}
+
+    async def inner(scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] == "http":
+            read.append(1)
+        await app(scope, receive, send)
+
+    guarded = TokenAndBodyLimits(inner, "tok", jobs=jobs)
+    with jobs.reserved(0), TestClient(guarded) as client:  # type: ignore[arg-type]
+        r = client.post(
+            "/v1/models/m/tables/t/import",
+            content=b"x" * 100,
+            headers={"authorization": "Bearer tok"},
+        )
+    assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+    assert r.json()["error"] == "QueueFullError" and read == []
+    assert jobs.load() == (0, 0)
+    jobs.close()
+
+
+def test_concurrent_reloads_coalesce() -> None:
+    loads: list[tuple[str, object]] = []
+    gate = threading.Event()
+
+    def load(model: str, parameters: dict[str, str] | None) -> None:
+        loads.append((model, parameters))
+        gate.wait(HANG_S)
+
+    queue = ReloadQueue(load)
+    first = threading.Thread(target=queue.reload, args=("m", None))
+    first.start()
+    while not loads:
+        time.sleep(0.001)
+    waiters = [
+        threading.Thread(target=queue.reload, args=("m", {"w": "1"} if i == 3 else None))
+        for i in range(40)
+    ]
+    for t in waiters:
+        t.start()
+    deadline = time.monotonic() + HANG_S
+    while sum(r.joined for r in queue._queues["m"][1:]) < 40 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    gate.set()
+    for t in [first, *waiters]:
+        t.join(HANG_S)
+    # the running one, then one for all 40 that came during it (carrying the parameters)
+    assert loads == [("m", None), ("m", {"w": "1"})] and queue.loads == 2
+    assert not queue.busy("m") and queue.wait_idle("m", 0)
+
+
+def test_a_failed_reload_fails_every_request_that_shared_it() -> None:
+    gate = threading.Event()
+
+    def load(model: str, parameters: dict[str, str] | None) -> None:
+        gate.wait(HANG_S)
+        raise RuntimeError("boom")
+
+    queue = ReloadQueue(load)
+    errors: list[str] = []
+
+    def call() -> None:
+        try:
+            queue.reload("m", None)
+        except RuntimeError as exc:
+            errors.append(str(exc))
+
+    threads = [threading.Thread(target=call) for _ in range(5)]
+    for t in threads:
+        t.start()
+    time.sleep(0.05)
+    gate.set()
+    for t in threads:
+        t.join(HANG_S)
+    assert errors == ["boom"] * 5 and queue.loads <= 2
+
+
+def test_rate_limited_log_filter() -> None:
+    flt = RateLimitFilter(interval_s=3600)
+    logger = logging.getLogger("test.rate_limited")
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger.addHandler(Keep())
+    logger.addFilter(flt)
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    err = OSError(24, "Too many open files")
+    for _ in range(1000):
+        logger.error("socket.accept() out of system resource", exc_info=err)
+        logger.warning("Invalid HTTP request received.")
+    logger.info("an ordinary line")
+    assert [r.getMessage() for r in records] == [
+        "socket.accept() out of system resource",
+        "Invalid HTTP request received.",
+        "an ordinary line",
+    ]
+    flt.interval_s = 0.0
+    logger.warning("Invalid HTTP request received.")
+    assert (
+        records[-1].getMessage() == "Invalid HTTP request received. (999 more like it not logged)"
+    )
+
+
+@pytest.fixture
+def guarded_server() -> Iterator[tuple[str, ConnectionGuard]]:
+    """Real uvicorn on a free port with a connection guard of 50 and a 1 s read timeout."""
+    import asyncio
+
+    import uvicorn
+
+    from hps.net import free_port
+
+    app = FastAPI()
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    guard = ConnectionGuard(50, read_timeout_s=1.0)
+    port = free_port()
+    config = uvicorn.Config(app, port=port, http=guard.protocol(), log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + HANG_S
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        yield f"127.0.0.1:{port}", guard
+    finally:
+        server.should_exit = True
+        thread.join(HANG_S)
+
+
+def test_guard_keeps_health_answering_under_idle_connections(
+    guarded_server: tuple[str, ConnectionGuard],
+) -> None:
+    address, guard = guarded_server
+    host, port = address.split(":")
+    idle = [socket.create_connection((host, int(port))) for _ in range(400)]
+    try:
+        for _ in range(5):
+            with urllib.request.urlopen(f"http://{address}/healthz", timeout=HANG_S) as r:
+                assert r.status == 200
+        assert guard.open <= 50 and guard.evicted >= 350
+        deadline = time.monotonic() + HANG_S
+        while guard.open and time.monotonic() < deadline:  # idle past the read timeout
+            time.sleep(0.1)
+        assert guard.open == 0 and guard.timed_out > 0
+    finally:
+        for s in idle:
+            s.close()
