@@ -96,7 +96,7 @@ def _model(model: ModelConfig, l3: bool, updates: UpdateApplier) -> ModelTopolog
     if not l3:
         mode = None
     elif updates == "none":
-        mode = "read_only"  # nothing writes L3 while serving: a snapshot will do
+        mode = "secondary"  # the control plane writes L3; instances follow (change journal)
     elif updates == "embedded" and model.hps_instances == 1:
         mode, fallback = "read_write", "secondary"  # this process applies updates to L3
     else:

@@ -13,7 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from hps.errors import FormatError, RequestError
-from hps.service import ops, uploads
+from hps.service import direct, uploads
 from hps.service.paths import MAX_PATH_CHARS, ServerPaths
 from hps.service.schemas import WRITE, DeleteBody, WarmupBody, WarmupKeys, WarmupKeyset
 from hps.service.state import AdminState
@@ -35,10 +35,10 @@ def _state(request: Request) -> AdminState:
 
 @router.delete("/v1/models/{model}/tables/{table}/keys", responses=WRITE)
 def delete_keys(model: str, table: str, body: DeleteBody, request: Request, _: Auth) -> JSON:
-    """Remove keys from L3, L2 and every serving process's L1 (Kafka, else a reload)."""
+    """Remove keys from L3, L2 and every serving process's L1 (Kafka, else the journal)."""
     state = _state(request)
     spec = state.spec(model, table)
-    return ops.delete(state, spec, np.unique(np.asarray(body.keys, dtype=np.int64)))
+    return direct.delete(state, spec, np.unique(np.asarray(body.keys, dtype=np.int64)))
 
 
 @router.post("/v1/models/{model}/reload", responses=WRITE)
@@ -51,7 +51,7 @@ def reload(model: str, request: Request, _: Auth) -> JSON:
 
 @router.post("/v1/models/{model}/warmup", responses=WRITE)
 def warmup(model: str, body: WarmupBody, request: Request, _: Auth) -> JSON:
-    """Load keys into every instance's L1 (the model is reloaded with them)."""
+    """Load keys into every instance's L1 (told through the node's change journal)."""
     from hps.cache.warmup import hottest
     from hps.io.frequency import read_frequency_file
     from hps.io.keyset import read_keyset
@@ -72,7 +72,7 @@ def warmup(model: str, body: WarmupBody, request: Request, _: Auth) -> JSON:
     else:
         fkeys, counts = read_frequency_file(ServerPaths.of(state).file(body.frequency_path))
         keys = hottest(fkeys, counts, body.top_k or fkeys.size)
-    return ops.warmup_keys(state, model, dict.fromkeys(tables, keys))
+    return direct.warmup_keys(state, model, dict.fromkeys(tables, keys))
 
 
 IMPORT_BODY = {

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from hps.triton.model.request import error_reply
 if TYPE_CHECKING:
     from hps.config import ModelConfig, PSConfig
     from hps.lookup import LookupSession
+    from hps.updates.journal import JournalFollower
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +105,24 @@ def open_session(config: PSConfig, model: ModelConfig) -> tuple[LookupSession, s
         return build_session(config, l3_mode=placement.l3_fallback), placement.l3_fallback
 
 
+def open_journal(config: PSConfig, model: str, args: dict[str, str]) -> JournalFollower | None:
+    """This process's follower of the node's change journal (None: the node keeps no state,
+    so the control plane writes nothing here and reloads instead)."""
+    from hps.topology import topology
+    from hps.updates.journal import Journal, JournalFollower, journal_dir
+
+    state = topology(config).state_dir
+    if state is None:
+        return None
+    reader = f"{args['model_instance_name']}.{os.getpid()}"
+    try:
+        return JournalFollower(Journal(journal_dir(state)), reader, model)
+    except OSError as exc:  # e.g. a read-only volume: nothing can write L3 there either
+        log.warning("no change journal beside %s (%s): writes reach this process by reloads",
+                    state, exc.strerror)  # fmt: skip
+        return None
+
+
 class ModelProcess:
     """One Triton model instance: its ps.json model, its LookupSession and its metrics.
 
@@ -115,6 +135,7 @@ class ModelProcess:
     def __init__(self, args: dict[str, str]) -> None:
         from hps.redact import protect
         from hps.startup import refreshers_for, warm_up_keysets, warm_up_session, watch_shared_l2
+        from hps.topology import topology
         from hps.triton.serving import fill_l2, only_model, prepare_tables, serving_config
 
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -127,6 +148,9 @@ class ModelProcess:
         self.config = only_model(config, self.name)
         self.model = self.config.model(self.name)
         start = time.perf_counter()
+        # Control-plane writes reach this process through the node's change journal; its
+        # position is taken before L3 is opened, so nothing written meanwhile is missed.
+        self.journal = open_journal(self.config, self.name, args)
         prepare_tables(self.config)
         self.session, mode = open_session(self.config, self.model)
         rows = fill_l2(self.session, self.config, self.model)
@@ -148,6 +172,16 @@ class ModelProcess:
         )
         log.info("%s", report.message())
         self.refreshers = [r.start() for r in refreshers_for(self.session, self.config)]
+        if self.journal is not None:
+            vdb = self.config.volatile_db
+            placement = topology(self.config).l2
+            self.journal.attach(
+                self.session,
+                own_l2=placement == "process",
+                shared_backfill=vdb.cache_missed_embeddings and placement in ("node", "server"),
+                l2_share=vdb.initial_cache_rate,
+            )
+            self.journal.start()
         self.updates = None
         if self.config.update_source.enabled:  # Kafka: the embedded applier or an L1 listener
             from hps.updates.runtime import start_updates
@@ -185,6 +219,8 @@ class ModelProcess:
         return None if self.l2_watch is None else self.l2_watch.problem()
 
     def close(self) -> None:
+        if self.journal is not None:
+            self.journal.stop()
         if self.l2_watch is not None:
             self.l2_watch.stop()
         for refresher in self.refreshers:

@@ -56,7 +56,7 @@ def test_delete_reaches_every_instance(client: Any, stack: Stack) -> None:
         np.testing.assert_allclose(rows, vectors[:5])
     r = client.request("DELETE", "/v1/models/emb/tables/a/keys", json={"keys": gone.tolist()})
     assert r.status_code == 200, r.text
-    assert r.json()["via"] == "reload"
+    assert r.json()["via"] == "journal" and r.json()["applied"] == 2
     for rows in concurrent_rows(url, "emb", 2, 0, np.concatenate([gone, keys[5:7]])):
         assert (rows[:5] == 0.5).all()  # the default vector, from whichever instance answered
         np.testing.assert_allclose(rows[5:], vectors[5:7])
@@ -100,8 +100,11 @@ def test_warmup_fills_l1_of_the_new_instances(client: Any, stack: Stack) -> None
         if sum(delta.values()) >= 15 or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    # the 10 warmed keys come from L1; the L2 count also holds the warm-up's own 10 reads
-    assert delta == {"l1": 10, "l2": 15, "l3": 0, "default": 0}, delta
+    # the 10 warmed keys come from L1; the L2 count also holds the warm-up's own reads (of
+    # the keys not yet resident: the instance keeps its L1, a readiness check may have
+    # loaded one)
+    l2 = delta.pop("l2")
+    assert delta == {"l1": 10, "l3": 0, "default": 0} and 5 < l2 <= 15, (delta, l2)
     # the hottest keys of a frequency file (under the ps.json's folder, a path root)
     freq = stack.root / "freq.npz"
     write_frequency_file(freq, keys, np.arange(keys.size))
@@ -131,7 +134,7 @@ def test_import_upload_then_triton_serves_it(client: Any, stack: Stack) -> None:
     assert r.status_code == 202, r.text
     job = _wait_job(client, r.json()["job"])
     assert job["state"] == "done" and job["rows_done"] == 500, job
-    assert job["result"]["via"] == "reload"
+    assert job["result"]["via"] == "journal" and job["result"]["applied"] == 2
     rows = triton_rows(stack.server.http_url, "emb", 2, 1, keys[:4])
     np.testing.assert_allclose(rows, vectors[:4])
     # a server-side folder works the same way

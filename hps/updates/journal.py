@@ -1,0 +1,401 @@
+"""A node's change journal: how control-plane writes reach every serving instance without a
+reload (docs/control-plane.md, "How writes reach the serving processes").
+
+Triton routes one request to one instance, so an inference call cannot broadcast; and a
+reload replaces every instance (and leaks tritonserver memory). Instead, the control plane
+writes L2/L3 and then appends an entry here: which keys of which table changed (``upsert``,
+``delete``) or should be loaded into L1 (``warmup``). Every serving process of the node
+tails the journal (:class:`JournalFollower`, every :data:`POLL_S`) and does what a Kafka
+update does to it: a secondary L3 catches up, an L2 of its own forgets the keys, resident
+L1 rows are re-read (upserts) or evicted (deletes), with a second re-read ``grace_s`` later
+(:class:`hps.updates.freshness.L1Refresher`); warm-up keys are loaded into L1.
+
+Layout, in a folder beside the node's state (:func:`journal_dir`: ``<state>.hps-journal``,
+the import lock's neighbour):
+
+- ``head.json``: ``{"generation": <random id>, "seq": <last entry>}``, rewritten atomically;
+- ``<seq>.json`` (the entry: kind, table, key count) and ``<seq>.npy`` (its keys; absent
+  when an import was too large to list, :data:`MAX_ENTRY_KEYS`: then the entry stands for
+  every key of the table);
+- ``readers/<id>.json``: each follower's cursor (generation, last applied seq, model) and
+  heartbeat, rewritten at least every :data:`HEARTBEAT_S`.
+
+Appends hold ``lock`` (flock). Bounded: an append removes the entries every live follower
+has applied, then the oldest beyond :data:`MAX_ENTRIES` / :data:`MAX_BYTES` whether read or
+not. A follower that finds an entry it needs gone (it fell behind), or a new generation (the
+folder was recreated), cannot know what changed: it drops its whole L1 (and refills an L2 of
+its own from L3) rather than miss a change.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import re
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from hps.errors import HPSError
+from hps.types import Keys
+
+if TYPE_CHECKING:
+    from hps.lookup import LookupSession
+    from hps.updates.freshness import L1Refresher
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["upsert", "delete", "warmup"]
+KINDS: tuple[Kind, ...] = ("upsert", "delete", "warmup")
+
+POLL_S = 0.1  # how often a follower looks at head.json
+HEARTBEAT_S = 1.0  # a follower rewrites its cursor at least this often
+LIVE_S = 5.0  # a cursor older than this is a follower gone: nobody waits for it
+KEEP_S = 600.0  # ... and older than this it holds no entry back from removal
+MAX_ENTRIES = 256
+MAX_BYTES = 256 << 20
+MAX_ENTRY_KEYS = 1 << 22  # larger imports are journalled as "every key of the table"
+WARMUP_CHUNK = 1 << 16
+_ENTRY = re.compile(r"^(\d{12})\.json$")
+
+
+def journal_dir(state: Path) -> Path:
+    """The journal of the node whose state is ``state`` (L3's folder, or the ps.json's stem)."""
+    return state.with_name(state.name + ".hps-journal")
+
+
+@dataclass(frozen=True)
+class Entry:
+    seq: int
+    kind: Kind
+    table: str  # <model>.<table>
+    keys: Keys | None  # None: every key of the table
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """One follower as its cursor file says."""
+
+    id: str
+    model: str
+    generation: str
+    seq: int
+    age_s: float
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+class Journal:
+    """One node's journal folder (created on first use)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.readers_dir = folder / "readers"
+
+    # -- both sides ------------------------------------------------------------------------
+
+    def head(self) -> tuple[str, int]:
+        """(generation, last seq); creates the journal when there is none."""
+        try:
+            doc = json.loads((self.folder / "head.json").read_bytes())
+            return str(doc["generation"]), int(doc["seq"])
+        except FileNotFoundError:
+            with self._locked():
+                return self._head_locked()
+        except (ValueError, KeyError) as exc:  # written atomically: only a foreign file
+            raise HPSError(f"{self.folder}/head.json: not a journal head: {exc}") from None
+
+    def _head_locked(self) -> tuple[str, int]:
+        path = self.folder / "head.json"
+        if not path.exists():
+            self._set_head(uuid.uuid4().hex, 0)
+        doc = json.loads(path.read_bytes())
+        return str(doc["generation"]), int(doc["seq"])
+
+    def _set_head(self, generation: str, seq: int) -> None:
+        doc = {"generation": generation, "seq": seq}
+        _write_atomic(self.folder / "head.json", json.dumps(doc).encode())
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.readers_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / "lock", "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def _name(self, seq: int, suffix: str) -> Path:
+        return self.folder / f"{seq:012d}{suffix}"
+
+    # -- the control plane -----------------------------------------------------------------
+
+    def append(self, kind: Kind, table: str, keys: Keys | None) -> int:
+        """Record that ``keys`` of ``table`` changed (or are to be warmed up); its seq."""
+        with self._locked():
+            generation, seq = self._head_locked()
+            seq += 1
+            if keys is not None:
+                np.save(self._name(seq, ".npy"), np.ascontiguousarray(keys, dtype=np.int64))
+            meta = {
+                "seq": seq,
+                "kind": kind,
+                "table": table,
+                "keys": None if keys is None else int(keys.size),
+                "time": time.time(),
+            }
+            _write_atomic(self._name(seq, ".json"), json.dumps(meta).encode())
+            self._set_head(generation, seq)
+            self._trim(generation, seq)
+        return seq
+
+    def _trim(self, generation: str, head: int) -> None:
+        """Remove what every live follower applied, then the oldest beyond the bounds."""
+        held = [c.seq for c in self.cursors() if c.generation == generation and c.age_s < KEEP_S]
+        applied = min(held, default=head - 1)  # none: the previous ones (a new one starts at head)
+        seqs = self.seqs()
+        sizes = {s: self._size(s) for s in seqs}
+        total = sum(sizes.values())
+        for i, s in enumerate(seqs):
+            over = len(seqs) - i > MAX_ENTRIES or total > MAX_BYTES
+            if s == head or (s > applied and not over):
+                break
+            if s > applied:
+                log.warning("change journal over its bounds: entry %d removed unread", s)
+            total -= sizes[s]
+            for suffix in (".json", ".npy"):
+                self._name(s, suffix).unlink(missing_ok=True)
+
+    def _size(self, seq: int) -> int:
+        total = 0
+        for suffix in (".json", ".npy"):
+            with suppress(FileNotFoundError):
+                total += self._name(seq, suffix).stat().st_size
+        return total
+
+    def seqs(self) -> list[int]:
+        """The entries present, oldest first."""
+        try:
+            names = os.listdir(self.folder)
+        except FileNotFoundError:
+            return []
+        return sorted(int(m.group(1)) for n in names if (m := _ENTRY.match(n)))
+
+    def cursors(self) -> list[Cursor]:
+        out = []
+        now = time.time()
+        try:
+            names = os.listdir(self.readers_dir)
+        except FileNotFoundError:
+            return []
+        for name in names:
+            if not name.endswith(".json") or name.startswith("."):
+                continue
+            try:
+                doc = json.loads((self.readers_dir / name).read_bytes())
+                out.append(
+                    Cursor(
+                        name[:-5],
+                        str(doc["model"]),
+                        str(doc["generation"]),
+                        int(doc["seq"]),
+                        now - float(doc["time"]),
+                    )
+                )
+            except (OSError, ValueError, KeyError):
+                continue  # removed meanwhile, or not ours
+        return out
+
+    def wait_applied(self, model: str, seq: int, timeout_s: float) -> tuple[int, int]:
+        """Wait until every live follower of ``model`` has applied entry ``seq`` (at most
+        ``timeout_s``); (followers that have, live followers)."""
+        generation, _ = self.head()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            live = [
+                c
+                for c in self.cursors()
+                if c.model == model and c.age_s < LIVE_S and c.generation == generation
+            ]
+            done = sum(c.seq >= seq for c in live)
+            if done == len(live) or time.monotonic() >= deadline:
+                return done, len(live)
+            time.sleep(POLL_S / 4)
+
+    # -- the serving processes -------------------------------------------------------------
+
+    def read(self, seq: int) -> Entry | None:
+        """Entry ``seq``, or None when it is gone (removed: the reader fell behind)."""
+        try:
+            meta = json.loads(self._name(seq, ".json").read_bytes())
+            keys = None if meta["keys"] is None else np.load(self._name(seq, ".npy"))
+        except FileNotFoundError:
+            return None
+        kind = meta["kind"]
+        if kind not in KINDS:
+            raise HPSError(f"{self._name(seq, '.json')}: unknown kind {kind!r}")
+        return Entry(seq, kind, str(meta["table"]), keys)
+
+    def write_cursor(self, reader: str, model: str, generation: str, seq: int) -> None:
+        doc = {"model": model, "generation": generation, "seq": seq, "time": time.time()}
+        self.readers_dir.mkdir(parents=True, exist_ok=True)
+        _write_atomic(self.readers_dir / f"{reader}.json", json.dumps(doc).encode())
+
+    def remove_cursor(self, reader: str) -> None:
+        (self.readers_dir / f"{reader}.json").unlink(missing_ok=True)
+
+
+class JournalFollower:
+    """One serving process's view of the journal: applies new entries to its session.
+
+    Create it *before* the session is built (it starts at the journal's head then, so
+    nothing written while the process starts is missed); :meth:`attach` the session, then
+    :meth:`start` the thread (or call :meth:`poll` yourself).
+    """
+
+    def __init__(self, journal: Journal, reader: str, model: str) -> None:
+        self.journal = journal
+        self.reader = re.sub(r"[^A-Za-z0-9_.-]", "_", reader)
+        self.model = model
+        self.generation, self.seq = journal.head()
+        self.resyncs = 0
+        self.applied = 0
+        self._session: LookupSession | None = None
+        self._refresher: L1Refresher | None = None
+        self._own_l2 = False
+        self._clear_l2 = False
+        self._l2_share = 1.0
+        self._beat = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._heartbeat()
+
+    def attach(
+        self, session: LookupSession, *, own_l2: bool, shared_backfill: bool, l2_share: float = 1.0
+    ) -> None:
+        """``own_l2``: the session's L2 lives in this process (nobody else updates it);
+        ``shared_backfill``: the session backfills a shared L2 from L3 (it then removes the
+        changed keys from it once its L3 has caught up, undoing a stale backfill)."""
+        from hps.updates.freshness import L1Refresher
+
+        self._session = session
+        self._refresher = L1Refresher(session)
+        tiers = session.tiers
+        self._own_l2 = own_l2 and tiers.volatile is not None and tiers.persistent is not None
+        self._clear_l2 = self._own_l2 or (shared_backfill and session.tiers.volatile is not None)
+        self._l2_share = l2_share
+
+    def _heartbeat(self, force: bool = True) -> None:
+        now = time.monotonic()
+        if force or now - self._beat >= HEARTBEAT_S:
+            self.journal.write_cursor(self.reader, self.model, self.generation, self.seq)
+            self._beat = now
+
+    def poll(self) -> int:
+        """Apply the entries written since the last poll; how many."""
+        session = self._session
+        assert session is not None and self._refresher is not None, "attach a session first"
+        generation, head = self.journal.head()
+        done = 0
+        moved = generation != self.generation or head != self.seq
+        if generation != self.generation:
+            log.warning("change journal recreated: dropping L1 (any change may be missed)")
+            self._resync(session)
+            self.generation, self.seq = generation, head
+        elif head > self.seq:
+            entries = []
+            for seq in range(self.seq + 1, head + 1):
+                entry = self.journal.read(seq)
+                if entry is None:
+                    break
+                entries.append(entry)
+            if len(entries) < head - self.seq:
+                log.warning("change journal: fell behind (entries removed): dropping L1")
+                self._resync(session)
+            else:
+                session.tiers.catch_up()  # once for all the entries: L3 as they describe it
+                for entry in entries:
+                    self._apply(session, entry)
+                done = len(entries)
+            self.seq = head
+            self.applied += done
+        self._refresher.run_due()
+        self._heartbeat(force=moved)  # else at least every HEARTBEAT_S
+        return done
+
+    def _apply(self, session: LookupSession, entry: Entry) -> None:
+        spec = session.tables.get(entry.table)
+        if spec is None:
+            return  # another model's table
+        assert self._refresher is not None
+        if entry.keys is None:  # every key of the table
+            if self._own_l2:
+                self._refill_l2(session, entry.table)
+            cache = session.caches.get(entry.table)
+            keys = cache.resident_keys() if cache is not None else np.empty(0, np.int64)
+        else:
+            keys = entry.keys
+            if self._clear_l2 and entry.kind != "warmup":
+                assert session.tiers.volatile is not None
+                session.tiers.volatile.remove(entry.table, keys)
+        if entry.kind == "warmup":
+            for start in range(0, keys.size, WARMUP_CHUNK):
+                session.warm_up(entry.table, keys[start : start + WARMUP_CHUNK])
+            return
+        if entry.kind == "delete":
+            self._refresher.now(entry.table, keys, None)
+        else:
+            session.refresh(entry.table, keys)  # resident rows re-read (L3 caught up)
+        self._refresher.later(entry.table, keys)  # and again once any stale backfill is undone
+
+    def _refill_l2(self, session: LookupSession, table: str) -> None:
+        l2 = session.tiers.volatile
+        assert l2 is not None
+        l2.drop_table(table)
+        l2.open_table(session.tables[table])
+        session.tiers.fill_l2_from_l3(table, self._l2_share)
+
+    def _resync(self, session: LookupSession) -> None:
+        """Fell behind: catch L3 up, refill an L2 of our own, drop every L1 row."""
+        self.resyncs += 1
+        session.tiers.catch_up()
+        if self._own_l2:
+            for table in session.tables:
+                self._refill_l2(session, table)
+        for cache in session.caches.values():
+            cache.evict(cache.resident_keys())
+
+    # -- the thread ------------------------------------------------------------------------
+
+    def start(self) -> JournalFollower:
+        self._thread = threading.Thread(target=self._run, name="hps-journal", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            try:
+                self.poll()
+            except Exception:  # a bad entry or a tier hiccup must not end the follower
+                log.exception("change journal: poll failed; retrying")
+                self._stop.wait(1.0)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self.journal.remove_cursor(self.reader)
