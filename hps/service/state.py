@@ -54,7 +54,13 @@ def topology_view(config: PSConfig, topo: Topology) -> JSON:
             {"triton_name": s.triton_name, "hps_model": s.hps_model, "instances": s.instances}
             for s in served_models(config)
         ],
-        "write_channel": "kafka" if config.update_source.enabled else "direct+reload",
+        "write_channel": (
+            "kafka"
+            if config.update_source.enabled
+            else "direct+journal"
+            if topo.state_dir is not None
+            else "direct+reload"
+        ),
     }
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal
 
-from hps.errors import FormatError, RequestError
+from hps.errors import RequestError
 from hps.io.sparse_model import KEY_FILE, VECTOR_FILE
 from hps.loading.loader import Chunks, TableSource, npy_source, sparse_source
 from hps.types import TableSpec
@@ -36,14 +36,6 @@ def stage(folder: Path, fmt: Format, keys: BinaryIO, vectors: BinaryIO) -> Path:
         src.seek(0)
         with open(folder / name, "wb") as dst:
             shutil.copyfileobj(src, dst, COPY_CHUNK)
-    return folder
-
-
-def source_folder(fmt: Format, path: str) -> Path:
-    folder = Path(path)
-    missing = [n for n in names(fmt) if not (folder / n).is_file()]
-    if missing:
-        raise FormatError(f"{path}: missing {missing} for format {fmt!r}")
     return folder
 
 

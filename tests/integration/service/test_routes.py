@@ -30,7 +30,7 @@ def test_ready_models_and_lookup(client: Any, stack: Stack) -> None:
     assert {"triton", "model:emb", "inference:emb", "inference:one", "l2", "l3"} <= names
     models = client.get("/v1/models").json()
     assert models["topology"]["l2"] == "node" and models["topology"]["l3"] is True
-    assert models["topology"]["write_channel"] == "direct+reload"
+    assert models["topology"]["write_channel"] == "direct+journal"
     listed = {t["table"]: t for m in models["models"] for t in m["tables"] if m["model"] == "emb"}
     # the listing takes RocksDB's estimate (exact after an import: nothing overwritten)
     assert listed["a"]["rows"] == {"l2": 400, "l3": 400}
