@@ -5,7 +5,12 @@ model returns, for a key sampled from L3 (else L2), the vector L2/L3 hold: a dea
 stub fails here while Triton's own readiness still says 200; 4. each configured tier
 answers (L2: a fetch on the shared store; L3: a catch-up read; Kafka: cluster metadata);
 5. where serving processes fill L2 from L3 at start-up, how each table's last fill ended
-(:class:`hps.loading.imports.FillRecord`).
+(:class:`hps.loading.imports.FillRecord`); 6. where the node keeps a change journal
+(:mod:`hps.updates.journal`), that no live serving instance reports a problem in its
+journal heartbeat: an instance whose ``multi_process_hash_map`` segment was removed or
+replaced says so from its move until the new segment is refilled from L3
+(:meth:`hps.tiers.shared_l2.SharedL2Watch.problem`), and ``/readyz`` answers 503 with its
+reason meanwhile.
 
 A fill that stopped part-way (a damaged L3 block, an L2 that refused rows) does not make
 the node unready: L3 answers what L2 lacks, so every answer stays right, only slower. Its
@@ -29,6 +34,7 @@ from hps.service.state import AdminState
 from hps.tiers import Tiers
 from hps.triton.repository import served_models
 from hps.types import JSON
+from hps.updates.journal import LIVE_S, Journal, journal_dir
 
 KAFKA_TIMEOUT_S = 3.0
 
@@ -127,6 +133,8 @@ def readiness(state: AdminState) -> tuple[bool, list[JSON]]:
     topo = state.topology
     if topo.l3 and topo.l2_filled_by == "serving" and topo.state_dir is not None:
         checks.append(_l2_fill(state, topo.state_dir))
+    if topo.state_dir is not None:
+        checks.append(_run("instances", partial(_instances, state, topo.state_dir)))
     return all(c["ok"] for c in checks), checks
 
 
@@ -149,6 +157,18 @@ def _l2_fill(state: AdminState, state_dir: Path) -> JSON:
         "tables": [t for t, _ in failed],
         "ms": round(1e3 * (time.perf_counter() - start), 1),
     }
+
+
+def _instances(state: AdminState, state_dir: Path) -> str:
+    """No live serving instance of this config's models reports a problem in its change
+    journal heartbeat (e.g. its shared L2 being refilled); each one's reason otherwise."""
+    models = {m.model for m in state.config.models}
+    cursors = Journal(journal_dir(state_dir)).cursors()
+    live = [c for c in cursors if c.model in models and c.age_s < LIVE_S]
+    problems = sorted(f"{c.id}: {c.problem}" for c in live if c.problem)
+    if problems:
+        raise AssertionError("; ".join(problems))
+    return f"{len(live)} live serving instance(s), none reports a problem"
 
 
 def _ready(ok: bool) -> str:

@@ -9,8 +9,10 @@ until that is done. Who refills: the process that applies updates to L3 (``hps c
 reads from L3 and the ones it writes); with no such process (no Kafka) the serving
 processes, the first to find a table empty (``fill="if_empty"``, under the node's import
 lock, as the start-up fill). A finished fill is recorded in the segment; every watch has L1
-re-read when it sees a new one. :func:`hps.startup.watch_shared_l2` builds the watch of a
-lookup session.
+re-read when it sees a new one. A serving process that leaves the refill to ``hps consume``
+(``fill="none"``) reports not-ready from its move until the new segment records a finished
+fill (the consumer's): until then its misses go to an L3 that may lag the consumer's.
+:func:`hps.startup.watch_shared_l2` builds the watch of a lookup session.
 """
 
 from __future__ import annotations
@@ -77,6 +79,10 @@ class SharedL2Watch:
         self.recoveries = 0  # refills finished after a move
         self._generation = store.generation
         self._filled = store.filled()
+        self._awaiting_fill = False  # moved; another process's refill not recorded yet
+        # hps consume (re)started on a segment no fill reached (e.g. made by serving
+        # processes that moved while it was down, who wait for its fill): fill it first
+        self._first = fill == "overwrite"
         self._failure: str | None = None
         self._last = time.monotonic()
         self._busy = threading.Lock()
@@ -89,6 +95,11 @@ class SharedL2Watch:
             return self._failure
         if self.store.generation != self._generation:
             return f"shared L2 {self.store.path} was replaced: refilling it from L3"
+        if self._awaiting_fill:
+            return (
+                f"shared L2 {self.store.path} was replaced: waiting for hps consume to refill "
+                "it from L3"
+            )
         return None
 
     def check(self, *, force: bool = False) -> bool:
@@ -104,10 +115,17 @@ class SharedL2Watch:
             self.store.follow()
             if self.store.generation != self._generation or self._failure is not None:
                 return self._recover()
+            if self._first:
+                self._first = False
+                if self.store.filled() == 0 and any(
+                    self.store.size(s.name) == 0 for s in self.tables
+                ):
+                    return self._recover()
             filled = self.store.filled()
             if filled != self._filled:  # another process refilled: L1 may hold what it fixed
                 self._filled = filled
                 self._reread_l1()
+                self._awaiting_fill = False
             return False
         finally:
             self._busy.release()
@@ -123,6 +141,8 @@ class SharedL2Watch:
             return False
         self._generation = generation
         self._filled = self.store.filled()
+        # left to another process (hps consume): not ready until the segment records its fill
+        self._awaiting_fill = self.fill == "none" and self._filled == 0
         self._failure = None
         self.recoveries += 1
         log.warning(

@@ -17,8 +17,11 @@ the import lock's neighbour):
 - ``<seq>.json`` (the entry: kind, table, key count) and ``<seq>.npy`` (its keys; absent
   when an import was too large to list, :data:`MAX_ENTRY_KEYS`: then the entry stands for
   every key of the table);
-- ``readers/<id>.json``: each follower's cursor (generation, last applied seq, model) and
-  heartbeat, rewritten at least every :data:`HEARTBEAT_S`.
+- ``readers/<id>.json``: each follower's cursor (generation, last applied seq, model),
+  heartbeat and ``problem`` (why the process cannot serve right now, e.g. its shared L2
+  being refilled: :meth:`JournalFollower.report`; ``null`` when none), rewritten at least
+  every :data:`HEARTBEAT_S` and at once when the problem changes. The control plane's
+  ``/readyz`` reads them (:mod:`hps.service.health`, check ``instances``).
 
 Appends hold ``lock`` (flock). Bounded: an append removes the entries every live follower
 has applied, then the oldest beyond :data:`MAX_ENTRIES` / :data:`MAX_BYTES` whether read or
@@ -37,7 +40,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +93,7 @@ class Cursor:
     generation: str
     seq: int
     age_s: float
+    problem: str | None = None  # why the process cannot serve right now (None: it can)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -214,6 +218,7 @@ class Journal:
                         str(doc["generation"]),
                         int(doc["seq"]),
                         now - float(doc["time"]),
+                        None if doc.get("problem") is None else str(doc["problem"]),
                     )
                 )
             except (OSError, ValueError, KeyError):
@@ -250,8 +255,16 @@ class Journal:
             raise HPSError(f"{self._name(seq, '.json')}: unknown kind {kind!r}")
         return Entry(seq, kind, str(meta["table"]), keys)
 
-    def write_cursor(self, reader: str, model: str, generation: str, seq: int) -> None:
-        doc = {"model": model, "generation": generation, "seq": seq, "time": time.time()}
+    def write_cursor(
+        self, reader: str, model: str, generation: str, seq: int, problem: str | None = None
+    ) -> None:
+        doc = {
+            "model": model,
+            "generation": generation,
+            "seq": seq,
+            "time": time.time(),
+            "problem": problem,
+        }
         self.readers_dir.mkdir(parents=True, exist_ok=True)
         _write_atomic(self.readers_dir / f"{reader}.json", json.dumps(doc).encode())
 
@@ -280,6 +293,8 @@ class JournalFollower:
         self._clear_l2 = False
         self._l2_share = 1.0
         self._beat = 0.0
+        self._problem_of: Callable[[], str | None] | None = None
+        self._problem: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._heartbeat()
@@ -299,11 +314,27 @@ class JournalFollower:
         self._clear_l2 = self._own_l2 or (shared_backfill and session.tiers.volatile is not None)
         self._l2_share = l2_share
 
+    def report(self, problem: Callable[[], str | None]) -> None:
+        """Carry ``problem()`` (None: the process can serve) in this follower's heartbeat,
+        asked on every poll; a change is written at once (``/readyz`` reads it)."""
+        self._problem_of = problem
+        self._heartbeat()
+
     def _heartbeat(self, force: bool = True) -> None:
         now = time.monotonic()
-        if force or now - self._beat >= HEARTBEAT_S:
-            self.journal.write_cursor(self.reader, self.model, self.generation, self.seq)
+        problem = self._problem_now()
+        if force or problem != self._problem or now - self._beat >= HEARTBEAT_S:
+            self.journal.write_cursor(self.reader, self.model, self.generation, self.seq, problem)
+            self._problem = problem
             self._beat = now
+
+    def _problem_now(self) -> str | None:
+        if self._problem_of is None:
+            return None
+        try:
+            return self._problem_of()
+        except Exception as exc:  # a failing report is itself a problem, never a dead follower
+            return f"cannot tell whether this process can serve: {type(exc).__name__}: {exc}"
 
     def poll(self) -> int:
         """Apply the entries written since the last poll; how many."""

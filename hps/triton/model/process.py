@@ -191,6 +191,8 @@ class ModelProcess:
         self.l2_watch = watch_shared_l2(self.session, self.config, role="serving")
         if self.l2_watch is not None:
             self.l2_watch.start()
+            if self.journal is not None:  # the control plane's /readyz reads it there
+                self.journal.report(self.l2_problem)
         interval = float(params.get("metrics_interval_s") or 1.0)
         self.metrics = MetricsExporter(
             pb_utils, args["model_name"], args["model_instance_name"], self.session, interval
@@ -215,7 +217,9 @@ class ModelProcess:
         return responses
 
     def l2_problem(self) -> str | None:
-        """None while this instance serves the node's current shared L2, else why not."""
+        """None while this instance serves the node's current shared L2, else why not
+        (carried in its change-journal heartbeat: the control plane's ``/readyz`` answers
+        503 while any instance of the node has one)."""
         return None if self.l2_watch is None else self.l2_watch.problem()
 
     def close(self) -> None:
