@@ -24,9 +24,10 @@ file and creation id, checked by the first operation at least ``identity_check_s
 last check, or whenever a caller asks), opens the segment the name points at now (creating
 it if there is none), opens its tables there and moves every later operation to it; the old
 mapping is closed once this process's threads are out of it. Rows are not carried over
-(L2 is a cache): whoever holds L3 refills the new segment (:class:`hps.tiers.shared_l2.SharedL2Watch`)
-and records it (:meth:`SharedHashMapStore.mark_filled`) for the other processes to see. The
-"last user" never removes files that are not the ones it opened.
+(L2 is a cache): whoever holds L3 refills the new segment
+(:class:`hps.tiers.shared_l2.SharedL2Watch`) and records it
+(:meth:`SharedHashMapStore.mark_filled`) for the other processes to see. The "last user"
+never removes files that are not the ones it opened.
 """
 
 from __future__ import annotations

@@ -16,10 +16,10 @@ import time
 
 import numpy as np
 
-from hps.tiers.shared_l2 import SharedL2Watch
 from hps.storage.multi_process_hash_map import SharedHashMapStore
 from hps.storage.rocks_db import RocksDBStore
 from hps.tiers import Tiers
+from hps.tiers.shared_l2 import SharedL2Watch
 from hps.types import TableSpec
 
 SPEC = TableSpec("m", "t", 8)

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from hps.tiers.shared_l2 import SharedL2Watch
 from hps.storage._shm_segment import path_identity
 from hps.storage.hash_map import HashMapStore
 from hps.storage.multi_process_hash_map import SharedHashMapStore
 from hps.tiers import Tiers
+from hps.tiers.shared_l2 import SharedL2Watch
 from hps.types import TableSpec
 from hps.updates.heartbeat import Heartbeat
 from tests.helpers import unique_name
