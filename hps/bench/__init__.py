@@ -11,4 +11,5 @@ BENCHES: dict[str, str] = {
     "triton": "hps.bench.triton",
     "gate": "hps.bench.gate",
     "memory": "hps.bench.memory",
+    "freshness": "hps.bench.freshness",
 }

@@ -75,6 +75,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--triton-http", help="Triton HTTP address host:port")
     r.add_argument("--admin-url", default="", help="control plane URL (hps admin)")
     r.add_argument("--brokers", default="", help="Kafka bootstrap servers (publisher users)")
+    r.add_argument("--triton-metrics", default="",
+                   help="Triton's metrics URL, for hps_update_freshness_seconds (default: "
+                   "http://<--triton-http host>:8002/metrics)")  # fmt: skip
     r.add_argument("--ctr", action="store_true",
                    help="load <model>_ctr too (default: when Triton says it is ready)")  # fmt: skip
     p.set_defaults(func=_loadtest)
@@ -90,7 +93,9 @@ def _loadtest(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from hps.config import load_config
     from hps.errors import ConfigError
+    from hps.loadtest import freshness
     from hps.loadtest.runner import LocustRun, run_locust
     from hps.loadtest.summary import format_summary
 
@@ -136,11 +141,21 @@ def _run(args: argparse.Namespace) -> int:
         print(f"running Locust for {args.run_time}s ({args.shape}, {args.users} readers)",
               flush=True)  # fmt: skip
         sampler = _sampler(stack, report, args.sample_interval)
+        metrics_url = _metrics_url(stack, args) if brokers else ""
+        fresh_before = freshness.snapshot(metrics_url) if metrics_url else None
         try:
             code = run_locust(run)
         finally:
             if sampler is not None:
                 sampler.stop()
+        if fresh_before is not None:  # before the stack stops: the run's observations
+            model = args.model or load_config(config).models[0].model
+            after = freshness.snapshot(metrics_url)
+            freshness.write(
+                report,
+                freshness.window(fresh_before, after, model),
+                freshness.stage_windows(fresh_before, after, model),
+            )
     finally:
         if stack is not None:
             stack.stop()
@@ -159,6 +174,16 @@ def _run(args: argparse.Namespace) -> int:
             print(f"FAILED: memory grew more than {args.max_growth_mb:g} MB after warm-up")
             code = code or 1
     return code
+
+
+def _metrics_url(stack: Stack | None, args: argparse.Namespace) -> str:
+    """Where Triton's /metrics of the deployment under test are."""
+    if stack is not None:
+        return stack.metrics_url
+    if args.triton_metrics:
+        return str(args.triton_metrics)
+    host = str(args.triton_http).rsplit(":", 1)[0]
+    return f"http://{host}:8002/metrics"
 
 
 def _ctr_served(args: argparse.Namespace) -> bool:

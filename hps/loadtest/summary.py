@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hps.loadtest import freshness
 from hps.loadtest.steps import knee
 
 
@@ -44,7 +45,12 @@ def read_report(report_dir: Path) -> dict[str, Any]:
         (int(r["Occurrences"]), f"{r['Method']} {r['Name']}: {r['Error']}")
         for r in _rows(report_dir / "locust_failures.csv")
     ]
-    return {"types": types, "verdict": verdict, "failures": sorted(failures, reverse=True)}
+    return {
+        "types": types,
+        "verdict": verdict,
+        "failures": sorted(failures, reverse=True),
+        "freshness": freshness.Figures(freshness.probes(types), freshness.read(report_dir)),
+    }
 
 
 def format_summary(
@@ -65,6 +71,9 @@ def format_summary(
             f"{name[:39]:<40}{t['requests']:>8}{t['failures']:>6}{t['rps']:>9.1f}"
             f"{t['p50_ms']:>9.0f}{t['p95_ms']:>9.0f}{t['p99_ms']:>9.0f}"
         )
+    fresh = rep["freshness"].line()
+    if fresh:
+        lines.append(fresh)
     stages = rep["verdict"].get("stages") or []
     if len(stages) > 1:
         lines.append("stages (readers): " + "  ".join(

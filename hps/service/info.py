@@ -9,6 +9,7 @@ from hps.errors import HPSError
 from hps.service.state import AdminState, topology_view
 from hps.tiers import RowStore, Tiers
 from hps.types import JSON, TableSpec
+from hps.updates.metrics import Buckets, merged, summary
 
 log = logging.getLogger(__name__)
 
@@ -65,22 +66,41 @@ def consumer_lags(state: AdminState, specs: list[TableSpec]) -> Lags:
     return Lags(lags)
 
 
-def hit_rates(state: AdminState) -> tuple[dict[tuple[str, str], dict[str, float]], str | None]:
-    """Hits per level from Triton's /metrics (summed over processes), or the reason for none."""
+Hits = dict[tuple[str, str], dict[str, float]]
+Freshness = dict[tuple[str, str], Buckets]
+
+
+def triton_metrics(state: AdminState) -> tuple[Hits, Freshness, str | None]:
+    """Hits per level and update freshness from one read of Triton's /metrics (summed over
+    processes), or the reason for neither."""
     try:
-        return state.triton.hit_counts(), None
+        hits, fresh = state.triton.hits_and_freshness()
     except Exception as exc:
-        return {}, str(exc)
+        return {}, {}, str(exc)
+    return hits, fresh, None
+
+
+def freshness_of(spec: TableSpec, fresh: Freshness, error: str | None) -> JSON:
+    """A table's update freshness in its serving processes (the model and its ``_ctr``
+    model), since they started: count of update messages, p50 and p99 in seconds (None
+    before the first); ``error`` when Triton's metrics could not be read."""
+    served = {(spec.model, spec.table), (spec.model + "_ctr", spec.table)}
+    buckets = merged(b for key, b in fresh.items() if key in served)
+    out: JSON = {**summary(buckets), "since": "serving processes started"}
+    if error is not None:
+        out["error"] = error
+    return out
 
 
 def table_info(
     state: AdminState,
     spec: TableSpec,
-    hits: dict[tuple[str, str], dict[str, float]],
+    hits: Hits,
     reader: Tiers,
     lags: Lags,
     *,
     exact: bool,
+    fresh: tuple[Freshness, str | None] = ({}, None),
 ) -> JSON:
     """One table's report; ``reader`` (caught up) and ``lags`` are fetched once per request.
 
@@ -114,18 +134,21 @@ def table_info(
         "hits": counts,
         "hit_rates": {k: v / total for k, v in counts.items()} if total else {},
         "consumer_lag": lags.of(spec) if state.kafka else None,
+        "freshness": freshness_of(spec, *fresh) if state.kafka else None,
         "last_update_version": reader.last_version(spec),
     }
 
 
 def one_table(state: AdminState, spec: TableSpec) -> JSON:
-    hits, _ = hit_rates(state)
+    hits, fresh, why = triton_metrics(state)
     lags = consumer_lags(state, [spec])
-    return table_info(state, spec, hits, state.reader(), lags, exact=True)
+    reader = state.reader()
+    return table_info(state, spec, hits, reader, lags, exact=True, fresh=(fresh, why))
 
 
 def models_info(state: AdminState) -> JSON:
-    hits, why = hit_rates(state)
+    hits, fresh_hist, why = triton_metrics(state)
+    fresh = (fresh_hist, why)
     reader = state.reader()
     lags = consumer_lags(state, state.config.tables)
     models = [
@@ -133,7 +156,8 @@ def models_info(state: AdminState) -> JSON:
             "model": m.model,
             "instances": m.hps_instances,
             "tables": [
-                table_info(state, spec, hits, reader, lags, exact=False) for spec in m.tables
+                table_info(state, spec, hits, reader, lags, exact=False, fresh=fresh)
+                for spec in m.tables
             ],
         }
         for m in state.config.models

@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from hps.errors import BackendUnavailable, HPSError
-from hps.triton.client import Client, ModelControl, hit_counts
+from hps.triton.client import Client, ModelControl, hit_counts, parse_hits
+from hps.updates.metrics import Buckets, histograms
 
 TIMEOUT_S = 5.0
 LOAD_TIMEOUT_S = 300.0
@@ -185,3 +188,39 @@ class TritonAdmin:
     def hit_counts(self) -> dict[tuple[str, str], dict[str, float]]:
         """``hps_hits_total`` summed over processes: (model, table) -> level -> keys."""
         return hit_counts(self.metrics_url, TIMEOUT_S)
+
+    def freshness(self) -> dict[tuple[str, str], Buckets]:
+        """``hps_update_freshness_seconds`` summed over processes: (Triton model, table) ->
+        the histogram's cumulative buckets (since the serving processes started)."""
+        return freshness_histograms(self.metrics_url, TIMEOUT_S)
+
+    def hits_and_freshness(
+        self,
+    ) -> tuple[dict[tuple[str, str], dict[str, float]], dict[tuple[str, str], Buckets]]:
+        """:meth:`hit_counts` and :meth:`freshness` from one read of Triton's /metrics."""
+        text = metrics_text(self.metrics_url, TIMEOUT_S)
+        return parse_hits(text), parse_freshness(text)
+
+
+FRESHNESS = "hps_update_freshness_seconds"
+
+
+def metrics_text(metrics_url: str, timeout: float) -> str:
+    """Triton's /metrics as text; BackendUnavailable when it cannot be read."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=timeout) as resp:
+            return str(resp.read().decode())
+    except (urllib.error.URLError, OSError) as exc:
+        raise BackendUnavailable(f"Triton metrics at {metrics_url}: {exc}") from None
+
+
+def freshness_histograms(metrics_url: str, timeout: float) -> dict[tuple[str, str], Buckets]:
+    """``hps_update_freshness_seconds`` at ``metrics_url`` (Triton's /metrics), summed over
+    processes: (model, table) -> buckets; BackendUnavailable when it cannot be read."""
+    return parse_freshness(metrics_text(metrics_url, timeout))
+
+
+def parse_freshness(text: str) -> dict[tuple[str, str], Buckets]:
+    """``hps_update_freshness_seconds`` in a /metrics text, summed over processes."""
+    found = histograms(text, FRESHNESS, ("model", "table"))
+    return {(model, table): buckets for (model, table), buckets in found.items()}

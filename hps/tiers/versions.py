@@ -377,11 +377,13 @@ class VersionedRows:
         deletes: tuple[Keys, Versions],
         *,
         durable: bool,
+        first_done: Callable[[], None] | None = None,
     ) -> None:
         """Upserted rows with their versions and deleted keys with theirs (tombstones) to the
         first tier (``durable``: synced), then the rows and the deletes to the others.
 
-        The watermark is raised to cover the versions before any of them is stored."""
+        The watermark is raised to cover the versions before any of them is stored.
+        ``first_done`` is called between the first tier and the others (stage timing)."""
         up_keys, up_values, up_versions = upserts
         rm_keys, rm_versions = deletes
         self.watermarks.cover(
@@ -392,6 +394,8 @@ class VersionedRows:
             self.versions.upsert(up_keys, up_values, up_versions, durable=durable)
         if rm_keys.size:
             self.versions.delete(rm_keys, rm_versions, durable=durable)
+        if first_done is not None:
+            first_done()
         for tier in self.tiers[1:]:
             if up_keys.size:
                 tier.insert(self.spec.name, up_keys, up_values)

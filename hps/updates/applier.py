@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ from hps.errors import UnknownTableError
 from hps.rowformat import Stored
 from hps.tiers import Tiers, VersionedRows, encode_rows
 from hps.types import Keys, TableSpec, UpdateBatch, Vectors
+from hps.updates.metrics import PrometheusRecorder, Recorder
 
 log = logging.getLogger(__name__)
 
@@ -76,15 +78,20 @@ class Applier:
         volatile_models: Callable[[str], bool] = lambda m: True,
         persistent_models: Callable[[str], bool] = lambda m: True,
         listeners: Sequence[Listener] = (),
+        recorder: Recorder | None = None,
     ) -> None:
         self.listeners = list(listeners)
+        self.recorder = recorder or PrometheusRecorder()  # l3_write, l2_write, sync stages
         self._routes: dict[str, VersionedRows] = {}
+        self._first: dict[str, str] = {}  # table -> the stage its first tier's write times
         for name, spec in tables.items():
             route = tiers.versioned(
                 spec, l2=volatile_models(spec.model), l3=persistent_models(spec.model)
             )
             if route is not None:
                 self._routes[name] = route
+                first_is_l3 = route.tiers[0] is tiers.persistent
+                self._first[name] = "l3_write" if first_is_l3 else "l2_write"
 
     @property
     def tables(self) -> dict[str, TableSpec]:
@@ -126,10 +133,26 @@ class Applier:
         # Without a partition there is no watermark write to sync the batch: sync the data.
         sync = bool(keep.any()) and not bool((parts[keep] >= 0).any())
         # the first tier takes data and versions together, then the others the data
-        route.write((up_keys, up_values, versions[up]), (rm_keys, versions[rm]), durable=sync)
+        marks = [time.perf_counter()]
+        route.write(
+            (up_keys, up_values, versions[up]),
+            (rm_keys, versions[rm]),
+            durable=sync,
+            first_done=lambda: marks.append(time.perf_counter()),
+        )
+        marks.append(time.perf_counter())
         if keep.any():
             route.watermarks.advance(keys[keep], versions[keep], durable=True)
+        self._timed(spec.name, len(route.tiers), marks, time.perf_counter())
         return Applied(spec.name, up_keys, up_values, rm_keys, int((~keep).sum()))
+
+    def _timed(self, table: str, tiers: int, marks: list[float], end: float) -> None:
+        """Stage timing of one table's write: [start, first tier done, all tiers done]."""
+        start, first, done = marks
+        self.recorder.stage(self._first[table], first - start)
+        if tiers > 1:
+            self.recorder.stage("l2_write", done - first)
+        self.recorder.stage("sync", end - done)
 
 
 def _latest_per_key(

@@ -16,6 +16,11 @@ Semantics (docs/updates.md):
   uncommitted (it is redelivered on restart).
 - Every poll and every retry beats the :class:`~hps.updates.heartbeat.Heartbeat`: the
   process's liveness (``/healthz``, the heartbeat file) stops when the loop stalls.
+- Each message's publish timestamp (its Kafka timestamp) travels in the batch's ``extras``
+  (``published_ns``); the loop records the stages ``delivery``, ``batch``, ``decode`` and
+  ``applied`` (:data:`hps.updates.metrics.STAGES`) and, where the loop serves lookups itself
+  (the embedded applier, whose listeners refresh L1 inside the apply), each message's
+  freshness.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from hps.updates import codec, metrics
 from hps.updates.applier import Applier
 from hps.updates.deadletter import DeadLetters
 from hps.updates.heartbeat import Heartbeat
+from hps.updates.metrics import PrometheusRecorder, Recorder
 
 if TYPE_CHECKING:
     from confluent_kafka import Message
@@ -105,6 +111,8 @@ def decode_message(
             raise InvalidValueError(f"{spec.name}: vectors contain NaN or infinity")
         check_encodable(spec, d.values)  # beyond float16's range for a float16 table
     extras = {"partition": str(msg.partition())}
+    if ts_ns > 0:  # the publish timestamp: LogAppendTime where the topic uses it, else CreateTime
+        extras["published_ns"] = str(ts_ns)
     return UpdateBatch(spec.name, d.keys, d.values, int(d.version), d.delete, extras)
 
 
@@ -119,8 +127,12 @@ class UpdateConsumer:
         *,
         dead_letters: DeadLetters | None = None,
         heartbeat: Heartbeat | None = None,
+        recorder: Recorder | None = None,
+        serving: bool = False,
     ) -> None:
         self.source = source
+        self.recorder = recorder or PrometheusRecorder()
+        self.serving = serving  # applied means served here: record each message's freshness
         self.applier = applier
         self.tables = applier.tables
         self.settings = settings
@@ -132,6 +144,7 @@ class UpdateConsumer:
         self.failures = 0
         self._uncommitted = 0
         self._last_lag = 0.0
+        self._decode_s = 0.0  # decode time of the batch being assembled
 
     def run(self, stop: threading.Event) -> None:
         """Loop until ``stop`` is set; the current batch is finished and committed first."""
@@ -154,10 +167,12 @@ class UpdateConsumer:
         if first is None:
             self._idle()
             return 0
+        started = time.perf_counter()
+        self._decode_s = 0.0
         msgs = [first]
         updates: list[UpdateBatch] = []
         bad: list[tuple[Message, str]] = []
-        rows = self._decode(first, updates, bad)
+        rows = self._decode(first, updates, bad, time.time_ns())
         limit = self.settings.max_batch_size
         while rows < limit:
             per_msg = max(1, rows // len(msgs))  # drain about as many as still fit
@@ -165,10 +180,14 @@ class UpdateConsumer:
             if not more:
                 break
             msgs.extend(more)
+            receipt_ns = time.time_ns()
             for m in more:
-                rows += self._decode(m, updates, bad)
+                rows += self._decode(m, updates, bad, receipt_ns)
+        self.recorder.stage("batch", time.perf_counter() - started - self._decode_s)
+        self.recorder.stage("decode", self._decode_s)
         if not self._apply(updates, bad, stop):
             return 0  # stopped while a tier was down: nothing stored, redelivered later
+        self._record_applied(updates)
         self.source.store(msgs)
         self.batches += 1
         self._uncommitted += 1
@@ -178,15 +197,27 @@ class UpdateConsumer:
         return len(msgs)
 
     def _decode(
-        self, msg: Message, updates: list[UpdateBatch], bad: list[tuple[Message, str]]
+        self,
+        msg: Message,
+        updates: list[UpdateBatch],
+        bad: list[tuple[Message, str]],
+        receipt_ns: int,
     ) -> int:
+        start = time.perf_counter()
         try:
             upd = decode_message(
-                msg, self.tables, max_version_ahead_s=self.settings.hps_max_version_ahead_s
+                msg,
+                self.tables,
+                max_version_ahead_s=self.settings.hps_max_version_ahead_s,
+                receipt_ns=receipt_ns,
             )
         except (FormatError, RequestError) as exc:
             bad.append((msg, f"{type(exc).__name__}: {exc}"))
             return 0
+        finally:
+            self._decode_s += time.perf_counter() - start
+        if "published_ns" in upd.extras:
+            self.recorder.age("delivery", int(upd.extras["published_ns"]), receipt_ns)
         if upd.keys.size:
             updates.append(upd)
         return int(upd.keys.size)
@@ -222,6 +253,18 @@ class UpdateConsumer:
                 if stop.wait(delay):
                     log.warning("stopping with an unapplied batch; it will be redelivered")
                     return False
+
+    def _record_applied(self, updates: list[UpdateBatch]) -> None:
+        """Per message (not per key): publish timestamp -> L2/L3 hold it (and, in a serving
+        process's own applier, L1 too: it serves it)."""
+        now_ns = time.time_ns()
+        for upd in updates:
+            published = upd.extras.get("published_ns")
+            if published is None:
+                continue
+            self.recorder.age("applied", int(published), now_ns)
+            if self.serving:
+                self.recorder.fresh(upd.table, int(published), now_ns)
 
     def _send_dead(self, bad: list[tuple[Message, str]]) -> None:
         for msg, reason in bad:

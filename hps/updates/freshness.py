@@ -11,6 +11,10 @@ Two passes per update message (docs/updates.md, "Freshness"):
    are re-read from L2/L3. This catches a key that a concurrent lookup loaded from L2 *before*
    the update reached L2 (it missed pass 1 because it was not resident yet), and an out-of-
    order older message whose vectors pass 1 installed: L2/L3 keep the newest version.
+
+:class:`Served` records when the process serves each message (``hps_update_freshness_seconds``):
+at pass 1 when every key of the message is resident in L1 after it, else once L2/L3 hold the
+message and the process has learned so (the same ``ready`` as pass 2, without the grace).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import TYPE_CHECKING
 from hps.rowformat import Stored
 from hps.types import Keys
 from hps.updates import metrics
+from hps.updates.metrics import Recorder
 
 if TYPE_CHECKING:
     from hps.lookup import LookupSession
@@ -33,6 +38,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_GRACE_S = 0.5
 MAX_PENDING_KEYS = 1 << 22
+MAX_WAITING = 100_000  # messages whose freshness waits for L2/L3
 
 
 @dataclass
@@ -67,6 +73,11 @@ class L1Refresher:
             self.session.update_rows(table, keys, rows)
         metrics.L1_REFRESHED.labels(table).inc(keys.size)
 
+    def all_resident(self, table: str, keys: Keys) -> bool:
+        """Whether every key is in L1 (after pass 1: they are served from there)."""
+        cache = self.session.caches.get(table)
+        return cache is not None and bool(cache.resident(keys).all())
+
     def later(self, table: str, keys: Keys, token: object = None) -> None:
         """Queue pass 2 for ``keys``; it runs when ``ready(token)`` holds (see :meth:`run_due`)."""
         if not self.tracks(table) or keys.size == 0:
@@ -98,4 +109,44 @@ class L1Refresher:
             self._pending.popleft()
             self._pending_keys -= head.keys.size
             done += 1
+        return done
+
+
+class Served:
+    """Freshness of each update message in a serving process: publish timestamp -> served.
+
+    :meth:`now` for a message served at once (its keys resident in L1 after pass 1, or an
+    embedded applier that has applied it); :meth:`after` for one served once L2/L3 hold it,
+    observed by :meth:`run_ready` when ``ready(token)`` says so. One entry per message, not
+    per key; at most ``limit`` wait (the oldest go when L2/L3's writer is away for long)."""
+
+    def __init__(self, recorder: Recorder, *, limit: int = MAX_WAITING) -> None:
+        self.recorder = recorder
+        self.limit = limit
+        self._waiting: deque[tuple[str, int, object]] = deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def now(self, table: str, published_ns: int) -> None:
+        self.recorder.fresh(table, published_ns)
+
+    def after(self, table: str, published_ns: int, token: object) -> None:
+        self._waiting.append((table, published_ns, token))
+        while len(self._waiting) > self.limit:
+            self._waiting.popleft()
+
+    def run_ready(self, ready: Callable[[object], bool]) -> int:
+        """Observe every waiting message that ``ready`` now holds; returns how many."""
+        keep: deque[tuple[str, int, object]] = deque()
+        now_ns = time.time_ns()
+        done = 0
+        for table, published_ns, token in self._waiting:
+            if ready(token):
+                self.recorder.fresh(table, published_ns, now_ns)
+                done += 1
+            else:
+                keep.append((table, published_ns, token))
+        self._waiting = keep
         return done

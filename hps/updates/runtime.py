@@ -8,6 +8,11 @@ Which one a serving process runs (:func:`start_updates`):
   process opened it read-write. L1 is refreshed right after each apply.
 - **shared** (Redis, or no L2): ``hps consume`` applies to L2/L3; the serving process only
   runs a listener that refreshes its L1 (:mod:`hps.updates.freshness`).
+
+Either records into the ``recorder`` it is given (a serving process passes a
+:class:`hps.updates.metrics.BufferedRecorder` that its Triton metrics drain): the embedded
+applier its stages and each message's freshness once applied (L1 refreshed inside the
+apply), the listener each message's freshness (:class:`hps.updates.freshness.Served`).
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ from hps.updates import codec
 from hps.updates.applier import Applied, Applier, Listener, model_filter
 from hps.updates.consumer import UpdateConsumer, decode_message
 from hps.updates.deadletter import DeadLetters
-from hps.updates.freshness import L1Refresher
+from hps.updates.freshness import L1Refresher, Served
 from hps.updates.heartbeat import Heartbeat
+from hps.updates.metrics import PrometheusRecorder, Recorder
 from hps.updates.source import MessageSource
 
 if TYPE_CHECKING:
@@ -63,6 +69,7 @@ def build_applier(
     *,
     shared_only: bool,
     listeners: list[Listener] | None = None,
+    recorder: Recorder | None = None,
 ) -> Applier:
     """An Applier over the session's tiers; ``shared_only`` skips an in-process L2."""
     applier = Applier(
@@ -71,6 +78,7 @@ def build_applier(
         volatile_models=model_filter(config.volatile_db.update_filters),
         persistent_models=model_filter(config.persistent_db.update_filters),
         listeners=listeners or [],
+        recorder=recorder,
     )
     if not applier.tables:
         raise ConfigError(
@@ -166,19 +174,26 @@ class UpdateThread:
         self.thread.join(timeout_s)
 
 
-def start_background_applier(session: LookupSession, config: PSConfig) -> UpdateThread:
+def start_background_applier(
+    session: LookupSession, config: PSConfig, recorder: Recorder | None = None
+) -> UpdateThread:
     """Embedded mode: apply every update to this process's L2 (and L3 if writable) and L1."""
     _check_enabled(config)
     us = config.update_source
     refresher = L1Refresher(session)
+    recorder = recorder or PrometheusRecorder()
 
     def refresh(applied: Applied) -> None:
+        start = time.perf_counter()
         refresher.now(applied.table, applied.keys, applied.values)
         refresher.now(applied.table, applied.deleted, None)
         refresher.later(applied.table, applied.keys)
         refresher.later(applied.table, applied.deleted)
+        recorder.stage("l1_refresh", time.perf_counter() - start)
 
-    applier = build_applier(config, session, shared_only=False, listeners=[refresh])
+    applier = build_applier(
+        config, session, shared_only=False, listeners=[refresh], recorder=recorder
+    )
     source = MessageSource(
         us.brokers,
         topics_of(applier.tables),
@@ -186,7 +201,7 @@ def start_background_applier(session: LookupSession, config: PSConfig) -> Update
         group_id=f"{us.hps_group_id}-embedded-{uuid.uuid4().hex[:8]}",
         config=dict(us.hps_kafka_config),
     )
-    consumer = UpdateConsumer(source, applier, us)
+    consumer = UpdateConsumer(source, applier, us, recorder=recorder, serving=True)
 
     def body(stop: threading.Event) -> None:
         try:
@@ -203,11 +218,14 @@ def start_background_applier(session: LookupSession, config: PSConfig) -> Update
     return UpdateThread("hps-embedded-applier", body, refresher)
 
 
-def start_l1_listener(session: LookupSession, config: PSConfig) -> UpdateThread:
+def start_l1_listener(
+    session: LookupSession, config: PSConfig, recorder: Recorder | None = None
+) -> UpdateThread:
     """Shared mode: keep this process's L1 fresh from the update topics (no L2/L3 writes)."""
     _check_enabled(config)
     us = config.update_source
     refresher = L1Refresher(session)
+    served = Served(recorder or PrometheusRecorder())
     tables = {name: spec for name, spec in session.tables.items() if refresher.tracks(name)}
     # The service's group id lets ``committed`` read how far hps consume has applied.
     source = MessageSource(
@@ -225,12 +243,14 @@ def start_l1_listener(session: LookupSession, config: PSConfig) -> UpdateThread:
                 msg = source.poll(LISTENER_POLL_S)
                 msgs = [msg, *source.drain(255)] if msg is not None else []
                 for m in msgs:
-                    _refresh_from(m, tables, refresher, us.hps_max_version_ahead_s)
+                    _refresh_from(m, tables, refresher, us.hps_max_version_ahead_s, served)
                 now = time.monotonic()
-                if refresher.pending and now - last_check >= COMMITTED_CHECK_S:
+                if (refresher.pending or served.waiting) and now - last_check >= COMMITTED_CHECK_S:
                     last_check = now
                     try:
-                        refresher.run_due(_applied_by_group(source.committed()))
+                        ready = _applied_by_group(source.committed())
+                        served.run_ready(ready)
+                        refresher.run_due(ready)
                     except HPSError as exc:  # broker or L2 away: pass 2 waits, pass 1 goes on
                         log.warning("L1 listener: %s; retrying", exc)
         finally:
@@ -250,7 +270,11 @@ def _applied_by_group(committed: dict[tuple[str, int], int]) -> Callable[[Any], 
 
 
 def _refresh_from(
-    msg: Any, tables: Mapping[str, TableSpec], refresher: L1Refresher, ahead_s: float
+    msg: Any,
+    tables: Mapping[str, TableSpec],
+    refresher: L1Refresher,
+    ahead_s: float,
+    served: Served | None = None,
 ) -> None:
     try:
         upd = decode_message(msg, tables, max_version_ahead_s=ahead_s)
@@ -259,16 +283,28 @@ def _refresh_from(
         return
     rows = None if upd.delete or upd.values is None else encode_rows(tables[upd.table], upd.values)
     refresher.now(upd.table, upd.keys, rows)
-    refresher.later(upd.table, upd.keys, (msg.topic(), msg.partition(), msg.offset()))
+    token = (msg.topic(), msg.partition(), msg.offset())
+    refresher.later(upd.table, upd.keys, token)
+    published = upd.extras.get("published_ns")
+    if served is None or published is None or not upd.keys.size:
+        return
+    if rows is not None and refresher.all_resident(upd.table, upd.keys):
+        served.now(upd.table, int(published))  # served from L1 from now on
+    else:  # some key is read from L2/L3: served once hps consume has applied it
+        served.after(upd.table, int(published), token)
 
 
-def start_updates(session: LookupSession, config: PSConfig) -> UpdateThread | None:
-    """What a serving process calls: the embedded applier or the L1 listener (or nothing)."""
+def start_updates(
+    session: LookupSession, config: PSConfig, recorder: Recorder | None = None
+) -> UpdateThread | None:
+    """What a serving process calls: the embedded applier or the L1 listener (or nothing).
+
+    ``recorder`` takes the stage timings and each update's freshness in this process."""
     updates = topology(config).updates
     if updates == "none":
         return None
     if updates == "embedded":
-        return start_background_applier(session, config)
+        return start_background_applier(session, config, recorder)
     if not session.caches:
         return None
-    return start_l1_listener(session, config)
+    return start_l1_listener(session, config, recorder)

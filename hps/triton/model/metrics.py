@@ -17,6 +17,12 @@ crashed the server. Sum over ``process`` for a model's totals. Families:
   (l1, l2, l3, default); ``hps_hit_rate{table,level}``: their share since the process
   started
 - ``hps_lookup_latency_us``: a histogram of the time a request spends in HPS.
+- ``hps_update_freshness_seconds{table}``: a histogram, per Kafka update message, of the time
+  from its publish timestamp to the moment this process serves it (docs/updates.md,
+  "Freshness in production"); ``hps_update_stage_seconds{stage}``: the stages of an embedded
+  applier; ``hps_update_clock_skew_total{where}``: ages clamped to 0 (the publishing clock
+  ran ahead). Observed by the update thread into a
+  :class:`hps.updates.metrics.BufferedRecorder` and sent from here.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from hps.lookup import LEVELS
+from hps.updates.metrics import BUCKETS, BufferedRecorder
 
 LATENCY_BUCKETS_US = [100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000]
 
@@ -40,16 +47,39 @@ FAMILIES = {
     "hits": ("hps_hits_total", "COUNTER", "Unique keys of lookups by the level answering"),
     "rate": ("hps_hit_rate", "GAUGE", "Share of unique keys answered by level"),
     "latency": ("hps_lookup_latency_us", "HISTOGRAM", "Time a request spends in HPS"),
+    "fresh": (
+        "hps_update_freshness_seconds",
+        "HISTOGRAM",
+        "Publish timestamp of an update to the moment this process serves it",
+    ),
+    "stage": (
+        "hps_update_stage_seconds",
+        "HISTOGRAM",
+        "Time an update spends in each stage of this process's applier",
+    ),
+    "skew": (
+        "hps_update_clock_skew_total",
+        "COUNTER",
+        "Update ages that came out negative (the publishing clock ahead) and were clamped to 0",
+    ),
 }
+BUCKETS_OF = {"latency": LATENCY_BUCKETS_US, "fresh": list(BUCKETS), "stage": list(BUCKETS)}
 
 
 class MetricsExporter:
     """Sends the deltas of a session's counters to Triton's metric families."""
 
     def __init__(
-        self, pb_utils: Any, model: str, instance: str, session: Any, interval: float = 1.0
+        self,
+        pb_utils: Any,
+        model: str,
+        instance: str,
+        session: Any,
+        interval: float = 1.0,
+        updates: BufferedRecorder | None = None,
     ) -> None:
         self.session = session
+        self.updates = updates  # what the update thread observed since the last flush
         self.labels = {"model": model, "process": f"{instance}:{os.getpid()}"}
         self.interval = interval
         fam = pb_utils.MetricFamily
@@ -69,7 +99,8 @@ class MetricsExporter:
         metric = self._metrics.get(key)
         if metric is None:
             fam = self._families[family]
-            kw = {"buckets": LATENCY_BUCKETS_US} if family == "latency" else {}
+            buckets = BUCKETS_OF.get(family)
+            kw = {"buckets": buckets} if buckets is not None else {}
             metric = self._metrics[key] = fam.Metric(labels={**self.labels, **labels}, **kw)
         return metric
 
@@ -99,6 +130,8 @@ class MetricsExporter:
             for us in (np.asarray(self._latencies) * 1e6).tolist():
                 hist.observe(us)
             self._latencies.clear()
+        if self.updates is not None:
+            self._flush_updates(self.updates)
         for table, counts in self.session.stats()["tables"].items():
             last = self._last.get(table, {})
             short = table.split(".", 1)[1]
@@ -113,6 +146,15 @@ class MetricsExporter:
                 for level in LEVELS:
                     self._metric("rate", table=short, level=level).set(counts[level] / unique)
             self._last[table] = dict(counts)
+
+    def _flush_updates(self, updates: BufferedRecorder) -> None:
+        data = updates.drain()
+        for table, seconds in data.fresh:
+            self._metric("fresh", table=table.split(".", 1)[-1]).observe(seconds)
+        for stage, seconds in data.stages:
+            self._metric("stage", stage=stage).observe(seconds)
+        for where, n in data.skew.items():
+            self._metric("skew", where=where).increment(n)
 
     def close(self) -> None:
         # Metrics must go before their families (the stub refuses the other order).

@@ -183,10 +183,13 @@ class ModelProcess:
             )
             self.journal.start()
         self.updates = None
+        update_timings = None
         if self.config.update_source.enabled:  # Kafka: the embedded applier or an L1 listener
+            from hps.updates.metrics import BufferedRecorder
             from hps.updates.runtime import start_updates
 
-            self.updates = start_updates(self.session, self.config)
+            update_timings = BufferedRecorder()  # drained into /metrics by self.metrics
+            self.updates = start_updates(self.session, self.config, update_timings)
         # A node's shared-memory L2 removed or replaced: follow it, refill, re-read L1.
         self.l2_watch = watch_shared_l2(self.session, self.config, role="serving")
         if self.l2_watch is not None:
@@ -195,7 +198,12 @@ class ModelProcess:
                 self.journal.report(self.l2_problem)
         interval = float(params.get("metrics_interval_s") or 1.0)
         self.metrics = MetricsExporter(
-            pb_utils, args["model_name"], args["model_instance_name"], self.session, interval
+            pb_utils,
+            args["model_name"],
+            args["model_instance_name"],
+            self.session,
+            interval,
+            updates=update_timings,
         )
 
     def answer(self, requests: list[Any], compute: Callable[[Any], np.ndarray]) -> list[Any]:

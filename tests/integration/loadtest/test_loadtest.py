@@ -73,6 +73,13 @@ def test_short_mixed_run_meets_the_ci_thresholds(
     assert rep["verdict"]["passed"] and rep["verdict"]["stages"][0]["requests"] > 0
     assert (report / "report.html").stat().st_size > 10_000
     assert json.loads((report / "ps.json").read_text())["update_source"]["brokers"]
+    # Freshness from the probes and from the serving processes' metric, both reported.
+    fresh = rep["freshness"]
+    assert fresh.probes is not None and fresh.probes.count > 0, fresh
+    assert fresh.metric is not None and fresh.metric.count > 0, fresh
+    assert fresh.metric.p50_ms is not None and fresh.metric.p99_ms is not None
+    line = next(x for x in out.splitlines() if x.startswith("freshness: "))
+    assert "probes p50" in line and "hps_update_freshness_seconds p50" in line, line
 
 
 @pytest.fixture(scope="module")

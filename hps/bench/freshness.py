@@ -1,0 +1,118 @@
+"""Freshness under read load: ``hps loadtest`` twice on one ps.json, read-only then with updates.
+
+Run 1: ``--updates 0`` (reads only, the freshness probe still running when the ps.json has
+Kafka); run 2: ``--updates ROWS_PER_S``; both ``--readers`` readers for ``--run-time`` s with
+the same mix and shape, each on a stack of its own that ``hps loadtest`` starts and stops.
+One JSON line: freshness p50/p99 from the probes (``kafka freshness``: ``publish()`` to the
+first lookup returning the new vectors) and from the serving processes'
+``hps_update_freshness_seconds``; the readers' throughput and p99 with updates, without,
+and their ratios (``read_rps_ratio`` >= 0.9 and ``read_p99_ratio`` <= 1.2 are issue 23's
+goals); failures and the exit codes of both runs. Reports stay in ``--report-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from hps.types import JSON
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default="demo/ps.json", help="ps.json (default: the demo)")
+    parser.add_argument("--readers", type=int, default=8, help="reader users")
+    parser.add_argument("--updates", type=float, default=2000.0, help="update rows per second")
+    parser.add_argument("--run-time", type=int, default=60, help="seconds per run")
+    parser.add_argument("--mix", default="", help="reader mix (hps loadtest --mix)")
+    parser.add_argument("--l2", default="", help="hps loadtest --l2")
+    parser.add_argument("--instances", type=int, default=0, help="hps loadtest --instances")
+    parser.add_argument("--report-dir", default="", help="folder of both runs' reports")
+
+
+def loadtest_command(args: argparse.Namespace, updates: float, report: Path) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "hps.cli", "loadtest", "--config", args.config,
+        "--users", str(args.readers), "--spawn-rate", str(args.readers),
+        "--run-time", str(args.run_time), "--updates", f"{updates:g}",
+        "--report-dir", str(report), "--threshold", "*:max_fail_ratio=0",
+    ]  # fmt: skip
+    for flag, value in (("--mix", args.mix), ("--l2", args.l2)):
+        if value:
+            cmd += [flag, value]
+    if args.instances:
+        cmd += ["--instances", str(args.instances)]
+    return cmd
+
+
+def reads(report: Path) -> dict[str, float]:
+    """The readers' throughput and latency of a run (its one steady stage)."""
+    from hps.loadtest.summary import read_report
+
+    stages = read_report(report)["verdict"].get("stages") or []
+    if not stages:
+        return {"rps": 0.0, "p50_ms": 0.0, "p99_ms": 0.0, "failures": 0.0}
+    s = stages[-1]
+    return {k: float(s[k]) for k in ("rps", "p50_ms", "p99_ms", "failures")}
+
+
+def run(args: argparse.Namespace) -> Iterator[JSON]:
+    from hps.loadtest.summary import read_report
+
+    base = Path(args.report_dir or tempfile.mkdtemp(prefix="hps-bench-freshness-"))
+    base.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    results = {}
+    for label, rate in (("read_only", 0.0), ("updates", float(args.updates))):
+        report = base / f"{stamp}-{label}"
+        with open(base / f"{stamp}-{label}.out", "wb") as out:
+            code = subprocess.run(
+                loadtest_command(args, rate, report), stdout=out, stderr=subprocess.STDOUT
+            ).returncode
+        results[label] = (code, report)
+    (ro_code, ro_report), (up_code, up_report) = results["read_only"], results["updates"]
+    ro, up = reads(ro_report), reads(up_report)
+    fresh = read_report(up_report)["freshness"]
+    probes, metric = fresh.probes, fresh.metric
+    yield {
+        "bench": "freshness",
+        "config": args.config,
+        "readers": args.readers,
+        "update_rows_per_s": args.updates,
+        "run_time_s": args.run_time,
+        "freshness_p50_ms": probes.p50_ms if probes else None,
+        "freshness_p99_ms": probes.p99_ms if probes else None,
+        "probes": probes.count if probes else 0,
+        "metric_freshness_p50_ms": metric.p50_ms if metric else None,
+        "metric_freshness_p99_ms": metric.p99_ms if metric else None,
+        "metric_messages": metric.count if metric else 0,
+        "metric_vs_probes_p50": fresh.ratio("p50_ms"),
+        "metric_vs_probes_p99": fresh.ratio("p99_ms"),
+        "read_rps": up["rps"],
+        "read_p99_ms": up["p99_ms"],
+        "read_only_rps": ro["rps"],
+        "read_only_p99_ms": ro["p99_ms"],
+        "read_rps_ratio": round(up["rps"] / ro["rps"], 3) if ro["rps"] else None,
+        "read_p99_ratio": round(up["p99_ms"] / ro["p99_ms"], 3) if ro["p99_ms"] else None,
+        "read_failures": int(up["failures"] + ro["failures"]),
+        "exit_codes": [ro_code, up_code],
+        "stages": _stages(up_report),
+        "reports": [str(ro_report), str(up_report)],
+    }
+
+
+def _stages(report: Path) -> dict[str, object]:
+    """The run's stage figures where the serving processes apply updates themselves."""
+    import json
+
+    from hps.loadtest.freshness import REPORT
+
+    path = report / REPORT
+    if not path.exists():
+        return {}
+    stages = json.loads(path.read_text()).get("stages")
+    return stages if isinstance(stages, dict) else {}

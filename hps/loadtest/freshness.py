@@ -1,0 +1,165 @@
+"""Freshness as the serving processes measure it, beside the probes' figure.
+
+The probes (:class:`hps.loadtest.users.kafka.Prober`) time ``publish()`` to the first lookup
+that returns the new vectors: ``kafka freshness`` in Locust's statistics. The serving
+processes export ``hps_update_freshness_seconds`` (every update message, bulk ones too, from
+its publish timestamp to the moment the process serves it; docs/updates.md). ``hps loadtest``
+reads that histogram from Triton's /metrics before and after the run
+(:func:`snapshot`), keeps the run's observations (:func:`window`) and writes both figures to
+``freshness.json`` in the report folder (with the run's ``hps_update_stage_seconds`` per
+stage where the serving processes apply updates themselves: :func:`stage_windows`); the
+summary prints both figures side by side.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hps.errors import HPSError
+from hps.types import JSON
+from hps.updates.metrics import Buckets, histograms, merged, subtract, summary
+
+REPORT = "freshness.json"
+TIMEOUT_S = 5.0
+
+Snapshot = dict[tuple[str, str, str], Buckets]
+"""(family, Triton model, table or stage) -> buckets; family ``fresh`` or ``stage``."""
+
+
+def snapshot(metrics_url: str) -> Snapshot | str:
+    """``hps_update_freshness_seconds`` per (model, table) and ``hps_update_stage_seconds``
+    per (model, stage) from Triton's /metrics (summed over processes), or why not read."""
+    from hps.service.triton_admin import metrics_text
+
+    try:
+        text = metrics_text(metrics_url, TIMEOUT_S)
+    except HPSError as exc:
+        return str(exc)
+    out: Snapshot = {}
+    for family, name, label in (
+        ("fresh", "hps_update_freshness_seconds", "table"),
+        ("stage", "hps_update_stage_seconds", "stage"),
+    ):
+        for (model, value), buckets in histograms(text, name, ("model", label)).items():
+            out[(family, model, value)] = buckets
+    return out
+
+
+@dataclass(frozen=True)
+class Figure:
+    """Freshness over a run: how many updates (probes or messages), p50 and p99 in ms."""
+
+    count: int = 0
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    error: str | None = None  # why the figure could not be read
+
+    @classmethod
+    def of(cls, doc: object) -> Figure | None:
+        if not isinstance(doc, dict):
+            return None
+        return cls(**{k: v for k, v in doc.items() if k in FIELDS})
+
+
+FIELDS = ("count", "p50_ms", "p99_ms", "error")
+
+
+def window(before: Snapshot | str, after: Snapshot | str, model: str) -> Figure:
+    """The freshness of ``model`` (and ``<model>_ctr``) observed between two snapshots."""
+    if isinstance(after, str):
+        return Figure(error=after)
+    return _figure(_run(before, after, model, "fresh").values())
+
+
+def stage_windows(before: Snapshot | str, after: Snapshot | str, model: str) -> dict[str, Figure]:
+    """Per stage of the serving processes' own appliers (the embedded applier), between two
+    snapshots: what the run's updates spent where."""
+    if isinstance(after, str):
+        return {}
+    run = _run(before, after, model, "stage")
+    return {stage: _figure([b]) for stage, b in sorted(run.items())}
+
+
+def _run(before: Snapshot | str, after: Snapshot, model: str, family: str) -> dict[str, Buckets]:
+    prior = before if isinstance(before, dict) else {}
+    served = (model, f"{model}_ctr")
+    by_label: dict[str, list[Buckets]] = {}
+    for key, b in after.items():
+        if key[0] == family and key[1] in served:
+            by_label.setdefault(key[2], []).append(subtract(b, prior.get(key, [])))
+    return {label: merged(parts) for label, parts in by_label.items()}
+
+
+def _figure(parts: Iterable[Buckets]) -> Figure:
+    s = summary(merged(parts))
+    return Figure(int(s["count"] or 0), _ms(s["p50_s"]), _ms(s["p99_s"]))
+
+
+def _ms(seconds: float | int | None) -> float | None:
+    return None if seconds is None else round(float(seconds) * 1000.0, 1)
+
+
+def probes(types: dict[str, dict[str, float]]) -> Figure | None:
+    """The probes' figure from Locust's statistics (``read_report(...)["types"]``)."""
+    t = types.get("kafka freshness")
+    if not t or not t["requests"]:
+        return None
+    return Figure(int(t["requests"]), t["p50_ms"], t["p99_ms"])
+
+
+def write(report_dir: Path, metric: Figure, stages: dict[str, Figure] | None = None) -> None:
+    doc = {"metric": asdict(metric), "stages": {k: asdict(f) for k, f in (stages or {}).items()}}
+    (report_dir / REPORT).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def read(report_dir: Path) -> Figure | None:
+    """The metric's figure of a run (None when the run read none)."""
+    path = report_dir / REPORT
+    if not path.exists():
+        return None
+    return Figure.of(json.loads(path.read_text()).get("metric"))
+
+
+@dataclass(frozen=True)
+class Figures:
+    """Both figures of a run; ``ratio``: the metric's p50 and p99 over the probes'."""
+
+    probes: Figure | None
+    metric: Figure | None
+
+    def ratio(self, q: str) -> float | None:
+        a = getattr(self.metric, q) if self.metric else None
+        b = getattr(self.probes, q) if self.probes else None
+        return round(a / b, 3) if a is not None and b else None
+
+    def as_json(self) -> JSON:
+        return {
+            "probes": asdict(self.probes) if self.probes else None,
+            "metric": asdict(self.metric) if self.metric else None,
+            "metric_vs_probes_p50": self.ratio("p50_ms"),
+            "metric_vs_probes_p99": self.ratio("p99_ms"),
+        }
+
+    def line(self) -> str | None:
+        """One summary line, or None when neither figure exists."""
+        probe, metric = self.probes, self.metric
+        if probe is None and metric is None:
+            return None
+        parts = []
+        if probe is not None:
+            parts.append(f"probes p50 {probe.p50_ms or 0:.0f} ms p99 {probe.p99_ms or 0:.0f} ms "
+                         f"({probe.count} probes)")  # fmt: skip
+        if metric is not None and metric.error:
+            parts.append(f"hps_update_freshness_seconds unread: {metric.error}")
+        elif metric is not None and metric.count:
+            parts.append(f"hps_update_freshness_seconds p50 {metric.p50_ms or 0:.0f} ms p99 "
+                         f"{metric.p99_ms or 0:.0f} ms ({metric.count} messages)")  # fmt: skip
+        elif metric is not None:
+            parts.append("hps_update_freshness_seconds: no update served during the run")
+        p50, p99 = self.ratio("p50_ms"), self.ratio("p99_ms")
+        if p50 is not None and p99 is not None:
+            parts.append(f"metric/probes p50 x{p50:.2f} p99 x{p99:.2f}")
+        return "freshness: " + "; ".join(parts)

@@ -1,0 +1,34 @@
+"""``hps bench freshness``: the two load-test runs it starts and what it reads back."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from hps.bench import BENCHES
+from hps.bench.freshness import add_arguments, loadtest_command, reads
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_registered_and_both_runs_differ_only_in_updates(tmp_path: Path) -> None:
+    assert BENCHES["freshness"] == "hps.bench.freshness"
+    args = _args("--config", "d/ps.json", "--readers", "8", "--run-time", "30", "--l2", "redis")
+    ro = loadtest_command(args, 0.0, tmp_path / "a")
+    up = loadtest_command(args, 2000.0, tmp_path / "a")
+    assert ro[ro.index("--updates") + 1] == "0" and up[up.index("--updates") + 1] == "2000"
+    assert [x for x in ro if x != "0"] == [x for x in up if x != "2000"]
+    for flag, value in (("--users", "8"), ("--run-time", "30"), ("--l2", "redis")):
+        assert ro[ro.index(flag) + 1] == value
+
+
+def test_reads_come_from_the_runs_stage(tmp_path: Path) -> None:
+    stage = {"rps": 40.5, "p50_ms": 90.0, "p99_ms": 300.0, "failures": 0, "requests": 9}
+    (tmp_path / "verdict.json").write_text(json.dumps({"stages": [stage]}))
+    assert reads(tmp_path) == {"rps": 40.5, "p50_ms": 90.0, "p99_ms": 300.0, "failures": 0.0}
+    assert reads(tmp_path / "missing")["rps"] == 0.0
