@@ -63,6 +63,7 @@ STAGES: dict[str, str] = {
     "l2_write": "the batch's rows written to L2 (per table and batch)",
     "sync": "the synced watermark write that makes the batch durable (per table and batch)",
     "l1_refresh": "resident L1 rows refreshed from the batch (embedded applier; per batch)",
+    "l1_reread": "pass 2: resident L1 rows re-read from L2/L3 (serving processes; per pass)",
     "applied": "publish timestamp -> L2/L3 hold the message's rows (per message)",
 }
 """What each ``stage`` label of ``hps_update_stage_seconds`` times."""

@@ -208,7 +208,7 @@ def start_background_applier(
             while not stop.is_set():
                 try:
                     consumer.run_once(stop)
-                    refresher.run_due()
+                    _timed_pass2(recorder, refresher)
                 except HPSError as exc:  # a broker or tier hiccup must not end serving updates
                     log.warning("embedded applier: %s; retrying", exc)
                     stop.wait(RETRY_S)
@@ -250,13 +250,25 @@ def start_l1_listener(
                     try:
                         ready = _applied_by_group(source.committed())
                         served.run_ready(ready)
-                        refresher.run_due(ready)
+                        _timed_pass2(served.recorder, refresher, ready)
                     except HPSError as exc:  # broker or L2 away: pass 2 waits, pass 1 goes on
                         log.warning("L1 listener: %s; retrying", exc)
         finally:
             source.close()
 
     return UpdateThread("hps-l1-listener", body, refresher)
+
+
+def _timed_pass2(
+    recorder: Recorder,
+    refresher: L1Refresher,
+    ready: Callable[[object], bool] = lambda token: True,
+) -> None:
+    """Pass 2 of the L1 refresh, timed (stage ``l1_reread``) when it re-read something: it
+    runs in the update thread, between polls."""
+    start = time.perf_counter()
+    if refresher.run_due(ready):
+        recorder.stage("l1_reread", time.perf_counter() - start)
 
 
 def _applied_by_group(committed: dict[tuple[str, int], int]) -> Callable[[Any], bool]:

@@ -38,6 +38,10 @@ from tests.integration.service.conftest import TOKEN
 pytestmark = pytest.mark.integration
 
 ROWS, DIM = 300, 8
+EMBEDDED_STAGES = (
+    "delivery", "batch", "decode", "l3_write", "l2_write", "sync", "l1_refresh", "l1_reread",
+    "applied",
+)  # fmt: skip
 
 
 def _doc(root: Path, model: str, brokers: str, shared: bool) -> dict[str, object]:
@@ -139,9 +143,13 @@ def test_freshness_is_exported_and_reported(
             if shared:  # hps consume's own stage histograms (this process's registry)
                 wait_for(lambda: _stage_count("applied") >= applied_before + 3, 30, "stages")
             else:  # the embedded applier's stages travel through Triton's /metrics
-                text = _metrics_text(server.metrics_url)
-                for stage in ("delivery", "decode", "l3_write", "l2_write", "sync", "applied"):
-                    assert f'stage="{stage}"' in text, stage
+
+                def staged() -> bool:
+                    client.lookup(model, keys[:8], [8])
+                    text = _metrics_text(server.metrics_url)
+                    return all(f'stage="{stage}"' in text for stage in EMBEDDED_STAGES)
+
+                wait_for(staged, 30, "every stage of the embedded applier in /metrics")
             with TestClient(create_app(state)) as admin:
                 admin.headers["Authorization"] = f"Bearer {TOKEN}"
                 r = admin.get(f"/v1/models/{model}/tables/u")
