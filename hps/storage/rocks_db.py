@@ -39,7 +39,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from typing import cast
 
@@ -52,6 +51,7 @@ from hps.rowformat import FORMATS, RowFormat, Stored
 from hps.storage import rocks_rows
 from hps.storage.base import LEGACY_FORMAT, AccessMode, EmbeddingStore, check_rows, refused
 from hps.storage.keybytes import key_bytes
+from hps.tempdirs import owned_tempdir
 from hps.types import Keys, Mask, TableSpec
 from hps.validate import table_or_raise
 
@@ -83,7 +83,7 @@ def _read_only_view(path: str) -> str:
     (RocksDB reads through the links; the config is a copy rocksdict may rewrite). The
     files are those of the moment it opens: right for a folder nothing writes.
     """
-    view = tempfile.mkdtemp(prefix="hps-rocks-view-")
+    view = str(owned_tempdir("hps-rocks-view-"))
     for name in os.listdir(path):
         src = os.path.join(path, name)
         if name == "rocksdict-config.json":
@@ -181,7 +181,7 @@ class RocksDBStore(EmbeddingStore):
         if mode == "read_only":
             access = rd.AccessType.read_only(error_if_log_file_exist=False)  # a WAL: replayed
         elif mode == "secondary":
-            self._secondary_dir = tempfile.mkdtemp(prefix="hps-rocks-secondary-")
+            self._secondary_dir = str(owned_tempdir("hps-rocks-secondary-"))
             access = rd.AccessType.secondary(self._secondary_dir)
         if mode != "read_write" and not os.path.exists(os.path.join(path, "CURRENT")):
             raise BackendError(f"rocks_db: no database at {path!r} to open {mode}; run hps import")

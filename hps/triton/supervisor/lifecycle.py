@@ -30,12 +30,11 @@ from pathlib import Path
 from typing import IO
 
 from hps.errors import ConfigError
+from hps.tempdirs import TEMP_PREFIXES, owner
 
 log = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
-OWNER_FILE = "hps-owner.pid"
-TEMP_PREFIXES = ("hps-triton-", "hps-repo-")
 _SHM_NAME = re.compile(r"^hpspb_(\d+)_[0-9a-f]+_")
 _PR_SET_PDEATHSIG = 1
 
@@ -105,20 +104,6 @@ def regions(prefix: str) -> list[Path]:
     return sorted(SHM_DIR.glob(prefix + "*")) if SHM_DIR.is_dir() else []
 
 
-def owned_tempdir(prefix: str) -> Path:
-    """A new temporary folder marked with this process's PID (see :func:`clean_stale`)."""
-    path = Path(tempfile.mkdtemp(prefix=prefix))
-    (path / OWNER_FILE).write_text(str(os.getpid()))
-    return path
-
-
-def _owner(path: Path) -> int | None:
-    try:
-        return int((path / OWNER_FILE).read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
 def clean_stale(tmp: str | Path | None = None) -> list[Path]:
     """Remove the regions and temporary folders of dead HPS servers; what was removed."""
     removed: list[Path] = []
@@ -136,7 +121,7 @@ def clean_stale(tmp: str | Path | None = None) -> list[Path]:
     root = Path(tmp or tempfile.gettempdir())
     for prefix in TEMP_PREFIXES:
         for folder in root.glob(prefix + "*"):
-            pid = _owner(folder)
+            pid = owner(folder)
             if folder.is_dir() and pid is not None and not pid_alive(pid):
                 shutil.rmtree(folder, ignore_errors=True)
                 removed.append(folder)

@@ -23,11 +23,12 @@ from pathlib import Path
 
 from hps.config import PSConfig
 from hps.errors import HPSError
+from hps.tempdirs import owned_tempdir
 from hps.triton.admin_key import ensure_key
 from hps.triton.repository import prepare_repository, served_models
 from hps.triton.serving import prepare_tables, serving_config
 from hps.triton.supervisor.gate import BodyLimit, find_nginx
-from hps.triton.supervisor.lifecycle import check_ports, clean_stale, owned_tempdir
+from hps.triton.supervisor.lifecycle import check_ports, clean_stale
 from hps.triton.supervisor.output import TritonOutput
 from hps.triton.supervisor.server import TritonServer
 from hps.triton.supervisor.watchdog import Watchdog, probe_inputs

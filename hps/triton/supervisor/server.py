@@ -21,12 +21,12 @@ from pathlib import Path
 from hps.errors import BackendUnavailable, HPSError
 from hps.net import free_port
 from hps.redact import redact_args, register
+from hps.tempdirs import owned_tempdir
 from hps.triton.admin_key import restricted_args
 from hps.triton.client import ModelControl
 from hps.triton.supervisor.gate import BodyLimit, RequestGate
 from hps.triton.supervisor.install import TritonInstall, find_triton, prepare_backends, server_env
 from hps.triton.supervisor.lifecycle import (
-    owned_tempdir,
     reap_group,
     regions,
     shm_prefix,

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from hps.errors import ConfigError
+from hps.tempdirs import OWNER_FILE
 from hps.triton.supervisor import lifecycle
 
 
@@ -28,10 +29,10 @@ def test_clean_stale_removes_what_dead_owners_left(tmp_path: Path) -> None:
         region.write_bytes(b"\0" * 16)
     old = tmp_path / "hps-repo-old"
     old.mkdir()
-    (old / lifecycle.OWNER_FILE).write_text(str(dead))
+    (old / OWNER_FILE).write_text(str(dead))
     mine = tmp_path / "hps-triton-mine"
     mine.mkdir()
-    (mine / lifecycle.OWNER_FILE).write_text(str(os.getpid()))
+    (mine / OWNER_FILE).write_text(str(os.getpid()))
     unmarked = tmp_path / "hps-repo-unmarked"
     unmarked.mkdir()
     try:
