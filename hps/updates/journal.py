@@ -1,14 +1,13 @@
-"""A node's change journal: how control-plane writes reach every serving instance without a
-reload (docs/control-plane.md, "How writes reach the serving processes").
+"""A node's change journal, the folder and its writer side: how control-plane writes reach
+every serving instance without a reload (docs/control-plane.md, "How writes reach the
+serving processes").
 
 Triton routes one request to one instance, so an inference call cannot broadcast; and a
 reload replaces every instance (and leaks tritonserver memory). Instead, the control plane
 writes L2/L3 and then appends an entry here: which keys of which table changed (``upsert``,
 ``delete``) or should be loaded into L1 (``warmup``). Every serving process of the node
-tails the journal (:class:`JournalFollower`, every :data:`POLL_S`) and does what a Kafka
-update does to it: a secondary L3 catches up, an L2 of its own forgets the keys, resident
-L1 rows are re-read (upserts) or evicted (deletes), with a second re-read ``grace_s`` later
-(:class:`hps.updates.freshness.L1Refresher`); warm-up keys are loaded into L1.
+tails the journal every :data:`POLL_S` and applies the entries as a Kafka update would
+(:class:`hps.updates.journal_follower.JournalFollower`).
 
 Layout, in a folder beside the node's state (:func:`journal_dir`: ``<state>.hps-journal``,
 the import lock's neighbour):
@@ -19,9 +18,10 @@ the import lock's neighbour):
   every key of the table);
 - ``readers/<id>.json``: each follower's cursor (generation, last applied seq, model),
   heartbeat and ``problem`` (why the process cannot serve right now, e.g. its shared L2
-  being refilled: :meth:`JournalFollower.report`; ``null`` when none), rewritten at least
-  every :data:`HEARTBEAT_S` and at once when the problem changes. The control plane's
-  ``/readyz`` reads them (:mod:`hps.service.health`, check ``instances``).
+  being refilled: :meth:`hps.updates.journal_follower.JournalFollower.report`; ``null``
+  when none), rewritten at least every :data:`HEARTBEAT_S` and at once when the problem
+  changes. The control plane's ``/readyz`` reads them (:mod:`hps.service.health`, check
+  ``instances``).
 
 Appends hold ``lock`` (flock). Bounded: an append removes the entries every live follower
 has applied, then the oldest beyond :data:`MAX_ENTRIES` / :data:`MAX_BYTES` whether read or
@@ -40,20 +40,16 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 
 from hps.errors import HPSError
 from hps.types import Keys
-
-if TYPE_CHECKING:
-    from hps.lookup import LookupSession
-    from hps.updates.freshness import L1Refresher
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +63,6 @@ KEEP_S = 600.0  # ... and older than this it holds no entry back from removal
 MAX_ENTRIES = 256
 MAX_BYTES = 256 << 20
 MAX_ENTRY_KEYS = 1 << 22  # larger imports are journalled as "every key of the table"
-WARMUP_CHUNK = 1 << 16
 _ENTRY = re.compile(r"^(\d{12})\.json$")
 
 
@@ -270,163 +265,3 @@ class Journal:
 
     def remove_cursor(self, reader: str) -> None:
         (self.readers_dir / f"{reader}.json").unlink(missing_ok=True)
-
-
-class JournalFollower:
-    """One serving process's view of the journal: applies new entries to its session.
-
-    Create it *before* the session is built (it starts at the journal's head then, so
-    nothing written while the process starts is missed); :meth:`attach` the session, then
-    :meth:`start` the thread (or call :meth:`poll` yourself).
-    """
-
-    def __init__(self, journal: Journal, reader: str, model: str) -> None:
-        self.journal = journal
-        self.reader = re.sub(r"[^A-Za-z0-9_.-]", "_", reader)
-        self.model = model
-        self.generation, self.seq = journal.head()
-        self.resyncs = 0
-        self.applied = 0
-        self._session: LookupSession | None = None
-        self._refresher: L1Refresher | None = None
-        self._own_l2 = False
-        self._clear_l2 = False
-        self._l2_share = 1.0
-        self._beat = 0.0
-        self._problem_of: Callable[[], str | None] | None = None
-        self._problem: str | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._heartbeat()
-
-    def attach(
-        self, session: LookupSession, *, own_l2: bool, shared_backfill: bool, l2_share: float = 1.0
-    ) -> None:
-        """``own_l2``: the session's L2 lives in this process (nobody else updates it);
-        ``shared_backfill``: the session backfills a shared L2 from L3 (it then removes the
-        changed keys from it once its L3 has caught up, undoing a stale backfill)."""
-        from hps.updates.freshness import L1Refresher
-
-        self._session = session
-        self._refresher = L1Refresher(session)
-        tiers = session.tiers
-        self._own_l2 = own_l2 and tiers.volatile is not None and tiers.persistent is not None
-        self._clear_l2 = self._own_l2 or (shared_backfill and session.tiers.volatile is not None)
-        self._l2_share = l2_share
-
-    def report(self, problem: Callable[[], str | None]) -> None:
-        """Carry ``problem()`` (None: the process can serve) in this follower's heartbeat,
-        asked on every poll; a change is written at once (``/readyz`` reads it)."""
-        self._problem_of = problem
-        self._heartbeat()
-
-    def _heartbeat(self, force: bool = True) -> None:
-        now = time.monotonic()
-        problem = self._problem_now()
-        if force or problem != self._problem or now - self._beat >= HEARTBEAT_S:
-            self.journal.write_cursor(self.reader, self.model, self.generation, self.seq, problem)
-            self._problem = problem
-            self._beat = now
-
-    def _problem_now(self) -> str | None:
-        if self._problem_of is None:
-            return None
-        try:
-            return self._problem_of()
-        except Exception as exc:  # a failing report is itself a problem, never a dead follower
-            return f"cannot tell whether this process can serve: {type(exc).__name__}: {exc}"
-
-    def poll(self) -> int:
-        """Apply the entries written since the last poll; how many."""
-        session = self._session
-        assert session is not None and self._refresher is not None, "attach a session first"
-        generation, head = self.journal.head()
-        done = 0
-        moved = generation != self.generation or head != self.seq
-        if generation != self.generation:
-            log.warning("change journal recreated: dropping L1 (any change may be missed)")
-            self._resync(session)
-            self.generation, self.seq = generation, head
-        elif head > self.seq:
-            entries = []
-            for seq in range(self.seq + 1, head + 1):
-                entry = self.journal.read(seq)
-                if entry is None:
-                    break
-                entries.append(entry)
-            if len(entries) < head - self.seq:
-                log.warning("change journal: fell behind (entries removed): dropping L1")
-                self._resync(session)
-            else:
-                session.tiers.catch_up()  # once for all the entries: L3 as they describe it
-                for entry in entries:
-                    self._apply(session, entry)
-                done = len(entries)
-            self.seq = head
-            self.applied += done
-        self._refresher.run_due()
-        self._heartbeat(force=moved)  # else at least every HEARTBEAT_S
-        return done
-
-    def _apply(self, session: LookupSession, entry: Entry) -> None:
-        spec = session.tables.get(entry.table)
-        if spec is None:
-            return  # another model's table
-        assert self._refresher is not None
-        if entry.keys is None:  # every key of the table
-            if self._own_l2:
-                self._refill_l2(session, entry.table)
-            cache = session.caches.get(entry.table)
-            keys = cache.resident_keys() if cache is not None else np.empty(0, np.int64)
-        else:
-            keys = entry.keys
-            if self._clear_l2 and entry.kind != "warmup":
-                assert session.tiers.volatile is not None
-                session.tiers.volatile.remove(entry.table, keys)
-        if entry.kind == "warmup":
-            for start in range(0, keys.size, WARMUP_CHUNK):
-                session.warm_up(entry.table, keys[start : start + WARMUP_CHUNK])
-            return
-        if entry.kind == "delete":
-            self._refresher.now(entry.table, keys, None)
-        else:
-            session.refresh(entry.table, keys)  # resident rows re-read (L3 caught up)
-        self._refresher.later(entry.table, keys)  # and again once any stale backfill is undone
-
-    def _refill_l2(self, session: LookupSession, table: str) -> None:
-        l2 = session.tiers.volatile
-        assert l2 is not None
-        l2.drop_table(table)
-        l2.open_table(session.tables[table])
-        session.tiers.fill_l2_from_l3(table, self._l2_share)
-
-    def _resync(self, session: LookupSession) -> None:
-        """Fell behind: catch L3 up, refill an L2 of our own, drop every L1 row."""
-        self.resyncs += 1
-        session.tiers.catch_up()
-        if self._own_l2:
-            for table in session.tables:
-                self._refill_l2(session, table)
-        for cache in session.caches.values():
-            cache.evict(cache.resident_keys())
-
-    # -- the thread ------------------------------------------------------------------------
-
-    def start(self) -> JournalFollower:
-        self._thread = threading.Thread(target=self._run, name="hps-journal", daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.wait(POLL_S):
-            try:
-                self.poll()
-            except Exception:  # a bad entry or a tier hiccup must not end the follower
-                log.exception("change journal: poll failed; retrying")
-                self._stop.wait(1.0)
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-        self.journal.remove_cursor(self.reader)

@@ -30,7 +30,7 @@ from hps.triton.model.request import error_reply
 if TYPE_CHECKING:
     from hps.config import ModelConfig, PSConfig
     from hps.lookup import LookupSession
-    from hps.updates.journal import JournalFollower
+    from hps.updates.journal_follower import JournalFollower
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,8 @@ def open_journal(config: PSConfig, model: str, args: dict[str, str]) -> JournalF
     """This process's follower of the node's change journal (None: the node keeps no state,
     so the control plane writes nothing here and reloads instead)."""
     from hps.topology import topology
-    from hps.updates.journal import Journal, JournalFollower, journal_dir
+    from hps.updates.journal import Journal, journal_dir
+    from hps.updates.journal_follower import JournalFollower
 
     state = topology(config).state_dir
     if state is None:

@@ -26,7 +26,8 @@ from hps.storage.multi_process_hash_map import SharedHashMapStore
 from hps.tiers import Tiers
 from hps.tiers.shared_l2 import SharedL2Watch
 from hps.types import JSON, TableSpec
-from hps.updates.journal import LIVE_S, Journal, JournalFollower, journal_dir
+from hps.updates.journal import LIVE_S, Journal, journal_dir
+from hps.updates.journal_follower import JournalFollower
 from tests.helpers import make_config, unique_name
 
 SPEC = TableSpec("demo", "t0", 4)

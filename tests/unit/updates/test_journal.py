@@ -21,7 +21,8 @@ from hps.lookup import LookupSession
 from hps.tiers import Tiers, encode_rows
 from hps.triton.serving import fill_l2, prepare_tables, serving_config
 from hps.updates import journal as journal_mod
-from hps.updates.journal import Journal, JournalFollower, journal_dir
+from hps.updates.journal import Journal, journal_dir
+from hps.updates.journal_follower import JournalFollower
 
 TABLE = "m.t0"
 KEYS = np.arange(50, dtype=np.int64) * 7
