@@ -7,44 +7,35 @@
   with the request's ``Content-Length``): a refused upload is never spooled. The job
   submitted by that request takes the reservation over (a context variable carries it).
 - **Recorded.** With a folder (:meth:`JobRegistry.attach`, the control plane's state dir)
-  every job is a JSON record there, rewritten at each change of state; staged uploads live
-  in the state dir too. At start (:meth:`JobRegistry.recover`) a queued job is resumed when
-  its kind has a resumer (imports do: the record names the model, table, format and folder),
-  else marked ``interrupted``; a job found ``running`` (the process died under it) is marked
-  ``interrupted`` with the reason. Staged folders no resumed job names are removed then.
+  every job is a JSON record there and staged uploads live in the state dir too; at start
+  (:meth:`JobRegistry.recover`) queued jobs are resumed or marked ``interrupted``, running
+  ones marked ``interrupted``, stale uploads removed (:mod:`hps.service.job_records`).
 - **Ended cleanly.** A job's staged folder is removed when it ends, whatever the end. On
   shutdown (:meth:`JobRegistry.close`) queued jobs stay queued on disk (resumed at the next
   start) and the running one stops at its next chunk (``advance`` raises
-  :class:`JobInterrupted`): it is recorded ``interrupted``, naming the rows written.
+  :class:`~hps.service.job_records.JobInterrupted`): it is recorded ``interrupted``, naming
+  the rows written.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
 import logging
 import math
-import os
-import shutil
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
-
-from pydantic import TypeAdapter, ValidationError
-from typing_extensions import TypedDict
 
 from hps.errors import BackendUnavailable, HPSError, QueueFullError, UnknownTableError
+from hps.service.job_records import Job, JobInterrupted, JobRecords, Resumer, State, Work
 from hps.types import JSON
 
 log = logging.getLogger(__name__)
 
-State = Literal["queued", "running", "done", "failed", "interrupted"]
 PENDING: tuple[State, ...] = ("queued", "running")
 KEEP_JOBS = 100
 MAX_JOBS = 16
@@ -52,105 +43,6 @@ MAX_STAGED_BYTES = 64 * 1024**3
 CLOSE_WAIT_S = 20.0  # how long shutdown waits for the running job to reach a chunk boundary
 RETRY_AFTER_DEFAULT_S = 30
 RETRY_AFTER_MAX_S = 3600
-
-Work = Callable[["Job"], JSON]
-Resumer = Callable[["Job"], Work]  # a recorded job -> its work again (raises if it cannot)
-
-
-class JobInterrupted(Exception):
-    """Raised by :meth:`Job.advance` once the control plane is stopping."""
-
-
-class JobRecord(TypedDict):
-    """A job as its JSON record in the state dir holds it."""
-
-    kind: str
-    target: str
-    rows_total: int
-    id: str
-    state: State
-    rows_done: int
-    started: float | None
-    finished: float | None
-    error: str | None
-    result: JSON
-    params: dict[str, str]
-    staged: str | None
-    staged_bytes: int
-    created: float
-
-
-@dataclass
-class Job:
-    """One job; ``advance`` is called by the worker as rows are written.
-
-    ``params`` say how to run the job again after a restart (its kind's resumer reads
-    them); ``staged`` is the folder of its uploaded files, removed when the job ends.
-    """
-
-    kind: str
-    target: str
-    rows_total: int
-    id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
-    state: State = "queued"
-    rows_done: int = 0
-    started: float | None = None
-    finished: float | None = None
-    error: str | None = None
-    result: JSON = field(default_factory=dict)
-    params: dict[str, str] = field(default_factory=dict)
-    staged: str | None = None
-    staged_bytes: int = 0
-    created: float = field(default_factory=time.time)
-    _stop: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
-
-    def advance(self, rows: int) -> None:
-        self.rows_done += rows
-        if self._stop.is_set():
-            raise JobInterrupted
-
-    def view(self) -> JSON:
-        end = self.finished or time.time()
-        elapsed = (end - self.started) if self.started else 0.0
-        return {
-            "id": self.id,
-            "kind": self.kind,
-            "target": self.target,
-            "state": self.state,
-            "rows_total": self.rows_total,
-            "rows_done": self.rows_done,
-            "rows_per_s": round(self.rows_done / elapsed, 1) if elapsed > 0 else 0.0,
-            "elapsed_s": round(elapsed, 3),
-            "error": self.error,
-            "result": self.result,
-        }
-
-    def record(self) -> JobRecord:
-        """What is kept on disk: everything but the stop flag."""
-        return {
-            "kind": self.kind,
-            "target": self.target,
-            "rows_total": self.rows_total,
-            "id": self.id,
-            "state": self.state,
-            "rows_done": self.rows_done,
-            "started": self.started,
-            "finished": self.finished,
-            "error": self.error,
-            "result": self.result,
-            "params": self.params,
-            "staged": self.staged,
-            "staged_bytes": self.staged_bytes,
-            "created": self.created,
-        }
-
-    @classmethod
-    def from_record(cls, rec: JobRecord) -> Job:
-        return cls(**rec)
-
-    def remove_staged(self) -> None:
-        if self.staged:
-            shutil.rmtree(self.staged, ignore_errors=True)
 
 
 @dataclass
@@ -171,7 +63,6 @@ class Reservation:
         return id(self)
 
 
-_RECORD = TypeAdapter(JobRecord)
 _current: contextvars.ContextVar[Reservation | None] = contextvars.ContextVar(
     "hps_job_reservation", default=None
 )
@@ -192,110 +83,44 @@ class JobRegistry:
         self._resumers: dict[str, Resumer] = {}
         self._durations: list[float] = []  # of the last finished jobs: Retry-After's estimate
         self._closing = False
-        self.folder: Path | None = None
-        self.staging: Path | None = None
+        self._records: JobRecords | None = None
 
-    # -- records ---------------------------------------------------------------------------
+    # -- records (hps.service.job_records) -------------------------------------------------
 
     def attach(self, folder: Path, staging: Path) -> None:
         """Keep job records in ``folder``; staged uploads live under ``staging``."""
-        folder.mkdir(parents=True, exist_ok=True)
-        staging.mkdir(parents=True, exist_ok=True)
-        self.folder, self.staging = folder, staging
+        self._records = JobRecords(folder, staging)
+
+    @property
+    def folder(self) -> Path | None:
+        """The records' folder; None until :meth:`attach`."""
+        return self._records.folder if self._records is not None else None
 
     def resumable(self, kind: str, resumer: Resumer) -> None:
         """Jobs of ``kind`` found queued at start are run again with ``resumer(job)``."""
         self._resumers[kind] = resumer
 
     def _save(self, job: Job) -> None:
-        if self.folder is None:
-            return
-        path = self.folder / f"{job.id}.json"
-        tmp = path.with_suffix(".tmp")
-        try:
-            tmp.write_text(json.dumps(job.record()))
-            os.replace(tmp, path)
-        except OSError as exc:  # a full disk must not fail the job itself
-            log.warning("cannot record job %s in %s: %s", job.id, self.folder, exc)
+        if self._records is not None:
+            self._records.save(job)
 
     def _forget(self, job_id: str) -> None:
-        if self.folder is not None:
-            with contextlib.suppress(OSError):
-                (self.folder / f"{job_id}.json").unlink()
+        if self._records is not None:
+            self._records.forget(job_id)
 
     def recover(self) -> JSON:
         """Read the records of a previous run: resume queued jobs, mark running ones
         ``interrupted``, remove staged folders no resumed job uses. What was done, counted."""
-        if self.folder is None:
+        if self._records is None:
             return {}
-        records: list[Job] = []
-        for path in sorted(self.folder.glob("*.json")):
-            try:
-                records.append(Job.from_record(_RECORD.validate_json(path.read_bytes())))
-            except (OSError, ValidationError) as exc:
-                log.warning("unreadable job record %s removed: %s", path.name, exc)
-                path.unlink(missing_ok=True)
-        for tmp in self.folder.glob("*.tmp"):
-            tmp.unlink(missing_ok=True)
-        counts = {"resumed": 0, "interrupted": 0, "kept": 0}
-        keep_staged: set[str] = set()
-        for job in sorted(records, key=lambda j: j.created):
-            if job.state == "running":
-                self._interrupt(
-                    job,
-                    f"the control plane stopped while this job ran ({job.rows_done} of "
-                    f"{job.rows_total} rows written); submit it again (imports are upserts)",
-                )
-                counts["interrupted"] += 1
-            elif job.state == "queued":
-                work = self._resume(job)
-                if work is None:
-                    counts["interrupted"] += 1
-                else:
-                    with self._lock:
-                        self._jobs[job.id] = job
-                    self._enqueue(job, work)
-                    if job.staged:
-                        keep_staged.add(str(Path(job.staged).resolve()))
-                    counts["resumed"] += 1
-                    continue
-            else:
-                counts["kept"] += 1
+        recovered = self._records.recover(self._resumers)
+        for job, work in recovered.jobs:
             with self._lock:
                 self._jobs[job.id] = job
+            if work is not None:
+                self._enqueue(job, work)
         self._prune()
-        if self.staging is not None:
-            for stale in self.staging.iterdir():
-                if str(stale.resolve()) not in keep_staged:
-                    log.info("removing stale staged upload %s", stale)
-                    if stale.is_dir():
-                        shutil.rmtree(stale, ignore_errors=True)
-                    else:
-                        stale.unlink(missing_ok=True)
-        if counts["resumed"] or counts["interrupted"]:
-            log.info(
-                "jobs of the previous run: %d resumed, %d marked interrupted",
-                counts["resumed"],
-                counts["interrupted"],
-            )
-        return {k: v for k, v in counts.items()}
-
-    def _resume(self, job: Job) -> Work | None:
-        resumer = self._resumers.get(job.kind)
-        if resumer is None:
-            self._interrupt(job, "the control plane restarted before this job ran; submit it again")
-            return None
-        try:
-            return resumer(job)
-        except Exception as exc:
-            self._interrupt(job, f"the control plane restarted and cannot resume this job: {exc}")
-            return None
-
-    def _interrupt(self, job: Job, reason: str) -> None:
-        job.state, job.error = "interrupted", reason
-        job.finished = job.finished or time.time()
-        job.remove_staged()
-        self._save(job)
+        return {k: v for k, v in recovered.counts.items()}
 
     # -- admission -------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from hps.errors import RequestError
 from hps.loading.loader import Loader, TableSource, l2_action
-from hps.service.jobs import Job
+from hps.service.job_records import Job
 from hps.service.state import AdminState
 from hps.types import JSON, Keys, TableSpec
 

@@ -12,7 +12,7 @@ Tiers as the control plane reaches them:
   and reloads the model through Triton so that every instance reopens L3 and rebuilds L1.
 
 The state dir (``hps admin --state-dir``) keeps what must outlive the process: job records
-(``jobs/``) and staged uploads (``uploads/``), read again at start (:mod:`hps.service.jobs`:
+(``jobs/``) and staged uploads (``uploads/``), read again at start (:mod:`hps.service.job_records`:
 queued imports resume, interrupted ones are marked so, stale uploads are removed), and
 warm-up keysets (``warmup/``).
 """
@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 from hps.config import PSConfig
 from hps.errors import BackendError, UnknownTableError
 from hps.loading.imports import import_lock
-from hps.service.jobs import Job, JobRegistry, Work
+from hps.service.job_records import Job, Work
+from hps.service.jobs import JobRegistry
 from hps.service.triton_admin import TritonAdmin
 from hps.tiers import Tiers
 from hps.topology import Topology, topology

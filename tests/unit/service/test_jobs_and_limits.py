@@ -17,7 +17,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from hps.errors import QueueFullError
-from hps.service.jobs import Job, JobRegistry
+from hps.service.job_records import Job
+from hps.service.jobs import JobRegistry
 from hps.service.limits import ConnectionGuard, RateLimitFilter, TokenAndBodyLimits
 from hps.service.triton_admin import ReloadQueue
 from hps.types import JSON
