@@ -3,22 +3,17 @@
 Keys are the 8 little-endian bytes of the int64 key, values the stored row's raw bytes (the
 table's row format, :mod:`hps.rowformat`) followed by the row's update version
 (:mod:`hps.storage.rocks_rows`: format 2; rows of format 1, without the version, are still
-read). Each table's row format and dimension are recorded in the database's ``default``
-column family under ``hps.table/<model>.<table>`` (JSON) when the table is created, and
-checked when it is opened: a table stored with another format or dimension is refused (a
-``ConfigError``); a table created before formats were recorded holds float32 rows.
+read). Each table's row format and dimension are recorded in the database
+(:mod:`hps.storage.rocks_open`) and checked when it is opened: a table stored with another
+format or dimension is refused (a ``ConfigError``).
 
 Reads are MultiGet, writes one WriteBatch per chunk of ``max_batch_size``.
 
-Damaged data (a block whose checksum does not match, RocksDB's ``Corruption``) fails only the
-keys stored in it: a MultiGet that meets one is split in halves until the damaged keys are
-isolated (about ``2 log2(n)`` MultiGets per damaged key, once: the damaged keys are
-remembered until they are written again, or until a secondary catches up), and
-:meth:`RocksDBStore.fetch` raises :class:`hps.errors.DamagedRowsError`, naming the table
-and carrying the rows of every other key (:class:`hps.tiers.Tiers` serves those and counts
-the damaged ones). A version read treats a damaged row as one without a version, so the
-next update of the key rewrites it. Scans (``dump``, ``size``) check the iterator's status
-at their end: a scan that stopped at a damaged block raises instead of ending early, and
+Damaged data (a block whose checksum does not match) fails only the keys stored in it
+(:mod:`hps.storage.rocks_damage`): :meth:`RocksDBStore.fetch` raises
+:class:`hps.errors.DamagedRowsError` carrying the rows of every other key; a version read
+treats a damaged row as one without a version, so the next update of the key rewrites it.
+Scans (``dump``, ``size``) raise where a damaged block stopped them, and
 :meth:`RocksDBStore.verify` reads a whole column family with checksums verified (``hps
 verify``).
 ``versioned_rows``: :meth:`RocksDBStore.insert_versioned` and
@@ -29,13 +24,12 @@ Several processes may share one database: at most one opens it read-write; the o
 ``read_only`` (a snapshot at open time) or as a ``secondary`` instance, which follows the
 writer through :meth:`RocksDBStore.catch_up` (Triton runs each model instance in its own
 process). A reader writes nothing beside a database it may not write (a read-only volume):
-it opens it through a temporary view of links (:func:`_read_only_view`).
+it opens it through a temporary view of links (:func:`hps.storage.rocks_open.read_only_view`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -46,101 +40,35 @@ import numpy as np
 import rocksdict as rd
 
 from hps.config import PersistentDBConfig, VolatileDBConfig
-from hps.errors import BackendError, DamagedRowsError
-from hps.rowformat import FORMATS, RowFormat, Stored
+from hps.errors import BackendError
+from hps.rowformat import Stored
 from hps.storage import rocks_rows
-from hps.storage.base import LEGACY_FORMAT, AccessMode, EmbeddingStore, check_rows, refused
+from hps.storage.base import AccessMode, EmbeddingStore, check_rows, refused
 from hps.storage.keybytes import key_bytes
+from hps.storage.rocks_damage import (
+    DamagedKeys,
+    RdictKey,
+    check_scan,
+    damaged_rows_error,
+    multiget,
+    verify_cf,
+)
+from hps.storage.rocks_open import (
+    cf_options,
+    db_options,
+    format_record,
+    meta_key,
+    read_only_view,
+    recorded_format,
+)
 from hps.tempdirs import owned_tempdir
 from hps.types import Keys, Mask, TableSpec
 from hps.validate import table_or_raise
 
 log = logging.getLogger(__name__)
 
-RdictKey = str | int | float | bytes | bool
-"""A key as rocksdict's stubs type it (in raw mode, ours are always bytes)."""
-
 ENTRY_OVERHEAD = 16  # bytes of SST index/metadata per entry
 SPACE_AMP = 1.1  # leveled compaction's space amplification
-META_PREFIX = b"hps.table/"  # + table name, in the default column family: its format
-
-
-def _meta_key(table: str) -> bytes:
-    return META_PREFIX + table.encode()
-
-
-def _is_damage(exc: Exception) -> bool:
-    """Whether rocksdict's exception is RocksDB's ``Corruption`` status (a block checksum
-    mismatch, a malformed block): the data is damaged, not the call."""
-    return str(exc).startswith("Corruption")
-
-
-def _read_only_view(path: str) -> str:
-    """A temporary folder of symbolic links to the files of the database at ``path``.
-
-    rocksdict writes its ``rocksdict-config.json`` beside every database it opens, read-only
-    too: a reader of a folder it may not write (a read-only volume) opens this view instead
-    (RocksDB reads through the links; the config is a copy rocksdict may rewrite). The
-    files are those of the moment it opens: right for a folder nothing writes.
-    """
-    view = str(owned_tempdir("hps-rocks-view-"))
-    for name in os.listdir(path):
-        src = os.path.join(path, name)
-        if name == "rocksdict-config.json":
-            shutil.copyfile(src, os.path.join(view, name))
-        elif name != "LOCK":
-            os.symlink(src, os.path.join(view, name))
-    return view
-
-
-def _scan_options() -> rd.ReadOptions:
-    """A whole-table read: every block's checksum verified, none kept in the block cache."""
-    ro = rd.ReadOptions()
-    ro.set_verify_checksums(True)
-    ro.fill_cache(False)  # type: ignore[call-arg]  # the stub omits its argument
-    ro.set_readahead_size(2 << 20)
-    return ro
-
-
-def _multiget(cf: rd.Rdict, wanted: list[RdictKey]) -> tuple[list[bytes | None], list[int], str]:
-    """MultiGet ``wanted``; a damaged block fails only the keys stored in it.
-
-    Returns the values (None: absent or damaged), the positions of the damaged keys and the
-    first damage's message. A failed MultiGet is split in halves, recursively, down to the
-    keys that cannot be read (the others are read in the halves that succeed).
-    """
-    got: list[bytes | None] = [None] * len(wanted)
-    damaged: list[int] = []
-    first = ""
-    todo = [(0, len(wanted))]
-    while todo:
-        lo, hi = todo.pop()
-        try:
-            got[lo:hi] = cast("list[bytes | None]", cf.get(wanted[lo:hi]))
-        except Exception as exc:
-            if not _is_damage(exc):
-                raise
-            first = first or str(exc)
-            if hi - lo == 1:
-                damaged.append(lo)
-            else:
-                mid = (lo + hi) // 2
-                todo += [(lo, mid), (mid, hi)]
-    return got, damaged, first
-
-
-def _cf_options(cache: rd.Cache) -> rd.Options:
-    """Column-family options: raw bytes, a bloom filter so misses skip the data blocks, and
-    the database's one block cache, which holds the index and filter blocks too (RocksDB's
-    default is a cache per column family plus uncounted index memory per SST file)."""
-    opts = rd.Options(raw_mode=True)
-    table = rd.BlockBasedOptions()
-    table.set_bloom_filter(10, False)
-    table.set_block_cache(cache)
-    table.set_cache_index_and_filter_blocks(True)
-    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
-    opts.set_block_based_table_factory(table)
-    return opts
 
 
 class RocksDBStore(EmbeddingStore):
@@ -167,14 +95,9 @@ class RocksDBStore(EmbeddingStore):
         self.max_batch_size = max_batch_size
         self._specs: dict[str, TableSpec] = {}
         self._cfs: dict[str, rd.Rdict] = {}
-        opts = rd.Options(raw_mode=True)
-        opts.create_if_missing(mode == "read_write")
-        opts.increase_parallelism(num_threads)
-        # Bound the memtables of all column families together (RocksDB's default is 64 MiB
-        # each, twice: gigabytes for a model of many tables, grown slowly by updates) and the
-        # WAL, which a secondary re-reads on every catch-up and replays into its memtables.
-        opts.set_db_write_buffer_size(write_buffer_mb << 20)
-        opts.set_max_total_wal_size(2 * write_buffer_mb << 20)
+        opts = db_options(
+            create=mode == "read_write", num_threads=num_threads, write_buffer_mb=write_buffer_mb
+        )
         self._cache = rd.Cache(block_cache_mb << 20)
         self._opts = opts
         access = rd.AccessType.read_write()
@@ -187,21 +110,20 @@ class RocksDBStore(EmbeddingStore):
             raise BackendError(f"rocks_db: no database at {path!r} to open {mode}; run hps import")
         self._view: str | None = None
         if mode != "read_write" and not os.access(path, os.W_OK):
-            self._view = _read_only_view(path)
+            self._view = read_only_view(path)
         try:
             existing = rd.Rdict.list_cf(path, opts) if os.path.exists(path) else ["default"]
             self._db = rd.Rdict(
                 self._view or path,
                 opts,
-                column_families={cf: _cf_options(self._cache) for cf in existing},
+                column_families={cf: cf_options(self._cache) for cf in existing},
                 access_type=access,
             )
         except Exception as exc:
             self._drop_view()
             raise BackendError(f"rocks_db: cannot open {path!r} ({mode}): {exc}") from exc
         self._existing = set(existing)
-        self._damaged: dict[str, Keys] = {}  # per table: keys found in damaged blocks, sorted
-        self._damage: dict[str, str] = {}  # per table: the first damage RocksDB reported
+        self._damaged = DamagedKeys()
         self._sync = rd.WriteOptions()
         self._sync.sync = True
 
@@ -224,50 +146,24 @@ class RocksDBStore(EmbeddingStore):
         or dimension is a ConfigError."""
         if spec.name in self._cfs and self._specs.get(spec.name) == spec:
             return
-        stored = self._recorded(spec)
+        stored = recorded_format(self._db, spec, spec.name in self._existing)
         if stored is not None and (stored[0] is not spec.fmt or stored[1] != spec.dim):
             raise refused(spec, f"rocks_db {self.path}", *stored)
         try:
             if spec.name in self._existing:
                 cf = self._db.get_column_family(spec.name)
             elif self.mode == "read_write":
-                cf = self._db.create_column_family(spec.name, _cf_options(self._cache))
+                cf = self._db.create_column_family(spec.name, cf_options(self._cache))
                 self._existing.add(spec.name)
             else:
                 cf = None  # a reader opened before the writer created it
             if stored is None and self.mode == "read_write":
-                self._db.put(_meta_key(spec.name), self._record(spec), self._sync)
+                self._db.put(meta_key(spec.name), format_record(spec), self._sync)
         except Exception as exc:
             raise BackendError(f"rocks_db: cannot open table {spec.name}: {exc}") from exc
         self._specs[spec.name] = spec
         if cf is not None:
             self._cfs[spec.name] = cf
-
-    @staticmethod
-    def _record(spec: TableSpec) -> bytes:
-        return json.dumps({"row_dtype": spec.row_dtype, "dim": spec.dim}).encode()
-
-    def _recorded(self, spec: TableSpec) -> tuple[RowFormat, int] | None:
-        """The format and dimension the database holds the table's rows in (None: a new
-        table). A table without a record is one written before formats were recorded:
-        float32 rows, whose dimension a stored row tells (if any)."""
-        try:
-            raw = self._db.get(_meta_key(spec.name))
-            if raw is not None:
-                doc = json.loads(cast("bytes", raw))
-                return FORMATS[doc["row_dtype"]], int(doc["dim"])
-            if spec.name not in self._existing:
-                return None
-            first = next(iter(self._db.get_column_family(spec.name).values()), None)
-        except Exception as exc:
-            raise BackendError(f"rocks_db: cannot read the format of {spec.name}: {exc}") from exc
-        if first is None:
-            return None  # created but empty: nothing to refuse
-        length = len(cast("bytes", first))
-        row = LEGACY_FORMAT.row_bytes(spec.dim)
-        if length in (row, row + rocks_rows.VERSION_BYTES):  # format 1 or 2 of this dim
-            return LEGACY_FORMAT, spec.dim
-        return LEGACY_FORMAT, (length - rocks_rows.VERSION_BYTES) // 4  # format 2 of another
 
     def drop_table(self, table: str) -> None:
         """Drop the table's column family and its recorded format (read_write only)."""
@@ -278,7 +174,7 @@ class RocksDBStore(EmbeddingStore):
                 self._cfs.pop(table, None)
                 self._db.drop_column_family(table)
                 self._existing.discard(table)
-            self._db.delete(_meta_key(table), self._sync)
+            self._db.delete(meta_key(table), self._sync)
         except Exception as exc:
             raise BackendError(f"rocks_db: cannot drop {table}: {exc}") from exc
         self._specs.pop(table, None)
@@ -301,22 +197,13 @@ class RocksDBStore(EmbeddingStore):
         if self.mode == "secondary":
             self._db.try_catch_up_with_primary()
             self._damaged.clear()  # the writer may have rewritten them: read them again
-            self._damage.clear()
 
     def fetch(self, table: str, keys: Keys) -> tuple[Stored, Mask]:
         """Stored rows and found mask; keys in damaged blocks raise DamagedRowsError
         (carrying the rows of the others)."""
         values, found, _, _, damaged, why = self._read(table, keys)
         if why:
-            count = int(damaged.sum())
-            raise DamagedRowsError(
-                f"rocks_db: {count} of {keys.size} keys of {table} sit in damaged blocks of "
-                f"{self.path} ({why}); run hps verify, then re-import the table "
-                "(hps import --force)",
-                values,
-                found,
-                damaged,
-            )
+            raise damaged_rows_error(self.path, table, keys.size, values, found, damaged, why)
         return values, found
 
     def fetch_versions(self, table: str, keys: Keys) -> tuple[np.ndarray, Mask]:
@@ -346,15 +233,14 @@ class RocksDBStore(EmbeddingStore):
         cf = self._cf(table)
         if cf is None or n == 0:
             return values, found, versions, has_version, damaged, ""
-        known = self._damaged.get(table)
         for lo in range(0, n, self.max_batch_size):
             hi = min(n, lo + self.max_batch_size)
             chunk = keys[lo:hi]
-            skip = np.isin(chunk, known) if known is not None else np.zeros(chunk.size, bool)
+            skip = self._damaged.skip(table, chunk)
             try:
                 # the stub's list type; raw mode answers bytes or None
                 wanted = cast("list[RdictKey]", key_bytes(chunk[~skip]))
-                got, bad, first = _multiget(cf, wanted)
+                got, bad, first = multiget(cf, wanted)
                 parts = rocks_rows.decode(got, spec.fmt, spec.dim)
             except Exception as exc:
                 raise BackendError(f"rocks_db: read of {table} failed: {exc}") from exc
@@ -363,27 +249,9 @@ class RocksDBStore(EmbeddingStore):
             damaged[lo + np.flatnonzero(skip)] = True
             if bad:
                 damaged[rows[bad]] = True
-                self._damage.setdefault(table, first)
-                known = self._remember(table, keys[rows[bad]])
-        why = self._damage.get(table, "damaged") if damaged.any() else ""
+                self._damaged.remember(table, keys[rows[bad]], first)
+        why = self._damaged.why(table) if damaged.any() else ""
         return values, found, versions, has_version, damaged, why
-
-    def _remember(self, table: str, keys: Keys) -> Keys:
-        """Add keys found in damaged blocks; the table's damaged keys."""
-        known = self._damaged.get(table)
-        self._damaged[table] = keys if known is None else np.union1d(known, keys)
-        return self._damaged[table]
-
-    def _forget(self, table: str, keys: Keys) -> None:
-        """Keys written or removed again: their damaged rows are shadowed."""
-        known = self._damaged.get(table)
-        if known is not None:
-            left = np.setdiff1d(known, keys)
-            if left.size:
-                self._damaged[table] = left
-            else:
-                del self._damaged[table]
-                self._damage.pop(table, None)
 
     def _write(self, table: str, batch: rd.WriteBatch, durable: bool) -> None:
         try:
@@ -417,7 +285,7 @@ class RocksDBStore(EmbeddingStore):
         row."""
         check_rows(table_or_raise(self._specs, table), keys, values)
         self._writable_cf(table)
-        self._forget(table, keys)
+        self._damaged.forget(table, keys)
         handle = self._db.get_column_family_handle(table)
         for lo in range(0, keys.size, self.max_batch_size):
             hi = min(keys.size, lo + self.max_batch_size)
@@ -432,7 +300,7 @@ class RocksDBStore(EmbeddingStore):
 
     def remove(self, table: str, keys: Keys, *, durable: bool = False) -> None:
         self._writable_cf(table)
-        self._forget(table, keys)
+        self._damaged.forget(table, keys)
         handle = self._db.get_column_family_handle(table)
         for lo in range(0, keys.size, self.max_batch_size):
             batch = rd.WriteBatch(raw_mode=True)
@@ -449,7 +317,7 @@ class RocksDBStore(EmbeddingStore):
         n, last = 0, None
         for key in cf.keys():  # noqa: SIM118 (keys only: no value copies)
             n, last = n + 1, key
-        self._check_scan(table, cf, last, n)
+        check_scan(table, cf, last, n)
         return n
 
     def estimated_size(self, table: str) -> int:
@@ -476,31 +344,9 @@ class RocksDBStore(EmbeddingStore):
                 keys, vals = [], []
         if keys:
             n, last = n + len(keys), keys[-1]
-        self._check_scan(table, cf, last, n)  # before the last chunk: a caller may stop there
+        check_scan(table, cf, last, n)  # before the last chunk: a caller may stop there
         if keys:
             yield rocks_rows.decode_items(cast("list[bytes]", keys), vals, spec.fmt, spec.dim)
-
-    def _check_scan(self, table: str, cf: rd.Rdict, last: RdictKey | None, rows: int) -> None:
-        """Raise if a scan that ended after key ``last`` (None: no row) stopped at an error.
-
-        rocksdict's iterators end at a damaged block as they end at the last key; its status
-        says which. A fresh iterator stepping past ``last`` meets the same block."""
-        it = cf.iter()
-        if last is None:
-            it.seek_to_first()
-        else:
-            it.seek(last)
-            if it.valid():
-                it.next()
-        try:
-            it.status()
-        except Exception as exc:
-            raise BackendError(
-                f"rocks_db: {table} is damaged: a scan stopped after {rows} rows ({exc}); "
-                "run hps verify, then re-import the table (hps import --force)"
-            ) from exc
-        if it.valid():  # rows after the end: the scan stopped for another reason
-            raise BackendError(f"rocks_db: a scan of {table} stopped after {rows} rows")
 
     @property
     def column_families(self) -> list[str]:
@@ -515,25 +361,7 @@ class RocksDBStore(EmbeddingStore):
             cf = self._db if name == "default" else self._db.get_column_family(name)
         except Exception as exc:
             return 0, f"cannot open the column family: {exc}"
-        spec = self._specs.get(name)
-        it = cf.iter(_scan_options())
-        it.seek_to_first()
-        rows, vals = 0, []
-        try:
-            while it.valid():
-                if spec is not None:
-                    vals.append(it.value())
-                    if len(vals) == 1 << 16:
-                        rocks_rows.decode(vals, spec.fmt, spec.dim)
-                        vals.clear()
-                rows += 1
-                it.next()
-            it.status()
-            if vals and spec is not None:
-                rocks_rows.decode(vals, spec.fmt, spec.dim)
-        except Exception as exc:
-            return rows, str(exc)
-        return rows, None
+        return verify_cf(cf, self._specs.get(name))
 
     def close(self) -> None:
         self._cfs.clear()

@@ -1,0 +1,108 @@
+"""How ``rocks_db`` opens a database and its tables: options, read-only views, format records.
+
+- :func:`db_options` and :func:`cf_options`: the database's options, its memory bounded for
+  all column families together (one memtable budget, one block cache).
+- :func:`read_only_view`: a reader of a database it may not write (a read-only volume) opens
+  it through a temporary folder of links, so that it writes nothing beside it.
+- Each table's row format and dimension are recorded in the database's ``default`` column
+  family under ``hps.table/<model>.<table>`` (JSON, :func:`format_record`) when the table is
+  created, and read back (:func:`recorded_format`) when it is opened; a table created before
+  formats were recorded holds float32 rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import cast
+
+import rocksdict as rd
+
+from hps.errors import BackendError
+from hps.rowformat import FORMATS, RowFormat
+from hps.storage import rocks_rows
+from hps.storage.base import LEGACY_FORMAT
+from hps.tempdirs import owned_tempdir
+from hps.types import TableSpec
+
+META_PREFIX = b"hps.table/"  # + table name, in the default column family: its format
+
+
+def db_options(*, create: bool, num_threads: int, write_buffer_mb: int) -> rd.Options:
+    """Database options: raw bytes; ``create``: create the database if missing."""
+    opts = rd.Options(raw_mode=True)
+    opts.create_if_missing(create)
+    opts.increase_parallelism(num_threads)
+    # Bound the memtables of all column families together (RocksDB's default is 64 MiB
+    # each, twice: gigabytes for a model of many tables, grown slowly by updates) and the
+    # WAL, which a secondary re-reads on every catch-up and replays into its memtables.
+    opts.set_db_write_buffer_size(write_buffer_mb << 20)
+    opts.set_max_total_wal_size(2 * write_buffer_mb << 20)
+    return opts
+
+
+def cf_options(cache: rd.Cache) -> rd.Options:
+    """Column-family options: raw bytes, a bloom filter so misses skip the data blocks, and
+    the database's one block cache, which holds the index and filter blocks too (RocksDB's
+    default is a cache per column family plus uncounted index memory per SST file)."""
+    opts = rd.Options(raw_mode=True)
+    table = rd.BlockBasedOptions()
+    table.set_bloom_filter(10, False)
+    table.set_block_cache(cache)
+    table.set_cache_index_and_filter_blocks(True)
+    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+    opts.set_block_based_table_factory(table)
+    return opts
+
+
+def read_only_view(path: str) -> str:
+    """A temporary folder of symbolic links to the files of the database at ``path``.
+
+    rocksdict writes its ``rocksdict-config.json`` beside every database it opens, read-only
+    too: a reader of a folder it may not write (a read-only volume) opens this view instead
+    (RocksDB reads through the links; the config is a copy rocksdict may rewrite). The
+    files are those of the moment it opens: right for a folder nothing writes.
+    """
+    view = str(owned_tempdir("hps-rocks-view-"))
+    for name in os.listdir(path):
+        src = os.path.join(path, name)
+        if name == "rocksdict-config.json":
+            shutil.copyfile(src, os.path.join(view, name))
+        elif name != "LOCK":
+            os.symlink(src, os.path.join(view, name))
+    return view
+
+
+def meta_key(table: str) -> bytes:
+    """The key of the table's format record in the ``default`` column family."""
+    return META_PREFIX + table.encode()
+
+
+def format_record(spec: TableSpec) -> bytes:
+    """The table's format record: its row format and dimension."""
+    return json.dumps({"row_dtype": spec.row_dtype, "dim": spec.dim}).encode()
+
+
+def recorded_format(db: rd.Rdict, spec: TableSpec, exists: bool) -> tuple[RowFormat, int] | None:
+    """The format and dimension the database holds the table's rows in (None: a new
+    table; ``exists``: whether its column family does). A table without a record is one
+    written before formats were recorded: float32 rows, whose dimension a stored row tells
+    (if any)."""
+    try:
+        raw = db.get(meta_key(spec.name))
+        if raw is not None:
+            doc = json.loads(cast("bytes", raw))
+            return FORMATS[doc["row_dtype"]], int(doc["dim"])
+        if not exists:
+            return None
+        first = next(iter(db.get_column_family(spec.name).values()), None)
+    except Exception as exc:
+        raise BackendError(f"rocks_db: cannot read the format of {spec.name}: {exc}") from exc
+    if first is None:
+        return None  # created but empty: nothing to refuse
+    length = len(cast("bytes", first))
+    row = LEGACY_FORMAT.row_bytes(spec.dim)
+    if length in (row, row + rocks_rows.VERSION_BYTES):  # format 1 or 2 of this dim
+        return LEGACY_FORMAT, spec.dim
+    return LEGACY_FORMAT, (length - rocks_rows.VERSION_BYTES) // 4  # format 2 of another
