@@ -100,14 +100,14 @@ class RocksDBStore(EmbeddingStore):
         )
         self._cache = rd.Cache(block_cache_mb << 20)
         self._opts = opts
+        if mode != "read_write" and not os.path.exists(os.path.join(path, "CURRENT")):
+            raise BackendError(f"rocks_db: no database at {path!r} to open {mode}; run hps import")
         access = rd.AccessType.read_write()
         if mode == "read_only":
             access = rd.AccessType.read_only(error_if_log_file_exist=False)  # a WAL: replayed
         elif mode == "secondary":
             self._secondary_dir = str(owned_tempdir("hps-rocks-secondary-"))
             access = rd.AccessType.secondary(self._secondary_dir)
-        if mode != "read_write" and not os.path.exists(os.path.join(path, "CURRENT")):
-            raise BackendError(f"rocks_db: no database at {path!r} to open {mode}; run hps import")
         self._view: str | None = None
         if mode != "read_write" and not os.access(path, os.W_OK):
             self._view = read_only_view(path)
@@ -121,6 +121,8 @@ class RocksDBStore(EmbeddingStore):
             )
         except Exception as exc:
             self._drop_view()
+            if mode == "secondary":
+                shutil.rmtree(self._secondary_dir, ignore_errors=True)
             raise BackendError(f"rocks_db: cannot open {path!r} ({mode}): {exc}") from exc
         self._existing = set(existing)
         self._damaged = DamagedKeys()
