@@ -33,12 +33,14 @@ __all__ = ["LEVELS", "L1Cache", "LookupSession"]
 
 
 class Stats(TypedDict):
-    """:meth:`LookupSession.stats`: requests, their time, and per table the counters
-    ``lookups``, ``keys`` and the distinct keys found per level (:data:`LEVELS`)."""
+    """:meth:`LookupSession.stats`: requests, their time, per table the counters
+    ``lookups``, ``keys`` and the distinct keys found per level (:data:`LEVELS`), and the
+    keys L3 could not read (damaged blocks; answered from L2 or the default)."""
 
     requests: int
     latency_s_total: float
     tables: dict[str, dict[str, int]]
+    l3_damaged_keys: int
 
 
 class LookupSession:
@@ -193,6 +195,7 @@ class LookupSession:
                 "requests": self._requests,
                 "latency_s_total": self._latency_s,
                 "tables": {name: dict(c) for name, c in self.pipeline.counts.items()},
+                "l3_damaged_keys": self.tiers.damaged_keys,
             }
 
     def close(self) -> None:

@@ -17,6 +17,8 @@ crashed the server. Sum over ``process`` for a model's totals. Families:
   (l1, l2, l3, default); ``hps_hit_rate{table,level}``: their share since the process
   started
 - ``hps_lookup_latency_us``: a histogram of the time a request spends in HPS.
+- ``hps_l3_damaged_keys_total``: keys L3 could not read (damaged blocks, docs/storage.md),
+  answered from L2 or the table's default.
 - ``hps_update_freshness_seconds{table}``: a histogram, per Kafka update message, of the time
   from its publish timestamp to the moment this process serves it (docs/updates.md,
   "Freshness in production"); ``hps_update_stage_seconds{stage}``: the stages of an embedded
@@ -57,6 +59,11 @@ FAMILIES = {
         "HISTOGRAM",
         "Time an update spends in each stage of this process's applier",
     ),
+    "damaged": (
+        "hps_l3_damaged_keys_total",
+        "COUNTER",
+        "Keys L3 could not read (damaged blocks), answered from L2 or the table's default",
+    ),
     "skew": (
         "hps_update_clock_skew_total",
         "COUNTER",
@@ -89,6 +96,7 @@ class MetricsExporter:
         }
         self._metrics: dict[tuple[str, ...], Any] = {}
         self._last: dict[str, dict[str, int]] = {}
+        self._damaged = 0
         self._latencies: list[float] = []
         self._requests = 0
         self._errors: dict[str, int] = {}
@@ -132,7 +140,12 @@ class MetricsExporter:
             self._latencies.clear()
         if self.updates is not None:
             self._flush_updates(self.updates)
-        for table, counts in self.session.stats()["tables"].items():
+        stats = self.session.stats()
+        damaged = int(stats.get("l3_damaged_keys", 0))
+        if damaged > self._damaged:
+            self._metric("damaged").increment(damaged - self._damaged)
+            self._damaged = damaged
+        for table, counts in stats["tables"].items():
             last = self._last.get(table, {})
             short = table.split(".", 1)[1]
             for name in ("lookups", "keys", *LEVELS):

@@ -46,9 +46,10 @@ class FakePbUtils:
 class FakeSession:
     def __init__(self) -> None:
         self.counts = {"lookups": 0, "keys": 0, "l1": 0, "l2": 0, "l3": 0, "default": 0}
+        self.damaged = 0
 
     def stats(self) -> dict[str, Any]:
-        return {"tables": {"m.t": dict(self.counts)}}
+        return {"tables": {"m.t": dict(self.counts)}, "l3_damaged_keys": self.damaged}
 
 
 def values(name: str) -> dict[tuple[tuple[str, str], ...], Any]:
@@ -96,3 +97,17 @@ def test_interval_batches_the_updates() -> None:
     assert requests.value == 1
     exporter.flush()
     assert requests.value == 2
+
+
+def test_damaged_l3_keys_are_counted() -> None:
+    session = FakeSession()
+    exporter = MetricsExporter(FakePbUtils, "emb", "emb_0_2", session, interval=0.0)
+    exporter.flush()
+    assert values("hps_l3_damaged_keys_total") == {}
+    session.damaged = 45
+    exporter.flush()
+    session.damaged = 50
+    exporter.flush()
+    exporter.flush()
+    (metric,) = values("hps_l3_damaged_keys_total").values()
+    assert metric.value == 50
