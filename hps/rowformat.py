@@ -64,7 +64,12 @@ class RowFormat:
         return self.width(dim) * self.dtype.itemsize
 
     def empty(self, n: int, dim: int) -> Stored:
-        return np.empty((n, self.width(dim)), dtype=self.dtype)
+        """Room for ``n`` rows: uninitialised for float32 (it needs no decode); zeroed for the
+        other formats, so a row never written decodes to zeros (an int8 row of garbage bytes
+        could hold an infinite scale) and a decode over a whole buffer stays finite."""
+        shape = (n, self.width(dim))
+        make = np.empty if self.name == "float32" else np.zeros
+        return make(shape, self.dtype)
 
     def encode(self, values: Floats) -> Stored:
         """float32 ``(n, dim)`` rows in this format (the same array for float32)."""

@@ -231,6 +231,7 @@ def test_removed_segment_files_while_updates_flow_leave_no_stale_answer(
 
         # -- the fault: the segment's files removed while rounds flow ----------------------
         removed_at = rounds.confirmed
+        removed_t = time.monotonic()  # reported below, not asserted (a shared machine)
         for suffix in ("", ".lock", ".users"):
             os.unlink(path + suffix)
 
@@ -254,6 +255,7 @@ def test_removed_segment_files_while_updates_flow_leave_no_stale_answer(
 
         wait_for(fresh_from_both, 120, "both instances to answer the confirmed round")
         recovered_at = rounds.confirmed
+        recovered_s = time.monotonic() - removed_t
 
         # -- the checking window: 0 stale answers --------------------------------------------
         start = _requests_per_process(metrics_url, model)
@@ -273,7 +275,8 @@ def test_removed_segment_files_while_updates_flow_leave_no_stale_answer(
         assert _healthz(consume_port) == 200
         print(
             f"\nsegment removed at round {removed_at}; one refilled segment and fresh answers "
-            f"from both instances by round {recovered_at}; then {checked} answers over "
+            f"from both instances by round {recovered_at}, {recovered_s:.1f} s after the "
+            f"removal; then {checked} answers over "
             f"{WINDOW_ROUNDS} rounds: {stale} stale (per instance: {served})"
         )
 
