@@ -70,6 +70,8 @@ def lookup_hps_request(
     _check("NUMKEYS", numkeys, "INT32")
     if keys.shape[0] != numkeys.shape[0]:
         raise ShapeError(f"KEYS has batch size {keys.shape[0]} but NUMKEYS has {numkeys.shape[0]}")
+    if keys.shape[0] == 0:
+        raise ShapeError("KEYS and NUMKEYS have no rows (batch size 0); send at least one")
     if limits is not None:
         limits.check(keys, numkeys)
     if keys.shape[0] == 1:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from hps.build import build_session
-from hps.errors import BatchTooLargeError, InvalidValueError, RequestError
+from hps.errors import BatchTooLargeError, InvalidValueError, RequestError, ShapeError
 from hps.triton.model.request import RequestLimits, lookup_hps_request, parse_ctr_request
 from tests.helpers import make_config
 
@@ -42,6 +42,12 @@ def test_a_huge_row_is_refused_before_its_counts_are_read(model) -> None:
     with pytest.raises(BatchTooLargeError, match="1,000,000 keys per row exceed the 80"):
         limits.check(np.zeros((1, 1_000_000), I64), np.array([[1, 0]], I32))
     limits.check(np.zeros((1, 3), I64), np.array([[3]], I32))  # width: left to lookup
+
+
+def test_an_empty_batch_is_refused(model) -> None:
+    lookup, limits = model
+    with pytest.raises(ShapeError, match="batch size 0"):
+        lookup_hps_request(np.zeros((0, 3), I64), np.zeros((0, 2), I32), lookup, limits)
 
 
 def ctr(samples: int, dense: np.ndarray | None = None):
