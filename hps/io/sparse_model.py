@@ -28,6 +28,7 @@ class CountsRows(Protocol):
 
     def size(self, table: str) -> int: ...
 
+
 KEY_FILE = "key"
 VECTOR_FILE = "emb_vector"
 
