@@ -30,9 +30,12 @@ RESERVED_KEYS = (int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).min) + 1)
 
 @dataclass(frozen=True)
 class TableSpec:
-    """One embedding table of one model, as the storage tiers see it.
+    """One embedding table of one model version, as the storage tiers see it.
 
-    ``name`` is the qualified ``<model>.<table>`` used by every backend.
+    ``name`` is the table's namespace in every backend: ``<model>.<table>`` for version 1
+    (a model imported before it had versions is its version 1), ``<model>.<table>@<n>``
+    for version ``n`` > 1 (:mod:`hps.versions`). Table and model names cannot hold ``@``,
+    so the versions of a table never share rows.
     """
 
     model: str
@@ -41,9 +44,16 @@ class TableSpec:
     default_value: float = 0.0
     max_keys_per_request: int = 0  # 0: unlimited
     row_dtype: RowDtype = "float32"  # how every tier stores its rows (hps.rowformat)
+    version: int = 1  # the model version whose rows these are
 
     @property
     def name(self) -> str:
+        base = f"{self.model}.{self.table}"
+        return base if self.version == 1 else f"{base}@{self.version}"
+
+    @property
+    def qualified(self) -> str:
+        """``<model>.<table>`` whatever the version: the table's topic and update key."""
         return f"{self.model}.{self.table}"
 
     @property

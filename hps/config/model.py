@@ -60,6 +60,12 @@ class ModelConfig(Frozen):
     slot_num: int = Field(default=10, ge=0)
     hps_cache: CacheConfig = CacheConfig()
     hps_instances: int = Field(default=1, ge=1, description="Triton instances of the model")
+    hps_keep_versions: int = Field(
+        default=2, ge=1, description="model versions kept for rollback, the live one included"
+    )
+    version: int = Field(
+        default=1, ge=1, exclude=True, description="the model version this entry describes"
+    )
     hps_row_dtype: RowDtype | list[RowDtype] | None = Field(
         default=None,
         description="how every tier stores the rows: one format, or one per table "
@@ -130,6 +136,10 @@ class ModelConfig(Frozen):
             dtypes = "int8" if self.fp8_quant else "float32"
         return self._per_table([dtypes] if isinstance(dtypes, str) else dtypes, "float32")
 
+    def at_version(self, version: int) -> ModelConfig:
+        """This entry as model version ``version`` (its tables in that version's namespace)."""
+        return self.model_copy(update={"version": version})
+
     @property
     def tables(self) -> list[TableSpec]:
         """Tables of this model in request order."""
@@ -143,6 +153,7 @@ class ModelConfig(Frozen):
                 default_value=float(default),
                 max_keys_per_request=int(q) * self.max_batch_size,
                 row_dtype=dtype,
+                version=self.version,
             )
             for name, dim, q, default, dtype in zip(
                 self.table_names,

@@ -39,7 +39,15 @@ from hps.errors import (
 from hps.rowformat import FLOAT16_MAX, Stored
 from hps.storage import AccessMode, EmbeddingStore
 from hps.tiers.rows import Level, RowStore
-from hps.tiers.versions import VersionedRows, Versions, key_versions, last_version
+from hps.tiers.versions import (
+    VERSION_SUFFIX,
+    WATERMARK_SUFFIX,
+    VersionedRows,
+    Versions,
+    key_versions,
+    last_version,
+    side_table,
+)
 from hps.types import Keys, TableSpec, Vectors
 
 log = logging.getLogger(__name__)
@@ -158,12 +166,16 @@ class Tiers:
                 log.warning("%s; dropping it in every tier to import it again", exc)
                 self.drop_table(spec)
 
-    def drop_table(self, spec: TableSpec) -> None:
-        """Delete a table's rows and recorded format in every tier, then declare it anew."""
+    def drop_table(self, spec: TableSpec, *, reopen: bool = True) -> None:
+        """Delete a table's rows and recorded format in every tier, then (``reopen``) declare
+        it anew. Its per-key update versions and watermarks go with it."""
         for store in self.stores:
             store.drop_table(spec.name)
-        for store in self.stores:
-            store.open_table(spec)
+            for suffix in (VERSION_SUFFIX, WATERMARK_SUFFIX):
+                store.drop_table(side_table(spec, suffix).name)
+        if reopen:
+            for store in self.stores:
+                store.open_table(spec)
 
     # -- reads --------------------------------------------------------------------------------
 

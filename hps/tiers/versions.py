@@ -104,10 +104,15 @@ def from_limbs(limbs: npt.ArrayLike) -> Versions:
     return np.bitwise_or.reduce(parts << _SHIFTS[None, :], axis=1).astype(np.uint64)
 
 
+def side_table(spec: TableSpec, suffix: str) -> TableSpec:
+    """The side table ``suffix`` of ``spec`` (in the same model version's namespace)."""
+    return TableSpec(model=spec.model, table=spec.table + suffix, dim=LIMBS, version=spec.version)
+
+
 class _SideTable:
     def __init__(self, store: RowStore, spec: TableSpec, suffix: str) -> None:
         self.store = store
-        self.spec = TableSpec(model=spec.model, table=spec.table + suffix, dim=LIMBS)
+        self.spec = side_table(spec, suffix)
         store.open_table(self.spec)
 
     def get(self, keys: Keys) -> Versions:

@@ -27,6 +27,9 @@ from pathlib import Path
 
 from hps.config import PSConfig, parse_config
 from hps.errors import ConfigError
+from hps.loading.imports import node_file
+from hps.topology import topology
+from hps.versions.registry import VersionRegistry
 
 TEMPLATES_ENV = "HPS_MODEL_REPOSITORY"
 CTR_SUFFIX = "_ctr"
@@ -83,6 +86,39 @@ def render_config(
     for key, value in params.items():
         text = set_parameter(text, key, value)
     return text
+
+
+_POLICY = re.compile(r"^version_policy:.*$", re.M)
+
+
+def write_versions(model_dir: Path, versions: list[int]) -> None:
+    """Serve ``versions`` (HPS model versions, Triton's) from the model folder ``model_dir``:
+    a version folder for each (the thin model.py of ``1/``; the instance reads its version
+    from Triton) and a ``specific`` version policy naming them. Folders of other versions
+    stay, unserved. Safe while the model is loaded: Triton reads them at the next load."""
+    template = model_dir / "1" / "model.py"
+    for v in versions:
+        target = model_dir / str(v) / "model.py"
+        if v != 1 and not target.exists():
+            target.parent.mkdir(exist_ok=True)
+            tmp = target.with_suffix(".tmp")
+            shutil.copyfile(template, tmp)
+            tmp.replace(target)
+    cfg = model_dir / "config.pbtxt"
+    listed = ", ".join(map(str, versions))
+    policy = f"version_policy: {{ specific: {{ versions: [ {listed} ] }} }}"
+    text = cfg.read_text()
+    text = _POLICY.sub(policy, text) if _POLICY.search(text) else f"{text.rstrip()}\n{policy}\n"
+    tmp = cfg.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(cfg)
+
+
+def repository_dir(config: PSConfig) -> Path | None:
+    """Where ``hps serve`` writes the Triton model repository of a node that has a state
+    folder (the control plane and the CLI find it there); None: a temporary one."""
+    state = topology(config).state_dir
+    return None if state is None else node_file(state, ".hps-repository")
 
 
 @dataclass(frozen=True)
@@ -142,6 +178,7 @@ def prepare_repository(
     ps_path = str(Path(config.source).resolve())
     base = "" if relative else str(Path(base_dir or os.getcwd()).resolve())
     names = []
+    registry = VersionRegistry(config)
     for served in served_models(config):
         model_dir = dest.resolve() / served.triton_name
         params = {
@@ -158,6 +195,7 @@ def prepare_repository(
             params,
             served.max_batch_size,
         )
+        write_versions(model_dir, registry.served(served.hps_model))
         names.append(served.triton_name)
     return names
 

@@ -25,6 +25,7 @@ from hps.lookup import LookupSession
 from hps.startup import fill_table_from_l3
 from hps.topology import SHARED_L2_DEFAULT, l2_placement, topology
 from hps.types import JSON
+from hps.versions import VersionRegistry
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,17 @@ def only_model(config: PSConfig, model: str) -> PSConfig:
 def prepare_tables(
     config: PSConfig, models: list[str] | None = None, *, progress: bool = False
 ) -> dict[str, int]:
-    """Import new or changed sparse files into L3 and a shared L2; rows imported per table."""
+    """Import new or changed sparse files into L3 and a shared L2; rows imported per table.
+
+    Each model entry is imported at its version (:mod:`hps.versions`): the ps.json's own
+    entries are version 1, imported unless version 1 was retired; an entry a serving
+    instance took from the version record is already imported (nothing to do)."""
+    registry = VersionRegistry(config)
+    models = [
+        m.model
+        for m in config.models
+        if (models is None or m.model in models) and (m.version != 1 or 1 in registry.kept(m.model))
+    ]
     return import_tables(
         config, topology(config), sparse_sources(config, models), progress=progress
     )

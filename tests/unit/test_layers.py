@@ -15,6 +15,7 @@ LEAVES = {
 }  # fmt: skip
 ABOVE = {
     "hps.build", "hps.lookup", "hps.tiers", "hps.topology", "hps.startup", "hps.plan",
+    "hps.versions",
     "hps.loading", "hps.ctr", "hps.triton", "hps.updates", "hps.service", "hps.commands",
     "hps.bench", "hps.loadtest", "hps.cli",
 }  # fmt: skip

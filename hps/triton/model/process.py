@@ -138,6 +138,7 @@ class ModelProcess:
         from hps.startup import refreshers_for, warm_up_keysets, warm_up_session, watch_shared_l2
         from hps.topology import topology
         from hps.triton.serving import fill_l2, only_model, prepare_tables, serving_config
+        from hps.versions import VersionRegistry
 
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         params = model_parameters(args)
@@ -146,6 +147,9 @@ class ModelProcess:
         base = params.get("base_dir") or str(ps_path.parent)
         config = serving_config(ps_path, base)
         protect(config)  # no log line of this process shows the config's secrets
+        # Triton's model version is the HPS model version whose rows and weights this serves
+        self.version = int(args.get("model_version") or 1)
+        config = VersionRegistry(config).config_at(self.name, self.version)
         self.config = only_model(config, self.name)
         self.model = self.config.model(self.name)
         start = time.perf_counter()

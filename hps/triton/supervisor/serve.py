@@ -25,7 +25,7 @@ from hps.config import PSConfig
 from hps.errors import HPSError
 from hps.tempdirs import owned_tempdir
 from hps.triton.admin_key import ensure_key
-from hps.triton.repository import prepare_repository, served_models
+from hps.triton.repository import prepare_repository, repository_dir, served_models
 from hps.triton.serving import prepare_tables, serving_config
 from hps.triton.supervisor.gate import BodyLimit, find_nginx
 from hps.triton.supervisor.lifecycle import check_ports, clean_stale
@@ -61,7 +61,9 @@ def serve(args: argparse.Namespace) -> int:
     )
     tmp = owned_tempdir("hps-repo-")
     try:
-        repo = Path(args.repository or tmp)
+        # beside L3 when there is a node state folder: the control plane writes new model
+        # versions' folders there (hps.versions.rollout)
+        repo = Path(args.repository or repository_dir(config) or tmp)
         names = prepare_repository(config, repo, metrics_interval_s=args.metrics_interval)
         _import(config, verbose)
         key, key_file = _admin_key(args.state_dir or Path(args.config).resolve().parent, tmp)

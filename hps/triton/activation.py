@@ -1,0 +1,71 @@
+"""Activating a model version on a Triton server (``hps versions activate``, the control
+plane's ``POST /v1/models/{model}/versions/{n}/activate``).
+
+Each HPS model version is a Triton model version (:mod:`hps.versions`). Triton loads the
+versions the record says to serve (:meth:`hps.versions.VersionRegistry.served`: the kept
+ones up to the live one) and sends an unversioned request to the highest ready one, so:
+
+1. the model folders (the embedding model and, for a CTR model, ``<model>_ctr``) get the
+   new version's folder and a version policy naming the versions to serve;
+2. Triton loads them: the new version's instances import nothing (the version is imported),
+   fill their L2 and warm their L1 before Triton sends them traffic; versions no longer
+   served are unloaded once their in-flight requests finish (a rollback);
+3. only then is the version recorded live, and versions beyond ``hps_keep_versions``
+   are retired (their rows dropped in every tier).
+
+A failed load leaves Triton serving what it served and the record unchanged (the folders'
+policy is put back). A crash between 2 and 3 leaves each request answered by one whole
+version, and a restarted ``hps serve`` serves the version recorded live.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from hps.config import PSConfig
+from hps.errors import ConfigError
+from hps.triton.client import ModelControl
+from hps.triton.repository import served_models, write_versions
+from hps.versions import VersionRegistry
+from hps.versions.rollout import retire
+
+
+@dataclass(frozen=True)
+class Activation:
+    """What :func:`activate` did."""
+
+    model: str
+    live: int  # the version now live
+    previous: int  # the version live before
+    served: list[int]  # the versions Triton serves now
+    retired: list[int]  # versions whose rows were dropped (beyond hps_keep_versions)
+
+
+def activate(
+    config: PSConfig, model: str, version: int, control: ModelControl, repository: Path
+) -> Activation:
+    """Make ``version`` (ready, or live already) the live version of ``model`` on the Triton
+    server ``control`` reaches, whose repository is ``repository``."""
+    registry = VersionRegistry(config)
+    previous = registry.live(model)
+    info = registry.get(model, version)
+    if info.state not in ("ready", "live"):
+        raise ConfigError(f"model {model!r} version {version} is {info.state}, not ready")
+    served = registry.served(model, live=version)
+    names = [s.triton_name for s in served_models(config) if s.hps_model == model]
+    for name in names:
+        write_versions(repository / name, served)
+    try:
+        for name in names:
+            control.load(name)  # new versions load and warm; Triton then routes to them
+    except BaseException:
+        old = registry.served(model)
+        for name in names:
+            write_versions(repository / name, old)
+        raise
+    registry.set_live(model, version)
+    retired = registry.beyond_kept(model)
+    for v in retired:
+        retire(config, model, v)
+    return Activation(model, version, previous, served, retired)

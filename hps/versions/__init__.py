@@ -1,0 +1,10 @@
+"""Model versions: immutable snapshots of a model's tables and dense weights, each a Triton
+model version, imported beside the live one, activated and rolled back without an import.
+
+- :mod:`hps.versions.registry`: the node's record (versions, states, the live one).
+- :mod:`hps.versions.rollout`: import, activate, retire.
+"""
+
+from hps.versions.registry import VersionInfo, VersionRegistry, VersionState
+
+__all__ = ["VersionInfo", "VersionRegistry", "VersionState"]

@@ -1,0 +1,245 @@
+"""The node's record of each model's versions: which exist, in which state, which is live.
+
+A model version is an immutable snapshot of one ps.json model entry (its tables, sparse
+files, dense weights, row formats) imported under its own number; its rows live in their
+own namespace in every tier (:attr:`hps.types.TableSpec.name`). The record is one JSON
+file beside L3 (:func:`hps.loading.imports.node_file` ``.hps-versions.json``), written
+under a lock by atomic replacement, read by every process of the node: ``hps serve`` (which
+versions Triton loads), each serving instance (the entry of its version), ``hps consume``
+(which version an untagged update goes to), the control plane and the CLI.
+
+A model with no record is at version 1, live, described by the ps.json entry itself: a
+node that never used versions reads as it always did. A node without a state folder (no
+L3 and an in-process L2) keeps nothing across restarts, and has version 1 only.
+
+States: ``loading`` (an import is writing it), ``ready`` (complete, not served by default),
+``live`` (what ``/v2/models/<model>/infer`` answers with; exactly one), ``retired`` (its rows
+dropped; the number is never reused).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal, cast
+
+from hps.config import ModelConfig, PSConfig
+from hps.errors import ConfigError, UnknownTableError
+from hps.types import JSON
+
+VersionState = Literal["loading", "ready", "live", "retired"]
+SUFFIX = ".hps-versions.json"
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """One version of one model as recorded."""
+
+    version: int
+    state: VersionState
+    created: float  # unix time the import began
+    entry: JSON  # the ps.json model entry it was imported from (paths absolute)
+
+    def model_config(self) -> ModelConfig:
+        """The entry as a ModelConfig whose tables are in this version's namespace."""
+        return ModelConfig.model_validate(self.entry).at_version(self.version)
+
+
+class VersionRegistry:
+    """The versions of the models of ``config`` on this node (see the module docstring).
+
+    ``config`` is the ps.json as served (:func:`hps.triton.serving.serving_config`): the
+    entry of version 1, when nothing is recorded, is its model entry.
+    """
+
+    def __init__(self, config: PSConfig) -> None:
+        from hps.loading.imports import node_file
+        from hps.topology import topology
+
+        self.config = config
+        state = topology(config).state_dir
+        self.path: Path | None = None if state is None else node_file(state, SUFFIX)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _read(self) -> dict[str, JSON]:
+        if self.path is None:
+            return {}
+        try:
+            doc = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{self.path}: unreadable version record: {exc}") from None
+        return doc if isinstance(doc, dict) else {}
+
+    def _implicit(self, model: str) -> VersionInfo:
+        entry = self.config.model(model).model_dump(mode="json")
+        return VersionInfo(1, "live", 0.0, entry)
+
+    def versions(self, model: str) -> list[VersionInfo]:
+        """Every recorded version of ``model`` (retired ones too), oldest first."""
+        self.config.model(model)  # an unknown model is an UnknownTableError
+        rec = self._read().get(model)
+        if not isinstance(rec, dict):
+            return [self._implicit(model)]
+        raw = cast(dict[str, JSON], rec.get("versions", {}))
+        return sorted(
+            (
+                VersionInfo(
+                    int(n),
+                    cast(VersionState, v["state"]),
+                    float(cast(float, v["created"])),
+                    cast(JSON, v["entry"]),
+                )
+                for n, v in raw.items()
+            ),
+            key=lambda v: v.version,
+        )
+
+    def get(self, model: str, version: int) -> VersionInfo:
+        for info in self.versions(model):
+            if info.version == version:
+                return info
+        raise UnknownTableError(f"model {model!r} has no version {version}")
+
+    def live(self, model: str) -> int:
+        """The live version of ``model``."""
+        return next(v.version for v in self.versions(model) if v.state == "live")
+
+    def kept(self, model: str, live: int | None = None) -> list[int]:
+        """The versions kept for rollback: the live one (``live``, or the recorded one) and
+        the highest-numbered other ready ones, ``hps_keep_versions`` in all."""
+        live = self.live(model) if live is None else live
+        keep = self.config.model(model).hps_keep_versions
+        others = [
+            v.version for v in self.versions(model)
+            if v.state in ("ready", "live") and v.version != live
+        ]  # fmt: skip
+        return sorted([live, *sorted(others)[len(others) - keep + 1 :]])
+
+    def served(self, model: str, live: int | None = None) -> list[int]:
+        """The versions Triton loads when ``live`` (or the recorded one) is live: the kept
+        ones up to the live one, so that an unversioned request, which Triton sends to the
+        highest ready version, goes to the live one."""
+        live = self.live(model) if live is None else live
+        return [v for v in self.kept(model, live) if v <= live]
+
+    def beyond_kept(self, model: str) -> list[int]:
+        """Ready versions no longer kept (what an activation retires)."""
+        kept = self.kept(model)
+        return [
+            v.version for v in self.versions(model) if v.state == "ready" and v.version not in kept
+        ]
+
+    def model_at(self, model: str, version: int) -> ModelConfig:
+        """The model entry of ``version`` (the ps.json's own for an unrecorded version 1)."""
+        info = self.get(model, version)
+        if info.state in ("retired", "loading"):
+            raise ConfigError(f"model {model!r} version {version} is {info.state}")
+        return info.model_config()
+
+    def config_at(self, model: str, version: int) -> PSConfig:
+        """``config`` with ``model``'s entry replaced by that of ``version``."""
+        entry = self.model_at(model, version)
+        models = [entry if m.model == model else m for m in self.config.models]
+        return self.config.model_copy(update={"models": models})
+
+    # -- writing ---------------------------------------------------------------------------
+
+    @contextmanager
+    def _editing(self) -> Iterator[dict[str, JSON]]:
+        if self.path is None:
+            raise ConfigError(
+                f"{self.config.source}: model versions need a node state folder "
+                "(a persistent_db, or a shared volatile_db) to be recorded in"
+            )
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            doc = self._read()
+            yield doc
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(doc, indent=1))
+            tmp.replace(self.path)
+
+    def _edit(self, model: str, change: Callable[[dict[int, VersionInfo]], int | None]) -> None:
+        """Apply ``change`` to the model's versions (a dict it may edit in place); it returns
+        the new live version or None to keep it."""
+        with self._editing() as doc:
+            current = {v.version: v for v in self.versions(model)}
+            self.config.model(model)
+            new_live = change(current)
+            if new_live is not None:
+                current = {
+                    n: VersionInfo(
+                        n,
+                        "live" if n == new_live else ("ready" if v.state == "live" else v.state),
+                        v.created,
+                        v.entry,
+                    )
+                    for n, v in current.items()
+                }
+            doc[model] = {"versions": {str(n): asdict(v) for n, v in sorted(current.items())}}
+
+    def begin(self, model: ModelConfig, version: int) -> None:
+        """Record ``version`` of ``model`` as ``loading`` from its entry; a number already
+        used (even retired) is a ConfigError."""
+        if version < 1:
+            raise ConfigError(f"model versions are positive integers, not {version}")
+
+        def change(current: dict[int, VersionInfo]) -> None:
+            if version in current:
+                state = current[version].state
+                raise ConfigError(
+                    f"model {model.model!r} version {version} exists ({state}); "
+                    "import under a new number"
+                )
+            entry = model.model_dump(mode="json")
+            current[version] = VersionInfo(version, "loading", time.time(), entry)
+
+        self._edit(model.model, change)
+
+    def set_state(self, model: str, version: int, state: VersionState) -> None:
+        """``loading`` -> ``ready`` when an import completes, or -> ``retired``."""
+
+        def change(current: dict[int, VersionInfo]) -> None:
+            v = self._known(model, current, version)
+            if v.state == "live" and state != "live":
+                raise ConfigError(f"model {model!r} version {version} is live: activate another")
+            current[version] = VersionInfo(version, state, v.created, v.entry)
+
+        self._edit(model, change)
+
+    def set_live(self, model: str, version: int) -> None:
+        """Record ``version`` (ready or live) as the live one; the previous live one becomes
+        ``ready``."""
+
+        def change(current: dict[int, VersionInfo]) -> int:
+            v = self._known(model, current, version)
+            if v.state not in ("ready", "live"):
+                raise ConfigError(f"model {model!r} version {version} is {v.state}, not ready")
+            return version
+
+        self._edit(model, change)
+
+    def forget(self, model: str, version: int) -> None:
+        """Drop the record of a version whose import failed (state ``loading``)."""
+
+        def change(current: dict[int, VersionInfo]) -> None:
+            if version in current and current[version].state == "loading":
+                del current[version]
+
+        self._edit(model, change)
+
+    @staticmethod
+    def _known(model: str, current: dict[int, VersionInfo], version: int) -> VersionInfo:
+        if version not in current:
+            raise UnknownTableError(f"model {model!r} has no version {version}")
+        return current[version]

@@ -1,0 +1,136 @@
+"""Importing and retiring model versions (what ``hps versions`` and the control
+plane's ``/v1/models/{model}/versions`` routes call).
+
+- :func:`import_version`: a new version beside the live one. Its entry is the ps.json's
+  model entry with the sparse files (and dense weights) of the new version; its rows go to
+  its own namespace in every tier (:attr:`hps.types.TableSpec.name`), nothing served changes.
+  The dense and network files are copied into the node's versions folder, so the version
+  stays what it was imported as even if the files are replaced later.
+- :func:`retire`: drop a version's rows in every tier (not the live one, nor a served one).
+
+Activating a version is Triton's part: :mod:`hps.triton.activation`.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from hps.config import ModelConfig, PSConfig
+from hps.errors import ConfigError
+from hps.loading.imports import import_tables, node_file, sparse_sources
+from hps.tiers import Tiers
+from hps.topology import topology
+from hps.versions.registry import VersionRegistry
+
+log = logging.getLogger(__name__)
+
+VERSIONS_DIR = ".hps-versions"  # node folder: <model>/<n>/ holds a version's dense files
+
+
+def version_entry(
+    config: PSConfig,
+    model: str,
+    *,
+    sparse_files: list[str] | None = None,
+    dense_file: str | None = None,
+    base: ModelConfig | None = None,
+) -> ModelConfig:
+    """A new version's entry: ``base`` (the ps.json's entry of ``model``) with these files
+    (paths made absolute); the number of sparse files must match the tables."""
+    entry = base or config.model(model)
+    update: dict[str, object] = {}
+    if sparse_files is not None:
+        if len(sparse_files) != len(entry.tables):
+            raise ConfigError(
+                f"model {model!r} has {len(entry.tables)} tables but "
+                f"{len(sparse_files)} sparse files were given"
+            )
+        update["sparse_files"] = [str(Path(p).resolve()) for p in sparse_files]
+    if dense_file is not None:
+        update["dense_file"] = str(Path(dense_file).resolve())
+    return entry.model_copy(update=update)
+
+
+def _snapshot(
+    config: PSConfig, entry: ModelConfig, version: int
+) -> tuple[ModelConfig, dict[str, str]]:
+    """The entry with its dense and network files in the node's versions folder, and the
+    copies to make (destination: source)."""
+    state = topology(config).state_dir
+    assert state is not None  # VersionRegistry.begin refuses a node without one
+    update: dict[str, object] = {}
+    copies: dict[str, str] = {}
+    for key in ("dense_file", "network_file"):
+        src = getattr(entry, key)
+        if src:
+            dest = node_file(state, VERSIONS_DIR) / entry.model / str(version) / Path(src).name
+            copies[str(dest)] = src
+            update[key] = str(dest)
+    return entry.model_copy(update=update), copies
+
+
+def import_version(
+    config: PSConfig, entry: ModelConfig, version: int, *, progress: bool = False
+) -> dict[str, int]:
+    """Import ``entry`` (see :func:`version_entry`) as ``version`` of its model, beside the
+    versions there are; rows imported per table. On failure nothing of it is left recorded
+    and its partial rows are dropped."""
+    registry = VersionRegistry(config)
+    model = entry.model
+    if len(entry.sparse_files) != len(entry.tables):
+        raise ConfigError(f"model {model!r} version {version}: no sparse files to import")
+    snapshot, copies = _snapshot(config, entry, version)
+    registry.begin(snapshot, version)
+    at = snapshot.at_version(version)
+    try:
+        for dest, src in copies.items():
+            Path(dest).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                shutil.copyfile(src, dest)
+            except OSError as exc:
+                raise ConfigError(f"model {model!r}: cannot copy {src}: {exc}") from None
+        served = config.model_copy(
+            update={"models": [at if m.model == model else m for m in config.models]}
+        )
+        rows = import_tables(served, topology(served), sparse_sources(served, [model]),
+                             progress=progress)  # fmt: skip
+    except BaseException:
+        _drop(config, [at])
+        for dest in copies:
+            Path(dest).unlink(missing_ok=True)
+        registry.forget(model, version)
+        raise
+    registry.set_state(model, version, "ready")
+    return rows
+
+
+def _drop(config: PSConfig, entries: list[ModelConfig]) -> None:
+    """Drop the tables of ``entries`` (model entries at their version) in every tier."""
+    tiers = Tiers.open(config, l3_mode="read_write")
+    try:
+        for entry in entries:
+            for spec in entry.tables:
+                tiers.drop_table(spec, reopen=False)
+    finally:
+        tiers.close()
+
+
+def retire(config: PSConfig, model: str, version: int) -> None:
+    """Drop ``version``'s rows in every tier and record it retired (not the live one, nor
+    one Triton serves)."""
+    registry = VersionRegistry(config)
+    info = registry.get(model, version)
+    if info.state == "live":
+        raise ConfigError(f"model {model!r} version {version} is live: activate another first")
+    if info.state == "retired":
+        return
+    if version in registry.served(model):
+        raise ConfigError(
+            f"model {model!r} version {version} is served (kept for rollback below the live "
+            "one): activate a version below it first"
+        )
+    registry.set_state(model, version, "retired")  # first: nothing starts serving it now
+    _drop(config, [info.model_config()])
+    log.info("model %s: version %d retired, its rows dropped", model, version)
