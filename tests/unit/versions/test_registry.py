@@ -1,0 +1,109 @@
+"""The node's version record: states, the live version, what is kept and served."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hps.config import PSConfig
+from hps.errors import ConfigError, UnknownTableError
+from hps.types import TableSpec
+from hps.versions import VersionRegistry
+from tests.helpers import make_config
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> PSConfig:
+    return make_config(tmp_path)
+
+
+def add(registry: VersionRegistry, version: int, state: str = "ready") -> None:
+    registry.begin(registry.config.model("demo"), version)
+    if state != "loading":
+        registry.set_state("demo", version, "ready")
+
+
+def test_a_model_without_a_record_is_version_1_live(config: PSConfig) -> None:
+    registry = VersionRegistry(config)
+    [v1] = registry.versions("demo")
+    assert (v1.version, v1.state, registry.live("demo")) == (1, "live", 1)
+    assert registry.served("demo") == [1]
+    assert registry.model_at("demo", 1) == config.model("demo")
+    assert registry.path is not None and not registry.path.exists()  # reading writes nothing
+
+
+def test_versions_have_their_own_table_namespaces() -> None:
+    spec = TableSpec("demo", "t0", 4)
+    assert spec.name == "demo.t0" == spec.qualified
+    v2 = TableSpec("demo", "t0", 4, version=2)
+    assert (v2.name, v2.qualified) == ("demo.t0@2", "demo.t0")
+
+
+def test_import_activate_and_rollback_states(config: PSConfig) -> None:
+    registry = VersionRegistry(config)
+    add(registry, 2, "loading")
+    assert [(v.version, v.state) for v in registry.versions("demo")] == [
+        (1, "live"),
+        (2, "loading"),
+    ]
+    with pytest.raises(ConfigError, match="loading"):
+        registry.model_at("demo", 2)
+    with pytest.raises(ConfigError, match="not ready"):
+        registry.set_live("demo", 2)
+    registry.set_state("demo", 2, "ready")
+    assert registry.model_at("demo", 2).tables[0].name == "demo.t0@2"
+    registry.set_live("demo", 2)
+    assert registry.live("demo") == 2 and registry.served("demo") == [1, 2]
+    # a rollback: version 2 stays kept, but is not served (Triton would route to it)
+    registry.set_live("demo", 1)
+    assert registry.served("demo") == [1] and registry.kept("demo") == [1, 2]
+    states = {v.version: v.state for v in VersionRegistry(config).versions("demo")}
+    assert states == {1: "live", 2: "ready"}  # recorded, read back by another reader
+
+
+def test_keep_versions_bounds_what_is_kept(config: PSConfig) -> None:
+    registry = VersionRegistry(config)
+    for n in (2, 3, 4):
+        add(registry, n)
+    registry.set_live("demo", 4)
+    assert registry.kept("demo") == [3, 4]  # hps_keep_versions = 2, the live one included
+    assert registry.beyond_kept("demo") == [1, 2]
+    assert registry.served("demo") == [3, 4]
+
+
+def test_numbers_are_never_reused_and_the_live_one_cannot_retire(config: PSConfig) -> None:
+    registry = VersionRegistry(config)
+    add(registry, 2)
+    registry.set_state("demo", 2, "retired")
+    with pytest.raises(ConfigError, match="version 2 exists \\(retired\\)"):
+        add(registry, 2)
+    with pytest.raises(ConfigError, match="is live"):
+        registry.set_state("demo", 1, "retired")
+    with pytest.raises(UnknownTableError, match="no version 7"):
+        registry.set_live("demo", 7)
+    with pytest.raises(ConfigError, match="positive"):
+        registry.begin(config.model("demo"), 0)
+
+
+def test_a_failed_import_leaves_no_record(config: PSConfig) -> None:
+    registry = VersionRegistry(config)
+    add(registry, 2, "loading")
+    registry.forget("demo", 2)
+    assert [v.version for v in registry.versions("demo")] == [1]
+
+
+def test_a_node_without_state_folder_has_version_1_only(tmp_path: Path) -> None:
+    config = make_config(tmp_path, persistent_db={"type": "disabled"})
+    registry = VersionRegistry(config)
+    assert registry.path is None and registry.live("demo") == 1
+    with pytest.raises(ConfigError, match="need a node state folder"):
+        add(registry, 2)
+
+
+def test_a_damaged_record_is_a_clear_error(config: PSConfig) -> None:
+    registry = VersionRegistry(config)
+    assert registry.path is not None
+    registry.path.write_text("{not json")
+    with pytest.raises(ConfigError, match="unreadable version record"):
+        registry.live("demo")
