@@ -244,6 +244,26 @@ def _cells(row: tuple[str, ...], widths: list[int]) -> list[str]:
     ]
 
 
+def version_costs(config: PSConfig, plans: list[TablePlan]) -> list[str]:
+    """What each model version costs beside the first (:mod:`hps.versions`): its rows are a
+    whole copy in their own namespace in every tier that holds them. L1 and a serving-filled
+    L2 (hash_map, multi_process_hash_map) are paid per *served* version (each has its own
+    instances); a Redis L2 (filled at import) and L3 per *kept* version."""
+    lines = []
+    for m in config.models:
+        mine = totals([p for p in plans if p.table.startswith(f"{m.model}.")])
+        keep = m.hps_keep_versions
+        filled_by_serving = topology(config).l2_filled_by == "serving"
+        l2_per = "served" if filled_by_serving else "kept"
+        lines.append(
+            f"model {m.model}: each further version +{human(mine['cache_bytes_per_device'])} "
+            f"L1 per device (per served version), +{human(mine['l2_bytes'])} L2 (per {l2_per} "
+            f"version), +{human(mine['l3_bytes'])} L3 (per kept version); hps_keep_versions "
+            f"= {keep}: up to {keep} kept and served after an activation"
+        )
+    return lines
+
+
 def l3_memory(config: PSConfig) -> str | None:
     """What RocksDB holds in memory in each process that opens L3, beyond the table above."""
     db = config.persistent_db
@@ -257,8 +277,9 @@ def l3_memory(config: PSConfig) -> str | None:
     )
 
 
-def to_json(plans: list[TablePlan], topo: Topology) -> str:
+def to_json(plans: list[TablePlan], topo: Topology, versions: list[str] | None = None) -> str:
     doc: JSON = {
+        "versions": versions or [],
         "topology": topo.as_dict(),
         "tables": [asdict(p) for p in plans],
         "totals": totals(plans),

@@ -12,4 +12,5 @@ BENCHES: dict[str, str] = {
     "gate": "hps.bench.gate",
     "memory": "hps.bench.memory",
     "freshness": "hps.bench.freshness",
+    "rollout": "hps.bench.rollout",
 }

@@ -52,16 +52,17 @@ def parse_rows(items: list[str]) -> dict[str, int]:
 
 def _plan(args: argparse.Namespace) -> int:
     from hps.config import load_config
-    from hps.plan import format_text, l3_memory, plan, to_json
+    from hps.plan import format_text, l3_memory, plan, to_json, version_costs
     from hps.topology import describe, topology
 
     config = load_config(args.config)
     plans, topo = plan(config, parse_rows(args.rows)), topology(config)
+    versions = version_costs(config, plans)
     if args.json:
-        print(to_json(plans, topo))
+        print(to_json(plans, topo, versions))
     else:
-        note = l3_memory(config)
-        print("\n".join([*describe(topo), "", format_text(plans), *([note] if note else [])]))
+        note = [n] if (n := l3_memory(config)) else []
+        print("\n".join([*describe(topo), "", format_text(plans), *note, *versions]))
     return 0
 
 

@@ -20,6 +20,7 @@ version, and a restarted ``hps serve`` serves the version recorded live.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,8 +58,11 @@ def activate(
     for name in names:
         write_versions(repository / name, served)
     try:
-        for name in names:
-            control.load(name)  # new versions load and warm; Triton then routes to them
+        # new versions load and warm (the embedding and the CTR model side by side); Triton
+        # then routes to them
+        with ThreadPoolExecutor(len(names)) as pool:
+            for done in [pool.submit(control.load, name) for name in names]:
+                done.result()
     except BaseException:
         old = registry.served(model)
         for name in names:

@@ -13,10 +13,11 @@ from hps.cli import main
 from hps.config import parse_config
 from hps.errors import ConfigError
 from hps.io.sparse_model import write_sparse_model
-from hps.plan import l3_bytes_per_row, plan
+from hps.plan import l3_bytes_per_row, plan, version_costs
 from hps.storage.hash_map import HashMapStore
 from hps.storage.redis_layout import _jemalloc, redis_bytes_per_row
 from hps.types import TableSpec
+from tests.helpers import make_config
 
 
 def ps_json(tmp_path: Path, **volatile: object) -> Path:
@@ -131,3 +132,11 @@ def test_plan_for_a_table_spec_matches_build(tmp_path: Path) -> None:
             {"m.t": 1},
         )[0].cache_bytes
     )
+
+
+def test_plan_says_what_a_further_version_costs(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path)
+    [line] = version_costs(cfg, plan(cfg, {"demo.t0": 1000, "demo.t1": 1000}))
+    assert line.startswith("model demo: each further version +")
+    assert "L2 (per served version)" in line and "L3 (per kept version)" in line
+    assert "hps_keep_versions = 2" in line

@@ -203,3 +203,16 @@ def test_a_crash_during_activation_leaves_the_recorded_version_live(
         assert served_version(url) == "2"
     finally:
         stop(proc)
+
+
+def test_bench_rollout_reports_the_cutover_of_both_steps() -> None:
+    import argparse
+
+    from hps.bench.rollout import run
+
+    args = argparse.Namespace(tables=2, rows=500, instances=1, readers=2, settle=1.0)
+    activation, rollback = list(run(args))
+    assert (activation["step"], activation["to"], rollback["to"]) == ("activate", 2, 1)
+    for row in (activation, rollback):
+        assert row["failures"] == 0 and row["reads"] > 0
+        assert 0 <= row["first_new_s"] and row["p99_cutover_ms"] > 0
