@@ -58,6 +58,14 @@ def templates_dir() -> Path:
     return path
 
 
+def get_parameter(text: str, key: str) -> str | None:
+    """One string parameter of a config.pbtxt written like the templates (None: absent)."""
+    value = r'"((?:[^"\\]|\\.)*)"'
+    pattern = r'\{\s*key:\s*"' + re.escape(key) + r'",?\s*value:\s*\{\s*string_value:\s*' + value
+    found = re.search(pattern, text)
+    return None if found is None else re.sub(r"\\(.)", r"\1", found.group(1))
+
+
 def set_parameter(text: str, key: str, value: str) -> str:
     """Set one string parameter of a config.pbtxt written like the templates."""
     pattern = re.compile(
@@ -166,8 +174,10 @@ def prepare_repository(
     base_dir: str | Path | None = None,
     metrics_interval_s: float = 1.0,
     relative: bool = False,
+    models: list[str] | None = None,
 ) -> list[str]:
-    """Write the Triton models of ``config`` under ``dest``; their names, in order.
+    """Write the Triton models of ``config`` (of its ``models`` only, if given) under
+    ``dest``; their names, in order.
 
     ``relative``: name the ps.json relative to each model's folder and leave ``base_dir``
     empty (relative paths in the ps.json then start at its own folder), so that the
@@ -180,6 +190,8 @@ def prepare_repository(
     names = []
     registry = VersionRegistry(config)
     for served in served_models(config):
+        if models is not None and served.hps_model not in models:
+            continue
         model_dir = dest.resolve() / served.triton_name
         params = {
             "ps_config": os.path.relpath(ps_path, model_dir) if relative else ps_path,

@@ -1,9 +1,10 @@
 """What a serving process does with a ps.json before it answers requests.
 
 - :func:`serving_config` reads the ps.json as served: relative paths resolved against the
-  directory ``hps serve`` started in, and ``multi_process_hash_map`` as the L2 when a model
+  directory ``hps serve`` started in, ``multi_process_hash_map`` as the L2 when a model
   runs several instances and the file names no volatile_db type (one L2 per node, not one
-  per Triton process).
+  per Triton process), and the models added or removed at runtime
+  (:mod:`hps.versions.models`).
 - :func:`prepare_tables` brings L3 (and a shared L2) up to date with the tables named by
   ``sparse_files`` (:func:`hps.loading.imports.import_tables`), which is also how a reload through
   Triton's model-control API picks up retrained tables.
@@ -26,6 +27,7 @@ from hps.startup import fill_table_from_l3
 from hps.topology import SHARED_L2_DEFAULT, l2_placement, topology
 from hps.types import JSON
 from hps.versions import VersionRegistry
+from hps.versions.models import served_config
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +68,8 @@ def serving_config(path: str | Path, base_dir: str | Path | None = None) -> PSCo
         update["volatile_db"] = vdb.model_copy(update={"type": SHARED_L2_DEFAULT})
     elif several and l2_placement(config) == "process":
         log.warning("volatile_db %s is per process: each instance holds its own L2", vdb.type)
-    return config.model_copy(update=update)
+    # the models added or removed at runtime (hps.versions.models)
+    return served_config(config.model_copy(update=update))
 
 
 def only_model(config: PSConfig, model: str) -> PSConfig:

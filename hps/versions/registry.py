@@ -83,11 +83,15 @@ class VersionRegistry:
         entry = self.config.model(model).model_dump(mode="json")
         return VersionInfo(1, "live", 0.0, entry)
 
-    def versions(self, model: str) -> list[VersionInfo]:
-        """Every recorded version of ``model`` (retired ones too), oldest first."""
-        self.config.model(model)  # an unknown model is an UnknownTableError
+    def _record(self, model: str) -> JSON | None:
         rec = self._read().get(model)
-        if not isinstance(rec, dict):
+        return rec if isinstance(rec, dict) else None
+
+    def versions(self, model: str) -> list[VersionInfo]:
+        """Every recorded version of ``model`` (retired ones too), oldest first; a model
+        neither in the ps.json nor recorded is an UnknownTableError."""
+        rec = self._record(model)
+        if rec is None:
             return [self._implicit(model)]
         raw = cast(dict[str, JSON], rec.get("versions", {}))
         return sorted(
@@ -103,6 +107,21 @@ class VersionRegistry:
             key=lambda v: v.version,
         )
 
+    def removed(self, model: str) -> bool:
+        """Whether ``model`` was removed at runtime (not served, even if the ps.json names it;
+        :mod:`hps.versions.models`)."""
+        rec = self._record(model)
+        return rec is not None and bool(rec.get("removed"))
+
+    def runtime_models(self) -> list[str]:
+        """Models added at runtime (not in the ps.json) and not removed."""
+        named = {m.model for m in self.config.models}
+        return [
+            name for name, rec in self._read().items()
+            if isinstance(rec, dict) and rec.get("runtime") and not rec.get("removed")
+            and name not in named
+        ]  # fmt: skip
+
     def get(self, model: str, version: int) -> VersionInfo:
         for info in self.versions(model):
             if info.version == version:
@@ -110,19 +129,31 @@ class VersionRegistry:
         raise UnknownTableError(f"model {model!r} has no version {version}")
 
     def live(self, model: str) -> int:
-        """The live version of ``model``."""
-        return next(v.version for v in self.versions(model) if v.state == "live")
+        """The live version of ``model`` (a removed model has none: UnknownTableError)."""
+        if self.removed(model):
+            raise UnknownTableError(f"model {model!r} was removed; it has no live version")
+        for v in self.versions(model):
+            if v.state == "live":
+                return v.version
+        raise UnknownTableError(f"model {model!r} has no live version")
 
     def kept(self, model: str, live: int | None = None) -> list[int]:
         """The versions kept for rollback: the live one (``live``, or the recorded one) and
         the highest-numbered other ready ones, ``hps_keep_versions`` in all."""
         live = self.live(model) if live is None else live
-        keep = self.config.model(model).hps_keep_versions
+        keep = self._keep(model)
         others = [
             v.version for v in self.versions(model)
             if v.state in ("ready", "live") and v.version != live
         ]  # fmt: skip
         return sorted([live, *sorted(others)[len(others) - keep + 1 :]])
+
+    def _keep(self, model: str) -> int:
+        """``hps_keep_versions`` of the ps.json's entry, else of the live version's."""
+        for m in self.config.models:
+            if m.model == model:
+                return m.hps_keep_versions
+        return self.model_at(model, self.live(model)).hps_keep_versions
 
     def served(self, model: str, live: int | None = None) -> list[int]:
         """The versions Triton loads when ``live`` (or the recorded one) is live: the kept
@@ -149,12 +180,15 @@ class VersionRegistry:
         """``config`` with ``model``'s entry replaced by that of ``version``."""
         entry = self.model_at(model, version)
         models = [entry if m.model == model else m for m in self.config.models]
+        if entry not in models:  # a model added at runtime
+            models.append(entry)
         return self.config.model_copy(update={"models": models})
 
     # -- writing ---------------------------------------------------------------------------
 
     @contextmanager
-    def _editing(self) -> Iterator[dict[str, JSON]]:
+    def editing(self) -> Iterator[dict[str, JSON]]:
+        """The whole record, locked, written back when the block ends (without an error)."""
         if self.path is None:
             raise ConfigError(
                 f"{self.config.source}: model versions need a node state folder "
@@ -172,9 +206,8 @@ class VersionRegistry:
     def _edit(self, model: str, change: Callable[[dict[int, VersionInfo]], int | None]) -> None:
         """Apply ``change`` to the model's versions (a dict it may edit in place); it returns
         the new live version or None to keep it."""
-        with self._editing() as doc:
+        with self.editing() as doc:
             current = {v.version: v for v in self.versions(model)}
-            self.config.model(model)
             new_live = change(current)
             if new_live is not None:
                 current = {
@@ -186,7 +219,9 @@ class VersionRegistry:
                     )
                     for n, v in current.items()
                 }
-            doc[model] = {"versions": {str(n): asdict(v) for n, v in sorted(current.items())}}
+            rec = cast(JSON, doc.get(model) or {})
+            rec["versions"] = {str(n): asdict(v) for n, v in sorted(current.items())}
+            doc[model] = rec
 
     def begin(self, model: ModelConfig, version: int) -> None:
         """Record ``version`` of ``model`` as ``loading`` from its entry; a number already

@@ -97,7 +97,7 @@ def import_version(
         rows = import_tables(served, topology(served), sparse_sources(served, [model]),
                              progress=progress)  # fmt: skip
     except BaseException:
-        _drop(config, [at])
+        drop_versions(config, [at])
         for dest in copies:
             Path(dest).unlink(missing_ok=True)
         registry.forget(model, version)
@@ -106,7 +106,7 @@ def import_version(
     return rows
 
 
-def _drop(config: PSConfig, entries: list[ModelConfig]) -> None:
+def drop_versions(config: PSConfig, entries: list[ModelConfig]) -> None:
     """Drop the tables of ``entries`` (model entries at their version) in every tier."""
     tiers = Tiers.open(config, l3_mode="read_write")
     try:
@@ -132,5 +132,5 @@ def retire(config: PSConfig, model: str, version: int) -> None:
             "one): activate a version below it first"
         )
     registry.set_state(model, version, "retired")  # first: nothing starts serving it now
-    _drop(config, [info.model_config()])
+    drop_versions(config, [info.model_config()])
     log.info("model %s: version %d retired, its rows dropped", model, version)

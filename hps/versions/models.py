@@ -1,0 +1,106 @@
+"""Models added and removed at runtime, recorded beside their versions.
+
+A model added at runtime (``POST /v1/models``) is not in the ps.json: its entry lives in the
+node's version record (:mod:`hps.versions.registry`), flagged ``runtime``, and every process
+that reads the ps.json as served (:func:`served_config`, called by
+:func:`hps.triton.serving.serving_config`) sees it beside the ps.json's models. A removed model
+(``DELETE /v1/models/{model}``) is flagged ``removed``: no process serves it any more, even if
+the ps.json names it; its rows stay until it is purged (``?purge=true``: every version's rows
+dropped in every tier, the versions recorded retired). A removed model's name can be added
+again once it is purged; its version numbers go on from the highest it had.
+
+Triton's part (writing the model's folder and loading it, unloading it) is
+:mod:`hps.triton.models`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import cast
+
+from hps.config import ModelConfig, PSConfig
+from hps.errors import ConfigError
+from hps.types import JSON
+from hps.versions.registry import VersionRegistry
+from hps.versions.rollout import drop_versions, import_version
+
+
+def served_config(config: PSConfig) -> PSConfig:
+    """``config`` with the models this node serves: the ps.json's but those removed at
+    runtime, then those added at runtime (each at its live version)."""
+    registry = VersionRegistry(config)
+    if registry.path is None or not registry.path.exists():
+        return config
+    models = [m for m in config.models if not registry.removed(m.model)]
+    models += [registry.model_at(n, registry.live(n)) for n in registry.runtime_models()]
+    return config.model_copy(update={"models": models})
+
+
+def _served_names(config: PSConfig, registry: VersionRegistry) -> set[str]:
+    names = {m.model for m in config.models if not registry.removed(m.model)}
+    return names | set(registry.runtime_models())
+
+
+def add_model(config: PSConfig, entry: ModelConfig, *, progress: bool = False) -> int:
+    """Record ``entry`` as a model of this node and import its tables as its first version
+    (live); the version number (1, or after the highest a purged model of that name had).
+    Its tables must name their sparse files; a served model's name is a ConfigError."""
+    registry = VersionRegistry(config)
+    name = entry.model
+    with registry.editing() as doc:
+        if name in _served_names(config, registry):
+            raise ConfigError(f"model {name!r} is served already; import a new version of it")
+        rec = cast(JSON, doc.get(name) or {})
+        old = cast(dict[str, JSON], rec.get("versions", {}))
+        if any(cast(JSON, v)["state"] != "retired" for v in old.values()):
+            raise ConfigError(
+                f"model {name!r} was removed but its rows are kept; remove it with purge first"
+            )
+        version = max(map(int, old), default=0) + 1
+        previous = doc.get(name)
+        doc[name] = {"runtime": name not in {m.model for m in config.models}, "versions": old}
+    with_model = config.model_copy(
+        update={"models": [*(m for m in config.models if m.model != name), entry]}
+    )
+    try:
+        import_version(with_model, entry, version, progress=progress)
+    except BaseException:
+        with registry.editing() as doc:  # as it was before
+            if previous is None:
+                doc.pop(name, None)
+            else:
+                doc[name] = previous
+        raise
+    VersionRegistry(with_model).set_live(name, version)
+    return version
+
+
+def mark_removed(config: PSConfig, model: str) -> None:
+    """Record ``model`` removed (no process serves it from now on); its rows stay. Removing
+    the last model the node serves is a ConfigError."""
+    registry = VersionRegistry(config)
+    current = registry.versions(model)  # the ps.json's implicit version 1 made explicit
+    with registry.editing() as doc:
+        if _served_names(config, registry) - {model} == set():
+            raise ConfigError(f"model {model!r} is the last one this node serves")
+        rec = cast(JSON, doc.get(model) or {})
+        rec.setdefault("versions", {str(v.version): asdict(v) for v in current})
+        rec["removed"] = True
+        doc[model] = rec
+
+
+def purge(config: PSConfig, model: str) -> list[int]:
+    """Drop the rows of every version of a removed model in every tier and record them
+    retired; the versions purged."""
+    registry = VersionRegistry(config)
+    if not registry.removed(model):
+        raise ConfigError(f"model {model!r} is served: remove it before purging it")
+    infos = [v for v in registry.versions(model) if v.state != "retired"]
+    drop_versions(config, [v.model_config() for v in infos])
+    with registry.editing() as doc:
+        rec = cast(JSON, doc.get(model) or {})
+        versions = cast(dict[str, JSON], rec.get("versions", {}))
+        for v in versions.values():
+            cast(JSON, v)["state"] = "retired"
+        doc[model] = rec
+    return [v.version for v in infos]

@@ -1,0 +1,97 @@
+"""Models added and removed at runtime: the record, the config as served, purging."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hps.config import ModelConfig, PSConfig
+from hps.errors import ConfigError, UnknownTableError
+from hps.io.sparse_model import write_sparse_model
+from hps.tiers import Tiers
+from hps.versions import VersionRegistry
+from hps.versions.models import add_model, mark_removed, purge, served_config
+from tests.helpers import make_config
+
+KEYS = np.arange(20, dtype=np.int64)
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> PSConfig:
+    return make_config(tmp_path)
+
+
+def entry(tmp_path: Path, name: str = "extra", value: float = 3.0) -> ModelConfig:
+    write_sparse_model(tmp_path / name / "t", KEYS, np.full((KEYS.size, 2), value, np.float32))
+    return ModelConfig.model_validate({
+        "model": name, "sparse_files": [str(tmp_path / name / "t")],
+        "embedding_table_names": ["t"], "embedding_vecsize_per_table": [2],
+    })  # fmt: skip
+
+
+def l3_count(config: PSConfig, spec_model: ModelConfig) -> int:
+    spec = spec_model.tables[0]
+    tiers = Tiers.open(config, l3_mode="read_write", l2=False)
+    try:
+        assert tiers.persistent is not None
+        tiers.open_tables([spec])
+        return tiers.persistent.size(spec.name)
+    finally:
+        tiers.close()
+
+
+def test_a_model_added_at_runtime_is_served_beside_the_ps_json_ones(
+    config: PSConfig, tmp_path: Path
+) -> None:
+    assert served_config(config) is config  # nothing recorded: the ps.json as it is
+    assert add_model(config, entry(tmp_path)) == 1
+    served = served_config(config)
+    assert [m.model for m in served.models] == ["demo", "extra"]
+    extra = served.model("extra")
+    assert extra.version == 1 and VersionRegistry(config).live("extra") == 1
+    assert l3_count(config, extra) == KEYS.size
+    with pytest.raises(ConfigError, match="served already"):
+        add_model(config, entry(tmp_path))
+    with pytest.raises(ConfigError, match="served already"):
+        add_model(config, entry(tmp_path, "demo"))
+
+
+def test_removed_models_are_not_served_and_keep_their_rows_until_purged(
+    config: PSConfig, tmp_path: Path
+) -> None:
+    add_model(config, entry(tmp_path))
+    mark_removed(config, "extra")
+    assert [m.model for m in served_config(config).models] == ["demo"]
+    with pytest.raises(UnknownTableError, match="removed"):
+        VersionRegistry(config).live("extra")
+    extra_v1 = entry(tmp_path).at_version(1)
+    assert l3_count(config, extra_v1) == KEYS.size  # kept
+    with pytest.raises(ConfigError, match="rows are kept"):
+        add_model(config, entry(tmp_path))
+    with pytest.raises(ConfigError, match="last one this node serves"):
+        mark_removed(config, "demo")
+    assert purge(config, "extra") == [1]
+    assert l3_count(config, extra_v1) == 0
+    # the name can come back; its version numbers go on
+    assert add_model(config, entry(tmp_path, value=5.0)) == 2
+    assert served_config(config).model("extra").version == 2
+
+
+def test_a_ps_json_model_can_be_removed_and_purged(config: PSConfig, tmp_path: Path) -> None:
+    add_model(config, entry(tmp_path))
+    mark_removed(config, "demo")  # the ps.json still names it; the record wins
+    assert [m.model for m in served_config(config).models] == ["extra"]
+    with pytest.raises(ConfigError, match="is served"):
+        purge(config, "extra")
+    assert purge(config, "demo") == [1]
+
+
+def test_a_failed_add_leaves_no_record(config: PSConfig, tmp_path: Path) -> None:
+    bad = entry(tmp_path)
+    (Path(bad.sparse_files[0]) / "emb_vector").write_bytes(b"\0" * 3)
+    with pytest.raises(Exception, match="emb_vector"):
+        add_model(config, bad)
+    assert served_config(config).models == config.models
+    assert VersionRegistry(config).runtime_models() == []
