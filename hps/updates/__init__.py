@@ -15,8 +15,8 @@ _EXPORTS = {
     "UpdateConsumer": "hps.updates.consumer",
     "build_service": "hps.updates.runtime",
     "start_updates": "hps.updates.runtime",
-    "start_background_applier": "hps.updates.runtime",
-    "start_l1_listener": "hps.updates.runtime",
+    "start_background_applier": "hps.updates.embedded",
+    "start_l1_listener": "hps.updates.listener",
     "topic_name": "hps.updates.codec",
     "parse_topic": "hps.updates.codec",
     "encode": "hps.updates.codec",
@@ -44,13 +44,10 @@ if TYPE_CHECKING:  # what the names are, to a type checker
     from hps.updates.applier import Applier
     from hps.updates.codec import decode, encode, encode_hugectr, parse_topic, topic_name
     from hps.updates.consumer import UpdateConsumer
+    from hps.updates.embedded import start_background_applier
+    from hps.updates.listener import start_l1_listener
     from hps.updates.producer import Publisher
-    from hps.updates.runtime import (
-        build_service,
-        start_background_applier,
-        start_l1_listener,
-        start_updates,
-    )
+    from hps.updates.runtime import build_service, start_updates
 
 
 def __getattr__(name: str) -> object:

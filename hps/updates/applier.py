@@ -68,6 +68,8 @@ class Applier:
 
     ``persistent_models`` / ``volatile_models`` decide per model which tiers take its updates
     (ps.json's ``update_filters``); a tier that is ``None`` in ``tiers`` takes none.
+    Tables beyond ``tables`` (other versions of a model: :mod:`hps.updates.routing`) are
+    taken once :meth:`accept` has seen them; their tiers are opened at their first apply.
     """
 
     def __init__(
@@ -82,16 +84,40 @@ class Applier:
     ) -> None:
         self.listeners = list(listeners)
         self.recorder = recorder or PrometheusRecorder()  # l3_write, l2_write, sync stages
+        self._tiers = tiers
+        self._volatile_models = volatile_models
+        self._persistent_models = persistent_models
         self._routes: dict[str, VersionedRows] = {}
+        self._later: dict[str, TableSpec] = {}  # accepted, opened at their first apply
         self._first: dict[str, str] = {}  # table -> the stage its first tier's write times
-        for name, spec in tables.items():
-            route = tiers.versioned(
-                spec, l2=volatile_models(spec.model), l3=persistent_models(spec.model)
-            )
-            if route is not None:
-                self._routes[name] = route
-                first_is_l3 = route.tiers[0] is tiers.persistent
-                self._first[name] = "l3_write" if first_is_l3 else "l2_write"
+        for spec in tables.values():
+            self._open(spec)
+
+    def _takes(self, spec: TableSpec) -> tuple[bool, bool]:
+        """Whether L2 and L3 take ``spec``'s updates."""
+        return (
+            self._tiers.volatile is not None and self._volatile_models(spec.model),
+            self._tiers.persistent is not None and self._persistent_models(spec.model),
+        )
+
+    def _open(self, spec: TableSpec) -> VersionedRows | None:
+        l2, l3 = self._takes(spec)
+        route = self._tiers.versioned(spec, l2=l2, l3=l3)
+        if route is not None:
+            self._routes[spec.name] = route
+            first_is_l3 = route.tiers[0] is self._tiers.persistent
+            self._first[spec.name] = "l3_write" if first_is_l3 else "l2_write"
+        return route
+
+    def accept(self, spec: TableSpec) -> bool:
+        """Whether some tier takes ``spec``'s updates (a table of any version); one this
+        applier was not built with is opened in its tiers at its first apply."""
+        if spec.name in self._routes or spec.name in self._later:
+            return True
+        if not any(self._takes(spec)):
+            return False
+        self._later[spec.name] = spec
+        return True
 
     @property
     def tables(self) -> dict[str, TableSpec]:
@@ -107,6 +133,9 @@ class Applier:
         done = []
         for table, group in by_table.items():
             route = self._routes.get(table)
+            if route is None and table in self._later:
+                route = self._open(self._later[table])  # BackendError: the batch is retried
+                del self._later[table]
             if route is None:
                 raise UnknownTableError(f"no tier takes updates of table {table!r}")
             done.append(self._apply_table(route, group))

@@ -6,7 +6,7 @@ Two payloads are decoded, both without a Python loop per key:
 
       offset size  field
       0      4     magic  b"HPSU"
-      4      1     format version (1)
+      4      1     format version (1; 2 when tagged, below)
       5      1     dtype code of the values (1 = float32, 2 = float16)
       6      2     flags (bit 0: delete; the other bits must be 0)
       8      4     dim    (uint32; may be 0 in a delete)
@@ -14,6 +14,11 @@ Two payloads are decoded, both without a Python loop per key:
       16     8     update version (uint64, monotonically increasing per producer)
       24     8*count        keys   (int64)
       ...    count*dim*size values (absent for a delete)
+
+  Format version 2 is a message **tagged** with a model version (``Publisher(version=N)``):
+  the same header, then ``24 4 model version`` (uint32, >= 1) and ``28 4 reserved`` (0),
+  and the keys at offset 32. Format 1 (what an untagged ``Publisher`` still writes) and
+  HugeCTR's messages are untagged: :attr:`Decoded.model_version` is ``None``.
 
 - **HugeCTR** (what HugeCTR's ``KafkaMessageSink`` wrote): no Kafka key; ``uint32`` magic
   ``"HCTR"`` (bytes ``48 43 54 52``), ``uint32`` value size in bytes, then ``count`` times
@@ -40,12 +45,16 @@ from hps.types import Keys, Vectors
 TOPIC_PREFIX = "hps_et."
 NATIVE_MAGIC = b"HPSU"
 HUGECTR_MAGIC = b"HCTR"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # untagged
+FORMAT_TAGGED = 2  # tagged with a model version
 FLAG_DELETE = 0x1
 KNOWN_FLAGS = FLAG_DELETE
 
 HEADER = struct.Struct("<4sBBHIIQ")
 HEADER_SIZE = HEADER.size  # 24
+TAG = struct.Struct("<II")  # model version, reserved (format 2 only)
+TAGGED_HEADER_SIZE = HEADER_SIZE + TAG.size  # 32
+MODEL_VERSION_MAX = 2**32 - 1
 HUGECTR_HEADER = struct.Struct("<4sI")
 HUGECTR_HEADER_SIZE = HUGECTR_HEADER.size  # 8
 KEY_SIZE = 8
@@ -59,7 +68,10 @@ _TOPIC_RE = re.compile(r"^hps_et\.([A-Za-z0-9_\-]+)\.([A-Za-z0-9_\-]+)$")
 
 @dataclass(frozen=True)
 class Decoded:
-    """One decoded message: ``values`` is ``None`` for a delete (and an empty beacon)."""
+    """One decoded message: ``values`` is ``None`` for a delete (and an empty beacon).
+
+    ``version`` is the update version (per key, newest wins); ``model_version`` the model
+    version the message is tagged with, ``None`` for an untagged one."""
 
     keys: Keys
     values: Vectors | None
@@ -67,6 +79,7 @@ class Decoded:
     delete: bool
     dim: int
     format: str  # "native" | "hugectr"
+    model_version: int | None = None
 
 
 def check_version(
@@ -117,6 +130,18 @@ def native_row_bytes(dim: int, dtype: np.dtype = DTYPE_CODES[1]) -> int:
     return KEY_SIZE + dim * dtype.itemsize
 
 
+def header_size(model_version: int | None) -> int:
+    """Bytes before the keys: 24 untagged (format 1), 32 tagged (format 2)."""
+    return HEADER_SIZE if model_version is None else TAGGED_HEADER_SIZE
+
+
+def check_model_version(model_version: int) -> int:
+    """``model_version`` as an int if it is one a message can carry (1 ... 2**32 - 1)."""
+    if not 1 <= int(model_version) <= MODEL_VERSION_MAX:
+        raise ValueError(f"model version {model_version} is not in 1 ... {MODEL_VERSION_MAX}")
+    return int(model_version)
+
+
 def encode(
     keys: Keys,
     values: Vectors | None,
@@ -125,8 +150,10 @@ def encode(
     delete: bool = False,
     dim: int | None = None,
     dtype: np.dtype | str = "<f4",
+    model_version: int | None = None,
 ) -> bytes:
-    """Pack one native message. ``values`` must be ``None`` for a delete."""
+    """Pack one native message. ``values`` must be ``None`` for a delete; a
+    ``model_version`` tags it (format 2), without one it is untagged (format 1)."""
     keys = np.ascontiguousarray(keys, dtype="<i8")
     if keys.ndim != 1:
         raise ValueError(f"keys must be 1-D, got shape {keys.shape}")
@@ -150,13 +177,15 @@ def encode(
         body = values.tobytes()
     header = HEADER.pack(
         NATIVE_MAGIC,
-        FORMAT_VERSION,
+        FORMAT_VERSION if model_version is None else FORMAT_TAGGED,
         _CODE_OF[vdtype],
         FLAG_DELETE if delete else 0,
         dim,
         keys.size,
         version,
     )
+    if model_version is not None:
+        header += TAG.pack(check_model_version(model_version), 0)
     return header + keys.tobytes() + body
 
 
@@ -202,8 +231,24 @@ def _decode_native(view: memoryview) -> Decoded:
     if len(view) < HEADER_SIZE:
         raise DecodeError(f"truncated header: {len(view)} bytes, need {HEADER_SIZE}")
     _, fmt, code, flags, dim, count, version = HEADER.unpack_from(view)
-    if fmt != FORMAT_VERSION:
-        raise DecodeError(f"unsupported format version {fmt} (this reader knows {FORMAT_VERSION})")
+    model_version: int | None = None
+    start = HEADER_SIZE
+    if fmt == FORMAT_TAGGED:
+        if len(view) < TAGGED_HEADER_SIZE:
+            raise DecodeError(
+                f"truncated header: {len(view)} bytes, a tagged message needs {TAGGED_HEADER_SIZE}"
+            )
+        model_version, reserved = TAG.unpack_from(view, HEADER_SIZE)
+        if model_version == 0:
+            raise DecodeError("model version 0 in a tagged message (versions start at 1)")
+        if reserved:
+            raise DecodeError(f"reserved header field is {reserved}, must be 0")
+        start = TAGGED_HEADER_SIZE
+    elif fmt != FORMAT_VERSION:
+        raise DecodeError(
+            f"unsupported format version {fmt} (this reader knows {FORMAT_VERSION} and "
+            f"{FORMAT_TAGGED})"
+        )
     if code not in DTYPE_CODES:
         raise DecodeError(f"unknown dtype code {code}")
     if flags & ~KNOWN_FLAGS:
@@ -213,19 +258,20 @@ def _decode_native(view: memoryview) -> Decoded:
         raise DecodeError("dim is 0 in an upsert")
     dtype = DTYPE_CODES[code]
     value_bytes = 0 if delete else count * dim * dtype.itemsize
-    expected = HEADER_SIZE + count * KEY_SIZE + value_bytes
+    expected = start + count * KEY_SIZE + value_bytes
     if len(view) != expected:
         what = "truncated" if len(view) < expected else "trailing bytes in"
         raise DecodeError(
             f"{what} message: {len(view)} bytes, header says {count} keys x dim {dim} "
             f"({'delete' if delete else dtype.name}) = {expected} bytes"
         )
-    keys = np.frombuffer(view, dtype="<i8", count=count, offset=HEADER_SIZE)
+    keys = np.frombuffer(view, dtype="<i8", count=count, offset=start)
     values = None
     if not delete:
-        raw = np.frombuffer(view, dtype=dtype, count=count * dim, offset=HEADER_SIZE + 8 * count)
+        raw = np.frombuffer(view, dtype=dtype, count=count * dim, offset=start + 8 * count)
         values = raw.reshape(count, dim).astype(np.float32, copy=False)
-    return Decoded(keys.astype(np.int64, copy=False), values, version, delete, dim, "native")
+    keys = keys.astype(np.int64, copy=False)
+    return Decoded(keys, values, version, delete, dim, "native", model_version)
 
 
 def _decode_hugectr(view: memoryview, timestamp_ns: int) -> Decoded:

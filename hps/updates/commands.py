@@ -80,6 +80,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--brokers", help="bootstrap servers (default: the config's)")
     p.add_argument("--dim", type=int, help="vector size (default: the config's)")
     p.add_argument("--version", type=int, help="update version (default: time.time_ns())")
+    p.add_argument(
+        "--model-version",
+        type=int,
+        metavar="N",
+        help="tag every message with model version N: applied to that version only "
+        "(default: untagged, applied to the live version and the ready ones above it)",
+    )
     p.add_argument("--partitions", type=int, default=8, help="partitions of new topics")
     p.add_argument("--chunk-rows", type=int, default=1 << 16, help="rows read per chunk")
     p.add_argument("--max-message-bytes", type=int, default=900_000)
@@ -219,6 +226,7 @@ def _publish(args: argparse.Namespace) -> int:
         config=kafka_conf,
         num_partitions=args.partitions,
         max_message_bytes=args.max_message_bytes,
+        version=args.model_version,
     ) as pub:
         version = args.version
         for keys, vectors in chunks:
@@ -226,8 +234,10 @@ def _publish(args: argparse.Namespace) -> int:
             version = pub.publish(model, table, keys, vectors, version=version)
             progress.advance(keys.size)
         pub.flush()
+    tag = "" if args.model_version is None else f" for model version {args.model_version}"
     print(
-        f"{args.table}: published {total} rows as version {version} ({pub.messages_sent} messages)"
+        f"{args.table}: published {total} rows as version {version}{tag} "
+        f"({pub.messages_sent} messages)"
     )
     return 0
 

@@ -16,6 +16,11 @@ Semantics (docs/updates.md):
   uncommitted (it is redelivered on restart).
 - Every poll and every retry beats the :class:`~hps.updates.heartbeat.Heartbeat`: the
   process's liveness (``/healthz``, the heartbeat file) stops when the loop stalls.
+- Each message goes to the tables of the model versions :class:`~hps.updates.routing.Router`
+  chooses (the node's version record, re-read when its file changes: one ``stat`` per
+  poll); a message for a retired or unknown version is a dead letter. When a version
+  becomes ready, the messages it missed while it was loading are replayed to it before the
+  next poll (:mod:`hps.updates.replay`).
 - Each message's publish timestamp (its Kafka timestamp) travels in the batch's ``extras``
   (``published_ns``); the loop records the stages ``delivery``, ``batch``, ``decode`` and
   ``applied`` (:data:`hps.updates.metrics.STAGES`) and, where the loop serves lookups itself
@@ -28,27 +33,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-import numpy as np
-
 from hps.config import UpdateSourceConfig
-from hps.errors import (
-    BackendError,
-    FormatError,
-    InvalidValueError,
-    RequestError,
-    ShapeError,
-    UnknownTableError,
-)
-from hps.tiers import check_encodable
-from hps.types import TableSpec, UpdateBatch
-from hps.updates import codec, metrics
+from hps.errors import BackendError, FormatError, RequestError
+from hps.types import UpdateBatch
+from hps.updates import metrics
 from hps.updates.applier import Applier
 from hps.updates.deadletter import DeadLetters
 from hps.updates.heartbeat import Heartbeat
+from hps.updates.messages import MAX_AHEAD_S as MAX_AHEAD_S
+from hps.updates.messages import decode_message as decode_message
+from hps.updates.messages import read_message
 from hps.updates.metrics import PrometheusRecorder, Recorder
+from hps.updates.replay import Catchup
+from hps.updates.routing import Router
 
 if TYPE_CHECKING:
     from confluent_kafka import Message
@@ -56,7 +56,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 5.0
-MAX_AHEAD_S = 300.0  # update_source.hps_max_version_ahead_s's default
 LAG_INTERVAL_S = 1.0
 DRAIN_CHUNK = 256
 
@@ -72,52 +71,16 @@ class Source(Protocol):
     def store(self, msgs: Sequence[Message]) -> None: ...
     def commit(self, *, asynchronous: bool) -> None: ...
     def lag(self) -> dict[tuple[str, int], int]: ...
+    def positions(self) -> dict[tuple[str, int], int]: ...
     def close(self) -> None: ...
 
 
-def decode_message(
-    msg: Message,
-    tables: Mapping[str, TableSpec],
-    *,
-    max_version_ahead_s: float = MAX_AHEAD_S,
-    receipt_ns: int | None = None,
-) -> UpdateBatch:
-    """A consumed Kafka message as an UpdateBatch; FormatError/RequestError when it is bad.
-
-    The update version must not lie more than ``max_version_ahead_s`` after the consumer's
-    clock at receipt (``receipt_ns``, default now), nor after the message's timestamp when
-    that is earlier (:func:`hps.updates.codec.check_version`): VersionError. The producer
-    sets neither the consumer's clock nor a ``LogAppendTime``, so no message can pin a key.
-    """
-    topic = msg.topic() or ""  # a consumed message has its topic
-    model, table = codec.parse_topic(topic)
-    spec = tables.get(f"{model}.{table}")
-    if spec is None:
-        raise UnknownTableError(f"no configured table {model}.{table} for topic {topic}")
-    _, ts_ms = msg.timestamp()
-    ts_ns = max(ts_ms, 0) * 1_000_000
-    d = codec.decode(msg.value(), timestamp_ns=ts_ns, has_key=bool(msg.key()))
-    codec.check_version(
-        d.version,
-        receipt_ns=time.time_ns() if receipt_ns is None else receipt_ns,
-        timestamp_ns=ts_ns,
-        max_ahead_ns=int(max_version_ahead_s * 1e9),
-    )
-    metrics.MESSAGES.labels(d.format).inc()
-    if d.values is not None and d.keys.size:
-        if d.dim != spec.dim:
-            raise ShapeError(f"{spec.name}: vectors of dim {d.dim}, the table has dim {spec.dim}")
-        if not np.isfinite(d.values).all():
-            raise InvalidValueError(f"{spec.name}: vectors contain NaN or infinity")
-        check_encodable(spec, d.values)  # beyond float16's range for a float16 table
-    extras = {"partition": str(msg.partition())}
-    if ts_ns > 0:  # the publish timestamp: LogAppendTime where the topic uses it, else CreateTime
-        extras["published_ns"] = str(ts_ns)
-    return UpdateBatch(spec.name, d.keys, d.values, int(d.version), d.delete, extras)
-
-
 class UpdateConsumer:
-    """Runs the loop over a :class:`Source` into an :class:`Applier`."""
+    """Runs the loop over a :class:`Source` into an :class:`Applier`.
+
+    ``router`` decides which tables of which model versions a message goes to (default:
+    the applier's tables, each the live version of its model); ``catchup`` (``hps consume``)
+    replays to a version what it missed while it was loading."""
 
     def __init__(
         self,
@@ -129,12 +92,16 @@ class UpdateConsumer:
         heartbeat: Heartbeat | None = None,
         recorder: Recorder | None = None,
         serving: bool = False,
+        router: Router | None = None,
+        catchup: Catchup | None = None,
     ) -> None:
         self.source = source
         self.recorder = recorder or PrometheusRecorder()
         self.serving = serving  # applied means served here: record each message's freshness
         self.applier = applier
         self.tables = applier.tables
+        self.router = router or Router.fixed(self.tables)
+        self.catchup = catchup
         self.settings = settings
         self.dead_letters = dead_letters
         # beaten before every poll and every retry: liveness stops when the loop stalls
@@ -163,6 +130,7 @@ class UpdateConsumer:
     def run_once(self, stop: threading.Event) -> int:
         """Poll, apply and store one batch; returns the number of messages handled."""
         self.heartbeat.beat()
+        self._follow_versions(stop)
         first = self.source.poll(self.settings.poll_timeout_ms / 1000)
         if first is None:
             self._idle()
@@ -205,22 +173,33 @@ class UpdateConsumer:
     ) -> int:
         start = time.perf_counter()
         try:
-            upd = decode_message(
+            inc = read_message(
                 msg,
-                self.tables,
                 max_version_ahead_s=self.settings.hps_max_version_ahead_s,
                 receipt_ns=receipt_ns,
             )
+            specs = self.router.route(inc.model, inc.table, inc.tag, inc.ts_ms)
+            found = [inc.batch(spec) for spec in specs if self.applier.accept(spec)]
         except (FormatError, RequestError) as exc:
             bad.append((msg, f"{type(exc).__name__}: {exc}"))
             return 0
         finally:
             self._decode_s += time.perf_counter() - start
-        if "published_ns" in upd.extras:
-            self.recorder.age("delivery", int(upd.extras["published_ns"]), receipt_ns)
-        if upd.keys.size:
-            updates.append(upd)
-        return int(upd.keys.size)
+        if inc.ts_ns > 0:
+            self.recorder.age("delivery", inc.ts_ns, receipt_ns)
+        updates.extend(upd for upd in found if upd.keys.size)
+        return sum(int(upd.keys.size) for upd in found)
+
+    def _follow_versions(self, stop: threading.Event) -> None:
+        """Re-read the version record if it changed; replay what a ready version missed."""
+        changed = self.router.refresh()
+        if self.catchup is None:
+            return
+        if changed:
+            self.catchup.observe()
+        if self.catchup.due:
+            self.catchup.run(self.source.positions, lambda b: self._apply(b, [], stop),
+                             self.heartbeat.beat, stop)  # fmt: skip
 
     def _apply(
         self, updates: list[UpdateBatch], bad: list[tuple[Message, str]], stop: threading.Event

@@ -4,6 +4,10 @@ Guarantees: an idempotent producer (no duplicates, order kept per partition), ev
 table always on the same partition (``hps.updates.partition.partition_of``), so the updates
 of one key reach the consumer in the order they were published; messages of at most
 ``max_message_bytes``; delivery failures raised by :meth:`Publisher.flush` (and ``close``).
+
+``Publisher(..., version=N)`` tags every message with model version ``N``: consumers apply
+it to that version of the model only (docs/updates.md, "Model versions"). Without it the
+messages are untagged and go to the live version (and the ready ones above it).
 """
 
 from __future__ import annotations
@@ -49,7 +53,9 @@ class Publisher:
     ``brokers`` is Kafka's ``bootstrap.servers``. Security and other librdkafka settings go in
     ``config`` (librdkafka names) or as keywords with underscores for dots, e.g.
     ``Publisher("b:9093", security_protocol="SASL_SSL", sasl_mechanism="PLAIN", ...)``.
-    Missing topics are created with ``num_partitions`` partitions.
+    Missing topics are created with ``num_partitions`` partitions. ``version`` (a model
+    version, 1 ... 2**32 - 1) tags every message this publisher sends with it; ``None``
+    sends untagged messages.
     """
 
     def __init__(
@@ -60,11 +66,19 @@ class Publisher:
         num_partitions: int = DEFAULT_PARTITIONS,
         max_message_bytes: int = 900_000,
         create_topics: bool = True,
+        version: int | None = None,
         **kafka_config: Setting,
     ) -> None:
         from confluent_kafka import Producer
 
-        if max_message_bytes < codec.HEADER_SIZE + codec.KEY_SIZE + 4:
+        if version is not None:
+            try:
+                version = codec.check_model_version(version)
+            except (TypeError, ValueError) as exc:
+                raise InvalidValueError(f"Publisher(version=...): {exc}") from None
+        self.model_version = version  # the model version every message is tagged with
+        self._header = codec.header_size(version)
+        if max_message_bytes < self._header + codec.KEY_SIZE + 4:
             raise ValueError(f"max_message_bytes {max_message_bytes} cannot hold a single row")
         self.brokers = brokers
         self.num_partitions = num_partitions
@@ -105,7 +119,8 @@ class Publisher:
         for part, rows in split_by_partition(
             k, self._partition_count(topic), self._rows(row_bytes)
         ):
-            self._produce(topic, codec.encode(k[rows], v[rows], ver), part)
+            payload = codec.encode(k[rows], v[rows], ver, model_version=self.model_version)
+            self._produce(topic, payload, part)
         return ver
 
     def delete(self, model: str, table: str, keys: Keys, version: int | None = None) -> int:
@@ -116,7 +131,10 @@ class Publisher:
         for part, rows in split_by_partition(
             k, self._partition_count(topic), self._rows(codec.KEY_SIZE)
         ):
-            self._produce(topic, codec.encode(k[rows], None, ver, delete=True), part)
+            payload = codec.encode(
+                k[rows], None, ver, delete=True, model_version=self.model_version
+            )
+            self._produce(topic, payload, part)
         return ver
 
     def produce_raw(self, topic: str, payload: bytes, partition: int | None = None) -> None:
@@ -168,7 +186,7 @@ class Publisher:
             return int(version)
 
     def _rows(self, row_bytes: int) -> int:
-        return max(1, (self.max_message_bytes - codec.HEADER_SIZE) // row_bytes)
+        return max(1, (self.max_message_bytes - self._header) // row_bytes)
 
     def _partition_count(self, topic: str) -> int:
         count = self._partitions.get(topic)

@@ -1,6 +1,7 @@
 """Wiring: the ``hps consume`` service, the embedded applier and the L1 freshness listener.
 
-Which one a serving process runs (:func:`start_updates`):
+Which one a serving process runs (:func:`start_updates`; the two live in
+:mod:`hps.updates.embedded` and :mod:`hps.updates.listener`):
 
 - **embedded** (``volatile_db`` is the in-process ``hash_map``): nothing outside the process
   can update its L2, so it runs the applier itself in a background thread: every partition
@@ -13,6 +14,11 @@ Either records into the ``recorder`` it is given (a serving process passes a
 :class:`hps.updates.metrics.BufferedRecorder` that its Triton metrics drain): the embedded
 applier its stages and each message's freshness once applied (L1 refreshed inside the
 apply), the listener each message's freshness (:class:`hps.updates.freshness.Served`).
+
+Model versions (:mod:`hps.updates.routing`): ``hps consume`` applies each message to every
+version it goes to and replays to a version what it missed while loading
+(:mod:`hps.updates.replay`); a serving instance of version v applies (or refreshes its L1
+with) what goes to v only.
 """
 
 from __future__ import annotations
@@ -20,22 +26,23 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hps.config import PSConfig
-from hps.errors import ConfigError, FormatError, HPSError, RequestError
-from hps.tiers import Tiers, VersionedRows, encode_rows
+from hps.errors import ConfigError
+from hps.tiers import Tiers, VersionedRows
 from hps.topology import topology
 from hps.types import TableSpec
 from hps.updates import codec
-from hps.updates.applier import Applied, Applier, Listener, model_filter
-from hps.updates.consumer import UpdateConsumer, decode_message
+from hps.updates.applier import Applier, Listener, model_filter
+from hps.updates.consumer import UpdateConsumer
 from hps.updates.deadletter import DeadLetters
-from hps.updates.freshness import L1Refresher, Served
+from hps.updates.freshness import L1Refresher
 from hps.updates.heartbeat import Heartbeat
-from hps.updates.metrics import PrometheusRecorder, Recorder
+from hps.updates.metrics import Recorder
+from hps.updates.replay import Catchup, Replayer, Rollouts, record_path
+from hps.updates.routing import Router, VersionWatch
 from hps.updates.source import MessageSource
 
 if TYPE_CHECKING:
@@ -43,8 +50,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LISTENER_POLL_S = 0.1
-COMMITTED_CHECK_S = 0.2
 RETRY_S = 1.0
 
 
@@ -108,7 +113,16 @@ def topics_of(tables: Mapping[str, TableSpec]) -> list[str]:
     return sorted(codec.topic_name(s.model, s.table) for s in tables.values())
 
 
-def _check_enabled(config: PSConfig) -> None:
+def version_router(config: PSConfig, tables: Mapping[str, TableSpec], *, own: bool) -> Router:
+    """A router over the node's version record for ``tables`` (``own``: a serving
+    instance, its tables' version only)."""
+    from hps.versions.registry import VersionRegistry
+
+    watch = VersionWatch(VersionRegistry(config), {s.model for s in tables.values()})
+    return Router(tables, watch, own=own)
+
+
+def check_enabled(config: PSConfig) -> None:
     if not config.update_source.enabled:
         raise ConfigError(
             f"{config.source}: update_source.type is 'null'; set it to 'kafka_message_queue'"
@@ -119,9 +133,10 @@ def build_service(
     config: PSConfig, session: LookupSession, heartbeat: Heartbeat | None = None
 ) -> UpdateConsumer:
     """The ``hps consume`` loop over ``session`` (built without L1), in the consumer group."""
-    _check_enabled(config)
+    check_enabled(config)
     us = config.update_source
     applier = build_applier(config, session, shared_only=True)
+    router = version_router(config, applier.tables, own=False)
     kafka_conf = dict(us.hps_kafka_config)
     source = MessageSource(
         us.brokers,
@@ -140,7 +155,19 @@ def build_service(
 
     if (l2_watch := watch_shared_l2(session, config, role="consumer")) is not None:
         heartbeat.watch(l2_watch)
-    return UpdateConsumer(source, applier, us, dead_letters=dead, heartbeat=heartbeat)
+    assert router.watch.registry is not None
+    catchup = Catchup(
+        router,
+        Rollouts(record_path(router.watch.registry, us.hps_group_id)),
+        Replayer(us.brokers, us.hps_group_id, kafka_conf),
+        applier.accept,
+        max_rows=us.max_batch_size,
+        max_version_ahead_s=us.hps_max_version_ahead_s,
+    )
+    return UpdateConsumer(
+        source, applier, us, dead_letters=dead, heartbeat=heartbeat, router=router,
+        catchup=catchup,
+    )  # fmt: skip
 
 
 class UpdateThread:
@@ -174,92 +201,7 @@ class UpdateThread:
         self.thread.join(timeout_s)
 
 
-def start_background_applier(
-    session: LookupSession, config: PSConfig, recorder: Recorder | None = None
-) -> UpdateThread:
-    """Embedded mode: apply every update to this process's L2 (and L3 if writable) and L1."""
-    _check_enabled(config)
-    us = config.update_source
-    refresher = L1Refresher(session)
-    recorder = recorder or PrometheusRecorder()
-
-    def refresh(applied: Applied) -> None:
-        start = time.perf_counter()
-        refresher.now(applied.table, applied.keys, applied.values)
-        refresher.now(applied.table, applied.deleted, None)
-        refresher.later(applied.table, applied.keys)
-        refresher.later(applied.table, applied.deleted)
-        recorder.stage("l1_refresh", time.perf_counter() - start)
-
-    applier = build_applier(
-        config, session, shared_only=False, listeners=[refresh], recorder=recorder
-    )
-    source = MessageSource(
-        us.brokers,
-        topics_of(applier.tables),
-        mode="replay",
-        group_id=f"{us.hps_group_id}-embedded-{uuid.uuid4().hex[:8]}",
-        config=dict(us.hps_kafka_config),
-    )
-    consumer = UpdateConsumer(source, applier, us, recorder=recorder, serving=True)
-
-    def body(stop: threading.Event) -> None:
-        try:
-            while not stop.is_set():
-                try:
-                    consumer.run_once(stop)
-                    _timed_pass2(recorder, refresher)
-                except HPSError as exc:  # a broker or tier hiccup must not end serving updates
-                    log.warning("embedded applier: %s; retrying", exc)
-                    stop.wait(RETRY_S)
-        finally:
-            source.close()
-
-    return UpdateThread("hps-embedded-applier", body, refresher)
-
-
-def start_l1_listener(
-    session: LookupSession, config: PSConfig, recorder: Recorder | None = None
-) -> UpdateThread:
-    """Shared mode: keep this process's L1 fresh from the update topics (no L2/L3 writes)."""
-    _check_enabled(config)
-    us = config.update_source
-    refresher = L1Refresher(session)
-    served = Served(recorder or PrometheusRecorder())
-    tables = {name: spec for name, spec in session.tables.items() if refresher.tracks(name)}
-    # The service's group id lets ``committed`` read how far hps consume has applied.
-    source = MessageSource(
-        us.brokers,
-        topics_of(tables),
-        mode="tail",
-        group_id=us.hps_group_id,
-        config=dict(us.hps_kafka_config),
-    )
-
-    def body(stop: threading.Event) -> None:
-        last_check = 0.0
-        try:
-            while not stop.is_set():
-                msg = source.poll(LISTENER_POLL_S)
-                msgs = [msg, *source.drain(255)] if msg is not None else []
-                for m in msgs:
-                    _refresh_from(m, tables, refresher, us.hps_max_version_ahead_s, served)
-                now = time.monotonic()
-                if (refresher.pending or served.waiting) and now - last_check >= COMMITTED_CHECK_S:
-                    last_check = now
-                    try:
-                        ready = _applied_by_group(source.committed())
-                        served.run_ready(ready)
-                        _timed_pass2(served.recorder, refresher, ready)
-                    except HPSError as exc:  # broker or L2 away: pass 2 waits, pass 1 goes on
-                        log.warning("L1 listener: %s; retrying", exc)
-        finally:
-            source.close()
-
-    return UpdateThread("hps-l1-listener", body, refresher)
-
-
-def _timed_pass2(
+def timed_pass2(
     recorder: Recorder,
     refresher: L1Refresher,
     ready: Callable[[object], bool] = lambda token: True,
@@ -271,47 +213,15 @@ def _timed_pass2(
         recorder.stage("l1_reread", time.perf_counter() - start)
 
 
-def _applied_by_group(committed: dict[tuple[str, int], int]) -> Callable[[Any], bool]:
-    """Whether the consumer group has committed past a (topic, partition, offset) token."""
-
-    def ready(token: Any) -> bool:
-        topic, partition, offset = token
-        return committed.get((topic, partition), -1) > offset
-
-    return ready
-
-
-def _refresh_from(
-    msg: Any,
-    tables: Mapping[str, TableSpec],
-    refresher: L1Refresher,
-    ahead_s: float,
-    served: Served | None = None,
-) -> None:
-    try:
-        upd = decode_message(msg, tables, max_version_ahead_s=ahead_s)
-    except (FormatError, RequestError) as exc:
-        log.debug("listener skips %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), exc)
-        return
-    rows = None if upd.delete or upd.values is None else encode_rows(tables[upd.table], upd.values)
-    refresher.now(upd.table, upd.keys, rows)
-    token = (msg.topic(), msg.partition(), msg.offset())
-    refresher.later(upd.table, upd.keys, token)
-    published = upd.extras.get("published_ns")
-    if served is None or published is None or not upd.keys.size:
-        return
-    if rows is not None and refresher.all_resident(upd.table, upd.keys):
-        served.now(upd.table, int(published))  # served from L1 from now on
-    else:  # some key is read from L2/L3: served once hps consume has applied it
-        served.after(upd.table, int(published), token)
-
-
 def start_updates(
     session: LookupSession, config: PSConfig, recorder: Recorder | None = None
 ) -> UpdateThread | None:
     """What a serving process calls: the embedded applier or the L1 listener (or nothing).
 
     ``recorder`` takes the stage timings and each update's freshness in this process."""
+    from hps.updates.embedded import start_background_applier
+    from hps.updates.listener import start_l1_listener
+
     updates = topology(config).updates
     if updates == "none":
         return None

@@ -3,7 +3,9 @@
 - ``group``: joins the consumer group, offsets stored only for applied messages and committed
   by the caller (``hps consume``; the embedded applier when it owns L3).
 - ``replay``: every partition from the beginning, no group, no commits (an in-process L2 that
-  starts empty must see every retained update).
+  starts empty must see every retained update); with ``start_ms``, a topic's partitions from
+  the first message stamped at or after its time (a model version imported later: only
+  what was published since its import began, :mod:`hps.updates.routing`).
 - ``tail``: every partition from the end, no commits (L1 freshness listeners). With the
   service's ``group.id`` it can still read the group's committed offsets (``committed``).
 """
@@ -45,6 +47,7 @@ class MessageSource:
         group_id: str,
         config: Mapping[str, Setting] | None = None,
         num_partitions: int = 8,
+        start_ms: Mapping[str, int] | None = None,
     ) -> None:
         from confluent_kafka import OFFSET_BEGINNING, Consumer
 
@@ -67,8 +70,30 @@ class MessageSource:
                 parts = [TopicPartition(t, p) for t in self.topics for p in range(counts[t])]
                 for tp in parts:
                     tp.offset = OFFSET_BEGINNING if mode == "replay" else self._end(tp)
+                if mode == "replay" and start_ms:
+                    self._from_times(parts, start_ms)
                 self._assigned = parts
                 self._consumer.assign(parts)
+
+    def _from_times(self, parts: list[TopicPartition], start_ms: Mapping[str, int]) -> None:
+        """Start the partitions of each topic in ``start_ms`` at its time (in place)."""
+        from confluent_kafka import TopicPartition
+
+        asked = [
+            TopicPartition(tp.topic, tp.partition, start_ms[tp.topic])
+            for tp in parts
+            if start_ms.get(tp.topic, 0) > 0
+        ]
+        if not asked:
+            return
+        found = {
+            (tp.topic, tp.partition): tp.offset
+            for tp in self._consumer.offsets_for_times(asked, timeout=15.0)
+        }
+        for tp in parts:
+            offset = found.get((tp.topic, tp.partition))
+            if offset is not None:  # -1: nothing stamped since: the end
+                tp.offset = offset if offset >= 0 else self._end(tp)
 
     def _end(self, tp: TopicPartition) -> int:
         # An explicit offset rather than OFFSET_END: the source is positioned on return, so
@@ -170,6 +195,23 @@ class MessageSource:
                         out[(tp.topic, tp.partition)] = max(0, high - tp.offset)
         except BackendError as exc:
             log.debug("lag unavailable: %s", exc)
+        return out
+
+    def positions(self) -> dict[TopicPartitionKey, int]:
+        """The next offset this consumer reads of each partition it holds (the group's
+        committed one where it has read nothing yet; left out where neither exists)."""
+        if not self._assigned:
+            return {}
+        from confluent_kafka import TopicPartition
+
+        with translated("reading positions"):
+            got = self._consumer.position(
+                [TopicPartition(tp.topic, tp.partition) for tp in self._assigned]
+            )
+        out = {(tp.topic, tp.partition): tp.offset for tp in got if tp.offset >= 0}
+        if len(out) < len(got) and self.mode == "group":
+            for key, offset in self.committed().items():
+                out.setdefault(key, offset)
         return out
 
     @property

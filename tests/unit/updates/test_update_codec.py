@@ -93,7 +93,7 @@ GOOD = codec.encode(np.arange(3), np.ones((3, 4), np.float32), 9)
         (GOOD[:10], "truncated header"),
         (GOOD[:-1], "truncated message"),
         (GOOD + b"\0", "trailing bytes"),
-        (GOOD[:4] + b"\x02" + GOOD[5:], "format version"),
+        (GOOD[:4] + b"\x03" + GOOD[5:], "format version"),
         (GOOD[:5] + b"\x09" + GOOD[6:], "dtype code"),
         (GOOD[:6] + b"\x02\x00" + GOOD[8:], "unknown flags"),
         (GOOD[:8] + struct.pack("<I", 0) + GOOD[12:], "dim is 0"),
@@ -142,3 +142,50 @@ def test_encode_rejects_inconsistent_input() -> None:
         codec.encode(np.arange(2), None, 1)
     with pytest.raises(ValueError):
         codec.encode(np.arange(2), np.ones((2, 2)), -1)
+
+
+def test_a_tagged_message_carries_its_model_version() -> None:
+    keys, values = np.array([7, -1]), np.array([[1.0, 2.0], [3.0, 4.0]])
+    payload = codec.encode(keys, values, 0x0102030405, model_version=9)
+    assert payload[4] == 2  # format version 2: tagged
+    assert struct.unpack_from("<Q", payload, 16) == (0x0102030405,)  # update version
+    assert struct.unpack_from("<II", payload, 24) == (9, 0)  # model version, reserved
+    assert struct.unpack_from("<qq", payload, 32) == (7, -1)
+    assert len(payload) == 32 + 16 + 16
+    d = codec.decode(payload)
+    assert (d.model_version, d.version, d.format) == (9, 0x0102030405, "native")
+    np.testing.assert_array_equal(d.values, values)
+    rm = codec.decode(codec.encode(keys, None, 3, delete=True, model_version=2))
+    assert rm.delete and rm.model_version == 2 and rm.values is None
+
+
+def test_untagged_and_hugectr_messages_decode_as_before() -> None:
+    """Format 1 is still what an untagged publisher writes, byte for byte, and it and
+    HugeCTR's messages decode with no model version."""
+    assert codec.encode(np.array([1]), np.ones((1, 2)), 5)[4] == 1
+    assert codec.decode(GOOD).model_version is None
+    hctr = codec.encode_hugectr(np.array([1]), np.ones((1, 2)))
+    assert codec.decode(hctr, timestamp_ns=4).model_version is None
+
+
+TAGGED = codec.encode(np.arange(3), np.ones((3, 4), np.float32), 9, model_version=3)
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (TAGGED[:28], "a tagged message needs 32"),
+        (TAGGED[:24] + struct.pack("<II", 0, 0) + TAGGED[32:], "model version 0"),
+        (TAGGED[:24] + struct.pack("<II", 3, 1) + TAGGED[32:], "reserved"),
+        (TAGGED[:-4], "truncated message"),
+    ],
+)
+def test_bad_tagged_payloads_raise_decode_error(payload: bytes, reason: str) -> None:
+    with pytest.raises(DecodeError, match=reason):
+        codec.decode(payload)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2**32])
+def test_model_versions_outside_uint32_are_refused(bad: int) -> None:
+    with pytest.raises(ValueError, match="model version"):
+        codec.encode(np.array([1]), np.ones((1, 2)), 1, model_version=bad)

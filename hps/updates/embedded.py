@@ -1,0 +1,85 @@
+"""Embedded mode: a serving process applies updates to its own in-process L2 (and L3 when it
+opened it read-write) and refreshes its L1 in the same pass (:func:`start_background_applier`).
+
+It reads every partition of its tables' topics with no consumer group and no commits: from
+the beginning (its L2 starts empty, so it must see every retained update), or, for a model
+version imported later, from the first message stamped at or after that version's import
+start (:func:`hps.updates.routing.start_ms`). It applies what goes to its own version only
+(:class:`hps.updates.routing.Router` with ``own``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+from hps.config import PSConfig
+from hps.errors import HPSError
+from hps.updates.applier import Applied
+from hps.updates.consumer import UpdateConsumer
+from hps.updates.freshness import L1Refresher
+from hps.updates.metrics import PrometheusRecorder, Recorder
+from hps.updates.runtime import (
+    RETRY_S,
+    UpdateThread,
+    build_applier,
+    check_enabled,
+    timed_pass2,
+    topics_of,
+    version_router,
+)
+from hps.updates.source import MessageSource
+
+if TYPE_CHECKING:
+    from hps.lookup import LookupSession
+
+log = logging.getLogger(__name__)
+
+
+def start_background_applier(
+    session: LookupSession, config: PSConfig, recorder: Recorder | None = None
+) -> UpdateThread:
+    """Embedded mode: apply every update to this process's L2 (and L3 if writable) and L1."""
+    check_enabled(config)
+    us = config.update_source
+    refresher = L1Refresher(session)
+    recorder = recorder or PrometheusRecorder()
+
+    def refresh(applied: Applied) -> None:
+        start = time.perf_counter()
+        refresher.now(applied.table, applied.keys, applied.values)
+        refresher.now(applied.table, applied.deleted, None)
+        refresher.later(applied.table, applied.keys)
+        refresher.later(applied.table, applied.deleted)
+        recorder.stage("l1_refresh", time.perf_counter() - start)
+
+    applier = build_applier(
+        config, session, shared_only=False, listeners=[refresh], recorder=recorder
+    )
+    router = version_router(config, applier.tables, own=True)
+    source = MessageSource(
+        us.brokers,
+        topics_of(applier.tables),
+        mode="replay",
+        group_id=f"{us.hps_group_id}-embedded-{uuid.uuid4().hex[:8]}",
+        config=dict(us.hps_kafka_config),
+        start_ms=router.own_starts(),
+    )
+    consumer = UpdateConsumer(source, applier, us, recorder=recorder, serving=True, router=router)
+
+    def body(stop: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    consumer.run_once(stop)
+                    timed_pass2(recorder, refresher)
+                except HPSError as exc:  # a broker or tier hiccup must not end serving updates
+                    log.warning("embedded applier: %s; retrying", exc)
+                    stop.wait(RETRY_S)
+        finally:
+            source.close()
+
+    return UpdateThread("hps-embedded-applier", body, refresher)

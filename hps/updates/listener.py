@@ -1,0 +1,123 @@
+"""Shared mode: a serving process keeps its L1 fresh from the update topics while
+``hps consume`` applies them to L2/L3 (:func:`start_l1_listener`; docs/updates.md,
+"Freshness").
+
+It reads every partition from its end, with no commits; with the service's group id it can
+read how far the group has committed (pass 2 of the refresh, and when a message counts as
+served). A serving instance of model version v refreshes for the messages that go to v only
+(:class:`hps.updates.routing.Router` with ``own``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from hps.config import PSConfig
+from hps.errors import FormatError, HPSError, RequestError
+from hps.tiers import encode_rows
+from hps.updates.freshness import L1Refresher, Served
+from hps.updates.messages import read_message
+from hps.updates.metrics import PrometheusRecorder, Recorder
+from hps.updates.routing import Router
+from hps.updates.runtime import (
+    UpdateThread,
+    check_enabled,
+    timed_pass2,
+    topics_of,
+    version_router,
+)
+from hps.updates.source import MessageSource
+
+if TYPE_CHECKING:
+    from hps.lookup import LookupSession
+
+log = logging.getLogger(__name__)
+
+LISTENER_POLL_S = 0.1
+COMMITTED_CHECK_S = 0.2
+
+
+def start_l1_listener(
+    session: LookupSession, config: PSConfig, recorder: Recorder | None = None
+) -> UpdateThread:
+    """Shared mode: keep this process's L1 fresh from the update topics (no L2/L3 writes)."""
+    check_enabled(config)
+    us = config.update_source
+    refresher = L1Refresher(session)
+    served = Served(recorder or PrometheusRecorder())
+    tables = {name: spec for name, spec in session.tables.items() if refresher.tracks(name)}
+    router = version_router(config, tables, own=True)
+    # The service's group id lets ``committed`` read how far hps consume has applied.
+    source = MessageSource(
+        us.brokers,
+        topics_of(tables),
+        mode="tail",
+        group_id=us.hps_group_id,
+        config=dict(us.hps_kafka_config),
+    )
+
+    def body(stop: threading.Event) -> None:
+        last_check = 0.0
+        try:
+            while not stop.is_set():
+                router.refresh()
+                msg = source.poll(LISTENER_POLL_S)
+                msgs = [msg, *source.drain(255)] if msg is not None else []
+                for m in msgs:
+                    refresh_from(m, router, refresher, us.hps_max_version_ahead_s, served)
+                now = time.monotonic()
+                if (refresher.pending or served.waiting) and now - last_check >= COMMITTED_CHECK_S:
+                    last_check = now
+                    try:
+                        ready = applied_by_group(source.committed())
+                        served.run_ready(ready)
+                        timed_pass2(served.recorder, refresher, ready)
+                    except HPSError as exc:  # broker or L2 away: pass 2 waits, pass 1 goes on
+                        log.warning("L1 listener: %s; retrying", exc)
+        finally:
+            source.close()
+
+    return UpdateThread("hps-l1-listener", body, refresher)
+
+
+def applied_by_group(committed: dict[tuple[str, int], int]) -> Callable[[Any], bool]:
+    """Whether the consumer group has committed past a (topic, partition, offset) token."""
+
+    def ready(token: Any) -> bool:
+        topic, partition, offset = token
+        return committed.get((topic, partition), -1) > offset
+
+    return ready
+
+
+def refresh_from(
+    msg: Any,
+    router: Router,
+    refresher: L1Refresher,
+    ahead_s: float,
+    served: Served | None = None,
+) -> None:
+    """Pass 1 for one message (and pass 2 scheduled), for the tables it goes to here."""
+    try:
+        inc = read_message(msg, max_version_ahead_s=ahead_s)
+        specs = router.route(inc.model, inc.table, inc.tag, inc.ts_ms)
+        found = [(spec, inc.batch(spec)) for spec in specs]
+    except (FormatError, RequestError) as exc:
+        log.debug("listener skips %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), exc)
+        return
+    token = (msg.topic(), msg.partition(), msg.offset())
+    for spec, upd in found:
+        rows = None if upd.delete or upd.values is None else encode_rows(spec, upd.values)
+        refresher.now(upd.table, upd.keys, rows)
+        refresher.later(upd.table, upd.keys, token)
+        published = upd.extras.get("published_ns")
+        if served is None or published is None or not upd.keys.size:
+            continue
+        if rows is not None and refresher.all_resident(upd.table, upd.keys):
+            served.now(upd.table, int(published))  # served from L1 from now on
+        else:  # some key is read from L2/L3: served once hps consume has applied it
+            served.after(upd.table, int(published), token)

@@ -1,0 +1,218 @@
+"""Which model versions an update message goes to (docs/updates.md, "Model versions").
+
+A message names a table by its topic (``hps_et.<model>.<table>``) and is untagged or tagged
+with a model version (:attr:`hps.updates.codec.Decoded.model_version`). The versions of a
+model are the node's record (:class:`hps.versions.VersionRegistry`); :func:`targets`
+decides:
+
+- **untagged** → the live version and every ``ready`` version above it (a version imported
+  but not yet activated gets the stream from its readiness on);
+- **tagged N** → N when it is ``ready`` or ``live``; nothing now when N is ``loading`` (the
+  consumer replays the message once N is ready: :mod:`hps.updates.replay`); a dead letter
+  when N is ``retired`` or unknown (``UnknownTableError``: the reason names the version);
+- a version takes only the messages published from its import start on (its ``created``
+  less :data:`SKEW_S`, against the message's timestamp): what came before is its
+  snapshot's past. A tagged one from before is a dead letter; version 1 of a model that
+  predates versions takes everything.
+
+:class:`VersionWatch` keeps the record's versions, re-read only when its file changes (one
+``stat`` per poll); :class:`Router` turns a decision into the tables of those versions, for
+``hps consume`` (every version) or a serving instance (its own version only).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from hps.errors import ConfigError, UnknownTableError
+from hps.types import TableSpec
+from hps.updates import codec
+from hps.versions.registry import VersionInfo, VersionRegistry, VersionState
+
+log = logging.getLogger(__name__)
+
+SKEW_S = 5.0
+"""How much earlier than a version's recorded import start (the node's clock) its messages
+may be stamped (the broker's clock): the allowance for the two clocks' offset."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One version of a model as routing sees it."""
+
+    state: VersionState
+    start_ms: int  # the earliest message timestamp it takes (0: every message)
+
+
+def start_ms(created: float) -> int:
+    """The earliest message timestamp (ms) a version imported at ``created`` takes."""
+    return 0 if created <= 0 else max(0, int((created - SKEW_S) * 1000))
+
+
+def targets(
+    model: str, versions: Mapping[int, Point], tag: int | None, ts_ms: int
+) -> tuple[int, ...]:
+    """The versions of ``model`` a message (tagged ``tag``, stamped ``ts_ms``; 0: no
+    timestamp) is applied to now; UnknownTableError when it goes to the dead-letter topic."""
+
+    def since(n: int) -> bool:
+        return ts_ms <= 0 or ts_ms >= versions[n].start_ms
+
+    if tag is None:
+        live = max((n for n, p in versions.items() if p.state == "live"), default=0)
+        return tuple(
+            n
+            for n, p in sorted(versions.items())
+            if (p.state == "live" or (p.state == "ready" and n > live)) and since(n)
+        )
+    point = versions.get(tag)
+    if point is None:
+        raise UnknownTableError(f"model {model} has no version {tag}")
+    if point.state == "retired":
+        raise UnknownTableError(f"model {model} version {tag} is retired")
+    if not since(tag):
+        raise UnknownTableError(
+            f"model {model} version {tag} was begun after the message was published"
+        )
+    return () if point.state == "loading" else (tag,)
+
+
+class VersionWatch:
+    """The recorded versions of ``models``, re-read when the record's file changes.
+
+    ``registry`` None: a fixed set, one live version per model (``static``)."""
+
+    def __init__(
+        self,
+        registry: VersionRegistry | None,
+        models: Iterable[str],
+        static: Mapping[str, int] | None = None,
+    ) -> None:
+        self.registry = registry
+        self.models = sorted(set(models))
+        self.points: dict[str, dict[int, Point]] = {
+            m: {n: Point("live", 0)} for m, n in (static or {}).items()
+        }
+        self._infos: dict[str, dict[int, VersionInfo]] = {}
+        self._stamp: object = object()  # equal to no stat result: the first refresh reads
+        if registry is not None:
+            self.refresh()
+
+    @classmethod
+    def static(cls, versions: Mapping[str, int]) -> VersionWatch:
+        """Each model at one version, live (no record: tests, tools)."""
+        return cls(None, versions, versions)
+
+    def _stat(self) -> object:
+        path = None if self.registry is None else self.registry.path
+        if path is None:
+            return None
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def refresh(self) -> bool:
+        """Re-read the record if its file changed since the last read; whether it did."""
+        if self.registry is None:
+            return False
+        stamp = self._stat()  # before the read: what is read is at least this new
+        if stamp == self._stamp:
+            return False
+        try:
+            infos = {m: {v.version: v for v in self.registry.versions(m)} for m in self.models}
+        except ConfigError as exc:  # e.g. hand-edited into bad JSON: keep the last reading
+            log.warning("model versions not re-read: %s", exc)
+            return False
+        self._stamp = stamp
+        self._infos = infos
+        self.points = {
+            m: {n: Point(v.state, start_ms(v.created)) for n, v in d.items()}
+            for m, d in infos.items()
+        }
+        return True
+
+    def tables(self, model: str, version: int) -> list[TableSpec]:
+        """The tables of ``version`` of ``model`` as recorded (its namespace in every tier)."""
+        info = self._infos.get(model, {}).get(version)
+        if info is None:
+            raise UnknownTableError(f"model {model} has no version {version}")
+        return info.model_config().tables
+
+
+class Router:
+    """The tables an update message goes to, for one applier (or L1 listener).
+
+    ``tables`` are the applier's own (their version is the model's live one without a
+    record); ``own``: a serving instance, which applies what goes to the version of its
+    tables only. Other versions' tables come from the record (``hps consume``)."""
+
+    def __init__(
+        self, tables: Mapping[str, TableSpec], watch: VersionWatch, *, own: bool = False
+    ) -> None:
+        self.watch = watch
+        self._specs: dict[tuple[str, int], TableSpec] = {
+            (s.qualified, s.version): s for s in tables.values()
+        }
+        self._known = {s.qualified for s in tables.values()}
+        self.own: dict[str, int] | None = (
+            {s.model: s.version for s in tables.values()} if own else None
+        )
+
+    @classmethod
+    def fixed(cls, tables: Mapping[str, TableSpec]) -> Router:
+        """Every message to ``tables`` at their version, taken as live (no record)."""
+        watch = VersionWatch.static({s.model: s.version for s in tables.values()})
+        return cls(tables, watch)
+
+    def refresh(self) -> bool:
+        return self.watch.refresh()
+
+    def route(
+        self, model: str, table: str, tag: int | None, ts_ms: int, *, only: int | None = None
+    ) -> list[TableSpec]:
+        """The tables (one per version) a message goes to now, restricted to version
+        ``only`` when given; UnknownTableError when it is a dead letter."""
+        qualified = f"{model}.{table}"
+        versions = self.watch.points.get(model)
+        if qualified not in self._known or versions is None:
+            raise UnknownTableError(f"no configured table {qualified} for its topic")
+        chosen = targets(model, versions, tag, ts_ms)
+        if self.own is not None:
+            only = self.own[model] if only is None else only
+        return [self.spec(model, table, n) for n in chosen if only is None or n == only]
+
+    def spec(self, model: str, table: str, version: int) -> TableSpec:
+        """``<model>.<table>`` at ``version``."""
+        qualified = f"{model}.{table}"
+        spec = self._specs.get((qualified, version))
+        if spec is None:
+            found = [s for s in self.watch.tables(model, version) if s.table == table]
+            if not found:
+                raise UnknownTableError(f"model {model} version {version} has no table {table}")
+            spec = self._specs[(qualified, version)] = found[0]
+        return spec
+
+    def version_tables(self, model: str, version: int) -> list[TableSpec]:
+        """The tables of ``version`` this router knows topics of."""
+        return [
+            self.spec(model, s.table, version)
+            for s in self.watch.tables(model, version)
+            if s.qualified in self._known
+        ]
+
+    def own_starts(self) -> dict[str, int]:
+        """The first message time (ms) to read each topic from for this instance's own
+        version: its import start (left out: from the beginning)."""
+        out: dict[str, int] = {}
+        for (_, version), spec in self._specs.items():
+            if self.own is not None and self.own.get(spec.model) != version:
+                continue
+            point = self.watch.points.get(spec.model, {}).get(version)
+            if point is not None and point.start_ms > 0:
+                out[codec.topic_name(spec.model, spec.table)] = point.start_ms
+        return out
