@@ -235,9 +235,7 @@ def _decode_native(view: memoryview) -> Decoded:
     start = HEADER_SIZE
     if fmt == FORMAT_TAGGED:
         if len(view) < TAGGED_HEADER_SIZE:
-            raise DecodeError(
-                f"truncated header: {len(view)} bytes, a tagged message needs {TAGGED_HEADER_SIZE}"
-            )
+            raise DecodeError(f"truncated tagged header: {len(view)} bytes, need 32")
         model_version, reserved = TAG.unpack_from(view, HEADER_SIZE)
         if model_version == 0:
             raise DecodeError("model version 0 in a tagged message (versions start at 1)")
@@ -245,10 +243,7 @@ def _decode_native(view: memoryview) -> Decoded:
             raise DecodeError(f"reserved header field is {reserved}, must be 0")
         start = TAGGED_HEADER_SIZE
     elif fmt != FORMAT_VERSION:
-        raise DecodeError(
-            f"unsupported format version {fmt} (this reader knows {FORMAT_VERSION} and "
-            f"{FORMAT_TAGGED})"
-        )
+        raise DecodeError(f"unsupported format version {fmt} (this reader knows 1 and 2)")
     if code not in DTYPE_CODES:
         raise DecodeError(f"unknown dtype code {code}")
     if flags & ~KNOWN_FLAGS:

@@ -174,7 +174,7 @@ TAGGED = codec.encode(np.arange(3), np.ones((3, 4), np.float32), 9, model_versio
 @pytest.mark.parametrize(
     ("payload", "reason"),
     [
-        (TAGGED[:28], "a tagged message needs 32"),
+        (TAGGED[:28], "truncated tagged header"),
         (TAGGED[:24] + struct.pack("<II", 0, 0) + TAGGED[32:], "model version 0"),
         (TAGGED[:24] + struct.pack("<II", 3, 1) + TAGGED[32:], "reserved"),
         (TAGGED[:-4], "truncated message"),
