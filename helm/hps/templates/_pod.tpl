@@ -107,7 +107,7 @@ spec:
       image: {{ include "hps.image" (dict "image" $v.images.serving "root" .) }}
       imagePullPolicy: {{ $v.images.serving.pullPolicy }}
       workingDir: /tmp  # a volume: the root filesystem is read-only
-      command: [hps, serve, --config, /etc/hps/ps.json, --host, 0.0.0.0, --http-port, {{ $v.triton.httpPort | quote }}, --grpc-port, {{ $v.triton.grpcPort | quote }}, --metrics-port, {{ $v.triton.metricsPort | quote }}, --repository, /var/run/hps/repository, --state-dir, {{ include "hps.adminKeyDir" . }}{{ if not (kindIs "invalid" $v.triton.maxRequestMb) }}, --max-request-mb, {{ $v.triton.maxRequestMb | quote }}{{ end }}]
+      command: [hps, serve, --config, /etc/hps/ps.json, --host, 0.0.0.0, --http-port, {{ $v.triton.httpPort | quote }}, --grpc-port, {{ $v.triton.grpcPort | quote }}, --metrics-port, {{ $v.triton.metricsPort | quote }}, --state-dir, {{ include "hps.adminKeyDir" . }}{{ if not (kindIs "invalid" $v.triton.maxRequestMb) }}, --max-request-mb, {{ $v.triton.maxRequestMb | quote }}{{ end }}]
       {{- include "hps.containerSecurity" . | nindent 6 }}
       {{- $tritonEnv := list }}
       {{- if $v.admin.pinAdminKey }}
@@ -159,7 +159,6 @@ spec:
         - {name: model-source, mountPath: {{ $v.modelSource.mountPath }}, readOnly: true}
         - {name: shm, mountPath: /dev/shm}
         - {name: tmp, mountPath: /tmp}
-        - {name: repository, mountPath: /var/run/hps}
         - {name: admin-key, mountPath: {{ include "hps.adminKeyDir" . }}{{ if $v.admin.pinAdminKey }}, readOnly: true{{ end }}}
         {{- with include "hps.redisTLSMount" . | trim }}
         {{- . | nindent 8 }}
@@ -275,8 +274,6 @@ spec:
     - name: shm
       emptyDir: {medium: Memory, sizeLimit: {{ $v.triton.shmSize }}}
     - name: tmp
-      emptyDir: {}
-    - name: repository
       emptyDir: {}
     {{- if and (eq $v.l2.mode "redis") $v.l2.redis.tls.enabled $v.l2.redis.tls.existingSecret }}
     - name: redis-tls
