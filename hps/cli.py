@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "hps.commands.tables",  # import, export, lookup
     "hps.commands.plan",  # plan, freq
     "hps.commands.verify",  # verify
+    "hps.commands.versions",  # versions (list, activate, retire)
     "hps.bench.commands",  # bench storage|cache|triton|updates
     "hps.triton.commands",  # demo, serve, query
     "hps.updates.commands",  # consume, publish

@@ -8,6 +8,7 @@ boundary, so callers never see them::
     ├── ConfigError               ps.json is malformed: names the key and the file
     ├── RequestError              a bad lookup / insert; nothing stored changed
     │   ├── UnknownTableError     model or table not configured
+    │   ├── ConflictError         the state of what it names forbids it (a live model version)
     │   ├── DTypeError            keys not int64 / vectors not float32-compatible
     │   ├── ShapeError            counts do not add up, wrong vector dimension, negative counts
     │   ├── BatchTooLargeError    more keys than max_batch_size × maxnum_catfeature_query…
@@ -32,6 +33,7 @@ error                  HTTP  Triton
 =====================  ====  ===========
 RequestError           400   INVALID_ARG
 UnknownTableError      404   NOT_FOUND
+ConflictError          409   INVALID_ARG
 BatchTooLargeError     413   INVALID_ARG
 FormatError            422   INTERNAL
 BackendError           502   INTERNAL
@@ -73,6 +75,13 @@ class RequestError(HPSError):
 class UnknownTableError(RequestError):
     status = 404
     code = "NOT_FOUND"
+
+
+class ConflictError(RequestError):
+    """The request is well formed but the state of what it names forbids it (retiring the
+    live model version, activating one that is not ready); nothing was changed."""
+
+    status = 409
 
 
 class DTypeError(RequestError):

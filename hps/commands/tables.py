@@ -1,4 +1,5 @@
-"""``hps import``, ``hps export`` and ``hps lookup``."""
+"""``hps import``, ``hps export`` and ``hps lookup`` (``hps import --version``:
+:mod:`hps.commands.versions`)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ if TYPE_CHECKING:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "import",
-        help="load tables into L3 (and L2 per initial_cache_rate)",
+        help="load tables into L3 (and L2 per initial_cache_rate); a new model version",
         description="Without --table: every model's sparse_files. With --table: one table "
-        "from --sparse DIR or --npy KEYS VECTORS.",
+        "from --sparse DIR or --npy KEYS VECTORS. With --model M --version N: version N of "
+        "model M, beside the live one (its own namespace in every tier; nothing served "
+        "changes), from --sparse-files (default: the ps.json entry's) and --dense-file; then "
+        "`hps versions activate` makes it live.",
     )
     p.add_argument("--config", required=True, help="ps.json")
     p.add_argument("--table", help="<model>.<table>")
@@ -33,6 +37,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "row format or dimension (hps_row_dtype changed) is dropped in every tier and "
         "imported in the configured one",
     )
+    p.add_argument("--model", help="the model a new --version is of")
+    p.add_argument(
+        "--version", type=positive_version, metavar="N", help="import a new model version N"
+    )
+    p.add_argument(
+        "--sparse-files",
+        nargs="+",
+        metavar="DIR",
+        help="with --version: one HugeCTR sparse-model folder per table, in table order",
+    )
+    p.add_argument("--dense-file", metavar="F", help="with --version: the dense weights")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_import)
 
@@ -72,9 +87,47 @@ def _session(config_path: str, l3_mode: AccessMode = "read_write") -> LookupSess
     return build_session(load_config(config_path), with_cache=False, l3_mode=l3_mode)
 
 
+def positive_version(text: str) -> int:
+    from hps.commands.versions import positive
+
+    return positive(text)
+
+
+def _version_args(args: argparse.Namespace) -> bool:
+    """Whether this is ``hps import --version``; RequestError for a mix that means nothing."""
+    from hps.errors import RequestError
+
+    given = {
+        "--model": args.model,
+        "--sparse-files": args.sparse_files,
+        "--dense-file": args.dense_file,
+        "--table": args.table,
+        "--sparse": args.sparse,
+        "--npy": args.npy,
+        "--force": args.force or None,
+    }
+    used = [flag for flag, value in given.items() if value is not None]
+    if args.version is None:
+        versioned = [f for f in used if f in ("--model", "--sparse-files", "--dense-file")]
+        if versioned:
+            raise RequestError(f"{' and '.join(versioned)}: only with --version N")
+        return False
+    if args.model is None:
+        raise RequestError("--version needs --model (the model it is a version of)")
+    other = [f for f in used if f in ("--table", "--sparse", "--npy", "--force")]
+    if other:
+        raise RequestError(f"--version imports a whole model version: not with {', '.join(other)}")
+    return True
+
+
 def _import(args: argparse.Namespace) -> int:
     from hps.config import load_config
     from hps.errors import RequestError
+
+    if _version_args(args):
+        from hps.commands.versions import import_version
+
+        return import_version(args)
     from hps.loading.imports import import_tables, sparse_sources
     from hps.loading.loader import TableSource, npy_source, sparse_source
     from hps.topology import topology

@@ -82,10 +82,23 @@ def _error(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+def _allowed(app: FastAPI, request: Request) -> list[str]:
+    """The methods of every route at the request's path (a path may have several routes:
+    ``GET`` and ``POST /v1/models/{model}/versions``)."""
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    for route in app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)
+
+
 def create_app(state: AdminState, guard: ConnectionGuard | None = None) -> FastAPI:
     """The application; ``guard``: the connection guard it is served with (its counts go
     to ``/metrics``)."""
-    from hps.service import mutations, routes
+    from hps.service import mutations, routes, version_routes
 
     metrics = Metrics()
     metrics.watch(state, guard)
@@ -99,7 +112,8 @@ def create_app(state: AdminState, guard: ConnectionGuard | None = None) -> FastA
     app = FastAPI(
         title="HPS control plane",
         version="1",
-        description="Health, stats, import, lookup, delete, warm-up and reload of HPS tables.",
+        description="Health, stats, import, lookup, delete, warm-up and reload of HPS tables; "
+        "model versions (import, activate, retire).",
         lifespan=lifespan,
     )
     app.state.hps = state
@@ -123,7 +137,10 @@ def create_app(state: AdminState, guard: ConnectionGuard | None = None) -> FastA
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return _error(exc.status_code, "HTTPError", exc.detail, dict(exc.headers or {}))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # Starlette names the first route's methods only
+            headers["Allow"] = ", ".join(_allowed(app, request))
+        return _error(exc.status_code, "HTTPError", exc.detail, headers)
 
     @app.exception_handler(TooLarge)
     async def too_large(request: Request, exc: TooLarge) -> JSONResponse:
@@ -151,4 +168,5 @@ def create_app(state: AdminState, guard: ConnectionGuard | None = None) -> FastA
 
     app.include_router(routes.router)
     app.include_router(mutations.router)
+    app.include_router(version_routes.router)
     return app

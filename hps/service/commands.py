@@ -23,7 +23,8 @@ DEFAULT_STATE_DIR = "hps-admin"
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "admin",
-        help="serve the control plane (health, stats, import, lookup, delete, warm-up, reload)",
+        help="serve the control plane (health, stats, import, lookup, delete, warm-up, reload, "
+        "model versions)",
         description="A FastAPI service beside `hps serve`. Mutating routes need the bearer "
         "token from --token-file, else $HPS_ADMIN_TOKEN, else the file $HPS_ADMIN_TOKEN_FILE "
         "names; without one they answer 403. Triton's admin key (reloads) comes from "
@@ -37,6 +38,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8081)
     p.add_argument("--triton-url", default="127.0.0.1:8000", help="Triton's HTTP address")
     p.add_argument("--token-file", help="file holding the bearer token of mutating routes")
+    p.add_argument(
+        "--repository",
+        help="the model repository `hps serve` serves, where activating a model version "
+        "writes its folders (default: the one `hps serve` writes beside the node's L3 or "
+        "state, <l3 path>.hps-repository)",
+    )
     p.add_argument(
         "--state-dir",
         help="where job records, staged uploads and warm-up keysets are kept across restarts "
@@ -97,7 +104,9 @@ def _admin(args: argparse.Namespace) -> int:
     jobs = JobRegistry(args.max_jobs, int(args.max_staged_gb * 1024**3))
     state_dir = state_dir_of(args)
     guard = ConnectionGuard(fd_bound(args.max_connections), args.read_timeout)
-    app = create_app(AdminState(config, token, triton, state_dir=state_dir, jobs=jobs), guard)
+    repository = Path(args.repository).resolve() if args.repository else None
+    state = AdminState(config, token, triton, state_dir=state_dir, jobs=jobs, repository=repository)
+    app = create_app(state, guard)
     # uvicorn's access log shows paths and statuses only, never the Authorization header;
     # its loggers, configured here, are scrubbed too (the record factory of hps.redact).
     uv_config = uvicorn.Config(

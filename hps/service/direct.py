@@ -89,6 +89,6 @@ def warmup_keys(state: AdminState, model: str, keysets: dict[str, Keys]) -> JSON
     if not any(k.size for k in keysets.values()):
         raise RequestError(f"warm-up of model {model!r} found no keys: nothing was loaded")
     out: JSON = {}
-    for table, keys in keysets.items():
-        out = _notify(state, j, "warmup", f"{model}.{table}", np.unique(keys))
+    for table, keys in keysets.items():  # the live version's table
+        out = _notify(state, j, "warmup", state.spec(model, table).name, np.unique(keys))
     return {"keys": {t: int(k.size) for t, k in keysets.items()}, **out}

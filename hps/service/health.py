@@ -29,11 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
+from hps.errors import HPSError
 from hps.loading.imports import FillRecord
 from hps.service.state import AdminState
 from hps.tiers import Tiers
 from hps.triton.repository import served_models
-from hps.types import JSON
+from hps.types import JSON, TableSpec
 from hps.updates.journal import LIVE_S, Journal, journal_dir
 
 KAFKA_TIMEOUT_S = 3.0
@@ -52,18 +53,19 @@ def _run(name: str, check: Callable[[], str]) -> JSON:
 Reader = Callable[[], Tiers]
 
 
-def _sample(state: AdminState, reader: Reader, model: str) -> tuple[int, int, np.ndarray] | None:
+def _sample(reader: Reader, specs: list[TableSpec]) -> tuple[int, int, np.ndarray] | None:
     """(table index, key, vector) of a key some lower tier holds, or None when all are empty."""
     for store in reader().stores:
-        for i, spec in enumerate(state.config.model(model).tables):
+        for i, spec in enumerate(specs):
             for keys, vectors in store.dump(spec.name, chunk_rows=1):
                 return i, int(keys[0]), np.asarray(vectors[0])
     return None
 
 
-def _inference(state: AdminState, reader: Reader, model: str) -> str:
-    sample = _sample(state, reader, model)
-    specs = state.config.model(model).tables
+def _inference(state: AdminState, reader: Reader, model: str, specs: list[TableSpec]) -> str:
+    """Through Triton (the live version: an unversioned request) against the live version's
+    stored rows."""
+    sample = _sample(reader, specs)
     if sample is None:
         numkeys = np.zeros(len(specs), dtype=np.int32)
         numkeys[0] = 1
@@ -82,20 +84,18 @@ def _inference(state: AdminState, reader: Reader, model: str) -> str:
     return f"{specs[index].name} key {key} matches the stored vector"
 
 
-def _l2(state: AdminState, reader: Reader) -> str:
+def _l2(state: AdminState, reader: Reader, spec: TableSpec) -> str:
     volatile = reader().volatile
     if volatile is None:
         return f"{state.config.volatile_db.type}: held by each serving process"
-    spec = state.config.tables[0]
     volatile.fetch(spec.name, np.array([0], np.int64))
     return f"{state.config.volatile_db.type} answers"
 
 
-def _l3(state: AdminState, reader: Reader) -> str:
+def _l3(state: AdminState, reader: Reader, spec: TableSpec) -> str:
     persistent = reader().persistent
     if persistent is None:
         return "disabled"
-    spec = state.config.tables[0]
     persistent.fetch(spec.name, np.array([0], np.int64))
     return f"rocks_db at {state.config.persistent_db.path} readable"
 
@@ -117,32 +117,35 @@ def readiness(state: AdminState) -> tuple[bool, list[JSON]]:
     """All checks, in order; ready when every one passed. L3 is caught up once for all."""
     reader = cache(state.reader)  # an exception is not cached: each check reports it
     checks = [_run("triton", lambda: _ready(state.triton.server_ready()))]
+    try:
+        live = state.live_config()  # each model at its live version
+    except HPSError as exc:
+        live = state.config
+        checks.append({"name": "versions", "ok": False, "detail": str(exc), "ms": 0.0})
     for served in served_models(state.config):
         name = served.triton_name
         checks.append(_run(f"model:{name}", partial(_model_ready, state, name)))
-    for model in state.config.models:
-        checks.append(
-            _run(f"inference:{model.model}", partial(_inference, state, reader, model.model))
-        )
+    for model in live.models:
+        check = partial(_inference, state, reader, model.model, model.tables)
+        checks.append(_run(f"inference:{model.model}", check))
     if state.config.volatile_db.type != "disabled":
-        checks.append(_run("l2", lambda: _l2(state, reader)))
+        checks.append(_run("l2", lambda: _l2(state, reader, live.tables[0])))
     if state.config.persistent_db.type != "disabled":
-        checks.append(_run("l3", lambda: _l3(state, reader)))
+        checks.append(_run("l3", lambda: _l3(state, reader, live.tables[0])))
     if state.kafka:
         checks.append(_run("kafka", lambda: _kafka(state)))
     topo = state.topology
     if topo.l3 and topo.l2_filled_by == "serving" and topo.state_dir is not None:
-        checks.append(_l2_fill(state, topo.state_dir))
+        checks.append(_l2_fill(topo.state_dir, {t.name for t in live.tables}))
     if topo.state_dir is not None:
         checks.append(_run("instances", partial(_instances, state, topo.state_dir)))
     return all(c["ok"] for c in checks), checks
 
 
-def _l2_fill(state: AdminState, state_dir: Path) -> JSON:
-    """Degraded (still ok) when a table's last start-up fill of L2 from L3 stopped."""
+def _l2_fill(state_dir: Path, names: set[str]) -> JSON:
+    """Degraded (still ok) when a live table's last start-up fill of L2 from L3 stopped."""
     start = time.perf_counter()
     record = FillRecord(state_dir).read()
-    names = {t.name for t in state.config.tables}
     failed = sorted(
         (t, str(e["problem"])) for t, e in record.items() if t in names and e.get("problem")
     )

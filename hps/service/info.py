@@ -119,6 +119,7 @@ def table_info(
     return {
         "model": spec.model,
         "table": spec.table,
+        "version": spec.version,  # the model version whose rows these are (the live one)
         "dim": spec.dim,
         "row_dtype": spec.row_dtype,
         "row_bytes": spec.fmt.row_bytes(spec.dim),
@@ -154,13 +155,14 @@ def models_info(state: AdminState) -> JSON:
     models = [
         {
             "model": m.model,
+            "version": m.version,  # the live one
             "instances": m.hps_instances,
             "tables": [
                 table_info(state, spec, hits, reader, lags, exact=False, fresh=fresh)
                 for spec in m.tables
             ],
         }
-        for m in state.config.models
+        for m in state.live_config().models
     ]
     topo = topology_view(state.config, state.topology)
     return {"models": models, "topology": topo, "metrics_error": why}

@@ -1,8 +1,9 @@
 """Server-side paths a client names: confined to configured roots, resolved before the check.
 
-Three inputs of the control plane name files on the server: the import route's ``path``
-(a folder holding ``key`` + ``emb_vector`` or ``keys.npy`` + ``vectors.npy``) and the
-warm-up's ``keyset_path`` and ``frequency_path``. Each is accepted only when
+These inputs of the control plane name files on the server: the import route's ``path``
+(a folder holding ``key`` + ``emb_vector`` or ``keys.npy`` + ``vectors.npy``), the
+warm-up's ``keyset_path`` and ``frequency_path``, and a version import's ``sparse_files``
+(folders holding ``key`` + ``emb_vector``) and ``dense_file``. Each is accepted only when
 
 - it is an absolute path (no NUL, at most :data:`MAX_PATH_CHARS` characters);
 - resolved (every symlink followed, ``..`` applied: :meth:`pathlib.Path.resolve`), it lies

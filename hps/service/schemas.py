@@ -14,7 +14,7 @@ from hps.service.paths import MAX_PATH_CHARS
 def _json_integer(value: object) -> object:
     """JSON integers only (1.0 is one, per JSON Schema); no strings, no booleans."""
     if isinstance(value, (str, bytes, bool)):
-        raise ValueError("keys must be JSON integers")
+        raise ValueError("must be a JSON integer")
     return value
 
 
@@ -74,6 +74,29 @@ class WarmupFrequency(_Warmup):
 
 WarmupBody = WarmupKeys | WarmupKeyset | WarmupFrequency
 
+MAX_VERSION = 2**31 - 1  # Triton's model versions are int64; this is plenty
+Version = Annotated[
+    int,
+    BeforeValidator(_json_integer),
+    Field(ge=1, le=MAX_VERSION, json_schema_extra={"minimum": 1, "maximum": MAX_VERSION}),
+]
+
+
+class VersionImportBody(_Body):
+    version: Version = Field(description="the new version's number: never used before")
+    sparse_files: list[ServerPath] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="one HugeCTR sparse-model folder (key + emb_vector) per table, in the "
+        "model's table order (default: the ps.json entry's sparse_files)" + _UNDER_ROOTS,
+    )
+    dense_file: ServerPath | None = Field(
+        default=None,
+        description="the version's dense weights (default: the ps.json entry's dense_file)"
+        + _UNDER_ROOTS,
+    )
+
 
 class Error(BaseModel):
     error: str
@@ -86,7 +109,9 @@ def errors(*codes: int) -> dict[int | str, dict[str, object]]:
         400: "bad request (names what is wrong); a server-side path not allowed or not found",
         401: "missing or wrong bearer token",
         403: "mutations are disabled: no admin token configured",
-        404: "unknown model, table or job",
+        404: "unknown model, table, model version or job",
+        409: "the state of the model version forbids it (live, served, loading, retired, "
+        "the number taken); nothing changed",
         413: "request body too large",
         422: "invalid body or undecodable input",
         502: "a storage tier or Triton failed",
@@ -98,3 +123,4 @@ def errors(*codes: int) -> dict[int | str, dict[str, object]]:
 
 READ = errors(404, 413, 422, 502, 503)
 WRITE = errors(400, 401, 403, 404, 413, 422, 429, 502, 503)
+VERSION_WRITE = errors(400, 401, 403, 404, 409, 413, 422, 429, 502, 503)

@@ -11,6 +11,11 @@ Tiers as the control plane reaches them:
   by ``hps consume`` and the serving processes; otherwise the control plane writes L2/L3
   and reloads the model through Triton so that every instance reopens L3 and rebuilds L1.
 
+Model versions (:mod:`hps.versions`): the table routes act on each model's live version (the
+node's version record, read at each request: an activation, here or by ``hps versions``,
+is followed at once); the reader declares every ready or live version's tables
+(:mod:`hps.service.version_report`) and is reopened when that set changes.
+
 The state dir (``hps admin --state-dir``) keeps what must outlive the process: job records
 (``jobs/``) and staged uploads (``uploads/``), read again at start (:mod:`hps.service.job_records`:
 queued imports resume, interrupted ones are marked so, stale uploads are removed), and
@@ -25,10 +30,11 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hps.config import PSConfig
+from hps.config import ModelConfig, PSConfig
 from hps.errors import BackendError, UnknownTableError
 from hps.loading.imports import import_lock
 from hps.service.job_records import Job, Work
@@ -36,8 +42,9 @@ from hps.service.jobs import JobRegistry
 from hps.service.triton_admin import TritonAdmin
 from hps.tiers import Tiers
 from hps.topology import Topology, topology
-from hps.triton.repository import served_models
+from hps.triton.repository import repository_dir, served_models
 from hps.types import JSON, TableSpec
+from hps.versions import VersionRegistry
 
 if TYPE_CHECKING:
     from hps.loading.loader import TableSource
@@ -72,15 +79,27 @@ class AdminState:
     triton: TritonAdmin
     state_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="hps-admin-")))
     jobs: JobRegistry = field(default_factory=JobRegistry)
+    # the Triton model repository `hps serve` serves (activations write version folders)
+    repository: Path | None = None
+    # held by every write of L2/L3 from this process (writer(), version imports, retires)
+    writes: threading.RLock = field(default_factory=threading.RLock, init=False)
+    # one activation or retire at a time
+    versions_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _reader: Tiers | None = field(default=None, init=False)
+    _reader_tables: frozenset[tuple[str, str]] = field(default=frozenset(), init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _publisher: Publisher | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
+        from hps.service import versions
+
         self.topology = topology(self.config)
+        if self.repository is None:
+            self.repository = repository_dir(self.config)
         if self.jobs.folder is None:
             self.jobs.attach(self.state_dir / "jobs", self.uploads_dir)
             self.jobs.resumable("import", self._resume_import)
+            self.jobs.resumable(versions.IMPORT_JOB, partial(versions.resume_import, self))
             self.jobs.recover()
 
     @property
@@ -137,8 +156,27 @@ class AdminState:
 
     # -- tables ----------------------------------------------------------------------------
 
+    def live_model(self, model: str) -> ModelConfig:
+        """``model``'s entry at its live version (as recorded now; unknown: 404)."""
+        registry = VersionRegistry(self.config)
+        if registry.path is None:
+            return self.config.model(model)  # no record: version 1, the ps.json's entry
+        return registry.model_at(model, registry.live(model))
+
+    def live_config(self) -> PSConfig:
+        """``config`` with each model's entry at its live version (as recorded now); a
+        model that has none (removed at runtime) is left out."""
+        models = []
+        for m in self.config.models:
+            try:
+                models.append(self.live_model(m.model))
+            except UnknownTableError:
+                continue
+        return self.config.model_copy(update={"models": models})
+
     def spec(self, model: str, table: str) -> TableSpec:
-        m = self.config.model(model)
+        """The table of ``model``'s live version."""
+        m = self.live_model(model)
         for spec in m.tables:
             if spec.table == table:
                 return spec
@@ -154,13 +192,28 @@ class AdminState:
         return self.topology.l2 not in (None, "process")
 
     def reader(self) -> Tiers:
-        """The shared L2 and a secondary L3, caught up; opened on first use."""
+        """The shared L2 and a secondary L3, caught up; opened on first use, and again when
+        the versions to declare changed (an import, activation or retire)."""
+        from hps.service.version_report import declare, declared
+
+        l3, l2 = declared(self.config)
+        names = frozenset([*(("l3", s.name) for s in l3), *(("l2", s.name) for s in l2)])
+        stale = None
         with self._lock:
+            if self._reader is not None and names != self._reader_tables:
+                stale, self._reader = self._reader, None
             if self._reader is None:
                 tiers = Tiers.open(self.config, l3_mode="secondary", l2=self.l2_reachable)
-                tiers.open_tables(self.config.tables)
-                self._reader = tiers
+                try:
+                    declare(tiers, l3, l2)
+                except BaseException:
+                    tiers.close()
+                    raise
+                self._reader, self._reader_tables = tiers, names
             reader = self._reader
+        if stale is not None:
+            with contextlib.suppress(Exception):
+                stale.close()
         reader.catch_up()
         return reader
 
@@ -179,13 +232,13 @@ class AdminState:
             if self.topology.state_dir is not None
             else contextlib.nullcontext()
         )
-        with lock:
+        with self.writes, lock:
             try:
                 tiers = Tiers.open(self.config, l3_mode="read_write", l2=self.l2_reachable)
             except BackendError as exc:
                 raise BackendError(f"cannot open L3 for writing (another writer?): {exc}") from exc
             try:
-                tiers.open_tables(self.config.tables)
+                tiers.open_tables(self.live_config().tables)
                 yield tiers
             finally:
                 tiers.close()

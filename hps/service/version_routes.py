@@ -1,0 +1,73 @@
+"""Model-version routes: list, import, activate, retire (:mod:`hps.service.versions`).
+
+The mutating ones take the bearer token like every other (checked by
+:class:`hps.service.limits.TokenAndBodyLimits` before the body is read).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Request
+
+from hps.service import versions
+from hps.service.mutations import Auth
+from hps.service.schemas import MAX_VERSION, READ, VERSION_WRITE, VersionImportBody
+from hps.service.state import AdminState
+from hps.types import JSON
+
+router = APIRouter(tags=["versions"])
+VersionParam = Annotated[int, Path(ge=1, le=MAX_VERSION, description="the model version")]
+
+
+def _state(request: Request) -> AdminState:
+    state: AdminState = request.app.state.hps
+    return state
+
+
+@router.get("/v1/models/{model}/versions", responses=READ)
+def list_versions(
+    model: str,
+    request: Request,
+    exact: Annotated[bool, Query(description="count L3's rows exactly (a key scan)")] = False,
+) -> JSON:
+    """Every version of the model, oldest first: number, state (``loading``, ``ready``,
+    ``live``, ``retired``), created (unix time; null for a version 1 never recorded),
+    whether Triton serves it, rows and bytes per tier (null where a tier cannot tell);
+    with the live version, the served ones and ``hps_keep_versions``."""
+    return versions.listing(_state(request), model, exact)
+
+
+@router.post("/v1/models/{model}/versions", status_code=202, responses=VERSION_WRITE)
+def import_version(model: str, body: VersionImportBody, request: Request, _: Auth) -> JSON:
+    """Import a new version beside the live one, as a job (progress at ``/v1/jobs/{id}``).
+
+    ``sparse_files`` (one server-side folder per table) and ``dense_file`` default to the
+    ps.json entry's; client-named paths must lie under the path roots (else 400 ``path not
+    allowed or not found``). The version becomes ``ready``; nothing served changes until it
+    is activated. A number used before (even retired) is a 409."""
+    state = _state(request)
+    job = versions.submit_import(state, model, body.version, body.sparse_files, body.dense_file)
+    return {
+        "job": job.id,
+        "model": model,
+        "version": body.version,
+        "rows": job.rows_total,
+        "status_url": f"/v1/jobs/{job.id}",
+    }
+
+
+@router.post("/v1/models/{model}/versions/{version}/activate", responses=VERSION_WRITE)
+def activate(model: str, version: VersionParam, request: Request, _: Auth) -> JSON:
+    """Make a ready version live (Triton loads it, warm, before it takes traffic); answers
+    once it is: ``live``, ``previous``, ``served`` (the versions Triton serves now) and
+    ``retired`` (versions beyond ``hps_keep_versions``, their rows dropped). Activating a
+    kept older version is a rollback (no import). Unknown: 404; loading or retired: 409."""
+    return versions.activate(_state(request), model, version)
+
+
+@router.delete("/v1/models/{model}/versions/{version}", responses=VERSION_WRITE)
+def retire(model: str, version: VersionParam, request: Request, _: Auth) -> JSON:
+    """Retire a version: its rows dropped in every tier, its number never reused. The live
+    version, a served one (kept below the live one) or one still loading: 409."""
+    return versions.retire(_state(request), model, version)

@@ -1,0 +1,199 @@
+"""The work behind ``/v1/models/{model}/versions``: list, import (a job), activate, retire.
+
+A few calls into the core each (:mod:`hps.versions`, :func:`hps.triton.activation.activate`),
+with the control plane's checks first, so that what the state of a version forbids is a
+:class:`hps.errors.ConflictError` (409) and changes nothing:
+
+- import: the number is taken (any state, retired too) -> 409; the node keeps no version
+  record (no state folder) -> 400; client-named files are confined (:mod:`hps.service.paths`).
+  The files' sizes and dimensions are checked before the job is queued, their values when
+  it starts, before anything is written. A job that fails leaves nothing of the version.
+- activate: unknown version -> 404; loading or retired -> 409; no model repository of
+  ``hps serve`` to write the version folders into -> 409.
+- retire: unknown -> 404; live, served (kept for rollback below the live one) or still
+  loading -> 409; retired already -> 200, nothing to do.
+
+Imports, activations and retires of this control plane never overlap with its other writes
+of L2/L3 (:attr:`AdminState.writes`); activations and retires run one at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from hps.config import ModelConfig
+from hps.errors import ConflictError, RequestError
+from hps.loading.loader import TableSource, sparse_source
+from hps.service import uploads
+from hps.service.job_records import Job, Work
+from hps.service.paths import ServerPaths
+from hps.service.state import AdminState
+from hps.service.version_report import versions_report
+from hps.types import JSON
+from hps.versions import VersionRegistry
+
+IMPORT_JOB = "import_version"
+
+
+def listing(state: AdminState, model: str, exact: bool) -> JSON:
+    """Every version of ``model`` with its rows and bytes per tier."""
+    state.config.model(model)  # an unknown model: 404
+    return versions_report(state.config, model, state.reader(), exact)
+
+
+def _registry(state: AdminState) -> VersionRegistry:
+    registry = VersionRegistry(state.config)
+    if registry.path is None:
+        raise RequestError(
+            "model versions need a node state folder to be recorded in (a persistent_db, "
+            "or a shared volatile_db): this node serves version 1 only"
+        )
+    return registry
+
+
+def _entry(
+    state: AdminState, model: str, sparse_files: list[str] | None, dense_file: str | None
+) -> ModelConfig:
+    """The new version's entry: the ps.json's, with the client's files (confined)."""
+    from hps.versions.rollout import version_entry
+
+    base = state.config.model(model)
+    paths = ServerPaths.of(state)
+    sparse = None
+    if sparse_files is not None:
+        if len(sparse_files) != len(base.tables):
+            raise RequestError(
+                f"model {model!r} has {len(base.tables)} tables ({base.table_names}) but "
+                f"{len(sparse_files)} sparse files were given"
+            )
+        sparse = [str(paths.folder(p, uploads.names("sparse"))) for p in sparse_files]
+    dense = str(paths.file(dense_file)) if dense_file is not None else None
+    return version_entry(state.config, model, sparse_files=sparse, dense_file=dense)
+
+
+def _sources(entry: ModelConfig, version: int) -> list[TableSource]:
+    """The version's sparse files as sources of its tables (sizes and dimensions checked)."""
+    at = entry.at_version(version)
+    if len(at.sparse_files) != len(at.tables):
+        raise RequestError(f"model {entry.model!r} names no sparse files to import")
+    return [sparse_source(s, p) for s, p in zip(at.tables, at.sparse_files, strict=True)]
+
+
+def submit_import(
+    state: AdminState,
+    model: str,
+    version: int,
+    sparse_files: list[str] | None,
+    dense_file: str | None,
+) -> Job:
+    """Queue the import of ``version`` of ``model`` (202; progress at ``/v1/jobs/{id}``)."""
+    state.config.model(model)
+    registry = _registry(state)
+    taken = {v.version: v.state for v in registry.versions(model)}
+    if version in taken:
+        raise ConflictError(
+            f"model {model!r} version {version} exists ({taken[version]}): "
+            "import under a new number"
+        )
+    entry = _entry(state, model, sparse_files, dense_file)
+    sources = _sources(entry, version)
+    params = {
+        "model": model,
+        "version": str(version),
+        "sparse_files": json.dumps(sparse_files) if sparse_files is not None else "",
+        "dense_file": dense_file or "",
+    }
+    job = Job(IMPORT_JOB, f"{model}@{version}", sum(s.rows for s in sources), params=params)
+    return state.jobs.submit(job, _import_work(state, entry, version, sources))
+
+
+def _import_work(
+    state: AdminState, entry: ModelConfig, version: int, sources: list[TableSource]
+) -> Work:
+    from hps.versions.rollout import import_version
+
+    def work(job: Job) -> JSON:
+        for source in sources:  # every value read once before anything is written
+            uploads.validate(source)
+        with state.writes:
+            rows = import_version(state.config, entry, version)
+        job.rows_done = sum(rows.values())
+        state.reset_reader()
+        return {"model": entry.model, "version": version, "state": "ready", "rows": rows}
+
+    return work
+
+
+def resume_import(state: AdminState, job: Job) -> Work:
+    """The work of a version import found queued at start (checked again)."""
+    p = job.params
+    model, version = p["model"], int(p["version"])
+    sparse = json.loads(p["sparse_files"]) if p.get("sparse_files") else None
+    taken = {v.version for v in _registry(state).versions(model)}
+    if version in taken:
+        raise ConflictError(f"model {model!r} version {version} exists")
+    entry = _entry(state, model, sparse, p.get("dense_file") or None)
+    return _import_work(state, entry, version, _sources(entry, version))
+
+
+def activate(state: AdminState, model: str, version: int) -> JSON:
+    """Make ``version`` live through Triton (:func:`hps.triton.activation.activate`)."""
+    from hps.service.triton_admin import LOAD_TIMEOUT_S
+    from hps.triton.activation import activate as activate_on
+    from hps.triton.client import ModelControl
+
+    state.config.model(model)
+    registry = VersionRegistry(state.config)
+    info = registry.get(model, version)  # unknown: 404
+    if info.state not in ("ready", "live"):
+        raise ConflictError(f"model {model!r} version {version} is {info.state}, not ready")
+    repository = state.repository
+    if repository is None or not repository.is_dir():
+        raise ConflictError(
+            f"no model repository of hps serve at {repository or '(none: no state folder)'} "
+            "to write the version folders into; start hps serve with the node's state "
+            "folder, or give hps admin --repository"
+        )
+    with state.versions_lock:
+        state.wait_loaded(model)  # not while a reload of it runs
+        control = ModelControl(state.triton.url, state.triton.admin_key, timeout=LOAD_TIMEOUT_S)
+        # versions beyond hps_keep_versions are retired (their rows dropped) once it is live
+        kept = registry.kept(model, live=version)
+        retiring = any(
+            v.state in ("ready", "live") and v.version not in kept for v in registry.versions(model)
+        )
+        with state.writes if retiring else contextlib.nullcontext():
+            done = activate_on(state.config, model, version, control, Path(repository))
+        # Triton unloads the versions no longer served after the load returns (a rollback);
+        # until they are gone its strict readiness is false: answer once it is back
+        state.wait_loaded(model)
+    state.reset_reader()
+    return asdict(done)
+
+
+def retire(state: AdminState, model: str, version: int) -> JSON:
+    """Drop ``version``'s rows in every tier and record it retired."""
+    from hps.versions.rollout import retire as retire_version
+
+    state.config.model(model)
+    registry = VersionRegistry(state.config)
+    info = registry.get(model, version)  # unknown: 404
+    answer: JSON = {"model": model, "version": version, "state": "retired"}
+    if info.state == "retired":
+        return {**answer, "changed": False}
+    if info.state == "live":
+        raise ConflictError(f"model {model!r} version {version} is live: activate another first")
+    if info.state == "loading":
+        raise ConflictError(f"model {model!r} version {version} is loading (an import writes it)")
+    if version in registry.served(model):
+        raise ConflictError(
+            f"model {model!r} version {version} is served (kept for rollback below the live "
+            "one): activate a version below it first"
+        )
+    with state.versions_lock, state.writes:
+        retire_version(state.config, model, version)
+    state.reset_reader()
+    return {**answer, "changed": True}

@@ -1,0 +1,204 @@
+"""`hps import --version` and `hps versions list|activate|retire`: arguments, output, errors
+(real RocksDB files; activation against a running `hps serve` is an integration test)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hps.cli import main
+from hps.commands.versions import report_lines
+from hps.triton.serving import serving_config
+from hps.versions import VersionRegistry
+from tests.unit.commands.conftest import write_tables
+
+
+def hps(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--version", "2"], "--version needs --model"),
+        (["--model", "demo"], "--model: only with --version N"),
+        (["--sparse-files", "a", "b"], "--sparse-files: only with --version N"),
+        (["--dense-file", "d.npz", "--table", "demo.t0"], "--dense-file: only with --version"),
+        (
+            ["--version", "2", "--model", "demo", "--table", "demo.t0", "--npy", "k", "v"],
+            "not with --table, --npy",
+        ),
+        (["--version", "2", "--model", "demo", "--force"], "not with --force"),
+    ],
+)
+def test_import_version_arguments_that_mean_nothing_are_refused(
+    ps_json: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    code, out, err = hps(capsys, "import", "--config", str(ps_json), *args)
+    assert code == 2 and message in err and out == ""
+    assert not (ps_json.parent / "rocksdb").exists()  # nothing was written
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "two"])
+def test_a_version_is_a_positive_integer(
+    ps_json: Path, capsys: pytest.CaptureFixture[str], bad: str
+) -> None:
+    for argv in (
+        ["import", "--config", str(ps_json), "--model", "demo", "--version", bad],
+        ["versions", "retire", "--config", str(ps_json), "--model", "demo", "--", bad],
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        assert "model version" in capsys.readouterr().err
+
+
+def test_import_list_and_retire_a_version(
+    ps_json: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = str(ps_json)
+    assert hps(capsys, "import", "--config", config, "--quiet")[0] == 0  # version 1
+    v2 = write_tables(tmp_path / "v2", seed=5)
+    code, out, err = hps(
+        capsys,
+        "import",
+        "--config",
+        config,
+        "--model",
+        "demo",
+        "--version",
+        "2",
+        "--sparse-files",
+        *v2,
+        "--quiet",
+    )
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[:2] == ["demo.t0@2: 40 rows", "demo.t1@2: 40 rows"]
+    assert lines[2].startswith("demo: version 2 ready; make it live with: hps versions activate")
+
+    code, out, err = hps(capsys, "versions", "list", "--config", config, "--model", "demo")
+    assert code == 0, err
+    one, two = out.splitlines()
+    assert one.split()[:4] == ["demo", "1", "live", "served"]
+    assert two.split()[:4] == ["demo", "2", "ready", "created"]  # imported, not served
+    assert "l2 -" in two and "l3 ~80 rows" in two  # hash_map L2: each serving process's
+
+    code, out, err = hps(
+        capsys, "versions", "list", "--config", config, "--model", "demo", "--exact"
+    )
+    assert "l3 80 rows (" in out.splitlines()[1]
+
+    # the live version, a number taken, an unknown version or model: exit 2, named
+    code, _, err = hps(capsys, "versions", "retire", "--config", config, "--model", "demo", "1")
+    assert code == 2 and "version 1 is live" in err
+    code, _, err = hps(
+        capsys, "import", "--config", config, "--model", "demo", "--version", "2", "--quiet"
+    )
+    assert code == 2 and "version 2 exists (ready)" in err
+    code, _, err = hps(capsys, "versions", "retire", "--config", config, "--model", "demo", "7")
+    assert code == 2 and "has no version 7" in err
+    code, _, err = hps(capsys, "versions", "list", "--config", config, "--model", "nope")
+    assert code == 2 and "unknown model 'nope'" in err
+
+    code, out, err = hps(capsys, "versions", "retire", "--config", config, "--model", "demo", "2")
+    assert code == 0, err
+    assert out == "demo: version 2 retired (its rows dropped in every tier)\n"
+    registry = VersionRegistry(serving_config(ps_json))
+    assert registry.get("demo", 2).state == "retired"
+    _, out, _ = hps(capsys, "versions", "list", "--config", config, "--model", "demo")
+    assert out.splitlines()[1].split()[2] == "retired" and "l3 -" in out
+
+
+def test_import_version_default_files_and_a_wrong_count(
+    ps_json: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = str(ps_json)
+    code, _, err = hps(
+        capsys,
+        "import",
+        "--config",
+        config,
+        "--model",
+        "demo",
+        "--version",
+        "3",
+        "--sparse-files",
+        str(tmp_path / "v1" / "t0"),
+        "--quiet",
+    )
+    assert code == 2 and "2 tables but 1 sparse files" in err
+    code, out, err = hps(
+        capsys, "import", "--config", config, "--model", "demo", "--version", "3", "--quiet"
+    )
+    assert code == 0, err  # the ps.json entry's sparse files, as version 3
+    assert "demo.t0@3: 40 rows" in out
+
+
+def test_activate_needs_the_repository_of_hps_serve(
+    ps_json: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = str(ps_json)
+    code, _, err = hps(
+        capsys,
+        "versions",
+        "activate",
+        "--config",
+        config,
+        "--model",
+        "demo",
+        "1",
+        "--repository",
+        str(tmp_path / "none"),
+    )
+    assert code == 2 and "no model repository of hps serve at" in err
+    code, _, err = hps(capsys, "versions", "activate", "--config", config, "--model", "demo", "1")
+    assert code == 2 and "hps-repository" in err  # the default: beside L3, not written yet
+
+
+def test_report_lines() -> None:
+    report = {
+        "model": "m",
+        "rows_estimated": ["l3"],
+        "versions": [
+            {
+                "version": 1,
+                "state": "ready",
+                "created": None,
+                "served": True,
+                "rows": {"l2": 10, "l3": 2048},
+                "bytes": {"l2": 500, "l3": 3 * 1024**2},
+            },
+            {
+                "version": 12,
+                "state": "retired",
+                "created": 1.7e9,
+                "served": False,
+                "rows": {"l2": None, "l3": None},
+                "bytes": {"l2": None, "l3": None},
+            },
+        ],
+    }
+    one, two = report_lines(report)
+    assert one.split() == [
+        "m",
+        "1",
+        "ready",
+        "served",
+        "created",
+        "-",
+        "l2",
+        "10",
+        "rows",
+        "(500",
+        "B)",
+        "l3",
+        "~2048",
+        "rows",
+        "(3.0",
+        "MiB)",
+    ]
+    assert two.split()[:3] == ["m", "12", "retired"] and two.endswith("l2 -  l3 -")

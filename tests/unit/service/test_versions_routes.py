@@ -1,0 +1,175 @@
+"""The model-version routes over real RocksDB files, without Triton: list, import (a job),
+retire, their errors and auth; the table routes follow the version recorded live.
+Activation through a running `hps serve` is tests/integration/service/test_versions_api.py."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from hps.service.app import create_app
+from hps.service.state import AdminState
+from hps.service.triton_admin import TritonAdmin
+from hps.triton.serving import prepare_tables, serving_config
+from hps.versions import VersionRegistry
+from tests.helpers import rows
+from tests.unit.commands.conftest import KEYS, write_tables
+
+TOKEN = "versions-token"
+
+
+@pytest.fixture
+def admin(tmp_path: Path) -> Iterator[tuple[TestClient, AdminState]]:
+    doc = {
+        "models": [
+            {
+                "model": "demo",
+                "sparse_files": write_tables(tmp_path / "v1", seed=0),
+                "embedding_table_names": ["t0", "t1"],
+                "embedding_vecsize_per_table": [4, 8],
+                "maxnum_catfeature_query_per_table_per_sample": [2, 2],
+                "default_value_for_each_table": [0.0, 0.0],
+                "max_batch_size": 16,
+                "gpucache": False,
+            }
+        ],
+        "volatile_db": {"type": "hash_map"},
+        "persistent_db": {"type": "rocks_db", "path": str(tmp_path / "rocksdb")},
+    }
+    (tmp_path / "ps.json").write_text(json.dumps(doc))
+    config = serving_config(tmp_path / "ps.json")
+    prepare_tables(config)  # version 1, as hps serve imports it
+    state = AdminState(config, TOKEN, TritonAdmin("127.0.0.1:1"), state_dir=tmp_path / "admin")
+    with TestClient(create_app(state)) as client:
+        client.headers["Authorization"] = f"Bearer {TOKEN}"
+        yield client, state
+
+
+def wait_job(client: TestClient, job: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        view: dict[str, Any] = client.get(f"/v1/jobs/{job}").json()
+        if view["state"] not in ("queued", "running"):
+            return view
+        time.sleep(0.05)
+    raise AssertionError(f"job {job} still pending")
+
+
+def import_v(client: TestClient, body: dict[str, Any]) -> dict[str, Any]:
+    r = client.post("/v1/models/demo/versions", json=body)
+    assert r.status_code == 202, r.text
+    return wait_job(client, r.json()["job"])
+
+
+def lookup_t0(client: TestClient) -> np.ndarray:
+    r = client.post("/v1/models/demo/tables/t0/lookup", json={"keys": KEYS[:3].tolist()})
+    assert r.status_code == 200, r.text
+    return np.array([x["vector"] for x in r.json()["results"]], np.float32)
+
+
+def test_import_list_and_errors(admin: tuple[TestClient, AdminState], tmp_path: Path) -> None:
+    client, _ = admin
+    listed = client.get("/v1/models/demo/versions").json()
+    assert (listed["live"], listed["served"], listed["keep_versions"]) == (1, [1], 2)
+    (one,) = listed["versions"]
+    assert (one["version"], one["state"], one["created"], one["served"]) == (1, "live", None, True)
+    assert one["rows"] == {"l2": None, "l3": 80}  # hash_map: each serving process's own L2
+    assert one["bytes"]["l2"] is None and one["bytes"]["l3"] > 80 * 4 * 4
+
+    v2 = write_tables(tmp_path / "v2", seed=5)
+    body = {"version": 2, "sparse_files": v2}
+    r = client.post("/v1/models/demo/versions", json=body, headers={"Authorization": ""})
+    assert r.status_code == 401 and r.json()["error"] == "Unauthorized"
+    for bad, status, says in [
+        ({**body, "sparse_files": v2[:1]}, 400, "2 tables ("),
+        ({**body, "sparse_files": ["/etc", "/usr"]}, 400, "path not allowed or not found"),
+        ({**body, "dense_file": "/etc/passwd"}, 400, "path not allowed or not found"),
+        ({**body, "version": 0}, 422, "greater than or equal to 1"),
+        ({**body, "version": True}, 422, "must be a JSON integer"),
+        ({**body, "version": 1}, 409, "version 1 exists (live)"),
+    ]:
+        r = client.post("/v1/models/demo/versions", json=bad)
+        assert r.status_code == status and says in json.dumps(r.json()), (bad, r.text)
+    r = client.post("/v1/models/nope/versions", json=body)
+    assert r.status_code == 404 and "unknown model 'nope'" in r.json()["detail"]
+
+    job = import_v(client, body)
+    assert job["state"] == "done", job
+    assert job["kind"] == "import_version" and job["rows_done"] == job["rows_total"] == 80
+    assert job["result"]["rows"] == {"demo.t0@2": 40, "demo.t1@2": 40}
+    r = client.post("/v1/models/demo/versions", json=body)
+    assert r.status_code == 409 and "version 2 exists (ready)" in r.json()["detail"]
+
+    listed = client.get("/v1/models/demo/versions", params={"exact": True}).json()
+    two = listed["versions"][1]
+    assert (two["version"], two["state"], two["served"]) == (2, "ready", False)
+    assert two["created"] > 0 and two["rows"]["l3"] == 80 and listed["rows_estimated"] == []
+    np.testing.assert_array_equal(lookup_t0(client), rows(KEYS[:3], 4, 0))  # still version 1
+
+    # a version whose values cannot be stored fails its job and leaves nothing
+    bad = write_tables(tmp_path / "v3", seed=0)
+    vectors = np.fromfile(Path(bad[0]) / "emb_vector", np.float32)
+    vectors[5] = np.nan
+    vectors.tofile(Path(bad[0]) / "emb_vector")
+    job = import_v(client, {"version": 3, "sparse_files": bad})
+    assert job["state"] == "failed" and "NaN or infinity" in job["error"], job
+    listed = client.get("/v1/models/demo/versions").json()["versions"]
+    assert [v["version"] for v in listed] == [1, 2]
+
+
+def test_activate_and_retire_errors_and_the_live_version_of_table_routes(
+    admin: tuple[TestClient, AdminState], tmp_path: Path
+) -> None:
+    client, state = admin
+    v2 = write_tables(tmp_path / "v2", seed=5)
+    assert import_v(client, {"version": 2, "sparse_files": v2})["state"] == "done"
+    r = client.post("/v1/models/demo/versions/9/activate")
+    assert r.status_code == 404 and "has no version 9" in r.json()["detail"]
+    r = client.post("/v1/models/demo/versions/0/activate")
+    assert r.status_code == 422
+    r = client.post("/v1/models/demo/versions/2/activate")  # hps serve wrote no repository
+    assert r.status_code == 409 and "no model repository of hps serve" in r.json()["detail"]
+    r = client.post("/v1/models/demo/versions/2/activate", headers={"Authorization": "Bearer x"})
+    assert r.status_code == 401
+
+    # live as an activation records it (e.g. `hps versions activate` on this node): the table
+    # routes follow at once
+    registry = VersionRegistry(state.config)
+    registry.set_live("demo", 2)
+    np.testing.assert_array_equal(lookup_t0(client), rows(KEYS[:3], 4, 5))
+    table = client.get("/v1/models/demo/tables/t0").json()
+    assert table["version"] == 2 and table["rows"]["l3"] == 40
+    models = client.get("/v1/models").json()["models"]
+    assert models[0]["version"] == 2 and models[0]["tables"][0]["version"] == 2
+
+    r = client.delete("/v1/models/demo/versions/2")
+    assert r.status_code == 409 and "is live" in r.json()["detail"]
+    r = client.delete("/v1/models/demo/versions/1")  # kept for rollback, served below 2
+    assert r.status_code == 409 and "is served" in r.json()["detail"]
+    r = client.delete("/v1/models/demo/versions/9")
+    assert r.status_code == 404
+    r = client.delete("/v1/models/demo/versions/1", headers={"Authorization": ""})
+    assert r.status_code == 401
+
+    registry.set_live("demo", 1)  # a rollback: version 2 is kept but no longer served
+    np.testing.assert_array_equal(lookup_t0(client), rows(KEYS[:3], 4, 0))
+    r = client.delete("/v1/models/demo/versions/2")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"model": "demo", "version": 2, "state": "retired", "changed": True}
+    assert client.delete("/v1/models/demo/versions/2").json()["changed"] is False
+    listed = client.get("/v1/models/demo/versions").json()["versions"]
+    assert [(v["version"], v["state"], v["rows"]["l3"]) for v in listed] == [
+        (1, "live", 80),
+        (2, "retired", None),
+    ]
+    r = client.post("/v1/models/demo/versions/2/activate")
+    assert r.status_code == 409 and "is retired, not ready" in r.json()["detail"]
+    r = client.post("/v1/models/demo/versions", json={"version": 2})
+    assert r.status_code == 409 and "version 2 exists (retired)" in r.json()["detail"]
