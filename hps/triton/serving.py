@@ -21,7 +21,7 @@ from pathlib import Path
 
 from hps.config import ModelConfig, PSConfig, load_config
 from hps.loading.imports import import_lock, import_tables, sparse_sources
-from hps.loading.loader import Loader, TableSource
+from hps.loading.loader import Loader
 from hps.lookup import LookupSession
 from hps.startup import fill_table_from_l3
 from hps.topology import SHARED_L2_DEFAULT, l2_placement, topology
@@ -82,14 +82,18 @@ def prepare_tables(
 ) -> dict[str, int]:
     """Import new or changed sparse files into L3 and a shared L2; rows imported per table.
 
-    Each model entry is imported at its version (:mod:`hps.versions`): the ps.json's own
-    entries are version 1, imported unless version 1 was retired; an entry a serving
-    instance took from the version record is already imported (nothing to do)."""
+    Only version 1 of a ps.json model (its own entry) is imported here, unless it was
+    retired: a later version, or a model added at runtime, was imported when it was added
+    (:mod:`hps.versions`) and needs its files no more."""
     registry = VersionRegistry(config)
+    runtime = set(registry.runtime_models())
     models = [
         m.model
         for m in config.models
-        if (models is None or m.model in models) and (m.version != 1 or 1 in registry.kept(m.model))
+        if (models is None or m.model in models)
+        and m.version == 1
+        and m.model not in runtime
+        and 1 in registry.kept(m.model)
     ]
     return import_tables(
         config, topology(config), sparse_sources(config, models), progress=progress
@@ -107,21 +111,27 @@ def fill_l2(session: LookupSession, config: PSConfig, model: ModelConfig) -> int
         return 0
     tiers = session.tiers
     share = config.volatile_db.initial_cache_rate
-    loader = Loader(tiers, "fill", share, l3=False)
-    sources = sparse_sources(config, [model.model])
     l2 = tiers.volatile
     assert l2 is not None
-
-    def fill(source: TableSource) -> int:
+    if tiers.persistent is not None:
         # From L3 when there is one: it holds the imports and deletes made since the files
-        # (hps admin), which a reload must not undo.
-        if tiers.persistent is None:
-            return loader.load(source)
-        # a failure is logged and shown in /readyz as degraded; L3 answers what L2 lacks
-        return fill_table_from_l3(tiers, source.spec.name, share, topo.state_dir)
+        # (hps admin), which a reload must not undo, and a model version's rows whose
+        # files may be gone. A failure is logged and shown in /readyz as degraded; L3
+        # answers what L2 lacks.
+        tables = [spec.name for spec in model.tables]
+
+        def fill(table: str) -> int:
+            return fill_table_from_l3(tiers, table, share, topo.state_dir)
+    else:
+        loader = Loader(tiers, "fill", share, l3=False)
+        sources = {s.spec.name: s for s in sparse_sources(config, [model.model])}
+        tables = list(sources)
+
+        def fill(table: str) -> int:
+            return loader.load(sources[table])
 
     if topo.l2 == "process":
-        return sum(fill(s) for s in sources)
+        return sum(fill(t) for t in tables)
     assert topo.state_dir is not None  # a node's L2 always has one
     with import_lock(topo.state_dir):
-        return sum(fill(s) for s in sources if l2.size(s.spec.name) == 0)
+        return sum(fill(t) for t in tables if l2.size(t) == 0)
