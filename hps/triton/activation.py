@@ -10,8 +10,9 @@ ones up to the live one) and sends an unversioned request to the highest ready o
 2. Triton loads them: the new version's instances import nothing (the version is imported),
    fill their L2 and warm their L1 before Triton sends them traffic; versions no longer
    served are unloaded once their in-flight requests finish (a rollback);
-3. only then is the version recorded live, and versions beyond ``hps_keep_versions``
-   are retired (their rows dropped in every tier).
+3. once Triton has unloaded the versions no longer served (their requests in flight
+   finished), the version is recorded live, and versions beyond ``hps_keep_versions`` are
+   retired (their rows dropped in every tier).
 
 A failed load leaves Triton serving what it served and the record unchanged (the folders'
 policy is put back). A crash between 2 and 3 leaves each request answered by one whole
@@ -20,6 +21,8 @@ version, and a restarted ``hps serve`` serves the version recorded live.
 
 from __future__ import annotations
 
+import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +33,10 @@ from hps.triton.client import ModelControl
 from hps.triton.repository import served_models, write_versions
 from hps.versions import VersionRegistry
 from hps.versions.rollout import retire
+
+log = logging.getLogger(__name__)
+
+UNLOAD_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -68,8 +75,28 @@ def activate(
         for name in names:
             write_versions(repository / name, old)
         raise
+    loaded = _unloaded(control, names, served)  # in-flight requests finish on the old ones
     registry.set_live(model, version)
-    retired = registry.beyond_kept(model)
+    retired = [v for v in registry.beyond_kept(model) if v not in loaded]
     for v in retired:
         retire(config, model, v)
     return Activation(model, version, previous, served, retired)
+
+
+def _unloaded(control: ModelControl, names: list[str], served: list[int]) -> set[int]:
+    """Wait (at most :data:`UNLOAD_TIMEOUT_S`) until Triton has unloaded every version of
+    ``names`` not in ``served``; the versions still loaded then (not to be retired)."""
+    deadline = time.monotonic() + UNLOAD_TIMEOUT_S
+    while True:
+        busy = {
+            v
+            for name in names
+            for v, state in control.version_states(name).items()
+            if v not in served and state in ("READY", "UNLOADING", "LOADING")
+        }
+        if not busy or time.monotonic() > deadline:
+            if busy:
+                log.warning("Triton still holds versions %s after %.0fs", sorted(busy),
+                            UNLOAD_TIMEOUT_S)  # fmt: skip
+            return busy
+        time.sleep(0.05)

@@ -6,20 +6,24 @@ plane's ``/v1/models/{model}/versions`` routes call).
   its own namespace in every tier (:attr:`hps.types.TableSpec.name`), nothing served changes.
   The dense and network files are copied into the node's versions folder, so the version
   stays what it was imported as even if the files are replaced later.
-- :func:`retire`: drop a version's rows in every tier (not the live one, nor a served one).
+- :func:`retire`: drop a version's rows in every tier (not the live one, nor a served one;
+  a ``loading`` one only once its importer is gone: a process that died mid-import).
 
 Activating a version is Triton's part: :mod:`hps.triton.activation`.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from hps.config import ModelConfig, PSConfig
 from hps.errors import ConfigError
-from hps.loading.imports import import_tables, node_file, sparse_sources
+from hps.loading.imports import import_lock, import_tables, node_file, sparse_sources
 from hps.tiers import Tiers
 from hps.topology import topology
 from hps.versions.registry import VersionRegistry
@@ -82,8 +86,19 @@ def import_version(
     if len(entry.sparse_files) != len(entry.tables):
         raise ConfigError(f"model {model!r} version {version}: no sparse files to import")
     snapshot, copies = _snapshot(config, entry, version)
-    registry.begin(snapshot, version)
-    at = snapshot.at_version(version)
+    with _importing(config, model, version):
+        registry.begin(snapshot, version)
+        return _import(config, registry, snapshot.at_version(version), copies, progress)
+
+
+def _import(
+    config: PSConfig,
+    registry: VersionRegistry,
+    at: ModelConfig,
+    copies: dict[str, str],
+    progress: bool,
+) -> dict[str, int]:
+    model, version = at.model, at.version
     try:
         for dest, src in copies.items():
             Path(dest).parent.mkdir(parents=True, exist_ok=True)
@@ -106,15 +121,47 @@ def import_version(
     return rows
 
 
+def _marker(config: PSConfig, model: str, version: int) -> Path:
+    state = topology(config).state_dir
+    assert state is not None  # VersionRegistry refuses to record versions without one
+    return node_file(state, VERSIONS_DIR) / model / f"{version}.importing"
+
+
+@contextmanager
+def _importing(config: PSConfig, model: str, version: int) -> Iterator[None]:
+    """Held while ``version`` is imported: a ``loading`` version nobody holds was abandoned
+    (its importer died) and may be retired."""
+    marker = _marker(config, model, version)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    with open(marker, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def _abandoned(config: PSConfig, model: str, version: int) -> bool:
+    marker = _marker(config, model, version)
+    if not marker.exists():
+        return True
+    with open(marker, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+
 def drop_versions(config: PSConfig, entries: list[ModelConfig]) -> None:
-    """Drop the tables of ``entries`` (model entries at their version) in every tier."""
-    tiers = Tiers.open(config, l3_mode="read_write")
-    try:
-        for entry in entries:
-            for spec in entry.tables:
-                tiers.drop_table(spec, reopen=False)
-    finally:
-        tiers.close()
+    """Drop the tables of ``entries`` (model entries at their version) in every tier, under
+    the node's import lock (no import writes L3 meanwhile)."""
+    state = topology(config).state_dir
+    with import_lock(state) if state is not None else nullcontext():
+        tiers = Tiers.open(config, l3_mode="read_write")
+        try:
+            for entry in entries:
+                for spec in entry.tables:
+                    tiers.drop_table(spec, reopen=False)
+        finally:
+            tiers.close()
 
 
 def retire(config: PSConfig, model: str, version: int) -> None:
@@ -126,6 +173,8 @@ def retire(config: PSConfig, model: str, version: int) -> None:
         raise ConfigError(f"model {model!r} version {version} is live: activate another first")
     if info.state == "retired":
         return
+    if info.state == "loading" and not _abandoned(config, model, version):
+        raise ConfigError(f"model {model!r} version {version} is being imported")
     if version in registry.served(model):
         raise ConfigError(
             f"model {model!r} version {version} is served (kept for rollback below the live "

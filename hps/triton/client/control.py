@@ -74,6 +74,16 @@ class ModelControl:
         index = self._call("POST", "/v2/repository/index", {})
         return {m["name"]: m.get("state", "") for m in index or []}
 
+    def version_states(self, model: str) -> dict[int, str]:
+        """Version -> state of one model's versions in the repository (a version Triton
+        never loaded, or unloaded long ago, may be absent)."""
+        index = self._call("POST", "/v2/repository/index", {})
+        return {
+            int(m["version"]): m.get("state", "")
+            for m in index or []
+            if m.get("name") == model and str(m.get("version", "")).isdigit()
+        }
+
     def server_ready(self) -> bool:
         """Whether Triton reports itself ready (``/v2/health/ready``)."""
         return self._ready("/v2/health/ready")

@@ -83,3 +83,15 @@ def test_retire_drops_the_rows_of_a_version(config: PSConfig, tmp_path: Path) ->
     assert VersionRegistry(config).get("demo", 2).state == "retired"
     assert l3_rows(config, 2, KEYS).size == 0
     retire(config, "demo", 2)  # again: nothing to do
+
+
+def test_a_version_whose_import_died_can_be_retired(config: PSConfig) -> None:
+    from hps.versions.rollout import _importing
+
+    registry = VersionRegistry(config)
+    with _importing(config, "demo", 2):  # an import in progress (this process holds it)
+        registry.begin(config.model("demo"), 2)
+        with pytest.raises(ConfigError, match="being imported"):
+            retire(config, "demo", 2)
+    retire(config, "demo", 2)  # nobody imports it any more: abandoned
+    assert registry.get("demo", 2).state == "retired"
