@@ -66,6 +66,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     a.set_defaults(func=_retire)
 
+    from hps.commands.rollout import add_rollout  # over the pods' control planes, no ps.json
+
+    add_rollout(actions)
+
 
 def positive(text: str) -> int:
     """A model version on the command line: a positive integer."""

@@ -1,0 +1,140 @@
+"""A model version rolled out over several pods, one after another (hps versions rollout).
+
+Each pod (its control plane's URL, ``--admin``, in order) imports the version into its own
+tiers if it lacks it (``POST /v1/models/{model}/versions``, a job followed to its end), then
+activates it (``POST .../versions/{n}/activate``) and is checked (``GET .../versions``: the
+version live). One JSON line per pod. The first pod that fails stops the rollout: the pods
+after it keep serving the version they served, and the command exits 1. A rollback is the
+same command with the older version (kept on every pod: no import).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from hps.commands.versions import positive
+from hps.errors import BackendUnavailable, HPSError, RequestError
+from hps.types import JSON
+
+POLL_S = 0.5
+
+
+def add_rollout(actions: argparse._SubParsersAction) -> None:
+    p = actions.add_parser(
+        "rollout",
+        help="import (where missing) and activate a version on several pods, one after another",
+        description=(__doc__ or "").strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", required=True, help="model name")
+    p.add_argument("version", type=positive, metavar="N", help="model version")
+    p.add_argument(
+        "--admin",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="a pod's control plane, e.g. http://10.0.0.7:9090 (repeat, in order)",
+    )
+    p.add_argument("--token-file", help="file of the admin token (else $HPS_ADMIN_TOKEN)")
+    p.add_argument("--sparse-files", nargs="+", metavar="DIR",
+                   help="the version's sparse files, as paths on the pods (default: the "
+                   "ps.json's)")  # fmt: skip
+    p.add_argument("--dense-file", help="the version's dense weights, as a path on the pods")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per pod")
+    p.set_defaults(func=_rollout)
+
+
+class ControlPlane:
+    """The version routes of one pod's control plane."""
+
+    def __init__(self, url: str, token: str | None, timeout: float) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+
+    def call(self, method: str, path: str, body: JSON | None = None) -> JSON:
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                answer = json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:500]
+            raise RequestError(f"{method} {path}: {exc.code} {detail}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise BackendUnavailable(f"cannot reach {self.url}: {exc}") from None
+        return answer if isinstance(answer, dict) else {}
+
+    def versions(self, model: str) -> JSON:
+        return self.call("GET", f"/v1/models/{model}/versions")
+
+    def import_version(self, model: str, body: JSON, deadline: float) -> None:
+        job = self.call("POST", f"/v1/models/{model}/versions", body)
+        status = str(job.get("status_url") or f"/v1/jobs/{job.get('job')}")
+        while True:
+            view = self.call("GET", status)
+            if view.get("state") == "done":
+                return
+            if view.get("state") in ("failed", "interrupted"):
+                raise RequestError(f"import {view.get('state')}: {view.get('error')}")
+            if time.monotonic() > deadline:
+                raise BackendUnavailable(f"import still {view.get('state')} at the timeout")
+            time.sleep(POLL_S)
+
+
+def roll_out(pod: ControlPlane, model: str, version: int, body: JSON, timeout: float) -> JSON:
+    """Import (if missing) and activate ``version`` on one pod; what happened."""
+    start = time.monotonic()
+    deadline = start + timeout
+    listed = pod.versions(model).get("versions")
+    known = {int(v["version"]) for v in listed} if isinstance(listed, list) else set()
+    imported = version not in known
+    if imported:
+        pod.import_version(model, {"version": version, **body}, deadline)
+    mid = time.monotonic()
+    done = pod.call("POST", f"/v1/models/{model}/versions/{version}/activate")
+    live = pod.versions(model).get("live")
+    if live != version:
+        raise RequestError(f"activated, but the pod reports version {live} live")
+    return {
+        "pod": pod.url,
+        "model": model,
+        "version": version,
+        "imported": imported,
+        "import_s": round(mid - start, 3),
+        "activate_s": round(time.monotonic() - mid, 3),
+        "previous": done.get("previous"),
+        "served": done.get("served"),
+        "ok": True,
+    }
+
+
+def _rollout(args: argparse.Namespace) -> int:
+    from hps.service.auth import resolve_token
+
+    token = resolve_token(args.token_file)
+    body: JSON = {}
+    if args.sparse_files:
+        body["sparse_files"] = list(args.sparse_files)
+    if args.dense_file:
+        body["dense_file"] = args.dense_file
+    for i, url in enumerate(args.admin):
+        pod = ControlPlane(url, token, timeout=args.timeout)
+        try:
+            row = roll_out(pod, args.model, args.version, body, args.timeout)
+        except HPSError as exc:
+            left = args.admin[i + 1 :]
+            print(json.dumps({"pod": url, "model": args.model, "version": args.version,
+                              "ok": False, "error": str(exc), "not_started": left}))  # fmt: skip
+            return 1
+        print(json.dumps(row), flush=True)
+    sys.stdout.flush()
+    return 0
