@@ -100,6 +100,21 @@ class Applier:
             self._tiers.persistent is not None and self._persistent_models(spec.model),
         )
 
+    def takes(self, spec: TableSpec) -> bool:
+        """Whether some tier takes ``spec``'s updates (nothing is opened)."""
+        return any(self._takes(spec))
+
+    def forget(self, models: set[str]) -> list[str]:
+        """Drop the tables of ``models`` (removed from the node: their rows may be dropped
+        by a purge); the tables dropped. A later table of theirs is accepted again."""
+        gone = [n for n, r in self._routes.items() if r.spec.model in models]
+        gone += [n for n, s in self._later.items() if s.model in models]
+        for name in gone:
+            self._routes.pop(name, None)
+            self._later.pop(name, None)
+            self._first.pop(name, None)
+        return gone
+
     def _open(self, spec: TableSpec) -> VersionedRows | None:
         l2, l3 = self._takes(spec)
         route = self._tiers.versioned(spec, l2=l2, l3=l3)
@@ -114,7 +129,7 @@ class Applier:
         applier was not built with is opened in its tiers at its first apply."""
         if spec.name in self._routes or spec.name in self._later:
             return True
-        if not any(self._takes(spec)):
+        if not self.takes(spec):
             return False
         self._later[spec.name] = spec
         return True

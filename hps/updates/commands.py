@@ -117,11 +117,12 @@ def _consume(args: argparse.Namespace) -> int:
     from hps.updates.consumer import MAX_BACKOFF_S
     from hps.updates.heartbeat import Heartbeat, serve_metrics
     from hps.updates.kafka import check_update_source
-    from hps.updates.runtime import build_service
+    from hps.updates.runtime import build_service, consumed_config
 
     protect()  # from here on no log record holds a registered secret
     config = load_config(args.config)
     protect(config)  # the volatile_db password, the Kafka client's secrets
+    config = consumed_config(config)  # the models as served: those added at runtime too
     check_update_source(config)  # a bad Kafka setting is a config error before any work
     overrides = {"brokers": args.brokers, "hps_group_id": args.group_id}
     if update := {k: v for k, v in overrides.items() if v}:

@@ -20,7 +20,8 @@ Semantics (docs/updates.md):
   chooses (the node's version record, re-read when its file changes: one ``stat`` per
   poll); a message for a retired or unknown version is a dead letter. When a version
   becomes ready, the messages it missed while it was loading are replayed to it before the
-  next poll (:mod:`hps.updates.replay`).
+  next poll (:mod:`hps.updates.replay`). ``hps consume`` follows the served models too
+  (:mod:`hps.updates.following`): a model added at runtime is subscribed, a removed one left.
 - Each message's publish timestamp (its Kafka timestamp) travels in the batch's ``extras``
   (``published_ns``); the loop records the stages ``delivery``, ``batch``, ``decode`` and
   ``applied`` (:data:`hps.updates.metrics.STAGES`) and, where the loop serves lookups itself
@@ -42,6 +43,7 @@ from hps.types import UpdateBatch
 from hps.updates import metrics
 from hps.updates.applier import Applier
 from hps.updates.deadletter import DeadLetters
+from hps.updates.following import ModelFollower
 from hps.updates.heartbeat import Heartbeat
 from hps.updates.messages import MAX_AHEAD_S as MAX_AHEAD_S
 from hps.updates.messages import decode_message as decode_message
@@ -80,7 +82,8 @@ class UpdateConsumer:
 
     ``router`` decides which tables of which model versions a message goes to (default:
     the applier's tables, each the live version of its model); ``catchup`` (``hps consume``)
-    replays to a version what it missed while it was loading."""
+    replays to a version what it missed while it was loading; ``follower`` (``hps consume``)
+    keeps the subscription to the node's served models."""
 
     def __init__(
         self,
@@ -94,6 +97,7 @@ class UpdateConsumer:
         serving: bool = False,
         router: Router | None = None,
         catchup: Catchup | None = None,
+        follower: ModelFollower | None = None,
     ) -> None:
         self.source = source
         self.recorder = recorder or PrometheusRecorder()
@@ -102,6 +106,7 @@ class UpdateConsumer:
         self.tables = applier.tables
         self.router = router or Router.fixed(self.tables)
         self.catchup = catchup
+        self.follower = follower
         self.settings = settings
         self.dead_letters = dead_letters
         # beaten before every poll and every retry: liveness stops when the loop stalls
@@ -193,6 +198,8 @@ class UpdateConsumer:
     def _follow_versions(self, stop: threading.Event) -> None:
         """Re-read the version record if it changed; replay what a ready version missed."""
         changed = self.router.refresh()
+        if self.follower is not None and (changed or self.follower.pending):
+            self.follower.follow(new_reading=changed)
         if self.catchup is None:
             return
         if changed:
@@ -211,6 +218,8 @@ class UpdateConsumer:
                 if pending_dead:
                     self._send_dead(pending_dead)
                     pending_dead = []
+                if attempt and self.follower is not None:  # held up: a model removed since?
+                    updates = self.follower.drop_removed(updates)
                 start = time.perf_counter()
                 for applied in self.applier.apply(updates):
                     metrics.APPLIED_ROWS.labels(applied.table, "upsert").inc(applied.keys.size)

@@ -56,7 +56,8 @@ def record_path(registry: VersionRegistry, group_id: str) -> Path | None:
 
 class Rollouts:
     """Versions that owe a replay: seen ``loading`` (and recorded in ``path``), or seen
-    appearing ready between two readings of the record; ``due`` once ready or live."""
+    appearing ready between two readings of the record (a model added at runtime too);
+    ``due`` once ready or live. A removed model owes nothing."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
@@ -108,6 +109,9 @@ class Rollouts:
                 if gone:  # its import failed, or it was retired: nothing to replay
                     self.owed.discard(key)
                     self.due.discard(key)
+        for key in [k for k in self.owed if k[0] not in points]:  # a model removed
+            self.owed.discard(key)
+            self.due.discard(key)
         self._seen = {m: set(v) for m, v in points.items()}
         if self.owed != before:
             self._save()

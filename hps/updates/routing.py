@@ -18,13 +18,19 @@ decides:
 :class:`VersionWatch` keeps the record's versions, re-read only when its file changes (one
 ``stat`` per poll); :class:`Router` turns a decision into the tables of those versions, for
 ``hps consume`` (every version) or a serving instance (its own version only).
+
+``hps consume`` also follows the node's **served models** (``follow``:
+:func:`served_models`): a model added at runtime joins at the next reading of the record,
+a removed one leaves it, and a message of a removed model is a dead letter (``model M was
+removed``): the rows it would change are served by no one, and after a purge they no
+longer exist, so applying it would leave rows behind that nothing drops.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from hps.errors import ConfigError, UnknownTableError
@@ -80,19 +86,36 @@ def targets(
     return () if point.state == "loading" else (tag,)
 
 
+def served_models(
+    registry: VersionRegistry, known: Iterable[str] = ()
+) -> tuple[list[str], set[str]]:
+    """The models the node serves (its ps.json's but those removed at runtime, and those
+    added at runtime: :mod:`hps.versions.models`) and the removed ones among those and
+    ``known``."""
+    named = {m.model for m in registry.config.models}
+    removed = {m for m in named | set(known) if registry.removed(m)}
+    return sorted((named - removed) | set(registry.runtime_models())), removed
+
+
 class VersionWatch:
     """The recorded versions of ``models``, re-read when the record's file changes.
 
-    ``registry`` None: a fixed set, one live version per model (``static``)."""
+    ``registry`` None: a fixed set, one live version per model (``static``). ``follow``:
+    the models are the node's served ones (:func:`served_models`), read again with the
+    record; ``removed`` holds those removed at runtime."""
 
     def __init__(
         self,
         registry: VersionRegistry | None,
         models: Iterable[str],
         static: Mapping[str, int] | None = None,
+        *,
+        follow: bool = False,
     ) -> None:
         self.registry = registry
         self.models = sorted(set(models))
+        self.follow = follow and registry is not None
+        self.removed: set[str] = set()
         self.points: dict[str, dict[int, Point]] = {
             m: {n: Point("live", 0)} for m, n in (static or {}).items()
         }
@@ -124,10 +147,14 @@ class VersionWatch:
         if stamp == self._stamp:
             return False
         try:
-            infos = {m: {v.version: v for v in self.registry.versions(m)} for m in self.models}
+            models, removed = self.models, self.removed
+            if self.follow:
+                models, removed = served_models(self.registry, {*self.models, *self.removed})
+            infos = {m: {v.version: v for v in self.registry.versions(m)} for m in models}
         except ConfigError as exc:  # e.g. hand-edited into bad JSON: keep the last reading
             log.warning("model versions not re-read: %s", exc)
             return False
+        self.models, self.removed = models, removed
         self._stamp = stamp
         self._infos = infos
         self.points = {
@@ -149,12 +176,21 @@ class Router:
 
     ``tables`` are the applier's own (their version is the model's live one without a
     record); ``own``: a serving instance, which applies what goes to the version of its
-    tables only. Other versions' tables come from the record (``hps consume``)."""
+    tables only. Other versions' tables come from the record (``hps consume``). With a
+    watch that follows the served models, the tables are those of every served model's
+    versions (retired ones aside) that ``takes`` (whether some tier takes a table's
+    updates), known again at each change of the record."""
 
     def __init__(
-        self, tables: Mapping[str, TableSpec], watch: VersionWatch, *, own: bool = False
+        self,
+        tables: Mapping[str, TableSpec],
+        watch: VersionWatch,
+        *,
+        own: bool = False,
+        takes: Callable[[TableSpec], bool] = lambda spec: True,
     ) -> None:
         self.watch = watch
+        self._takes = takes
         self._specs: dict[tuple[str, int], TableSpec] = {
             (s.qualified, s.version): s for s in tables.values()
         }
@@ -162,6 +198,8 @@ class Router:
         self.own: dict[str, int] | None = (
             {s.model: s.version for s in tables.values()} if own else None
         )
+        if watch.follow:
+            self._follow()
 
     @classmethod
     def fixed(cls, tables: Mapping[str, TableSpec]) -> Router:
@@ -170,7 +208,25 @@ class Router:
         return cls(tables, watch)
 
     def refresh(self) -> bool:
-        return self.watch.refresh()
+        """Re-read the record if it changed (and with it the served models); whether it did."""
+        changed = self.watch.refresh()
+        if changed and self.watch.follow:
+            self._follow()
+        return changed
+
+    def _follow(self) -> None:
+        self._known = {
+            spec.qualified
+            for model in self.watch.models
+            for n, point in self.watch.points.get(model, {}).items()
+            if point.state != "retired"
+            for spec in self.watch.tables(model, n)
+            if self._takes(spec)
+        }
+
+    def topics(self) -> list[str]:
+        """The update topics of the tables this router knows."""
+        return sorted(codec.topic_name(*name.split(".", 1)) for name in self._known)
 
     def route(
         self, model: str, table: str, tag: int | None, ts_ms: int, *, only: int | None = None
@@ -179,6 +235,8 @@ class Router:
         ``only`` when given; UnknownTableError when it is a dead letter."""
         qualified = f"{model}.{table}"
         versions = self.watch.points.get(model)
+        if model in self.watch.removed:
+            raise UnknownTableError(f"model {model} was removed: its updates are not applied")
         if qualified not in self._known or versions is None:
             raise UnknownTableError(f"no configured table {qualified} for its topic")
         chosen = targets(model, versions, tag, ts_ms)

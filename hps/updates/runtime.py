@@ -38,6 +38,7 @@ from hps.updates import codec
 from hps.updates.applier import Applier, Listener, model_filter
 from hps.updates.consumer import UpdateConsumer
 from hps.updates.deadletter import DeadLetters
+from hps.updates.following import ModelFollower
 from hps.updates.freshness import L1Refresher
 from hps.updates.heartbeat import Heartbeat
 from hps.updates.metrics import Recorder
@@ -113,13 +114,21 @@ def topics_of(tables: Mapping[str, TableSpec]) -> list[str]:
     return sorted(codec.topic_name(s.model, s.table) for s in tables.values())
 
 
-def version_router(config: PSConfig, tables: Mapping[str, TableSpec], *, own: bool) -> Router:
+def version_router(
+    config: PSConfig,
+    tables: Mapping[str, TableSpec],
+    *,
+    own: bool,
+    follow: Callable[[TableSpec], bool] | None = None,
+) -> Router:
     """A router over the node's version record for ``tables`` (``own``: a serving
-    instance, its tables' version only)."""
+    instance, its tables' version only); ``follow`` (``hps consume``): the tables of the
+    node's served models that it takes, followed at runtime."""
     from hps.versions.registry import VersionRegistry
 
-    watch = VersionWatch(VersionRegistry(config), {s.model for s in tables.values()})
-    return Router(tables, watch, own=own)
+    models = {s.model for s in tables.values()}
+    watch = VersionWatch(VersionRegistry(config), models, follow=follow is not None)
+    return Router(tables, watch, own=own, takes=follow or (lambda spec: True))
 
 
 def check_enabled(config: PSConfig) -> None:
@@ -132,15 +141,18 @@ def check_enabled(config: PSConfig) -> None:
 def build_service(
     config: PSConfig, session: LookupSession, heartbeat: Heartbeat | None = None
 ) -> UpdateConsumer:
-    """The ``hps consume`` loop over ``session`` (built without L1), in the consumer group."""
+    """The ``hps consume`` loop over ``session`` (built without L1), in the consumer group.
+
+    It follows the node's served models (:mod:`hps.updates.following`): build ``session``
+    from the ps.json as served (:func:`consumed_config`)."""
     check_enabled(config)
     us = config.update_source
     applier = build_applier(config, session, shared_only=True)
-    router = version_router(config, applier.tables, own=False)
+    router = version_router(config, applier.tables, own=False, follow=applier.takes)
     kafka_conf = dict(us.hps_kafka_config)
     source = MessageSource(
         us.brokers,
-        topics_of(applier.tables),
+        router.topics(),
         mode="group",
         group_id=us.hps_group_id,
         config=kafka_conf,
@@ -166,8 +178,16 @@ def build_service(
     )
     return UpdateConsumer(
         source, applier, us, dead_letters=dead, heartbeat=heartbeat, router=router,
-        catchup=catchup,
+        catchup=catchup, follower=ModelFollower(router, source, applier),
     )  # fmt: skip
+
+
+def consumed_config(config: PSConfig) -> PSConfig:
+    """The ps.json as ``hps consume`` applies it: the models the node serves, those added
+    at runtime included and those removed left out (:func:`hps.versions.models.served_config`)."""
+    from hps.versions.models import served_config
+
+    return served_config(config)
 
 
 class UpdateThread:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
 
-from hps.errors import BackendError
+from hps.errors import BackendError, ConfigError
 from hps.updates.kafka import (
     CONSUMER_DEFAULTS,
     Setting,
@@ -53,6 +53,7 @@ class MessageSource:
 
         self.mode = mode
         self.topics = sorted(set(topics))
+        self._brokers, self._config, self._partitions = brokers, config, num_partitions
         conf = merged(brokers, CONSUMER_DEFAULTS, {"group.id": group_id}, config)
         check_config(conf, "consumer")
         counts = ensure_topics(brokers, self.topics, num_partitions=num_partitions, config=config)
@@ -100,6 +101,25 @@ class MessageSource:
         # nothing published after the constructor returns is missed.
         _, high = self._consumer.get_watermark_offsets(tp, timeout=10.0)
         return int(high)
+
+    def subscribe(self, topics: Sequence[str]) -> None:
+        """Group mode: consume ``topics`` from now on instead (``hps consume`` following the
+        node's models). The stored offsets are committed first; the group rebalances at the
+        next poll, and a topic the group never committed is read from its beginning."""
+        if self.mode != "group":
+            raise ConfigError(f"a {self.mode} source reads a fixed set of topics")
+        wanted = sorted(set(topics))
+        ensure_topics(self._brokers, wanted, num_partitions=self._partitions, config=self._config)
+        self.commit(asynchronous=False)
+        with translated(f"subscribing to {len(wanted)} topics"):
+            if wanted:
+                self._consumer.subscribe(
+                    wanted, on_assign=self._on_assign, on_revoke=self._on_revoke
+                )
+            else:
+                self._consumer.unsubscribe()
+                self._assigned = []
+        self.topics = wanted
 
     # -- rebalance callbacks (group mode; run inside poll) ----------------------------------
 

@@ -1,0 +1,105 @@
+"""``hps consume`` follows the models the node serves (docs/updates.md, "Models added and
+removed at runtime").
+
+The models come from the node's version record (:func:`hps.updates.routing.served_models`),
+re-read when its file changes (the :class:`~hps.updates.routing.Router`'s one ``stat`` per
+poll). After each change, :meth:`ModelFollower.follow`, before the next poll:
+
+- a model added at runtime (``POST /v1/models``): its tables' topics are subscribed (the
+  group rebalances; a topic it never committed is read from its beginning, and a version
+  takes only what was published since its import began); its tables are opened in the
+  consumer's tiers at their first update (:meth:`hps.updates.applier.Applier.accept`);
+- a removed model (``DELETE /v1/models/{model}``): its topics are no longer consumed and
+  its tables are dropped from the applier; a message of it still in flight is a dead
+  letter (``model M was removed``), whether or not it was purged.
+
+A batch routed before a removal was read is applied as routed; one held up by a failing
+tier drops the removed model's rows before each retry (:meth:`ModelFollower.drop_removed`),
+so a purge that happened meanwhile is not undone.
+
+A failed subscription (the broker away) is tried again before the next poll.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+from hps.errors import BackendError, ConfigError
+from hps.types import UpdateBatch
+from hps.updates import metrics
+from hps.updates.applier import Applier
+from hps.updates.routing import Router
+
+log = logging.getLogger(__name__)
+
+
+class Subscriber(Protocol):
+    """What following needs of the message source (:class:`hps.updates.source.MessageSource`
+    in group mode)."""
+
+    @property
+    def topics(self) -> list[str]: ...
+    @property
+    def assignment(self) -> list[tuple[str, int]]: ...
+    def subscribe(self, topics: Sequence[str]) -> None: ...
+
+
+class ModelFollower:
+    """Keeps ``source``'s subscription and ``applier``'s tables to ``router``'s models."""
+
+    def __init__(self, router: Router, source: Subscriber, applier: Applier) -> None:
+        self.router = router
+        self.source = source
+        self.applier = applier
+        self.pending = False  # a change not yet followed (a failed subscription)
+
+    def follow(self, *, new_reading: bool = True) -> None:
+        """Follow the router's current reading of the record (``new_reading``: one it had
+        not followed yet, logged; else a retry of a failed subscription)."""
+        watch = self.router.watch
+        if new_reading:  # say what is routed to from now on
+            log.info("version record: %s", "; ".join(
+                f"{m}: " + ", ".join(f"{n} {p.state}" for n, p in sorted(points.items()))
+                for m, points in sorted(watch.points.items())
+            ) or "no model")  # fmt: skip
+        self.pending = True
+        gone_models = watch.removed
+        if dropped := self.applier.forget(set(gone_models)):
+            log.info("stopped applying updates to %s (model removed)", ", ".join(dropped))
+        wanted = self.router.topics()
+        before = list(self.source.topics)
+        if wanted != before:
+            gone = sorted(set(before) - set(wanted))
+            parts = [tp for tp in self.source.assignment if tp[0] in gone]
+            try:
+                self.source.subscribe(wanted)
+            except BackendError as exc:
+                log.warning("subscription not changed (%s); trying again", exc)
+                return
+            for topic, partition in parts:  # no stale lag series for topics left
+                with contextlib.suppress(KeyError):
+                    metrics.CONSUMER_LAG.remove(topic, str(partition))
+            log.info(
+                "following the served models: consuming %d topics (added %s; left %s)",
+                len(wanted),
+                ", ".join(sorted(set(wanted) - set(before))) or "none",
+                ", ".join(gone) or "none",
+            )
+        self.pending = False
+
+    def drop_removed(self, updates: list[UpdateBatch]) -> list[UpdateBatch]:
+        """``updates`` less those of models recorded removed since they were routed (read
+        from the record itself: the router's reading is the next poll's to take)."""
+        registry = self.router.watch.registry
+        models = {u.table.split(".", 1)[0] for u in updates}
+        try:
+            gone = {m for m in models if registry is not None and registry.removed(m)}
+        except ConfigError:  # unreadable just now: as routed
+            return updates
+        if gone:
+            names = ", ".join(sorted(gone))
+            log.info("dropping the updates of %s from a retried batch (removed)", names)
+        return [u for u in updates if u.table.split(".", 1)[0] not in gone]
