@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -87,8 +88,13 @@ def _allowed(app: FastAPI, request: Request) -> list[str]:
     ``GET`` and ``POST /v1/models/{model}/versions``)."""
     from starlette.routing import Match
 
+    def flat(routes: list[Any]) -> Iterator[Any]:
+        for route in routes:  # FastAPI keeps an included router (no prefix here) as one route
+            inner = getattr(route, "original_router", None)
+            yield from flat(inner.routes) if inner is not None else (route,)
+
     methods: set[str] = set()
-    for route in app.router.routes:
+    for route in flat(app.router.routes):
         match, _ = route.matches(request.scope)
         if match is not Match.NONE:
             methods |= set(getattr(route, "methods", None) or ())
@@ -98,7 +104,7 @@ def _allowed(app: FastAPI, request: Request) -> list[str]:
 def create_app(state: AdminState, guard: ConnectionGuard | None = None) -> FastAPI:
     """The application; ``guard``: the connection guard it is served with (its counts go
     to ``/metrics``)."""
-    from hps.service import mutations, routes, version_routes
+    from hps.service import model_routes, mutations, routes, version_routes
 
     metrics = Metrics()
     metrics.watch(state, guard)
@@ -113,7 +119,7 @@ def create_app(state: AdminState, guard: ConnectionGuard | None = None) -> FastA
         title="HPS control plane",
         version="1",
         description="Health, stats, import, lookup, delete, warm-up and reload of HPS tables; "
-        "model versions (import, activate, retire).",
+        "models added and removed at runtime; model versions (import, activate, retire).",
         lifespan=lifespan,
     )
     app.state.hps = state
@@ -169,4 +175,5 @@ def create_app(state: AdminState, guard: ConnectionGuard | None = None) -> FastA
     app.include_router(routes.router)
     app.include_router(mutations.router)
     app.include_router(version_routes.router)
+    app.include_router(model_routes.router)
     return app

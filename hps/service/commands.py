@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "admin",
         help="serve the control plane (health, stats, import, lookup, delete, warm-up, reload, "
-        "model versions)",
+        "model versions, models added and removed at runtime)",
         description="A FastAPI service beside `hps serve`. Mutating routes need the bearer "
         "token from --token-file, else $HPS_ADMIN_TOKEN, else the file $HPS_ADMIN_TOKEN_FILE "
         "names; without one they answer 403. Triton's admin key (reloads) comes from "

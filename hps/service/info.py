@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from hps.config import ModelConfig
 from hps.errors import HPSError
 from hps.service.state import AdminState, topology_view
 from hps.tiers import RowStore, Tiers
@@ -147,12 +148,14 @@ def one_table(state: AdminState, spec: TableSpec) -> JSON:
     return table_info(state, spec, hits, reader, lags, exact=True, fresh=(fresh, why))
 
 
-def models_info(state: AdminState) -> JSON:
+def _models(state: AdminState, live: list[ModelConfig]) -> tuple[list[JSON], str | None]:
+    """These models (at their live version) with their tables; why Triton's metrics are
+    missing, if they are."""
     hits, fresh_hist, why = triton_metrics(state)
     fresh = (fresh_hist, why)
     reader = state.reader()
-    lags = consumer_lags(state, state.config.tables)
-    models = [
+    lags = consumer_lags(state, [t for m in live for t in m.tables])
+    models: list[JSON] = [
         {
             "model": m.model,
             "version": m.version,  # the live one
@@ -162,7 +165,19 @@ def models_info(state: AdminState) -> JSON:
                 for spec in m.tables
             ],
         }
-        for m in state.live_config().models
+        for m in live
     ]
+    return models, why
+
+
+def models_info(state: AdminState) -> JSON:
+    models, why = _models(state, state.live_config().models)
     topo = topology_view(state.config, state.topology)
     return {"models": models, "topology": topo, "metrics_error": why}
+
+
+def model_info(state: AdminState, model: str) -> JSON:
+    """One served model as ``GET /v1/models`` lists it (a model not served: 404)."""
+    state.config.model(model)
+    (one,), why = _models(state, [state.live_model(model)])
+    return {**one, "metrics_error": why}

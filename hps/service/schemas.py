@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from hps.config import ModelConfig
+from hps.config.common import NAME_RE
 from hps.service.paths import MAX_PATH_CHARS
 
 
@@ -98,6 +100,41 @@ class VersionImportBody(_Body):
     )
 
 
+def _entry_schema(schema: dict[str, Any]) -> None:
+    """What the validators of a model entry check, where JSON Schema can say it."""
+    props = schema.get("properties", {})
+    props.pop("version", None)  # not a ps.json key
+    props["model"].update(pattern=NAME_RE.pattern, minLength=1)
+    props["embedding_vecsize_per_table"].update(minItems=1)
+    props["embedding_vecsize_per_table"]["items"].update(minimum=1)
+    props["sparse_files"].update(minItems=1)
+    props["sparse_files"].pop("default", None)
+    schema["required"] = sorted({*schema.get("required", ()), "sparse_files"})
+
+
+class ModelEntry(ModelConfig):
+    """A ps.json model entry (one of ``models[]``), as ``POST /v1/models`` takes it: the
+    ps.json's keys and rules. ``sparse_files`` (one HugeCTR sparse-model folder per table,
+    required), ``dense_file``, ``network_file`` and ``hps_cache``'s files are absolute
+    server paths under the control plane's path roots (``hps_admin.path_roots``; default
+    the ps.json's folder and the state folder); else 400 ``path not allowed or not found``."""
+
+    model_config = ConfigDict(json_schema_extra=_entry_schema)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_versioned(cls, data: object) -> object:
+        if isinstance(data, dict) and "version" in data:
+            raise ValueError(
+                "version is not a ps.json key: a model added is served as its first version"
+            )
+        return data
+
+    def entry(self) -> ModelConfig:
+        """The same entry as a plain ModelConfig."""
+        return ModelConfig.model_validate(self.model_dump())
+
+
 class Error(BaseModel):
     error: str
     detail: object  # a message, or the list of a validation error's problems
@@ -110,8 +147,9 @@ def errors(*codes: int) -> dict[int | str, dict[str, object]]:
         401: "missing or wrong bearer token",
         403: "mutations are disabled: no admin token configured",
         404: "unknown model, table, model version or job",
-        409: "the state of the model version forbids it (live, served, loading, retired, "
-        "the number taken); nothing changed",
+        409: "the state of the model or model version forbids it (a model served already "
+        "or the last one served; a version live, served, loading, retired, the number "
+        "taken); nothing changed",
         413: "request body too large",
         422: "invalid body or undecodable input",
         502: "a storage tier or Triton failed",
@@ -124,3 +162,4 @@ def errors(*codes: int) -> dict[int | str, dict[str, object]]:
 READ = errors(404, 413, 422, 502, 503)
 WRITE = errors(400, 401, 403, 404, 413, 422, 429, 502, 503)
 VERSION_WRITE = errors(400, 401, 403, 404, 409, 413, 422, 429, 502, 503)
+MODEL_WRITE = VERSION_WRITE

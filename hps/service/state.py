@@ -11,6 +11,9 @@ Tiers as the control plane reaches them:
   by ``hps consume`` and the serving processes; otherwise the control plane writes L2/L3
   and reloads the model through Triton so that every instance reopens L3 and rebuilds L1.
 
+The models are those the node serves now (:mod:`hps.service.served`): ``config`` follows
+the models added and removed at runtime, here or by any other process of the node.
+
 Model versions (:mod:`hps.versions`): the table routes act on each model's live version (the
 node's version record, read at each request: an activation, here or by ``hps versions``,
 is followed at once); the reader declares every ready or live version's tables
@@ -39,6 +42,7 @@ from hps.errors import BackendError, UnknownTableError
 from hps.loading.imports import import_lock
 from hps.service.job_records import Job, Work
 from hps.service.jobs import JobRegistry
+from hps.service.served import ServedConfig
 from hps.service.triton_admin import TritonAdmin
 from hps.tiers import Tiers
 from hps.topology import Topology, topology
@@ -74,7 +78,8 @@ def topology_view(config: PSConfig, topo: Topology) -> JSON:
 
 @dataclass
 class AdminState:
-    config: PSConfig
+    # the ps.json as served when the control plane started (hps.triton.serving.serving_config)
+    base: PSConfig
     token: str | None
     triton: TritonAdmin
     state_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="hps-admin-")))
@@ -89,18 +94,27 @@ class AdminState:
     _reader_tables: frozenset[tuple[str, str]] = field(default=frozenset(), init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _publisher: Publisher | None = field(default=None, init=False)
+    _served: ServedConfig = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        from hps.service import versions
+        from hps.service import models, versions
 
-        self.topology = topology(self.config)
+        self._served = ServedConfig(self.base)
+        self.topology = topology(self.base)
         if self.repository is None:
             self.repository = repository_dir(self.config)
         if self.jobs.folder is None:
             self.jobs.attach(self.state_dir / "jobs", self.uploads_dir)
             self.jobs.resumable("import", self._resume_import)
             self.jobs.resumable(versions.IMPORT_JOB, partial(versions.resume_import, self))
+            self.jobs.resumable(models.ADD_JOB, partial(models.resume_add, self))
             self.jobs.recover()
+
+    @property
+    def config(self) -> PSConfig:
+        """The ps.json as served, with the models the node serves now
+        (:mod:`hps.service.served`)."""
+        return self._served.current()
 
     @property
     def uploads_dir(self) -> Path:

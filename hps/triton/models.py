@@ -40,12 +40,12 @@ def add_and_serve(
     config: PSConfig, entry: ModelConfig, control: ModelControl, repository: Path
 ) -> tuple[int, list[str]]:
     """Add ``entry`` as a new model and serve it; (its version, its Triton models)."""
+    base, interval = _parameters(repository)  # before anything is recorded
     version = add_model(config, entry)
-    base, interval = _parameters(repository)
     served = served_config(config)
-    names = prepare_repository(served, repository, base_dir=base or None,
-                               metrics_interval_s=interval, models=[entry.model])  # fmt: skip
     try:
+        names = prepare_repository(served, repository, base_dir=base or None,
+                                   metrics_interval_s=interval, models=[entry.model])  # fmt: skip
         for name in names:
             control.load(name)
     except BaseException:

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from typing import cast
 
 from hps.config import ModelConfig, PSConfig
-from hps.errors import ConfigError
+from hps.errors import ConfigError, UnknownTableError
 from hps.types import JSON
 from hps.versions.registry import VersionRegistry
 from hps.versions.rollout import drop_versions, import_version
@@ -27,12 +27,17 @@ from hps.versions.rollout import drop_versions, import_version
 
 def served_config(config: PSConfig) -> PSConfig:
     """``config`` with the models this node serves: the ps.json's but those removed at
-    runtime, then those added at runtime (each at its live version)."""
+    runtime, then those added at runtime (each at its live version; one still importing
+    its first version has none yet and is not served)."""
     registry = VersionRegistry(config)
     if registry.path is None or not registry.path.exists():
         return config
     models = [m for m in config.models if not registry.removed(m.model)]
-    models += [registry.model_at(n, registry.live(n)) for n in registry.runtime_models()]
+    for name in registry.runtime_models():
+        try:
+            models.append(registry.model_at(name, registry.live(name)))
+        except UnknownTableError:  # being added: not live yet
+            continue
     return config.model_copy(update={"models": models})
 
 

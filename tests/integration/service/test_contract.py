@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from hps.config import parse_config
 from hps.service.app import create_app
@@ -45,10 +46,19 @@ def _deployed(stack: Stack) -> Iterator[None]:
         state.close()
 
 
+# A schema-valid model entry may still be refused (400, 422): the files it names are
+# checked on the server, and the ps.json's rules across keys (one sparse file and one
+# table name per vector size, ...) are beyond JSON Schema.
+REFUSES_SCHEMA_VALID = {("POST", "/v1/models")}
+
+
 @schema.parametrize()
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 def test_contract(case: Any) -> None:
-    case.call_and_validate(headers={"Authorization": f"Bearer {TOKEN}"})
+    excluded = []
+    if (case.method.upper(), case.path) in REFUSES_SCHEMA_VALID:
+        excluded.append(positive_data_acceptance)
+    case.call_and_validate(headers={"Authorization": f"Bearer {TOKEN}"}, excluded_checks=excluded)
 
 
 @closed.parametrize()
