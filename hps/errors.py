@@ -16,7 +16,7 @@ boundary, so callers never see them::
     ├── FormatError               a file or message that cannot be decoded
     │   ├── SparseModelError      truncated / inconsistent HugeCTR sparse-model folder
     │   └── DecodeError           a Kafka payload that cannot be decoded
-    │       └── VersionError      an update version too far ahead of its message's timestamp
+    │       └── VersionError      an update version too far ahead of the consumer's clock at receipt
     └── BackendError              a storage tier failed
         ├── DamagedRowsError      some keys' rows sit in damaged blocks (the rest were read)
         ├── FillError             a fill of L2 from L3 stopped part-way
