@@ -17,7 +17,8 @@ F32_TINY = float(np.finfo(np.float32).tiny)  # 2**-126
 F16_NORMAL_MIN = float(np.finfo(np.float16).tiny)  # 2**-14
 
 finite32 = st.floats(allow_nan=False, allow_infinity=False, width=32)
-moderate = st.floats(min_value=-1e4, max_value=1e4, allow_nan=False, width=32)
+# every value float16 holds: its whole normal range and the subnormals below it
+float16_range = st.floats(min_value=-FLOAT16_MAX, max_value=FLOAT16_MAX, allow_nan=False, width=32)
 
 
 def rows_of(elements: st.SearchStrategy[float]) -> st.SearchStrategy[np.ndarray]:
@@ -71,7 +72,7 @@ def test_int8_within_half_a_step(x: np.ndarray) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(rows_of(moderate))
+@given(rows_of(float16_range))
 def test_float16_within_its_rounding(x: np.ndarray) -> None:
     y = roundtrip("float16", x).astype(np.float64)
     normal = np.abs(x) >= F16_NORMAL_MIN

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -71,13 +72,44 @@ def rollout(tmp_path: Path, *args: str) -> tuple[int, list[dict[str, object]]]:
     return done.returncode, [json.loads(line) for line in done.stdout.splitlines()]
 
 
+@contextmanager
+def pinned_client(pods: list[Node]) -> Iterator[list[str]]:
+    """A client pinned to version 1 asking every pod in turn while the block runs; yields
+    the problems it met (a failure, another version, wrong vectors), after its last call."""
+    problems: list[str] = []
+    stop = threading.Event()
+    answers = [0]
+
+    def ask() -> None:
+        while not stop.is_set() or answers[0] < 2 * len(pods):
+            for p in pods:
+                try:
+                    version, vectors = p.infer("1")
+                except Exception as exc:  # noqa: BLE001 - every failure is a finding
+                    problems.append(f"{p.triton}: {exc}")
+                    continue
+                answers[0] += 1
+                if version != "1" or not (vectors == expected(1)).all():
+                    problems.append(f"{p.triton}: version {version}, vectors {vectors[0]}")
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    try:
+        yield problems
+    finally:
+        stop.set()
+        thread.join(60)
+
+
 def test_a_version_rolled_out_and_back_pod_by_pod(tmp_path: Path) -> None:
     v2 = write_version(tmp_path / "v2", 2)
     with ExitStack() as stack:
         pods = [stack.enter_context(pod(tmp_path / f"pod{i}", tmp_path)) for i in range(2)]
         admins = [a for p in pods for a in ("--admin", p.admin)]
-        code, rows = rollout(tmp_path, *admins, "2", "--sparse-files", *v2)
+        with pinned_client(pods) as problems:  # pinned to version 1 throughout the rollout
+            code, rows = rollout(tmp_path, *admins, "2", "--sparse-files", *v2)
         assert code == 0, rows
+        assert problems == []
         assert [(r["pod"], r["imported"], r["served"]) for r in rows] == [
             (p.admin, True, [1, 2]) for p in pods
         ]
