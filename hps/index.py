@@ -168,8 +168,7 @@ class KeyIndex:
         n = int(keys.size)
         if n == 0:
             return
-        if (self._used + self._tombs + n) > self.max_load * self.slots:
-            self._rehash(self._used + n)
+        self.reserve(n)
         gmask = int(self._gmask)
         pending = xp.arange(n)
         g = self._home(keys)
@@ -195,6 +194,17 @@ class KeyIndex:
             if pending.size == 0:
                 break
         self._used += n
+
+    def reserve(self, n: int) -> None:
+        """Grow first if ``n`` new keys would take the table past its load."""
+        if (self._used + self._tombs + n) > self.max_load * self.slots:
+            self._rehash(self._used + n)
+
+    def inserted_elsewhere(self, n: int, reused: int) -> None:
+        """Count ``n`` keys that a device kernel put into the slot arrays after
+        :meth:`reserve` (``reused`` of them into tombstones), as :meth:`insert` counts its own."""
+        self._used += n
+        self._tombs -= reused
 
     def remove(self, keys: Array) -> Array:
         """Remove keys; returns the row each pointed at (-1 where absent)."""

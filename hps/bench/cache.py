@@ -28,6 +28,12 @@ speeds, timed in turn, and their ratio (``ratio``: float32's time / this format'
 as fast as float32). With ``--tables`` > 1, ``query_tables_vs_float32`` does the same for
 the many-table call a lookup makes (:func:`hps.cache.many.query_tables_into`): ``--tables``
 caches of ``--rows`` / ``--tables`` rows each, ``--batch-per-table`` keys from each.
+
+With ``--device cupy`` (or ``auto`` on a GPU) the same run also prints the GPU's own rows
+(:mod:`hps.bench.cache_gpu`): the kernel alone against a raw take on the device
+(``query_device``), ``query_into`` against its host-path floor (``query_host_floor``), against
+the CPU kernel on the same batch (``query_vs_cpu``), and the many-table call against one call
+per table (``query_tables``). Every row names the device it ran on (``device_name``).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from functools import partial
 
 import numpy as np
 
+from hps.bench.cache_gpu import device_name, gpu_rows
 from hps.cache.embedding_cache import EmbeddingCache
 from hps.cache.kernels import kernel_for
 from hps.cache.many import query_tables_into
@@ -222,6 +229,12 @@ def _throughput(args: argparse.Namespace) -> Iterator[JSON]:
             caches[fmt.name] = cache
             yield from _query_throughput(args, xp, sync, policy, cache, batch)
             yield from _insert_throughput(args, xp, sync, policy, resident, values, fmt)
+            if xp is not np and kernel_for(xp) is not None:
+                unique = np.unique(batch).size / n
+                row = partial(_gpu_row, policy, xp, n, unique, fmt.name)
+                cpu_cache = _filled(np, policy, fmt, resident, values)
+                timer = partial(_time, repeats=args.repeats, sync=sync)
+                yield from gpu_rows(args, xp, timer, row, cache, cpu_cache, batch)
         if any(fmt is not FLOAT32 for fmt in formats):
             yield from _against_float32(args, xp, sync, policy, caches, resident, values, batch)
             if args.tables > 1 and xp is np:
@@ -373,6 +386,12 @@ def _insert_throughput(
     yield _row("insert", policy, xp, n, t_ours, t_raw, 1.0, fmt.name)
 
 
+def _gpu_row(policy: str, xp: ArrayModule, n: int, unique: float, row_dtype: str, op: str,
+             t_ours: float, t_raw: float) -> JSON:  # fmt: skip
+    """:func:`_row` with the case first (for :func:`hps.bench.cache_gpu.gpu_rows`)."""
+    return _row(op, policy, xp, n, t_ours, t_raw, unique, row_dtype)
+
+
 def _row(
     op: str,
     policy: str,
@@ -394,4 +413,5 @@ def _row(
         "baseline_keys_per_s": round(n / t_raw),
         "ratio": round(t_raw / t_ours, 4),
         "device": xp.__name__,
+        "device_name": device_name(xp),
     }

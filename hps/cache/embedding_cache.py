@@ -33,6 +33,8 @@ import numpy as np
 import numpy.typing as npt
 
 from hps.cache import kernels
+from hps.cache.gpu_rows import RowKernels
+from hps.cache.kernels_cupy import GpuProbe
 from hps.cache.placement import Placement
 from hps.cache.policies import WINDOW_PER_ROW, Policy, make_policy, policy_nbytes
 from hps.cache.rows import RowStore, rows_nbytes
@@ -97,6 +99,8 @@ class EmbeddingCache:
         self._lock = threading.RLock()
         self._log = WriteLog(xp, max(1 << 16, capacity))
         self._kernel = kernels.kernel_for(xp)
+        if isinstance(self._kernel, GpuProbe):  # lookups and writes as kernels too
+            self._rows.ops = RowKernels(self._kernel.device)
         self._no_keys = xp.zeros(0, dtype=xp.int64)
         self._desc = kernels.CacheDescriptor()
 
@@ -206,8 +210,9 @@ class EmbeddingCache:
 
     @property
     def takes_descriptor(self) -> bool:
-        """Whether :func:`hps.cache.many.query_tables_into` can probe it (compiled, on CPU)."""
-        return self._kernel is not None and self.xp is np
+        """Whether :func:`hps.cache.many.query_tables_into` can probe it (compiled: the
+        CPU kernel on NumPy, the GPU kernel on a device)."""
+        return self._kernel is not None and (self.xp is np or isinstance(self._kernel, GpuProbe))
 
     def _descriptor(self) -> np.ndarray:
         """This cache's row for the many-table kernel, for a new query's tick (the caller
@@ -279,11 +284,9 @@ class EmbeddingCache:
         xp = self.xp
         with self._lock, self._scope:
             kd = to_xp(xp, keys)
-            rows = self._rows.lookup(kd)
-            hit = rows >= 0
-            if since is not None:
-                hit &= ~self._log.since(kd, since)
-            self._rows.values[rows[hit]] = to_xp(xp, values)[hit]
+            allow = None if since is None else ~self._log.since(kd, since)
+            rows = self._rows.overwrite(kd, to_xp(xp, values), allow, None)
+            hit = rows >= 0 if allow is None else allow & (rows >= 0)
             self._log.record(kd)
             self._stats["updates"] += int(hit.sum())
             return to_host(hit)

@@ -17,7 +17,9 @@ Back-ends, picked once per process (:func:`cpu_kernel`):
   about 1-1.5 s. An image can compile it at build time with
   ``python -c "from hps.cache.kernels import warm_up; warm_up()"``. ``nogil`` lets the
   instances' request threads and the background L1 work run side by side.
-- a CuPy raw kernel (:mod:`hps.cache.kernels_cupy`) for caches on a GPU.
+- warp-cooperative CUDA kernels (:mod:`hps.cache.kernels_cupy`) for caches on a GPU: the
+  probe+gather of one table or of every table of a request in one launch, and the index
+  lookups and row writes of inserts and updates (:mod:`hps.cache.gpu_rows`).
 - none: :meth:`hps.cache.EmbeddingCache.query_into` falls back to the NumPy reference path
   (dedup + :meth:`~hps.cache.EmbeddingCache.query`), which the tests compare both against.
 
@@ -42,6 +44,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hps.cache.device import address
 from hps.index import EMPTY
 from hps.rowformat import FORMATS
 from hps.types import Array, ArrayModule
@@ -137,21 +140,23 @@ CacheKernel = Callable[
 
 
 def kernel_for(xp: ArrayModule) -> CacheKernel | None:
-    """The compiled probe+gather for caches on ``xp``, or ``None`` (use the NumPy path)."""
+    """The compiled probe+gather for a new cache on ``xp``, or ``None`` (use the NumPy path);
+    on CuPy a :class:`hps.cache.kernels_cupy.GpuProbe` with the cache's own device state."""
     if xp is np:
         kernel = cpu_kernel()
         return None if kernel is None else functools.partial(_run_cpu, kernel)
     if os.environ.get("HPS_KERNELS", "").lower() == "numpy":
         return None
-    from hps.cache.kernels_cupy import run_cupy
+    from hps.cache.device import CupyDevice
+    from hps.cache.kernels_cupy import GpuProbe
 
-    return run_cupy
+    return GpuProbe(CupyDevice())  # one per cache: its stream and staging buffers
 
 
 class CacheDescriptor:
-    """One cache's row of the many-table kernel's descriptors (:data:`DESCRIPTOR`): the
-    addresses of its arrays, rebuilt only when one of them was replaced (the arrays are kept
-    referenced, so an address is never reused while the row names it)."""
+    """One cache's row of the many-table kernels' descriptors (:data:`DESCRIPTOR`): the
+    addresses of its arrays (host or device), rebuilt only when one of them was replaced
+    (the arrays are kept referenced, so an address is never reused while the row names it)."""
 
     def __init__(self) -> None:
         self._row = np.zeros(len(DESCRIPTOR), dtype=np.int64)
@@ -164,9 +169,9 @@ class CacheDescriptor:
         if tuple(map(id, arrays)) != self._ids:
             slot_keys, slot_rows, values, ticks, _ = arrays
             self._row = np.array(
-                [slot_keys.ctypes.data, slot_rows.ctypes.data, slot_keys.size, 0,
-                 values.ctypes.data, rows.dim, values.shape[0], ticks.ctypes.data, 0,
-                 0 if counts is None else counts.ctypes.data, cap, rows.width,
+                [address(slot_keys), address(slot_rows), slot_keys.size, 0,
+                 address(values), rows.dim, values.shape[0], address(ticks), 0,
+                 0 if counts is None else address(counts), cap, rows.width,
                  FORMAT_CODES[rows.fmt.name]],
                 dtype=np.int64,
             )  # fmt: skip

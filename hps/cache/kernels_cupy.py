@@ -1,172 +1,196 @@
-"""The GPU probe+gather: a CuPy raw kernel with the contract of :mod:`hps.cache.kernels`.
+"""The GPU probe+gather: CUDA kernels with the contract of :mod:`hps.cache.kernels`, and the
+host path that feeds them.
 
-One thread per requested key walks the :class:`hps.index.KeyIndex` probe sequence in device
-memory, copies the row into the device output (dequantizing float16 and int8 rows as it
-copies, as the CPU kernel: :mod:`hps.cache.kernels`), stamps the row's tick (an atomic exchange,
-which also tells whether the row was already hit in this call: the distinct-hit count) and
-bumps its access count (a compare-and-swap loop that stops at the cap). Misses claim a slot
-of the miss list with an atomic add; the list is sorted afterwards, so positions come back
-in request order as on the CPU. Keys go to the device once and vectors come back once.
+The kernels (:mod:`hps.cache.cuda_probe`: one table, every table of a request;
+:mod:`hps.cache.cuda_write`: placing and overwriting rows) are warp-cooperative: a tile of
+8, 16 or 32 lanes per key probes the key's slot group in parallel and copies its row with
+coalesced (vector, where aligned) stores, dequantizing float16 and int8 rows as it copies.
+Ticks, distinct hits, saturating counts and misses (returned in request order) keep the
+contract of the CPU kernel; hits and misses are counted per warp, one atomic per warp.
 
-Compiled by NVRTC on first use; CuPy keeps the binary in its on-disk kernel cache
-(``~/.cupy/kernel_cache``), so later processes load it. Runs only where CuPy and a GPU
-exist; tests compare it with the NumPy reference path there, and everywhere else compile
-the same source as C++ and run it thread by thread on the CPU
-(tests/unit/cache/test_kernel_cuda_source.py).
+The host path (:class:`GpuProbe`, :func:`run_tables`) runs on a :class:`hps.cache.device.Device`:
+keys go into a pinned staging buffer and to the device in one asynchronous copy; the rows,
+the miss list and the tallies come back in one asynchronous copy into pinned memory; the
+host waits once and copies the rows once into the caller's buffer. Staging buffers and the
+stream are the cache's, reused and grown, never allocated per call.
+
+Compiled by NVRTC on first use (CuPy's ``RawModule``; CuPy keeps the binary in its on-disk
+kernel cache). Where no GPU is lent, tests compile the same source as C++ and run every warp
+as 32 threads that meet at each warp intrinsic (tests/unit/cache/test_kernel_cuda_source.py),
+and compile it with the real NVRTC (tests/unit/cache/test_kernel_nvrtc.py).
 """
 
 from __future__ import annotations
 
-import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hps.cache.cuda_probe import PROBE_SOURCE
+from hps.cache.cuda_write import WRITE_SOURCE
+from hps.cache.device import Device, address
 from hps.cache.kernels import FORMAT_CODES
 from hps.index import EMPTY, GROUP, TOMBSTONE
 from hps.types import Array
 
 if TYPE_CHECKING:
-    import cupy
-
     from hps.cache.rows import RowStore
 
-_SOURCE = r"""
-// float16 bits to float32 in integer code (no cuda_fp16.h needed): exact, NaN bits kept.
-__device__ float half_to_float(const unsigned short h)
-{
-    const unsigned int em = h & 0x7fffu;
-    const unsigned int sign = (unsigned int)(h & 0x8000u) << 16;
-    unsigned int bits = (em << 13) + (112u << 23);  // exponent bias 15 -> 127
-    if (em >= 0x7c00u) {  // inf, nan
-        bits += 112u << 23;
-    } else if (em < 0x0400u) {  // zero, subnormal: renormalised by a float subtraction
-        bits = __float_as_uint(__fsub_rn(__uint_as_float(bits + (1u << 23)),
-                                         __uint_as_float(113u << 23)));
-    }
-    return __uint_as_float(bits | sign);
-}
-
-// The float32 at byte p of an int8 row (not 4-byte aligned unless dim is a multiple of 4).
-__device__ float float_at(const unsigned char* p)
-{
-    return __uint_as_float((unsigned int)p[0] | ((unsigned int)p[1] << 8) |
-                           ((unsigned int)p[2] << 16) | ((unsigned int)p[3] << 24));
-}
-
-extern "C" __global__ void probe_gather(
-    const long long* slot_keys, const int* slot_rows, const long long gmask,
-    const void* values, const int dim, const int width, const int format,
-    const long long* keys, const long long n,
-    float* out, unsigned long long* ticks, const unsigned long long tick,
-    int* counts, const int use_counts, const int cap,
-    long long* miss_pos, unsigned long long* n_miss, unsigned long long* n_hit)
-{
-    long long i = (long long)blockDim.x * blockIdx.x + threadIdx.x;
-    if (i >= n) return;
-    const long long k = keys[i];
-    long long row = -1;
-    if (k > TOMB) {
-        unsigned long long x = (unsigned long long)k;
-        x ^= x >> 30; x *= 0xBF58476D1CE4E5B9ULL;
-        x ^= x >> 27; x *= 0x94D049BB133111EBULL;
-        x ^= x >> 31;
-        long long g = (long long)(x & (unsigned long long)gmask);
-        for (long long r = 1; ; ++r) {
-            bool ended = false;
-            const long long base = g * GROUP;
-            for (int j = 0; j < GROUP; ++j) {
-                const long long sk = slot_keys[base + j];
-                if (sk == k) { row = slot_rows[base + j]; break; }
-                if (sk == EMPTY_KEY) ended = true;
-            }
-            if (row >= 0 || ended || r > gmask + 1) break;
-            g = (g + r) & gmask;
-        }
-    }
-    float* dst = out + i * dim;
-    if (row < 0) {
-        miss_pos[atomicAdd(n_miss, 1ULL)] = i;
-        for (int d = 0; d < dim; ++d) dst[d] = 0.0f;
-        return;
-    }
-    if (format == FORMAT_FLOAT16) {
-        const unsigned short* src = (const unsigned short*)values + row * width;
-        for (int d = 0; d < dim; ++d) dst[d] = half_to_float(src[d]);
-    } else if (format == FORMAT_INT8) {  // code * scale + offset, rounded twice as NumPy does
-        const unsigned char* src = (const unsigned char*)values + row * width;
-        const float scale = float_at(src + dim), offset = float_at(src + dim + 4);
-        for (int d = 0; d < dim; ++d) dst[d] = __fadd_rn(__fmul_rn((float)src[d], scale), offset);
-    } else {
-        const float* src = (const float*)values + row * width;
-        for (int d = 0; d < dim; ++d) dst[d] = src[d];
-    }
-    if (atomicExch(ticks + row, tick) != tick) atomicAdd(n_hit, 1ULL);
-    if (use_counts) {  // a saturating add: an add then a clamp would wrap at INT_MAX
-        int c = counts[row];
-        while (c < cap) {
-            const int seen = atomicCAS(counts + row, c, c + 1);
-            if (seen == c) break;
-            c = seen;
-        }
-    }
-}
-"""
-
-THREADS = 256  # per block
+THREADS = 256  # per block: 8 warps
+MAX_BLOCKS = 1 << 16  # the kernels loop over keys grid-stride past this
+KERNELS = ("probe_gather", "probe_gather_tables", "place_rows", "write_rows")
+NULL = np.uint64(0)  # a null pointer argument
+NVRTC_OPTIONS = ("--std=c++17",)  # CuPy adds the GPU's architecture
 
 
 def kernel_source() -> str:
-    """The kernel's CUDA source with the index's constants defined."""
+    """The kernels' CUDA source with the index's constants and the format codes defined."""
     defines = (
         f"#define GROUP {GROUP}\n#define EMPTY_KEY ({int(EMPTY) + 1}LL - 1LL)\n"
         f"#define TOMB ({int(TOMBSTONE)}LL)\n"
         f"#define FORMAT_FLOAT16 {FORMAT_CODES['float16']}\n"
         f"#define FORMAT_INT8 {FORMAT_CODES['int8']}\n"
     )
-    return defines + _SOURCE
+    return defines + PROBE_SOURCE + WRITE_SOURCE
 
 
-@functools.lru_cache(maxsize=1)
-def _kernel() -> cupy.RawKernel:
-    import cupy
+def tile_for(dim: Any) -> Any:
+    """Lanes per key for rows of ``dim`` (an int or an int array): 8 up to dim 32 (8
+    vectors of 4), 16 up to 64, else a whole warp. Probes use 8 lanes (one group)."""
+    return np.where(np.asarray(dim) <= 32, 8, np.where(np.asarray(dim) <= 64, 16, 32))
 
-    return cupy.RawKernel(kernel_source(), "probe_gather")
+
+def blocks_for(warps: int) -> int:
+    """Blocks of :data:`THREADS` for ``warps`` warps of work (at least 1)."""
+    return max(1, min(MAX_BLOCKS, -(-warps // (THREADS // 32))))
+
+
+def _pad(nbytes: int) -> int:
+    return -(-nbytes // 16) * 16
 
 
 def kernel_arguments(rows: RowStore, keys: Array, out: Array, tick: int, counts: Array | None,
-                     cap: int, miss: Array, tallies: Array) -> tuple[object, ...]:  # fmt: skip
-    """The kernel's arguments in its order, for arrays of ``rows.xp`` (device arrays here;
-    host arrays where tests run the source compiled for the CPU): the arena of stored rows
-    with its width and format code (:data:`hps.cache.kernels.FORMAT_CODES`), ``keys`` int64
-    ``[n]``, ``out`` float32 ``[n, dim]``, ``miss`` int64 ``[>= n]``, ``tallies`` uint64 ``[2]``
-    (zeros; the kernel adds the misses and the distinct hits)."""
-    index = rows.index
-    use_counts = counts is not None
-    cd = counts if use_counts else rows.xp.zeros(1, dtype=np.int32)
+                     cap: int, miss: Array, tallies: Array, tile: int | None = None
+                     ) -> tuple[Any, ...]:  # fmt: skip
+    """``probe_gather``'s arguments in its order, for arrays of ``rows.xp`` (device arrays on
+    a GPU; host arrays where tests run the source compiled for the CPU): the arena of stored
+    rows with its width and format code (:data:`hps.cache.kernels.FORMAT_CODES`), whether
+    rows may be copied as 4-element vectors, the tile, ``keys`` int64 ``[n]``, ``out``
+    float32 ``[n * dim]``, ``miss`` int64 ``[>= n]``, ``tallies`` uint64 ``[2]`` (zeros; the
+    kernel adds the misses and the distinct hits)."""
+    index, dim = rows.index, rows.dim
+    vec = dim % 4 == 0 and address(rows.values) % 16 == 0 and address(out) % 16 == 0
     return (
         index.slot_keys, index.slot_rows, np.int64(index.gmask), rows.values,
-        np.int32(rows.dim), np.int32(rows.width), np.int32(FORMAT_CODES[rows.fmt.name]),
-        keys, np.int64(keys.shape[0]), out, rows.ticks.view(np.uint64),
-        np.uint64(tick), cd, np.int32(use_counts), np.int32(cap), miss,
-        tallies[0:1], tallies[1:2],
+        np.int32(dim), np.int32(rows.width), np.int32(FORMAT_CODES[rows.fmt.name]),
+        np.int32(vec), np.int32(tile_for(dim) if tile is None else tile),
+        keys, np.int64(keys.shape[0]), out, rows.ticks.view(np.uint64), np.uint64(tick),
+        NULL if counts is None else counts, np.int32(counts is not None), np.int32(cap),
+        miss, tallies,
     )  # fmt: skip
 
 
-def run_cupy(rows: RowStore, keys: np.ndarray, out: np.ndarray, tick: int, counts: Array | None,
-             cap: int) -> tuple[np.ndarray, int]:  # fmt: skip
-    """Probe and gather on the GPU; ``out`` (host) receives the rows, as the CPU kernel."""
-    import cupy
+class GpuProbe:
+    """A cache's probe+gather on ``device`` with :data:`hps.cache.kernels.CacheKernel`'s
+    signature: host keys in, rows into the host ``out``; (sorted miss positions, distinct
+    hits) back. ``tile`` forces the lanes per key (tests); else :func:`tile_for`."""
 
-    n = int(keys.shape[0])
-    kd = cupy.asarray(keys)
-    od = cupy.empty((n, rows.dim), dtype=cupy.float32)
-    miss = cupy.empty(max(n, 1), dtype=cupy.int64)
-    tallies = cupy.zeros(2, dtype=cupy.uint64)
-    if n:
-        blocks = (n + THREADS - 1) // THREADS
-        args = kernel_arguments(rows, kd, od, tick, counts, cap, miss, tallies)
-        _kernel()((blocks,), (THREADS,), args)
-    n_miss, n_hit = (int(t) for t in tallies.get())
-    out[...] = od.get()
-    return np.sort(miss[:n_miss].get()), n_hit
+    def __init__(self, device: Device, tile: int | None = None) -> None:
+        self.device = device
+        self.tile = tile
+
+    def __call__(self, rows: RowStore, keys: np.ndarray, out: np.ndarray, tick: int,
+                 counts: Array | None, cap: int) -> tuple[np.ndarray, int]:  # fmt: skip
+        n, dev = int(keys.shape[0]), self.device
+        if n == 0:
+            return np.zeros(0, np.int64), 0
+        row_bytes = n * rows.dim * 4
+        miss_at = _pad(row_bytes)
+        tally_at = miss_at + 8 * n
+        staged = dev.pinned("keys", 8 * n)
+        staged.view(np.int64)[:] = keys
+        keys_d = dev.buffer("keys", 8 * n)
+        dev.to_device(keys_d, staged)
+        result = dev.buffer("out", tally_at + 16)
+        self.on_device(rows, keys_d.view(np.int64), result[:row_bytes].view(np.float32), tick,
+                       counts, cap, result[miss_at:tally_at].view(np.int64),
+                       result[tally_at:].view(np.uint64))  # fmt: skip
+        back = dev.pinned("out", tally_at + 16)
+        dev.to_host(back, result)
+        dev.synchronize()
+        out[...] = back[:row_bytes].view(np.float32).reshape(out.shape)  # the one host copy
+        n_miss, n_hit = (int(t) for t in back[tally_at:].view(np.uint64))
+        return np.sort(back[miss_at:tally_at].view(np.int64)[:n_miss]), n_hit
+
+    def on_device(self, rows: RowStore, keys: Array, out: Array, tick: int,
+                  counts: Array | None, cap: int, miss: Array, tallies: Array) -> None:  # fmt: skip
+        """Queue the kernel over device ``keys`` into device ``out`` (flat ``[n * dim]``):
+        ``miss`` int64 ``[n]`` gets the misses' positions (unsorted), ``tallies`` uint64
+        ``[2]`` the misses and distinct hits (zeroed here). The host path's core; the
+        benchmark times it alone (the device-only figure)."""
+        n = int(keys.shape[0])
+        self.device.zero(tallies)
+        args = kernel_arguments(rows, keys, out, tick, counts, cap, miss, tallies, self.tile)
+        warps = -(-n // (32 // int(args[8])))
+        self.device.launch("probe_gather", blocks_for(warps), THREADS, args)
+
+
+def run_tables(
+    device: Device,
+    desc: np.ndarray,
+    keys: np.ndarray,
+    bounds: np.ndarray,
+    out: np.ndarray,
+    out_offsets: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``probe_gather_tables`` on ``device``: the tables of ``desc`` (int64 ``[T, 13]``,
+    :data:`hps.cache.kernels.DESCRIPTOR`, device addresses) with their keys at ``bounds``,
+    rows into the host ``out`` (flat float32) from ``out_offsets``; one copy each way.
+
+    Returns per table (misses, distinct hits) (int64 ``[T, 2]``) and the miss positions
+    (int64 ``[n]``: table ``t``'s from ``bounds[t, 0]``, sorted), as the CPU kernel."""
+    n_tables, n = int(desc.shape[0]), int(keys.size)
+    if n_tables == 0:
+        return np.zeros((0, 2), np.int64), np.zeros(n, np.int64)
+    dims, lo, hi = desc[:, 5], bounds[:, 0], bounds[:, 1]
+    tiles = tile_for(dims).astype(np.int64)
+    warps = -(-(hi - lo) // (32 // tiles))
+    first_warp = np.cumsum(warps) - warps
+    ends = out_offsets + (hi - lo) * dims
+    vec = (dims % 4 == 0) & (desc[:, 4] % 16 == 0) & (out_offsets % 4 == 0)
+    plan = np.stack([lo, hi, out_offsets, first_warp, tiles, vec.astype(np.int64)], axis=1)
+    # in: keys | descriptors | plans; out: rows (out's layout) | miss positions | tallies
+    desc_at = _pad(8 * n)
+    plan_at = desc_at + desc.nbytes
+    staged = device.pinned("keys", plan_at + plan.nbytes)
+    staged[: 8 * n].view(np.int64)[:] = keys
+    staged[desc_at:plan_at].view(np.int64)[:] = desc.reshape(-1)
+    staged[plan_at:].view(np.int64)[:] = plan.reshape(-1)
+    dev_in = device.buffer("keys", staged.size)
+    device.to_device(dev_in, staged)
+    row_bytes = 4 * int(ends.max(initial=0))
+    miss_at = _pad(row_bytes)
+    tally_at = miss_at + 8 * n
+    result = device.buffer("out", tally_at + 16 * n_tables)
+    device.zero(result[tally_at:])
+    args = (dev_in[desc_at:plan_at].view(np.int64), dev_in[plan_at:].view(np.int64),
+            np.int32(n_tables), np.int64(warps.sum()), dev_in[: 8 * n].view(np.int64),
+            result[:row_bytes].view(np.float32), result[miss_at:tally_at].view(np.int64),
+            result[tally_at:].view(np.uint64))  # fmt: skip
+    device.launch("probe_gather_tables", blocks_for(int(warps.sum())), THREADS, args)
+    back = device.pinned("out", result.size)
+    device.to_host(back, result)
+    device.synchronize()
+    rows_back = back[:row_bytes].view(np.float32)
+    order = np.argsort(out_offsets, kind="stable")  # tables next to each other: one copy
+    starts, stops = out_offsets[order], ends[order]
+    new = np.ones(n_tables, dtype=bool)
+    new[1:] = starts[1:] != stops[:-1]
+    runs = np.maximum.reduceat(stops, np.flatnonzero(new)) if n_tables else stops
+    for a, b in zip(starts[new].tolist(), runs.tolist(), strict=True):
+        out[a:b] = rows_back[a:b]
+    tallies = back[tally_at:].view(np.uint64).reshape(n_tables, 2).astype(np.int64)
+    miss_pos = back[miss_at:tally_at].view(np.int64).copy()
+    for first, n_miss in zip(lo.tolist(), tallies[:, 0].tolist(), strict=True):
+        miss_pos[first : first + n_miss].sort()
+    return tallies, miss_pos

@@ -6,7 +6,8 @@ result objects) cost about a third as much as the probes themselves. Here the ca
 are taken together, each cache contributes one row of addresses
 (:data:`hps.cache.kernels.DESCRIPTOR`), and one call of the many-table kernel probes,
 gathers and stamps all tables. Afterwards each cache runs its own policy and counters, as
-after ``query_into``: the end state is the same as a ``query_into`` per table.
+after ``query_into``: the end state is the same as a ``query_into`` per table. Caches on
+NumPy go through the numba kernel, caches on one GPU through one CUDA launch.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from hps.cache import kernels
 from hps.cache.embedding_cache import EmbeddingCache
+from hps.cache.kernels_cupy import GpuProbe, run_tables
 
 
 def query_tables_into(
@@ -31,12 +33,19 @@ def query_tables_into(
     ``out_offsets[t]`` in request order (misses as zeros).
 
     Returns per table the miss positions (within its keys) and the distinct keys hit, as
-    ``query_into`` does; ``None`` when some cache is not an :class:`EmbeddingCache` on the
-    compiled CPU path (the caller then queries table by table). The caches must be distinct.
+    ``query_into`` does; ``None`` when some cache is not an :class:`EmbeddingCache` on a
+    compiled path, or the caches are on different devices (the caller then queries table by
+    table). The caches must be distinct. On a GPU all tables go in one launch
+    (:func:`hps.cache.kernels_cupy.run_tables`): keys in and rows out in one copy each.
     """
-    kernel = kernels.cpu_tables_kernel()
     ours = [c for c in caches if isinstance(c, EmbeddingCache) and c.takes_descriptor]
-    if kernel is None or len(ours) != len(caches):
+    if len(ours) != len(caches):
+        return None
+    gpu = [c._kernel for c in ours if isinstance(c._kernel, GpuProbe)]
+    kernel = kernels.cpu_tables_kernel()
+    if gpu and (len(gpu) != len(ours) or len({c.device_id for c in ours}) > 1):
+        return None  # mixed devices: table by table
+    if not gpu and kernel is None:
         return None
     keys = np.ascontiguousarray(keys, dtype=np.int64)
     n_tables = len(caches)
@@ -49,7 +58,12 @@ def query_tables_into(
         desc = np.empty((n_tables, len(kernels.DESCRIPTOR)), dtype=np.int64)
         for t, cache in enumerate(ours):
             desc[t] = cache._descriptor()
-        kernel(desc, bounds, keys, out, out_offsets, miss_pos, result)
+        if gpu:  # one launch on the first cache's device (its lock is held too)
+            with ours[0]._scope:
+                result, miss_pos = run_tables(gpu[0].device, desc, keys, bounds, out, out_offsets)
+        else:
+            assert kernel is not None
+            kernel(desc, bounds, keys, out, out_offsets, miss_pos, result)
         answers = []
         for cache, (lo, hi), (n_miss, n_hit) in zip(
             ours, bounds.tolist(), result.tolist(), strict=True

@@ -34,14 +34,10 @@ class Placement:
         absent ones placed; returns the row now holding each key (-1: not written)."""
         xp, store = self.xp, self.store
         out = xp.full(keys.size, -1, dtype=xp.int64)
-        rows = store.lookup(keys)
+        rows = store.overwrite(keys, values, ok, tick)  # resident keys: written in place
         present = ok & (rows >= 0)
         fresh = xp.flatnonzero(ok & (rows < 0))
-        if bool(present.any()):
-            prow = rows[present]
-            store.values[prow] = values[present]
-            store.ticks[prow] = tick
-            out[present] = prow
+        out[present] = rows[present]
         if fresh.size:
             out[fresh] = self._place(keys[fresh], values[fresh], rows, force, tick)
         return out

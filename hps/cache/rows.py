@@ -10,11 +10,16 @@ class only executes, a whole batch at a time.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from hps.index import TOMBSTONE, KeyIndex, aligned_full, slots_for
 from hps.rowformat import FLOAT32, RowFormat
 from hps.types import Array, ArrayModule
+
+if TYPE_CHECKING:
+    from hps.cache.gpu_rows import RowKernels
 
 MAX_LOAD = 0.5  # fixed capacity: a sparser index ends most probes in the first group
 # Per row beyond the arena and the index: row key 8, tick 8, pinned flag 1, free-stack slot 8.
@@ -40,6 +45,8 @@ class RowStore:
         self.pinned = xp.zeros(capacity, dtype=bool)
         self.free = xp.arange(capacity - 1, -1, -1, dtype=xp.int64)  # a stack; top at the end
         self.n_free = capacity
+        # On a GPU: lookups, overwrites and placements as one kernel per batch (gpu_rows)
+        self.ops: RowKernels | None = None
 
     def __len__(self) -> int:
         return self.capacity - self.n_free
@@ -51,7 +58,22 @@ class RowStore:
 
     def lookup(self, keys: Array) -> Array:
         """Row of each key (``xp`` int64), -1 where absent."""
+        if self.ops is not None:
+            return self.ops.lookup(self, keys)
         return self.index.lookup(keys)
+
+    def overwrite(self, keys: Array, values: Array, allow: Array | None, tick: int | None) -> Array:
+        """Row of each key (-1: absent); the resident ones where ``allow`` (None: all) get
+        their stored row from ``values`` and, unless ``tick`` is None, that tick."""
+        if self.ops is not None:
+            return self.ops.overwrite(self, keys, values, allow, tick)
+        rows = self.index.lookup(keys)
+        write = rows >= 0 if allow is None else allow & (rows >= 0)
+        target = rows[write]
+        self.values[target] = values[write]
+        if tick is not None:
+            self.ticks[target] = tick
+        return rows
 
     def occupied(self) -> Array:
         return self.row_keys != TOMBSTONE
@@ -62,12 +84,26 @@ class RowStore:
         n = int(keys.size)
         rows = self.free[self.n_free - n : self.n_free].copy()
         self.n_free -= n
+        if self.ops is not None:
+            self._place_kernel(keys, rows, values, tick)
+            return rows
         self.index.insert(keys, rows)
         self.values[rows] = values
         self.row_keys[rows] = keys
         self.ticks[rows] = tick
         self.pinned[rows] = False
         return rows
+
+    def _place_kernel(self, keys: Array, rows: Array, values: Array, tick: int) -> None:
+        """:meth:`place` by the GPU kernel; the index's counts are kept here, as its own
+        ``insert`` keeps them (it grows first when the new keys would pass its load)."""
+        assert self.ops is not None
+        index, n = self.index, int(keys.size)
+        if n == 0:
+            return
+        index.reserve(n)
+        reused = self.ops.place(self, keys, rows, values, tick)
+        index.inserted_elsewhere(n, reused)
 
     def release(self, rows: Array) -> None:
         """Free occupied ``rows`` (unique): their keys leave the index."""

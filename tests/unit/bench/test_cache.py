@@ -73,6 +73,7 @@ def test_throughput_mode_prints_the_promised_fields(capsys: pytest.CaptureFixtur
     assert {r["op"] for r in rows} == {"query", "query_numpy", "query_then_expand", "insert"}
     for row in rows:
         assert row["keys_per_s"] > 0 and row["baseline_keys_per_s"] > 0 and row["ratio"] > 0
+        assert row["device"] == "numpy" and row["device_name"]
 
 
 def test_row_dtypes_are_compared_with_float32_in_one_run(capsys: pytest.CaptureFixture) -> None:

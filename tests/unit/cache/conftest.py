@@ -1,8 +1,10 @@
 """Every L1 test runs on each usable array module: NumPy here, CuPy too on a GPU; the tests
-about rows run for each row format too (``fmt``)."""
+about rows run for each row format too (``fmt``). ``cuda_lib``: the GPU kernels built for
+the CPU, once per session."""
 
 from __future__ import annotations
 
+import ctypes
 from types import ModuleType
 
 import pytest
@@ -21,3 +23,11 @@ def xp(request: pytest.FixtureRequest) -> ModuleType:
 @pytest.fixture(params=list(FORMATS.values()), ids=list(FORMATS))
 def fmt(request: pytest.FixtureRequest) -> RowFormat:
     return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="session")
+def cuda_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """The GPU kernels' CUDA source built for the CPU, warps emulated (cuda_emulation)."""
+    from tests.unit.cache.cuda_emulation import build
+
+    return build(tmp_path_factory.mktemp("cuda-source"))

@@ -1,148 +1,57 @@
-"""The GPU kernel's CUDA source, compiled as C++ and run one thread at a time on the CPU.
+"""The GPU kernels' CUDA source, compiled as C++ and run on the CPU with emulated warps.
 
-Most runs get no GPU, so the CuPy kernel would otherwise never run before it reaches one.
-Here its source (:func:`hps.cache.kernels_cupy.kernel_source`) is wrapped in a prelude that
-defines CUDA's built-ins (``blockIdx``, ``threadIdx``, ``blockDim``, ``__global__``) and
-its atomics (serial here), and a launcher that walks the grid thread by thread. A cache
-whose kernel is that launcher (arguments assembled by the same
-:func:`~hps.cache.kernels_cupy.kernel_arguments` as on a GPU) must match the NumPy
-reference path exactly: rows, miss positions, distinct hits, ticks, counts and stats.
+Most runs get no GPU, so the CUDA kernels would otherwise never run before they reach one.
+Here every kernel of :func:`hps.cache.kernels_cupy.kernel_source` runs on the CPU
+(tests/unit/cache/cuda_emulation.py: each lane a thread, the 32 lanes of a warp meeting at
+each warp intrinsic, real atomics), behind the host path a GPU cache uses (``GpuProbe``,
+``run_tables``, ``RowKernels`` on an emulated :class:`~hps.cache.device.Device`), and must
+match the NumPy reference exactly: rows, miss positions, distinct hits, ticks, counts and
+stats, for every policy, row format and tile width:
 
-What this cannot show (atomics under real concurrency, NVRTC's dialect) the GPU tests
-check where a GPU is lent (tests/unit/cache/conftest.py runs every L1 test on CuPy there).
+- ``probe_gather`` (one table) and ``place_rows`` / ``write_rows`` (inserts, lookups) on the
+  property cases of test_fused_property.py;
+- ``probe_gather_tables`` (every table of a request in one launch) on those of test_many.py;
+- ``write_rows`` as ``update`` (the Kafka refresh), with ``since``, and the index's books
+  after placements that reuse tombstones.
+
+What this cannot show (NVRTC's dialect, the GPU's own scheduling) test_kernel_nvrtc.py and
+the L1 tests on CuPy where a GPU is lent (conftest.py runs them on every usable module) do.
 """
 
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 import numpy as np
-import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hps.cache.embedding_cache import EmbeddingCache
-from hps.cache.kernels_cupy import THREADS, kernel_arguments, kernel_source
-from hps.rowformat import FORMATS, RowFormat
+from hps.index import TOMBSTONE
+from hps.rowformat import FORMATS, ROW_DTYPES, RowFormat
+from tests.unit.cache.cuda_emulation import on_emulated_gpu
 from tests.unit.cache.test_fused_property import (
     CACHE_CASES,
     SETTINGS,
     _pair,
+    _same_state,
+    keys_st,
     match_the_reference,
 )
+from tests.unit.cache.test_many import match_many, twins
 
-PRELUDE = r"""
-#include <cstring>
-struct Index3 { unsigned int x, y, z; };
-static Index3 blockIdx, threadIdx, blockDim;
-#define __global__
-#define __device__ static
-static float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &u, 4); return f; }
-static unsigned int __float_as_uint(float f) { unsigned int u; std::memcpy(&u, &f, 4); return u; }
-// one IEEE rounding each, as CUDA's intrinsics (-ffp-contract=off: no fused multiply-add)
-static float __fmul_rn(float a, float b) { return a * b; }
-static float __fadd_rn(float a, float b) { return a + b; }
-static float __fsub_rn(float a, float b) { return a - b; }
-template <class T> static T atomicAdd(T* p, T v) { T old = *p; *p = old + v; return old; }
-template <class T> static T atomicExch(T* p, T v) { T old = *p; *p = v; return old; }
-template <class T> static T atomicCAS(T* p, T expected, T v) {
-    T old = *p; if (old == expected) *p = v; return old;
-}
-"""
-
-LAUNCHER = r"""
-extern "C" void launch(
-    long long blocks, int threads,
-    const long long* slot_keys, const int* slot_rows, const long long gmask,
-    const void* values, const int dim, const int width, const int format,
-    const long long* keys, const long long n,
-    float* out, unsigned long long* ticks, const unsigned long long tick,
-    int* counts, const int use_counts, const int cap,
-    long long* miss_pos, unsigned long long* n_miss, unsigned long long* n_hit)
-{
-    blockDim.x = threads;
-    // the last thread first: serial atomics see the threads in an order no GPU promises
-    for (long long b = blocks - 1; b >= 0; --b) {
-        for (int t = threads - 1; t >= 0; --t) {
-            blockIdx.x = (unsigned int)b;
-            threadIdx.x = (unsigned int)t;
-            probe_gather(slot_keys, slot_rows, gmask, values, dim, width, format, keys, n, out,
-                         ticks, tick, counts, use_counts, cap, miss_pos, n_miss, n_hit);
-        }
-    }
-}
-"""
-
-_C_TYPES = {
-    np.dtype(np.int64): ctypes.c_int64,
-    np.dtype(np.int32): ctypes.c_int32,
-    np.dtype(np.uint64): ctypes.c_uint64,
-}
+TILES = (8, 16, 32)
 
 
-def _c_value(arg: Any) -> object:
-    """An array as its address, a NumPy scalar as the C type of its dtype."""
-    if isinstance(arg, np.ndarray):
-        return ctypes.c_void_p(arg.ctypes.data)
-    return _C_TYPES[arg.dtype](arg)
-
-
-@pytest.fixture(scope="module")
-def launch(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., None]:
-    compiler = shutil.which("g++")
-    assert compiler, "g++ is needed to run the GPU kernel's source on the CPU (make test-tools)"
-    folder = tmp_path_factory.mktemp("cuda-source")
-    source = Path(folder, "probe_gather.cpp")
-    source.write_text(PRELUDE + kernel_source() + LAUNCHER)
-    library = folder / "probe_gather.so"
-    subprocess.run(
-        [
-            compiler,
-            "-O1",
-            "-ffp-contract=off",
-            "-shared",
-            "-fPIC",
-            "-Wall",
-            "-Werror",
-            "-o",
-            library,
-            source,
-        ],  # fmt: skip
-        check=True,
-        capture_output=True,
-    )
-    fn: Callable[..., None] = ctypes.CDLL(str(library)).launch
-    return fn
-
-
-def emulated(launch: Callable[..., None]) -> Callable[..., tuple[np.ndarray, int]]:
-    """The CPU build of the GPU kernel behind ``run_cupy``'s signature (host arrays)."""
-
-    def run(rows: Any, keys: np.ndarray, out: np.ndarray, tick: int, counts: Any,
-            cap: int) -> tuple[np.ndarray, int]:  # fmt: skip
-        n = int(keys.shape[0])
-        miss = np.full(max(n, 1), -1, dtype=np.int64)
-        tallies = np.zeros(2, dtype=np.uint64)
-        if n:
-            args = kernel_arguments(rows, keys, out, tick, counts, cap, miss, tallies)
-            launch(
-                ctypes.c_int64((n + THREADS - 1) // THREADS),
-                ctypes.c_int(THREADS),
-                *map(_c_value, args),
-            )
-        n_miss, n_hit = (int(t) for t in tallies)
-        return np.sort(miss[:n_miss]), n_hit
-
-    return run
+def _tile(*seeds: int) -> int:
+    """A tile width for a case, spread over the three by the case's own numbers."""
+    return TILES[sum(seeds) % len(TILES)]
 
 
 @SETTINGS
 @CACHE_CASES
 def test_the_cuda_source_matches_the_reference(
-    launch: Callable[..., None],
+    cuda_lib: ctypes.CDLL,
     policy: str,
     dim: int,
     capacity: int,
@@ -151,18 +60,125 @@ def test_the_cuda_source_matches_the_reference(
     row_dtype: str,
 ) -> None:
     gpu, ref = _pair(policy, dim, capacity, row_dtype)
-    gpu._kernel = emulated(launch)
+    device = on_emulated_gpu(gpu, cuda_lib, _tile(dim, capacity))
     match_the_reference(gpu, ref, resident, queries)
+    assert device.launches.count("probe_gather") == sum(1 for q in queries if q)
 
 
-def test_the_cuda_source_caps_access_counts(launch: Callable[..., None]) -> None:
+@SETTINGS
+@given(
+    policy=st.sampled_from(["lru", "lfu", "frequency"]),
+    dims=st.lists(st.integers(1, 9), min_size=1, max_size=4),
+    capacity=st.integers(1, 120),
+    resident=st.lists(st.integers(-50, 400), max_size=200),
+    rounds=st.lists(st.lists(keys_st, min_size=4, max_size=4), min_size=1, max_size=3),
+    row_dtypes=st.lists(st.sampled_from(ROW_DTYPES), min_size=4, max_size=4),
+)
+def test_the_many_table_kernel_matches_the_reference(
+    cuda_lib: ctypes.CDLL,
+    policy: str,
+    dims: list[int],
+    capacity: int,
+    resident: list[int],
+    rounds: list[list[list[int]]],
+    row_dtypes: list[str],
+) -> None:
+    """One launch per request over caches of different dims and formats (with gaps between
+    their rows in the output), against the NumPy reference per table."""
+    many, single = twins(policy, dims, capacity, row_dtypes)
+    device = on_emulated_gpu(many[0], cuda_lib, _tile(capacity))
+    for cache in many[1:]:
+        on_emulated_gpu(cache, cuda_lib, _tile(capacity), device)
+    for cache in single:
+        cache._kernel = None
+    match_many(many, single, resident, rounds)
+    probed = [n == 1 or any(r[: len(dims)]) for n, r in enumerate(rounds)]  # some keys
+    assert device.launches.count("probe_gather_tables") == sum(probed)
+    assert "probe_gather" not in device.launches
+
+
+def test_wide_rows_and_many_keys_per_warp_match_the_reference(cuda_lib: ctypes.CDLL) -> None:
+    """The dims a config uses (tiles of 8, 16 and 32 lanes, vector copies of every format),
+    batches that loop the grid many times, a full cache evicting: as the reference."""
+    rng = np.random.default_rng(1)
+    for dim, row_dtype in ((16, "int8"), (64, "float16"), (128, "float32")):
+        gpu, ref = _pair("frequency", dim, 300, row_dtype)
+        on_emulated_gpu(gpu, cuda_lib)
+        resident = rng.integers(0, 1500, 600).tolist()
+        queries = [rng.integers(-5, 1500, 800).tolist() for _ in range(2)]
+        match_the_reference(gpu, ref, resident, queries)
+
+
+def _index_books_hold(cache: EmbeddingCache) -> None:
+    """Every resident key is in the index at its row, and the index's counts are true."""
+    rows, index = cache._rows, cache._rows.index
+    keys, at = index.items()
+    np.testing.assert_array_equal(rows.row_keys[at], keys)
+    assert keys.size == len(index) == len(rows)
+    assert int((index.slot_keys == TOMBSTONE).sum()) == index._tombs
+
+
+@SETTINGS
+@given(
+    policy=st.sampled_from(["lru", "lfu", "frequency"]),
+    dim=st.integers(1, 9),
+    capacity=st.integers(1, 60),
+    batches=st.lists(
+        st.tuples(st.sampled_from(["insert", "update", "evict", "stale"]), keys_st),
+        min_size=1,
+        max_size=8,
+    ),
+    row_dtype=st.sampled_from(ROW_DTYPES),
+)
+def test_the_write_kernels_match_the_reference(
+    cuda_lib: ctypes.CDLL,
+    policy: str,
+    dim: int,
+    capacity: int,
+    batches: list[tuple[str, list[int]]],
+    row_dtype: str,
+) -> None:
+    """Inserts (evicting, reusing tombstones), updates of resident rows (with ``since``:
+    a stale read skips keys written after it), evictions: the same stored rows and state."""
+    gpu, ref = _pair(policy, dim, capacity, row_dtype)
+    on_emulated_gpu(gpu, cuda_lib, _tile(dim, capacity))
+    fmt = gpu.fmt
+    rng = np.random.default_rng(capacity)
+    for op, batch in batches:
+        keys = np.array([k for k in batch if k > TOMBSTONE], dtype=np.int64)
+        keys = np.unique(keys) if op == "stale" else keys
+        values, newer = (
+            fmt.encode(rng.standard_normal((keys.size, dim)).astype(np.float32)) for _ in "ab"
+        )
+        updated = []
+        for cache in (gpu, ref):
+            since = cache.version
+            if op == "stale":  # a write between the read and the update it carries
+                cache.insert(keys[::2], newer[::2], force=True)
+            if op == "insert":
+                cache.insert(keys, values)
+            elif op == "evict":
+                cache.evict(keys)
+            else:
+                updated.append(cache.update(keys, values, since=since if op == "stale" else None))
+        if updated:
+            np.testing.assert_array_equal(updated[0], updated[1])
+        _same_state(gpu, ref)
+        _index_books_hold(gpu)
+        (keys_g, rows_g), (keys_r, rows_r) = gpu.dump(), ref.dump()
+        order_g, order_r = np.argsort(keys_g), np.argsort(keys_r)
+        np.testing.assert_array_equal(keys_g[order_g], keys_r[order_r])
+        np.testing.assert_array_equal(rows_g[order_g], rows_r[order_r])
+
+
+def test_the_cuda_source_caps_access_counts(cuda_lib: ctypes.CDLL) -> None:
     """LFU counts stop at the policy's cap, as on the CPU: many hits of one row in a call
-    (more threads than the cap), then the count is exactly the cap."""
+    (many lanes racing on the count), then the count is exactly the cap."""
     gpu = EmbeddingCache(4, 8, policy="lfu")
-    gpu._kernel = emulated(launch)
+    on_emulated_gpu(gpu, cuda_lib)
     gpu.insert(np.array([7], np.int64), np.ones((1, 4), np.float32), force=True)
     counts, cap = gpu.policy.access_counts()  # type: ignore[misc]
-    keys = np.full(3 * THREADS, 7, dtype=np.int64)
+    keys = np.full(200, 7, dtype=np.int64)
     counts[:] = cap - 5
     miss, hits = gpu.query_into(keys, np.empty((keys.size, 4), np.float32))
     assert miss.size == 0 and hits == 1
@@ -170,21 +186,22 @@ def test_the_cuda_source_caps_access_counts(launch: Callable[..., None]) -> None
     assert counts[row] == cap
 
 
-def test_the_cuda_source_dequantizes_as_decode(launch: Callable[..., None]) -> None:
+def test_the_cuda_source_dequantizes_as_decode(cuda_lib: ctypes.CDLL) -> None:
     """float16 (every one of its values) and int8 rows (every alignment of the scale and
-    offset) come out of the kernel as ``RowFormat.decode`` gives them, bit for bit."""
+    offset, vector and scalar copies) come out of the kernel as ``RowFormat.decode`` gives
+    them, bit for bit."""
     fmt16 = FORMATS["float16"]
     halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16).reshape(256, 256)
     cases: list[tuple[RowFormat, np.ndarray]] = [(fmt16, halves)]
     rng = np.random.default_rng(5)
-    for dim in (1, 2, 3, 5, 8, 67):
+    for dim in (1, 2, 3, 4, 5, 8, 67, 128):
         rows = rng.standard_normal((16, dim)).astype(np.float32) * np.float32(100)
         rows[3] = 1.5  # a constant row: scale 0
         cases.append((FORMATS["int8"], FORMATS["int8"].encode(rows)))
     for fmt, stored in cases:
         n, dim = stored.shape[0], stored.shape[1] - (fmt.width(0))
         gpu = EmbeddingCache(dim, n, fmt=fmt)
-        gpu._kernel = emulated(launch)
+        on_emulated_gpu(gpu, cuda_lib)
         keys = np.arange(n, dtype=np.int64)
         gpu.insert(keys, stored)
         out = np.empty((n + 1, dim), np.float32)
@@ -193,3 +210,21 @@ def test_the_cuda_source_dequantizes_as_decode(launch: Callable[..., None]) -> N
         want = fmt.decode(stored[::-1], dim)
         np.testing.assert_array_equal(out[:n].view(np.uint32), want.view(np.uint32))
         assert not out[n].any()
+
+
+def test_staging_buffers_are_reused_and_grown(cuda_lib: ctypes.CDLL) -> None:
+    """The host path allocates its pinned and device buffers once, grows them for a larger
+    batch (to a power of two) and allocates nothing for batches that fit."""
+    gpu = EmbeddingCache(8, 64)
+    device = on_emulated_gpu(gpu, cuda_lib)
+    gpu.insert(np.arange(64, dtype=np.int64), np.ones((64, 8), np.float32))
+    for n in (10, 5, 10):
+        gpu.query_into(np.arange(n, dtype=np.int64), np.empty((n, 8), np.float32))
+    first = device.allocations
+    assert first == 4  # keys: pinned, device; rows back: device, pinned
+    gpu.query_into(np.arange(300, dtype=np.int64), np.empty((300, 8), np.float32))
+    grown = device.allocations
+    assert grown > first
+    for n in (1, 299, 300):
+        gpu.query_into(np.arange(n, dtype=np.int64), np.empty((n, 8), np.float32))
+    assert device.allocations == grown

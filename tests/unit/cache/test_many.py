@@ -14,6 +14,8 @@ from hps.cache.many import query_tables_into
 from hps.rowformat import FORMATS, ROW_DTYPES
 from tests.unit.cache.test_fused_property import SETTINGS, _same_state, keys_st
 
+GAP = 3  # floats between two tables' rows in the many-table call's output
+
 
 def twins(
     policy: str, dims: list[int], capacity: int, row_dtypes: list[str]
@@ -45,6 +47,19 @@ def test_many_tables_match_query_into_per_table(
     row_dtypes: list[str],
 ) -> None:
     many, single = twins(policy, dims, capacity, row_dtypes)
+    match_many(many, single, resident, rounds)
+
+
+def match_many(
+    many: list[EmbeddingCache],
+    single: list[EmbeddingCache],
+    resident: list[int],
+    rounds: list[list[list[int]]],
+) -> None:
+    """Fill both sets of caches with ``resident``; then per round one many-table call over
+    ``many`` against ``query_into`` per table of ``single`` (new index arrays behind the
+    caches before the second round): the same rows, misses, hits and states."""
+    dims = [cache.dim for cache in many]
     res = np.array(resident, dtype=np.int64)
     for t, dim in enumerate(dims):
         rows = np.random.default_rng(t).standard_normal((res.size, dim)).astype(np.float32)
@@ -66,7 +81,8 @@ def test_many_tables_match_query_into_per_table(
         used = [t for t, seg in enumerate(segs) if seg.size]
         starts = np.cumsum([0] + [segs[t].size for t in used])
         keys = np.concatenate([segs[t] for t in used] or [np.zeros(0, np.int64)])
-        offsets = np.cumsum([0] + [segs[t].size * dims[t] for t in used])
+        # a gap of GAP floats after each table's rows: nothing may write there
+        offsets = np.cumsum([0] + [segs[t].size * dims[t] + GAP for t in used])
         out = np.full(int(offsets[-1]), np.nan, np.float32)
         bounds = np.stack([starts[:-1], starts[1:]], axis=1).astype(np.int64)
         got = query_tables_into([many[t] for t in used], keys, bounds, out, offsets[:-1])
@@ -74,7 +90,8 @@ def test_many_tables_match_query_into_per_table(
         for i, t in enumerate(used):
             want = np.full((segs[t].size, dims[t]), np.nan, np.float32)
             miss, hits = single[t].query_into(segs[t], want)
-            got_rows = out[offsets[i] : offsets[i + 1]]
+            got_rows = out[offsets[i] : offsets[i + 1] - GAP]
+            assert np.isnan(out[offsets[i + 1] - GAP : offsets[i + 1]]).all()
             np.testing.assert_array_equal(
                 got_rows.view(np.uint32), want.reshape(-1).view(np.uint32)
             )
