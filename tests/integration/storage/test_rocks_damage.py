@@ -231,11 +231,14 @@ def test_a_failed_start_up_fill_is_degraded_in_readyz(
     assert not checks["triton"]["ok"]  # this node has no Triton: the only failing checks
 
 
-def _as_reader(cmd: list[str]) -> list[str]:
-    """``cmd`` as user nobody when this runs as root (whom permissions do not stop)."""
+def _on_read_only(cmd: list[str], folder: Path) -> list[str]:
+    """``cmd`` with ``folder`` read-only to it: for root (whom permissions do not stop) a
+    read-only bind mount of it in a mount namespace of the command's own, as a read-only
+    volume is; for anyone else its permissions (the test removes the write bits) do it."""
     if os.geteuid() != 0:
         return cmd
-    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+    remount = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
+    return ["unshare", "--mount", "sh", "-c", remount, str(folder), *cmd]
 
 
 def test_a_read_only_l3_volume_serves() -> None:
@@ -262,10 +265,9 @@ def test_a_read_only_l3_volume_serves() -> None:
         np.save(root / "keys.npy", keys[::13])
         before = sorted(p.name for p in data.rglob("*"))
         subprocess.run(["chmod", "-R", "a-w", str(data)], check=True)
-        subprocess.run(["chmod", "-R", "a+rX", str(root)], check=True)
         worker = [sys.executable, "-m", "tests.integration.storage.read_only_worker"]
         out = subprocess.run(
-            _as_reader([*worker, str(root / "ps.json"), "m.t", str(root / "keys.npy")]),
+            _on_read_only([*worker, str(root / "ps.json"), "m.t", str(root / "keys.npy")], data),
             capture_output=True,
             text=True,
             timeout=300,
