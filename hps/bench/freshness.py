@@ -6,8 +6,8 @@ the same mix and shape, each on a stack of its own that ``hps loadtest`` starts 
 One JSON line: freshness p50/p99 from the probes (``kafka freshness``: ``publish()`` to the
 first lookup returning the new vectors) and from the serving processes'
 ``hps_update_freshness_seconds``; the readers' throughput and p99 with updates, without,
-and their ratios (``read_rps_ratio`` >= 0.9 and ``read_p99_ratio`` <= 1.2 are issue 23's
-goals); failures and the exit codes of both runs. Reports stay in ``--report-dir``.
+and their ratios (the aims: ``read_rps_ratio`` >= 0.9 and ``read_p99_ratio`` <= 1.2);
+failures and the exit codes of both runs. Reports stay in ``--report-dir``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A real RocksDB L3 with one damaged data block (tests of issue 27: faults reported).
+"""A real RocksDB L3 with one damaged data block (tests of faults reported: docs/reliability.md).
 
 :func:`damaged_l3` writes a table through :class:`hps.storage.rocks_db.RocksDBStore`,
 flushes and compacts it into one SST file (rocksdict), then flips bytes in the middle of

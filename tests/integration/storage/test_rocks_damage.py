@@ -1,4 +1,4 @@
-"""A damaged RocksDB block (issue 27, item 8): only its keys fail, scans say so, ``hps
+"""A damaged RocksDB block (docs/reliability.md): only its keys fail, scans say so, ``hps
 verify`` names the table, the start-up L2 fill reports it in ``/readyz``.
 
 Real RocksDB files, damaged by flipping bytes in an SST data block after a flush and a

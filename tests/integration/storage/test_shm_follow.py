@@ -1,4 +1,4 @@
-"""The shared L2's files removed while two processes use it and one writes (issue 27, item 2).
+"""The shared L2's files removed while two processes use it and one writes (docs/multi_process_hash_map.md).
 
 Real processes (``shm_follow_worker.py``) over a real segment and a real RocksDB L3: the
 writer plays ``hps consume``, the reader a serving instance. After the files are removed,
