@@ -1,5 +1,5 @@
-"""The shared-memory L2's files removed while serving, with Kafka updates flowing (docs/multi_process_hash_map.md,
-"Files removed or replaced under running processes").
+"""The shared-memory L2's files removed while serving, with Kafka updates flowing
+(docs/multi_process_hash_map.md, "Files removed or replaced under running processes").
 
 Real parts: the Kafka-protocol broker (Tansu), ``hps consume`` as a process (it writes
 RocksDB L3 and the node's ``multi_process_hash_map`` L2), ``hps serve`` as a process with

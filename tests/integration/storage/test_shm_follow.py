@@ -1,4 +1,5 @@
-"""The shared L2's files removed while two processes use it and one writes (docs/multi_process_hash_map.md).
+"""The shared L2's files removed while two processes use it and one writes
+(docs/multi_process_hash_map.md).
 
 Real processes (``shm_follow_worker.py``) over a real segment and a real RocksDB L3: the
 writer plays ``hps consume``, the reader a serving instance. After the files are removed,

@@ -1,4 +1,5 @@
-"""multi_process_hash_map: a segment removed or replaced under its users (docs/multi_process_hash_map.md).
+"""multi_process_hash_map: a segment removed or replaced under its users
+(docs/multi_process_hash_map.md).
 
 The identity check (file + creation id), following the name, the rule that nobody unlinks
 a segment that is not the one it opened, and the watch that refills a new segment from L3.
