@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +28,9 @@ from hps.rowformat import Stored
 from hps.tiers import Tiers, encode_rows
 from hps.types import Keys, TableSpec, Vectors
 from hps.validate import RequestLimits, as_keys, as_rows, check_table_keys, table_or_raise
+
+if TYPE_CHECKING:
+    from hps.cache.auto import L1Device
 
 __all__ = ["LEVELS", "L1Cache", "LookupSession"]
 
@@ -53,8 +56,11 @@ class LookupSession:
         *,
         caches: Mapping[str, L1Cache] | None = None,
         cache_missed_embeddings: bool = False,
+        l1_devices: Mapping[str, L1Device] | None = None,
     ) -> None:
         self.models = {m.model: m for m in models}
+        # per model with L1: where its caches run and why (hps.cache.auto)
+        self.l1_devices: Mapping[str, L1Device] = dict(l1_devices or {})
         self.tables: dict[str, TableSpec] = {t.name: t for m in models for t in m.tables}
         self._specs = {m.model: m.tables for m in models}  # ModelConfig.tables builds anew
         self._limits = {name: RequestLimits.of(specs) for name, specs in self._specs.items()}

@@ -42,7 +42,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from hps.cache.many import query_tables_into
+from hps.cache.many import probe_tables
 from hps.config import ModelConfig
 from hps.dedup import unique_inverse
 from hps.errors import CircuitOpenError
@@ -95,13 +95,8 @@ def probe_l1(
         return []
     bounds = np.array([(k, k + n) for _, _, k, n, _ in probed], dtype=np.int64)
     offsets = np.array([v for *_, v in probed], dtype=np.int64)
-    answers = query_tables_into([c for _, c, *_ in probed], keys, bounds, out, offsets)
-    if answers is not None:
-        return answers
-    return [
-        cache.query_into(keys[k : k + n], out[v : v + n * spec.dim].reshape(n, spec.dim))
-        for spec, cache, k, n, v in probed
-    ]
+    caches, dims = [c for _, c, *_ in probed], [s.dim for s, *_ in probed]
+    return probe_tables(caches, dims, keys, bounds, out, offsets)
 
 
 class LookupPipeline:

@@ -8,7 +8,12 @@ int8 ``dim + 8``) plus each tier's per-row overhead, which each backend declares
 
 - L1: :func:`hps.cache.cache_nbytes` (arena + row metadata + index + policy state), exact,
   for each cache; every Triton instance is a process with its own caches, spread over the
-  ``deployed_device_list`` (device memory with CuPy, host memory with NumPy).
+  ``deployed_device_list`` (device memory with CuPy, host memory with NumPy; ``auto``: on
+  the GPU where the start-up calibration picks CuPy, :mod:`hps.cache.auto`). A model whose
+  L1 is or may be on a GPU also gets an :class:`L1GpuPlan`: per instance, its caches and the
+  host path's staging buffers for a request of the configured size, device memory apart
+  from pinned host memory (:func:`hps.cache.kernels_cupy.request_staging`, the sizing the
+  buffers grow by).
 - L2: the in-process ``hash_map``'s and the shared ``multi_process_hash_map``'s own
   ``bytes_per_row``; for Redis an estimate of its hash encoding (field, value and dict entry,
   rounded to jemalloc size classes; a sorted-set entry more when ``overflow_margin`` is set).
@@ -28,6 +33,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hps.cache import cache_capacity, cache_nbytes
+from hps.cache.calibrate import request_keys
+from hps.cache.kernels_cupy import request_staging
 from hps.config import ModelConfig, PersistentDBConfig, PSConfig, VolatileDBConfig
 from hps.errors import ConfigError
 from hps.rowformat import FLOAT32, ROW_DTYPES, RowFormat
@@ -46,7 +53,7 @@ class TablePlan:
     rows_from: str  # "sparse_files" | "given" | "unknown"
     cache_rows: int
     cache_bytes: int  # one cache
-    cache_memory: str  # "gpu" | "host"
+    cache_memory: str  # "gpu" | "host" | "auto" (gpu where start-up calibration picks CuPy)
     devices: int
     instances_per_device: int
     cache_bytes_per_device: int
@@ -85,12 +92,77 @@ def _rows(model: ModelConfig, index: int, given: dict[str, int]) -> tuple[int, s
 
 
 def _cache_memory(model: ModelConfig) -> str:
-    device = model.hps_cache.device
-    if device == "auto":
-        from hps.cache.xp import gpu_available
+    """Where the L1 caches live: decided at start-up for ``auto`` (:mod:`hps.cache.auto`)."""
+    return {"cupy": "gpu", "numpy": "host"}.get(model.hps_cache.device, "auto")
 
-        return "gpu" if gpu_available() else "host"
-    return "gpu" if device == "cupy" else "host"
+
+@dataclass(frozen=True)
+class L1GpuPlan:
+    """A model's L1 on a GPU (``hps_cache.device`` ``cupy``, or ``auto``: where start-up
+    picks CuPy), per Triton instance: its caches in device memory (every table's
+    :func:`hps.cache.cache_nbytes`) and the host path's staging buffers, sized for a request
+    of the configured size (``request_keys``: :func:`hps.cache.calibrate.request_keys`) as
+    they grow (:func:`hps.cache.kernels_cupy.request_staging`): device memory and pinned
+    (page-locked) host memory."""
+
+    model: str
+    device: str  # hps_cache.device: "cupy" | "auto"
+    request_keys: int  # keys of one request, all tables
+    cache_bytes: int  # device memory, one instance's caches
+    staging_device_bytes: int  # device memory, one instance's staging buffers
+    staging_pinned_bytes: int  # pinned host memory, one instance's staging buffers
+    instances: int
+    devices: int
+    instances_per_device: int
+    device_bytes_per_device: int  # (caches + staging) x instances per device
+    pinned_bytes: int  # staging pinned x instances: host memory the node pins
+
+
+def l1_gpu(config: PSConfig, plans: list[TablePlan]) -> list[L1GpuPlan]:
+    """One :class:`L1GpuPlan` per model whose L1 is or may be on a GPU."""
+    out = []
+    for model in config.models:
+        if not model.gpucache or model.hps_cache.device == "numpy":
+            continue
+        names = {t.name for t in model.tables}
+        mine = [p for p in plans if p.table in names]
+        keys = request_keys(model)
+        staging = request_staging(keys, [t.dim for t in model.tables])
+        caches = sum(p.cache_bytes for p in mine)
+        devices = max(1, len(model.deployed_device_list))
+        per_device = math.ceil(model.hps_instances / devices)
+        out.append(
+            L1GpuPlan(
+                model=model.model,
+                device=model.hps_cache.device,
+                request_keys=sum(keys),
+                cache_bytes=caches,
+                staging_device_bytes=staging.device,
+                staging_pinned_bytes=staging.pinned,
+                instances=model.hps_instances,
+                devices=devices,
+                instances_per_device=per_device,
+                device_bytes_per_device=(caches + staging.device) * per_device,
+                pinned_bytes=staging.pinned * model.hps_instances,
+            )
+        )
+    return out
+
+
+def gpu_lines(gpus: list[L1GpuPlan]) -> list[str]:
+    """``hps plan``'s lines for :func:`l1_gpu`: device memory and pinned host memory apart."""
+    lines = []
+    for g in gpus:
+        when = "" if g.device == "cupy" else " (hps_cache.device: auto, if start-up picks cupy)"
+        lines.append(
+            f"L1 GPU memory, model {g.model}{when}: per instance: caches "
+            f"{human(g.cache_bytes)} + staging {human(g.staging_device_bytes)} device memory, "
+            f"staging {human(g.staging_pinned_bytes)} pinned host memory (requests of "
+            f"{g.request_keys:,} keys); per device ({g.instances_per_device} instances): "
+            f"{human(g.device_bytes_per_device)} device memory; per node ({g.instances} "
+            f"instances): {human(g.pinned_bytes)} pinned host memory"
+        )
+    return lines
 
 
 def plan(config: PSConfig, rows: dict[str, int] | None = None) -> list[TablePlan]:
@@ -277,11 +349,17 @@ def l3_memory(config: PSConfig) -> str | None:
     )
 
 
-def to_json(plans: list[TablePlan], topo: Topology, versions: list[str] | None = None) -> str:
+def to_json(
+    plans: list[TablePlan],
+    topo: Topology,
+    versions: list[str] | None = None,
+    gpus: list[L1GpuPlan] | None = None,
+) -> str:
     doc: JSON = {
         "versions": versions or [],
         "topology": topo.as_dict(),
         "tables": [asdict(p) for p in plans],
+        "l1_gpu": [asdict(g) for g in gpus or []],
         "totals": totals(plans),
         "totals_by_format": totals_by_format(plans),
     }

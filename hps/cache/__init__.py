@@ -13,7 +13,7 @@ from hps.cache.policies import POLICIES
 from hps.cache.xp import available_xps, select_xp
 from hps.config import CacheConfig, ModelConfig
 from hps.errors import ConfigError
-from hps.types import TableSpec
+from hps.types import ArrayModule, TableSpec
 
 __all__ = [
     "MIN_CAPACITY",
@@ -44,11 +44,18 @@ def cache_capacity(model_cfg: ModelConfig, table_rows: int) -> int:
 
 
 def build_cache(
-    spec: TableSpec, cfg: CacheConfig, capacity: int, device_id: int | None = None
+    spec: TableSpec,
+    cfg: CacheConfig,
+    capacity: int,
+    device_id: int | None = None,
+    *,
+    xp: ArrayModule | None = None,
 ) -> EmbeddingCache:
-    """One table's cache on the device ``cfg.device`` picks (``auto``: CuPy on a usable GPU),
-    storing rows in the table's format (``spec.fmt``).
+    """One table's cache on ``xp``, storing rows in the table's format (``spec.fmt``).
 
+    ``xp``: the array module its model's caches run on (``hps.build`` resolves
+    ``hps_cache.device`` once per model, ``auto`` by calibration: :mod:`hps.cache.auto`);
+    default: what ``cfg.device`` picks alone (``auto``: CuPy on a usable GPU).
     ``device_id`` chooses the GPU (one of ``deployed_device_list``; default: the current one).
     """
     if capacity < 1:
@@ -56,7 +63,7 @@ def build_cache(
     return EmbeddingCache(
         spec.dim,
         capacity,
-        xp=select_xp(cfg.device),
+        xp=select_xp(cfg.device) if xp is None else xp,
         policy=cfg.policy,
         static_fraction=cfg.static_fraction,
         frequency_window=cfg.frequency_window,

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import abc
 import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,6 +36,25 @@ MIN_BUFFER = 1 << 12
 def grown(nbytes: int) -> int:
     """The size a buffer of at least ``nbytes`` is allocated with: a power of two."""
     return max(MIN_BUFFER, 1 << max(0, nbytes - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class Staging:
+    """Bytes of staging buffers: page-locked (pinned) host memory and device memory."""
+
+    pinned: int
+    device: int
+
+
+def staging_nbytes(pinned: Mapping[str, int], device: Mapping[str, int]) -> Staging:
+    """What a :class:`Device` holds once its calls asked for at most ``pinned[name]`` bytes of
+    the pinned buffer ``name`` and ``device[name]`` of the device buffer ``name``: each grown
+    to a power of two (:func:`grown`), as :meth:`Device.pinned` and :meth:`Device.buffer`
+    allocate them. The one sizing rule for ``hps plan`` and the tests."""
+    return Staging(
+        pinned=sum(grown(n) for n in pinned.values()),
+        device=sum(grown(n) for n in device.values()),
+    )
 
 
 def address(a: Array) -> int:
@@ -67,6 +88,13 @@ class Device(abc.ABC):
             self._buffers.pop(name, None)  # freed before the larger one is allocated
             buf = self._buffers[name] = self._alloc_device(grown(nbytes))
         return buf[:nbytes]
+
+    def held(self) -> Staging:
+        """Bytes its staging buffers hold now (pinned host, device)."""
+        return Staging(
+            pinned=sum(int(b.nbytes) for b in self._pinned.values()),
+            device=sum(int(b.nbytes) for b in self._buffers.values()),
+        )
 
     @abc.abstractmethod
     def _alloc_pinned(self, nbytes: int) -> np.ndarray:

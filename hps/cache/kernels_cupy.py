@@ -22,14 +22,15 @@ and compile it with the real NVRTC (tests/unit/cache/test_kernel_nvrtc.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from hps.cache.cuda_probe import PROBE_SOURCE
 from hps.cache.cuda_write import WRITE_SOURCE
-from hps.cache.device import Device, address
-from hps.cache.kernels import FORMAT_CODES
+from hps.cache.device import Device, Staging, address, staging_nbytes
+from hps.cache.kernels import DESCRIPTOR, FORMAT_CODES
 from hps.index import EMPTY, GROUP, TOMBSTONE
 from hps.types import Array
 
@@ -41,6 +42,7 @@ MAX_BLOCKS = 1 << 16  # the kernels loop over keys grid-stride past this
 KERNELS = ("probe_gather", "probe_gather_tables", "place_rows", "write_rows")
 NULL = np.uint64(0)  # a null pointer argument
 NVRTC_OPTIONS = ("--std=c++17",)  # CuPy adds the GPU's architecture
+PLAN = ("first", "end", "out_offset", "first_warp", "tile", "vector")  # run_tables' plan row
 
 
 def kernel_source() -> str:
@@ -135,6 +137,45 @@ class GpuProbe:
         self.device.launch("probe_gather", blocks_for(warps), THREADS, args)
 
 
+class TablesLayout(NamedTuple):
+    """Byte offsets of :func:`run_tables`' two staging transfers. In (buffer ``keys``):
+    keys | descriptors | plans; out (buffer ``out``): rows | miss positions | tallies."""
+
+    desc_at: int
+    plan_at: int
+    in_bytes: int
+    miss_at: int
+    tally_at: int
+    out_bytes: int
+
+
+def tables_layout(n_keys: int, n_tables: int, row_bytes: int) -> TablesLayout:
+    """The layout for ``n_keys`` keys of ``n_tables`` tables whose rows take ``row_bytes``
+    (float32) bytes: each part 16-byte aligned where the kernel reads it as vectors."""
+    desc_at = _pad(8 * n_keys)
+    plan_at = desc_at + 8 * len(DESCRIPTOR) * n_tables
+    miss_at = _pad(row_bytes)
+    tally_at = miss_at + 8 * n_keys
+    return TablesLayout(
+        desc_at, plan_at, plan_at + 8 * len(PLAN) * n_tables, miss_at, tally_at,
+        tally_at + 16 * n_tables,
+    )  # fmt: skip
+
+
+def request_staging(keys: Sequence[int], dims: Sequence[int]) -> Staging:
+    """The staging buffers a GPU cache's :class:`Device` holds once it ran requests of
+    ``keys[t]`` keys for tables of dimension ``dims[t]`` (at most; one launch per request,
+    :func:`run_tables`): a pinned and a device buffer each for the keys in and the results
+    out, grown to powers of two (:func:`hps.cache.device.staging_nbytes`). ``hps plan``
+    prints it per Triton instance."""
+    if not keys:
+        return Staging(0, 0)
+    rows = 4 * sum(int(k) * int(d) for k, d in zip(keys, dims, strict=True))
+    layout = tables_layout(sum(int(k) for k in keys), len(keys), rows)
+    need = {"keys": layout.in_bytes, "out": layout.out_bytes}
+    return staging_nbytes(pinned=need, device=need)
+
+
 def run_tables(
     device: Device,
     desc: np.ndarray,
@@ -159,19 +200,15 @@ def run_tables(
     ends = out_offsets + (hi - lo) * dims
     vec = (dims % 4 == 0) & (desc[:, 4] % 16 == 0) & (out_offsets % 4 == 0)
     plan = np.stack([lo, hi, out_offsets, first_warp, tiles, vec.astype(np.int64)], axis=1)
-    # in: keys | descriptors | plans; out: rows (out's layout) | miss positions | tallies
-    desc_at = _pad(8 * n)
-    plan_at = desc_at + desc.nbytes
-    staged = device.pinned("keys", plan_at + plan.nbytes)
+    row_bytes = 4 * int(ends.max(initial=0))
+    desc_at, plan_at, in_bytes, miss_at, tally_at, out_bytes = tables_layout(n, n_tables, row_bytes)
+    staged = device.pinned("keys", in_bytes)
     staged[: 8 * n].view(np.int64)[:] = keys
     staged[desc_at:plan_at].view(np.int64)[:] = desc.reshape(-1)
     staged[plan_at:].view(np.int64)[:] = plan.reshape(-1)
     dev_in = device.buffer("keys", staged.size)
     device.to_device(dev_in, staged)
-    row_bytes = 4 * int(ends.max(initial=0))
-    miss_at = _pad(row_bytes)
-    tally_at = miss_at + 8 * n
-    result = device.buffer("out", tally_at + 16 * n_tables)
+    result = device.buffer("out", out_bytes)
     device.zero(result[tally_at:])
     args = (dev_in[desc_at:plan_at].view(np.int64), dev_in[plan_at:].view(np.int64),
             np.int32(n_tables), np.int64(warps.sum()), dev_in[: 8 * n].view(np.int64),

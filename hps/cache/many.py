@@ -13,12 +13,43 @@ NumPy go through the numba kernel, caches on one GPU through one CUDA launch.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from hps.cache import kernels
 from hps.cache.embedding_cache import EmbeddingCache
 from hps.cache.kernels_cupy import GpuProbe, run_tables
+from hps.types import Keys, Vectors
+
+
+class QueryInto(Protocol):
+    """An L1 cache as :func:`probe_tables` needs it (``EmbeddingCache`` is one)."""
+
+    def query_into(self, keys: Keys, out: Vectors) -> tuple[npt.NDArray[np.int64], int]: ...
+
+
+def probe_tables(
+    caches: Sequence[QueryInto],
+    dims: Sequence[int],
+    keys: np.ndarray,
+    bounds: np.ndarray,
+    out: np.ndarray,
+    out_offsets: np.ndarray,
+) -> list[tuple[np.ndarray, int]]:
+    """Every table's L1 probe of a request, as a lookup runs it: :func:`query_tables_into`
+    (one compiled call) where the caches allow, else one ``query_into`` per cache (rows of
+    ``dims[t]`` elements). Arguments and answers as :func:`query_tables_into`'s."""
+    answers = query_tables_into(caches, keys, bounds, out, out_offsets)
+    if answers is not None:
+        return answers
+    return [
+        cache.query_into(keys[lo:hi], out[v : v + (hi - lo) * dim].reshape(hi - lo, dim))
+        for cache, dim, (lo, hi), v in zip(
+            caches, dims, bounds.tolist(), out_offsets.tolist(), strict=True
+        )
+    ]
 
 
 def query_tables_into(

@@ -38,12 +38,15 @@ def _cupy_or_none() -> ArrayModule | None:
         return None
 
 
-def gpu_available() -> bool:
-    return _cupy_or_none() is not None
+def usable_cupy() -> ArrayModule | None:
+    """CuPy when it imports and sees a working GPU, else ``None`` (checked once)."""
+    return _cupy_or_none()
 
 
 def select_xp(device: str = "auto") -> ArrayModule:
-    """``numpy`` or ``cupy`` for ``hps_cache.device`` (``auto``: CuPy when a GPU is usable)."""
+    """``numpy`` or ``cupy`` for ``hps_cache.device`` (``auto``: CuPy when a GPU is usable;
+    a serving session resolves ``auto`` per model by calibration instead:
+    :func:`hps.cache.auto.choose_l1_device`)."""
     if device == "numpy":
         return np
     if device not in DEVICES:

@@ -14,7 +14,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Table rows come from the sizes of the sparse-model files (nothing is "
         "read) or from --rows. Each table's rows are sized in its row format (hps_row_dtype: "
         "'row B' is one stored row), with totals per format. L1 is exact; L2/L3 use each "
-        "backend's per-row cost (docs/cache.md).",
+        "backend's per-row cost (docs/cache.md). A model whose L1 is or may be on a GPU "
+        "(hps_cache.device cupy or auto) gets a line of its GPU memory per instance: the "
+        "caches and the staging buffers of the host path for a request of the configured "
+        "size, device memory apart from pinned host memory.",
     )
     p.add_argument("--config", required=True, help="ps.json")
     p.add_argument(
@@ -52,17 +55,19 @@ def parse_rows(items: list[str]) -> dict[str, int]:
 
 def _plan(args: argparse.Namespace) -> int:
     from hps.config import load_config
-    from hps.plan import format_text, l3_memory, plan, to_json, version_costs
+    from hps.plan import format_text, gpu_lines, l1_gpu, l3_memory, plan, to_json, version_costs
     from hps.topology import describe, topology
 
     config = load_config(args.config)
     plans, topo = plan(config, parse_rows(args.rows)), topology(config)
     versions = version_costs(config, plans)
+    gpus = l1_gpu(config, plans)
     if args.json:
-        print(to_json(plans, topo, versions))
+        print(to_json(plans, topo, versions, gpus))
     else:
         note = [n] if (n := l3_memory(config)) else []
-        print("\n".join([*describe(topo), "", format_text(plans), *note, *versions]))
+        table = format_text(plans)
+        print("\n".join([*describe(topo), "", table, *gpu_lines(gpus), *note, *versions]))
     return 0
 
 

@@ -25,18 +25,26 @@ crashed the server. Sum over ``process`` for a model's totals. Families:
   applier; ``hps_update_clock_skew_total{where}``: ages clamped to 0 (the publishing clock
   ran ahead). Observed by the update thread into a
   :class:`hps.updates.metrics.BufferedRecorder` and sent from here.
+- ``hps_l1_device{device,reason}``: 1 for the array module this process's L1 caches run on
+  (``numpy`` or ``cupy``) and why (``configured``, ``no_gpu``, ``calibrated``:
+  :mod:`hps.cache.auto`); ``hps_l1_calibration_seconds{path}``: the medians that
+  ``hps_cache.device: auto`` compared (``path`` ``cupy``, ``numpy``), when it calibrated.
+  Set once, at start-up.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hps.lookup import LEVELS
 from hps.updates.metrics import BUCKETS, BufferedRecorder
+
+if TYPE_CHECKING:
+    from hps.cache.auto import L1Device
 
 LATENCY_BUCKETS_US = [100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000]
 
@@ -68,6 +76,16 @@ FAMILIES = {
         "hps_update_clock_skew_total",
         "COUNTER",
         "Update ages that came out negative (the publishing clock ahead) and were clamped to 0",
+    ),
+    "l1_device": (
+        "hps_l1_device",
+        "GAUGE",
+        "1 for the device the L1 caches run on (numpy or cupy) and why it was chosen",
+    ),
+    "l1_calibration": (
+        "hps_l1_calibration_seconds",
+        "GAUGE",
+        "Median time of one request's L1 probe per path, timed at start-up (device: auto)",
     ),
 }
 BUCKETS_OF = {"latency": LATENCY_BUCKETS_US, "fresh": list(BUCKETS), "stage": list(BUCKETS)}
@@ -111,6 +129,13 @@ class MetricsExporter:
             kw = {"buckets": buckets} if buckets is not None else {}
             metric = self._metrics[key] = fam.Metric(labels={**self.labels, **labels}, **kw)
         return metric
+
+    def l1_device(self, choice: L1Device) -> None:
+        """Export where the L1 caches run and why (:mod:`hps.cache.auto`), once."""
+        self._metric("l1_device", device=choice.device, reason=choice.reason).set(1)
+        for path, seconds in (("cupy", choice.cupy_s), ("numpy", choice.numpy_s)):
+            if seconds is not None:
+                self._metric("l1_calibration", path=path).set(seconds)
 
     def observe(self, seconds: float) -> None:
         self._latencies.append(seconds)

@@ -210,6 +210,9 @@ class ModelProcess:
             interval,
             updates=update_timings,
         )
+        l1_device = self.session.l1_devices.get(self.name)
+        if l1_device is not None:  # where L1 runs and why, in /metrics (hps.cache.auto)
+            self.metrics.l1_device(l1_device)
 
     def answer(self, requests: list[Any], compute: Callable[[Any], np.ndarray]) -> list[Any]:
         """One response per request: ``OUTPUT0 = compute(request)``, or that request's error.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -63,8 +64,26 @@ def test_64_concurrent_clients_against_2_instances(triton) -> None:
     assert served == {"emb_0_0", "emb_0_1"}
 
 
+def _every_instance_flushed(triton) -> None:
+    """Requests until both instances of emb have sent their counters at least once (each
+    sends what accumulated, its start-up's warm-up reads included, with its first request)."""
+    deadline = time.monotonic() + 60  # a hang guard
+    with triton.client("http") as client:
+        while time.monotonic() < deadline:
+            sent = {
+                lab["process"].split(":")[0]
+                for n, lab, v in scrape(triton)
+                if n == "hps_requests_total" and lab.get("model") == "emb" and v > 0
+            }
+            if sent == {"emb_0_0", "emb_0_1"}:
+                return
+            client.lookup("emb", triton.data["emb.b"][0][:1], [0, 1, 0])
+    raise AssertionError(f"instances that sent counters: {sent}")
+
+
 def test_metrics_in_tritons_metrics_endpoint(triton) -> None:
     keys = np.concatenate([triton.data["emb.b"][0][:5], [7, 7]])  # 2 unknown, duplicated
+    _every_instance_flushed(triton)  # their start-up counts (the warm-up) are out
     before = scrape(triton)
     with triton.client("http") as client:
         for _ in range(3):
@@ -87,6 +106,11 @@ def test_metrics_in_tritons_metrics_endpoint(triton) -> None:
     rates = [v for n, lab, v in after if n == "hps_hit_rate" and lab.get("table") == "b"]
     assert rates and all(0.0 <= r <= 1.0 for r in rates)
     assert total(after, "nv_inference_request_success", model="emb") > 0  # Triton's own
+    # where each instance's L1 runs and why (hps.cache.auto): one series per process
+    l1 = [(lab, v) for n, lab, v in after if n == "hps_l1_device" and lab.get("model") == "emb"]
+    assert len({lab["process"] for lab, _ in l1}) == len(l1) == 2 and all(v == 1 for _, v in l1)
+    assert all(lab["device"] in ("numpy", "cupy") for lab, _ in l1)
+    assert all(lab["reason"] in ("no_gpu", "calibrated") for lab, _ in l1)  # device: auto
 
 
 def test_errors_are_counted(triton) -> None:

@@ -111,3 +111,24 @@ def test_damaged_l3_keys_are_counted() -> None:
     exporter.flush()
     (metric,) = values("hps_l3_damaged_keys_total").values()
     assert metric.value == 50
+
+
+def test_the_l1_device_and_its_medians_are_exported() -> None:
+    from hps.cache.auto import L1Device
+
+    exporter = MetricsExporter(FakePbUtils, "emb", "emb_0_3", FakeSession(), interval=0.0)
+    base = (("model", "emb"), ("process", f"emb_0_3:{os.getpid()}"))
+    exporter.l1_device(L1Device("emb", "cupy", "calibrated", 864, 0.0008, 0.0036))
+    ((key, metric),) = values("hps_l1_device").items()
+    assert key == tuple(sorted((*base, ("device", "cupy"), ("reason", "calibrated"))))
+    assert metric.value == 1
+    paths = {dict(k)["path"]: m.value for k, m in values("hps_l1_calibration_seconds").items()}
+    assert paths == {"cupy": 0.0008, "numpy": 0.0036}
+    exporter.close()
+
+    exporter = MetricsExporter(FakePbUtils, "emb", "emb_0_4", FakeSession(), interval=0.0)
+    exporter.l1_device(L1Device("emb", "numpy", "no_gpu"))
+    ((key, metric),) = values("hps_l1_device").items()
+    assert dict(key)["device"] == "numpy" and dict(key)["reason"] == "no_gpu" and metric.value == 1
+    assert values("hps_l1_calibration_seconds") == {}  # nothing was timed
+    exporter.close()
