@@ -167,6 +167,11 @@ def publish_while_loading(brokers: str, model: str) -> None:
         untagged.publish(model, "t0", FENCE, rows(FENCE, 4, 9))
 
 
+def replayed(svc: UpdateConsumer) -> bool:
+    """The consumer's replay has finished (its rows land before it has read to its end)."""
+    return svc.catchup is not None and not svc.catchup.due
+
+
 @pytest.mark.parametrize("restart", [False, True], ids=["running", "restarted"])
 def test_updates_published_while_a_version_loads_are_replayed_to_it(
     tmp_path: Path, kafka_broker: TansuBroker, consumer_session: PSConfig, restart: bool
@@ -189,13 +194,14 @@ def test_updates_published_while_a_version_loads_are_replayed_to_it(
             assert np.isnan(stored(session, v2, np.concatenate([A, FENCE]))).all()
             if not restart:
                 registry.set_state(model, 2, "ready")
-                wait_for(lambda: holds(session, v2, A, 8) and holds(session, v2, FENCE, 9),
-                         60, "the replay to version 2")  # fmt: skip
+                wait_for(lambda: holds(session, v2, A, 8) and holds(session, v2, FENCE, 9)
+                         and replayed(svc), 60, "the replay to version 2")  # fmt: skip
         if restart:
             registry.set_state(model, 2, "ready")
             with running(build_service(cfg, session)) as svc:
-                wait_for(lambda: holds(session, v2, A, 8) and holds(session, v2, FENCE, 9),
-                         60, "the replay to version 2 after the restart")  # fmt: skip
+                wait_for(lambda: holds(session, v2, A, 8) and holds(session, v2, FENCE, 9)
+                         and replayed(svc), 60,
+                         "the replay to version 2 after the restart")  # fmt: skip
         assert svc.catchup is not None and svc.catchup.replayed >= 2  # A's and the fence's
         assert not svc.catchup.due
         assert holds(session, v1, A, V1_SEED)
