@@ -6,7 +6,8 @@ lookup clients, reads ``--settle`` s, activates version 2, reads ``--settle`` s,
 to version 1, reads ``--settle`` s. One JSON line per step: how long the activation took,
 the time from its start to the first response of the new version and to the last response
 of the old one, the readers' p99 during the cutover against the ``--settle`` s before it
-(``p99_ratio``), and failed requests. Version 1's import and start-up are not timed.
+(``p99_ratio``), the slowest request during the cutover, and failed requests. Version 1's
+import and start-up are not timed.
 """
 
 from __future__ import annotations
@@ -42,9 +43,13 @@ class Reads:
     log: list[tuple[float, float, str, bool]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
+    def latencies(self, lo: float, hi: float) -> list[float]:
+        """Seconds of the requests in flight at some time in [lo, hi)."""
+        return [e - s for s, e, _, ok in self.log if ok and s < hi and e > lo]
+
     def p99_ms(self, lo: float, hi: float) -> float:
         """p99 of the requests in flight at some time in [lo, hi)."""
-        lat = [e - s for s, e, _, ok in self.log if ok and s < hi and e > lo]
+        lat = self.latencies(lo, hi)
         return float(np.percentile(lat, 99) * 1e3) if lat else 0.0
 
 
@@ -102,6 +107,7 @@ def _step(reads: Reads, name: str, old: str, new: str, t0: float, t1: float, set
         "p99_before_ms": round(before, 2),
         "p99_cutover_ms": round(during, 2),
         "p99_ratio": round(during / before, 3) if before else None,
+        "max_cutover_ms": round(max(reads.latencies(t0, cut_end), default=0.0) * 1e3, 2),
         "reads": len([1 for s, _, _, _ in reads.log if t0 - settle <= s < cut_end]),
         "failures": sum(1 for s, _, _, ok in reads.log if not ok and s >= t0 - settle),
     }

@@ -18,7 +18,9 @@ repository``, ``make model-repository``), and a test keeps the checked-in copy e
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import py_compile
 import re
 import shutil
 from dataclasses import dataclass
@@ -99,11 +101,13 @@ def render_config(
 _POLICY = re.compile(r"^version_policy:.*$", re.M)
 
 
-def write_versions(model_dir: Path, versions: list[int]) -> None:
+def write_versions(model_dir: Path, versions: list[int], *, precompile: bool = True) -> None:
     """Serve ``versions`` (HPS model versions, Triton's) from the model folder ``model_dir``:
     a version folder for each (the thin model.py of ``1/``; the instance reads its version
     from Triton) and a ``specific`` version policy naming them. Folders of other versions
-    stay, unserved. Safe while the model is loaded: Triton reads them at the next load."""
+    stay, unserved. Safe while the model is loaded: Triton reads them at the next load.
+
+    ``precompile``: each version's model.py gets its bytecode now (:func:`_precompiled`)."""
     template = model_dir / "1" / "model.py"
     for v in versions:
         target = model_dir / str(v) / "model.py"
@@ -112,6 +116,8 @@ def write_versions(model_dir: Path, versions: list[int]) -> None:
             tmp = target.with_suffix(".tmp")
             shutil.copyfile(template, tmp)
             tmp.replace(target)
+        if precompile:
+            _precompiled(target)
     cfg = model_dir / "config.pbtxt"
     listed = ", ".join(map(str, versions))
     policy = f"version_policy: {{ specific: {{ versions: [ {listed} ] }} }}"
@@ -120,6 +126,20 @@ def write_versions(model_dir: Path, versions: list[int]) -> None:
     tmp = cfg.with_suffix(".tmp")
     tmp.write_text(text)
     tmp.replace(cfg)
+
+
+def _precompiled(module: Path) -> None:
+    """Write ``module``'s bytecode beside it before Triton loads it, as the stub's import
+    would (the stub runs this interpreter), unless it is there already.
+
+    Triton decides that a loaded version was modified when anything in its folder is newer
+    than when it was loaded, and then loads that version anew at the model's next load (an
+    activation of another version) instead of keeping it serving: new instances, their
+    warm-up again, and the requests that arrive meanwhile waiting for them. The stub's
+    import would write ``__pycache__`` into the folder just after the load, and it ignores
+    ``PYTHONDONTWRITEBYTECODE``; with the bytecode there first, the import writes nothing."""
+    if not Path(importlib.util.cache_from_source(str(module))).exists():
+        py_compile.compile(str(module), doraise=True)
 
 
 def repository_dir(config: PSConfig) -> Path | None:
@@ -207,7 +227,7 @@ def prepare_repository(
             params,
             served.max_batch_size,
         )
-        write_versions(model_dir, registry.served(served.hps_model))
+        write_versions(model_dir, registry.served(served.hps_model), precompile=not relative)
         names.append(served.triton_name)
     return names
 

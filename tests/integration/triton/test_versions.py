@@ -226,3 +226,4 @@ def test_bench_rollout_reports_the_cutover_of_both_steps() -> None:
     for row in (activation, rollback):
         assert row["failures"] == 0 and row["reads"] > 0
         assert row["first_new_s"] >= 0 and row["p99_cutover_ms"] > 0
+        assert row["max_cutover_ms"] >= row["p99_cutover_ms"]

@@ -61,3 +61,39 @@ def test_missing_templates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("HPS_MODEL_REPOSITORY", str(tmp_path))
     with pytest.raises(ConfigError, match="no model templates"):
         templates_dir()
+
+
+def _newest_mtime(folder: Path) -> int:
+    """What Triton compares to tell a modified version: the newest mtime in its folder."""
+    return max(p.stat().st_mtime_ns for p in [folder, *folder.rglob("*")])
+
+
+def test_a_version_folder_is_not_modified_by_the_stub_importing_its_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each served version's model.py has its bytecode before Triton loads it, so the stub's
+    import writes nothing into the folder: Triton keeps the loaded versions at the next load
+    of the model (an activation) instead of loading them anew."""
+    import importlib.util
+    import sys
+    import time
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)  # the stub writes bytecode
+
+    from hps.triton.repository import write_versions
+
+    model_dir = tmp_path / "demo"
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "1" / "model.py").write_text("ANSWER = 42\n")
+    (model_dir / "config.pbtxt").write_text('name: "demo"\n')
+    write_versions(model_dir, [1, 2])
+    before = {v: _newest_mtime(model_dir / v) for v in ("1", "2")}
+    time.sleep(0.01)  # a write now would show as a newer mtime
+    for v in ("1", "2"):  # as the stub imports a version's model.py
+        spec = importlib.util.spec_from_file_location(f"m{v}", model_dir / v / "model.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        assert module.ANSWER == 42
+    assert {v: _newest_mtime(model_dir / v) for v in ("1", "2")} == before
+    assert "specific: { versions: [ 1, 2 ] }" in (model_dir / "config.pbtxt").read_text()
