@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hps.io.sparse_model import write_sparse_model
 from hps.net import free_port
+from tests.fixtures.versions import write_encoded_version
 from tests.helpers import wait_for_banner
 from tests.integration.triton.test_serve_cli import run_hps
 from tests.integration.triton.test_serve_lifecycle import serve, stop
@@ -43,15 +43,8 @@ KEYS = np.array([3, 1, 4, 1, 5, 9], np.int64)  # 3 keys of C1, then 3 of C2
 
 
 def write_version(folder: Path, version: int) -> list[str]:
-    """Both demo tables as version ``version`` encodes them; their folders."""
-    keys = np.arange(ROWS, dtype=np.int64)
-    paths = []
-    for t, name in enumerate(TABLES):
-        vectors = np.zeros((ROWS, DIM), np.float32)
-        vectors[:, 0], vectors[:, 1], vectors[:, 2] = keys, version, t
-        write_sparse_model(folder / name, keys, vectors)
-        paths.append(str(folder / name))
-    return paths
+    """Both tables as version ``version`` encodes them; their folders."""
+    return write_encoded_version(folder, version, rows=ROWS, dim=DIM, tables=TABLES)
 
 
 def expected(version: int) -> np.ndarray:

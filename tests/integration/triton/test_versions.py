@@ -32,6 +32,7 @@ from hps.triton.repository import repository_dir
 from hps.triton.serving import serving_config
 from hps.versions import VersionRegistry
 from hps.versions.rollout import import_version, version_entry
+from tests.fixtures.versions import write_encoded_version
 from tests.helpers import wait_for_banner
 from tests.integration.triton.test_serve_cli import run_hps
 from tests.integration.triton.test_serve_lifecycle import serve, stop
@@ -42,16 +43,8 @@ ROWS, DIM, TABLES = 200, 16, ("C1", "C2")
 
 
 def write_version(folder: Path, version: int) -> list[str]:
-    from hps.io.sparse_model import write_sparse_model
-
-    keys = np.arange(ROWS, dtype=np.int64)
-    paths = []
-    for t, name in enumerate(TABLES):
-        vectors = np.zeros((ROWS, DIM), np.float32)
-        vectors[:, 0], vectors[:, 1], vectors[:, 2] = keys, version, t
-        write_sparse_model(folder / name, keys, vectors)
-        paths.append(str(folder / name))
-    return paths
+    """Both tables as version ``version`` encodes them; their folders."""
+    return write_encoded_version(folder, version, rows=ROWS, dim=DIM, tables=TABLES)
 
 
 @pytest.fixture(params=["multi_process_hash_map"])

@@ -41,6 +41,7 @@ from hps.types import TableSpec
 from hps.updates import Publisher
 from hps.versions.rollout import import_version, version_entry
 from tests.fixtures.kafka import update_source_doc, wait_for
+from tests.fixtures.versions import write_encoded_version
 from tests.integration.triton.test_serve_lifecycle import serve, stop
 from tests.integration.triton.test_versions import control
 from tests.integration.updates.test_consume_process import ConsumeProcess
@@ -51,14 +52,8 @@ ROWS, DIM, TABLES = 100, 8, ("C1", "C2")
 
 
 def write_version(folder: Path, version: int) -> list[str]:
-    keys = np.arange(ROWS, dtype=np.int64)
-    paths = []
-    for t, name in enumerate(TABLES):
-        vectors = np.zeros((ROWS, DIM), np.float32)
-        vectors[:, 0], vectors[:, 1], vectors[:, 2] = keys, version, t
-        write_sparse_model(folder / name, keys, vectors)
-        paths.append(str(folder / name))
-    return paths
+    """Both tables as version ``version`` encodes them; their folders."""
+    return write_encoded_version(folder, version, rows=ROWS, dim=DIM, tables=TABLES)
 
 
 def expected(key: int, version: int) -> np.ndarray:
