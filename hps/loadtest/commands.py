@@ -59,6 +59,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--instances", type=int, help="override hps_instances of every model")
     s.add_argument("--no-admin", action="store_true", help="do not start the control plane")
     s.add_argument(
+        "--partitions",
+        type=int,
+        default=1,
+        help="partitions of each update topic on the broker the load test starts (default 1: "
+        "the test broker's work per fetch grows with them, on the cores the stack shares)",
+    )
+    s.add_argument(
         "--sample-interval",
         type=float,
         default=5.0,
@@ -115,7 +122,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"starting the stack for {args.config} (logs in {report})", flush=True)
         stack = start_stack(
             args.config, report, l2=args.l2, instances=args.instances,
-            updates=bool(args.updates), admin=not args.no_admin,
+            updates=bool(args.updates), admin=not args.no_admin, partitions=args.partitions,
         )  # fmt: skip
     try:
         config = stack.config_path if stack else Path(args.config)

@@ -163,8 +163,12 @@ def start_stack(
     instances: int | None = None,
     updates: bool = False,
     admin: bool = True,
+    partitions: int = 1,
 ) -> Stack:
-    """Start everything the ps.json needs; on failure, stop what was started and raise."""
+    """Start everything the ps.json needs; on failure, stop what was started and raise.
+
+    The update topics get ``partitions`` partitions each (when the ps.json's broker is one
+    this function starts; topics that exist keep theirs)."""
     from hps.config import parse_config
 
     run_dir = run_dir.resolve()  # redis-server changes into its --dir before opening its log
@@ -190,7 +194,8 @@ def start_stack(
             from hps.updates.kafka import ensure_topics
 
             # Topics exist before the serving processes subscribe to them.
-            ensure_topics(stack.brokers, [topic_name(t.model, t.table) for t in cfg.tables])
+            topics = [topic_name(t.model, t.table) for t in cfg.tables]
+            ensure_topics(stack.brokers, topics, num_partitions=partitions)
         _spawn(stack, "hps serve", run_dir, ["serve", "--config", str(ps_path),
                "--http-port", str(http), "--grpc-port", str(grpc_), "--metrics-port",
                str(metrics)])  # fmt: skip

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -136,6 +136,33 @@ class Publisher:
             )
             self._produce(topic, payload, part)
         return ver
+
+    def prepare(self, model: str, tables: Sequence[str], timeout_s: float = 15.0) -> None:
+        """Make the first publish to each of ``tables`` as fast as the next ones.
+
+        A publisher's first message to a table otherwise waits for the topic's creation or
+        partition count (one admin round trip per table) and for the producer's metadata of
+        the topic (librdkafka's first fetch of it: about 1 s). This does all of it now, for
+        every table at once.
+        """
+        topics = [codec.topic_name(model, t) for t in tables]
+        missing = [t for t in topics if t not in self._partitions]
+        if missing:
+            if self.create_topics:
+                self._partitions.update(
+                    ensure_topics(
+                        self.brokers,
+                        missing,
+                        num_partitions=self.num_partitions,
+                        config=self._user_conf,
+                        timeout_s=timeout_s,
+                    )
+                )
+            else:
+                for topic in missing:
+                    self._partition_count(topic)
+        with translated(f"metadata of {len(topics)} topics"):
+            self._producer.list_topics(timeout=timeout_s)
 
     def produce_raw(self, topic: str, payload: bytes, partition: int | None = None) -> None:
         """Send an already-encoded payload (e.g. ``codec.encode_hugectr``) as it is."""

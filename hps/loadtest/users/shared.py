@@ -46,7 +46,19 @@ def fire(env: Environment, rtype: str, name: str, call: Callable[[], int]) -> No
         length = call()
     except Exception as e:  # every failure is reported to Locust, none ends the user
         exc = e
+    report(env, rtype, name, time.perf_counter() - start, length, exc)
+
+
+def report(
+    env: Environment,
+    rtype: str,
+    name: str,
+    seconds: float,
+    length: int = 0,
+    exc: BaseException | None = None,
+) -> None:
+    """Report one timed request (or the failure ``exc``) to Locust."""
     env.events.request.fire(
-        request_type=rtype, name=name, response_time=(time.perf_counter() - start) * 1e3,
+        request_type=rtype, name=name, response_time=seconds * 1e3,
         response_length=length, exception=exc, context={},
     )  # fmt: skip

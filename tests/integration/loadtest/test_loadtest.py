@@ -97,6 +97,12 @@ def test_a_broken_threshold_fails_the_run_and_the_stack_stops(
 ) -> None:
     assert cluster_stack.started[0] == "redis-server x3"
     assert any(s.startswith("hps consume") for s in cluster_stack.started)
+    # the update topics have the load test's partitions (1 by default), not Publisher's 8
+    from confluent_kafka.admin import AdminClient
+
+    meta = AdminClient({"bootstrap.servers": cluster_stack.brokers}).list_topics(timeout=10)
+    topics = [t for name, t in meta.topics.items() if name.startswith("hps_et.")]
+    assert topics and all(len(t.partitions) == 1 for t in topics), topics
     code = main([
         "loadtest", "--config", str(cluster_stack.config_path), "--report-dir", str(tmp_path),
         "--triton-grpc", cluster_stack.triton_grpc, "--triton-http", cluster_stack.triton_http,
