@@ -139,13 +139,23 @@ class Applier:
         """The tables whose updates this applier writes somewhere."""
         return {name: r.spec for name, r in self._routes.items()}
 
-    def apply(self, batches: Sequence[UpdateBatch]) -> list[Applied]:
-        """Apply ``batches`` (in stream order); raise BackendError if a tier fails."""
+    def apply(
+        self, batches: Sequence[UpdateBatch], served: Callable[[], None] | None = None
+    ) -> list[Applied]:
+        """Apply ``batches`` (in stream order); raise BackendError if a tier fails.
+
+        In three steps: every table's rows are written to its tiers (L3 unsynced); the
+        listeners refresh L1 and ``served()`` is called (the rows are served from then
+        on); then each table's synced watermark write makes the batch durable. Serving
+        before the sync loses nothing: until the sync returns, the offsets are not
+        committed, so a crash or a failed sync has the batch applied again.
+        """
         by_table: dict[str, list[UpdateBatch]] = {}
         for b in batches:
             if b.keys.size:
                 by_table.setdefault(b.table, []).append(b)
-        done = []
+        done: list[Applied] = []
+        syncs: list[Callable[[], None]] = []
         for table, group in by_table.items():
             route = self._routes.get(table)
             if route is None and table in self._later:
@@ -153,16 +163,25 @@ class Applier:
                 del self._later[table]
             if route is None:
                 raise UnknownTableError(f"no tier takes updates of table {table!r}")
-            done.append(self._apply_table(route, group))
+            applied, sync = self._apply_table(route, group)
+            done.append(applied)
+            syncs.append(sync)
         for applied in done:
             for listener in self.listeners:
                 try:
                     listener(applied)
                 except Exception:  # L1 upkeep must not fail a batch L2/L3 already hold
                     log.exception("update listener failed for %s", applied.table)
+        if served is not None:
+            served()
+        for sync in syncs:
+            sync()
         return done
 
-    def _apply_table(self, route: VersionedRows, group: list[UpdateBatch]) -> Applied:
+    def _apply_table(
+        self, route: VersionedRows, group: list[UpdateBatch]
+    ) -> tuple[Applied, Callable[[], None]]:
+        """Write one table's rows (L3 unsynced); returns them and the synced watermark write."""
         spec = route.spec
         keys, versions, deletes, values, parts = _latest_per_key(group, spec.dim)
         slow = ~route.fast(keys, versions)  # below their bucket's watermark (hps.tiers.versions)
@@ -185,18 +204,22 @@ class Applier:
             first_done=lambda: marks.append(time.perf_counter()),
         )
         marks.append(time.perf_counter())
-        if keep.any():
-            route.watermarks.advance(keys[keep], versions[keep], durable=True)
-        self._timed(spec.name, len(route.tiers), marks, time.perf_counter())
-        return Applied(spec.name, up_keys, up_values, rm_keys, int((~keep).sum()))
+        self._timed(spec.name, len(route.tiers), marks)
+        kept_keys, kept_versions = keys[keep], versions[keep]
 
-    def _timed(self, table: str, tiers: int, marks: list[float], end: float) -> None:
+        def synced() -> None:
+            start = time.perf_counter()
+            route.watermarks.advance(kept_keys, kept_versions, durable=True)
+            self.recorder.stage("sync", time.perf_counter() - start)
+
+        return Applied(spec.name, up_keys, up_values, rm_keys, int((~keep).sum())), synced
+
+    def _timed(self, table: str, tiers: int, marks: list[float]) -> None:
         """Stage timing of one table's write: [start, first tier done, all tiers done]."""
         start, first, done = marks
         self.recorder.stage(self._first[table], first - start)
         if tiers > 1:
             self.recorder.stage("l2_write", done - first)
-        self.recorder.stage("sync", end - done)
 
 
 def _latest_per_key(

@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from hps.config import UpdateSourceConfig
@@ -158,9 +158,8 @@ class UpdateConsumer:
                 rows += self._decode(m, updates, bad, receipt_ns)
         self.recorder.stage("batch", time.perf_counter() - started - self._decode_s)
         self.recorder.stage("decode", self._decode_s)
-        if not self._apply(updates, bad, stop):
+        if not self._apply(updates, bad, stop, served=lambda: self._record_applied(updates)):
             return 0  # stopped while a tier was down: nothing stored, redelivered later
-        self._record_applied(updates)
         self.source.store(msgs)
         self.batches += 1
         self._uncommitted += 1
@@ -209,10 +208,23 @@ class UpdateConsumer:
                              self.heartbeat.beat, stop)  # fmt: skip
 
     def _apply(
-        self, updates: list[UpdateBatch], bad: list[tuple[Message, str]], stop: threading.Event
+        self,
+        updates: list[UpdateBatch],
+        bad: list[tuple[Message, str]],
+        stop: threading.Event,
+        served: Callable[[], None] | None = None,
     ) -> bool:
+        """Apply with retries; ``served()`` runs once, when L2/L3 (and L1) serve the rows,
+        before the batch is synced (:meth:`hps.updates.applier.Applier.apply`)."""
         attempt = 0
         pending_dead = list(bad)
+        recorded = False
+
+        def served_once() -> None:
+            nonlocal recorded
+            if served is not None and not recorded:
+                recorded = True
+                served()
         while True:
             try:
                 if pending_dead:
@@ -221,7 +233,7 @@ class UpdateConsumer:
                 if attempt and self.follower is not None:  # held up: a model removed since?
                     updates = self.follower.drop_removed(updates)
                 start = time.perf_counter()
-                for applied in self.applier.apply(updates):
+                for applied in self.applier.apply(updates, served=served_once):
                     metrics.APPLIED_ROWS.labels(applied.table, "upsert").inc(applied.keys.size)
                     metrics.APPLIED_ROWS.labels(applied.table, "delete").inc(applied.deleted.size)
                     if applied.stale:
@@ -244,7 +256,7 @@ class UpdateConsumer:
 
     def _record_applied(self, updates: list[UpdateBatch]) -> None:
         """Per message (not per key): publish timestamp -> L2/L3 hold it (and, in a serving
-        process's own applier, L1 too: it serves it)."""
+        process's own applier, L1 too: it serves it), before the batch's sync."""
         now_ns = time.time_ns()
         for upd in updates:
             published = upd.extras.get("published_ns")

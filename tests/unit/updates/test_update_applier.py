@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hps.errors import UnknownTableError
+from hps.errors import BackendError, UnknownTableError
 from hps.storage.hash_map import HashMapStore
 from hps.tiers import Tiers
 from hps.types import TableSpec, UpdateBatch
@@ -204,3 +204,49 @@ def test_updates_are_stored_in_the_table_format(row_dtype: str) -> None:
         np.testing.assert_array_equal(got, want)
     assert heard[-1].values.dtype == spec.fmt.dtype
     np.testing.assert_array_equal(heard[-1].values, spec.fmt.encode(values[2:]))
+
+
+class SyncLog(HashMapStore):
+    """Logs every write of the table's rows and every synced write, in order."""
+
+    def __init__(self, log: list[str], fail_sync: bool = False) -> None:
+        super().__init__()
+        self.log, self.fail_sync = log, fail_sync
+
+    def insert(
+        self, table: str, keys: np.ndarray, values: np.ndarray, *, durable: bool = False
+    ) -> None:
+        if durable:
+            self.log.append("sync")
+            if self.fail_sync:
+                raise BackendError("disk full")
+        elif table == SPEC.name:
+            self.log.append("write")
+        super().insert(table, keys, values, durable=durable)
+
+
+def test_rows_are_served_before_the_batch_is_synced() -> None:
+    """L1 and the freshness record see the rows once the tiers hold them; the synced watermark
+    write comes last, and a failed sync raises (the batch is applied again, nothing lost)."""
+    log: list[str] = []
+    a = Applier(
+        {SPEC.name: SPEC},
+        Tiers(HashMapStore(), SyncLog(log)),
+        listeners=[lambda applied: log.append("listener")],
+    )
+    a.apply([in_part(up([9], 0.5, 1), 0)])  # the table's first batch also sets it up
+    log.clear()
+    a.apply([in_part(up([1, 2], 0.5, 10), 0)], served=lambda: log.append("served"))
+    assert log == ["write", "listener", "served", "sync"]
+
+    failing = Applier(
+        {SPEC.name: SPEC},
+        Tiers(HashMapStore(), store := SyncLog(log)),
+        listeners=[lambda applied: log.append("listener")],
+    )
+    failing.apply([in_part(up([9], 0.5, 1), 0)])
+    log.clear()
+    store.fail_sync = True
+    with pytest.raises(BackendError):
+        failing.apply([in_part(up([3], 0.5, 10), 0)], served=lambda: log.append("served"))
+    assert log == ["write", "listener", "served", "sync"]
