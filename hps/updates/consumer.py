@@ -225,6 +225,7 @@ class UpdateConsumer:
             if served is not None and not recorded:
                 recorded = True
                 served()
+
         while True:
             try:
                 if pending_dead:
