@@ -130,6 +130,9 @@ http {{
     # A whole typical answer per buffer and frame (1,024 samples x 26 tables: 1.7 MB out):
     # nginx's 4-16 KB defaults halved the floor's throughput.
     http2_chunk_size 256k;
+    # nginx ends a client connection after 1,000 requests by default (HTTP/2: a GOAWAY that
+    # failed a gRPC request in flight under load, "Stream removed"): keep connections.
+    keepalive_requests 100000000;
     server {{
         listen {listen}:{gate.grpc_port} http2;
         client_max_body_size {lim.grpc};

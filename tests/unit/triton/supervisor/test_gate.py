@@ -106,3 +106,23 @@ def test_a_port_in_use_is_a_clear_start_up_error(tmp_path: Path, upstream: int) 
         ):
             second.start()
         assert second.proc is None
+
+
+def test_a_client_connection_outlives_a_thousand_requests(tmp_path: Path, upstream: int) -> None:
+    """nginx ends a client connection after 1,000 requests by default (HTTP/2: a GOAWAY,
+    which failed a gRPC request in flight under load); the gate keeps it open."""
+    import http.client
+
+    gate = RequestGate(
+        BodyLimit.of(1000), tmp_path, upstream, free_port(), free_port(), free_port()
+    )
+    with gate:
+        conn = http.client.HTTPConnection("127.0.0.1", gate.http_port, timeout=5)
+        try:
+            for i in range(1100):
+                conn.request("POST", "/v2/models/m/infer", body=b"ping")
+                resp = conn.getresponse()
+                assert resp.read() == b"ping"
+                assert resp.getheader("Connection", "").lower() != "close", f"closed after {i + 1}"
+        finally:
+            conn.close()
