@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from hps.config import PSConfig, parse_config
+from hps.lookup import LookupSession
 
 
 def unique_name(prefix: str = "m") -> str:
@@ -62,3 +63,14 @@ def wait_for_banner(proc: subprocess.Popen[str], timeout: float = 90.0) -> list[
         if "query --url" in line and "--samples" in line:
             return lines
     pytest.fail("no banner from hps serve:\n" + "".join(lines))
+
+
+def cached_after_lookup(session: LookupSession, table: str, keys: np.ndarray) -> bool:
+    """Look ``keys`` up, then whether L1 holds them all (background inserts done).
+
+    A lookup that overlapped an update's L1 refresh leaves its keys out of L1 (its rows were
+    read before the refresh, so they may be older); the next lookup takes them in: wait on
+    this rather than asserting L1 after one lookup."""
+    session.lookup(table, keys)
+    session.pipeline.drain()
+    return bool(session.caches[table].resident(keys).all())

@@ -15,6 +15,7 @@ from hps.testing.kafka import TansuBroker
 from hps.updates import Publisher
 from hps.updates.runtime import build_service, start_updates
 from tests.fixtures.kafka import running, update_doc, wait_for
+from tests.helpers import cached_after_lookup
 from tests.integration.updates.test_updates_flow import _read_topic
 
 pytestmark = pytest.mark.integration
@@ -40,7 +41,8 @@ def test_updates_to_an_int8_table_are_served_quantized(
             pub.publish(model, "t0", keys, v1)
             served = spec.fmt.decode(spec.fmt.encode(v1), 4)
             wait_for(lambda: np.array_equal(session.lookup(t0, keys), served), 30, "version 1")
-            assert session.caches[t0].resident(keys).all()  # now from L1
+            wait_for(lambda: cached_after_lookup(session, t0, keys), 10, "the keys in L1")
+            np.testing.assert_array_equal(session.lookup(t0, keys), served)  # now from L1
             pub.publish(model, "t0", keys, v2)
             served = spec.fmt.decode(spec.fmt.encode(v2), 4)
             wait_for(lambda: np.array_equal(session.lookup(t0, keys), served), 10, "L1 update")

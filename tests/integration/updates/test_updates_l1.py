@@ -12,7 +12,7 @@ from hps.testing.kafka import TansuBroker
 from hps.updates import Publisher
 from hps.updates.runtime import build_service, start_updates
 from tests.fixtures.kafka import running, update_config, wait_for
-from tests.helpers import rows
+from tests.helpers import cached_after_lookup, rows
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ def test_embedded_applier_updates_l2_and_resident_l1(
                 30,
                 "the first version to be served",
             )
-            assert session.caches[table].resident(keys).all()  # now served from L1
+            wait_for(lambda: cached_after_lookup(session, table, keys), 10, "the keys in L1")
             pub.publish(model, "t0", keys, rows(keys, 4, seed=2))
             wait_for(
                 lambda: np.array_equal(session.lookup(table, keys), rows(keys, 4, seed=2)),
