@@ -146,21 +146,7 @@ class Publisher:
         every table at once.
         """
         topics = [codec.topic_name(model, t) for t in tables]
-        missing = [t for t in topics if t not in self._partitions]
-        if missing:
-            if self.create_topics:
-                self._partitions.update(
-                    ensure_topics(
-                        self.brokers,
-                        missing,
-                        num_partitions=self.num_partitions,
-                        config=self._user_conf,
-                        timeout_s=timeout_s,
-                    )
-                )
-            else:
-                for topic in missing:
-                    self._partition_count(topic)
+        self._learn_partitions(topics, timeout_s)
         with translated(f"metadata of {len(topics)} topics"):
             self._producer.list_topics(timeout=timeout_s)
 
@@ -216,19 +202,29 @@ class Publisher:
         return max(1, (self.max_message_bytes - self._header) // row_bytes)
 
     def _partition_count(self, topic: str) -> int:
-        count = self._partitions.get(topic)
-        if count is None:
-            if self.create_topics:
-                count = ensure_topics(
+        if topic not in self._partitions:
+            self._learn_partitions([topic])
+        return self._partitions[topic]
+
+    def _learn_partitions(self, topics: Sequence[str], timeout_s: float = 15.0) -> None:
+        """Partition counts of the ``topics`` not known yet, creating the missing ones
+        (with ``create_topics``) in one admin call."""
+        missing = [t for t in topics if t not in self._partitions]
+        if not missing:
+            return
+        if self.create_topics:
+            self._partitions.update(
+                ensure_topics(
                     self.brokers,
-                    [topic],
+                    missing,
                     num_partitions=self.num_partitions,
                     config=self._user_conf,
-                )[topic]
-            else:
-                count = self._existing_partitions(topic)
-            self._partitions[topic] = count
-        return count
+                    timeout_s=timeout_s,
+                )
+            )
+        else:
+            for topic in missing:
+                self._partitions[topic] = self._existing_partitions(topic)
 
     def _existing_partitions(self, topic: str) -> int:
         with translated(f"metadata of {topic}"):
