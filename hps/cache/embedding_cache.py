@@ -22,7 +22,8 @@ updates or refreshes on a background worker never see a half-written row.
 Staleness: a background insert carries vectors read from L2/L3 some time ago. Pass
 ``since=cache.version`` (read before that L2/L3 read) to :meth:`insert` / :meth:`update`, and
 keys written by any other operation after that version are skipped, so an older read never
-overwrites a newer write (:mod:`hps.cache.writelog`).
+overwrites a newer write (:mod:`hps.cache.writelog`). Keys under :meth:`hold` (an update
+seen before L2/L3 hold it) count as just written until :meth:`release`.
 """
 
 from __future__ import annotations
@@ -299,6 +300,26 @@ class EmbeddingCache:
             rows = self._rows.lookup(kd)
             self._placement.evict_rows(rows[rows >= 0])
             self._log.record(kd)
+
+    def hold(self, keys: Keys) -> int:
+        """Keep ``keys`` out of ``since`` writes (fills from L2/L3) until :meth:`release`:
+        for an update this process has seen before L2/L3 hold it (see the module docstring).
+        Resident keys stay resident and take writes without ``since``."""
+        keys = _host_keys(keys)
+        with self._lock, self._scope:
+            return self._log.hold(to_xp(self.xp, keys))
+
+    def release(self, hold: int) -> None:
+        """End a :meth:`hold`: L2/L3 hold the update; fills that read them earlier still
+        lose."""
+        with self._lock, self._scope:
+            self._log.release(hold)
+
+    @property
+    def held(self) -> int:
+        """Keys under :meth:`hold` now."""
+        with self._lock:
+            return self._log.held
 
     def pin(self, keys: Keys, values: Stored) -> None:
         """Upsert ``keys`` (stored rows) and add them to the static hot set, hottest first.

@@ -5,6 +5,11 @@ reads ``version`` before that read and passes it back as ``since``; :meth:`Write
 then tells which keys a later write (a Kafka update, an eviction, another insert) touched,
 and those keys are skipped. The log keeps at least the last ``limit`` keys; a ``since``
 older than that is answered "all keys", which drops the write (it is only a cache).
+
+Held keys (:meth:`WriteLog.hold`) count as written after every version until released: an
+update this process has seen but L2/L3 may not hold yet, so a read of them from L2/L3 may be
+older than it. Releasing records them once more, which drops a fill whose read came before
+the release. At most ``limit`` keys are held; past that the oldest holds are released.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ class WriteLog:
         self._entries: deque[tuple[int, Array]] = deque()
         self._keys = 0
         self._floor = 0  # versions up to this one are no longer in the log
+        self._holds: dict[int, Array] = {}  # in the order they were taken
+        self._held_keys = 0
+        self._held: Array | None = None  # all held keys, sorted; None: to be rebuilt
+        self._next_hold = 0
 
     def record(self, keys: Array) -> None:
         """A write touched ``keys``: a new version."""
@@ -40,13 +49,44 @@ class WriteLog:
             self._keys -= int(old.size)
             self._floor = version
 
+    def hold(self, keys: Array) -> int:
+        """Count ``keys`` as written after every version until :meth:`release` of the
+        returned handle."""
+        self._next_hold += 1
+        if keys.size:
+            self._holds[self._next_hold] = keys
+            self._held_keys += int(keys.size)
+            self._held = None
+            while self._held_keys > self.limit and len(self._holds) > 1:
+                self.release(next(iter(self._holds)))
+        return self._next_hold
+
+    def release(self, handle: int) -> None:
+        """End a hold (a handle already released, or dropped past ``limit``, is ignored)."""
+        keys = self._holds.pop(handle, None)
+        if keys is None:
+            return
+        self._held_keys -= int(keys.size)
+        self._held = None
+        self.record(keys)
+
+    @property
+    def held(self) -> int:
+        """Keys held now (a key held twice counts twice)."""
+        return self._held_keys
+
     def since(self, keys: Array, version: int) -> Array:
-        """Mask of ``keys`` written after ``version`` (all of them when the log lost track)."""
+        """Mask of ``keys`` written after ``version`` (all of them when the log lost track),
+        held keys included."""
         xp = self.xp
         if version < self._floor:
             log.debug("L1 write log no longer covers version %d (floor %d)", version, self._floor)
             return xp.ones(keys.size, dtype=bool)
         recent = [k for v, k in self._entries if v > version]
+        if self._holds:
+            if self._held is None:
+                self._held = xp.unique(xp.concatenate(list(self._holds.values())))
+            recent.append(self._held)
         if not recent:
             return xp.zeros(keys.size, dtype=bool)
         return xp.isin(keys, xp.concatenate(recent))

@@ -12,6 +12,11 @@ Two passes per update message (docs/updates.md, "Freshness"):
    the update reached L2 (it missed pass 1 because it was not resident yet), and an out-of-
    order older message whose vectors pass 1 installed: L2/L3 keep the newest version.
 
+Where L2/L3 are written by another process (``hps consume``), pass 1 also holds the keys
+(``held``, :meth:`hps.cache.EmbeddingCache.hold`) until ``ready``: a lookup that reads one of
+them from L2 meanwhile serves it but does not cache it, so the next lookup reads L2 again
+and returns the update as soon as L2 has it, not only at pass 2.
+
 :class:`Served` records when the process serves each message (``hps_update_freshness_seconds``):
 at pass 1 when every key of the message is resident in L1 after it, else once L2/L3 hold the
 message and the process has learned so (the same ``ready`` as pass 2, without the grace).
@@ -47,6 +52,7 @@ class _Pending:
     keys: Keys
     token: object  # handed to ``ready``
     since: float
+    hold: int | None = None  # the cache's hold on ``keys``, released once ``ready``
 
 
 class L1Refresher:
@@ -78,23 +84,43 @@ class L1Refresher:
         cache = self.session.caches.get(table)
         return cache is not None and bool(cache.resident(keys).all())
 
-    def later(self, table: str, keys: Keys, token: object = None) -> None:
-        """Queue pass 2 for ``keys``; it runs when ``ready(token)`` holds (see :meth:`run_due`)."""
-        if not self.tracks(table) or keys.size == 0:
+    def later(self, table: str, keys: Keys, token: object = None, *, held: bool = False) -> None:
+        """Queue pass 2 for ``keys``; it runs when ``ready(token)`` holds (see :meth:`run_due`).
+        ``held``: keep them out of L1 fills until then (L2/L3 may not hold the update yet)."""
+        cache = self.session.caches.get(table)
+        if cache is None or keys.size == 0:
             return
-        self._pending.append(_Pending(table, keys, token, time.monotonic()))
+        hold = cache.hold(keys) if held else None
+        self._pending.append(_Pending(table, keys, token, time.monotonic(), hold))
         self._pending_keys += keys.size
         while self._pending_keys > MAX_PENDING_KEYS:  # L2/L3 writer gone for long: give up
             old = self._pending.popleft()
             self._pending_keys -= old.keys.size
+            self._release(old)
             log.warning("L1 re-read queue full: %d keys rely on pass 1 only", old.keys.size)
+
+    def _release(self, entry: _Pending) -> None:
+        if entry.hold is not None:
+            cache = self.session.caches.get(entry.table)
+            if cache is not None:
+                cache.release(entry.hold)
+            entry.hold = None
+
+    def release_all(self) -> None:
+        """End every hold (the listener stops: nothing will say when L2/L3 are ready)."""
+        for entry in self._pending:
+            self._release(entry)
 
     @property
     def pending(self) -> int:
         return len(self._pending)
 
     def run_due(self, ready: Callable[[object], bool] = lambda token: True) -> int:
-        """Pass 2 for the queued updates that are old enough and ready, in order."""
+        """Pass 2 for the queued updates that are old enough and ready, in order; holds end
+        as soon as their update is ready."""
+        for entry in self._pending:
+            if entry.hold is not None and ready(entry.token):
+                self._release(entry)
         done = 0
         deadline = time.monotonic() - self.grace_s
         # A secondary L3 sees the writer's updates only after catching up: once per pass, and

@@ -79,6 +79,7 @@ def start_l1_listener(
                     except HPSError as exc:  # broker or L2 away: pass 2 waits, pass 1 goes on
                         log.warning("L1 listener: %s; retrying", exc)
         finally:
+            refresher.release_all()
             source.close()
 
     return UpdateThread("hps-l1-listener", body, refresher)
@@ -113,7 +114,7 @@ def refresh_from(
     for spec, upd in found:
         rows = None if upd.delete or upd.values is None else encode_rows(spec, upd.values)
         refresher.now(upd.table, upd.keys, rows)
-        refresher.later(upd.table, upd.keys, token)
+        refresher.later(upd.table, upd.keys, token, held=True)
         published = upd.extras.get("published_ns")
         if served is None or published is None or not upd.keys.size:
             continue

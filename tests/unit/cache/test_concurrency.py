@@ -118,3 +118,38 @@ def test_readers_never_see_a_wrong_row_while_writers_churn(xp: ModuleType, fmt: 
         keys, stored = cache.dump()
         assert stored.dtype == fmt.dtype
         np.testing.assert_array_equal(fmt.decode(stored, DIM)[:, 0], keys.astype(np.float32))
+
+
+def test_held_keys_are_not_filled_until_released(xp: ModuleType) -> None:
+    cache = EmbeddingCache(DIM, 16, xp=xp)
+    resident = np.array([1], dtype=np.int64)
+    cache.insert(resident, rows_for(resident, 1.0))
+    keys = np.array([1, 2, 3], dtype=np.int64)
+    hold = cache.hold(keys[1:])
+    assert cache.held == 2
+    cache.insert(keys, rows_for(keys, 1.0), since=cache.version)  # a fill read from L2
+    assert cache.resident(keys).tolist() == [True, False, False]
+    cache.update(keys, rows_for(keys, 2.0))  # pass 1 still reaches resident keys
+    assert cache.query(keys[:1])[0][0, 1] == 2.0
+    token = cache.version  # a fill that read L2 before the release
+    cache.release(hold)
+    cache.release(hold)  # twice: ignored
+    assert cache.held == 0
+    cache.insert(keys, rows_for(keys, 1.0), since=token)
+    assert cache.resident(keys).tolist() == [True, False, False]
+    cache.insert(keys, rows_for(keys, 2.0), since=cache.version)
+    assert cache.resident(keys).all()
+
+
+def test_holds_past_the_log_limit_release_the_oldest(xp: ModuleType) -> None:
+    cache = EmbeddingCache(DIM, 8, xp=xp)
+    limit = 1 << 16  # the write log's limit for a small cache
+    first = cache.hold(np.arange(10, 10 + limit, dtype=np.int64))
+    second = cache.hold(np.array([5], dtype=np.int64))
+    assert cache.held == 1  # the first hold went
+    cache.release(first)  # already gone: ignored
+    keys = np.array([10, 5], dtype=np.int64)
+    cache.insert(keys, rows_for(keys, 1.0), since=cache.version)
+    assert cache.resident(keys).tolist() == [True, False]
+    cache.release(second)
+    assert cache.held == 0

@@ -235,6 +235,40 @@ def test_refresher_passes() -> None:
     assert session.calls[-1] == ([3, 5], None)  # pass 2 re-reads from L2/L3
 
 
+def test_held_keys_are_served_from_l2_and_cached_once_ready(tmp_path: Path) -> None:
+    from hps.build import build_session
+    from tests.helpers import make_config
+
+    cfg = make_config(
+        tmp_path,
+        models=[{"model": "m", "embedding_table_names": ["t"], "embedding_vecsize_per_table": [2],
+                 "gpucache": True, "hps_cache": {"capacity": 100, "device": "numpy"}}],
+    )  # fmt: skip
+    l2 = HashMapStore()
+    tiers = Tiers(l2, None)
+    tiers.open_tables([SPEC])
+    session = build_session(cfg, tiers=tiers)
+    cache = session.caches[SPEC.name]
+    keys = np.array([4, 9], dtype=np.int64)
+    l2.insert(SPEC.name, keys, np.ones((2, 2), np.float32))
+    r = L1Refresher(session, grace_s=60.0)
+    # pass 1 of a message whose rows another process has not written to L2 yet
+    r.now(SPEC.name, keys, np.full((2, 2), 7, np.float32))
+    r.later(SPEC.name, keys, token=3, held=True)
+    np.testing.assert_array_equal(session.lookup(SPEC.name, keys), np.ones((2, 2)))
+    assert not cache.resident(keys).any()  # the old rows were served, not cached
+    l2.insert(SPEC.name, keys, np.full((2, 2), 7, np.float32))  # the writer applies it
+    np.testing.assert_array_equal(session.lookup(SPEC.name, keys), np.full((2, 2), 7))
+    assert r.run_due(lambda tok: tok < 3) == 0 and cache.held == 2
+    assert r.run_due(lambda tok: tok <= 3) == 0 and cache.held == 0  # ready; pass 2 waits
+    session.lookup(SPEC.name, keys)
+    assert cache.resident(keys).all()
+    r.later(SPEC.name, keys, token=4, held=True)
+    r.release_all()  # the listener stops
+    assert cache.held == 0 and r.pending == 2  # pass 2 still runs for both
+    session.close()
+
+
 def test_versions_far_ahead_of_the_timestamp_are_dead_lettered_not_pinned() -> None:
     ts_ns = Msg(b"", 3).timestamp()[1] * 1_000_000  # the broker timestamp of offset 3
     bound = ts_ns + 300 * 10**9  # hps_max_version_ahead_s defaults to 300
