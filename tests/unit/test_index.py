@@ -11,11 +11,14 @@ from hypothesis import strategies as st
 
 from hps.cache.xp import available_xps, to_host
 from hps.errors import InvalidValueError
-from hps.index import EMPTY, GROUP, TOMBSTONE, KeyIndex, slots_for
+from hps.index import EMPTY, GROUP, TOMBSTONE, KeyIndex, compiled, slots_for
 from hps.types import TableSpec
 from hps.validate import as_rows
 
 XPS = available_xps()
+# (xp, compiled loops): the host index with and without numba's loops, and the device one
+IMPLS = [(np, True), (np, False)] + [(xp, False) for xp in XPS if xp is not np]
+IMPL_IDS = ["numpy-compiled" if c else xp.__name__ for xp, c in IMPLS]
 
 # Small key universes force collisions, full groups and long probe chains.
 keys_st = st.lists(st.integers(-(2**63) + 2, 2**63 - 1) | st.integers(0, 40), max_size=30)
@@ -30,13 +33,13 @@ def _check(index: KeyIndex, model: dict[int, int], xp: ModuleType) -> None:
     assert to_host(index.lookup(reserved)).tolist() == [-1, -1, model.get(7, -1), -1]
 
 
-@pytest.mark.parametrize("xp", XPS, ids=[m.__name__ for m in XPS])
+@pytest.mark.parametrize(("xp", "compiled_loops"), IMPLS, ids=IMPL_IDS)
 @settings(max_examples=150, deadline=None)
 @given(ops=ops_st, capacity=st.sampled_from([1, 4, 16]))
 def test_index_matches_a_dict(
-    xp: ModuleType, ops: list[tuple[str, list[int]]], capacity: int
+    xp: ModuleType, compiled_loops: bool, ops: list[tuple[str, list[int]]], capacity: int
 ) -> None:
-    index, model, next_row = KeyIndex(capacity, xp=xp), {}, 0
+    index, model, next_row = KeyIndex(capacity, xp=xp, compiled_loops=compiled_loops), {}, 0
     for op, raw in ops:
         keys = np.array(raw, dtype=np.int64)
         kd = xp.asarray(keys)
@@ -56,9 +59,9 @@ def test_index_matches_a_dict(
         _check(index, model, xp)
 
 
-@pytest.mark.parametrize("xp", XPS, ids=[m.__name__ for m in XPS])
-def test_growth_rehash_and_tombstone_reuse(xp: ModuleType) -> None:
-    index = KeyIndex(8, xp=xp)
+@pytest.mark.parametrize(("xp", "compiled_loops"), IMPLS, ids=IMPL_IDS)
+def test_growth_rehash_and_tombstone_reuse(xp: ModuleType, compiled_loops: bool) -> None:
+    index = KeyIndex(8, xp=xp, compiled_loops=compiled_loops)
     start_slots = index.slots
     keys = np.arange(1, 2001, dtype=np.int64) * 7919
     index.insert(xp.asarray(keys), xp.asarray(np.arange(keys.size)))
@@ -74,9 +77,9 @@ def test_growth_rehash_and_tombstone_reuse(xp: ModuleType) -> None:
     assert index.slots <= 2 * slots_for(keys.size)
 
 
-@pytest.mark.parametrize("xp", XPS, ids=[m.__name__ for m in XPS])
-def test_reserved_keys_are_never_found_and_removing_them_changes_nothing(xp: ModuleType) -> None:
-    index = KeyIndex(4, xp=xp)
+@pytest.mark.parametrize(("xp", "compiled_loops"), IMPLS, ids=IMPL_IDS)
+def test_reserved_keys_are_never_found_and_removing_them_changes_nothing(xp: ModuleType, compiled_loops: bool) -> None:
+    index = KeyIndex(4, xp=xp, compiled_loops=compiled_loops)
     index.insert(xp.asarray(np.array([5, 6], dtype=np.int64)), xp.asarray(np.array([0, 1])))
     index.remove(xp.asarray(np.array([5], dtype=np.int64)))  # leaves a TOMBSTONE slot
     reserved = xp.asarray(np.array([EMPTY, TOMBSTONE], dtype=np.int64))
@@ -87,14 +90,32 @@ def test_reserved_keys_are_never_found_and_removing_them_changes_nothing(xp: Mod
         as_rows(TableSpec("m", "t", 1), np.array([1, EMPTY], dtype=np.int64), np.ones((2, 1)))
 
 
-@pytest.mark.parametrize("xp", XPS, ids=[m.__name__ for m in XPS])
-def test_duplicate_keys_in_one_removal_count_once(xp: ModuleType) -> None:
-    index = KeyIndex(4, xp=xp)
+@pytest.mark.parametrize(("xp", "compiled_loops"), IMPLS, ids=IMPL_IDS)
+def test_duplicate_keys_in_one_removal_count_once(xp: ModuleType, compiled_loops: bool) -> None:
+    index = KeyIndex(4, xp=xp, compiled_loops=compiled_loops)
     index.insert(xp.asarray(np.array([1, 2, 3], dtype=np.int64)), xp.asarray(np.arange(3)))
     rows = index.remove(xp.asarray(np.array([2, 2, 9], dtype=np.int64)))
     assert to_host(rows).tolist() == [1, 1, -1]
     assert len(index) == 2
     _check(index, {1: 0, 3: 2}, xp)
+
+
+@pytest.mark.skipif(compiled() is None, reason="numba is not installed")
+def test_compiled_and_numpy_rounds_read_each_others_slots() -> None:
+    """Both write the layout the device kernels probe: same homes, same probe sequence."""
+    rng = np.random.default_rng(3)
+    keys = np.unique(rng.integers(-(2**62), 2**62, 5000))
+    jit, rounds = KeyIndex(64), KeyIndex(64, compiled_loops=False)
+    half = keys.size // 2
+    for writer in (jit, rounds):  # same history in each: inserts, removals, re-inserts
+        writer.insert(keys[:half], np.arange(half))
+        writer.remove(keys[: half // 3])
+        writer.insert(keys[half:], np.arange(half, keys.size))
+    assert jit.slots == rounds.slots and jit._tombs == rounds._tombs
+    want = np.where(np.arange(keys.size) < half // 3, -1, np.arange(keys.size))
+    for reader, writer in ((jit, rounds), (rounds, jit)):
+        reader.slot_keys[:], reader.slot_rows[:] = writer.slot_keys, writer.slot_rows
+        assert reader.lookup(keys).tolist() == want.tolist()
 
 
 def test_one_group_is_one_cache_line() -> None:
