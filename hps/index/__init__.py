@@ -212,7 +212,9 @@ class KeyIndex:
         if self._jit is not None:
             keys = np.ascontiguousarray(keys, dtype=np.int64)
             rows = np.ascontiguousarray(rows, dtype=np.int32)
-            self._tombs -= int(self._jit.insert(self.slot_keys, self.slot_rows, self._gmask, keys, rows))
+            self._tombs -= int(
+                self._jit.insert(self.slot_keys, self.slot_rows, self._gmask, keys, rows)
+            )
             self._used += n
             return
         gmask = int(self._gmask)

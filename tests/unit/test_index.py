@@ -78,7 +78,9 @@ def test_growth_rehash_and_tombstone_reuse(xp: ModuleType, compiled_loops: bool)
 
 
 @pytest.mark.parametrize(("xp", "compiled_loops"), IMPLS, ids=IMPL_IDS)
-def test_reserved_keys_are_never_found_and_removing_them_changes_nothing(xp: ModuleType, compiled_loops: bool) -> None:
+def test_reserved_keys_are_never_found_and_removing_them_changes_nothing(
+    xp: ModuleType, compiled_loops: bool
+) -> None:
     index = KeyIndex(4, xp=xp, compiled_loops=compiled_loops)
     index.insert(xp.asarray(np.array([5, 6], dtype=np.int64)), xp.asarray(np.array([0, 1])))
     index.remove(xp.asarray(np.array([5], dtype=np.int64)))  # leaves a TOMBSTONE slot
