@@ -23,7 +23,7 @@ Back-ends, picked once per process (:func:`cpu_kernel`):
 - none: :meth:`hps.cache.EmbeddingCache.query_into` falls back to the NumPy reference path
   (dedup + :meth:`~hps.cache.EmbeddingCache.query`), which the tests compare both against.
 
-``HPS_KERNELS=numpy`` turns the compiled CPU path off (measurements, debugging).
+``HPS_KERNELS=numpy`` (:mod:`hps.jit`) turns the compiled paths off (measurements, debugging).
 
 Rows are stored in the table's :class:`hps.rowformat.RowFormat`; every back-end
 dequantizes float16 and int8 rows into the float32 output as it copies them (one pass, no
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -46,6 +45,7 @@ import numpy as np
 
 from hps.cache.device import address
 from hps.index import EMPTY
+from hps.jit import compiled_allowed
 from hps.rowformat import FORMATS
 from hps.types import Array, ArrayModule
 
@@ -78,7 +78,7 @@ COUNT_CAP_NONE = np.iinfo(np.int32).max
 @functools.lru_cache(maxsize=1)
 def cpu_kernel() -> ProbeGather | None:
     """The compiled CPU kernel, or ``None`` (no numba, or ``HPS_KERNELS=numpy``)."""
-    if os.environ.get("HPS_KERNELS", "").lower() == "numpy":
+    if not compiled_allowed():
         return None
     try:
         from hps.cache._numba_kernel import probe_gather
@@ -145,7 +145,7 @@ def kernel_for(xp: ArrayModule) -> CacheKernel | None:
     if xp is np:
         kernel = cpu_kernel()
         return None if kernel is None else functools.partial(_run_cpu, kernel)
-    if os.environ.get("HPS_KERNELS", "").lower() == "numpy":
+    if not compiled_allowed():
         return None
     from hps.cache.device import CupyDevice
     from hps.cache.kernels_cupy import GpuProbe

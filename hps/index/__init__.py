@@ -11,10 +11,10 @@ Invariant: a key sits in the first group of its probe sequence that had a free s
 was inserted, and slots never turn back to ``EMPTY`` (removal leaves a ``TOMBSTONE``), so a
 lookup stops at the first group that still has an ``EMPTY`` slot.
 
-Where numba is installed (and ``HPS_KERNELS`` is not ``numpy``, the switch of
-:mod:`hps.cache.kernels`), a host index runs :meth:`KeyIndex.lookup` and :meth:`KeyIndex.insert`
-as compiled loops (:mod:`hps.index._numba`): the same probe sequence and layout, several
-times faster on the L2 hash map's update and read paths.
+Where numba is installed (and :mod:`hps.jit` allows it), a host index runs
+:meth:`KeyIndex.lookup` and :meth:`KeyIndex.insert` as compiled loops
+(:mod:`hps.index._numba`): the same probe sequence and layout, several times faster on the
+L2 hash map's update and read paths.
 
 Two key values are reserved as slot markers (``EMPTY`` and ``TOMBSTONE``, the two smallest
 int64 values); writes of them are refused (:func:`hps.validate.as_rows`) and lookups never
@@ -24,12 +24,12 @@ find them.
 from __future__ import annotations
 
 import functools
-import os
 from types import ModuleType
 
 import numpy as np
 import numpy.typing as npt
 
+from hps.jit import compiled_allowed
 from hps.types import RESERVED_KEYS, Array, ArrayModule
 
 EMPTY = np.int64(RESERVED_KEYS[0])
@@ -91,7 +91,7 @@ def _first_byte(words: Array, xp: ArrayModule) -> Array:
 @functools.lru_cache(maxsize=1)
 def compiled() -> ModuleType | None:
     """The compiled loops for host indexes, or ``None`` (no numba, or ``HPS_KERNELS=numpy``)."""
-    if os.environ.get("HPS_KERNELS", "").lower() == "numpy":
+    if not compiled_allowed():
         return None
     try:
         from hps.index import _numba as _index_numba

@@ -11,7 +11,7 @@ ROOT = Path(hps.__file__).parent
 
 LEAVES = {
     "hps.errors", "hps.types", "hps.config", "hps.validate", "hps.index", "hps.dedup",
-    "hps.net", "hps.storage", "hps.cache", "hps.io",
+    "hps.net", "hps.storage", "hps.cache", "hps.io", "hps.jit",
 }  # fmt: skip
 ABOVE = {
     "hps.build", "hps.lookup", "hps.tiers", "hps.topology", "hps.startup", "hps.plan",

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from hps.config import UpdateSourceConfig
+from hps.config import PSConfig, UpdateSourceConfig
 from hps.errors import BackendUnavailable
 from hps.storage.hash_map import HashMapStore
 from hps.tiers import Tiers
@@ -235,15 +235,21 @@ def test_refresher_passes() -> None:
     assert session.calls[-1] == ([3, 5], None)  # pass 2 re-reads from L2/L3
 
 
-def test_held_keys_are_served_from_l2_and_cached_once_ready(tmp_path: Path) -> None:
-    from hps.build import build_session
+def _one_table_config(tmp_path: Path) -> PSConfig:
+    """Model m, table t of dim 2, a NumPy L1 of 100 rows."""
     from tests.helpers import make_config
 
-    cfg = make_config(
+    return make_config(
         tmp_path,
         models=[{"model": "m", "embedding_table_names": ["t"], "embedding_vecsize_per_table": [2],
                  "gpucache": True, "hps_cache": {"capacity": 100, "device": "numpy"}}],
     )  # fmt: skip
+
+
+def test_held_keys_are_served_from_l2_and_cached_once_ready(tmp_path: Path) -> None:
+    from hps.build import build_session
+
+    cfg = _one_table_config(tmp_path)
     l2 = HashMapStore()
     tiers = Tiers(l2, None)
     tiers.open_tables([SPEC])
@@ -315,13 +321,8 @@ class CatchUpCounter(HashMapStore):
 
 def test_pass_two_catches_l3_up_once_and_only_when_l2_misses(tmp_path: Path) -> None:
     from hps.build import build_session
-    from tests.helpers import make_config
 
-    cfg = make_config(
-        tmp_path,
-        models=[{"model": "m", "embedding_table_names": ["t"], "embedding_vecsize_per_table": [2],
-                 "gpucache": True, "hps_cache": {"capacity": 100, "device": "numpy"}}],
-    )  # fmt: skip
+    cfg = _one_table_config(tmp_path)
     l2, l3 = HashMapStore(), CatchUpCounter()
     tiers = Tiers(l2, l3)
     tiers.open_tables([SPEC])
