@@ -1,14 +1,16 @@
 """Freshness as the serving processes measure it, beside the probes' figure.
 
 The probes (:class:`hps.loadtest.users.kafka.Prober`) time ``publish()`` to the first lookup
-that returns the new vectors: ``kafka freshness`` in Locust's statistics. The serving
+that returns the new vectors (``kafka freshness`` in Locust's statistics) and to the moment
+Triton began serving them (``kafka visible``: without the lookup's own latency). The serving
 processes export ``hps_update_freshness_seconds`` (every update message, bulk ones too, from
 its publish timestamp to the moment the process serves it; docs/updates.md). ``hps loadtest``
 reads that histogram from Triton's /metrics before and after the run
 (:func:`snapshot`), keeps the run's observations (:func:`window`) and writes both figures to
 ``freshness.json`` in the report folder (with the run's ``hps_update_stage_seconds`` per
 stage where the serving processes apply updates themselves: :func:`stage_windows`); the
-summary prints both figures side by side.
+summary prints the figures side by side, and the metric over ``kafka visible``, which times
+the same instant.
 """
 
 from __future__ import annotations
@@ -102,12 +104,32 @@ def _ms(seconds: float | int | None) -> float | None:
     return None if seconds is None else round(float(seconds) * 1000.0, 1)
 
 
-def probes(types: dict[str, dict[str, float]]) -> Figure | None:
-    """The probes' figure from Locust's statistics (``read_report(...)["types"]``)."""
-    t = types.get("kafka freshness")
+PROBES = "kafka freshness"
+VISIBLE = "kafka visible"
+
+
+def probes(types: dict[str, dict[str, float]], name: str = PROBES) -> Figure | None:
+    """A probes' figure from Locust's statistics (``read_report(...)["types"]``): ``PROBES``
+    (publish to the first lookup returned with the update) or ``VISIBLE`` (publish to when
+    Triton began serving it, :func:`visible_after`)."""
+    t = types.get(name)
     if not t or not t["requests"]:
         return None
     return Figure(int(t["requests"]), t["p50_ms"], t["p99_ms"])
+
+
+def visible_after(publish_ns: int, lookups: list[tuple[int, bool]]) -> float | None:
+    """Seconds from ``publish_ns`` to when the update became visible, from the probe's
+    lookups as (start in Triton, ns since the epoch; returned the update): the middle of the
+    interval between the last start that missed it (or the publish) and the first start
+    that returned it. None when no lookup returned it."""
+    fresh = [start for start, seen in lookups if seen]
+    if not fresh:
+        return None
+    first = min(fresh)
+    missed = [start for start, seen in lookups if not seen and start < first]
+    lower = max([publish_ns, *missed])
+    return max(0.0, ((lower + first) / 2 - publish_ns) / 1e9)
 
 
 def write(report_dir: Path, metric: Figure, stages: dict[str, Figure] | None = None) -> None:
@@ -125,33 +147,39 @@ def read(report_dir: Path) -> Figure | None:
 
 @dataclass(frozen=True)
 class Figures:
-    """Both figures of a run; ``ratio``: the metric's p50 and p99 over the probes'."""
+    """The figures of a run. ``ratio``: the metric's p50 or p99 over the ``visible`` probe
+    figure's, which times the same instant (publish to served); ``probes`` adds one lookup."""
 
     probes: Figure | None
+    visible: Figure | None
     metric: Figure | None
 
     def ratio(self, q: str) -> float | None:
         a = getattr(self.metric, q) if self.metric else None
-        b = getattr(self.probes, q) if self.probes else None
+        b = getattr(self.visible, q) if self.visible else None
         return round(a / b, 3) if a is not None and b else None
 
     def as_json(self) -> JSON:
         return {
             "probes": asdict(self.probes) if self.probes else None,
+            "visible": asdict(self.visible) if self.visible else None,
             "metric": asdict(self.metric) if self.metric else None,
-            "metric_vs_probes_p50": self.ratio("p50_ms"),
-            "metric_vs_probes_p99": self.ratio("p99_ms"),
+            "metric_vs_visible_p50": self.ratio("p50_ms"),
+            "metric_vs_visible_p99": self.ratio("p99_ms"),
         }
 
     def line(self) -> str | None:
-        """One summary line, or None when neither figure exists."""
-        probe, metric = self.probes, self.metric
+        """One summary line, or None when no figure exists."""
+        probe, visible, metric = self.probes, self.visible, self.metric
         if probe is None and metric is None:
             return None
         parts = []
         if probe is not None:
             parts.append(f"probes p50 {probe.p50_ms or 0:.0f} ms p99 {probe.p99_ms or 0:.0f} ms "
                          f"({probe.count} probes)")  # fmt: skip
+        if visible is not None:
+            parts.append(f"visible p50 {visible.p50_ms or 0:.0f} ms p99 "
+                         f"{visible.p99_ms or 0:.0f} ms")  # fmt: skip
         if metric is not None and metric.error:
             parts.append(f"hps_update_freshness_seconds unread: {metric.error}")
         elif metric is not None and metric.count:
@@ -161,5 +189,5 @@ class Figures:
             parts.append("hps_update_freshness_seconds: no update served during the run")
         p50, p99 = self.ratio("p50_ms"), self.ratio("p99_ms")
         if p50 is not None and p99 is not None:
-            parts.append(f"metric/probes p50 x{p50:.2f} p99 x{p99:.2f}")
+            parts.append(f"metric/visible p50 x{p50:.2f} p99 x{p99:.2f}")
         return "freshness: " + "; ".join(parts)

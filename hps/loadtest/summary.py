@@ -49,7 +49,11 @@ def read_report(report_dir: Path) -> dict[str, Any]:
         "types": types,
         "verdict": verdict,
         "failures": sorted(failures, reverse=True),
-        "freshness": freshness.Figures(freshness.probes(types), freshness.read(report_dir)),
+        "freshness": freshness.Figures(
+            freshness.probes(types),
+            freshness.probes(types, freshness.VISIBLE),
+            freshness.read(report_dir),
+        ),
     }
 
 

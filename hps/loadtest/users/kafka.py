@@ -9,6 +9,13 @@ returns the new vectors. Lookups in flight together keep the probe's own samplin
 the figure: it is when Triton first serves the update, plus one lookup, to within
 :data:`POLL_S` (a probe that waited for each lookup before sending the next would add up to
 a whole lookup more, a hundred milliseconds and more under load).
+
+Each probe reports a second figure, ``kafka visible``: ``publish()`` to the moment Triton
+began serving the update, the instant the serving processes' ``hps_update_freshness_seconds``
+times. The probe's lookups ask ``hps_embedding`` for ``LOOKUP_START_NS`` (when the instance
+began each lookup); the update became visible between the start of the last lookup that
+missed it and the start of the first that returned it, and the figure is the middle of that
+interval (:func:`hps.loadtest.freshness.visible_after`; its width is about :data:`POLL_S`).
 """
 
 from __future__ import annotations
@@ -20,12 +27,14 @@ from gevent.event import Event
 from gevent.pool import Group
 from locust import User, task
 
+from hps.loadtest.freshness import visible_after
 from hps.loadtest.keys import served
 from hps.loadtest.requests import WrongAnswer
 from hps.loadtest.steps import stage_at, updates_on
 from hps.loadtest.users.shared import STATE, fire, report
 
 POLL_S = 0.02  # a probe starts a lookup this often until one returns the new vectors
+START = "LOOKUP_START_NS"
 
 
 class KafkaUser(User):
@@ -101,22 +110,26 @@ class Prober(KafkaUser):
         probe_keys, numkeys = self.work.probe_request(ti, keys)
         inputs = {"KEYS": probe_keys[None], "NUMKEYS": numkeys[None]}
         served_at: list[float] = []
+        started: list[tuple[int, bool]] = []  # (when Triton began the lookup, returned it)
         errors: list[Exception] = []
         seen = Event()
 
         def lookup() -> None:
             try:
-                got = self.client.infer(self.work.name, inputs).reshape(n, t.spec.dim)
+                out = self.client.infer_outputs(self.work.name, inputs, ("OUTPUT0", START))
             except Exception as exc:  # reported as the probe's failure
                 errors.append(exc)
                 seen.set()
                 return
-            if np.allclose(got, want, rtol=1e-5, atol=1e-6):
+            fresh = np.allclose(out["OUTPUT0"].reshape(n, t.spec.dim), want, 1e-5, 1e-6)
+            started.append((int(out[START].flat[0]), fresh))
+            if fresh:
                 served_at.append(time.perf_counter())
                 seen.set()
 
         lookups = Group()
         start = time.perf_counter()
+        publish_ns = time.time_ns()
         failure: Exception | None = None
         try:
             self.publisher.publish(self.work.name, t.spec.table, keys, vectors)
@@ -134,3 +147,6 @@ class Prober(KafkaUser):
             failure = errors[0]
         seconds = min(served_at) - start if served_at else time.perf_counter() - start
         report(self.environment, "kafka", "freshness", seconds, int(vectors.nbytes), failure)
+        visible = visible_after(publish_ns, started)
+        if failure is None and visible is not None:
+            report(self.environment, "kafka", "visible", visible, int(vectors.nbytes))

@@ -61,10 +61,18 @@ class Client:
         self, model: str, inputs: dict[str, np.ndarray], output: str = "OUTPUT0"
     ) -> np.ndarray:
         """Send one request; the named output. Triton errors become hps errors."""
+        return self.infer_outputs(model, inputs, (output,))[output]
+
+    def infer_outputs(
+        self, model: str, inputs: dict[str, np.ndarray], outputs: tuple[str, ...]
+    ) -> dict[str, np.ndarray]:
+        """Send one request asking for ``outputs`` only (e.g. ``OUTPUT0`` and an
+        ``hps_embedding``'s ``LOOKUP_START_NS``); each of them by name."""
         tensors = [self._input(name, array) for name, array in inputs.items()]
+        wanted = [self.module.InferRequestedOutput(name) for name in outputs]
         with self._translated():
-            result = self.client.infer(model, tensors)
-        return np.asarray(result.as_numpy(output))
+            result = self.client.infer(model, tensors, outputs=wanted)
+        return {name: np.asarray(result.as_numpy(name)) for name in outputs}
 
     def lookup(self, model: str, keys: np.ndarray, numkeys: np.ndarray) -> np.ndarray:
         """HugeCTR's HPS request: KEYS [1, n] int64, NUMKEYS [1, tables] int32 -> [1, n x dim]."""

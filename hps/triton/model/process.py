@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+START_OUTPUT = "LOOKUP_START_NS"
 _CAPSULE_NOISE = "PyCapsule_GetPointer called with incorrect name"
 
 
@@ -217,14 +218,22 @@ class ModelProcess:
     def answer(self, requests: list[Any], compute: Callable[[Any], np.ndarray]) -> list[Any]:
         """One response per request: ``OUTPUT0 = compute(request)``, or that request's error.
 
+        A request that asks for ``LOOKUP_START_NS`` (a model that declares it) also gets the
+        wall-clock time at which this instance began its lookup, one per row.
+
         Each request succeeds or fails on its own; latency and errors reach the metrics.
         """
         responses = []
         for request in requests:
             start = time.perf_counter()
+            started_ns = time.time_ns()
             try:
                 out = compute(request)
-                responses.append(pb_utils.InferenceResponse([output_tensor("OUTPUT0", out)]))
+                tensors = [output_tensor("OUTPUT0", out)]
+                if START_OUTPUT in request.requested_output_names():
+                    stamp = np.full((out.shape[0], 1), started_ns, dtype=np.int64)
+                    tensors.append(output_tensor(START_OUTPUT, stamp))
+                responses.append(pb_utils.InferenceResponse(tensors))
                 self.metrics.observe(time.perf_counter() - start)
             except Exception as exc:
                 responses.append(error_response(exc))

@@ -62,7 +62,7 @@ def test_short_mixed_run_meets_the_ci_thresholds(
     rep = read_report(report)
     types = rep["types"]
     for name in ("grpc lookup", "http lookup", "grpc ctr", "grpc bad request",
-                 "kafka publish", "kafka freshness"):  # fmt: skip
+                 "kafka publish", "kafka freshness", "kafka visible"):  # fmt: skip
         assert types[name]["requests"] > 0 and types[name]["failures"] == 0, (name, types)
     if has_admin():  # the control plane is installed: its read routes were load-tested too
         for name in ("GET /readyz", "GET /v1/models", "GET /v1/models/{model}/tables/{table}"):
@@ -78,8 +78,14 @@ def test_short_mixed_run_meets_the_ci_thresholds(
     assert fresh.probes is not None and fresh.probes.count > 0, fresh
     assert fresh.metric is not None and fresh.metric.count > 0, fresh
     assert fresh.metric.p50_ms is not None and fresh.metric.p99_ms is not None
+    # when Triton began serving an update comes before the lookup that returned it did
+    assert fresh.visible is not None and fresh.visible.count == fresh.probes.count, fresh
+    assert fresh.visible.p50_ms is not None and fresh.probes.p50_ms is not None
+    assert fresh.visible.p50_ms <= fresh.probes.p50_ms, fresh
+    assert fresh.ratio("p50_ms") is not None
     line = next(x for x in out.splitlines() if x.startswith("freshness: "))
     assert "probes p50" in line and "hps_update_freshness_seconds p50" in line, line
+    assert "visible p50" in line and "metric/visible p50" in line, line
 
 
 @pytest.fixture(scope="module")

@@ -87,6 +87,26 @@ def test_hugectr_sample_client_shapes(triton) -> None:
     np.testing.assert_array_equal(out[0], ref)
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_lookup_start_is_returned_only_when_asked_for(triton, protocol: str) -> None:
+    import time
+
+    keys = triton.data["emb.a"][0][:3]
+    inputs = {"KEYS": keys[None], "NUMKEYS": np.array([[3, 0, 0]], dtype=np.int32)}
+    with triton.client(protocol) as client:
+        before = time.time_ns()
+        out = client.infer_outputs("emb", inputs, ("OUTPUT0", "LOOKUP_START_NS"))
+        after = time.time_ns()
+        tensors = [client._input(k, v) for k, v in inputs.items()]
+        only = [client.module.InferRequestedOutput("OUTPUT0")]
+        plain = client.client.infer("emb", tensors, outputs=only)
+    np.testing.assert_array_equal(out["OUTPUT0"].reshape(3, 4), expected(triton, "emb", "a", keys))
+    stamp = out["LOOKUP_START_NS"]
+    assert stamp.shape == (1, 1) and stamp.dtype == np.int64
+    assert before <= int(stamp[0, 0]) <= after
+    assert plain.as_numpy("LOOKUP_START_NS") is None  # not asked for: not sent
+
+
 def test_batch_of_rows_is_one_lookup_per_row(triton) -> None:
     a = triton.data["emb.a"][0]
     keys = np.array([[a[0], a[1]], [a[2], a[3]]], dtype=np.int64)
