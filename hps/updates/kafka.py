@@ -130,10 +130,14 @@ def ensure_topics(
                 operation_timeout=timeout_s,
                 request_timeout=timeout_s,
             )
+            created = []
             for topic, fut in futures.items():
                 with translated(f"creating topic {topic}", ignore={"TOPIC_ALREADY_EXISTS"}):
                     fut.result()
-                    log.info("created topic %s with %d partitions", topic, num_partitions)
+                    created.append(topic)
+            if created:  # one line for a model's many tables
+                log.info("created %d topic(s) with %d partition(s) each: %s", len(created),
+                         num_partitions, _short_list(sorted(created)))  # fmt: skip
         counts: dict[str, int] = {}
         for t in wanted:
             meta = admin.list_topics(topic=t, timeout=timeout_s).topics.get(t)
