@@ -18,8 +18,9 @@ them from L2 meanwhile serves it but does not cache it, so the next lookup reads
 and returns the update as soon as L2 has it, not only at pass 2.
 
 :class:`Served` records when the process serves each message (``hps_update_freshness_seconds``):
-at pass 1 when every key of the message is resident in L1 after it, else once L2/L3 hold the
-message and the process has learned so (the same ``ready`` as pass 2, without the grace).
+at pass 1 when every key of the message is resident in L1 after it, else when L2/L3 came to
+hold the message (the same ``ready`` as pass 2, without the grace). ``ready`` is polled: the
+middle of the interval in which it turned true is recorded, never a moment before pass 1.
 """
 
 from __future__ import annotations
@@ -144,12 +145,18 @@ class Served:
     :meth:`now` for a message served at once (its keys resident in L1 after pass 1, or an
     embedded applier that has applied it); :meth:`after` for one served once L2/L3 hold it,
     observed by :meth:`run_ready` when ``ready(token)`` says so. One entry per message, not
-    per key; at most ``limit`` wait (the oldest go when L2/L3's writer is away for long)."""
+    per key; at most ``limit`` wait (the oldest go when L2/L3's writer is away for long).
+
+    ``ready`` is polled, so the moment a message was first served is known only to lie
+    between the later of the previous check (``run_ready``'s ``previous_ns``) and the
+    message's pass 1, and this check: the middle of that interval is recorded (the same
+    estimate as the load test's ``kafka visible``). Checking every ``c`` seconds, it is off
+    by at most ``c / 2`` either way, where this check's own time would be up to ``c`` late."""
 
     def __init__(self, recorder: Recorder, *, limit: int = MAX_WAITING) -> None:
         self.recorder = recorder
         self.limit = limit
-        self._waiting: deque[tuple[str, int, object]] = deque()
+        self._waiting: deque[tuple[str, int, object, int]] = deque()
 
     @property
     def waiting(self) -> int:
@@ -159,20 +166,22 @@ class Served:
         self.recorder.fresh(table, published_ns)
 
     def after(self, table: str, published_ns: int, token: object) -> None:
-        self._waiting.append((table, published_ns, token))
+        self._waiting.append((table, published_ns, token, time.time_ns()))
         while len(self._waiting) > self.limit:
             self._waiting.popleft()
 
-    def run_ready(self, ready: Callable[[object], bool]) -> int:
-        """Observe every waiting message that ``ready`` now holds; returns how many."""
-        keep: deque[tuple[str, int, object]] = deque()
+    def run_ready(self, ready: Callable[[object], bool], previous_ns: int | None = None) -> int:
+        """Observe every waiting message that ``ready`` now holds; returns how many.
+        ``previous_ns``: when ``ready`` was last asked (``time.time_ns()``), if ever."""
+        keep: deque[tuple[str, int, object, int]] = deque()
         now_ns = time.time_ns()
         done = 0
-        for table, published_ns, token in self._waiting:
+        for table, published_ns, token, seen_ns in self._waiting:
             if ready(token):
-                self.recorder.fresh(table, published_ns, now_ns)
+                since = seen_ns if previous_ns is None else max(seen_ns, previous_ns)
+                self.recorder.fresh(table, published_ns, (min(since, now_ns) + now_ns) // 2)
                 done += 1
             else:
-                keep.append((table, published_ns, token))
+                keep.append((table, published_ns, token, seen_ns))
         self._waiting = keep
         return done

@@ -38,7 +38,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LISTENER_POLL_S = 0.1
-COMMITTED_CHECK_S = 0.2
+# How often, while anything waits for hps consume, the group's committed offsets are read
+# (one OffsetFetch round trip): it bounds how late holds end and how far a message's
+# recorded freshness can be off (half of it: Served.run_ready).
+COMMITTED_CHECK_S = 0.1
 
 
 def start_l1_listener(
@@ -62,6 +65,7 @@ def start_l1_listener(
 
     def body(stop: threading.Event) -> None:
         last_check = 0.0
+        previous_ns: int | None = None  # when the committed offsets were last read
         try:
             while not stop.is_set():
                 router.refresh()
@@ -73,8 +77,10 @@ def start_l1_listener(
                 if (refresher.pending or served.waiting) and now - last_check >= COMMITTED_CHECK_S:
                     last_check = now
                     try:
+                        asked_ns = time.time_ns()
                         ready = applied_by_group(source.committed())
-                        served.run_ready(ready)
+                        served.run_ready(ready, previous_ns)
+                        previous_ns = asked_ns
                         timed_pass2(served.recorder, refresher, ready)
                     except HPSError as exc:  # broker or L2 away: pass 2 waits, pass 1 goes on
                         log.warning("L1 listener: %s; retrying", exc)

@@ -40,6 +40,7 @@ class ListRecorder:
     def __init__(self) -> None:
         self.stages: list[tuple[str, float]] = []
         self.fresh_seen: list[tuple[str, int]] = []
+        self.served_at: list[int | None] = []  # the ``now_ns`` of each fresh()
 
     def stage(self, name: str, seconds: float) -> None:
         self.stages.append((name, seconds))
@@ -49,6 +50,7 @@ class ListRecorder:
 
     def fresh(self, table: str, since_ns: int, now_ns: int | None = None) -> None:
         self.fresh_seen.append((table, since_ns))
+        self.served_at.append(now_ns)
 
 
 # -- histogram math ---------------------------------------------------------------------------
@@ -195,6 +197,28 @@ def test_served_records_at_once_or_when_l2_l3_hold_the_message() -> None:
     for i in range(5):
         served.after("m.t", 10 + i, ("topic", 2, i))
     assert served.waiting == 3  # bounded: the oldest went
+
+
+def test_served_records_the_middle_of_the_interval_in_which_ready_turned_true(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = {"ns": 1_000}
+    monkeypatch.setattr("hps.updates.freshness.time.time_ns", lambda: clock["ns"])
+    rec = ListRecorder()
+    served = Served(rec)
+    served.after("m.t", 1, "early")  # reached this process at 1_000
+    clock["ns"] = 5_000
+    served.after("m.t", 2, "late")  # at 5_000, after the previous check (3_000)
+    clock["ns"] = 9_000
+    assert served.run_ready(lambda token: True, previous_ns=3_000) == 2
+    # ready turned true in (3_000, 9_000] for the first; the second was served no earlier
+    # than its pass 1, so in (5_000, 9_000]
+    assert rec.served_at == [6_000, 7_000]
+
+    served.after("m.t", 3, "first check")
+    clock["ns"] = 13_000
+    assert served.run_ready(lambda token: True) == 1  # never asked before: since pass 1
+    assert rec.served_at[-1] == 11_000
 
 
 # -- the Triton export and the control plane -----------------------------------------------------
