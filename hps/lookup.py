@@ -26,7 +26,7 @@ from hps.errors import ShapeError, UnknownTableError
 from hps.pipeline import LEVELS, L1Cache, LookupPipeline
 from hps.rowformat import Stored
 from hps.tiers import Tiers, encode_rows
-from hps.types import Keys, TableSpec, Vectors
+from hps.types import Array, Keys, TableSpec, Vectors
 from hps.validate import RequestLimits, as_keys, as_rows, check_table_keys, table_or_raise
 
 if TYPE_CHECKING:
@@ -86,15 +86,21 @@ class LookupSession:
         self._timed(start)
         return out
 
-    def lookup_request(self, model: str, keys: npt.ArrayLike, num_keys: npt.ArrayLike) -> Vectors:
-        """HugeCTR's request shape: flat keys of all tables + keys per table → flat vectors."""
+    def lookup_request(
+        self, model: str, keys: npt.ArrayLike, num_keys: npt.ArrayLike, *, on_gpu: bool = False
+    ) -> Array:
+        """HugeCTR's request shape: flat keys of all tables + keys per table → flat vectors.
+
+        ``on_gpu``: answered in a buffer of the GPU that holds the model's L1 (a CuPy array;
+        :meth:`hps.pipeline.LookupPipeline.run`) where it is on one, for a consumer on that
+        GPU; else, and by default, a NumPy array."""
         limits = self._limits.get(model)
         if limits is None:
             raise UnknownTableError(f"unknown model {model!r}; configured: {sorted(self.models)}")
         keys = as_keys(keys)
         counts = limits.counts(keys, num_keys)
         start = time.perf_counter()
-        out = self.pipeline.run(self._specs[model], keys, counts)
+        out = self.pipeline.run(self._specs[model], keys, counts, on_gpu=on_gpu)
         self._timed(start)
         return out
 

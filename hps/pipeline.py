@@ -42,13 +42,14 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from hps.cache.many import probe_tables
+from hps.cache.kernels_cupy import Fill
+from hps.cache.many import fill_on_gpu, gpu_rows, one_gpu, probe_tables
 from hps.config import ModelConfig
 from hps.dedup import unique_inverse
 from hps.errors import CircuitOpenError
 from hps.rowformat import Stored
 from hps.tiers import IN_L2, IN_L3, Tiers
-from hps.types import Keys, Mask, TableSpec, Vectors
+from hps.types import Array, Keys, Mask, TableSpec, Vectors
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +86,12 @@ Probed = tuple[TableSpec, L1Cache, int, int, int]
 
 
 def probe_l1(
-    probed: Sequence[Probed], keys: Keys, out: Vectors
+    probed: Sequence[Probed], keys: Keys, out: Array, *, out_on_device: bool = False
 ) -> list[tuple[npt.NDArray[np.int64], int]]:
     """L1 of every table in ``probed``, its rows written into ``out`` in request order
     (misses as zeros): one compiled call for all tables where the caches allow
     (:func:`hps.cache.many.query_tables_into`), else one ``query_into`` per cache.
+    ``out_on_device``: ``out`` is on the GPU the caches share (:func:`hps.cache.many.one_gpu`).
 
     Returns per table the positions it missed (within its keys) and its distinct hits.
     """
@@ -98,7 +100,7 @@ def probe_l1(
     bounds = np.array([(k, k + n) for _, _, k, n, _ in probed], dtype=np.int64)
     offsets = np.array([v for *_, v in probed], dtype=np.int64)
     caches, dims = [c for _, c, *_ in probed], [s.dim for s, *_ in probed]
-    return probe_tables(caches, dims, keys, bounds, out, offsets)
+    return probe_tables(caches, dims, keys, bounds, out, offsets, out_on_device=out_on_device)
 
 
 class LookupPipeline:
@@ -128,36 +130,66 @@ class LookupPipeline:
         self.counts = {name: dict.fromkeys(COUNTERS, 0) for name in self._async}
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hps-l1")
 
-    def run(self, specs: Sequence[TableSpec], keys: Keys, counts: Sequence[int]) -> Vectors:
-        """Flat vectors of ``keys`` (``counts[i]`` keys for ``specs[i]``), validated."""
-        out = np.empty(sum(n * s.dim for s, n in zip(specs, counts, strict=True)), np.float32)
+    def run(
+        self, specs: Sequence[TableSpec], keys: Keys, counts: Sequence[int], *, on_gpu: bool = False
+    ) -> Array:
+        """Flat vectors of ``keys`` (``counts[i]`` keys for ``specs[i]``), validated.
+
+        ``on_gpu``: when the request's tables with L1 have it on one GPU
+        (:func:`hps.cache.many.one_gpu`), the vectors are answered in a buffer of that GPU
+        (a CuPy array) and L1's rows never cross to the host: L1 writes them there, and the
+        rows found below L1 (and those of tables without L1) go in with one copy for the
+        whole request. Otherwise, and by default, a host (NumPy) buffer.
+        """
+        out_size = sum(n * s.dim for s, n in zip(specs, counts, strict=True))
         probed: list[Probed] = []
+        below: list[tuple[TableSpec, int, int, int]] = []  # tables without L1: (spec, k, n, v)
         k = v = 0
         for spec, n in zip(specs, counts, strict=True):
             if n:
                 cache = self.caches.get(spec.name)
-                if cache is None:  # no L1: every key goes below, de-duplicated
-                    tally = self.counts[spec.name]
-                    tally["lookups"] += 1
-                    tally["keys"] += n
-                    uniq, inverse = unique_inverse(keys[k : k + n])
-                    view = out[v : v + n * spec.dim].reshape(n, spec.dim)
-                    np.take(self.below_l1(spec, uniq), inverse, axis=0, out=view)
+                if cache is None:
+                    below.append((spec, k, n, v))
                 else:
                     probed.append((spec, cache, k, n, v))
             k += n
             v += n * spec.dim
-        for (spec, cache, k, n, v), (miss_pos, n_hit) in zip(
-            probed, probe_l1(probed, keys, out), strict=True
-        ):
+        cached = [self.caches[s.name] for s in specs if s.name in self.caches]
+        lead = one_gpu(cached) if on_gpu else None
+        out = np.empty(out_size, np.float32) if lead is None else gpu_rows(lead, out_size)
+        fills: list[Fill] = []
+
+        def place(v: int, n: int, dim: int, at: Keys | None, rows: Vectors, inv: Keys) -> None:
+            """Rows ``rows[inv]`` of a table's output (``n`` rows of ``dim`` from ``v``) at
+            positions ``at`` (``None``: all of them, in order)."""
+            if lead is not None:
+                at = np.arange(n, dtype=np.int64) if at is None else at
+                fills.append(Fill(v, n, dim, at, rows[inv]))
+                return
+            view = out[v : v + n * dim].reshape(n, dim)
+            if at is None:
+                np.take(rows, inv, axis=0, out=view)
+            else:
+                view[at] = rows[inv]
+
+        for spec, k, n, v in below:
+            tally = self.counts[spec.name]
+            tally["lookups"] += 1
+            tally["keys"] += n
+            uniq, inverse = unique_inverse(keys[k : k + n])
+            place(v, n, spec.dim, None, self.below_l1(spec, uniq), inverse)
+        answers = probe_l1(probed, keys, out, out_on_device=lead is not None)
+        for (spec, cache, k, n, v), (miss_pos, n_hit) in zip(probed, answers, strict=True):
             tally = self.counts[spec.name]
             tally["lookups"] += 1
             tally["keys"] += n
             tally["l1"] += n_hit
             if miss_pos.size:
                 missed, inverse = unique_inverse(keys[k : k + n][miss_pos])
-                view = out[v : v + n * spec.dim].reshape(n, spec.dim)
-                view[miss_pos] = self._l1_misses(spec, cache, missed, n_hit)[inverse]
+                rows = self._l1_misses(spec, cache, missed, n_hit)
+                place(v, n, spec.dim, miss_pos, rows, inverse)
+        if lead is not None:
+            fill_on_gpu(lead, out, fills)
         return out
 
     def _l1_misses(self, spec: TableSpec, cache: L1Cache, missed: Keys, n_hit: int) -> Vectors:

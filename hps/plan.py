@@ -7,7 +7,9 @@ int8 ``dim + 8``) plus each tier's per-row overhead, which each backend declares
 (:func:`hps.tiers.bytes_per_row`, given the format):
 
 - L1: :func:`hps.cache.cache_nbytes` (arena + row metadata + index + policy state), exact,
-  for each cache; every Triton instance is a process with its own caches, spread over the
+  for each cache; every Triton instance is a process with its own caches (the instances of
+  the embedding model, and as many of the CTR model where there is one:
+  ``ModelConfig.processes``), spread over the
   ``deployed_device_list`` (device memory with CuPy, host memory with NumPy; ``auto``: on
   the GPU where the start-up calibration picks CuPy, :mod:`hps.cache.auto`). A model whose
   L1 is or may be on a GPU also gets an :class:`L1GpuPlan`: per instance, its caches and the
@@ -109,12 +111,14 @@ class L1GpuPlan:
     device: str  # hps_cache.device: "cupy" | "auto"
     request_keys: int  # keys of one request, all tables
     cache_bytes: int  # device memory, one instance's caches
-    staging_device_bytes: int  # device memory, one instance's staging buffers
-    staging_pinned_bytes: int  # pinned host memory, one instance's staging buffers
-    instances: int
+    staging_device_bytes: int  # device memory, one embedding instance's staging buffers
+    staging_pinned_bytes: int  # pinned host memory, one embedding instance's staging buffers
+    ctr_staging_device_bytes: int  # the same for a CTR instance (rows kept on the GPU); 0: none
+    ctr_staging_pinned_bytes: int
+    instances: int  # processes: hps_instances, twice with a CTR model (ModelConfig.processes)
     devices: int
     instances_per_device: int
-    device_bytes_per_device: int  # (caches + staging) x instances per device
+    device_bytes_per_device: int  # (caches + staging) of the instances on one device
     pinned_bytes: int  # staging pinned x instances: host memory the node pins
 
 
@@ -126,11 +130,13 @@ def l1_gpu(config: PSConfig, plans: list[TablePlan]) -> list[L1GpuPlan]:
             continue
         names = {t.name for t in model.tables}
         mine = [p for p in plans if p.table in names]
-        keys = request_keys(model)
-        staging = request_staging(keys, [t.dim for t in model.tables])
+        keys, dims = request_keys(model), [t.dim for t in model.tables]
+        staging = request_staging(keys, dims)
+        ctr = request_staging(keys, dims, rows_on_device=True) if model.serves_ctr else None
         caches = sum(p.cache_bytes for p in mine)
         devices = max(1, len(model.deployed_device_list))
-        per_device = math.ceil(model.hps_instances / devices)
+        per_device = math.ceil(model.hps_instances / devices)  # of each Triton model
+        ctr_device, ctr_pinned = (ctr.device, ctr.pinned) if ctr else (0, 0)
         out.append(
             L1GpuPlan(
                 model=model.model,
@@ -139,11 +145,14 @@ def l1_gpu(config: PSConfig, plans: list[TablePlan]) -> list[L1GpuPlan]:
                 cache_bytes=caches,
                 staging_device_bytes=staging.device,
                 staging_pinned_bytes=staging.pinned,
-                instances=model.hps_instances,
+                ctr_staging_device_bytes=ctr_device,
+                ctr_staging_pinned_bytes=ctr_pinned,
+                instances=model.processes,
                 devices=devices,
-                instances_per_device=per_device,
-                device_bytes_per_device=(caches + staging.device) * per_device,
-                pinned_bytes=staging.pinned * model.hps_instances,
+                instances_per_device=math.ceil(model.processes / devices),
+                device_bytes_per_device=per_device
+                * (caches + staging.device + (caches + ctr_device if ctr else 0)),
+                pinned_bytes=model.hps_instances * (staging.pinned + ctr_pinned),
             )
         )
     return out
@@ -154,11 +163,18 @@ def gpu_lines(gpus: list[L1GpuPlan]) -> list[str]:
     lines = []
     for g in gpus:
         when = "" if g.device == "cupy" else " (hps_cache.device: auto, if start-up picks cupy)"
+        ctr = ""
+        if g.ctr_staging_device_bytes:
+            ctr = (
+                f"; a CTR instance (rows kept on the GPU): staging "
+                f"{human(g.ctr_staging_device_bytes)} device, "
+                f"{human(g.ctr_staging_pinned_bytes)} pinned"
+            )
         lines.append(
             f"L1 GPU memory, model {g.model}{when}: per instance: caches "
             f"{human(g.cache_bytes)} + staging {human(g.staging_device_bytes)} device memory, "
             f"staging {human(g.staging_pinned_bytes)} pinned host memory (requests of "
-            f"{g.request_keys:,} keys); per device ({g.instances_per_device} instances): "
+            f"{g.request_keys:,} keys){ctr}; per device ({g.instances_per_device} instances): "
             f"{human(g.device_bytes_per_device)} device memory; per node ({g.instances} "
             f"instances): {human(g.pinned_bytes)} pinned host memory"
         )
@@ -175,7 +191,7 @@ def plan(config: PSConfig, rows: dict[str, int] | None = None) -> list[TablePlan
     topo = topology(config)
     for model in config.models:
         devices = max(1, len(model.deployed_device_list))
-        per_device = math.ceil(model.hps_instances / devices)
+        per_device = math.ceil(model.processes / devices)
         memory = _cache_memory(model) if model.gpucache else "host"
         for i, spec in enumerate(model.tables):
             n, source = _rows(model, i, given)
@@ -187,7 +203,7 @@ def plan(config: PSConfig, rows: dict[str, int] | None = None) -> list[TablePlan
                 l2_rows = min(n, vdb.overflow_margin)
                 if not vdb.cache_missed_embeddings:
                     l2_rows = min(l2_rows, math.ceil(vdb.initial_cache_rate * n))
-            copies = model.hps_instances if topo.l2 == "process" else 1
+            copies = model.processes if topo.l2 == "process" else 1
             l2_row = l2_bytes_per_row(vdb, spec.dim, fmt)
             l3_row = l3_bytes_per_row(config.persistent_db, spec.dim, fmt) if topo.l3 else 0.0
             out.append(

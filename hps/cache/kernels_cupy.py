@@ -162,18 +162,79 @@ def tables_layout(n_keys: int, n_tables: int, row_bytes: int) -> TablesLayout:
     )  # fmt: skip
 
 
-def request_staging(keys: Sequence[int], dims: Sequence[int]) -> Staging:
+def request_staging(
+    keys: Sequence[int], dims: Sequence[int], *, rows_on_device: bool = False
+) -> Staging:
     """The staging buffers a GPU cache's :class:`Device` holds once it ran requests of
     ``keys[t]`` keys for tables of dimension ``dims[t]`` (at most; one launch per request,
     :func:`run_tables`): a pinned and a device buffer each for the keys in and the results
     out, grown to powers of two (:func:`hps.cache.device.staging_nbytes`). ``hps plan``
-    prints it per Triton instance."""
+    prints it per Triton instance.
+
+    ``rows_on_device`` (the CTR model's lookups, :func:`fill_rows`): the rows stay on the
+    device, so the results out are the misses and tallies alone, a pair of ``fill`` buffers
+    carries the rows found below L1 (at most every row of a request: a cold start), and the
+    request's rows themselves take ``device`` memory too (CuPy's pool keeps them between
+    requests)."""
     if not keys:
         return Staging(0, 0)
+    n = sum(int(k) for k in keys)
     rows = 4 * sum(int(k) * int(d) for k, d in zip(keys, dims, strict=True))
-    layout = tables_layout(sum(int(k) for k in keys), len(keys), rows)
-    need = {"keys": layout.in_bytes, "out": layout.out_bytes}
-    return staging_nbytes(pinned=need, device=need)
+    if not rows_on_device:
+        layout = tables_layout(n, len(keys), rows)
+        need = {"keys": layout.in_bytes, "out": layout.out_bytes}
+        return staging_nbytes(pinned=need, device=need)
+    layout = tables_layout(n, len(keys), 0)
+    need = {"keys": layout.in_bytes, "out": layout.out_bytes, "fill": fill_nbytes(n, rows // 4)}
+    staged = staging_nbytes(pinned=need, device=need)
+    return Staging(staged.pinned, staged.device + rows)
+
+
+class Fill(NamedTuple):
+    """Rows found below L1 for one table of a request whose rows are on the device: the
+    table's output starts at element ``offset`` of the request's buffer, holds ``n`` rows of
+    ``dim``; ``rows[i]`` (host float32 ``[m, dim]``) goes to row ``positions[i]``."""
+
+    offset: int
+    n: int
+    dim: int
+    positions: np.ndarray
+    rows: np.ndarray
+
+
+def fill_nbytes(n_rows: int, n_elements: int) -> int:
+    """Bytes of the ``fill`` staging for ``n_rows`` rows of ``n_elements`` floats in all:
+    their positions (int64), then the rows (16-byte aligned)."""
+    return _pad(8 * n_rows) + 4 * n_elements
+
+
+def fill_rows(device: Device, out: Array, fills: Sequence[Fill]) -> None:
+    """Write host rows into ``out``, a flat float32 buffer of ``device``: every table's rows
+    and positions go in one pinned buffer and one copy, then each table's rows are
+    scattered to their positions on the device. Returns once they are written."""
+    fills = [f for f in fills if f.positions.size]
+    if not fills:
+        return
+    n_rows = sum(f.positions.size for f in fills)
+    rows_at = _pad(8 * n_rows)
+    staged = device.pinned("fill", fill_nbytes(n_rows, sum(f.rows.size for f in fills)))
+    staged[: 8 * n_rows].view(np.int64)[:] = np.concatenate([f.positions for f in fills])
+    flat = staged[rows_at:].view(np.float32)
+    e = 0
+    for f in fills:
+        flat[e : e + f.rows.size] = f.rows.reshape(-1)
+        e += f.rows.size
+    buf = device.buffer("fill", staged.size)
+    device.to_device(buf, staged)
+    positions, values = buf[: 8 * n_rows].view(np.int64), buf[rows_at:].view(np.float32)
+    p = e = 0
+    with device.on_stream():  # after the copy, before the buffer's next use
+        for f in fills:
+            m = f.positions.size
+            view = out[f.offset : f.offset + f.n * f.dim].reshape(f.n, f.dim)
+            view[positions[p : p + m]] = values[e : e + m * f.dim].reshape(m, f.dim)
+            p, e = p + m, e + m * f.dim
+    device.synchronize()
 
 
 def run_tables(
@@ -181,12 +242,18 @@ def run_tables(
     desc: np.ndarray,
     keys: np.ndarray,
     bounds: np.ndarray,
-    out: np.ndarray,
+    out: Array,
     out_offsets: np.ndarray,
+    *,
+    out_on_device: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``probe_gather_tables`` on ``device``: the tables of ``desc`` (int64 ``[T, 13]``,
     :data:`hps.cache.kernels.DESCRIPTOR`, device addresses) with their keys at ``bounds``,
-    rows into the host ``out`` (flat float32) from ``out_offsets``; one copy each way.
+    rows into ``out`` (flat float32) from ``out_offsets``; one copy each way.
+
+    ``out`` is a host buffer (the rows come back with the misses and tallies), or with
+    ``out_on_device`` a buffer of ``device`` that the kernel writes itself (only the misses
+    and tallies come back: the rows never cross to the host).
 
     Returns per table (misses, distinct hits) (int64 ``[T, 2]``) and the miss positions
     (int64 ``[n]``: table ``t``'s from ``bounds[t, 0]``, sorted), as the CPU kernel."""
@@ -199,8 +266,9 @@ def run_tables(
     first_warp = np.cumsum(warps) - warps
     ends = out_offsets + (hi - lo) * dims
     vec = (dims % 4 == 0) & (desc[:, 4] % 16 == 0) & (out_offsets % 4 == 0)
+    vec &= not out_on_device or address(out) % 16 == 0  # the staging buffer is aligned
     plan = np.stack([lo, hi, out_offsets, first_warp, tiles, vec.astype(np.int64)], axis=1)
-    row_bytes = 4 * int(ends.max(initial=0))
+    row_bytes = 0 if out_on_device else 4 * int(ends.max(initial=0))
     desc_at, plan_at, in_bytes, miss_at, tally_at, out_bytes = tables_layout(n, n_tables, row_bytes)
     staged = device.pinned("keys", in_bytes)
     staged[: 8 * n].view(np.int64)[:] = keys
@@ -212,22 +280,29 @@ def run_tables(
     device.zero(result[tally_at:])
     args = (dev_in[desc_at:plan_at].view(np.int64), dev_in[plan_at:].view(np.int64),
             np.int32(n_tables), np.int64(warps.sum()), dev_in[: 8 * n].view(np.int64),
-            result[:row_bytes].view(np.float32), result[miss_at:tally_at].view(np.int64),
+            out if out_on_device else result[:row_bytes].view(np.float32),
+            result[miss_at:tally_at].view(np.int64),
             result[tally_at:].view(np.uint64))  # fmt: skip
     device.launch("probe_gather_tables", blocks_for(int(warps.sum())), THREADS, args)
     back = device.pinned("out", result.size)
     device.to_host(back, result)
     device.synchronize()
-    rows_back = back[:row_bytes].view(np.float32)
-    order = np.argsort(out_offsets, kind="stable")  # tables next to each other: one copy
-    starts, stops = out_offsets[order], ends[order]
-    new = np.ones(n_tables, dtype=bool)
-    new[1:] = starts[1:] != stops[:-1]
-    runs = np.maximum.reduceat(stops, np.flatnonzero(new)) if n_tables else stops
-    for a, b in zip(starts[new].tolist(), runs.tolist(), strict=True):
-        out[a:b] = rows_back[a:b]
+    if not out_on_device:
+        _rows_into(out, back[:row_bytes].view(np.float32), out_offsets, ends)
     tallies = back[tally_at:].view(np.uint64).reshape(n_tables, 2).astype(np.int64)
     miss_pos = back[miss_at:tally_at].view(np.int64).copy()
     for first, n_miss in zip(lo.tolist(), tallies[:, 0].tolist(), strict=True):
         miss_pos[first : first + n_miss].sort()
     return tallies, miss_pos
+
+
+def _rows_into(out: np.ndarray, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+    """Copy the tables' spans ``[starts[t], ends[t])`` of ``rows`` into ``out``: one copy per
+    run of adjacent tables, so the gaps between them in ``out`` are left alone."""
+    order = np.argsort(starts, kind="stable")
+    first, stops = starts[order], ends[order]
+    new = np.ones(first.size, dtype=bool)
+    new[1:] = first[1:] != stops[:-1]
+    runs = np.maximum.reduceat(stops, np.flatnonzero(new))
+    for a, b in zip(first[new].tolist(), runs.tolist(), strict=True):
+        out[a:b] = rows[a:b]

@@ -20,8 +20,8 @@ import numpy.typing as npt
 
 from hps.cache import kernels
 from hps.cache.embedding_cache import EmbeddingCache
-from hps.cache.kernels_cupy import GpuProbe, run_tables
-from hps.types import Keys, Vectors
+from hps.cache.kernels_cupy import Fill, GpuProbe, fill_rows, run_tables
+from hps.types import Array, Keys, Vectors
 
 
 class QueryInto(Protocol):
@@ -35,15 +35,20 @@ def probe_tables(
     dims: Sequence[int],
     keys: np.ndarray,
     bounds: np.ndarray,
-    out: np.ndarray,
+    out: Array,
     out_offsets: np.ndarray,
+    *,
+    out_on_device: bool = False,
 ) -> list[tuple[np.ndarray, int]]:
     """Every table's L1 probe of a request, as a lookup runs it: :func:`query_tables_into`
     (one compiled call) where the caches allow, else one ``query_into`` per cache (rows of
-    ``dims[t]`` elements). Arguments and answers as :func:`query_tables_into`'s."""
-    answers = query_tables_into(caches, keys, bounds, out, out_offsets)
+    ``dims[t]`` elements). Arguments and answers as :func:`query_tables_into`'s; with
+    ``out_on_device`` the caches must share one GPU (:func:`one_gpu`)."""
+    answers = query_tables_into(caches, keys, bounds, out, out_offsets, out_on_device=out_on_device)
     if answers is not None:
         return answers
+    if out_on_device:
+        raise ValueError("rows on the device need every cache on that one GPU")
     return [
         cache.query_into(keys[lo:hi], out[v : v + (hi - lo) * dim].reshape(hi - lo, dim))
         for cache, dim, (lo, hi), v in zip(
@@ -52,16 +57,45 @@ def probe_tables(
     ]
 
 
+def one_gpu(caches: Sequence[object]) -> EmbeddingCache | None:
+    """The first of ``caches`` when they are all :class:`EmbeddingCache` on one GPU (one
+    launch probes them all, into a buffer of that GPU: :func:`query_tables_into`), else
+    ``None``."""
+    ours = [c for c in caches if isinstance(c, EmbeddingCache) and isinstance(c._kernel, GpuProbe)]
+    if not ours or len(ours) != len(caches) or len({c.device_id for c in ours}) > 1:
+        return None
+    return ours[0]
+
+
+def gpu_rows(lead: EmbeddingCache, n: int) -> Array:
+    """An uninitialised float32 buffer of ``n`` elements on ``lead``'s GPU."""
+    with lead._scope:
+        rows: Array = lead.xp.empty(n, dtype=np.float32)
+    return rows
+
+
+def fill_on_gpu(lead: EmbeddingCache, out: Array, fills: Sequence[Fill]) -> None:
+    """Rows found below L1 into ``out``, a buffer on ``lead``'s GPU (:func:`one_gpu`): one
+    copy for every table (:func:`hps.cache.kernels_cupy.fill_rows`), under ``lead``'s lock
+    (its staging buffers)."""
+    assert isinstance(lead._kernel, GpuProbe)
+    with lead._lock, lead._scope:
+        fill_rows(lead._kernel.device, out, fills)
+
+
 def query_tables_into(
     caches: Sequence[object],
     keys: np.ndarray,
     bounds: np.ndarray,
-    out: np.ndarray,
+    out: Array,
     out_offsets: np.ndarray,
+    *,
+    out_on_device: bool = False,
 ) -> list[tuple[np.ndarray, int]] | None:
     """Probe ``caches[t]`` with ``keys[bounds[t, 0]:bounds[t, 1]]`` (int64 ``[T, 2]``,
     non-empty, non-overlapping), writing its rows into the flat float32 ``out`` from
-    ``out_offsets[t]`` in request order (misses as zeros).
+    ``out_offsets[t]`` in request order (misses as zeros). ``out`` is a host buffer, or with
+    ``out_on_device`` a buffer on the caches' GPU, which the rows never leave.
 
     Returns per table the miss positions (within its keys) and the distinct keys hit, as
     ``query_into`` does; ``None`` when some cache is not an :class:`EmbeddingCache` on a
@@ -76,7 +110,7 @@ def query_tables_into(
     kernel = kernels.cpu_tables_kernel()
     if gpu and (len(gpu) != len(ours) or len({c.device_id for c in ours}) > 1):
         return None  # mixed devices: table by table
-    if not gpu and kernel is None:
+    if not gpu and kernel is None or out_on_device and not gpu:
         return None
     keys = np.ascontiguousarray(keys, dtype=np.int64)
     n_tables = len(caches)
@@ -91,7 +125,9 @@ def query_tables_into(
             desc[t] = cache._descriptor()
         if gpu:  # one launch on the first cache's device (its lock is held too)
             with ours[0]._scope:
-                result, miss_pos = run_tables(gpu[0].device, desc, keys, bounds, out, out_offsets)
+                result, miss_pos = run_tables(
+                    gpu[0].device, desc, keys, bounds, out, out_offsets, out_on_device=out_on_device
+                )
         else:
             assert kernel is not None
             kernel(desc, bounds, keys, out, out_offsets, miss_pos, result)

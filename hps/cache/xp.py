@@ -65,6 +65,15 @@ def available_xps() -> list[ArrayModule]:
     return [np] if cp is None else [np, cp]
 
 
+def array_module(a: Array) -> ArrayModule:
+    """The array module of ``a``: NumPy for a NumPy array, else CuPy (a device array)."""
+    if isinstance(a, np.ndarray):
+        return np
+    import cupy
+
+    return cupy
+
+
 def to_host(a: Array) -> np.ndarray:
     """A NumPy array of ``a`` (a device-to-host copy for CuPy, a no-op for NumPy)."""
     if isinstance(a, np.ndarray):

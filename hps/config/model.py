@@ -72,6 +72,20 @@ class ModelConfig(Frozen):
         "(float32 unless fp8_quant asks for 8-bit rows)",
     )
 
+    @property
+    def serves_ctr(self) -> bool:
+        """Whether Triton also serves the model's CTR network (``<model>_ctr``, the
+        embedding lookup and :mod:`hps.ctr.network` in one model): its ``dense_file`` is
+        such an ``.npz``."""
+        return self.dense_file.endswith(".npz")
+
+    @property
+    def processes(self) -> int:
+        """Triton instance processes that serve the model, each with its own L1 (and
+        in-process L2): ``hps_instances`` for the embedding model, as many again for the
+        CTR model where there is one."""
+        return self.hps_instances * (2 if self.serves_ctr else 1)
+
     @field_validator("model")
     @classmethod
     def _model_name(cls, v: str) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from hps.cache.xp import select_xp
+from hps.cache.xp import array_module, select_xp, to_host
 from hps.errors import ConfigError, ShapeError
 from hps.types import ArrayModule, Vectors
 
@@ -61,9 +61,11 @@ class DenseNetwork:
         self.input_width = host[0][0].shape[0]
 
     def __call__(self, dense: Array, pooled: Vectors) -> Array:
-        """Click probabilities ``[batch]`` of ``dense [batch, num_dense]`` and embeddings."""
+        """Click probabilities ``[batch]`` (host) of ``dense [batch, num_dense]`` and the
+        pooled embeddings, on either side (copied to the network's device if not there)."""
         xp = self.xp
-        x = xp.concatenate([xp.asarray(dense), xp.asarray(pooled)], axis=1)
+        emb = to_host(pooled) if xp is np else xp.asarray(pooled)
+        x = xp.concatenate([xp.asarray(dense), emb], axis=1)
         if x.shape[1] != self.input_width:
             raise ShapeError(f"the network takes {self.input_width} inputs, got {x.shape[1]}")
         for i, (w, b) in enumerate(self.layers):
@@ -77,22 +79,24 @@ class DenseNetwork:
 def pool_embeddings(
     vectors: Vectors, num_keys: np.ndarray, offsets: np.ndarray, dims: list[int]
 ) -> Vectors:
-    """Sum the vectors of each sample within each table: ``[batch, sum(dims)]``.
+    """Sum the vectors of each sample within each table: ``[batch, sum(dims)]``, on the
+    device ``vectors`` are on (NumPy or CuPy: a lookup answered on the GPU is pooled there).
 
     ``vectors`` is the flat output of ``lookup_request`` (table after table); ``offsets``
-    holds each table's CSR row offsets ``[tables, batch + 1]``.
+    (host) holds each table's CSR row offsets ``[tables, batch + 1]``.
     """
+    xp = array_module(vectors)
     batch = offsets.shape[1] - 1
-    out = np.zeros((batch, sum(dims)), dtype=np.float32)
+    out = xp.zeros((batch, sum(dims)), dtype=xp.float32)
     v_off = col = 0
     for t, dim in enumerate(dims):
         n = int(num_keys[t])
         rows = vectors[v_off : v_off + n * dim].reshape(n, dim)
-        nonempty = np.diff(offsets[t]) > 0
+        nonempty = np.flatnonzero(np.diff(offsets[t]) > 0)
         if n:
             # CSR segments are contiguous: empty ones consume no rows and stay zero.
-            starts = offsets[t][:-1][nonempty]
-            out[nonempty, col : col + dim] = np.add.reduceat(rows, starts, axis=0)
+            starts = xp.asarray(offsets[t][:-1][nonempty])
+            out[xp.asarray(nonempty), col : col + dim] = xp.add.reduceat(rows, starts, axis=0)
         v_off += n * dim
         col += dim
     return out

@@ -163,7 +163,7 @@ def served_models(config: PSConfig) -> list[ServedModel]:
     for m in config.models:
         batch = m.max_batch_size
         out.append(ServedModel(m.model, "hps_embedding", m.model, m.hps_instances, batch))
-        if m.dense_file.endswith(".npz"):
+        if m.serves_ctr:
             out.append(
                 ServedModel(m.model + CTR_SUFFIX, "hps_ctr", m.model, m.hps_instances, batch)
             )

@@ -17,7 +17,7 @@ import numpy as np
 from hps.cache import EmbeddingCache, cache_capacity
 from hps.cache.calibrate import request_keys
 from hps.cache.device import MIN_BUFFER, Staging, grown, staging_nbytes
-from hps.cache.kernels_cupy import request_staging, tables_layout
+from hps.cache.kernels_cupy import Fill, fill_rows, request_staging, tables_layout
 from hps.pipeline import Probed, probe_l1
 from hps.plan import gpu_lines, l1_gpu, plan, to_json
 from hps.topology import topology
@@ -120,3 +120,48 @@ def test_no_gpu_lines_for_a_numpy_l1_or_none(tmp_path: Path) -> None:
     assert "if start-up" not in gpu_lines(gpus)[0]
     memory = {p.table.split(".")[0]: p.cache_memory for p in plans}
     assert memory == {"n": "host", "g": "gpu", "off": "host"}
+
+
+def test_the_plan_counts_what_a_ctr_instance_holds(cuda_lib: ctypes.CDLL, tmp_path: Path) -> None:
+    """A CTR instance keeps the rows on the GPU: a cold request (every key missed, so every
+    row goes in through the fill buffers) grows its buffers to what the plan prints."""
+    cfg = make_config(tmp_path, models=[_model(tmp_path, dense_file=str(tmp_path / "d.npz"))])
+    model = cfg.models[0]
+    assert model.serves_ctr and model.processes == 6
+    keys, dims = request_keys(model), [t.dim for t in model.tables]
+    caches = [EmbeddingCache(d, 128) for d in dims]
+    device = on_emulated_gpu(caches[0], cuda_lib)
+    for cache in caches[1:]:
+        on_emulated_gpu(cache, cuda_lib, device=device)
+    probed: list[Probed] = []
+    k = v = 0
+    for spec, cache, n in zip(model.tables, caches, keys, strict=True):
+        probed.append((spec, cache, k, n, v))
+        k, v = k + n, v + n * spec.dim
+    flat = np.arange(k, dtype=np.int64)
+    out = np.zeros(v, np.float32)  # the request's rows on the (emulated) device
+    answers = probe_l1(probed, flat, out, out_on_device=True)
+    fills = [
+        Fill(v, n, spec.dim, miss, np.ones((miss.size, spec.dim), np.float32))
+        for (spec, _, _, n, v), (miss, _) in zip(probed, answers, strict=True)
+    ]
+    assert all(f.positions.size == f.n for f in fills)  # cold: all missed
+    fill_rows(device, out, fills)
+    assert (out == 1).all()
+    want = request_staging(keys, dims, rows_on_device=True)
+    held = device.held()
+    assert (held.pinned, held.device + 4 * v) == (want.pinned, want.device)
+
+    (gpu,) = l1_gpu(cfg, plan(cfg, {"m.a": 200, "m.b": 300, "m.c": 400}))
+    host = request_staging(keys, dims)
+    assert (gpu.ctr_staging_pinned_bytes, gpu.ctr_staging_device_bytes) == (
+        want.pinned,
+        want.device,
+    )
+    assert (gpu.instances, gpu.instances_per_device) == (6, 3)
+    per_model = 2  # instances of each Triton model on a device: ceil(3 / 2)
+    assert gpu.device_bytes_per_device == per_model * (
+        2 * gpu.cache_bytes + host.device + want.device
+    )
+    assert gpu.pinned_bytes == 3 * (host.pinned + want.pinned)
+    assert "a CTR instance (rows kept on the GPU)" in gpu_lines([gpu])[0]

@@ -9,16 +9,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hps.cache.xp import available_xps, to_host
 from hps.ctr.network import DenseNetwork, make_weights, pool_embeddings
 from hps.errors import ConfigError, ShapeError
+from hps.types import ArrayModule
 
 
+@pytest.mark.parametrize("xp", available_xps(), ids=lambda m: m.__name__)
 @settings(max_examples=60, deadline=None)
 @given(
     counts=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=6), min_size=1, max_size=4),
     seed=st.integers(0, 1000),
 )
-def test_pool_embeddings_matches_a_loop(counts: list[list[int]], seed: int) -> None:
+def test_pool_embeddings_matches_a_loop(
+    xp: ArrayModule, counts: list[list[int]], seed: int
+) -> None:
+    """On the device the rows are on (a lookup answered on the GPU is pooled there)."""
     batch = len(counts[0])
     counts = [(c * batch)[:batch] for c in counts]  # same number of samples in every table
     dims = [2 + t for t in range(len(counts))]
@@ -26,7 +32,7 @@ def test_pool_embeddings_matches_a_loop(counts: list[list[int]], seed: int) -> N
     rows = [rng.standard_normal((sum(c), d), np.float32) for c, d in zip(counts, dims, strict=True)]
     flat = np.concatenate([r.ravel() for r in rows])
     offsets = np.array([[0, *np.cumsum(c)] for c in counts])
-    got = pool_embeddings(flat, offsets[:, -1], offsets, dims)
+    got = to_host(pool_embeddings(xp.asarray(flat), offsets[:, -1], offsets, dims))
     want = np.zeros((batch, sum(dims)), dtype=np.float32)
     col = 0
     for t, d in enumerate(dims):

@@ -9,7 +9,10 @@ class TritonPythonModel:
     def initialize(self, args):
         self.process = ModelProcess(args)
         model = self.process.model
-        self.network = DenseNetwork(model.dense_file, model.hps_cache.device)
+        # the network runs where L1 answers (the rows stay on its GPU, if it has one)
+        l1 = self.process.session.l1_devices.get(self.process.name)
+        device = l1.device if l1 else model.hps_cache.device
+        self.network = DenseNetwork(model.dense_file, device)
         self.dims = [t.dim for t in model.tables]
 
     def execute(self, requests):
@@ -24,7 +27,9 @@ class TritonPythonModel:
             self.network.num_dense,
             self.process.model.max_batch_size,
         )
-        vectors = self.process.session.lookup_request(self.process.name, batch.keys, batch.num_keys)
+        vectors = self.process.session.lookup_request(
+            self.process.name, batch.keys, batch.num_keys, on_gpu=True
+        )
         pooled = pool_embeddings(vectors, batch.num_keys, batch.offsets, self.dims)
         return self.network(batch.dense, pooled).reshape(1, -1)
 

@@ -1,0 +1,170 @@
+"""A request answered on the GPU that holds L1 (``lookup_request(..., on_gpu=True)``).
+
+The CTR model pools and runs its dense network where L1 is, so its rows never cross to the
+host: L1's kernel writes them into a buffer on the GPU, and the rows found below L1 go in
+with one copy for the whole request. Here the caches run the GPU kernels on an emulated
+device (tests/unit/cache/cuda_emulation.py: host memory, the host path as on a GPU), and the
+answer must equal the host path's, value for value and counter for counter, while the only
+copy back is the miss list and the tallies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hps.cache.embedding_cache import EmbeddingCache
+from hps.cache.kernels_cupy import fill_nbytes, tables_layout
+from hps.lookup import LookupSession
+from hps.storage.hash_map import HashMapStore
+from hps.tiers import Tiers
+from tests.helpers import make_config
+from tests.unit.cache.cuda_emulation import EmulatedDevice, on_emulated_gpu
+from tests.unit.cache.test_fused_property import SETTINGS
+
+DIMS = (4, 8, 4)
+CACHED = ("demo.t0", "demo.t1")  # demo.t2 has no L1: all its rows come from below
+
+
+class CopyCounter:
+    """Records the bytes of every copy an emulated device makes, each way."""
+
+    def __init__(self, device: EmulatedDevice) -> None:
+        self.to_device: list[int] = []
+        self.to_host: list[int] = []
+        for way, log in (("to_device", self.to_device), ("to_host", self.to_host)):
+            copy = getattr(device, way)
+
+            def counted(dst: Any, src: Any, copy: Any = copy, log: list[int] = log) -> None:
+                log.append(int(src.nbytes))
+                copy(dst, src)
+
+            setattr(device, way, counted)
+
+    def clear(self) -> None:
+        self.to_device.clear()
+        self.to_host.clear()
+
+
+def _session(tmp_path: Path, lib: ctypes.CDLL | None, stored: int) -> LookupSession:
+    """Three tables over an in-memory L2 holding the even keys below ``2 * stored``; L1 on
+    the first two, on one emulated GPU (``lib``) or on NumPy (``None``)."""
+    cfg = make_config(
+        tmp_path,
+        models=[
+            {
+                "model": "demo",
+                "embedding_table_names": ["t0", "t1", "t2"],
+                "embedding_vecsize_per_table": list(DIMS),
+                "default_value_for_each_table": [0.5, -1.0, 2.0],
+                "max_batch_size": 1024,
+                "gpucache": True,
+                "hit_rate_threshold": 1.0,  # misses go into L1 before the request returns
+            }
+        ],
+        persistent_db={"type": "disabled"},
+    )
+    l2 = HashMapStore()
+    rng = np.random.default_rng(stored)
+    for spec in cfg.models[0].tables:
+        keys = np.arange(stored, dtype=np.int64) * 2
+        l2.open_table(spec)
+        l2.insert(spec.name, keys, rng.standard_normal((stored, spec.dim)).astype(np.float32))
+    caches = {
+        name: EmbeddingCache(dim, 48, name=name) for name, dim in zip(CACHED, DIMS[:2], strict=True)
+    }
+    if lib is not None:
+        device = EmulatedDevice(lib)
+        for cache in caches.values():
+            on_emulated_gpu(cache, lib, device=device)
+    return LookupSession(cfg.models, Tiers(l2, None), caches=caches)
+
+
+def _device(session: LookupSession) -> EmulatedDevice:
+    cache = session.caches[CACHED[0]]
+    assert isinstance(cache, EmbeddingCache)
+    device = cache._kernel.device  # type: ignore[union-attr]
+    assert isinstance(device, EmulatedDevice)
+    return device
+
+
+table_keys = st.lists(st.integers(0, 200), max_size=60)
+
+
+@SETTINGS
+@given(
+    stored=st.integers(10, 80),
+    requests=st.lists(st.tuples(table_keys, table_keys, table_keys), min_size=1, max_size=4),
+)
+def test_rows_answered_on_the_gpu_match_the_host_path(
+    cuda_lib: ctypes.CDLL,
+    tmp_path_factory: pytest.TempPathFactory,
+    stored: int,
+    requests: list[tuple[list[int], list[int], list[int]]],
+) -> None:
+    tmp = tmp_path_factory.mktemp("on-gpu")
+    gpu, host = _session(tmp, cuda_lib, stored), _session(tmp, None, stored)
+    copies = CopyCounter(_device(gpu))
+    try:
+        for request in requests:
+            keys = np.concatenate([np.array(t, dtype=np.int64) for t in request])
+            counts = np.array([len(t) for t in request], dtype=np.int32)
+            copies.clear()
+            got = gpu.lookup_request("demo", keys, counts, on_gpu=True)
+            np.testing.assert_array_equal(got, host.lookup_request("demo", keys, counts))
+            n_cached = counts[0] + counts[1]
+            if n_cached:
+                # back: the miss list and the tallies, never the rows
+                tables = int(counts[0] > 0) + int(counts[1] > 0)
+                layout = tables_layout(keys.size, tables, 0)  # miss list sized for all keys
+                assert copies.to_host == [layout.out_bytes]
+            # in: the keys (if any table has L1 keys), then at most one copy of rows
+            assert len(copies.to_device) <= int(n_cached > 0) + 1
+            if counts[2]:
+                assert len(copies.to_device) == int(n_cached > 0) + 1
+        assert gpu.stats()["tables"] == host.stats()["tables"]
+        for name in CACHED:
+            assert np.array_equal(
+                np.sort(gpu.caches[name].resident_keys()),
+                np.sort(host.caches[name].resident_keys()),
+            )
+    finally:
+        gpu.close()
+        host.close()
+
+
+def test_one_copy_carries_every_row_found_below_l1(cuda_lib: ctypes.CDLL, tmp_path: Path) -> None:
+    """A cold request (every key misses L1) brings its rows to the device in one copy."""
+    session = _session(tmp_path, cuda_lib, 50)
+    copies = CopyCounter(_device(session))
+    keys = np.array([0, 2, 4, 2, 1, 6, 8, 10, 12, 3], dtype=np.int64)  # 1, 3: found nowhere
+    counts = np.array([4, 3, 3], dtype=np.int32)
+    want = np.concatenate(
+        [
+            session.lookup(f"demo.t{t}", part).ravel()
+            for t, part in enumerate(np.split(keys, [4, 7]))
+        ]
+    )
+    for cache in session.caches.values():
+        cache.clear()  # type: ignore[attr-defined]
+    copies.clear()
+    got = session.lookup_request("demo", keys, counts, on_gpu=True)
+    np.testing.assert_array_equal(got, want)
+    rows = 4 * (4 * 4 + 3 * 8 + 3 * 4)
+    assert copies.to_device == [tables_layout(10, 2, 0).in_bytes, fill_nbytes(10, rows // 4)]
+    session.close()
+
+
+def test_without_one_gpu_the_rows_are_answered_on_the_host(tmp_path: Path) -> None:
+    session = _session(tmp_path, None, 20)
+    keys = np.array([0, 2, 4, 5], dtype=np.int64)
+    got = session.lookup_request("demo", keys, np.array([2, 1, 1], np.int32), on_gpu=True)
+    assert isinstance(got, np.ndarray) and got.shape == (2 * 4 + 8 + 4,)
+    np.testing.assert_array_equal(got[-4:], np.full(4, 2.0, np.float32))  # key 5: the default
+    session.close()
