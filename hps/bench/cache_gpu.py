@@ -13,7 +13,9 @@ on the same batch:
 - ``query_vs_cpu``: ``query_into`` on the GPU against the compiled CPU kernel on a NumPy
   cache of the same rows (``ratio`` > 1: the GPU is faster);
 - ``query_tables`` (``--tables`` > 1): the many-table call (one launch for all tables:
-  :func:`hps.cache.many.query_tables_into`) against one ``query_into`` per table.
+  :func:`hps.cache.many.query_tables_into`) against one ``query_into`` per table;
+- ``query_tables_on_gpu`` (``--tables`` > 1): the same call with the rows left in a device
+  buffer (what the CTR model asks for) against the call that brings them to the host.
 
 Every row names the device it ran on (``device_name``).
 """
@@ -148,3 +150,11 @@ def _tables(
 
     t_many, t_each = time_them([many, one_by_one])
     yield row("query_tables", t_many, t_each) | {"tables": n_tables}
+
+    out_d = xp.empty(flat.size * dim, dtype=xp.float32)
+
+    def on_gpu() -> None:
+        query_tables_into(tables, flat, bounds, out_d, offsets, out_on_device=True)
+
+    t_gpu, t_many = time_them([on_gpu, many])
+    yield row("query_tables_on_gpu", t_gpu, t_many) | {"tables": n_tables}

@@ -6,11 +6,12 @@ tables of different row formats in one call."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from hps.cache.embedding_cache import EmbeddingCache
-from hps.cache.many import query_tables_into
+from hps.cache.many import one_gpu, probe_tables, query_tables_into
 from hps.rowformat import FORMATS, ROW_DTYPES
 from tests.unit.cache.test_fused_property import SETTINGS, _same_state, keys_st
 
@@ -109,3 +110,16 @@ def test_a_cache_off_the_compiled_cpu_path_means_none() -> None:
     bounds = np.array([[0, 3]], np.int64)
     assert query_tables_into([cache], keys, bounds, out, np.zeros(1, np.int64)) is None
     assert query_tables_into([object()], keys, bounds, out, np.zeros(1, np.int64)) is None
+
+
+def test_rows_on_a_device_need_caches_on_one_gpu() -> None:
+    """Caches on NumPy cannot write into a GPU buffer: no one-call answer, and the pipeline's
+    probe refuses rather than writing host rows somewhere else."""
+    cache = EmbeddingCache(4, 10)
+    keys = np.arange(3, dtype=np.int64)
+    out = np.empty(12, np.float32)
+    bounds, offsets = np.array([[0, 3]], np.int64), np.zeros(1, np.int64)
+    assert one_gpu([cache]) is None and one_gpu([]) is None
+    assert query_tables_into([cache], keys, bounds, out, offsets, out_on_device=True) is None
+    with pytest.raises(ValueError, match="one GPU"):
+        probe_tables([cache], [4], keys, bounds, out, offsets, out_on_device=True)
