@@ -43,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hps.cache.kernels_cupy import Fill
-from hps.cache.many import fill_on_gpu, gpu_rows, one_gpu, probe_tables
+from hps.cache.many import device_buffer, fill_on_gpu, one_gpu, probe_tables
 from hps.config import ModelConfig
 from hps.dedup import unique_inverse
 from hps.errors import CircuitOpenError
@@ -156,7 +156,7 @@ class LookupPipeline:
             v += n * spec.dim
         cached = [self.caches[s.name] for s in specs if s.name in self.caches]
         lead = one_gpu(cached) if on_gpu else None
-        out = np.empty(out_size, np.float32) if lead is None else gpu_rows(lead, out_size)
+        out = np.empty(out_size, np.float32) if lead is None else device_buffer(lead, out_size)
         fills: list[Fill] = []
 
         def place(v: int, n: int, dim: int, at: Keys | None, rows: Vectors, inv: Keys) -> None:

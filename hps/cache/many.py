@@ -67,7 +67,7 @@ def one_gpu(caches: Sequence[object]) -> EmbeddingCache | None:
     return ours[0]
 
 
-def gpu_rows(lead: EmbeddingCache, n: int) -> Array:
+def device_buffer(lead: EmbeddingCache, n: int) -> Array:
     """An uninitialised float32 buffer of ``n`` elements on ``lead``'s GPU."""
     with lead._scope:
         rows: Array = lead.xp.empty(n, dtype=np.float32)
@@ -106,11 +106,11 @@ def query_tables_into(
     ours = [c for c in caches if isinstance(c, EmbeddingCache) and c.takes_descriptor]
     if len(ours) != len(caches):
         return None
-    gpu = [c._kernel for c in ours if isinstance(c._kernel, GpuProbe)]
+    lead = one_gpu(ours)
     kernel = kernels.cpu_tables_kernel()
-    if gpu and (len(gpu) != len(ours) or len({c.device_id for c in ours}) > 1):
+    if lead is None and any(isinstance(c._kernel, GpuProbe) for c in ours):
         return None  # mixed devices: table by table
-    if not gpu and kernel is None or out_on_device and not gpu:
+    if lead is None and (kernel is None or out_on_device):
         return None
     keys = np.ascontiguousarray(keys, dtype=np.int64)
     n_tables = len(caches)
@@ -123,11 +123,13 @@ def query_tables_into(
         desc = np.empty((n_tables, len(kernels.DESCRIPTOR)), dtype=np.int64)
         for t, cache in enumerate(ours):
             desc[t] = cache._descriptor()
-        if gpu:  # one launch on the first cache's device (its lock is held too)
-            with ours[0]._scope:
+        if lead is not None:  # one launch on the first cache's device (its lock is held too)
+            assert isinstance(lead._kernel, GpuProbe)
+            with lead._scope:
                 result, miss_pos = run_tables(
-                    gpu[0].device, desc, keys, bounds, out, out_offsets, out_on_device=out_on_device
-                )
+                    lead._kernel.device, desc, keys, bounds, out, out_offsets,
+                    out_on_device=out_on_device,
+                )  # fmt: skip
         else:
             assert kernel is not None
             kernel(desc, bounds, keys, out, out_offsets, miss_pos, result)
