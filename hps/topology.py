@@ -32,6 +32,7 @@ class ModelTopology:
     l1: bool  # whether those processes keep an L1 cache
     l3_mode: AccessMode | None  # how each serving process opens L3 (None: no L3)
     l3_fallback: AccessMode | None  # when the writer's lock is held elsewhere (a reload)
+    ctr_l3_mode: AccessMode | None  # how the CTR twin's processes open L3 (None: no twin/L3)
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,10 @@ def _model(model: ModelConfig, l3: bool, updates: UpdateApplier) -> ModelTopolog
         mode, fallback = "read_write", "secondary"  # this process applies updates to L3
     else:
         mode = "secondary"  # hps consume writes; instances follow it
-    return ModelTopology(model.model, model.hps_instances, model.gpucache, mode, fallback)
+    # The CTR twin (<model>_ctr) never writes L3: the writer, if one, is decided above, so
+    # the twin does not race the embedding model's process for the lock at start-up.
+    twin: AccessMode | None = "secondary" if l3 and model.serves_ctr else None
+    return ModelTopology(model.model, model.hps_instances, model.gpucache, mode, fallback, twin)
 
 
 def describe(topo: Topology) -> list[str]:
@@ -129,8 +133,9 @@ def describe(topo: Topology) -> list[str]:
         l3: str = m.l3_mode or "-"
         if m.l3_fallback:
             l3 += f" (else {m.l3_fallback})"
+        twin = f"; {m.model}_ctr: L3 opened {m.ctr_l3_mode}" if m.ctr_l3_mode else ""
         lines.append(
             f"model {m.model}: {m.instances} instance(s), L1 {'per process' if m.l1 else 'off'}, "
-            f"L3 opened {l3}"
+            f"L3 opened {l3}{twin}"
         )
     return lines

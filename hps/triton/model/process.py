@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -26,11 +25,6 @@ from hps.redact import scrub
 from hps.triton.instance_ready import InstanceReady
 from hps.triton.model.metrics import MetricsExporter
 from hps.triton.model.request import error_reply
-
-if TYPE_CHECKING:
-    from hps.config import ModelConfig, PSConfig
-    from hps.lookup import LookupSession
-    from hps.updates.journal_follower import JournalFollower
 
 log = logging.getLogger(__name__)
 
@@ -86,45 +80,6 @@ def model_parameters(args: dict[str, str]) -> dict[str, str]:
     return {k: v.get("string_value", "") for k, v in params.items()}
 
 
-def open_session(config: PSConfig, model: ModelConfig) -> tuple[LookupSession, str]:
-    """The instance's session, and how it opened L3 (the topology decides, see
-    :mod:`hps.topology`): a process that applies updates itself writes L3, unless another
-    process holds the writer's lock (e.g. the old instance during a reload): then it follows
-    it as a secondary."""
-    from hps.build import build_session
-    from hps.errors import BackendError
-    from hps.topology import topology
-
-    placement = topology(config).model(model.model)
-    mode = placement.l3_mode or "read_write"
-    try:
-        return build_session(config, l3_mode=mode), mode
-    except BackendError as exc:
-        if placement.l3_fallback is None:
-            raise
-        log.warning("L3 writer lock held elsewhere (%s); following it as a secondary", exc)
-        return build_session(config, l3_mode=placement.l3_fallback), placement.l3_fallback
-
-
-def open_journal(config: PSConfig, model: str, args: dict[str, str]) -> JournalFollower | None:
-    """This process's follower of the node's change journal (None: the node keeps no state,
-    so the control plane writes nothing here and reloads instead)."""
-    from hps.topology import topology
-    from hps.updates.journal import Journal, journal_dir
-    from hps.updates.journal_follower import JournalFollower
-
-    state = topology(config).state_dir
-    if state is None:
-        return None
-    reader = f"{args['model_instance_name']}.{os.getpid()}"
-    try:
-        return JournalFollower(Journal(journal_dir(state)), reader, model)
-    except OSError as exc:  # e.g. a read-only volume: nothing can write L3 there either
-        log.warning("no change journal beside %s (%s): writes reach this process by reloads",
-                    state, exc.strerror)  # fmt: skip
-        return None
-
-
 class ModelProcess:
     """One Triton model instance: its ps.json model, its LookupSession and its metrics.
 
@@ -132,12 +87,14 @@ class ModelProcess:
     ``hps_model`` (the ps.json model; default: the Triton model's name), ``base_dir``
     (where relative paths in ps.json start; default: the ps.json's folder) and
     ``metrics_interval_s`` (how often counters reach Triton's /metrics; 0: every batch).
+    ``ctr``: this is an instance of the model's CTR twin (``<model>_ctr``).
     """
 
-    def __init__(self, args: dict[str, str]) -> None:
+    def __init__(self, args: dict[str, str], *, ctr: bool = False) -> None:
         from hps.redact import protect
         from hps.startup import refreshers_for, warm_up_keysets, warm_up_session, watch_shared_l2
         from hps.topology import topology
+        from hps.triton.model.session import open_journal, open_session
         from hps.triton.serving import fill_l2, only_model, prepare_tables, serving_config
         from hps.versions import VersionRegistry
 
@@ -158,7 +115,7 @@ class ModelProcess:
         # position is taken before L3 is opened, so nothing written meanwhile is missed.
         self.journal = open_journal(self.config, self.name, args)
         prepare_tables(self.config)
-        self.session, mode = open_session(self.config, self.model)
+        self.session, mode = open_session(self.config, self.model, ctr=ctr)
         rows = fill_l2(self.session, self.config, self.model)
         warm = sum(warm_up_session(self.session, self.config).values())
         extra = warm_up_keysets(self.session, self.name, params.get("hps_warmup_keysets"))

@@ -7,7 +7,7 @@ from hps.triton.model.request import parse_ctr_request
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.process = ModelProcess(args)
+        self.process = ModelProcess(args, ctr=True)
         model = self.process.model
         # the network runs where L1 answers (the rows stay on its GPU, if it has one)
         l1 = self.process.session.l1_devices.get(self.process.name)

@@ -1,0 +1,60 @@
+"""How a serving instance opens its tiers and the node's change journal, as the topology
+places it (:mod:`hps.topology`); free of Triton's stub so it runs anywhere."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hps.config import ModelConfig, PSConfig
+    from hps.lookup import LookupSession
+    from hps.updates.journal_follower import JournalFollower
+
+log = logging.getLogger(__name__)
+
+
+def open_session(
+    config: PSConfig, model: ModelConfig, *, ctr: bool = False
+) -> tuple[LookupSession, str]:
+    """The instance's session, and how it opened L3 (the topology decides, see
+    :mod:`hps.topology`): a process that applies updates itself writes L3, unless another
+    process holds the writer's lock (e.g. the old instance during a reload): then it follows
+    it as a secondary. An instance of the CTR twin (``ctr``) opens it as the topology's
+    ``ctr_l3_mode`` says."""
+    from hps.build import build_session
+    from hps.errors import BackendError
+    from hps.topology import topology
+
+    placement = topology(config).model(model.model)
+    if ctr:
+        mode = placement.ctr_l3_mode or "read_write"  # no L3: the mode is not used
+        return build_session(config, l3_mode=mode), mode
+    mode = placement.l3_mode or "read_write"
+    try:
+        return build_session(config, l3_mode=mode), mode
+    except BackendError as exc:
+        if placement.l3_fallback is None:
+            raise
+        log.warning("L3 writer lock held elsewhere (%s); following it as a secondary", exc)
+        return build_session(config, l3_mode=placement.l3_fallback), placement.l3_fallback
+
+
+def open_journal(config: PSConfig, model: str, args: dict[str, str]) -> JournalFollower | None:
+    """This process's follower of the node's change journal (None: the node keeps no state,
+    so the control plane writes nothing here and reloads instead)."""
+    from hps.topology import topology
+    from hps.updates.journal import Journal, journal_dir
+    from hps.updates.journal_follower import JournalFollower
+
+    state = topology(config).state_dir
+    if state is None:
+        return None
+    reader = f"{args['model_instance_name']}.{os.getpid()}"
+    try:
+        return JournalFollower(Journal(journal_dir(state)), reader, model)
+    except OSError as exc:  # e.g. a read-only volume: nothing can write L3 there either
+        log.warning("no change journal beside %s (%s): writes reach this process by reloads",
+                    state, exc.strerror)  # fmt: skip
+        return None
