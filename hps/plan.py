@@ -9,9 +9,10 @@ int8 ``dim + 8``) plus each tier's per-row overhead, which each backend declares
 - L1: :func:`hps.cache.cache_nbytes` (arena + row metadata + index + policy state), exact,
   for each cache; every Triton instance is a process with its own caches (the instances of
   the embedding model, and as many of the CTR model where there is one:
-  ``ModelConfig.processes``), spread over the
-  ``deployed_device_list`` (device memory with CuPy, host memory with NumPy; ``auto``: on
-  the GPU where the start-up calibration picks CuPy, :mod:`hps.cache.auto`). A model whose
+  ``ModelConfig.processes``): with ``hps_cache.device: cupy`` in device memory, each
+  Triton model's instances spread round robin over the ``deployed_device_list``
+  (``ModelConfig.instance_gpus``); with ``auto`` all on its first GPU where the start-up
+  calibration picks CuPy (:mod:`hps.cache.auto`), else in host memory, as with NumPy. A model whose
   L1 is or may be on a GPU also gets an :class:`L1GpuPlan`: per instance, its caches and the
   host path's staging buffers for a request of the configured size, device memory apart
   from pinned host memory (:func:`hps.cache.kernels_cupy.request_staging`, the sizing the
@@ -134,7 +135,7 @@ def l1_gpu(config: PSConfig, plans: list[TablePlan]) -> list[L1GpuPlan]:
         staging = request_staging(keys, dims)
         ctr = request_staging(keys, dims, rows_on_device=True) if model.serves_ctr else None
         caches = sum(p.cache_bytes for p in mine)
-        devices = max(1, len(model.deployed_device_list))
+        devices = len(model.instance_gpus) or 1
         per_device = math.ceil(model.hps_instances / devices)  # of each Triton model
         ctr_device, ctr_pinned = (ctr.device, ctr.pinned) if ctr else (0, 0)
         out.append(
@@ -149,7 +150,7 @@ def l1_gpu(config: PSConfig, plans: list[TablePlan]) -> list[L1GpuPlan]:
                 ctr_staging_pinned_bytes=ctr_pinned,
                 instances=model.processes,
                 devices=devices,
-                instances_per_device=math.ceil(model.processes / devices),
+                instances_per_device=per_device * (2 if ctr else 1),
                 device_bytes_per_device=per_device
                 * (caches + staging.device + (caches + ctr_device if ctr else 0)),
                 pinned_bytes=model.hps_instances * (staging.pinned + ctr_pinned),
@@ -190,8 +191,8 @@ def plan(config: PSConfig, rows: dict[str, int] | None = None) -> list[TablePlan
     vdb, out = config.volatile_db, []
     topo = topology(config)
     for model in config.models:
-        devices = max(1, len(model.deployed_device_list))
-        per_device = math.ceil(model.processes / devices)
+        devices = len(model.instance_gpus) or 1  # Triton fills each GPU round robin
+        per_device = math.ceil(model.hps_instances / devices) * (2 if model.serves_ctr else 1)
         memory = _cache_memory(model) if model.gpucache else "host"
         for i, spec in enumerate(model.tables):
             n, source = _rows(model, i, given)

@@ -86,6 +86,21 @@ class ModelConfig(Frozen):
         CTR model where there is one."""
         return self.hps_instances * (2 if self.serves_ctr else 1)
 
+    @property
+    def instance_gpus(self) -> tuple[int, ...]:
+        """The GPUs the model's Triton instances run on (``KIND_GPU``), filled round robin
+        in this order; empty: ``KIND_CPU`` instances.
+
+        Only a model whose L1 is configured on the GPU (``gpucache`` and
+        ``hps_cache.device: cupy``) gets GPU instances: each keeps its L1 on the GPU Triton
+        placed it on, and the embedding model answers ``OUTPUT0`` there (a GPU model behind
+        it, in an ensemble, reads it without a copy). ``auto`` decides inside the instance,
+        after Triton placed it, so its instances stay ``KIND_CPU``, every L1 on the first
+        ``deployed_device_list`` GPU."""
+        if not self.gpucache or self.hps_cache.device != "cupy":
+            return ()
+        return tuple(dict.fromkeys(self.deployed_device_list))
+
     @field_validator("model")
     @classmethod
     def _model_name(cls, v: str) -> str:

@@ -9,7 +9,10 @@ Each ps.json model becomes a Triton model of the same name with HugeCTR's HPS in
 an ``.npz`` of :mod:`hps.ctr.network` also gets ``<model>_ctr`` (``hps_ctr``). The copies
 get the config.pbtxt parameters filled in (ps.json path, model name, where relative paths
 start), ``hps_instances`` as instance count and the ps.json model's ``max_batch_size`` as
-Triton's (the most rows a request may have).
+Triton's (the most rows a request may have). A model whose L1 is configured on the GPU
+(``hps_cache.device: cupy``) gets ``KIND_GPU`` instances spread over its
+``deployed_device_list`` (:attr:`hps.config.ModelConfig.instance_gpus`), the others
+``KIND_CPU`` ones.
 
 The templates are the one source of the models; the ``model_repository/`` at the top of a
 checkout is what :func:`write_demo_repository` writes from them for the demo (``hps
@@ -80,8 +83,44 @@ def set_parameter(text: str, key: str, value: str) -> str:
     return text
 
 
+def instance_group(instances: int, gpus: tuple[int, ...] = ()) -> str:
+    """The ``instance_group`` of ``instances`` instances: on the CPU, or round robin over
+    ``gpus`` (Triton counts a group's instances per listed GPU: one group per GPU)."""
+    if not gpus:
+        return f"instance_group [ {{ count: {instances}, kind: KIND_CPU }} ]"
+    counts = [instances // len(gpus) + (i < instances % len(gpus)) for i in range(len(gpus))]
+    groups = [
+        f"{{ count: {n}, kind: KIND_GPU, gpus: [ {gpu} ] }}"
+        for gpu, n in zip(gpus, counts, strict=True)
+        if n
+    ]
+    return f"instance_group [ {', '.join(groups)} ]"
+
+
+def check_gpu_instances(config: PSConfig) -> None:
+    """A model with GPU instances needs CuPy and a usable GPU here: a ConfigError that
+    says so before Triton starts (Triton would refuse a ``KIND_GPU`` instance less
+    clearly)."""
+    from hps.cache.xp import usable_cupy
+
+    wanting = [m.model for m in config.models if m.instance_gpus]
+    if wanting and usable_cupy() is None:
+        raise ConfigError(
+            f"{config.source}: model(s) {', '.join(wanting)} set hps_cache.device 'cupy' "
+            "(GPU instances), but no usable GPU/CuPy was found here; use 'auto' or 'numpy'"
+        )
+
+
+_INSTANCE_GROUP = re.compile(r"^instance_group\s*\[.*\]\s*$", re.M)
+
+
 def render_config(
-    text: str, name: str, instances: int, params: dict[str, str], max_batch_size: int = 0
+    text: str,
+    name: str,
+    instances: int,
+    params: dict[str, str],
+    max_batch_size: int = 0,
+    gpus: tuple[int, ...] = (),
 ) -> str:
     text = re.sub(r'^name:\s*"[^"]*"', f'name: "{name}"', text, count=1, flags=re.M)
     if max_batch_size:
@@ -92,7 +131,9 @@ def render_config(
             count=1,
             flags=re.M,
         )
-    text = re.sub(r"(instance_group\s*\[\s*\{\s*count:\s*)\d+", rf"\g<1>{instances}", text, count=1)
+    text, n = _INSTANCE_GROUP.subn(instance_group(instances, gpus), text, count=1)
+    if n != 1:
+        raise ConfigError("config.pbtxt template has no one-line instance_group")
     for key, value in params.items():
         text = set_parameter(text, key, value)
     return text
@@ -156,16 +197,17 @@ class ServedModel:
     hps_model: str
     instances: int
     max_batch_size: int = 0
+    gpus: tuple[int, ...] = ()  # KIND_GPU instances over these; (): KIND_CPU
 
 
 def served_models(config: PSConfig) -> list[ServedModel]:
     out = []
     for m in config.models:
-        batch = m.max_batch_size
-        out.append(ServedModel(m.model, "hps_embedding", m.model, m.hps_instances, batch))
+        batch, gpus = m.max_batch_size, m.instance_gpus
+        out.append(ServedModel(m.model, "hps_embedding", m.model, m.hps_instances, batch, gpus))
         if m.serves_ctr:
             out.append(
-                ServedModel(m.model + CTR_SUFFIX, "hps_ctr", m.model, m.hps_instances, batch)
+                ServedModel(m.model + CTR_SUFFIX, "hps_ctr", m.model, m.hps_instances, batch, gpus)
             )
     return out
 
@@ -177,6 +219,7 @@ def copy_template(
     instances: int,
     params: dict[str, str],
     max_batch_size: int = 0,
+    gpus: tuple[int, ...] = (),
 ) -> None:
     src = templates_dir() / template
     target = dest / name
@@ -184,7 +227,7 @@ def copy_template(
         shutil.rmtree(target)
     shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__"))
     cfg = target / "config.pbtxt"
-    cfg.write_text(render_config(cfg.read_text(), name, instances, params, max_batch_size))
+    cfg.write_text(render_config(cfg.read_text(), name, instances, params, max_batch_size, gpus))
 
 
 def prepare_repository(
@@ -226,6 +269,7 @@ def prepare_repository(
             served.instances,
             params,
             served.max_batch_size,
+            served.gpus,
         )
         write_versions(model_dir, registry.served(served.hps_model), precompile=not relative)
         names.append(served.triton_name)

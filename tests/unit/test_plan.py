@@ -54,13 +54,28 @@ def test_plan_uses_the_real_per_row_costs(tmp_path: Path) -> None:
     assert t0.cache_rows == cache_capacity(model, 1000) and t1.cache_rows == 2500
     real = EmbeddingCache(32, t1.cache_rows, policy="frequency")
     assert t1.cache_bytes == real.nbytes  # exactly what the cache allocates
-    assert (t1.devices, t1.instances_per_device) == (2, 2)
-    assert t1.cache_bytes_per_device == 2 * real.nbytes and t1.cache_memory == "host"
+    # on NumPy every instance's caches are in this host's memory, whatever the device list
+    assert (t1.devices, t1.instances_per_device) == (1, 4)
+    assert t1.cache_bytes_per_device == 4 * real.nbytes and t1.cache_memory == "host"
     # hash_map lives in each of the 4 instance processes
     assert t1.l2_bytes == int(5000 * HashMapStore.bytes_per_row(4 * 32) * 4)
     assert t1.l3_bytes == int(5000 * l3_bytes_per_row(cfg.persistent_db, 32))
     assert t1.raw_bytes == 5000 * 32 * 4
     assert not (tmp_path / "db").exists()  # nothing was opened
+
+
+def test_gpu_instances_spread_over_the_device_list(tmp_path: Path) -> None:
+    doc = json.loads(ps_json(tmp_path).read_text())
+    doc["models"][0]["hps_cache"]["device"] = "cupy"
+    doc["models"][0]["hps_instances"] = 3
+    (t0, _) = plan(parse_config(doc), {"m.t1": 0})
+    # Triton fills GPU 0 then 1 round robin: 2 instances on 0, 1 on 1; the plan sizes the
+    # fuller one
+    assert (t0.devices, t0.instances_per_device) == (2, 2)
+    assert t0.cache_bytes_per_device == 2 * t0.cache_bytes
+    doc["models"][0]["hps_cache"]["device"] = "auto"  # every instance on the first GPU
+    (t0, _) = plan(parse_config(doc), {"m.t1": 0})
+    assert (t0.devices, t0.instances_per_device) == (1, 3)
 
 
 def test_l2_rows_follow_initial_cache_rate_and_overflow_margin(tmp_path: Path) -> None:

@@ -21,10 +21,12 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from hps.cache.xp import array_module
 from hps.redact import scrub
 from hps.triton.instance_ready import InstanceReady
 from hps.triton.model.metrics import MetricsExporter
 from hps.triton.model.request import error_reply
+from hps.types import Array
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +63,11 @@ def input_array(request: Any, name: str) -> np.ndarray:
     return np.from_dlpack(tensor)
 
 
-def output_tensor(name: str, array: np.ndarray) -> Any:
-    return pb_utils.Tensor.from_dlpack(name, np.ascontiguousarray(array))
+def output_tensor(name: str, array: Array) -> Any:
+    """An output tensor of ``array``'s memory: a CuPy array (a GPU instance's answer)
+    stays on its GPU, for the model that reads it next."""
+    xp = array_module(array)
+    return pb_utils.Tensor.from_dlpack(name, xp.ascontiguousarray(array))
 
 
 def error_response(exc: BaseException) -> Any:
@@ -88,13 +93,17 @@ class ModelProcess:
     (where relative paths in ps.json start; default: the ps.json's folder) and
     ``metrics_interval_s`` (how often counters reach Triton's /metrics; 0: every batch).
     ``ctr``: this is an instance of the model's CTR twin (``<model>_ctr``).
+
+    A ``KIND_GPU`` instance keeps its L1 on the GPU Triton placed it on, and ``on_gpu`` is
+    true: its answers may stay there (:meth:`hps.lookup.LookupSession.lookup_request`),
+    and :func:`output_tensor` hands them to Triton as GPU tensors.
     """
 
     def __init__(self, args: dict[str, str], *, ctr: bool = False) -> None:
         from hps.redact import protect
         from hps.startup import refreshers_for, warm_up_keysets, warm_up_session, watch_shared_l2
         from hps.topology import topology
-        from hps.triton.model.session import open_journal, open_session
+        from hps.triton.model.session import instance_device, open_journal, open_session
         from hps.triton.serving import fill_l2, only_model, prepare_tables, serving_config
         from hps.versions import VersionRegistry
 
@@ -115,7 +124,11 @@ class ModelProcess:
         # position is taken before L3 is opened, so nothing written meanwhile is missed.
         self.journal = open_journal(self.config, self.name, args)
         prepare_tables(self.config)
-        self.session, mode = open_session(self.config, self.model, ctr=ctr)
+        self.device_id = instance_device(args)
+        self.on_gpu = self.device_id is not None
+        self.session, mode = open_session(
+            self.config, self.model, ctr=ctr, device_id=self.device_id
+        )
         rows = fill_l2(self.session, self.config, self.model)
         warm = sum(warm_up_session(self.session, self.config).values())
         extra = warm_up_keysets(self.session, self.name, params.get("hps_warmup_keysets"))

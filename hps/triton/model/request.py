@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from hps.cache.xp import array_module
 from hps.errors import (
     BatchTooLargeError,
     DTypeError,
@@ -31,12 +32,12 @@ from hps.errors import (
     ShapeError,
     triton_code,
 )
-from hps.types import Keys, Vectors
+from hps.types import Array, Keys
 from hps.validate import RequestLimits
 
 __all__ = ["CTRBatch", "RequestLimits", "error_reply", "lookup_hps_request", "parse_ctr_request"]
 
-Lookup = Callable[[Keys, npt.NDArray[np.integer]], Vectors]
+Lookup = Callable[[Keys, npt.NDArray[np.integer]], Array]
 
 
 TRITON_TYPES = {
@@ -58,8 +59,9 @@ def _check(name: str, array: np.ndarray, triton_type: str) -> None:
 
 def lookup_hps_request(
     keys: np.ndarray, numkeys: np.ndarray, lookup: Lookup, limits: RequestLimits | None = None
-) -> Vectors:
-    """Answer one HPS-interface request: ``OUTPUT0`` of shape ``[batch, n x dim]``.
+) -> Array:
+    """Answer one HPS-interface request: ``OUTPUT0`` of shape ``[batch, n x dim]``, where
+    ``lookup`` answers it (a GPU instance's lookup may answer on its GPU).
 
     ``lookup(flat_keys, counts_per_table)`` is ``LookupSession.lookup_request`` bound to a
     model; it checks each row's counts (:meth:`RequestLimits.counts`) and raises typed
@@ -82,7 +84,7 @@ def lookup_hps_request(
             f"the {len(rows)} rows of this request give vectors of different lengths "
             f"{sorted({r.size for r in rows})}; send one request per row"
         )
-    return np.stack(rows)
+    return array_module(rows[0]).stack(rows)  # on the GPU, if the lookup answered there
 
 
 @dataclass(frozen=True)

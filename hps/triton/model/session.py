@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -15,14 +16,23 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def instance_device(args: Mapping[str, str]) -> int | None:
+    """The GPU Triton placed this instance on (a ``KIND_GPU`` instance, see
+    :attr:`hps.config.ModelConfig.instance_gpus`); None for a ``KIND_CPU`` one."""
+    if args.get("model_instance_kind") != "GPU":
+        return None
+    return int(args["model_instance_device_id"])
+
+
 def open_session(
-    config: PSConfig, model: ModelConfig, *, ctr: bool = False
+    config: PSConfig, model: ModelConfig, *, ctr: bool = False, device_id: int | None = None
 ) -> tuple[LookupSession, str]:
     """The instance's session, and how it opened L3 (the topology decides, see
     :mod:`hps.topology`): a process that applies updates itself writes L3, unless another
     process holds the writer's lock (e.g. the old instance during a reload): then it follows
     it as a secondary. An instance of the CTR twin (``ctr``) opens it as the topology's
-    ``ctr_l3_mode`` says."""
+    ``ctr_l3_mode`` says. ``device_id``: the GPU of the instance's L1 (default: the model's
+    first ``deployed_device_list`` entry)."""
     from hps.build import build_session
     from hps.errors import BackendError
     from hps.topology import topology
@@ -30,15 +40,17 @@ def open_session(
     placement = topology(config).model(model.model)
     if ctr:
         mode = placement.ctr_l3_mode or "read_write"  # no L3: the mode is not used
-        return build_session(config, l3_mode=mode), mode
+        return build_session(config, l3_mode=mode, device_id=device_id), mode
     mode = placement.l3_mode or "read_write"
     try:
-        return build_session(config, l3_mode=mode), mode
+        return build_session(config, l3_mode=mode, device_id=device_id), mode
     except BackendError as exc:
         if placement.l3_fallback is None:
             raise
         log.warning("L3 writer lock held elsewhere (%s); following it as a secondary", exc)
-        return build_session(config, l3_mode=placement.l3_fallback), placement.l3_fallback
+        return build_session(
+            config, l3_mode=placement.l3_fallback, device_id=device_id
+        ), placement.l3_fallback
 
 
 def open_journal(config: PSConfig, model: str, args: dict[str, str]) -> JournalFollower | None:

@@ -25,7 +25,12 @@ from hps.config import PSConfig
 from hps.errors import HPSError
 from hps.tempdirs import owned_tempdir
 from hps.triton.admin_key import ensure_key
-from hps.triton.repository import prepare_repository, repository_dir, served_models
+from hps.triton.repository import (
+    check_gpu_instances,
+    prepare_repository,
+    repository_dir,
+    served_models,
+)
 from hps.triton.serving import prepare_tables, serving_config
 from hps.triton.supervisor.gate import BodyLimit, find_nginx
 from hps.triton.supervisor.lifecycle import check_ports, clean_stale
@@ -53,6 +58,7 @@ def serve(args: argparse.Namespace) -> int:
 
     protect(config)  # every log record scrubbed; the config's secrets registered
     check_update_source(config)  # a bad Kafka setting is a config error before any work
+    check_gpu_instances(config)  # GPU instances on a node without a GPU, likewise
     tables = sum(len(m.tables) for m in config.models)
     print(
         f"hps serve: {args.config}: {_plural(len(config.models), 'model')}, "

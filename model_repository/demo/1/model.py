@@ -9,7 +9,10 @@ from hps.triton.model.request import RequestLimits, lookup_hps_request
 class TritonPythonModel:
     def initialize(self, args):
         self.process = ModelProcess(args)
-        self.lookup = partial(self.process.session.lookup_request, self.process.name)
+        # a GPU instance answers on its GPU (OUTPUT0 a GPU tensor), a CPU one on the host
+        self.lookup = partial(
+            self.process.session.lookup_request, self.process.name, on_gpu=self.process.on_gpu
+        )
         self.limits = RequestLimits.of(self.process.model.tables)
 
     def execute(self, requests):

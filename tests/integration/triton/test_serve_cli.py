@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hps.cache.xp import usable_cupy
 from hps.ctr.demo import table_vectors
 from hps.net import free_port
 from tests.helpers import wait_for_banner
@@ -138,3 +139,32 @@ def test_verbose_serve_brings_the_details_back(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.skipif(usable_cupy() is not None, reason="this node has a GPU: the model serves")
+def test_gpu_instances_without_a_gpu_are_refused_before_triton_starts(tmp_path: Path) -> None:
+    """A model whose L1 is configured on the GPU is served by KIND_GPU instances; on a node
+    without one, `hps serve` says so itself instead of leaving it to Triton's load error."""
+    doc = {
+        "models": [
+            {
+                "model": "g",
+                "embedding_vecsize_per_table": [4],
+                "gpucache": True,
+                "hps_cache": {"device": "cupy"},
+            }
+        ],
+        "persistent_db": {"type": "disabled"},
+    }
+    (tmp_path / "ps.json").write_text(json.dumps(doc))
+    http = free_port()
+    done = subprocess.run(
+        [*HPS, "serve", "--config", "ps.json", "--http-port", str(http),
+         "--grpc-port", str(free_port()), "--metrics-port", str(free_port())],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "hps serve: error:" in done.stderr and "model(s) g set hps_cache.device 'cupy'" in (
+        done.stderr
+    )
+    assert "Traceback" not in done.stderr and "Triton" not in done.stdout

@@ -76,8 +76,9 @@ def test_the_plan_counts_what_the_device_holds(cuda_lib: ctypes.CDLL, tmp_path: 
         EmbeddingCache(d, cache_capacity(model, n)).nbytes
         for d, n in zip(dims, (200, 300, 400), strict=True)
     )
-    assert (gpu.instances, gpu.devices, gpu.instances_per_device) == (3, 2, 2)
-    assert gpu.device_bytes_per_device == 2 * (gpu.cache_bytes + held.device)
+    # auto: every instance's L1 on the first listed GPU (cupy spreads them, below)
+    assert (gpu.instances, gpu.devices, gpu.instances_per_device) == (3, 1, 3)
+    assert gpu.device_bytes_per_device == 3 * (gpu.cache_bytes + held.device)
     assert gpu.pinned_bytes == 3 * held.pinned
     (line,) = gpu_lines([gpu])
     assert "if start-up picks cupy" in line and "pinned host memory" in line
@@ -125,7 +126,8 @@ def test_no_gpu_lines_for_a_numpy_l1_or_none(tmp_path: Path) -> None:
 def test_the_plan_counts_what_a_ctr_instance_holds(cuda_lib: ctypes.CDLL, tmp_path: Path) -> None:
     """A CTR instance keeps the rows on the GPU: a cold request (every key missed, so every
     row goes in through the fill buffers) grows its buffers to what the plan prints."""
-    cfg = make_config(tmp_path, models=[_model(tmp_path, dense_file=str(tmp_path / "d.npz"))])
+    doc = _model(tmp_path, "cupy", dense_file=str(tmp_path / "d.npz"))
+    cfg = make_config(tmp_path, models=[doc])
     model = cfg.models[0]
     assert model.serves_ctr and model.processes == 6
     keys, dims = request_keys(model), [t.dim for t in model.tables]
@@ -158,8 +160,8 @@ def test_the_plan_counts_what_a_ctr_instance_holds(cuda_lib: ctypes.CDLL, tmp_pa
         want.pinned,
         want.device,
     )
-    assert (gpu.instances, gpu.instances_per_device) == (6, 3)
-    per_model = 2  # instances of each Triton model on a device: ceil(3 / 2)
+    per_model = 2  # instances of each Triton model on GPU 0 (round robin): ceil(3 / 2)
+    assert (gpu.instances, gpu.devices, gpu.instances_per_device) == (6, 2, 2 * per_model)
     assert gpu.device_bytes_per_device == per_model * (
         2 * gpu.cache_bytes + host.device + want.device
     )

@@ -7,9 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from hps.config import load_config
+from hps.cache.xp import usable_cupy
+from hps.config import load_config, parse_config
 from hps.errors import ConfigError
-from hps.triton.repository import prepare_repository, render_config, templates_dir
+from hps.triton.repository import (
+    check_gpu_instances,
+    prepare_repository,
+    render_config,
+    served_models,
+    templates_dir,
+)
 
 
 def test_render_config_fills_name_count_and_parameters() -> None:
@@ -22,6 +29,50 @@ def test_render_config_fills_name_count_and_parameters() -> None:
     assert "max_batch_size: 1024" in out  # HugeCTR's interface is kept
     with pytest.raises(ConfigError, match="no parameter 'nope'"):
         render_config(text, "wdl", 1, {"nope": "x"})
+
+
+@pytest.mark.parametrize(
+    ("instances", "gpus", "groups"),
+    [
+        (3, (), "{ count: 3, kind: KIND_CPU }"),
+        (1, (2,), "{ count: 1, kind: KIND_GPU, gpus: [ 2 ] }"),
+        (
+            3,
+            (0, 1),
+            "{ count: 2, kind: KIND_GPU, gpus: [ 0 ] }, { count: 1, kind: KIND_GPU, gpus: [ 1 ] }",
+        ),
+        (1, (0, 1), "{ count: 1, kind: KIND_GPU, gpus: [ 0 ] }"),  # no group of 0 instances
+    ],
+)
+def test_gpu_instances_are_spread_round_robin(
+    instances: int, gpus: tuple[int, ...], groups: str
+) -> None:
+    """Triton counts a group's instances per listed GPU, so each GPU gets its own group
+    and the counts add up to the model's instances."""
+    text = (templates_dir() / "hps_embedding" / "config.pbtxt").read_text()
+    out = render_config(text, "wdl", instances, {}, gpus=gpus)
+    assert f"\ninstance_group [ {groups} ]\n" in out
+    assert out.count("instance_group") == 1
+
+
+def test_a_model_with_l1_on_the_gpu_gets_gpu_instances(tmp_path: Path) -> None:
+    doc = json.loads(write_ps(tmp_path, "dense.npz", 3).read_text())
+    model = doc["models"][0]
+    model.update(deployed_device_list=[1, 0, 1], hps_cache={"device": "cupy"})
+    served = served_models(parse_config(doc, str(tmp_path / "ps.json")))
+    assert [(s.triton_name, s.instances, s.gpus) for s in served] == [
+        ("wdl", 3, (1, 0)),
+        ("wdl_ctr", 3, (1, 0)),
+    ]
+    # without a usable GPU here, hps serve says so before Triton starts
+    if usable_cupy() is None:
+        with pytest.raises(ConfigError, match=r"wdl set hps_cache.device 'cupy'.*no usable GPU"):
+            check_gpu_instances(parse_config(doc, "ps.json"))
+    for device, gpucache in (("auto", True), ("numpy", True), ("cupy", False)):
+        model.update(hps_cache={"device": device}, gpucache=gpucache)
+        config = parse_config(doc, "ps.json")
+        assert [s.gpus for s in served_models(config)] == [(), ()]
+        check_gpu_instances(config)  # CPU instances need no GPU
 
 
 def write_ps(tmp_path: Path, dense_file: str, instances: int) -> Path:

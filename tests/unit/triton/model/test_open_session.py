@@ -16,7 +16,7 @@ import pytest
 from hps.build import build_session
 from hps.config import PSConfig
 from hps.topology import describe, topology
-from hps.triton.model.session import open_session
+from hps.triton.model.session import instance_device, open_session
 from tests.helpers import make_config
 
 
@@ -76,3 +76,9 @@ def test_a_model_without_a_ctr_twin_has_no_twin_mode(tmp_path: Path) -> None:
     config = _config(tmp_path, "")
     assert topology(config).model("demo").ctr_l3_mode is None
     assert "demo_ctr" not in "\n".join(describe(topology(config)))
+
+
+def test_a_gpu_instance_keeps_its_l1_on_the_gpu_triton_placed_it_on() -> None:
+    gpu = {"model_instance_kind": "GPU", "model_instance_device_id": "3"}
+    assert instance_device(gpu) == 3
+    assert instance_device({"model_instance_kind": "CPU", "model_instance_device_id": "0"}) is None

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from hps.build import build_session
+from hps.cache.xp import array_module, available_xps, to_host
 from hps.errors import (
     BackendError,
     BackendUnavailable,
@@ -18,6 +19,7 @@ from hps.errors import (
     UnknownTableError,
 )
 from hps.triton.model.request import error_reply, lookup_hps_request, parse_ctr_request
+from hps.types import ArrayModule
 from tests.helpers import make_config
 
 I64, I32 = np.int64, np.int32
@@ -48,6 +50,18 @@ def test_rows_of_a_batch_are_separate_lookups(lookup) -> None:
     out = lookup_hps_request(keys, np.array([[2, 0], [2, 0]], I32), lookup)
     assert out.shape == (2, 8)
     np.testing.assert_allclose(out[1].reshape(2, 4)[:, 0], [3.04, 4.04])
+
+
+@pytest.mark.parametrize("xp", available_xps(), ids=lambda xp: xp.__name__)
+def test_rows_answered_on_a_gpu_stay_there(lookup, xp: ArrayModule) -> None:
+    """A GPU instance's lookup answers each row on its GPU: the request's rows are stacked
+    there, not brought to the host (on NumPy here, and on CuPy where a GPU is lent)."""
+    on_device = lambda k, c: xp.asarray(lookup(k, c))  # noqa: E731
+    keys = np.array([[1, 2], [3, 4]], I64)
+    numkeys = np.array([[2, 0], [2, 0]], I32)
+    out = lookup_hps_request(keys, numkeys, on_device)
+    assert array_module(out) is xp and out.shape == (2, 8)
+    np.testing.assert_array_equal(to_host(out), lookup_hps_request(keys, numkeys, lookup))
 
 
 def test_rows_of_different_output_lengths_are_refused(lookup) -> None:
