@@ -87,6 +87,14 @@ def to_xp(xp: ArrayModule, a: npt.ArrayLike) -> Array:
     return xp.asarray(a)
 
 
+def use_device(device_id: int) -> None:
+    """Make GPU ``device_id`` CuPy's current device for this thread (a no-op without a
+    usable CuPy): what a process placed on one GPU allocates lands there, not on GPU 0."""
+    cp = _cupy_or_none()
+    if cp is not None:
+        cp.cuda.Device(device_id).use()
+
+
 def device_scope(xp: ArrayModule, device_id: int | None) -> AbstractContextManager[object]:
     """A reusable context that makes ``device_id`` current for CuPy (a no-op otherwise)."""
     if xp is np or device_id is None:

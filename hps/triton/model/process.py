@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from hps.cache.xp import array_module
+from hps.cache.xp import array_module, use_device
 from hps.redact import scrub
 from hps.triton.instance_ready import InstanceReady
 from hps.triton.model.metrics import MetricsExporter
@@ -126,6 +126,8 @@ class ModelProcess:
         prepare_tables(self.config)
         self.device_id = instance_device(args)
         self.on_gpu = self.device_id is not None
+        if self.device_id is not None:  # the stub calls initialize and execute on one thread
+            use_device(self.device_id)  # e.g. the CTR network beside L1, not on GPU 0
         self.session, mode = open_session(
             self.config, self.model, ctr=ctr, device_id=self.device_id
         )
