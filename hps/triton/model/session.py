@@ -38,19 +38,16 @@ def open_session(
     from hps.topology import topology
 
     placement = topology(config).model(model.model)
-    if ctr:
-        mode = placement.ctr_l3_mode or "read_write"  # no L3: the mode is not used
-        return build_session(config, l3_mode=mode, device_id=device_id), mode
-    mode = placement.l3_mode or "read_write"
+    # no L3: the mode is not used
+    mode = (placement.ctr_l3_mode if ctr else placement.l3_mode) or "read_write"
+    fallback = None if ctr else placement.l3_fallback
     try:
         return build_session(config, l3_mode=mode, device_id=device_id), mode
     except BackendError as exc:
-        if placement.l3_fallback is None:
+        if fallback is None:
             raise
         log.warning("L3 writer lock held elsewhere (%s); following it as a secondary", exc)
-        return build_session(
-            config, l3_mode=placement.l3_fallback, device_id=device_id
-        ), placement.l3_fallback
+        return build_session(config, l3_mode=fallback, device_id=device_id), fallback
 
 
 def open_journal(config: PSConfig, model: str, args: dict[str, str]) -> JournalFollower | None:
