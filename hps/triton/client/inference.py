@@ -17,6 +17,7 @@ import numpy as np
 
 from hps.config import ModelConfig, PSConfig
 from hps.errors import BackendUnavailable, ConfigError, RequestError, UnknownTableError
+from hps.triton.client import _hub
 
 if TYPE_CHECKING:  # tritonclient has no type hints: these names document what is meant
     import tritonclient.grpc
@@ -38,9 +39,15 @@ class Client:
         self.client: tritonclient.grpc.InferenceServerClient | (
             tritonclient.http.InferenceServerClient
         ) = module.InferenceServerClient(url, **kw)
+        if not grpc:
+            _hub.opened()
 
     def close(self) -> None:
+        """Close the connection; an HTTP client belongs to the thread that made it, and the
+        thread's last one also takes the event loop tritonclient made there (see ``_hub``)."""
         self.client.close()
+        if not self.grpc:
+            _hub.closed()
 
     def __enter__(self) -> Client:
         return self

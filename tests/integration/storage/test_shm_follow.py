@@ -47,8 +47,9 @@ class Proc:
 
     def line(self) -> str:
         assert self.p.stdout is not None
-        ready, _, _ = select.select([self.p.stdout], [], [], GUARD_S)
-        assert ready, "worker hung"
+        poller = select.poll()  # not select(): it refuses descriptors numbered 1024 and up
+        poller.register(self.p.stdout, select.POLLIN)
+        assert poller.poll(GUARD_S * 1000), "worker hung"
         return self.p.stdout.readline().strip()
 
     def finish(self) -> None:
