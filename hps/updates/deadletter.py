@@ -12,7 +12,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from hps.errors import BackendUnavailable
-from hps.updates.kafka import Setting, client_settings, ensure_topics, merged, translated
+from hps.updates.kafka import (
+    Setting,
+    client_settings,
+    ensure_topics,
+    merged,
+    translated,
+    with_driver_log,
+)
 
 if TYPE_CHECKING:
     from confluent_kafka import KafkaError, Message
@@ -31,7 +38,9 @@ class DeadLetters:
         producer_conf = client_settings(config)
         with translated("creating the dead-letter producer"):
             self._producer = Producer(
-                merged(brokers, {"enable.idempotence": True, "linger.ms": 0}, producer_conf)
+                with_driver_log(
+                    merged(brokers, {"enable.idempotence": True, "linger.ms": 0}, producer_conf)
+                )
             )
         self._errors: list[str] = []
         self.sent = 0

@@ -25,6 +25,17 @@ log = logging.getLogger(__name__)
 Setting = str | int | float | bool
 """The value of a librdkafka setting (named as librdkafka names it: ``security.protocol``)."""
 
+DRIVER_LOG = logging.getLogger("hps.updates.librdkafka")
+"""Where librdkafka's own log lines go (a broker unreachable, a reconnect) from the producers
+and consumers HPS makes, served by their ``poll``/``flush``: Python logging, never straight
+to stderr."""
+
+
+def with_driver_log(conf: Mapping[str, Setting]) -> dict[str, Setting | logging.Logger]:
+    """``conf`` for a long-lived producer or consumer, its log lines sent to :data:`DRIVER_LOG`."""
+    return {**conf, "logger": DRIVER_LOG}
+
+
 # A consumer group's join waits about half the session timeout on some brokers (Tansu), and a
 # crashed member holds its partitions for a whole one: 10 s (Kafka's pre-3.0 default) keeps
 # fail-over short. Both can be overridden through update_source.hps_kafka_config.

@@ -31,11 +31,12 @@ from hps.updates.kafka import (
     kafka_kwargs,
     merged,
     translated,
+    with_driver_log,
 )
 from hps.updates.partition import split_by_partition
 
 if TYPE_CHECKING:
-    from confluent_kafka import KafkaError, Message
+    from confluent_kafka import KafkaError, Message, Producer
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class Publisher:
         )
         check_config(conf, "producer")
         with translated("creating the producer"):
-            self._producer = Producer(conf)
+            self._producer: Producer | None = Producer(with_driver_log(conf))
         self._partitions: dict[str, int] = {}
         self._errors: list[str] = []
         self._lock = threading.Lock()
@@ -148,7 +149,7 @@ class Publisher:
         topics = [codec.topic_name(model, t) for t in tables]
         self._learn_partitions(topics, timeout_s)
         with translated(f"metadata of {len(topics)} topics"):
-            self._producer.list_topics(timeout=timeout_s)
+            self._driver.list_topics(timeout=timeout_s)
 
     def produce_raw(self, topic: str, payload: bytes, partition: int | None = None) -> None:
         """Send an already-encoded payload (e.g. ``codec.encode_hugectr``) as it is."""
@@ -156,7 +157,7 @@ class Publisher:
 
     def flush(self, timeout_s: float = 60.0) -> None:
         """Wait until every queued message is delivered; raise if any could not be."""
-        remaining = self._producer.flush(timeout_s)
+        remaining = self._driver.flush(timeout_s)
         errors, self._errors = self._errors, []
         if errors:
             more = f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""
@@ -169,11 +170,15 @@ class Publisher:
             )
 
     def close(self, timeout_s: float = 60.0) -> None:
-        """Flush and release the producer (idempotent)."""
+        """Flush and release the producer, its connections and threads (idempotent). A
+        closed publisher refuses to publish."""
         if self._closed:
             return
         self._closed = True
-        self.flush(timeout_s)
+        try:
+            self.flush(timeout_s)
+        finally:
+            self._producer = None  # librdkafka's handle goes with its last reference
 
     def __enter__(self) -> Publisher:
         return self
@@ -228,7 +233,7 @@ class Publisher:
 
     def _existing_partitions(self, topic: str) -> int:
         with translated(f"metadata of {topic}"):
-            meta = self._producer.list_topics(topic=topic, timeout=15.0).topics.get(topic)
+            meta = self._driver.list_topics(topic=topic, timeout=15.0).topics.get(topic)
         if meta is None or meta.error is not None or not meta.partitions:
             raise BackendError(f"kafka: topic {topic!r} does not exist (create_topics=False)")
         return len(meta.partitions)
@@ -237,21 +242,26 @@ class Publisher:
         if err is not None:
             self._errors.append(f"{msg.topic()}[{msg.partition()}]: {err.name()}: {err.str()}")
 
+    @property
+    def _driver(self) -> Producer:
+        if self._producer is None:
+            raise BackendError("publisher is closed")
+        return self._producer
+
     def _produce(self, topic: str, payload: bytes, partition: int | None) -> None:
         if self._closed:
             raise BackendError("publisher is closed")
+        producer = self._driver
         # -1: librdkafka's "unassigned", its partitioner chooses
         where = -1 if partition is None else partition
         while True:
             try:
                 with translated(f"producing to {topic}"):
-                    self._producer.produce(
-                        topic, payload, partition=where, on_delivery=self._on_delivery
-                    )
+                    producer.produce(topic, payload, partition=where, on_delivery=self._on_delivery)
                 break
             except BufferError:  # local queue full: serve delivery reports, then retry
-                self._producer.poll(0.05)
-        self._producer.poll(0)
+                producer.poll(0.05)
+        producer.poll(0)
         self.messages_sent += 1
 
 

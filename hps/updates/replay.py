@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from hps.errors import BackendError, BackendUnavailable, FormatError, RequestError
 from hps.types import TableSpec, UpdateBatch
 from hps.updates import codec
-from hps.updates.kafka import CONSUMER_DEFAULTS, Setting, merged, translated
+from hps.updates.kafka import CONSUMER_DEFAULTS, Setting, merged, translated, with_driver_log
 from hps.updates.messages import read_message
 from hps.updates.routing import Point, Router
 
@@ -139,7 +139,7 @@ class Replayer:
         from confluent_kafka import Consumer, TopicPartition
 
         with translated("replaying updates"):
-            consumer = Consumer(self.conf)
+            consumer = Consumer(with_driver_log(self.conf))
         try:
             with translated("looking up offsets by time"):
                 asked = [TopicPartition(t, p, max(start_ms, 0)) for t, p in ends]

@@ -26,6 +26,7 @@ from hps.updates.kafka import (
     ensure_topics,
     merged,
     translated,
+    with_driver_log,
 )
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class MessageSource:
         self._assigned: list[TopicPartition] = []
         self._last_error_log = 0.0
         with translated(f"consuming {len(self.topics)} topics"):
-            self._consumer = Consumer(conf)
+            self._consumer = Consumer(with_driver_log(conf))
             if mode == "group":
                 self._consumer.subscribe(
                     self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke

@@ -1,0 +1,45 @@
+"""A publisher's driver: its log lines go through Python logging, and close() releases it.
+
+The broker is a loopback port nobody listens on: librdkafka's connection attempts fail,
+which is what it logs, and a queued message stays undelivered.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from hps.errors import BackendError, BackendUnavailable
+from hps.net import free_port
+from hps.updates import Publisher, codec
+from hps.updates.kafka import DRIVER_LOG
+
+
+@pytest.fixture
+def publisher() -> Publisher:
+    return Publisher(f"127.0.0.1:{free_port()}", create_topics=False, reconnect_backoff_ms=10)
+
+
+def test_an_unreachable_broker_is_logged_through_python_logging_not_stderr(
+    publisher: Publisher, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    payload = codec.encode([1], [[0.5, 0.5]], 1)
+    with caplog.at_level(logging.DEBUG, logger=DRIVER_LOG.name):
+        publisher.produce_raw("hps_et.m.t", payload, 0)
+        with pytest.raises(BackendUnavailable, match="1 messages still undelivered"):
+            publisher.close(timeout_s=1.0)
+    assert any(r.name == DRIVER_LOG.name and "127.0.0.1" in r.getMessage() for r in caplog.records)
+    assert "rdkafka" not in capfd.readouterr().err
+
+
+def test_a_closed_publisher_has_released_its_driver_and_refuses_to_publish(
+    publisher: Publisher,
+) -> None:
+    publisher.close(timeout_s=1.0)  # nothing queued: nothing to wait for
+    publisher.close()  # idempotent
+    assert publisher._producer is None
+    with pytest.raises(BackendError, match="publisher is closed"):
+        publisher.produce_raw("hps_et.m.t", b"", 0)
+    with pytest.raises(BackendError, match="publisher is closed"):
+        publisher.flush(1.0)
