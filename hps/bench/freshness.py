@@ -8,8 +8,10 @@ first lookup returning the new vectors; ``kafka visible``: ``publish()`` to when
 serving them) and from the serving processes' ``hps_update_freshness_seconds``, with the
 metric over ``visible`` (the same instant timed); the readers' throughput and p99 with
 updates, without, and their ratios (the aims: ``read_rps_ratio`` >= 0.9 and
-``read_p99_ratio`` <= 1.2); failures and the exit codes of both runs. Reports stay in
-``--report-dir``.
+``read_p99_ratio`` <= 1.2); failures and the exit codes of both runs; ``cpu_cores``: the
+cores each process of the stack used after warm-up in both runs and the difference
+(``updates_minus_read_only``: whose cores the update path took, the readers' included).
+Reports stay in ``--report-dir``.
 """
 
 from __future__ import annotations
@@ -105,8 +107,26 @@ def run(args: argparse.Namespace) -> Iterator[JSON]:
         "read_failures": int(up["failures"] + ro["failures"]),
         "exit_codes": [ro_code, up_code],
         "stages": _stages(up_report),
+        "cpu_cores": _cpu(ro_report, up_report),
         "reports": [str(ro_report), str(up_report)],
     }
+
+
+def _cpu(read_only: Path, updates: Path) -> dict[str, dict[str, float]]:
+    """Cores per process role in both runs (``hps.loadtest.cpu``) and their difference."""
+    import json
+
+    from hps.loadtest.cpu import REPORT
+
+    runs = {}
+    for label, report in (("read_only", read_only), ("updates", updates)):
+        path = report / REPORT
+        runs[label] = json.loads(path.read_text())["cores"] if path.exists() else {}
+    ro, up = runs["read_only"], runs["updates"]
+    if ro and up:
+        diff = {r: round(up.get(r, 0.0) - ro.get(r, 0.0), 3) for r in {*ro, *up}}
+        runs["updates_minus_read_only"] = dict(sorted(diff.items(), key=lambda kv: kv[1]))
+    return runs
 
 
 def _stages(report: Path) -> dict[str, object]:

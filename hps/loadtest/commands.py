@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -69,9 +71,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--sample-interval",
         type=float,
         default=5.0,
-        help="s between memory samples of the serving processes (resources.csv)",
+        help="s between samples of the serving processes' memory (resources.csv) and of the "
+        "stack's CPU by process (cpu.json)",
     )
-    s.add_argument("--warmup", type=float, help="s before memory growth counts (default: 20%%)")
+    s.add_argument(
+        "--warmup", type=float, help="s before memory growth and CPU count (default: 20%%)"
+    )
     s.add_argument(
         "--max-growth-mb",
         type=float,
@@ -180,6 +185,12 @@ def _run(args: argparse.Namespace) -> int:
         if args.max_growth_mb is not None and growth and max(growth) > args.max_growth_mb:
             print(f"FAILED: memory grew more than {args.max_growth_mb:g} MB after warm-up")
             code = code or 1
+        used = sampler.cpu_cores(warmup)
+        if used:
+            from hps.loadtest.cpu import REPORT, format_cores
+
+            (report / REPORT).write_text(json.dumps({"after_warmup_s": warmup, "cores": used}))
+            print(f"CPU after warm-up, cores of {os.cpu_count()}: {format_cores(used)}")
     return code
 
 
@@ -219,4 +230,6 @@ def _sampler(stack: Stack | None, report: Path, interval_s: float) -> ResourceSa
 
     shm = load_config(stack.config_path).volatile_db.shared_memory_name
     out = report / "resources.csv"
-    return ResourceSampler(stack.serve_pid, out, interval_s=interval_s, extra_shm=(shm,)).start()
+    return ResourceSampler(
+        stack.serve_pid, out, interval_s=interval_s, extra_shm=(shm,), cpu_root=os.getpid()
+    ).start()

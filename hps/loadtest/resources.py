@@ -6,6 +6,8 @@ the bytes in ``/dev/shm`` of the files they use (the stubs' shared-memory region
 their command lines, and the ps.json's ``multi_process_hash_map`` segment), into
 ``resources.csv``. :meth:`growth_mb` is the growth after warm-up: the last sample minus the
 first one taken after ``warmup_s`` (Triton's own memory-growth test allows < 100 MB).
+With ``cpu_root``, each sample also takes the CPU time of every process below it
+(:mod:`hps.loadtest.cpu`); :meth:`cpu_cores` is the cores per role after warm-up.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hps.loadtest.cpu import Snapshot
 
 SHM = Path("/dev/shm")
 
@@ -70,11 +76,19 @@ class ResourceSampler:
     """Samples RSS and /dev/shm use of a process tree in a background thread."""
 
     def __init__(
-        self, pid: int, out: Path, *, interval_s: float = 5.0, extra_shm: tuple[str, ...] = ()
+        self,
+        pid: int,
+        out: Path,
+        *,
+        interval_s: float = 5.0,
+        extra_shm: tuple[str, ...] = (),
+        cpu_root: int | None = None,
     ) -> None:
         self.pid, self.out, self.interval_s = pid, out, interval_s
         self.extra_shm = set(extra_shm)
+        self.cpu_root = cpu_root
         self.samples: list[tuple[float, int, int, int]] = []  # (t, processes, rss, shm)
+        self.cpu: list[Snapshot] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hps-resources", daemon=True)
         self._start = time.monotonic()
@@ -84,8 +98,13 @@ class ResourceSampler:
         rss = sum(rss_bytes(p) for p in pids)
         names = shm_names(pids) | {n for n in self.extra_shm if (SHM / n).is_file()}
         shm = sum((SHM / n).stat().st_blocks * 512 for n in names if (SHM / n).exists())
-        row = (round(time.monotonic() - self._start, 1), len(pids), rss, shm)
+        t = time.monotonic() - self._start
+        row = (round(t, 1), len(pids), rss, shm)
         self.samples.append(row)
+        if self.cpu_root is not None:
+            from hps.loadtest.cpu import snapshot
+
+            self.cpu.append(snapshot(self.cpu_root, t))
         return row
 
     def _run(self) -> None:
@@ -104,6 +123,14 @@ class ResourceSampler:
             w = csv.writer(f)
             w.writerow(["seconds", "processes", "rss_bytes", "shm_bytes"])
             w.writerows(self.samples)
+
+    def cpu_cores(self, warmup_s: float) -> dict[str, float] | None:
+        """Cores per role (:func:`hps.loadtest.cpu.cores`) from the first sample after
+        warm-up to the last."""
+        from hps.loadtest.cpu import cores
+
+        after = [s for s in self.cpu if s.t >= warmup_s]
+        return cores(after[0], after[-1]) if len(after) >= 2 else None
 
     def growth_mb(self, warmup_s: float) -> tuple[float, float] | None:
         """(RSS, /dev/shm) growth in MB from the first sample after warm-up to the last."""

@@ -88,6 +88,12 @@ def test_short_mixed_run_meets_the_ci_thresholds(
     line = next(x for x in out.splitlines() if x.startswith("freshness: "))
     assert "probes p50" in line and "hps_update_freshness_seconds p50" in line, line
     assert "visible p50" in line and "metric/visible p50" in line, line
+    # Where the cores went: every part of the stack under its role, busy while the run was.
+    cores = json.loads((report / "cpu.json").read_text())["cores"]
+    for role in ("locust", "tritonserver", "stub demo", "broker (tansu)", "other"):
+        assert role in cores, cores
+    assert cores["locust"] > 0 and cores["stub demo"] > 0, cores
+    assert next(x for x in out.splitlines() if x.startswith("CPU after warm-up, cores of "))
 
 
 @pytest.fixture(scope="module")

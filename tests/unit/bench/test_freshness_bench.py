@@ -32,3 +32,20 @@ def test_reads_come_from_the_runs_stage(tmp_path: Path) -> None:
     (tmp_path / "verdict.json").write_text(json.dumps({"stages": [stage]}))
     assert reads(tmp_path) == {"rps": 40.5, "p50_ms": 90.0, "p99_ms": 300.0, "failures": 0.0}
     assert reads(tmp_path / "missing")["rps"] == 0.0
+
+
+def test_cores_of_both_runs_and_what_the_updates_took(tmp_path: Path) -> None:
+    from hps.bench.freshness import _cpu
+
+    ro, up = tmp_path / "ro", tmp_path / "up"
+    runs = {ro: {"locust": 0.72, "stub demo": 0.2},
+            up: {"locust": 0.63, "stub demo": 0.2, "broker (tansu)": 0.14}}  # fmt: skip
+    for report, cores in runs.items():
+        report.mkdir()
+        (report / "cpu.json").write_text(json.dumps({"after_warmup_s": 12, "cores": cores}))
+    got = _cpu(ro, up)
+    assert got["read_only"]["locust"] == 0.72 and got["updates"]["broker (tansu)"] == 0.14
+    assert got["updates_minus_read_only"] == {"locust": -0.09, "stub demo": 0.0,
+                                              "broker (tansu)": 0.14}  # fmt: skip
+    assert list(got["updates_minus_read_only"])[0] == "locust"  # what lost most comes first
+    assert _cpu(ro, tmp_path / "missing") == {"read_only": got["read_only"], "updates": {}}
