@@ -81,11 +81,11 @@ def snapshot(root: int, t: float) -> Snapshot:
     """Every process below ``root`` (not ``root`` itself), its role and CPU seconds."""
     procs: dict[int, tuple[str, float]] = {}
     for pid in descendants(root)[1:]:
-        seconds = cpu_seconds(pid)
         try:
             args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
-            continue
+            continue  # gone since the walk
+        seconds = cpu_seconds(pid)
         if seconds is not None:
             procs[pid] = (role([a for a in args.split("\0") if a]), seconds)
     return Snapshot(t, machine_busy_seconds(), procs)

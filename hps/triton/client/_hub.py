@@ -27,11 +27,10 @@ def closed() -> None:
     _local.open = max(getattr(_local, "open", 1) - 1, 0)
     if _local.open or threading.current_thread() is threading.main_thread():
         return
+    import gevent
     from gevent import monkey
-    from gevent._hub_local import get_hub_if_exists
 
     if monkey.is_module_patched("threading"):
         return
-    hub = get_hub_if_exists()
-    if hub is not None:
-        hub.destroy(destroy_loop=True)
+    # The thread's hub (a client never used makes one here, destroyed at once).
+    gevent.get_hub().destroy(destroy_loop=True)
