@@ -19,6 +19,11 @@ UpdateApplier = Literal["none", "embedded", "consumer"]
 """Who applies Kafka updates to L2/L3: nobody (no update source), each serving process to
 its own in-process L2 (``embedded``), or ``hps consume`` (shared L2 and L3)."""
 
+L1Refresh = Literal["none", "applier", "listener", "journal"]
+"""How serving L1s learn of updates: no updates, their own applier (``embedded``), their own
+listener of the topics, or ``hps consume`` through the node's change journal (one update
+stream per node: ``update_source.hps_l1_refresh``; needs a node state folder)."""
+
 SHARED_L2_DEFAULT = "multi_process_hash_map"
 """The L2 of a multi-instance model whose ps.json names no volatile_db type."""
 
@@ -43,7 +48,7 @@ class Topology:
     l3: bool
     updates: UpdateApplier
     l2_filled_by: Literal["none", "serving", "import"]  # who loads sparse files into L2
-    l1_refresh: Literal["none", "applier", "listener"]  # how serving L1s learn of updates
+    l1_refresh: L1Refresh  # how serving L1s learn of updates
     state_dir: Path | None  # where the import lock and record live (None: nothing shared)
     models: tuple[ModelTopology, ...]
 
@@ -85,10 +90,20 @@ def topology(config: PSConfig) -> Topology:
         l3=l3,
         updates=updates,
         l2_filled_by=filled,
-        l1_refresh="none" if not kafka else "applier" if updates == "embedded" else "listener",
+        l1_refresh=_l1_refresh(config, updates, state),
         state_dir=state,
         models=tuple(_model(m, l3, updates) for m in config.models),
     )
+
+
+def _l1_refresh(config: PSConfig, updates: UpdateApplier, state: Path | None) -> L1Refresh:
+    if updates == "none":
+        return "none"
+    if updates == "embedded":
+        return "applier"
+    if config.update_source.hps_l1_refresh == "journal" and state is not None:
+        return "journal"
+    return "listener"
 
 
 def _model(model: ModelConfig, l3: bool, updates: UpdateApplier) -> ModelTopology:
@@ -124,9 +139,17 @@ def describe(topo: Topology) -> list[str]:
         + {
             "none": "none (no update_source)",
             "embedded": "applied by each serving process to its own L2 (and L3 if it writes it)",
-            "consumer": "applied by hps consume to L2 and L3; serving L1s listen to the topics",
+            "consumer": "applied by hps consume to L2 and L3",
         }[topo.updates],
     ]
+    if topo.updates == "consumer":
+        lines.append(
+            "serving L1s: "
+            + {
+                "listener": "each serving process listens to the topics",
+                "journal": "told by hps consume through the node's change journal",
+            }[topo.l1_refresh]
+        )
     if topo.state_dir is not None:
         lines.append(f"import lock and record: beside {topo.state_dir}")
     for m in topo.models:

@@ -17,6 +17,7 @@ Reports stay in ``--report-dir``.
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mix", default="", help="reader mix (hps loadtest --mix)")
     parser.add_argument("--l2", default="", help="hps loadtest --l2")
     parser.add_argument("--instances", type=int, default=0, help="hps loadtest --instances")
+    parser.add_argument(
+        "--l1-refresh", default="", choices=("", "listener", "journal"),
+        help="hps loadtest --l1-refresh",
+    )  # fmt: skip
     parser.add_argument("--report-dir", default="", help="folder of both runs' reports")
 
 
@@ -45,12 +50,21 @@ def loadtest_command(args: argparse.Namespace, updates: float, report: Path) -> 
         "--run-time", str(args.run_time), "--updates", f"{updates:g}",
         "--report-dir", str(report), "--threshold", "*:max_fail_ratio=0",
     ]  # fmt: skip
-    for flag, value in (("--mix", args.mix), ("--l2", args.l2)):
+    for flag, value in (("--mix", args.mix), ("--l2", args.l2), ("--l1-refresh", args.l1_refresh)):
         if value:
             cmd += [flag, value]
     if args.instances:
         cmd += ["--instances", str(args.instances)]
     return cmd
+
+
+def _l1_refresh(report: Path) -> str | None:
+    """How the run's serving L1s heard of updates (its ps.json; None: not started)."""
+    try:
+        doc = json.loads((report / "ps.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return str((doc.get("update_source") or {}).get("hps_l1_refresh", "listener"))
 
 
 def reads(report: Path) -> dict[str, float]:
@@ -88,6 +102,7 @@ def run(args: argparse.Namespace) -> Iterator[JSON]:
         "readers": args.readers,
         "update_rows_per_s": args.updates,
         "run_time_s": args.run_time,
+        "l1_refresh": _l1_refresh(up_report),
         "freshness_p50_ms": probes.p50_ms if probes else None,
         "freshness_p99_ms": probes.p99_ms if probes else None,
         "probes": probes.count if probes else 0,

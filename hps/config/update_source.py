@@ -26,6 +26,12 @@ class UpdateSourceConfig(Frozen):
         description="an update version (ns) beyond the consumer's clock (or an earlier message "
         "timestamp) + this is refused",
     )
+    hps_l1_refresh: Literal["listener", "journal"] = Field(
+        default="listener",
+        description="with a shared L2 (or none): how serving L1s learn of updates: each "
+        "process reads the topics (listener), or hps consume tells them through the node's "
+        "change journal (journal: it must write every tier they read)",
+    )
     hps_kafka_config: dict[str, str | int | bool] = {}
     hps_kafka_config_env: dict[str, str] = Field(
         default={},

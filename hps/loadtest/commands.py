@@ -68,6 +68,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the test broker's work per fetch grows with them, on the cores the stack shares)",
     )
     s.add_argument(
+        "--l1-refresh",
+        choices=("listener", "journal"),
+        help="update_source.hps_l1_refresh of the stack (default: the ps.json's, else journal: "
+        "the stack is one node, whose hps consume writes its L2 and L3 and tells its serving "
+        "processes through the node's change journal)",
+    )
+    s.add_argument(
         "--sample-interval",
         type=float,
         default=5.0,
@@ -128,6 +135,7 @@ def _run(args: argparse.Namespace) -> int:
         stack = start_stack(
             args.config, report, l2=args.l2, instances=args.instances,
             updates=bool(args.updates), admin=not args.no_admin, partitions=args.partitions,
+            l1_refresh=args.l1_refresh,
         )  # fmt: skip
     try:
         config = stack.config_path if stack else Path(args.config)

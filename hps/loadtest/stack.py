@@ -116,8 +116,19 @@ def _absolute(doc: Doc, base: Path) -> None:
         pdb["path"] = fix(pdb["path"])
 
 
-def effective_doc(doc: Doc, *, l2: str | None, instances: int | None, updates: bool) -> Doc:
-    """The ps.json document with the load test's overrides (addresses are set later)."""
+def effective_doc(
+    doc: Doc,
+    *,
+    l2: str | None,
+    instances: int | None,
+    updates: bool,
+    l1_refresh: str | None = None,
+) -> Doc:
+    """The ps.json document with the load test's overrides (addresses are set later).
+
+    The stack is one node, whose one ``hps consume`` writes its L2 and L3: its serving L1s
+    hear of updates through the node's change journal unless ``l1_refresh`` or the ps.json
+    says otherwise (``update_source.hps_l1_refresh``)."""
     doc = json.loads(json.dumps(doc))
     vdb = doc.setdefault("volatile_db", {})
     if l2:
@@ -135,6 +146,9 @@ def effective_doc(doc: Doc, *, l2: str | None, instances: int | None, updates: b
             "hps_group_id": "hps-loadtest",
             "hps_kafka_config": FAST_KAFKA,
         }
+    us = doc.get("update_source") or {}
+    if us.get("type", "null") != "null":
+        us["hps_l1_refresh"] = l1_refresh or us.get("hps_l1_refresh") or "journal"
     return doc
 
 
@@ -164,6 +178,7 @@ def start_stack(
     updates: bool = False,
     admin: bool = True,
     partitions: int = 1,
+    l1_refresh: str | None = None,
 ) -> Stack:
     """Start everything the ps.json needs; on failure, stop what was started and raise.
 
@@ -177,7 +192,7 @@ def start_stack(
         doc = json.loads(Path(config).read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{config}: {exc}") from None
-    doc = effective_doc(doc, l2=l2, instances=instances, updates=updates)
+    doc = effective_doc(doc, l2=l2, instances=instances, updates=updates, l1_refresh=l1_refresh)
     _absolute(doc, Path.cwd())
     parse_config(doc, str(config))  # a bad file fails here, before anything starts
     http, grpc_, metrics = free_port(), free_port(), free_port()

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hps.errors import UnknownTableError
+from hps.errors import BackendError, UnknownTableError
 from hps.rowformat import Stored
 from hps.tiers import Tiers, VersionedRows, encode_rows
 from hps.types import Keys, TableSpec, UpdateBatch, Vectors
@@ -52,9 +52,13 @@ class Applied:
     values: Stored  # their new rows, in the table's stored form (hps.rowformat)
     deleted: Keys
     stale: int  # rows dropped because a newer version was already applied
+    published_ns: tuple[int, ...] = ()  # publish timestamps of the messages it came from
 
 
-Listener = Callable[[Applied], None]
+Listener = Callable[[Sequence[Applied]], None]
+"""Called once per :meth:`Applier.apply` with what each table's part changed, after every
+tier holds them and before they are synced. A :class:`hps.errors.BackendError` it raises
+fails the batch (applied again: idempotent); any other error is logged."""
 
 
 def model_filter(patterns: Iterable[str]) -> Callable[[str], bool]:
@@ -166,12 +170,13 @@ class Applier:
             applied, sync = self._apply_table(route, group)
             done.append(applied)
             syncs.append(sync)
-        for applied in done:
-            for listener in self.listeners:
-                try:
-                    listener(applied)
-                except Exception:  # L1 upkeep must not fail a batch L2/L3 already hold
-                    log.exception("update listener failed for %s", applied.table)
+        for listener in self.listeners:
+            try:
+                listener(done)
+            except BackendError:  # e.g. the node's journal: the batch is applied again
+                raise
+            except Exception:  # L1 upkeep must not fail a batch L2/L3 already hold
+                log.exception("update listener failed for %s", [a.table for a in done])
         if served is not None:
             served()
         for sync in syncs:
@@ -212,7 +217,9 @@ class Applier:
             route.watermarks.advance(kept_keys, kept_versions, durable=True)
             self.recorder.stage("sync", time.perf_counter() - start)
 
-        return Applied(spec.name, up_keys, up_values, rm_keys, int((~keep).sum())), synced
+        published = tuple(int(p) for b in group if (p := b.extras.get("published_ns")) is not None)
+        applied = Applied(spec.name, up_keys, up_values, rm_keys, int((~keep).sum()), published)
+        return applied, synced
 
     def _timed(self, table: str, tiers: int, marks: list[float]) -> None:
         """Stage timing of one table's write: [start, first tier done, all tiers done]."""

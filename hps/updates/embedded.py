@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hps.config import PSConfig
@@ -48,12 +49,13 @@ def start_background_applier(
     refresher = L1Refresher(session)
     recorder = recorder or PrometheusRecorder()
 
-    def refresh(applied: Applied) -> None:
+    def refresh(batch: Sequence[Applied]) -> None:
         start = time.perf_counter()
-        refresher.now(applied.table, applied.keys, applied.values)
-        refresher.now(applied.table, applied.deleted, None)
-        refresher.later(applied.table, applied.keys)
-        refresher.later(applied.table, applied.deleted)
+        for applied in batch:
+            refresher.now(applied.table, applied.keys, applied.values)
+            refresher.now(applied.table, applied.deleted, None)
+            refresher.later(applied.table, applied.keys)
+            refresher.later(applied.table, applied.deleted)
         recorder.stage("l1_refresh", time.perf_counter() - start)
 
     applier = build_applier(

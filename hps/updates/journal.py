@@ -13,15 +13,21 @@ Layout, in a folder beside the node's state (:func:`journal_dir`: ``<state>.hps-
 the import lock's neighbour):
 
 - ``head.json``: ``{"generation": <random id>, "seq": <last entry>}``, rewritten atomically;
-- ``<seq>.json`` (the entry: kind, table, key count) and ``<seq>.npy`` (its keys; absent
-  when an import was too large to list, :data:`MAX_ENTRY_KEYS`: then the entry stands for
-  every key of the table);
+- ``<seq>.json`` (the entry: its changes, each a kind, a table and a key count) and
+  ``<seq>.npz`` (each change's keys, ``keys<i>``; absent for a change that stands for every
+  key of the table: an import too large to list, :data:`MAX_ENTRY_KEYS`);
 - ``readers/<id>.json``: each follower's cursor (generation, last applied seq, model),
   heartbeat and ``problem`` (why the process cannot serve right now, e.g. its shared L2
   being refilled: :meth:`hps.updates.journal_follower.JournalFollower.report`; ``null``
   when none), rewritten at least every :data:`HEARTBEAT_S` and at once when the problem
   changes. The control plane's ``/readyz`` reads them (:mod:`hps.service.health`, check
   ``instances``).
+
+``hps consume`` also appends here when ``update_source.hps_l1_refresh`` is ``journal``
+(:mod:`hps.updates.announce`): one entry per applied batch, a change per table, each with
+the rows it wrote (``rows<i>``, in the table's stored form) and the publish timestamps of
+its messages, so the serving processes refresh their L1 from the entry itself, without a
+Kafka consumer of their own (docs/updates.md, "One update stream per node").
 
 Appends hold ``lock`` (flock). Bounded: an append removes the entries every live follower
 has applied, then the oldest beyond :data:`MAX_ENTRIES` / :data:`MAX_BYTES` whether read or
@@ -40,7 +46,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +55,7 @@ from typing import Literal
 import numpy as np
 
 from hps.errors import HPSError
+from hps.rowformat import Stored
 from hps.types import Keys
 
 log = logging.getLogger(__name__)
@@ -64,6 +71,7 @@ MAX_ENTRIES = 256
 MAX_BYTES = 256 << 20
 MAX_ENTRY_KEYS = 1 << 22  # larger imports are journalled as "every key of the table"
 _ENTRY = re.compile(r"^(\d{12})\.json$")
+_SUFFIXES = (".json", ".npz")
 
 
 def journal_dir(state: Path) -> Path:
@@ -72,11 +80,22 @@ def journal_dir(state: Path) -> Path:
 
 
 @dataclass(frozen=True)
-class Entry:
-    seq: int
+class Change:
+    """What one entry says about one table."""
+
     kind: Kind
     table: str  # <model>.<table>
     keys: Keys | None  # None: every key of the table
+    rows: Stored | None = None  # the upserted rows as stored (hps consume's), else re-read
+    published_ns: tuple[int, ...] = ()  # publish timestamps of the updates it carries
+    from_updates: bool = False  # hps consume's: L2/L3 held it when it was appended
+
+
+@dataclass(frozen=True)
+class Entry:
+    seq: int
+    changes: tuple[Change, ...]
+    time_ns: int  # when it was appended (L2/L3 held its changes by then)
 
 
 @dataclass(frozen=True)
@@ -117,6 +136,14 @@ class Journal:
         except (ValueError, KeyError) as exc:  # written atomically: only a foreign file
             raise HPSError(f"{self.folder}/head.json: not a journal head: {exc}") from None
 
+    def head_stamp(self) -> tuple[int, int] | None:
+        """head.json's inode and modification time (None: no head yet): changes with it."""
+        try:
+            st = os.stat(self.folder / "head.json")
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
     def _head_locked(self) -> tuple[str, int]:
         path = self.folder / "head.json"
         if not path.exists():
@@ -145,18 +172,34 @@ class Journal:
 
     def append(self, kind: Kind, table: str, keys: Keys | None) -> int:
         """Record that ``keys`` of ``table`` changed (or are to be warmed up); its seq."""
+        return self.append_changes([Change(kind, table, keys)])
+
+    def append_changes(self, changes: Sequence[Change]) -> int:
+        """Record ``changes`` as one entry (followers apply them together); its seq."""
+        arrays: dict[str, np.ndarray] = {}
+        parts = []
+        for i, c in enumerate(changes):
+            if c.keys is not None:
+                arrays[f"keys{i}"] = np.ascontiguousarray(c.keys, dtype=np.int64)
+            if c.rows is not None:
+                arrays[f"rows{i}"] = np.ascontiguousarray(c.rows)
+            parts.append(
+                {
+                    "kind": c.kind,
+                    "table": c.table,
+                    "keys": None if c.keys is None else int(c.keys.size),
+                    "rows": c.rows is not None,
+                    "published_ns": list(c.published_ns),
+                    "from_updates": c.from_updates,
+                }
+            )
         with self._locked():
             generation, seq = self._head_locked()
             seq += 1
-            if keys is not None:
-                np.save(self._name(seq, ".npy"), np.ascontiguousarray(keys, dtype=np.int64))
-            meta = {
-                "seq": seq,
-                "kind": kind,
-                "table": table,
-                "keys": None if keys is None else int(keys.size),
-                "time": time.time(),
-            }
+            if arrays:
+                with open(self._name(seq, ".npz"), "wb") as fh:
+                    np.savez(fh, allow_pickle=False, **arrays)
+            meta = {"seq": seq, "time_ns": time.time_ns(), "changes": parts}
             _write_atomic(self._name(seq, ".json"), json.dumps(meta).encode())
             self._set_head(generation, seq)
             self._trim(generation, seq)
@@ -176,12 +219,12 @@ class Journal:
             if s > applied:
                 log.warning("change journal over its bounds: entry %d removed unread", s)
             total -= sizes[s]
-            for suffix in (".json", ".npy"):
+            for suffix in _SUFFIXES:
                 self._name(s, suffix).unlink(missing_ok=True)
 
     def _size(self, seq: int) -> int:
         total = 0
-        for suffix in (".json", ".npy"):
+        for suffix in _SUFFIXES:
             with suppress(FileNotFoundError):
                 total += self._name(seq, suffix).stat().st_size
         return total
@@ -240,15 +283,31 @@ class Journal:
 
     def read(self, seq: int) -> Entry | None:
         """Entry ``seq``, or None when it is gone (removed: the reader fell behind)."""
+        path = self._name(seq, ".json")
         try:
-            meta = json.loads(self._name(seq, ".json").read_bytes())
-            keys = None if meta["keys"] is None else np.load(self._name(seq, ".npy"))
+            meta = json.loads(path.read_bytes())
+            arrays: dict[str, np.ndarray] = {}
+            if any(p["keys"] is not None for p in meta["changes"]):
+                with np.load(self._name(seq, ".npz")) as npz:
+                    arrays = {name: npz[name] for name in npz.files}
         except FileNotFoundError:
             return None
-        kind = meta["kind"]
-        if kind not in KINDS:
-            raise HPSError(f"{self._name(seq, '.json')}: unknown kind {kind!r}")
-        return Entry(seq, kind, str(meta["table"]), keys)
+        changes = []
+        for i, part in enumerate(meta["changes"]):
+            kind = part["kind"]
+            if kind not in KINDS:
+                raise HPSError(f"{path}: unknown kind {kind!r}")
+            changes.append(
+                Change(
+                    kind,
+                    str(part["table"]),
+                    arrays.get(f"keys{i}"),
+                    arrays.get(f"rows{i}"),
+                    tuple(int(t) for t in part["published_ns"]),
+                    bool(part["from_updates"]),
+                )
+            )
+        return Entry(seq, tuple(changes), int(meta["time_ns"]))
 
     def write_cursor(
         self, reader: str, model: str, generation: str, seq: int, problem: str | None = None

@@ -2,15 +2,20 @@
 it tails the journal and applies each entry to its session, and keeps its reader cursor
 (position and heartbeat) up to date.
 
-Every :data:`~hps.updates.journal.POLL_S` the follower looks at the head and does what a
-Kafka update does to the session: a secondary L3 catches up, an L2 of its own forgets the
-keys, resident L1 rows are re-read (upserts) or evicted (deletes), with a second re-read
+Every :data:`FOLLOW_S` the follower looks whether the head changed (one ``stat``), at least
+every :data:`~hps.updates.journal.POLL_S` it polls, and does what a Kafka update does to
+the session. A control-plane change: a secondary L3 catches up, an L2 of its own forgets
+the keys, resident L1 rows are re-read (upserts) or evicted (deletes), with a second re-read
 ``grace_s`` later (:class:`hps.updates.freshness.L1Refresher`); warm-up keys are loaded
-into L1, :data:`WARMUP_CHUNK` at a time. An entry it needs gone (it fell behind) or a new
-generation (the folder was recreated) makes it drop its whole L1 and refill an L2 of its
-own from L3. Its cursor, with the ``problem`` it was asked to :meth:`JournalFollower.report`,
-is rewritten at least every :data:`~hps.updates.journal.HEARTBEAT_S` and at once when it
-moves or the problem changes.
+into L1, :data:`WARMUP_CHUNK` at a time. A change ``hps consume`` appended (L2/L3 hold it
+already) carries its rows: resident L1 rows take them at once (pass 1, nothing read), then
+the same second re-read; each of its updates' freshness is recorded (the moment this process
+serves it: when its rows reached L1 if any key was resident, else when L2/L3 held it).
+
+An entry it needs gone (it fell behind) or a new generation (the folder was recreated)
+makes it drop its whole L1 and refill an L2 of its own from L3. Its cursor, with the
+``problem`` it was asked to :meth:`JournalFollower.report`, is rewritten at least every
+:data:`~hps.updates.journal.HEARTBEAT_S` and at once when it moves or the problem changes.
 """
 
 from __future__ import annotations
@@ -24,15 +29,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hps.updates.journal import HEARTBEAT_S, POLL_S, Entry, Journal
+from hps.updates.journal import HEARTBEAT_S, POLL_S, Change, Journal
 
 if TYPE_CHECKING:
     from hps.lookup import LookupSession
     from hps.updates.freshness import L1Refresher
+    from hps.updates.metrics import Recorder
 
 log = logging.getLogger(__name__)
 
 WARMUP_CHUNK = 1 << 16
+FOLLOW_S = 0.02  # how often the head's stat is compared: what an update waits here at most
 
 
 class JournalFollower:
@@ -58,18 +65,28 @@ class JournalFollower:
         self._beat = 0.0
         self._problem_of: Callable[[], str | None] | None = None
         self._problem: str | None = None
+        self._recorder: Recorder | None = None
+        self._stamp: tuple[int, int] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._heartbeat()
 
     def attach(
-        self, session: LookupSession, *, own_l2: bool, shared_backfill: bool, l2_share: float = 1.0
+        self,
+        session: LookupSession,
+        *,
+        own_l2: bool,
+        shared_backfill: bool,
+        l2_share: float = 1.0,
+        recorder: Recorder | None = None,
     ) -> None:
         """``own_l2``: the session's L2 lives in this process (nobody else updates it);
         ``shared_backfill``: the session backfills a shared L2 from L3 (it then removes the
-        changed keys from it once its L3 has caught up, undoing a stale backfill)."""
+        changed keys from it once its L3 has caught up, undoing a stale backfill);
+        ``recorder``: takes the freshness of the updates ``hps consume`` journals."""
         from hps.updates.freshness import L1Refresher
 
+        self._recorder = recorder
         self._session = session
         self._refresher = L1Refresher(session)
         tiers = session.tiers
@@ -121,9 +138,11 @@ class JournalFollower:
                 log.warning("change journal: fell behind (entries removed): dropping L1")
                 self._resync(session)
             else:
-                session.tiers.catch_up()  # once for all the entries: L3 as they describe it
+                if any(not c.from_updates for e in entries for c in e.changes):
+                    session.tiers.catch_up()  # once for all the entries: L3 as they describe
                 for entry in entries:
-                    self._apply(session, entry)
+                    for change in entry.changes:
+                        self._apply(session, change, entry.time_ns)
                 done = len(entries)
             self.seq = head
             self.applied += done
@@ -131,30 +150,49 @@ class JournalFollower:
         self._heartbeat(force=moved)  # else at least every HEARTBEAT_S
         return done
 
-    def _apply(self, session: LookupSession, entry: Entry) -> None:
-        spec = session.tables.get(entry.table)
+    def _apply(self, session: LookupSession, change: Change, appended_ns: int) -> None:
+        spec = session.tables.get(change.table)
         if spec is None:
             return  # another model's table
+        if change.from_updates:
+            self._apply_update(session, change, appended_ns)
+            return
         assert self._refresher is not None
-        if entry.keys is None:  # every key of the table
+        if change.keys is None:  # every key of the table
             if self._own_l2:
-                self._refill_l2(session, entry.table)
-            cache = session.caches.get(entry.table)
+                self._refill_l2(session, change.table)
+            cache = session.caches.get(change.table)
             keys = cache.resident_keys() if cache is not None else np.empty(0, np.int64)
         else:
-            keys = entry.keys
-            if self._clear_l2 and entry.kind != "warmup":
+            keys = change.keys
+            if self._clear_l2 and change.kind != "warmup":
                 assert session.tiers.volatile is not None
-                session.tiers.volatile.remove(entry.table, keys)
-        if entry.kind == "warmup":
+                session.tiers.volatile.remove(change.table, keys)
+        if change.kind == "warmup":
             for start in range(0, keys.size, WARMUP_CHUNK):
-                session.warm_up(entry.table, keys[start : start + WARMUP_CHUNK])
+                session.warm_up(change.table, keys[start : start + WARMUP_CHUNK])
             return
-        if entry.kind == "delete":
-            self._refresher.now(entry.table, keys, None)
+        if change.kind == "delete":
+            self._refresher.now(change.table, keys, None)
         else:
-            session.refresh(entry.table, keys)  # resident rows re-read (L3 caught up)
-        self._refresher.later(entry.table, keys)  # and again once any stale backfill is undone
+            session.refresh(change.table, keys)  # resident rows re-read (L3 caught up)
+        self._refresher.later(change.table, keys)  # and again once any stale backfill is undone
+
+    def _apply_update(self, session: LookupSession, change: Change, appended_ns: int) -> None:
+        """A batch hps consume applied: L2/L3 hold it, its rows come with it."""
+        assert self._refresher is not None and change.keys is not None
+        start, now_ns = time.perf_counter(), time.time_ns()
+        cache = session.caches.get(change.table)
+        resident = cache is not None and bool(cache.resident(change.keys).any())
+        self._refresher.now(change.table, change.keys, change.rows)  # rows None: deleted
+        self._refresher.later(change.table, change.keys)
+        if self._recorder is None:
+            return
+        self._recorder.age("journal", appended_ns, now_ns)
+        self._recorder.stage("l1_refresh", time.perf_counter() - start)
+        served_ns = time.time_ns() if resident else appended_ns
+        for published in change.published_ns:
+            self._recorder.fresh(change.table, published, served_ns)
 
     def _refill_l2(self, session: LookupSession, table: str) -> None:
         l2 = session.tiers.volatile
@@ -181,12 +219,26 @@ class JournalFollower:
         return self
 
     def _run(self) -> None:
-        while not self._stop.wait(POLL_S):
+        last = time.monotonic()
+        while not self._stop.wait(FOLLOW_S):
+            now = time.monotonic()
+            if not self._head_moved() and now - last < POLL_S:
+                continue
+            last = now
             try:
                 self.poll()
             except Exception:  # a bad entry or a tier hiccup must not end the follower
                 log.exception("change journal: poll failed; retrying")
                 self._stop.wait(1.0)
+
+    def _head_moved(self) -> bool:
+        """Whether head.json was rewritten since the last look (it is replaced atomically:
+        a new inode each time; one that reuses the inode within the clock's tick is seen at
+        the next POLL_S)."""
+        stamp = self.journal.head_stamp()
+        moved = stamp != self._stamp
+        self._stamp = stamp
+        return moved
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()

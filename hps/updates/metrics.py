@@ -62,7 +62,10 @@ STAGES: dict[str, str] = {
     "l3_write": "the batch's rows and versions written to L3, unsynced (per table and batch)",
     "l2_write": "the batch's rows written to L2 (per table and batch)",
     "sync": "the synced watermark write that makes the batch durable (per table and batch)",
-    "l1_refresh": "resident L1 rows refreshed from the batch (embedded applier; per batch)",
+    "l1_refresh": "resident L1 rows refreshed from the batch (embedded applier, journal "
+    "follower; per batch)",
+    "journal": "hps consume appended the batch to the node's journal -> a serving process "
+    "took it (per entry)",
     "l1_reread": "pass 2: resident L1 rows re-read from L2/L3 (serving processes; per pass)",
     "applied": "publish timestamp -> L2/L3 hold the message's rows (per message)",
 }

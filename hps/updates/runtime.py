@@ -8,7 +8,9 @@ Which one a serving process runs (:func:`start_updates`; the two live in
   from the beginning (its L2 starts empty), no consumer group, no commits; L3 too when this
   process opened it read-write. L1 is refreshed right after each apply.
 - **shared** (Redis, or no L2): ``hps consume`` applies to L2/L3; the serving process only
-  runs a listener that refreshes its L1 (:mod:`hps.updates.freshness`).
+  runs a listener that refreshes its L1 (:mod:`hps.updates.freshness`), or, with
+  ``update_source.hps_l1_refresh: journal``, nothing: ``hps consume`` journals each batch it
+  applied and the process's journal follower refreshes L1 from it (:mod:`hps.updates.announce`).
 
 Either records into the ``recorder`` it is given (a serving process passes a
 :class:`hps.updates.metrics.BufferedRecorder` that its Triton metrics drain): the embedded
@@ -147,7 +149,7 @@ def build_service(
     from the ps.json as served (:func:`consumed_config`)."""
     check_enabled(config)
     us = config.update_source
-    applier = build_applier(config, session, shared_only=True)
+    applier = build_applier(config, session, shared_only=True, listeners=_announcers(config))
     router = version_router(config, applier.tables, own=False, follow=applier.takes)
     kafka_conf = dict(us.hps_kafka_config)
     source = MessageSource(
@@ -180,6 +182,18 @@ def build_service(
         source, applier, us, dead_letters=dead, heartbeat=heartbeat, router=router,
         catchup=catchup, follower=ModelFollower(router, source, applier),
     )  # fmt: skip
+
+
+def _announcers(config: PSConfig) -> list[Listener]:
+    """``hps_l1_refresh: journal``: each applied batch goes to the node's change journal."""
+    topo = topology(config)
+    if topo.l1_refresh != "journal":
+        return []
+    from hps.updates.announce import JournalAnnouncer
+    from hps.updates.journal import Journal, journal_dir
+
+    assert topo.state_dir is not None  # topology: journal needs the node's state folder
+    return [JournalAnnouncer(Journal(journal_dir(topo.state_dir)))]
 
 
 def consumed_config(config: PSConfig) -> PSConfig:
@@ -242,11 +256,11 @@ def start_updates(
     from hps.updates.embedded import start_background_applier
     from hps.updates.listener import start_l1_listener
 
-    updates = topology(config).updates
-    if updates == "none":
+    topo = topology(config)
+    if topo.updates == "none":
         return None
-    if updates == "embedded":
+    if topo.updates == "embedded":
         return start_background_applier(session, config, recorder)
-    if not session.caches:
+    if not session.caches or topo.l1_refresh == "journal":  # journal: its follower refreshes
         return None
     return start_l1_listener(session, config, recorder)

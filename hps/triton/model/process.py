@@ -150,6 +150,11 @@ class ModelProcess:
         )
         log.info("%s", report.message())
         self.refreshers = [r.start() for r in refreshers_for(self.session, self.config)]
+        update_timings = None
+        if self.config.update_source.enabled:  # Kafka: drained into /metrics by self.metrics
+            from hps.updates.metrics import BufferedRecorder
+
+            update_timings = BufferedRecorder()
         if self.journal is not None:
             vdb = self.config.volatile_db
             placement = topology(self.config).l2
@@ -158,15 +163,13 @@ class ModelProcess:
                 own_l2=placement == "process",
                 shared_backfill=vdb.cache_missed_embeddings and placement in ("node", "server"),
                 l2_share=vdb.initial_cache_rate,
+                recorder=update_timings,  # hps_l1_refresh journal: hps consume's batches
             )
             self.journal.start()
         self.updates = None
-        update_timings = None
-        if self.config.update_source.enabled:  # Kafka: the embedded applier or an L1 listener
-            from hps.updates.metrics import BufferedRecorder
+        if update_timings is not None:  # the embedded applier or an L1 listener (or neither)
             from hps.updates.runtime import start_updates
 
-            update_timings = BufferedRecorder()  # drained into /metrics by self.metrics
             self.updates = start_updates(self.session, self.config, update_timings)
         # A node's shared-memory L2 removed or replaced: follow it, refill, re-read L1.
         self.l2_watch = watch_shared_l2(self.session, self.config, role="serving")

@@ -53,6 +53,7 @@ def open_session(
 def open_journal(config: PSConfig, model: str, args: dict[str, str]) -> JournalFollower | None:
     """This process's follower of the node's change journal (None: the node keeps no state,
     so the control plane writes nothing here and reloads instead)."""
+    from hps.errors import ConfigError
     from hps.topology import topology
     from hps.updates.journal import Journal, journal_dir
     from hps.updates.journal_follower import JournalFollower
@@ -64,6 +65,12 @@ def open_journal(config: PSConfig, model: str, args: dict[str, str]) -> JournalF
     try:
         return JournalFollower(Journal(journal_dir(state)), reader, model)
     except OSError as exc:  # e.g. a read-only volume: nothing can write L3 there either
+        if topology(config).l1_refresh == "journal":
+            raise ConfigError(
+                f"update_source.hps_l1_refresh is 'journal' but the change journal beside "
+                f"{state} cannot be opened ({exc.strerror}): this process would never see "
+                "an update; use 'listener'"
+            ) from None
         log.warning("no change journal beside %s (%s): writes reach this process by reloads",
                     state, exc.strerror)  # fmt: skip
         return None

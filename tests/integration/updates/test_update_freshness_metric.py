@@ -3,9 +3,11 @@ RocksDB, ``hps consume`` (its loop in a thread) and the control plane's app.
 
 After updates are published, every serving process's ``hps_update_freshness_seconds`` count
 for the table rises in Triton's /metrics, the consumer's stage histograms count them, and
-``GET /v1/models/{model}/tables/{table}`` reports p50/p99. Two layouts: two instances sharing
-a ``multi_process_hash_map`` with ``hps consume`` (each instance's L1 listener records), and
-one instance on the in-process ``hash_map`` (its embedded applier records, stages too).
+``GET /v1/models/{model}/tables/{table}`` reports p50/p99. Three layouts: two instances
+sharing a ``multi_process_hash_map`` with ``hps consume``, each instance's L1 listener
+recording; the same with ``hps_l1_refresh: journal``, each instance's journal follower
+recording from hps consume's journal entries (stages ``journal`` and ``l1_refresh`` too);
+and one instance on the in-process ``hash_map`` (its embedded applier records, stages too).
 No timing is asserted."""
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from hps.triton.repository import prepare_repository
 from hps.triton.serving import prepare_tables, serving_config
 from hps.triton.supervisor.server import TritonServer
 from hps.updates import Publisher, metrics
+from hps.updates.journal import Journal, journal_dir
 from hps.updates.runtime import build_service
 from tests.fixtures.kafka import running, update_source_doc, wait_for
 from tests.integration.service.conftest import TOKEN
@@ -44,7 +47,8 @@ EMBEDDED_STAGES = (
 )  # fmt: skip
 
 
-def _doc(root: Path, model: str, brokers: str, shared: bool) -> dict[str, object]:
+def _doc(root: Path, model: str, brokers: str, layout: str) -> dict[str, object]:
+    shared = layout != "embedded"
     volatile: dict[str, object] = (
         {
             "shared_memory_name": f"hps_fr_{uuid.uuid4().hex[:12]}",
@@ -54,6 +58,9 @@ def _doc(root: Path, model: str, brokers: str, shared: bool) -> dict[str, object
         if shared
         else {"type": "hash_map"}
     )
+    updates = update_source_doc(brokers, model)
+    if layout == "journal":
+        updates["hps_l1_refresh"] = "journal"
     return {
         "models": [
             {
@@ -70,7 +77,7 @@ def _doc(root: Path, model: str, brokers: str, shared: bool) -> dict[str, object
         ],
         "volatile_db": volatile,
         "persistent_db": {"type": "rocks_db", "path": str(root / "rocksdb")},
-        "update_source": update_source_doc(brokers, model),
+        "update_source": updates,
     }
 
 
@@ -87,17 +94,21 @@ def _stage_count(stage: str) -> float:
     return 0.0
 
 
-@pytest.mark.parametrize("shared", [True, False], ids=["listeners+consume", "embedded"])
+@pytest.mark.parametrize(
+    "layout", ["listener", "journal", "embedded"], ids=["listeners+consume", "journal+consume",
+    "embedded"]
+)  # fmt: skip
 def test_freshness_is_exported_and_reported(
-    tmp_path: Path, kafka_broker: TansuBroker, shared: bool
+    tmp_path: Path, kafka_broker: TansuBroker, layout: str
 ) -> None:
+    shared = layout != "embedded"
     model = f"fr{uuid.uuid4().hex[:8]}"
     rng = np.random.default_rng(5)
     keys = rng.choice(1 << 40, size=ROWS, replace=False).astype(np.int64)
     old = rng.standard_normal((ROWS, DIM), dtype=np.float32)
     write_sparse_model(tmp_path / "tables" / "u", keys, old)
     ps_path = tmp_path / "ps.json"
-    ps_path.write_text(json.dumps(_doc(tmp_path, model, kafka_broker.bootstrap, shared)))
+    ps_path.write_text(json.dumps(_doc(tmp_path, model, kafka_broker.bootstrap, layout)))
     config = serving_config(ps_path)
     names = prepare_repository(config, tmp_path / "repository", metrics_interval_s=0.0)
     prepare_tables(config)
@@ -150,6 +161,25 @@ def test_freshness_is_exported_and_reported(
                     return all(f'stage="{stage}"' in text for stage in EMBEDDED_STAGES)
 
                 wait_for(staged, 30, "every stage of the embedded applier in /metrics")
+            if layout == "journal":  # the followers took hps consume's entries, no listener
+
+                def followed() -> bool:
+                    client.lookup(model, keys[:8], [8])
+                    text = _metrics_text(server.metrics_url)
+                    return all(f'stage="{stage}"' in text for stage in ("journal", "l1_refresh"))
+
+                wait_for(followed, 30, "the journal followers' stages in /metrics")
+                journal = Journal(journal_dir(tmp_path / "rocksdb"))
+                _, head = journal.head()
+                last = journal.read(head)  # older ones go once every follower applied them
+                assert last is not None and last.changes
+                assert all(c.from_updates and c.published_ns for c in last.changes)
+
+                def caught_up() -> bool:
+                    followers = [c for c in journal.cursors() if c.model == model]
+                    return len(followers) == 2 and all(c.seq == head for c in followers)
+
+                wait_for(caught_up, 30, "both instances' followers at the journal's head")
             with TestClient(create_app(state)) as admin:
                 admin.headers["Authorization"] = f"Bearer {TOKEN}"
                 r = admin.get(f"/v1/models/{model}/tables/u")

@@ -61,3 +61,16 @@ def test_overrides_and_when_hps_consume_runs() -> None:
     assert cluster["volatile_db"]["type"] == "redis_cluster" and needs_consumer(cluster)
     assert len(cluster["volatile_db"]["address"].split(",")) == 3
     assert "volatile_db" not in doc  # the caller's document is left alone
+
+
+def test_the_stack_tells_its_l1s_through_the_journal_unless_told_otherwise() -> None:
+    """One node, one hps consume writing its L2 and L3: one update stream for the node."""
+    doc = {"models": [{"model": "m", "embedding_vecsize_per_table": [4]}]}
+    shared = effective_doc(doc, l2="redis", instances=2, updates=True)
+    assert shared["update_source"]["hps_l1_refresh"] == "journal"
+    asked = effective_doc(doc, l2="redis", instances=2, updates=True, l1_refresh="listener")
+    assert asked["update_source"]["hps_l1_refresh"] == "listener"
+    own = {**doc, "update_source": {"type": "kafka_message_queue", "hps_l1_refresh": "listener"}}
+    kept = effective_doc(own, l2=None, instances=2, updates=True)
+    assert kept["update_source"]["hps_l1_refresh"] == "listener"  # the ps.json's choice
+    assert "update_source" not in effective_doc(doc, l2=None, instances=2, updates=False)

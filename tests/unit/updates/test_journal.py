@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from hps.lookup import LookupSession
 from hps.tiers import Tiers, encode_rows
 from hps.triton.serving import fill_l2, prepare_tables, serving_config
 from hps.updates import journal as journal_mod
-from hps.updates.journal import Journal, journal_dir
+from hps.updates import journal_follower as journal_follower_mod
+from hps.updates.journal import Change, Journal, journal_dir
 from hps.updates.journal_follower import JournalFollower
 
 TABLE = "m.t0"
@@ -191,3 +193,125 @@ def test_the_thread_applies_entries_and_the_writer_waits_for_it(
     assert j.wait_applied("m", seq, timeout_s=30) == (1, 1)  # hang guard
     assert session.caches[TABLE].resident(KEYS[40:45]).all()
     assert j.wait_applied("other", seq, timeout_s=30) == (0, 0)  # no follower: no wait
+
+
+class _Recorded:
+    """A Recorder that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.stages: list[str] = []
+        self.fresh_at: list[tuple[str, int, int | None]] = []
+
+    def stage(self, name: str, seconds: float) -> None:
+        self.stages.append(name)
+
+    def age(self, name: str, since_ns: int, now_ns: int | None = None) -> None:
+        self.stages.append(name)
+
+    def fresh(self, table: str, since_ns: int, now_ns: int | None = None) -> None:
+        self.fresh_at.append((table, since_ns, now_ns))
+
+
+def test_update_entries_keep_their_rows_and_timestamps(config: PSConfig) -> None:
+    """hps consume's entries: several tables in one, stored rows of any format, the
+    publish timestamps of their messages."""
+    j = _journal(config)
+    rows = np.arange(12, dtype=np.uint8).reshape(3, 4)  # an int8 table's stored rows
+    seq = j.append_changes(
+        [
+            Change("upsert", TABLE, KEYS[:3], rows, (11, 12), from_updates=True),
+            Change("delete", "m.t1", KEYS[3:4], None, (13,), from_updates=True),
+        ]
+    )
+    entry = j.read(seq)
+    assert entry is not None and entry.time_ns > 0
+    up, rm = entry.changes
+    np.testing.assert_array_equal(up.rows, rows)
+    assert up.rows is not None and up.rows.dtype == np.uint8
+    assert (up.kind, up.table, up.published_ns, up.from_updates) == (
+        "upsert",
+        TABLE,
+        (11, 12),
+        True,
+    )
+    assert rm.keys is not None and rm.keys.tolist() == [21] and rm.rows is None
+    assert (rm.kind, rm.published_ns) == ("delete", (13,))
+
+
+def test_update_entries_refresh_l1_from_their_rows(
+    config: PSConfig, serving: tuple[LookupSession, JournalFollower]
+) -> None:
+    """Resident rows take the entry's rows at once, with nothing read below L1 (L2/L3 hold
+    the update already: here they do not, so a re-read would show the old rows); a
+    non-resident key stays out of L1; each update's freshness is recorded: when L1 took it
+    if a key was resident, else when the entry was appended (L2/L3 served it from then)."""
+    session, follower = serving
+    recorded = _Recorded()
+    follower.attach(session, own_l2=True, shared_backfill=False, recorder=recorded)
+    cache = session.caches[TABLE]
+    session.lookup(TABLE, KEYS[:4])
+    j = _journal(config)
+    spec = session.tables[TABLE]
+    new = np.full((4, 4), 5.0, np.float32)
+    resident_part = Change(
+        "upsert", TABLE, KEYS[:4], encode_rows(spec, new), (100,), from_updates=True
+    )
+    cold_part = Change(
+        "upsert", TABLE, KEYS[30:32], encode_rows(spec, new[:2]), (200,), from_updates=True
+    )
+    before_ns = time.time_ns()
+    seq = j.append_changes([resident_part, cold_part])
+    entry = j.read(seq)
+    assert entry is not None
+    assert follower.poll() == 1
+    np.testing.assert_allclose(session.lookup(TABLE, KEYS[:4]), new)
+    assert not cache.resident(KEYS[30:32]).any()
+    (t1, p1, at1), (t2, p2, at2) = recorded.fresh_at
+    assert (t1, p1, t2, p2) == (TABLE, 100, TABLE, 200)
+    assert at1 is not None and at1 >= before_ns and at2 == entry.time_ns
+    assert {"journal", "l1_refresh"} <= set(recorded.stages)
+
+    j.append_changes([Change("delete", TABLE, KEYS[:2], None, (300,), from_updates=True)])
+    follower.poll()
+    assert not cache.resident(KEYS[:2]).any() and cache.resident(KEYS[2:4]).all()
+    assert recorded.fresh_at[-1][:2] == (TABLE, 300)
+
+
+def test_update_entries_skip_the_l3_catch_up(
+    config: PSConfig,
+    serving: tuple[LookupSession, JournalFollower],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A secondary L3's catch-up re-reads the writer's WAL: entries that carry their rows
+    do not need it, a control-plane entry does (once per poll)."""
+    session, follower = serving
+    calls: list[int] = []
+    monkeypatch.setattr(session.tiers, "catch_up", lambda: calls.append(1))
+    j = _journal(config)
+    rows = encode_rows(session.tables[TABLE], np.ones((2, 4), np.float32))
+    j.append_changes([Change("upsert", TABLE, KEYS[:2], rows, (), from_updates=True)])
+    follower.poll()
+    assert calls == []
+    j.append_changes([Change("upsert", TABLE, KEYS[:2], rows, (), from_updates=True)])
+    j.append("upsert", TABLE, KEYS[:1])
+    follower.poll()
+    assert calls == [1]
+
+
+def test_the_thread_sees_a_new_head_between_polls(
+    config: PSConfig,
+    serving: tuple[LookupSession, JournalFollower],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The follower compares the head's stat every FOLLOW_S: an entry is taken long before
+    the next full POLL_S when that is made long."""
+    session, follower = serving
+    session.lookup(TABLE, KEYS[:1])
+    j = _journal(config)
+    new = np.full((1, 4), 7.0, np.float32)
+    rows = encode_rows(session.tables[TABLE], new)
+    monkeypatch.setattr(journal_follower_mod, "POLL_S", 3600.0)  # only a moved head wakes it
+    follower.start()
+    seq = j.append_changes([Change("upsert", TABLE, KEYS[:1], rows, (), from_updates=True)])
+    assert j.wait_applied("m", seq, timeout_s=30) == (1, 1)  # hang guard
+    np.testing.assert_allclose(session.lookup(TABLE, KEYS[:1]), new)

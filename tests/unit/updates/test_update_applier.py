@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 
@@ -102,19 +104,36 @@ def test_within_a_batch_the_latest_row_of_a_key_wins(
 
 
 def test_listeners_see_what_was_applied(stores: tuple[HashMapStore, HashMapStore]) -> None:
-    seen: list[Applied] = []
-    make(stores, listeners=[seen.append]).apply([up([1, 2], 0, 2), rm([2], 3)])
-    assert seen[0].keys.tolist() == [1] and seen[0].deleted.tolist() == [2]
+    """Once per apply, every table's part, with the publish timestamps of its messages."""
+    seen: list[Sequence[Applied]] = []
+    first = up([1, 2], 0, 2)
+    first.extras["published_ns"] = "111"
+    make(stores, listeners=[seen.append]).apply([first, rm([2], 3)])
+    ((applied,),) = seen
+    assert applied.keys.tolist() == [1] and applied.deleted.tolist() == [2]
+    assert applied.published_ns == (111,)
 
 
 def test_a_failing_listener_does_not_fail_the_batch(
     stores: tuple[HashMapStore, HashMapStore],
 ) -> None:
-    def boom(_: Applied) -> None:
+    def boom(_: Sequence[Applied]) -> None:
         raise RuntimeError("L1 gone")
 
     make(stores, listeners=[boom]).apply([up([1], 0, 1)])
     assert state(stores[1], [1])[1].all()
+
+
+def test_a_listener_backend_error_fails_the_batch(
+    stores: tuple[HashMapStore, HashMapStore],
+) -> None:
+    """A listener that could not pass the batch on (the node's journal) has it applied again."""
+
+    def full(_: Sequence[Applied]) -> None:
+        raise BackendError("change journal: no space left")
+
+    with pytest.raises(BackendError, match="no space"):
+        make(stores, listeners=[full]).apply([up([1], 0, 1)])
 
 
 def test_filters_route_models_to_tiers() -> None:
@@ -192,7 +211,7 @@ def test_updates_are_stored_in_the_table_format(row_dtype: str) -> None:
     spec = TableSpec("m", "q", 3, row_dtype=row_dtype)  # type: ignore[arg-type]
     l2, l3 = HashMapStore(), HashMapStore()
     heard: list[Applied] = []
-    applier = Applier({spec.name: spec}, Tiers(l2, l3), listeners=[heard.append])
+    applier = Applier({spec.name: spec}, Tiers(l2, l3), listeners=[heard.extend])
     keys = np.array([4, 1, 4], np.int64)
     values = np.array([[1, 2, 3], [-1, 0, 9], [5, 6, 7.5]], np.float32)
     applier.apply([UpdateBatch(spec.name, keys[:2], values[:2], 1)])
