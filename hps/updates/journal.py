@@ -67,6 +67,7 @@ POLL_S = 0.1  # how often a follower looks at head.json
 HEARTBEAT_S = 1.0  # a follower rewrites its cursor at least this often
 LIVE_S = 5.0  # a cursor older than this is a follower gone: nobody waits for it
 KEEP_S = 600.0  # ... and older than this it holds no entry back from removal
+WARN_S = 60.0  # at most one "removed unread" warning per journal writer this often
 MAX_ENTRIES = 256
 MAX_BYTES = 256 << 20
 MAX_ENTRY_KEYS = 1 << 22  # larger imports are journalled as "every key of the table"
@@ -122,6 +123,8 @@ class Journal:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.readers_dir = folder / "readers"
+        self._unread = 0  # entries removed unread since the last warning
+        self._warned = -WARN_S
 
     # -- both sides ------------------------------------------------------------------------
 
@@ -217,10 +220,24 @@ class Journal:
             if s == head or (s > applied and not over):
                 break
             if s > applied:
-                log.warning("change journal over its bounds: entry %d removed unread", s)
+                self._removed_unread(s)
             total -= sizes[s]
             for suffix in _SUFFIXES:
                 self._name(s, suffix).unlink(missing_ok=True)
+
+    def _removed_unread(self, seq: int) -> None:
+        """Warn of entries removed before a follower read them, at most every WARN_S (a
+        follower gone without removing its cursor holds every entry back until KEEP_S)."""
+        self._unread += 1
+        now = time.monotonic()
+        if now - self._warned >= WARN_S:
+            log.warning(
+                "change journal over its bounds: %d entries removed unread (latest %d); a "
+                "follower that needed them drops its L1",
+                self._unread,
+                seq,
+            )
+            self._unread, self._warned = 0, now
 
     def _size(self, seq: int) -> int:
         total = 0

@@ -7,6 +7,7 @@ in-process L2 of the session's own; the "control plane" writes L3 with its own T
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
 from collections.abc import Iterator
@@ -315,3 +316,21 @@ def test_the_thread_sees_a_new_head_between_polls(
     seq = j.append_changes([Change("upsert", TABLE, KEYS[:1], rows, (), from_updates=True)])
     assert j.wait_applied("m", seq, timeout_s=30) == (1, 1)  # hang guard
     np.testing.assert_allclose(session.lookup(TABLE, KEYS[:1]), new)
+
+
+def test_entries_removed_unread_are_warned_of_once_a_minute(
+    config: PSConfig,
+    serving: tuple[LookupSession, JournalFollower],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """hps consume appends an entry per batch: a follower gone without removing its cursor
+    must not make every append log a warning."""
+    monkeypatch.setattr(journal_mod, "MAX_ENTRIES", 3)
+    j = _journal(config)
+    caplog.set_level(logging.WARNING, logger=journal_mod.__name__)
+    for _ in range(10):  # the follower (never polled) holds them all back
+        j.append("warmup", TABLE, KEYS[:1])
+    warnings = [r.getMessage() for r in caplog.records if "removed unread" in r.getMessage()]
+    assert len(warnings) == 1 and "1 entries removed unread (latest 1)" in warnings[0]
+    assert j.seqs() == [8, 9, 10]
