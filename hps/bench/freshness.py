@@ -59,12 +59,17 @@ def loadtest_command(args: argparse.Namespace, updates: float, report: Path) -> 
 
 
 def _l1_refresh(report: Path) -> str | None:
-    """How the run's serving L1s heard of updates (its ps.json; None: not started)."""
+    """How the run's serving L1s heard of updates (``Topology.l1_refresh`` of its ps.json:
+    ``applier``, ``listener`` or ``journal``; None: no stack was started)."""
+    from hps.config import parse_config
+    from hps.errors import HPSError
+    from hps.topology import topology
+
+    path = report / "ps.json"
     try:
-        doc = json.loads((report / "ps.json").read_text())
-    except (OSError, ValueError):
+        return topology(parse_config(json.loads(path.read_text()), str(path))).l1_refresh
+    except (OSError, ValueError, HPSError):
         return None
-    return str((doc.get("update_source") or {}).get("hps_l1_refresh", "listener"))
 
 
 def reads(report: Path) -> dict[str, float]:

@@ -65,7 +65,7 @@ STAGES: dict[str, str] = {
     "l1_refresh": "resident L1 rows refreshed from the batch (embedded applier, journal "
     "follower; per batch)",
     "journal": "hps consume appended the batch to the node's journal -> a serving process "
-    "took it (per entry)",
+    "took it (per table part of an entry)",
     "l1_reread": "pass 2: resident L1 rows re-read from L2/L3 (serving processes; per pass)",
     "applied": "publish timestamp -> L2/L3 hold the message's rows (per message)",
 }

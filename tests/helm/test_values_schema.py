@@ -76,6 +76,14 @@ BAD_RENDER: list[tuple[str, dict[str, Any], list[str]]] = [
         ["l2.mode=pod", "kafka.enabled=true"],
     ),
     (
+        "one update stream per node",
+        {
+            "l2": {"mode": "redis", "redis": {"address": "r:6379"}},
+            "kafka": {"enabled": True, "brokers": "k:9092", "extra": {"hps_l1_refresh": "journal"}},
+        },
+        ["kafka.extra.hps_l1_refresh=journal", "each serving process listens"],
+    ),
+    (
         "HPA min above max",
         {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}},
         ["autoscaling.minReplicas (5)", "autoscaling.maxReplicas (2)"],
