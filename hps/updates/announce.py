@@ -18,14 +18,11 @@ Redis layout) keeps the listeners.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 from hps.errors import BackendError
 from hps.updates.applier import Applied
 from hps.updates.journal import Change, Journal
-
-log = logging.getLogger(__name__)
 
 
 class JournalAnnouncer:
@@ -38,16 +35,14 @@ class JournalAnnouncer:
     def __call__(self, batch: Sequence[Applied]) -> None:
         changes = []
         for a in batch:
-            if a.keys.size:
-                changes.append(
-                    Change("upsert", a.table, a.keys, a.values, a.published_ns, from_updates=True)
-                )
-            if a.deleted.size:
-                published = () if a.keys.size else a.published_ns  # each update counted once
-                changes.append(Change("delete", a.table, a.deleted, None, published, True))
-            if not a.keys.size and not a.deleted.size and a.published_ns:
-                # every row stale: nothing changes, but the updates are served (as they were)
+            # the upsert part carries the batch's timestamps; so does a part whose rows were
+            # all stale (nothing changes, but its updates are served as they were)
+            upsert = bool(a.keys.size) or (not a.deleted.size and bool(a.published_ns))
+            if upsert:
                 changes.append(Change("upsert", a.table, a.keys, a.values, a.published_ns, True))
+            if a.deleted.size:
+                published = () if upsert else a.published_ns  # each update counted once
+                changes.append(Change("delete", a.table, a.deleted, None, published, True))
         if not changes:
             return
         try:

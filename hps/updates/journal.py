@@ -191,7 +191,6 @@ class Journal:
                     "kind": c.kind,
                     "table": c.table,
                     "keys": None if c.keys is None else int(c.keys.size),
-                    "rows": c.rows is not None,
                     "published_ns": list(c.published_ns),
                     "from_updates": c.from_updates,
                 }
