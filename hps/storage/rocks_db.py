@@ -44,7 +44,7 @@ from hps.errors import BackendError
 from hps.rowformat import Stored
 from hps.storage import rocks_rows
 from hps.storage.base import AccessMode, EmbeddingStore, check_rows, refused
-from hps.storage.keybytes import key_bytes
+from hps.storage.keybytes import key_bytes, stored_order
 from hps.storage.rocks_damage import (
     DamagedKeys,
     RdictKey,
@@ -284,11 +284,14 @@ class RocksDBStore(EmbeddingStore):
         durable: bool = False,
     ) -> None:
         """Upsert stored rows with their update versions (uint64; ``None``: 0), one put per
-        row."""
+        row, in stored key order (:func:`stored_order`)."""
         check_rows(table_or_raise(self._specs, table), keys, values)
         self._writable_cf(table)
         self._damaged.forget(table, keys)
         handle = self._db.get_column_family_handle(table)
+        order = stored_order(keys)
+        keys, values = keys[order], values[order]
+        versions = None if versions is None else versions[order]
         for lo in range(0, keys.size, self.max_batch_size):
             hi = min(keys.size, lo + self.max_batch_size)
             vers = None if versions is None else versions[lo:hi]
@@ -304,6 +307,7 @@ class RocksDBStore(EmbeddingStore):
         self._writable_cf(table)
         self._damaged.forget(table, keys)
         handle = self._db.get_column_family_handle(table)
+        keys = keys[stored_order(keys)]
         for lo in range(0, keys.size, self.max_batch_size):
             batch = rd.WriteBatch(raw_mode=True)
             batch.set_default_column_family(handle)
