@@ -33,6 +33,8 @@ def unique_inverse(keys: Keys) -> tuple[Keys, np.ndarray]:
 
 def last_occurrence(keys: Keys, values: npt.NDArray[G]) -> tuple[Keys, npt.NDArray[G]]:
     """Drop duplicate keys, keeping each key's last row (upsert order; any dtype)."""
+    if bool((keys[1:] > keys[:-1]).all()):  # ascending, so no repeat (the applier's batches)
+        return keys, values
     uniq, idx = np.unique(keys[::-1], return_index=True)
     if uniq.size == keys.size:
         return keys, values

@@ -60,6 +60,7 @@ from hps.storage.rocks_open import (
     meta_key,
     read_only_view,
     recorded_format,
+    writer_files,
 )
 from hps.tempdirs import owned_tempdir
 from hps.types import Keys, Mask, TableSpec
@@ -125,6 +126,8 @@ class RocksDBStore(EmbeddingStore):
                 shutil.rmtree(self._secondary_dir, ignore_errors=True)
             raise BackendError(f"rocks_db: cannot open {path!r} ({mode}): {exc}") from exc
         self._existing = set(existing)
+        self._caught_up_to: frozenset[tuple[str, int, int, int]] | None = None
+        self.catch_ups = 0  # catch-ups that ran (secondary)
         self._damaged = DamagedKeys()
         self._sync = rd.WriteOptions()
         self._sync.sync = True
@@ -195,10 +198,18 @@ class RocksDBStore(EmbeddingStore):
         return self.mode == "read_write"
 
     def catch_up(self) -> None:
-        """Secondary instances: replay what the writer has written since."""
-        if self.mode == "secondary":
-            self._db.try_catch_up_with_primary()
-            self._damaged.clear()  # the writer may have rewritten them: read them again
+        """Secondary instances: replay what the writer has written since; nothing when the
+        writer's MANIFEST and WAL files are as they were at the last catch-up (a catch-up
+        costs tens of milliseconds even then: it revisits every column family)."""
+        if self.mode != "secondary":
+            return
+        files = writer_files(self._view or self.path)
+        if files is not None and files == self._caught_up_to:
+            return
+        self._db.try_catch_up_with_primary()
+        self._caught_up_to = files  # as they were before it: a later write changes them
+        self.catch_ups += 1
+        self._damaged.clear()  # the writer may have rewritten them: read them again
 
     def fetch(self, table: str, keys: Keys) -> tuple[Stored, Mask]:
         """Stored rows and found mask; keys in damaged blocks raise DamagedRowsError

@@ -39,7 +39,31 @@ def db_options(*, create: bool, num_threads: int, write_buffer_mb: int) -> rd.Op
     # WAL, which a secondary re-reads on every catch-up and replays into its memtables.
     opts.set_db_write_buffer_size(write_buffer_mb << 20)
     opts.set_max_total_wal_size(2 * write_buffer_mb << 20)
+    # RocksDB renames its info LOG at every open and keeps 1,000 of them by default.
+    opts.set_keep_log_file_num(INFO_LOGS_KEPT)
     return opts
+
+
+INFO_LOGS_KEPT = 5
+
+
+def writer_files(path: str) -> frozenset[tuple[str, int, int, int]] | None:
+    """What a secondary instance catches up from, as (name, inode, size, mtime_ns) of the
+    database's ``CURRENT``, MANIFEST and WAL (``*.log``) files; None when they cannot be
+    read. The writer appends to them (never rewrites in place: WAL recycling is off), so
+    equal answers mean it wrote nothing a catch-up would replay."""
+    try:
+        with os.scandir(path) as entries:
+            picked = [
+                e
+                for e in entries
+                if e.name == "CURRENT" or e.name.startswith("MANIFEST-") or e.name.endswith(".log")
+            ]
+            return frozenset(
+                (e.name, (st := e.stat()).st_ino, st.st_size, st.st_mtime_ns) for e in picked
+            )
+    except OSError:
+        return None
 
 
 def cf_options(cache: rd.Cache) -> rd.Options:

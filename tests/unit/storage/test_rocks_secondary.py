@@ -1,0 +1,71 @@
+"""A secondary rocks_db instance catches up only when its writer wrote something, and then
+sees every write: rows in the WAL, rows flushed to SST files, a reopened writer's new WAL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from hps.storage.rocks_db import RocksDBStore
+from hps.storage.rocks_open import INFO_LOGS_KEPT
+from hps.types import TableSpec
+
+SPEC = TableSpec("m", "t", 4)
+
+
+def rows(keys: list[int], seed: float) -> np.ndarray:
+    return np.array([[k + seed] * 4 for k in keys], dtype=np.float32)
+
+
+def found(store: RocksDBStore, keys: list[int]) -> list[bool]:
+    return store.fetch(SPEC.name, np.array(keys, np.int64))[1].tolist()
+
+
+def test_a_catch_up_runs_only_after_a_write(tmp_path: Path) -> None:
+    path = str(tmp_path / "db")
+    writer = RocksDBStore(path)
+    writer.open_table(SPEC)
+    writer.insert(SPEC.name, np.array([1], np.int64), rows([1], 0.5), durable=True)
+    reader = RocksDBStore(path, mode="secondary")
+    reader.open_table(SPEC)
+    reader.catch_up()
+    reader.catch_up()
+    assert reader.catch_ups == 1  # nothing written in between: skipped
+    assert found(reader, [1, 2]) == [True, False]
+
+    writer.insert(SPEC.name, np.array([2], np.int64), rows([2], 0.5))  # WAL only
+    reader.catch_up()
+    assert reader.catch_ups == 2 and found(reader, [2]) == [True]
+    np.testing.assert_array_equal(reader.fetch(SPEC.name, np.array([2]))[0], rows([2], 0.5))
+
+    writer._db.flush()  # rows move to an SST file: a MANIFEST write, a new WAL
+    writer.remove(SPEC.name, np.array([1], np.int64))
+    reader.catch_up()
+    assert reader.catch_ups == 3 and found(reader, [1, 2]) == [False, True]
+    reader.catch_up()
+    assert reader.catch_ups == 3
+
+    writer.close()  # a reopened writer starts a new WAL and MANIFEST
+    writer = RocksDBStore(path)
+    writer.open_table(SPEC)
+    writer.insert(SPEC.name, np.array([3], np.int64), rows([3], 0.5))
+    reader.catch_up()
+    assert reader.catch_ups == 4 and found(reader, [1, 2, 3]) == [False, True, True]
+    reader.close()
+    writer.close()
+
+
+def test_a_writer_store_never_catches_up(tmp_path: Path) -> None:
+    writer = RocksDBStore(str(tmp_path / "db"))
+    writer.catch_up()
+    assert writer.catch_ups == 0
+    writer.close()
+
+
+def test_old_info_logs_are_pruned(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    for _ in range(INFO_LOGS_KEPT + 4):
+        RocksDBStore(str(path)).close()
+    logs = [p for p in path.iterdir() if p.name.startswith("LOG")]
+    assert 1 <= len(logs) <= INFO_LOGS_KEPT
