@@ -31,6 +31,7 @@ import contextlib
 import logging
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -56,6 +57,11 @@ if TYPE_CHECKING:
     from hps.updates import Publisher
 
 log = logging.getLogger(__name__)
+
+CATCH_UP_S = 0.5
+"""How stale the control plane's reads of other writers' L3 may be: its reader catches up
+at most this often (a catch-up costs tens of ms while updates flow, and a request may read
+several times)."""
 
 
 def topology_view(config: PSConfig, topo: Topology) -> JSON:
@@ -92,6 +98,7 @@ class AdminState:
     versions_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _reader: Tiers | None = field(default=None, init=False)
     _reader_tables: frozenset[tuple[str, str]] = field(default=frozenset(), init=False)
+    _caught_up_at: float = field(default=0.0, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _publisher: Publisher | None = field(default=None, init=False)
     _served: ServedConfig = field(init=False, repr=False)
@@ -206,8 +213,9 @@ class AdminState:
         return self.topology.l2 not in (None, "process")
 
     def reader(self) -> Tiers:
-        """The shared L2 and a secondary L3, caught up; opened on first use, and again when
-        the versions to declare changed (an import, activation or retire)."""
+        """The shared L2 and a secondary L3, caught up within :data:`CATCH_UP_S` (writes of
+        ours reopen it: :meth:`reset_reader`); opened on first use, and again when the
+        versions to declare changed (an import, activation or retire)."""
         from hps.service.version_report import declare, declared
 
         l3, l2 = declared(self.config)
@@ -224,11 +232,17 @@ class AdminState:
                     tiers.close()
                     raise
                 self._reader, self._reader_tables = tiers, names
+                self._caught_up_at = time.monotonic()  # opening read the writer's state
             reader = self._reader
+            now = time.monotonic()
+            due = now - self._caught_up_at >= CATCH_UP_S
+            if due:
+                self._caught_up_at = now
         if stale is not None:
             with contextlib.suppress(Exception):
                 stale.close()
-        reader.catch_up()
+        if due:
+            reader.catch_up()
         return reader
 
     def reset_reader(self) -> None:
