@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CATCH_UP_S = 0.5
+CATCH_UP_S = 1.0
 """How stale the control plane's reads of other writers' L3 may be: its reader catches up
 at most this often (a catch-up costs tens of ms while updates flow, and a request may read
 several times)."""
