@@ -162,7 +162,8 @@ def _run(args: argparse.Namespace) -> int:
               flush=True)  # fmt: skip
         sampler = _sampler(stack, report, args.sample_interval)
         metrics_url = _metrics_url(stack, args) if brokers else ""
-        fresh_before = freshness.snapshot(metrics_url) if metrics_url else None
+        consumer_url = stack.consumer_metrics_url if stack else ""
+        fresh_before = freshness.snapshot(metrics_url, consumer_url) if metrics_url else None
         try:
             code = run_locust(run)
         finally:
@@ -170,7 +171,7 @@ def _run(args: argparse.Namespace) -> int:
                 sampler.stop()
         if fresh_before is not None:  # before the stack stops: the run's observations
             model = args.model or load_config(config).models[0].model
-            after = freshness.snapshot(metrics_url)
+            after = freshness.snapshot(metrics_url, consumer_url)
             freshness.write(
                 report,
                 freshness.window(fresh_before, after, model),

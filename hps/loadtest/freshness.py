@@ -8,7 +8,7 @@ its publish timestamp to the moment the process serves it; docs/updates.md). ``h
 reads that histogram from Triton's /metrics before and after the run
 (:func:`snapshot`), keeps the run's observations (:func:`window`) and writes both figures to
 ``freshness.json`` in the report folder (with the run's ``hps_update_stage_seconds`` per
-stage where the serving processes apply updates themselves: :func:`stage_windows`); the
+stage, of the serving processes and of the stack's ``hps consume``: :func:`stage_windows`); the
 summary prints the figures side by side, and the metric over ``kafka visible``, which times
 the same instant.
 """
@@ -31,13 +31,20 @@ Snapshot = dict[tuple[str, str, str], Buckets]
 """(family, Triton model, table or stage) -> buckets; family ``fresh`` or ``stage``."""
 
 
-def snapshot(metrics_url: str) -> Snapshot | str:
+CONSUMER = "hps consume"
+"""The model column of ``hps consume``'s stages in a :data:`Snapshot` (it has no model label:
+one consumer applies every model's updates)."""
+
+
+def snapshot(metrics_url: str, consumer_url: str = "") -> Snapshot | str:
     """``hps_update_freshness_seconds`` per (model, table) and ``hps_update_stage_seconds``
-    per (model, stage) from Triton's /metrics (summed over processes), or why not read."""
+    per (model, stage) from Triton's /metrics (summed over processes), and, with
+    ``consumer_url``, ``hps consume``'s stages (model :data:`CONSUMER`); or why not read."""
     from hps.service.triton_admin import metrics_text
 
     try:
         text = metrics_text(metrics_url, TIMEOUT_S)
+        consumer = metrics_text(consumer_url, TIMEOUT_S) if consumer_url else ""
     except HPSError as exc:
         return str(exc)
     out: Snapshot = {}
@@ -47,6 +54,8 @@ def snapshot(metrics_url: str) -> Snapshot | str:
     ):
         for (model, value), buckets in histograms(text, name, ("model", label)).items():
             out[(family, model, value)] = buckets
+    for (stage,), buckets in histograms(consumer, "hps_update_stage_seconds", ("stage",)).items():
+        out[("stage", CONSUMER, stage)] = buckets
     return out
 
 
@@ -77,8 +86,9 @@ def window(before: Snapshot | str, after: Snapshot | str, model: str) -> Figure:
 
 
 def stage_windows(before: Snapshot | str, after: Snapshot | str, model: str) -> dict[str, Figure]:
-    """Per stage of the serving processes' own appliers (the embedded applier), between two
-    snapshots: what the run's updates spent where."""
+    """Per stage, between two snapshots: what the run's updates spent where, in the serving
+    processes (their embedded appliers, or their L1 refresh) and in ``hps consume``. No stage
+    is recorded by both: a process that applies updates itself has no ``hps consume``."""
     if isinstance(after, str):
         return {}
     run = _run(before, after, model, "stage")
@@ -87,7 +97,7 @@ def stage_windows(before: Snapshot | str, after: Snapshot | str, model: str) -> 
 
 def _run(before: Snapshot | str, after: Snapshot, model: str, family: str) -> dict[str, Buckets]:
     prior = before if isinstance(before, dict) else {}
-    served = (model, f"{model}_ctr")
+    served = (model, f"{model}_ctr", CONSUMER)
     by_label: dict[str, list[Buckets]] = {}
     for key, b in after.items():
         if key[0] == family and key[1] in served:

@@ -58,6 +58,7 @@ class Stack:
     triton_http: str
     triton_grpc: str
     metrics_url: str = ""
+    consumer_metrics_url: str = ""  # hps consume's /metrics, when the stack runs one
     admin_url: str = ""
     brokers: str = ""
     ctr: bool = False  # the model is also served as <model>_ctr
@@ -216,7 +217,10 @@ def start_stack(
                str(metrics)])  # fmt: skip
         _wait_http(stack, "hps serve", f"http://{stack.triton_http}/v2/health/ready")
         if needs_consumer(doc):
-            _spawn(stack, "hps consume", run_dir, ["consume", "--config", str(ps_path)])
+            port = free_port()
+            _spawn(stack, "hps consume", run_dir, ["consume", "--config", str(ps_path),
+                   "--metrics-port", str(port)])  # fmt: skip
+            stack.consumer_metrics_url = f"http://127.0.0.1:{port}/metrics"
         if admin and has_admin():
             port = free_port()
             admin_args = ["admin", "--config", str(ps_path), "--host", "127.0.0.1",

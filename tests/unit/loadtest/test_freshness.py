@@ -103,3 +103,46 @@ def test_a_first_lookup_that_hits_is_bracketed_by_the_publish() -> None:
 def test_nothing_visible_without_a_hit() -> None:
     assert freshness.visible_after(0, [(10 * MS, False)]) is None
     assert freshness.visible_after(0, []) is None
+
+
+TRITON_METRICS = """\
+hps_update_stage_seconds_bucket{model="m",process="1",stage="journal",le="0.1"} 3
+hps_update_stage_seconds_bucket{model="m",process="1",stage="journal",le="+Inf"} 3
+"""
+CONSUMER_METRICS = """\
+hps_update_stage_seconds_bucket{stage="delivery",le="0.05"} 1
+hps_update_stage_seconds_bucket{stage="delivery",le="0.1"} 2
+hps_update_stage_seconds_bucket{stage="delivery",le="+Inf"} 2
+"""
+
+
+def test_the_stages_of_hps_consume_are_read_beside_the_serving_processes() -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = (TRITON_METRICS if self.path == "/triton" else CONSUMER_METRICS).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        after = freshness.snapshot(f"{base}/triton", f"{base}/consume")
+        alone = freshness.snapshot(f"{base}/triton")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert isinstance(after, dict) and isinstance(alone, dict)
+    assert ("stage", freshness.CONSUMER, "delivery") in after
+    assert not any(k[1] == freshness.CONSUMER for k in alone)
+    stages = freshness.stage_windows({}, after, "m")
+    assert sorted(stages) == ["delivery", "journal"]
+    assert stages["delivery"].count == 2 and stages["journal"].count == 3
