@@ -212,10 +212,10 @@ class AdminState:
         """An in-process L2 belongs to each serving process: not ours to read or write."""
         return self.topology.l2 not in (None, "process")
 
-    def reader(self) -> Tiers:
-        """The shared L2 and a secondary L3, caught up within :data:`CATCH_UP_S` (writes of
-        ours reopen it: :meth:`reset_reader`); opened on first use, and again when the
-        versions to declare changed (an import, activation or retire)."""
+    def reader(self, *, catch_up: bool = False) -> Tiers:
+        """The shared L2 and a secondary L3, caught up within :data:`CATCH_UP_S` (now, if
+        ``catch_up``; writes of ours reopen it: :meth:`reset_reader`); opened on first use,
+        and again when the versions to declare changed (an import, activation or retire)."""
         from hps.service.version_report import declare, declared
 
         l3, l2 = declared(self.config)
@@ -235,7 +235,7 @@ class AdminState:
                 self._caught_up_at = time.monotonic()  # opening read the writer's state
             reader = self._reader
             now = time.monotonic()
-            due = now - self._caught_up_at >= CATCH_UP_S
+            due = catch_up or now - self._caught_up_at >= CATCH_UP_S
             if due:
                 self._caught_up_at = now
         if stale is not None:
