@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import subprocess
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -12,6 +16,18 @@ import pytest
 
 from hps.config import PSConfig, parse_config
 from hps.lookup import LookupSession
+
+
+@contextlib.contextmanager
+def loopback_http(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[int]:
+    """A threaded stdlib HTTP server on a free loopback port (yielded), stopped on exit."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def unique_name(prefix: str = "m") -> str:

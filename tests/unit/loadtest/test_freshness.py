@@ -117,8 +117,9 @@ hps_update_stage_seconds_bucket{stage="delivery",le="+Inf"} 2
 
 
 def test_the_stages_of_hps_consume_are_read_beside_the_serving_processes() -> None:
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
+
+    from tests.helpers import loopback_http
 
     class Metrics(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -131,15 +132,10 @@ def test_the_stages_of_hps_consume_are_read_beside_the_serving_processes() -> No
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        base = f"http://127.0.0.1:{server.server_address[1]}"
+    with loopback_http(Metrics) as port:
+        base = f"http://127.0.0.1:{port}"
         after = freshness.snapshot(f"{base}/triton", f"{base}/consume")
         alone = freshness.snapshot(f"{base}/triton")
-    finally:
-        server.shutdown()
-        server.server_close()
     assert isinstance(after, dict) and isinstance(alone, dict)
     assert ("stage", freshness.CONSUMER, "delivery") in after
     assert not any(k[1] == freshness.CONSUMER for k in alone)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from hps.triton.client import Client
+from tests.helpers import loopback_http
 
 
 class _Quiet(http.server.BaseHTTPRequestHandler):
@@ -23,12 +24,8 @@ class _Quiet(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def url() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Quiet)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with loopback_http(_Quiet) as port:
+        yield f"127.0.0.1:{port}"
 
 
 def _ask(client: Client) -> None:

@@ -4,7 +4,6 @@ probed and stopped by PID (against a plain HTTP upstream; Triton behind it: test
 from __future__ import annotations
 
 import http.server
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from hps.triton.supervisor.gate import (
     RequestGate,
     find_nginx,
 )
+from tests.helpers import loopback_http
 
 
 def config(**model: object) -> PSConfig:
@@ -68,10 +68,8 @@ class Echo(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def upstream() -> Iterator[int]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Echo)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1]
-    server.shutdown()
+    with loopback_http(Echo) as port:
+        yield port
 
 
 def post(port: int, body: bytes) -> bytes:
