@@ -14,19 +14,14 @@ def key_bytes(keys: Keys) -> list[bytes]:
     return out
 
 
-def as_stored_number(keys: Keys) -> npt.NDArray[np.uint64]:
-    """Each key as the number whose order is the bytewise order of its stored bytes."""
-    # The little-endian bytes read as a big-endian number sort as the bytes do.
-    return np.asarray(keys).astype("<i8", copy=False).view(">u8").astype(np.uint64)
-
-
 def stored_order(keys: Keys) -> npt.NDArray[np.intp]:
     """The stable permutation that puts ``keys`` in the order of their stored bytes (the
     bytewise order RocksDB keeps them in). A write batch put in this order inserts into
     RocksDB's memtable along one path instead of a random walk per key; equal keys keep
     their order, so the last put of a key still wins."""
-    as_stored = as_stored_number(keys)
-    if bool((as_stored[1:] > as_stored[:-1]).all()):  # already in order (the applier's rows)
+    # The little-endian bytes read as a big-endian number sort as the bytes do.
+    as_stored = np.asarray(keys).astype("<i8", copy=False).view(">u8").astype(np.uint64)
+    if bool((as_stored[1:] > as_stored[:-1]).all()):  # already in order: nothing to sort
         return np.arange(as_stored.size)
     order = np.argsort(as_stored)  # unstable: a few times faster than a stable sort
     ranked = as_stored[order]
