@@ -176,7 +176,8 @@ def _rocksdb(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, values
              stack: contextlib.ExitStack) -> Harness:  # fmt: skip
     import rocksdict as rd
 
-    from hps.storage.keybytes import key_bytes, stored_order
+    from hps.dedup import stored_order
+    from hps.storage.keybytes import key_bytes
 
     tmp = args.path or stack.enter_context(tempfile.TemporaryDirectory(prefix="hps-bench-"))
     root = Path(tmp)

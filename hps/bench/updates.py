@@ -177,7 +177,8 @@ def _l3_ceiling(batches: list[UpdateBatch], path: Path, batch_rows: int, *, sort
     if ``sort``), bytes prepared ahead."""
     import rocksdict as rd
 
-    from hps.storage.keybytes import key_bytes, stored_order
+    from hps.dedup import stored_order
+    from hps.storage.keybytes import key_bytes
     from hps.storage.rocks_rows import encode
 
     keys = np.concatenate([b.keys for b in batches]).astype("<i8")

@@ -40,11 +40,12 @@ import numpy as np
 import rocksdict as rd
 
 from hps.config import PersistentDBConfig, VolatileDBConfig
+from hps.dedup import in_stored_order, stored_order
 from hps.errors import BackendError
 from hps.rowformat import Stored
 from hps.storage import rocks_rows
 from hps.storage.base import AccessMode, EmbeddingStore, check_rows, refused
-from hps.storage.keybytes import key_bytes, stored_order
+from hps.storage.keybytes import key_bytes
 from hps.storage.rocks_damage import (
     DamagedKeys,
     RdictKey,
@@ -300,9 +301,10 @@ class RocksDBStore(EmbeddingStore):
         self._writable_cf(table)
         self._damaged.forget(table, keys)
         handle = self._db.get_column_family_handle(table)
-        order = stored_order(keys)
-        keys, values = keys[order], values[order]
-        versions = None if versions is None else versions[order]
+        if not in_stored_order(keys):
+            order = stored_order(keys)
+            keys, values = keys[order], values[order]
+            versions = None if versions is None else versions[order]
         for lo in range(0, keys.size, self.max_batch_size):
             hi = min(keys.size, lo + self.max_batch_size)
             vers = None if versions is None else versions[lo:hi]
@@ -318,7 +320,8 @@ class RocksDBStore(EmbeddingStore):
         self._writable_cf(table)
         self._damaged.forget(table, keys)
         handle = self._db.get_column_family_handle(table)
-        keys = keys[stored_order(keys)]
+        if not in_stored_order(keys):
+            keys = keys[stored_order(keys)]
         for lo in range(0, keys.size, self.max_batch_size):
             batch = rd.WriteBatch(raw_mode=True)
             batch.set_default_column_family(handle)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hps.dedup import stored_rank
 from hps.errors import BackendError, UnknownTableError
 from hps.rowformat import Stored
 from hps.tiers import Tiers, VersionedRows, encode_rows
@@ -234,7 +235,8 @@ def _latest_per_key(
 ) -> tuple[Keys, np.ndarray, np.ndarray, Vectors, np.ndarray]:
     """Concatenate a table's batches and keep, per key, the highest version (latest in order).
 
-    Returns keys (sorted), versions, delete flags, vectors and the partition of each row.
+    Returns keys, versions, delete flags, vectors and the partition of each row, in the
+    stored key order (:mod:`hps.dedup`), so the L3 write finds them ordered.
     """
     keys = np.concatenate([b.keys for b in group]).astype(np.int64, copy=False)
     versions = np.concatenate([np.full(b.keys.size, b.version, dtype=np.uint64) for b in group])
@@ -245,9 +247,13 @@ def _latest_per_key(
     values = np.concatenate(
         [np.zeros((b.keys.size, dim), np.float32) if b.values is None else b.values for b in group]
     )
-    order = np.lexsort((np.arange(keys.size), versions, keys))
-    sorted_keys = keys[order]
-    last = np.ones(keys.size, dtype=bool)
-    last[:-1] = sorted_keys[1:] != sorted_keys[:-1]
-    win = order[last]
+    rank = stored_rank(keys)
+    win = np.argsort(rank)
+    ranked = rank[win]
+    if ranked.size > 1 and bool((ranked[1:] == ranked[:-1]).any()):  # a key repeats
+        order = np.lexsort((np.arange(keys.size), versions, rank))
+        ranked = rank[order]
+        last = np.ones(keys.size, dtype=bool)
+        last[:-1] = ranked[1:] != ranked[:-1]
+        win = order[last]
     return keys[win], versions[win], deletes[win], values[win], parts[win]

@@ -1,4 +1,4 @@
-"""Keys as stored bytes, and the order RocksDB keeps them in."""
+"""Keys as stored bytes, written in the order RocksDB keeps them in."""
 
 from __future__ import annotations
 
@@ -6,23 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hps.storage.keybytes import key_bytes, stored_order
 from hps.storage.rocks_db import RocksDBStore
 from hps.types import TableSpec
 
 SPEC = TableSpec("m", "t", 2)
-
-
-def test_stored_order_is_the_bytewise_order_of_the_stored_keys() -> None:
-    keys = np.array([256, 1, -1, 0, 2**62, -(2**63), 255, 65536], np.int64)
-    ordered = [key_bytes(keys)[i] for i in stored_order(keys)]
-    assert ordered == sorted(key_bytes(keys))
-
-
-def test_equal_keys_keep_their_order() -> None:
-    keys = np.array([9, 3, 9, 3, 1, 9], np.int64)
-    assert stored_order(keys).tolist() == [4, 1, 3, 0, 2, 5]
-    assert stored_order(np.array([], np.int64)).tolist() == []
 
 
 def test_the_last_row_of_a_key_in_one_write_wins(tmp_path: Path) -> None:

@@ -100,7 +100,15 @@ def test_within_a_batch_the_latest_row_of_a_key_wins(
     np.testing.assert_array_equal(
         state(stores[0], [7, 8])[0], np.concatenate([vec([7], 9), vec([8], 5)])
     )
-    assert applied.keys.tolist() == [7, 8]  # sorted, unique
+    assert applied.keys.tolist() == [7, 8]  # unique
+
+
+def test_rows_come_in_the_stored_key_order(stores: tuple[HashMapStore, HashMapStore]) -> None:
+    """Ordered as RocksDB keeps the keys' little-endian bytes, so L3 writes them unsorted."""
+    (applied,) = make(stores).apply([up([-1, 1, 256], 1, 2), up([1, 2**40], 2, 3)])
+    assert applied.keys.tolist() == [2**40, 256, 1, -1]
+    rows = [vec([2**40], 2), vec([256], 1), vec([1], 2), vec([-1], 1)]
+    np.testing.assert_array_equal(applied.values, np.concatenate(rows))
 
 
 def test_listeners_see_what_was_applied(stores: tuple[HashMapStore, HashMapStore]) -> None:
