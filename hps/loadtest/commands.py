@@ -82,7 +82,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "stack's CPU by process (cpu.json)",
     )
     s.add_argument(
-        "--warmup", type=float, help="s before memory growth and CPU count (default: 20%%)"
+        "--warmup",
+        type=float,
+        help="s before memory growth, CPU count and freshness figures (default: 20%%)",
     )
     s.add_argument(
         "--max-growth-mb",
@@ -128,6 +130,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError("give both --triton-grpc and --triton-http, or neither")
     stack = None
     sampler = None
+    warmup = args.warmup if args.warmup is not None else 0.2 * args.run_time
     if not remote:
         from hps.loadtest.stack import start_stack
 
@@ -153,7 +156,8 @@ def _run(args: argparse.Namespace) -> int:
             admin_url=stack.admin_url if stack else args.admin_url, brokers=brokers,
             update_rows_per_s=rate, update_batch_rows=args.update_batch_rows,
             update_phases=args.update_phases,
-            freshness_interval=args.freshness_interval, mix=mix, zipf=args.zipf,
+            freshness_interval=args.freshness_interval, freshness_warmup_s=warmup,
+            mix=mix, zipf=args.zipf,
             samples=args.samples, keys_per_sample=args.keys_per_sample,
             verify_keys=args.verify_keys, thresholds=args.thresholds,
             threshold=tuple(args.threshold), seed=args.seed,
@@ -163,13 +167,14 @@ def _run(args: argparse.Namespace) -> int:
         sampler = _sampler(stack, report, args.sample_interval)
         metrics_url = _metrics_url(stack, args) if brokers else ""
         consumer_url = stack.consumer_metrics_url if stack else ""
-        fresh_before = freshness.snapshot(metrics_url, consumer_url) if metrics_url else None
+        baseline = freshness.Baseline(metrics_url, consumer_url, warmup) if metrics_url else None
         try:
             code = run_locust(run)
         finally:
             if sampler is not None:
                 sampler.stop()
-        if fresh_before is not None:  # before the stack stops: the run's observations
+        if baseline is not None:  # before the stack stops: the run's observations
+            fresh_before = baseline.stop()
             model = args.model or load_config(config).models[0].model
             after = freshness.snapshot(metrics_url, consumer_url)
             freshness.write(
@@ -184,7 +189,6 @@ def _run(args: argparse.Namespace) -> int:
     started = stack.started if stack else None
     print(format_summary(report, code, started=started, knee_p99_ms=knee))
     if sampler is not None:
-        warmup = args.warmup if args.warmup is not None else 0.2 * args.run_time
         growth = sampler.growth_mb(warmup)
         last = sampler.samples[-1]
         print(f"memory of hps serve + tritonserver + stubs ({last[1]} processes): RSS "

@@ -5,19 +5,21 @@ that returns the new vectors (``kafka freshness`` in Locust's statistics) and to
 Triton began serving them (``kafka visible``: without the lookup's own latency). The serving
 processes export ``hps_update_freshness_seconds`` (every update message, bulk ones too, from
 its publish timestamp to the moment the process serves it; docs/updates.md). ``hps loadtest``
-reads that histogram from Triton's /metrics before and after the run
-(:func:`snapshot`), keeps the run's observations (:func:`window`) and writes both figures to
-``freshness.json`` in the report folder (with the run's ``hps_update_stage_seconds`` per
-stage, of the serving processes and of the stack's ``hps consume``: :func:`stage_windows`); the
-summary prints the figures side by side, and the metric over ``kafka visible``, which times
-the same instant.
+reads that histogram from Triton's /metrics once the warm-up is over and after the run
+(:func:`snapshot`, :class:`Baseline`), keeps the run's observations (:func:`window`) and
+writes both figures to ``freshness.json`` in the report folder (with the run's
+``hps_update_stage_seconds`` per stage, of the serving processes and of the stack's ``hps
+consume``: :func:`stage_windows`); the summary prints the figures side by side, and the
+metric over ``kafka visible``, which times the same instant.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 from hps.errors import HPSError
@@ -57,6 +59,30 @@ def snapshot(metrics_url: str, consumer_url: str = "") -> Snapshot | str:
     for (stage,), buckets in histograms(consumer, "hps_update_stage_seconds", ("stage",)).items():
         out[("stage", CONSUMER, stage)] = buckets
     return out
+
+
+class Baseline:
+    """What a run's metric figures count from: a snapshot at the start, replaced by one taken
+    when the warm-up ends (a timer thread), so that, like the probes
+    (:class:`hps.loadtest.users.kafka.Prober`), they describe the run after its warm-up."""
+
+    def __init__(self, metrics_url: str, consumer_url: str, warmup_s: float) -> None:
+        self._read = partial(snapshot, metrics_url, consumer_url)
+        self.snapshot = self._read()
+        self._timer = threading.Timer(warmup_s, self._retake)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _retake(self) -> None:
+        taken = self._read()
+        if not isinstance(taken, str):  # unreadable now: the start's snapshot stands
+            self.snapshot = taken
+
+    def stop(self) -> Snapshot | str:
+        """The baseline, once no snapshot is being taken any more."""
+        self._timer.cancel()
+        self._timer.join()
+        return self.snapshot
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ def add_locust_options(parser: argparse.ArgumentParser) -> None:
     add("--freshness-interval", type=float, default=1.0, help="seconds between probes")
     add("--freshness-keys", type=int, default=8, help="keys per freshness probe")
     add("--freshness-timeout", type=float, default=10.0, help="a probe fails after this")
+    add("--freshness-warmup", type=float, default=0.0,
+        help="s from the start whose probes are reported apart, as '... (warm-up)'")  # fmt: skip
     add("--hps-shape", default="steady", choices=("steady", "ramp", "spike"))
     add("--ramp-steps", type=int, default=8, help="stages of the ramp")
     add("--thresholds", default="", help="JSON file of limits per request type")

@@ -49,6 +49,7 @@ class LocustRun:
     update_batch_rows: int = 500
     update_phases: int = 0
     freshness_interval: float = 1.0
+    freshness_warmup_s: float = 0.0
     mix: str = "grpc=4,http=2,ctr=1,bad=1"
     zipf: float = 1.1
     samples: str = ""
@@ -87,7 +88,8 @@ def locust_command(run: LocustRun, grace_s: int = 120) -> list[str]:
         "--update-rows-per-s", str(run.update_rows_per_s),
         "--update-batch-rows", str(run.update_batch_rows),
         "--update-phases", str(run.update_phases),
-        "--freshness-interval", str(run.freshness_interval), "--hps-seed", str(run.seed),
+        "--freshness-interval", str(run.freshness_interval),
+        "--freshness-warmup", str(run.freshness_warmup_s), "--hps-seed", str(run.seed),
     ]  # fmt: skip
     for flag, value in (
         ("--hps-model", run.model),

@@ -10,6 +10,11 @@ the figure: it is when Triton first serves the update, plus one lookup, to withi
 :data:`POLL_S` (a probe that waited for each lookup before sending the next would add up to
 a whole lookup more, a hundred milliseconds and more under load).
 
+Probes started in the first ``--freshness-warmup`` seconds are reported apart, as ``kafka
+freshness (warm-up)`` and ``kafka visible (warm-up)``: a stack's first seconds (its update
+consumer joining its group, the readers arriving) are not the steady state the figures
+describe.
+
 Each probe reports a second figure, ``kafka visible``: ``publish()`` to the moment Triton
 began serving the update, the instant the serving processes' ``hps_update_freshness_seconds``
 times. The probe's lookups ask ``hps_embedding`` for ``LOOKUP_START_NS`` (when the instance
@@ -35,6 +40,7 @@ from hps.loadtest.users.shared import STATE, fire, report
 
 POLL_S = 0.02  # a probe starts a lookup this often until one returns the new vectors
 START = "LOOKUP_START_NS"
+WARMUP = " (warm-up)"  # appended to the names of the probes of the warm-up
 
 
 class KafkaUser(User):
@@ -128,6 +134,7 @@ class Prober(KafkaUser):
                 seen.set()
 
         lookups = Group()
+        phase = WARMUP if STATE.elapsed() < o.freshness_warmup else ""
         start = time.perf_counter()
         publish_ns = time.time_ns()
         failure: Exception | None = None
@@ -146,7 +153,8 @@ class Prober(KafkaUser):
         if failure is None and not served_at:
             failure = errors[0]
         seconds = min(served_at) - start if served_at else time.perf_counter() - start
-        report(self.environment, "kafka", "freshness", seconds, int(vectors.nbytes), failure)
+        size = int(vectors.nbytes)
+        report(self.environment, "kafka", "freshness" + phase, seconds, size, failure)
         visible = visible_after(publish_ns, started)
         if failure is None and visible is not None:
-            report(self.environment, "kafka", "visible", visible, int(vectors.nbytes))
+            report(self.environment, "kafka", "visible" + phase, visible, size)

@@ -142,3 +142,45 @@ def test_the_stages_of_hps_consume_are_read_beside_the_serving_processes() -> No
     stages = freshness.stage_windows({}, after, "m")
     assert sorted(stages) == ["delivery", "journal"]
     assert stages["delivery"].count == 2 and stages["journal"].count == 3
+
+
+def test_the_baseline_is_the_snapshot_taken_when_the_warm_up_ends() -> None:
+    """The metric figures count from the end of the warm-up, as the probes do."""
+    import threading
+    from http.server import BaseHTTPRequestHandler
+
+    from tests.helpers import loopback_http
+
+    served: list[int] = []
+    second = threading.Event()
+
+    class Growing(BaseHTTPRequestHandler):  # each scrape has seen one more message
+        def do_GET(self) -> None:
+            served.append(1)
+            n = len(served)
+            body = (
+                f'hps_update_freshness_seconds_bucket{{model="m",table="t",le="0.1"}} {n}\n'
+                f'hps_update_freshness_seconds_bucket{{model="m",table="t",le="+Inf"}} {n}\n'
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            if n == 2:
+                second.set()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    def count(snap: freshness.Snapshot | str) -> float:
+        assert isinstance(snap, dict)
+        return snap[("fresh", "m", "t")][-1][1]
+
+    with loopback_http(Growing) as port:
+        url = f"http://127.0.0.1:{port}/metrics"
+        warmed = freshness.Baseline(url, "", warmup_s=0.05)
+        assert second.wait(10.0)
+        assert count(warmed.stop()) == 2  # retaken once the warm-up was over
+        cut_short = freshness.Baseline(url, "", warmup_s=3600.0)
+        assert count(cut_short.stop()) == 3  # a run shorter than its warm-up: the start's
+    assert len(served) == 3
