@@ -6,7 +6,8 @@ the same mix and shape, each on a stack of its own that ``hps loadtest`` starts 
 One JSON line: freshness p50/p99 from the probes (``kafka freshness``: ``publish()`` to the
 first lookup returning the new vectors; ``kafka visible``: ``publish()`` to when Triton began
 serving them) and from the serving processes' ``hps_update_freshness_seconds``, with the
-metric over ``visible`` (the same instant timed); the readers' throughput and p99 with
+metric over ``visible`` (the same instant timed), all after the load test's warm-up (its first
+20%; the warm-up's probes apart: ``warmup_*``); the readers' throughput and p99 with
 updates, without, and their ratios (the aims: ``read_rps_ratio`` >= 0.9 and
 ``read_p99_ratio`` <= 1.2); failures and the exit codes of both runs; ``cpu_cores``: the
 cores each process of the stack used after warm-up in both runs and the difference
@@ -84,6 +85,7 @@ def reads(report: Path) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> Iterator[JSON]:
+    from hps.loadtest import freshness
     from hps.loadtest.summary import read_report
 
     base = Path(args.report_dir or tempfile.mkdtemp(prefix="hps-bench-freshness-"))
@@ -99,8 +101,10 @@ def run(args: argparse.Namespace) -> Iterator[JSON]:
         results[label] = (code, report)
     (ro_code, ro_report), (up_code, up_report) = results["read_only"], results["updates"]
     ro, up = reads(ro_report), reads(up_report)
-    fresh = read_report(up_report)["freshness"]
+    up_stats = read_report(up_report)
+    fresh = up_stats["freshness"]
     probes, visible, metric = fresh.probes, fresh.visible, fresh.metric
+    warm = freshness.probes(up_stats["types"], freshness.PROBES + freshness.WARMUP)
     yield {
         "bench": "freshness",
         "config": args.config,
@@ -113,6 +117,8 @@ def run(args: argparse.Namespace) -> Iterator[JSON]:
         "probes": probes.count if probes else 0,
         "visible_p50_ms": visible.p50_ms if visible else None,
         "visible_p99_ms": visible.p99_ms if visible else None,
+        "warmup_probes": warm.count if warm else 0,
+        "warmup_freshness_p99_ms": warm.p99_ms if warm else None,
         "metric_freshness_p50_ms": metric.p50_ms if metric else None,
         "metric_freshness_p99_ms": metric.p99_ms if metric else None,
         "metric_messages": metric.count if metric else 0,

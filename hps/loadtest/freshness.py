@@ -142,6 +142,8 @@ def _ms(seconds: float | int | None) -> float | None:
 
 PROBES = "kafka freshness"
 VISIBLE = "kafka visible"
+WARMUP = " (warm-up)"
+"""Appended to the names of the probes started during the warm-up (reported apart)."""
 
 
 def probes(types: dict[str, dict[str, float]], name: str = PROBES) -> Figure | None:

@@ -32,7 +32,7 @@ from gevent.event import Event
 from gevent.pool import Group
 from locust import User, task
 
-from hps.loadtest.freshness import visible_after
+from hps.loadtest.freshness import WARMUP, visible_after
 from hps.loadtest.keys import served
 from hps.loadtest.requests import WrongAnswer
 from hps.loadtest.steps import stage_at, updates_on
@@ -40,7 +40,6 @@ from hps.loadtest.users.shared import STATE, fire, report
 
 POLL_S = 0.02  # a probe starts a lookup this often until one returns the new vectors
 START = "LOOKUP_START_NS"
-WARMUP = " (warm-up)"  # appended to the names of the probes of the warm-up
 
 
 class KafkaUser(User):

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+import pytest
+
 from hps.bench import BENCHES
 from hps.bench.freshness import add_arguments, loadtest_command, reads
 
@@ -49,3 +51,31 @@ def test_cores_of_both_runs_and_what_the_updates_took(tmp_path: Path) -> None:
                                               "broker (tansu)": 0.14}  # fmt: skip
     assert list(got["updates_minus_read_only"])[0] == "locust"  # what lost most comes first
     assert _cpu(ro, tmp_path / "missing") == {"read_only": got["read_only"], "updates": {}}
+
+
+def test_the_line_gives_the_probes_after_the_warm_up_and_those_of_it_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import csv
+    import subprocess
+
+    from hps.bench import freshness
+
+    def fake_loadtest(cmd: list[str], **_: object) -> subprocess.CompletedProcess[bytes]:
+        report = Path(cmd[cmd.index("--report-dir") + 1])
+        report.mkdir(parents=True)
+        stage = {"rps": 100.0, "p50_ms": 50.0, "p99_ms": 120.0, "failures": 0, "requests": 9}
+        (report / "verdict.json").write_text(json.dumps({"stages": [stage]}))
+        with open(report / "locust_stats.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["Type", "Name", "Request Count", "Failure Count", "Requests/s",
+                        "50%", "95%", "99%"])  # fmt: skip
+            w.writerow(["kafka", "freshness", "48", "0", "1", "90", "150", "200"])
+            w.writerow(["kafka", "freshness (warm-up)", "12", "0", "1", "100", "400", "520"])
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(subprocess, "run", fake_loadtest)
+    (line,) = freshness.run(_args("--report-dir", str(tmp_path)))
+    assert line["freshness_p99_ms"] == 200.0 and line["probes"] == 48
+    assert line["warmup_freshness_p99_ms"] == 520.0 and line["warmup_probes"] == 12
+    assert line["read_rps_ratio"] == 1.0 and line["exit_codes"] == [0, 0]
