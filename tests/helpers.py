@@ -18,6 +18,20 @@ from hps.config import PSConfig, parse_config
 from hps.lookup import LookupSession
 
 
+class QuietHandler(http.server.BaseHTTPRequestHandler):
+    """A request handler for :func:`loopback_http` that logs nothing and answers with
+    :meth:`reply`."""
+
+    def reply(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 @contextlib.contextmanager
 def loopback_http(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[int]:
     """A threaded stdlib HTTP server on a free loopback port (yielded), stopped on exit."""

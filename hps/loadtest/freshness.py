@@ -64,7 +64,9 @@ def snapshot(metrics_url: str, consumer_url: str = "") -> Snapshot | str:
 class Baseline:
     """What a run's metric figures count from: a snapshot at the start, replaced by one taken
     when the warm-up ends (a timer thread), so that, like the probes
-    (:class:`hps.loadtest.users.kafka.Prober`), they describe the run after its warm-up."""
+    (:class:`hps.loadtest.users.kafka.Prober`), they describe the run after its warm-up. Its
+    clock starts when Locust is started, the probes' at Locust's first tick, a second or two
+    later: the metric's window begins that much sooner."""
 
     def __init__(self, metrics_url: str, consumer_url: str, warmup_s: float) -> None:
         self._read = partial(snapshot, metrics_url, consumer_url)

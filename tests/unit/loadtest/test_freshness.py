@@ -117,20 +117,11 @@ hps_update_stage_seconds_bucket{stage="delivery",le="+Inf"} 2
 
 
 def test_the_stages_of_hps_consume_are_read_beside_the_serving_processes() -> None:
-    from http.server import BaseHTTPRequestHandler
+    from tests.helpers import QuietHandler, loopback_http
 
-    from tests.helpers import loopback_http
-
-    class Metrics(BaseHTTPRequestHandler):
+    class Metrics(QuietHandler):
         def do_GET(self) -> None:
-            body = (TRITON_METRICS if self.path == "/triton" else CONSUMER_METRICS).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
+            self.reply((TRITON_METRICS if self.path == "/triton" else CONSUMER_METRICS).encode())
 
     with loopback_http(Metrics) as port:
         base = f"http://127.0.0.1:{port}"
@@ -147,30 +138,20 @@ def test_the_stages_of_hps_consume_are_read_beside_the_serving_processes() -> No
 def test_the_baseline_is_the_snapshot_taken_when_the_warm_up_ends() -> None:
     """The metric figures count from the end of the warm-up, as the probes do."""
     import threading
-    from http.server import BaseHTTPRequestHandler
 
-    from tests.helpers import loopback_http
+    from tests.helpers import QuietHandler, loopback_http
 
     served: list[int] = []
     second = threading.Event()
 
-    class Growing(BaseHTTPRequestHandler):  # each scrape has seen one more message
+    class Growing(QuietHandler):  # each scrape has seen one more message
         def do_GET(self) -> None:
             served.append(1)
             n = len(served)
-            body = (
-                f'hps_update_freshness_seconds_bucket{{model="m",table="t",le="0.1"}} {n}\n'
-                f'hps_update_freshness_seconds_bucket{{model="m",table="t",le="+Inf"}} {n}\n'
-            ).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            bucket = 'hps_update_freshness_seconds_bucket{model="m",table="t",le="%s"} %d\n'
+            self.reply((bucket % ("0.1", n) + bucket % ("+Inf", n)).encode())
             if n == 2:
                 second.set()
-
-        def log_message(self, *args: object) -> None:
-            pass
 
     def count(snap: freshness.Snapshot | str) -> float:
         assert isinstance(snap, dict)

@@ -3,7 +3,6 @@ probed and stopped by PID (against a plain HTTP upstream; Triton behind it: test
 
 from __future__ import annotations
 
-import http.server
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from hps.triton.supervisor.gate import (
     RequestGate,
     find_nginx,
 )
-from tests.helpers import loopback_http
+from tests.helpers import QuietHandler, loopback_http
 
 
 def config(**model: object) -> PSConfig:
@@ -51,19 +50,12 @@ def test_without_nginx_the_error_says_what_to_do(monkeypatch: pytest.MonkeyPatch
         find_nginx()
 
 
-class Echo(http.server.BaseHTTPRequestHandler):
+class Echo(QuietHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms wait
 
     def do_POST(self) -> None:  # noqa: N802
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(self.rfile.read(int(self.headers["Content-Length"])))
 
 
 @pytest.fixture
