@@ -11,6 +11,10 @@ the baseline on the same batch. Baselines, their inputs prepared before the cloc
 - ``rocksdb``: a raw rocksdict ``Rdict.get(list_of_keys)`` / ``WriteBatch`` (put in stored
   key order, as the store puts it) on a second database holding the same rows.
 
+``load_keys_per_s`` is the rate of that load (into an empty store); for ``hash_map``,
+``load_peak_bytes_per_row`` is the most the load had allocated at once (``tracemalloc``), per
+row, beside ``bytes_per_row``, what the loaded table holds.
+
 ``ratio`` is baseline time / our time over all batches (1.0: we add nothing to the driver);
 ``ratio_median`` is the median of the per-batch ratios, steadier on a shared machine.
 
@@ -24,6 +28,7 @@ import argparse
 import contextlib
 import tempfile
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,7 +160,12 @@ def _hash_map(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, value
     store = open_store(VolatileDBConfig(type="hash_map", max_batch_size=args.batch))
     assert isinstance(store, HashMapStore)
     stack.callback(store.close)
-    loaded = _load(store, spec, keys, values, args.batch)
+    tracemalloc.start()  # NumPy reports its buffers to it: the load's peak allocation
+    try:
+        loaded = _load(store, spec, keys, values, args.batch)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
     raw = values.copy()
 
     def prepare(idx: np.ndarray, k: np.ndarray, v: np.ndarray) -> RawCalls:
@@ -168,6 +178,7 @@ def _hash_map(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, value
     return Harness(
         store, spec, "numpy gather/scatter with precomputed row indices", prepare,
         extra={**loaded, "bytes_per_row": round(nbytes / keys.size, 1),
+               "load_peak_bytes_per_row": round(peak / keys.size, 1),
                "raw_bytes_per_row": 8 + 4 * spec.dim},
     )  # fmt: skip
 

@@ -155,16 +155,15 @@ class HashMapStore(EmbeddingStore):
 
     @staticmethod
     def _grow(t: _Table, need: int) -> None:
+        # In place (realloc: the kernel remaps large blocks instead of copying them, and the
+        # old and new arenas never coexist); no view of these arrays outlives a locked call.
         cap = max(need, int(t.capacity * GROWTH))
-        values = t.spec.fmt.empty(cap, t.spec.dim)
-        values[: t.top] = t.values[: t.top]
-        row_keys = np.full(cap, EMPTY, dtype=np.int64)
-        row_keys[: t.top] = t.row_keys[: t.top]
-        t.values, t.row_keys = values, row_keys
+        t.values.resize((cap, t.values.shape[1]), refcheck=False)  # zero-filled
+        old = t.capacity
+        t.row_keys.resize(cap, refcheck=False)
+        t.row_keys[old:] = EMPTY
         if t.ticks is not None:
-            ticks = np.zeros(cap, dtype=np.uint32)
-            ticks[: t.top] = t.ticks[: t.top]
-            t.ticks = ticks
+            t.ticks.resize(cap, refcheck=False)
 
     def _resolve_overflow(self, t: _Table) -> None:
         size = len(t.index)

@@ -41,6 +41,7 @@ def test_bench_storage_reports_both_ops(
         assert r["ratio"] == pytest.approx(r["keys_per_s"] / r["baseline_keys_per_s"], abs=1e-3)
     if backend == "hash_map":
         assert out[0]["raw_bytes_per_row"] == 8 + 4 * 8 and out[0]["bytes_per_row"] > 0
+        assert out[0]["load_peak_bytes_per_row"] >= out[0]["raw_bytes_per_row"]
     if server:
         assert out[0]["cluster"] is (backend == "redis_cluster")
         fixture = request.getfixturevalue(server)
