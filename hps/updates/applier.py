@@ -239,21 +239,30 @@ def _latest_per_key(
     stored key order (:mod:`hps.dedup`), so the L3 write finds them ordered.
     """
     keys = np.concatenate([b.keys for b in group]).astype(np.int64, copy=False)
-    versions = np.concatenate([np.full(b.keys.size, b.version, dtype=np.uint64) for b in group])
-    deletes = np.concatenate([np.full(b.keys.size, b.delete, dtype=bool) for b in group])
-    parts = np.concatenate(
-        [np.full(b.keys.size, int(b.extras.get("partition", -1)), np.int64) for b in group]
+    sizes = [b.keys.size for b in group]
+    versions = np.repeat(np.array([b.version for b in group], dtype=np.uint64), sizes)
+    deletes = np.repeat(np.array([b.delete for b in group], dtype=bool), sizes)
+    parts = np.repeat(
+        np.array([int(b.extras.get("partition", -1)) for b in group], dtype=np.int64), sizes
     )
     values = np.concatenate(
         [np.zeros((b.keys.size, dim), np.float32) if b.values is None else b.values for b in group]
     )
     rank = stored_rank(keys)
-    win = np.argsort(rank)
-    ranked = rank[win]
-    if ranked.size > 1 and bool((ranked[1:] == ranked[:-1]).any()):  # a key repeats
-        order = np.lexsort((np.arange(keys.size), versions, rank))
-        ranked = rank[order]
-        last = np.ones(keys.size, dtype=bool)
-        last[:-1] = ranked[1:] != ranked[:-1]
-        win = order[last]
-    return keys[win], versions[win], deletes[win], values[win], parts[win]
+    order = np.argsort(rank)  # unstable: only the rows of a repeated key need more care
+    ranked = rank[order]
+    repeat = ranked[1:] == ranked[:-1]
+    if repeat.any():  # each repeated key keeps its highest version, the latest among equals
+        tied = np.zeros(keys.size, dtype=bool)  # positions in `order` of a repeated key's rows
+        tied[1:] |= repeat
+        tied[:-1] |= repeat
+        at = np.flatnonzero(tied)
+        rows = order[at]
+        by = np.lexsort((rows, versions[rows], ranked[at]))  # the few tied rows only
+        tail = ranked[at][by]
+        last = np.ones(by.size, dtype=bool)
+        last[:-1] = tail[1:] != tail[:-1]
+        keep = ~tied
+        keep[at[by[last]]] = True  # the winner's position: its group shares one rank
+        order = order[keep]
+    return keys[order], versions[order], deletes[order], values[order], parts[order]

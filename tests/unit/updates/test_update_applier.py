@@ -7,11 +7,12 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
+from hps.dedup import in_stored_order
 from hps.errors import BackendError, UnknownTableError
 from hps.storage.hash_map import HashMapStore
 from hps.tiers import Tiers
 from hps.types import TableSpec, UpdateBatch
-from hps.updates.applier import Applied, Applier, model_filter
+from hps.updates.applier import Applied, Applier, _latest_per_key, model_filter
 
 SPEC = TableSpec("m", "t", 3)
 OTHER = TableSpec("skip_me", "t", 2)
@@ -109,6 +110,32 @@ def test_rows_come_in_the_stored_key_order(stores: tuple[HashMapStore, HashMapSt
     assert applied.keys.tolist() == [2**40, 256, 1, -1]
     rows = [vec([2**40], 2), vec([256], 1), vec([1], 2), vec([-1], 1)]
     np.testing.assert_array_equal(applied.values, np.concatenate(rows))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_each_key_keeps_its_highest_version_and_the_latest_row_among_equals(seed: int) -> None:
+    """Against the rule row by row, with keys repeated within and across messages."""
+    rng = np.random.default_rng(seed)
+    group = []
+    for i in range(int(rng.integers(1, 12))):
+        n = int(rng.integers(1, 40))
+        keys = rng.integers(-20, 20, n).astype(np.int64)  # repeats within a message too
+        delete = bool(rng.random() < 0.2)
+        values = None if delete else rng.standard_normal((n, 3)).astype(np.float32)
+        extras = {"partition": str(i % 3)}
+        group.append(UpdateBatch(SPEC.name, keys, values, int(rng.integers(1, 5)), delete, extras))
+    want: dict[int, tuple[int, bool, np.ndarray, int]] = {}
+    for b in group:  # stream order: a later row of equal version wins
+        for j, k in enumerate(b.keys.tolist()):
+            row = np.zeros(3, np.float32) if b.values is None else b.values[j]
+            if k not in want or b.version >= want[k][0]:
+                want[k] = (b.version, b.delete, row, int(b.extras["partition"]))
+    keys, versions, deletes, values, parts = _latest_per_key(group, 3)
+    assert in_stored_order(keys) and sorted(keys.tolist()) == sorted(want)
+    for i, k in enumerate(keys.tolist()):
+        version, delete, row, part = want[k]
+        assert (versions[i], deletes[i], parts[i]) == (version, delete, part)
+        np.testing.assert_array_equal(values[i], row)
 
 
 def test_listeners_see_what_was_applied(stores: tuple[HashMapStore, HashMapStore]) -> None:
