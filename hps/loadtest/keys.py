@@ -40,11 +40,38 @@ def key_class(keys: np.ndarray) -> np.ndarray:
     return (z % np.uint64(CLASSES)).astype(np.int64)
 
 
-def zipf_cdf(n: int, exponent: float) -> np.ndarray:
-    """Cumulative probabilities of ranks ``1..n`` under Zipf(``exponent``), any exponent >= 0."""
+def zipf_probabilities(n: int, exponent: float) -> np.ndarray:
+    """Probabilities of ranks ``1..n`` under Zipf(``exponent``), any exponent >= 0."""
     weights = np.arange(1, n + 1, dtype=np.float64) ** -float(exponent)
-    cdf = np.cumsum(weights)
-    return cdf / cdf[-1]
+    return weights / weights.sum()
+
+
+def alias_table(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Walker's alias table of probabilities ``p``: draw a column ``i`` uniformly, keep it
+    with probability ``prob[i]``, else take ``alias[i]``; each ``x`` is drawn with ``p[x]``.
+
+    Built by the sweep (light columns, ``n * p < 1``, are topped up by the heavy ones in
+    order), written with prefix sums instead of a loop: light ``k`` takes from the heavy
+    whose cumulative excess first passes the lights' cumulative deficit before ``k``, and
+    each heavy keeps what the lights before the next one leave it, topped up by that one.
+    """
+    n = p.size
+    q = p * (n / p.sum())
+    prob, alias = np.ones(n), np.arange(n, dtype=np.int64)
+    light, heavy = np.flatnonzero(q < 1.0), np.flatnonzero(q >= 1.0)
+    if not light.size or not heavy.size:
+        return prob, alias
+    deficit = 1.0 - q[light]
+    ends = np.cumsum(deficit)
+    starts = ends - deficit
+    excess = np.cumsum(q[heavy] - 1.0)
+    donor = np.minimum(np.searchsorted(excess, starts, side="right"), heavy.size - 1)
+    prob[light], alias[light] = q[light], heavy[donor]
+    served = np.searchsorted(starts, excess, side="left")  # lights served by heavies <= j
+    given = np.where(served > 0, ends[np.maximum(served - 1, 0)], 0.0)
+    prob[heavy[:-1]] = np.clip(1.0 + excess[:-1] - given[:-1], 0.0, 1.0)
+    alias[heavy[:-1]] = heavy[1:]  # the last heavy keeps its whole column
+    return prob, alias
 
 
 @dataclass
@@ -53,15 +80,44 @@ class TableKeys:
 
     spec: TableSpec
     keys: np.ndarray  # int64, Zipf rank order
-    cdf: np.ndarray
+    prob: np.ndarray  # the alias table of the keys' Zipf probabilities (alias_table)
+    alias: np.ndarray
     verify_keys: np.ndarray
     verify_vectors: np.ndarray  # [len(verify_keys), dim] float32
     bulk_keys: np.ndarray
     fresh_keys: np.ndarray
 
+
+@dataclass(frozen=True)
+class KeyDraws:
+    """Zipf draws for several tables at once: their alias tables back to back, so a request's
+    keys for every table are one handful of NumPy operations, O(1) per key."""
+
+    keys: np.ndarray
+    prob: np.ndarray
+    alias: np.ndarray  # indices into ``keys``
+    starts: np.ndarray  # where each table begins
+    sizes: np.ndarray  # its number of keys (float64)
+
+    @classmethod
+    def of(cls, tables: list[TableKeys]) -> KeyDraws:
+        sizes = np.array([t.keys.size for t in tables], dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        return cls(
+            np.concatenate([t.keys for t in tables]),
+            np.concatenate([t.prob for t in tables]),
+            np.concatenate([t.alias + s for t, s in zip(tables, starts, strict=True)]),
+            starts,
+            sizes.astype(np.float64),
+        )
+
     def draw(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        idx = np.searchsorted(self.cdf, rng.random(n), side="right")
-        return self.keys[np.minimum(idx, self.keys.size - 1)]
+        """``n`` keys of each table, drawn independently: int64 ``[tables, n]``."""
+        x = rng.random((self.starts.size, n)) * self.sizes[:, None]
+        column = x.astype(np.int64)  # uniform over the table's columns ...
+        i = column + self.starts[:, None]
+        kept = (x - column) < self.prob[i]  # ... and the fraction left decides: it or its alias
+        return self.keys[np.where(kept, i, self.alias[i])]
 
 
 def _split(
@@ -75,9 +131,9 @@ def _split(
     verifiable = np.flatnonzero(cls > FRESH)
     pick = np.sort(rng.choice(verifiable, min(VERIFY_POOL, verifiable.size), replace=False))
     no_vectors = np.zeros((0, spec.dim), dtype=np.float32)
-    cdf = zipf_cdf(keys.size, exponent)
+    prob, alias = alias_table(zipf_probabilities(keys.size, exponent))
     table = TableKeys(
-        spec, keys, cdf, keys[pick], no_vectors, keys[cls == BULK], keys[cls == FRESH]
+        spec, keys, prob, alias, keys[pick], no_vectors, keys[cls == BULK], keys[cls == FRESH]
     )
     return table, pick
 

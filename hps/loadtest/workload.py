@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hps.config import ModelConfig, PSConfig
 from hps.errors import ConfigError
-from hps.loadtest.keys import TableKeys, from_l3, from_sparse
+from hps.loadtest.keys import KeyDraws, TableKeys, from_l3, from_sparse
 from hps.loadtest.requests import CTRRequest, LookupRequest
 
 if TYPE_CHECKING:
@@ -36,6 +37,11 @@ class Workload:
     num_dense: int = 0
     network: DenseNetwork | None = field(default=None, repr=False)  # CTR scores to expect
 
+    @cached_property
+    def draws(self) -> KeyDraws:
+        """The tables' Zipf draws, together (:class:`hps.loadtest.keys.KeyDraws`)."""
+        return KeyDraws.of(self.tables)
+
     @property
     def name(self) -> str:
         return self.model.model
@@ -53,17 +59,16 @@ class Workload:
     def lookup_request(self, rng: np.random.Generator) -> LookupRequest:
         """One HPS request with known keys planted at random positions of every table."""
         n = self.batch(rng) * self.keys_per_sample
-        parts, checks = [], []
-        for t in self.tables:
-            keys = t.draw(n, rng)
+        keys = self.draws.draw(n, rng)
+        checks = []
+        for t, row in zip(self.tables, keys, strict=True):
             m = min(self.verify_per_table, n, t.verify_keys.size)
             pos = rng.choice(n, m, replace=False)
             which = rng.integers(0, t.verify_keys.size, m)
-            keys[pos] = t.verify_keys[which]
-            parts.append(keys)
+            row[pos] = t.verify_keys[which]
             checks.append((pos, t.verify_vectors[which]))
         numkeys = np.full(len(self.tables), n, dtype=np.int32)
-        return LookupRequest(np.concatenate(parts), numkeys, self.dims, checks)
+        return LookupRequest(keys.reshape(-1), numkeys, self.dims, checks)
 
     def probe_request(self, table: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """KEYS and NUMKEYS asking for ``keys`` of one table only."""
@@ -77,12 +82,12 @@ class Workload:
         """A CTR request whose first ``known`` samples use verified keys only."""
         batch, k = self.batch(rng), self.keys_per_sample
         known = min(known, batch)
-        cols, pooled = [], []
-        for t in self.tables:
-            keys = t.draw(batch * k, rng).reshape(batch, k)
+        cols = self.draws.draw(batch * k, rng)
+        pooled = []
+        for t, col in zip(self.tables, cols, strict=True):
+            keys = col.reshape(batch, k)
             which = rng.integers(0, t.verify_keys.size, (known, k))
             keys[:known] = t.verify_keys[which]
-            cols.append(keys.reshape(-1))
             pooled.append(t.verify_vectors[which].sum(axis=1))
         rowindex = np.tile(np.arange(batch + 1, dtype=np.int32) * k, len(self.tables))
         dense = rng.standard_normal(batch * self.num_dense).astype(np.float32)
@@ -90,7 +95,7 @@ class Workload:
         if self.network is not None and known:
             d = dense.reshape(batch, self.num_dense)[:known]
             expected = self.network(d, np.concatenate(pooled, axis=1))
-        return CTRRequest(dense, np.concatenate(cols), rowindex, known, expected)
+        return CTRRequest(dense, cols.reshape(-1), rowindex, known, expected)
 
     # -- requests that must be refused with a client error ---------------------------------
 
@@ -108,7 +113,7 @@ class Workload:
             (
                 "too many keys",
                 {
-                    "KEYS": t0.draw(limit + 1, np.random.default_rng())[None],
+                    "KEYS": KeyDraws.of([t0]).draw(limit + 1, np.random.default_rng()),
                     "NUMKEYS": counts[None],
                 },
             ),  # fmt: skip
