@@ -20,7 +20,7 @@ def _request() -> tuple[LookupRequest, np.ndarray]:
 def test_the_right_vectors_pass() -> None:
     req, answer = _request()
     req.check(answer)
-    req.checks = [(np.zeros(0, np.int64), np.zeros((0, 2), np.float32))] * 2
+    req.checks = [(np.zeros(0, np.int64), np.zeros((0, d), np.float32)) for d in (2, 3)]
     req.check(answer)  # nothing planted: only the size is checked
 
 
