@@ -104,16 +104,8 @@ def _l3(state: AdminState, reader: Reader, spec: TableSpec) -> str:
 
 
 def _kafka(state: AdminState) -> str:
-    from confluent_kafka.admin import AdminClient
-
-    from hps.updates.kafka import Setting, client_settings
-
-    src = state.config.update_source
-    # the consumer's settings left out: librdkafka would warn about each on every probe
-    settings = client_settings(src.hps_kafka_config)
-    conf: dict[str, Setting] = {"bootstrap.servers": src.brokers, **settings}
-    meta = AdminClient(conf).list_topics(timeout=KAFKA_TIMEOUT_S)
-    return f"{len(meta.brokers)} broker(s), {len(meta.topics)} topic(s)"
+    brokers, topics = state.broker().describe(KAFKA_TIMEOUT_S)
+    return f"{brokers} broker(s), {topics} topic(s)"
 
 
 def readiness(state: AdminState) -> tuple[bool, list[JSON]]:

@@ -51,17 +51,11 @@ def consumer_lags(state: AdminState, specs: list[TableSpec]) -> Lags:
     if not state.kafka:
         return Lags({})
     from hps.updates.codec import topic_name
-    from hps.updates.kafka import group_lag
 
-    src = state.config.update_source
+    topics = [topic_name(s.model, s.table) for s in specs]
     try:
-        lags = group_lag(
-            src.brokers,
-            src.hps_group_id,
-            [topic_name(s.model, s.table) for s in specs],
-            config=src.hps_kafka_config,
-            timeout_s=KAFKA_TIMEOUT_S,
-        )
+        group = state.config.update_source.hps_group_id
+        lags = state.broker().group_lag(group, topics, timeout_s=KAFKA_TIMEOUT_S)
     except HPSError as exc:  # an answerless broker must not fail the whole report
         return Lags({}, str(exc))
     return Lags(lags)

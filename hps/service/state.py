@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from hps.loading.loader import TableSource
     from hps.service.uploads import Format
     from hps.updates import Publisher
+    from hps.updates.broker_admin import BrokerAdmin
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class AdminState:
     _caught_up_at: float = field(default=0.0, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _publisher: Publisher | None = field(default=None, init=False)
+    _broker: BrokerAdmin | None = field(default=None, init=False)
     _served: ServedConfig = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -279,6 +281,16 @@ class AdminState:
                 src = self.config.update_source
                 self._publisher = Publisher(src.brokers, config=dict(src.hps_kafka_config))
             return self._publisher
+
+    def broker(self) -> BrokerAdmin:
+        """This process's one admin client of the broker (lag reports, readiness)."""
+        from hps.updates.broker_admin import BrokerAdmin
+
+        with self._lock:
+            if self._broker is None:
+                src = self.config.update_source
+                self._broker = BrokerAdmin(src.brokers, dict(src.hps_kafka_config))
+            return self._broker
 
     def reload(self, model: str, parameters: dict[str, str] | None = None) -> list[str]:
         """Reload every Triton model serving HPS model ``model``; the Triton names.

@@ -16,8 +16,6 @@ from hps.redact import REDACTED, is_secret_name, scrub
 from hps.updates.codec import parse_topic
 
 if TYPE_CHECKING:
-    from confluent_kafka.admin import OffsetSpec
-
     from hps.config import PSConfig
 
 log = logging.getLogger(__name__)
@@ -124,7 +122,7 @@ def ensure_topics(
     if not wanted:
         return {}
     with translated(f"creating topics {_short_list(wanted)}"):
-        admin = AdminClient(_admin_conf(brokers, config))
+        admin = AdminClient(admin_conf(brokers, config))
         existing = admin.list_topics(timeout=timeout_s).topics
         missing = [t for t in wanted if t not in existing]
         if missing:
@@ -166,55 +164,6 @@ def _is_update_topic(topic: str) -> bool:
     return True
 
 
-def group_lag(
-    brokers: str,
-    group: str,
-    topics: Iterable[str],
-    *,
-    config: Mapping[str, Setting] | None = None,
-    timeout_s: float = 3.0,
-) -> dict[str, dict[int, int]]:
-    """Messages ``group`` has not committed, per topic and partition, in three batched
-    requests whatever the number of topics (metadata, offsets, the group's commits).
-
-    A partition the group never committed counts from its earliest offset; a topic that
-    does not exist is left out.
-    """
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-    from confluent_kafka.admin import AdminClient, OffsetSpec
-
-    with translated(f"consumer lag of group {group}"):
-        admin = AdminClient(_admin_conf(brokers, config))
-        existing = admin.list_topics(timeout=timeout_s).topics
-        parts = [
-            TopicPartition(t, p)
-            for t in sorted(set(topics))
-            if t in existing and existing[t].error is None
-            for p in sorted(existing[t].partitions)
-        ]
-        if not parts:
-            return {}
-
-        def offsets(spec: OffsetSpec) -> dict[tuple[str, int], int]:
-            futures = admin.list_offsets({tp: spec for tp in parts}, request_timeout=timeout_s)
-            return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
-
-        high, low = offsets(OffsetSpec.latest()), offsets(OffsetSpec.earliest())
-        request = [ConsumerGroupTopicPartitions(group, parts)]
-        futures = admin.list_consumer_group_offsets(request, request_timeout=timeout_s)
-        committed = {
-            (tp.topic, tp.partition): tp.offset
-            for f in futures.values()
-            for tp in f.result().topic_partitions
-        }
-    lag: dict[str, dict[int, int]] = {}
-    for (topic, partition), end in high.items():
-        done = committed.get((topic, partition), -1)
-        start = done if done >= 0 else low[(topic, partition)]
-        lag.setdefault(topic, {})[partition] = max(0, int(end) - int(start))
-    return lag
-
-
 def _short_list(topics: list[str]) -> str:
     return ", ".join(topics[:3]) + (f" (+{len(topics) - 3})" if len(topics) > 3 else "")
 
@@ -237,7 +186,8 @@ def client_settings(config: Mapping[str, Setting] | None) -> dict[str, Setting]:
     return {k: v for k, v in (config or {}).items() if not k.startswith(CONSUMER_ONLY)}
 
 
-def _admin_conf(brokers: str, config: Mapping[str, Setting] | None) -> dict[str, Setting]:
+def admin_conf(brokers: str, config: Mapping[str, Setting] | None) -> dict[str, Setting]:
+    """An admin client's settings: the client's of ``config``, none of a producer's."""
     layer = client_settings(config)
     for k in ("enable.idempotence", "acks", "linger.ms", "message.max.bytes", "compression.type"):
         layer.pop(k, None)

@@ -169,39 +169,3 @@ def test_publish_cli_pushes_a_sparse_model(tmp_path: Path, kafka_broker: TansuBr
         np.testing.assert_array_equal(session.lookup(f"{model}.t1", keys), rows(keys, 8, seed=4))
     finally:
         session.close()
-
-
-def test_group_lag_counts_what_a_group_has_not_committed(
-    tmp_path: Path, kafka_broker: TansuBroker
-) -> None:
-    from hps.updates.kafka import group_lag
-
-    cfg = update_config(tmp_path, kafka_broker.bootstrap)
-    model, group = cfg.models[0].model, cfg.update_source.hps_group_id
-    topics = [codec.topic_name(model, "t0"), codec.topic_name(model, "t1")]
-    session = build_session(cfg, with_cache=False)
-    keys = np.arange(300, dtype=np.int64)
-    try:
-        with Publisher(kafka_broker.bootstrap) as pub:
-            for part in np.split(keys, 6):
-                pub.publish(model, "t0", part, rows(part, 4, seed=1))
-        # Offsets as the consumer's own watermarks give them (Tansu numbers record batches).
-        watch = Consumer({"bootstrap.servers": kafka_broker.bootstrap, "group.id": "watch"})
-        ends = [watch.get_watermark_offsets(TopicPartition(topics[0], p), 5) for p in range(8)]
-        watch.close()
-        unread = {p: hi - lo for p, (lo, hi) in enumerate(ends)}
-        before = group_lag(kafka_broker.bootstrap, group, [*topics, "no.such.topic"])
-        assert list(before) == [topics[0]]  # t1 got no message: no topic yet
-        assert before[topics[0]] == unread and sum(unread.values()) > 0
-        with running(build_service(cfg, session)) as svc:
-            wait_for(lambda: svc.rows_applied >= keys.size, 60, "300 rows applied")
-            wait_for(
-                lambda: (
-                    sum(group_lag(kafka_broker.bootstrap, group, topics)[topics[0]].values()) == 0
-                ),
-                30,
-                "the group's commits",
-            )
-        assert group_lag(kafka_broker.bootstrap, "another", topics)[topics[0]] == unread
-    finally:
-        session.close()
