@@ -113,7 +113,7 @@ class Workload:
             (
                 "too many keys",
                 {
-                    "KEYS": KeyDraws.of([t0]).draw(limit + 1, np.random.default_rng()),
+                    "KEYS": self.draws.draw(limit + 1, np.random.default_rng())[:1],
                     "NUMKEYS": counts[None],
                 },
             ),  # fmt: skip
