@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hps.errors import BackendUnavailable, HPSError
-from hps.triton.client import Client, ModelControl, hit_counts, parse_hits
+from hps.triton.client import Client, ModelControl, parse_hits
 from hps.updates.metrics import Buckets, histograms
 
 TIMEOUT_S = 5.0
@@ -185,19 +185,12 @@ class TritonAdmin:
             except Exception as exc:
                 raise BackendUnavailable(f"Triton at {self.url}: infer {model}: {exc}") from None
 
-    def hit_counts(self) -> dict[tuple[str, str], dict[str, float]]:
-        """``hps_hits_total`` summed over processes: (model, table) -> level -> keys."""
-        return hit_counts(self.metrics_url, TIMEOUT_S)
-
-    def freshness(self) -> dict[tuple[str, str], Buckets]:
-        """``hps_update_freshness_seconds`` summed over processes: (Triton model, table) ->
-        the histogram's cumulative buckets (since the serving processes started)."""
-        return freshness_histograms(self.metrics_url, TIMEOUT_S)
-
     def hits_and_freshness(
         self,
     ) -> tuple[dict[tuple[str, str], dict[str, float]], dict[tuple[str, str], Buckets]]:
-        """:meth:`hit_counts` and :meth:`freshness` from one read of Triton's /metrics."""
+        """``hps_hits_total`` summed over processes ((model, table) -> level -> keys) and
+        ``hps_update_freshness_seconds`` ((Triton model, table) -> cumulative buckets, since
+        the serving processes started), from one read of Triton's /metrics."""
         text = metrics_text(self.metrics_url, TIMEOUT_S)
         return parse_hits(text), parse_freshness(text)
 

@@ -2,22 +2,7 @@
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
 from collections import defaultdict
-
-from hps.errors import BackendUnavailable
-
-
-def hit_counts(metrics_url: str, timeout: float) -> dict[tuple[str, str], dict[str, float]]:
-    """``hps_hits_total`` at ``metrics_url``, summed over processes: (model, table) -> level
-    -> keys."""
-    try:
-        with urllib.request.urlopen(metrics_url, timeout=timeout) as resp:
-            text = resp.read().decode()
-    except (urllib.error.URLError, OSError) as exc:
-        raise BackendUnavailable(f"Triton metrics at {metrics_url}: {exc}") from None
-    return parse_hits(text)
 
 
 def parse_hits(text: str) -> dict[tuple[str, str], dict[str, float]]:
