@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 
 from hps.config import ModelConfig
 from hps.errors import HPSError
@@ -47,15 +48,22 @@ class Lags:
 
 
 def consumer_lags(state: AdminState, specs: list[TableSpec]) -> Lags:
-    """The lags of these tables' topics, in one round of requests to the broker."""
+    """The lags of these tables' topics: one round of requests to the broker for those of
+    every table the node serves, shared by the reports of the next
+    :data:`~hps.service.state.REPORT_MAX_AGE_S`."""
     if not state.kafka:
         return Lags({})
     from hps.updates.codec import topic_name
 
-    topics = [topic_name(s.model, s.table) for s in specs]
+    served = [t for m in state.config.models for t in m.tables]
+    topics = frozenset(topic_name(s.model, s.table) for s in [*served, *specs])
+    return state.lag_reads.get(topics, partial(_read_lags, state))
+
+
+def _read_lags(state: AdminState, topics: frozenset[str]) -> Lags:
     try:
         group = state.config.update_source.hps_group_id
-        lags = state.broker().group_lag(group, topics, timeout_s=KAFKA_TIMEOUT_S)
+        lags = state.broker().group_lag(group, sorted(topics), timeout_s=KAFKA_TIMEOUT_S)
     except HPSError as exc:  # an answerless broker must not fail the whole report
         return Lags({}, str(exc))
     return Lags(lags)
@@ -65,9 +73,17 @@ Hits = dict[tuple[str, str], dict[str, float]]
 Freshness = dict[tuple[str, str], Buckets]
 
 
-def triton_metrics(state: AdminState) -> tuple[Hits, Freshness, str | None]:
+MetricsRead = tuple[Hits, Freshness, str | None]
+
+
+def triton_metrics(state: AdminState) -> MetricsRead:
     """Hits per level and update freshness from one read of Triton's /metrics (summed over
-    processes), or the reason for neither."""
+    processes), or the reason for neither; shared by the reports of the next
+    :data:`~hps.service.state.REPORT_MAX_AGE_S`."""
+    return state.metrics_reads.get(None, partial(_read_metrics, state))
+
+
+def _read_metrics(state: AdminState, _: None) -> MetricsRead:
     try:
         hits, fresh = state.triton.hits_and_freshness()
     except Exception as exc:

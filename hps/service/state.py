@@ -43,6 +43,7 @@ from hps.errors import BackendError, UnknownTableError
 from hps.loading.imports import import_lock
 from hps.service.job_records import Job, Work
 from hps.service.jobs import JobRegistry
+from hps.service.recent import Recent
 from hps.service.served import ServedConfig
 from hps.service.triton_admin import TritonAdmin
 from hps.tiers import Tiers
@@ -53,6 +54,7 @@ from hps.versions import VersionRegistry
 
 if TYPE_CHECKING:
     from hps.loading.loader import TableSource
+    from hps.service.info import Lags, MetricsRead
     from hps.service.uploads import Format
     from hps.updates import Publisher
     from hps.updates.broker_admin import BrokerAdmin
@@ -63,6 +65,12 @@ CATCH_UP_S = 1.0
 """How stale the control plane's reads of other writers' L3 may be: its reader catches up
 at most this often (a catch-up costs tens of ms while updates flow, and a request may read
 several times)."""
+
+REPORT_MAX_AGE_S = 1.0
+"""How old the Triton metrics (hit counts, update freshness) and the consumer lags in a table
+report may be: each is read at most this often, however many reports are asked for (a read
+of Triton's /metrics costs Triton and this process milliseconds, a lag read a round of
+requests to the broker)."""
 
 
 def topology_view(config: PSConfig, topo: Topology) -> JSON:
@@ -104,6 +112,13 @@ class AdminState:
     _publisher: Publisher | None = field(default=None, init=False)
     _broker: BrokerAdmin | None = field(default=None, init=False)
     _served: ServedConfig = field(init=False, repr=False)
+    # the reads table reports share (hps.service.info)
+    metrics_reads: Recent[None, MetricsRead] = field(
+        default_factory=lambda: Recent(REPORT_MAX_AGE_S), init=False
+    )
+    lag_reads: Recent[frozenset[str], Lags] = field(
+        default_factory=lambda: Recent(REPORT_MAX_AGE_S), init=False
+    )
 
     def __post_init__(self) -> None:
         from hps.service import models, versions

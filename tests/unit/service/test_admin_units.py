@@ -166,3 +166,29 @@ def test_import_of_values_a_float16_table_cannot_hold_is_a_400(tmp_path: Path) -
     assert r.json()["error"] == "InvalidValueError"
     assert "demo.h: 1 value(s) outside float16's range" in r.json()["detail"]
     assert not (tmp_path / "rocksdb").exists()  # nothing written
+
+
+def test_table_reports_share_one_read_of_triton_metrics(tmp_path: Path) -> None:
+    """Reports within REPORT_MAX_AGE_S of each other share one read of Triton's /metrics
+    (here refused: its reason is reported by each), and the next one reads again."""
+    from hps.build import build_session
+    from hps.service.app import create_app
+    from hps.service.state import REPORT_MAX_AGE_S, AdminState
+    from hps.service.triton_admin import TritonAdmin
+    from tests.helpers import make_config
+
+    config = make_config(tmp_path)
+    build_session(config, with_cache=False).close()  # creates the L3 the reports read
+    triton = TritonAdmin("127.0.0.1:1", metrics_url="http://127.0.0.1:1/metrics")
+    state = AdminState(config, None, triton, state_dir=tmp_path / "s")
+    assert state.metrics_reads.max_age_s == REPORT_MAX_AGE_S
+    model = config.models[0]
+    with TestClient(create_app(state)) as client:
+        listed = client.get("/v1/models").json()
+        table = client.get(f"/v1/models/{model.model}/tables/{model.tables[0].table}").json()
+        assert state.metrics_reads.reads == 1
+        assert "127.0.0.1:1" in listed["metrics_error"]
+        assert table["hits"] == {} and table["model"] == model.model
+        state.metrics_reads.max_age_s = 0.0
+        client.get("/v1/models")
+    assert state.metrics_reads.reads == 2
