@@ -15,6 +15,11 @@ the baseline on the same batch. Baselines, their inputs prepared before the cloc
 ``load_peak_bytes_per_row`` is the most the load had allocated at once (``tracemalloc``), per
 row, beside ``bytes_per_row``, what the loaded table holds.
 
+``rocksdb`` also times a secondary's catch-up (``op: catch_up``) after each of ``--repeats``
+writes of ``--batch`` rows, with ``--tables`` column families (a model of that many tables):
+our secondary (``mode="secondary"``) against a rocksdict secondary with rocksdict's default
+options, both following the store's database.
+
 ``ratio`` is baseline time / our time over all batches (1.0: we add nothing to the driver);
 ``ratio_median`` is the median of the per-batch ratios, steadier on a shared machine.
 
@@ -69,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--path", help="RocksDB folder (a temporary one otherwise)")
     parser.add_argument("--partitions", type=int, default=16, help="Redis num_partitions")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--tables", type=int, default=26, help="rocksdb: column families for the catch-up"
+    )
 
 
 def run(args: argparse.Namespace) -> Iterator[JSON]:
@@ -101,6 +109,16 @@ def run(args: argparse.Namespace) -> Iterator[JSON]:
                 # per-batch ratios: less sensitive to bursts of load from other processes
                 "ratio_median": round(float(np.median(np.array(base_s) / np.array(ours_s))), 3),
             }
+        if args.backend == "rocksdb":
+            ours_s, base_s = _time_catch_up(h, args, rng)
+            yield {
+                **common,
+                "op": "catch_up",
+                "tables": args.tables,
+                "catch_up_ms": round(1000 * float(np.median(ours_s)), 2),
+                "baseline_catch_up_ms": round(1000 * float(np.median(base_s)), 2),
+                "ratio": round(sum(base_s) / sum(ours_s), 3),
+            }
 
 
 def _time_op(
@@ -130,6 +148,47 @@ def _time_op(
             ours.append(spent[0])
             base.append(spent[1])
     return ours, base
+
+
+def _time_catch_up(
+    h: Harness, args: argparse.Namespace, rng: np.random.Generator
+) -> tuple[list[float], list[float]]:
+    """Seconds per catch-up after a write of ``--batch`` rows: ours, baseline."""
+    import rocksdict as rd
+
+    from hps.storage.rocks_db import RocksDBStore
+
+    assert isinstance(h.store, RocksDBStore)
+    specs = [h.spec] + [TableSpec("bench", f"t{i}", h.spec.dim) for i in range(1, args.tables)]
+    for spec in specs[1:]:
+        h.store.open_table(spec)
+    h.store.insert(h.spec.name, np.array([0], np.int64), np.zeros((1, h.spec.dim), np.float32))
+    ours = RocksDBStore(h.store.path, mode="secondary")
+    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+        stack.callback(ours.close)
+        for spec in specs:
+            ours.open_table(spec)
+        names = rd.Rdict.list_cf(h.store.path)
+        raw = rd.Rdict(
+            h.store.path,
+            rd.Options(raw_mode=True),
+            column_families={n: rd.Options(raw_mode=True) for n in names},
+            access_type=rd.AccessType.secondary(tmp),
+        )
+        stack.callback(raw.close)
+        times: tuple[list[float], list[float]] = ([], [])
+        calls = (ours.catch_up, raw.try_catch_up_with_primary)
+        for r in range(args.repeats + 1):  # round 0 warms up and is not counted
+            spec = specs[r % len(specs)]
+            keys = rng.integers(0, 1 << 40, args.batch)
+            rows = rng.standard_normal((args.batch, spec.dim), dtype=np.float32)
+            h.store.insert(spec.name, keys, rows)
+            for slot in (0, 1) if r % 2 else (1, 0):
+                t0 = time.perf_counter()
+                calls[slot]()
+                if r:
+                    times[slot].append(time.perf_counter() - t0)
+        return times
 
 
 def _harness(

@@ -98,7 +98,10 @@ class RocksDBStore(EmbeddingStore):
         self._specs: dict[str, TableSpec] = {}
         self._cfs: dict[str, rd.Rdict] = {}
         opts = db_options(
-            create=mode == "read_write", num_threads=num_threads, write_buffer_mb=write_buffer_mb
+            create=mode == "read_write",
+            num_threads=num_threads,
+            write_buffer_mb=write_buffer_mb,
+            secondary=mode == "secondary",
         )
         self._cache = rd.Cache(block_cache_mb << 20)
         self._opts = opts
@@ -201,7 +204,7 @@ class RocksDBStore(EmbeddingStore):
     def catch_up(self) -> None:
         """Secondary instances: replay what the writer has written since; nothing when the
         writer's MANIFEST and WAL files are as they were at the last catch-up (a catch-up
-        costs tens of milliseconds even then: it revisits every column family)."""
+        revisits every column family, about 1 ms on the demo's 79, even with nothing new)."""
         if self.mode != "secondary":
             return
         files = writer_files(self._view or self.path)

@@ -314,7 +314,7 @@ class Tiers:
     def catch_up_once(self) -> Callable[[], None]:
         """A ``before_l3`` hook that calls :meth:`catch_up` the first time it runs only.
 
-        A secondary's catch-up re-reads the writer's WAL (tens to hundreds of ms): readers
+        A secondary's catch-up replays the writer's WAL since the last one: readers
         that must see recent writes pay it once per pass, and only when L2 did not answer.
         """
         done = False

@@ -33,7 +33,12 @@ def test_bench_storage_reports_both_ops(
     if server:
         extra = ["--address", request.getfixturevalue(server).address]
     out = bench(capsys, "--backend", backend, *extra)
-    assert [r["op"] for r in out] == ["fetch", "insert"]
+    ops = ["fetch", "insert", "catch_up"] if backend == "rocksdb" else ["fetch", "insert"]
+    assert [r["op"] for r in out] == ops
+    if backend == "rocksdb":
+        caught = out.pop()
+        assert caught["tables"] == 26 and caught["catch_up_ms"] > 0
+        assert caught["baseline_catch_up_ms"] > 0 and caught["ratio"] > 0
     for r in out:
         assert r.keys() >= FIELDS
         assert r["bench"] == "storage" and r["backend"] == backend

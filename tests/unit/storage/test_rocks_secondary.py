@@ -3,6 +3,7 @@ sees every write: rows in the WAL, rows flushed to SST files, a reopened writer'
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -69,3 +70,22 @@ def test_old_info_logs_are_pruned(tmp_path: Path) -> None:
         RocksDBStore(str(path)).close()
     logs = [p for p in path.iterdir() if p.name.startswith("LOG")]
     assert 1 <= len(logs) <= INFO_LOGS_KEPT
+
+
+def test_a_secondary_loads_table_files_on_the_calling_thread(tmp_path: Path) -> None:
+    """RocksDB would start and join 15 threads per column family at every catch-up; the
+    secondary's options (as its info LOG records them) keep it on the calling thread."""
+    path = str(tmp_path / "db")
+    writer = RocksDBStore(path)
+    writer.open_table(SPEC)
+    reader = RocksDBStore(path, mode="secondary")
+    assert opening_threads(Path(reader._secondary_dir) / "LOG") == 1
+    assert opening_threads(Path(path) / "LOG") == 16  # the writer keeps RocksDB's default
+    reader.close()
+    writer.close()
+
+
+def opening_threads(log: Path) -> int:
+    found = re.search(r"Options\.max_file_opening_threads: (\d+)", log.read_text())
+    assert found is not None, log
+    return int(found.group(1))
