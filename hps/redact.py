@@ -18,6 +18,7 @@ accident (a command line, an exception text) is still never printed.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -54,6 +55,7 @@ _values: set[str] = set()
 T = TypeVar("T")
 
 
+@functools.lru_cache(maxsize=4096)  # a report redacts the same few dozen names per table
 def is_secret_name(name: str) -> bool:
     """True when a setting called ``name`` holds a secret."""
     lowered = name.lower()
