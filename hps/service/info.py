@@ -48,15 +48,14 @@ class Lags:
 
 
 def consumer_lags(state: AdminState, specs: list[TableSpec]) -> Lags:
-    """The lags of these tables' topics: one round of requests to the broker for those of
-    every table the node serves, shared by the reports of the next
-    :data:`~hps.service.state.REPORT_MAX_AGE_S`."""
+    """The lags of these tables' topics, in one round of requests to the broker; reports
+    asking for the same tables within :data:`~hps.service.state.REPORT_MAX_AGE_S` share it
+    (the last question asked is kept: a model's listing, or one table's report)."""
     if not state.kafka:
         return Lags({})
     from hps.updates.codec import topic_name
 
-    served = [t for m in state.config.models for t in m.tables]
-    topics = frozenset(topic_name(s.model, s.table) for s in [*served, *specs])
+    topics = frozenset(topic_name(s.model, s.table) for s in specs)
     return state.lag_reads.get(topics, partial(_read_lags, state))
 
 
