@@ -64,7 +64,7 @@ log = logging.getLogger(__name__)
 CATCH_UP_S = 1.0
 """How stale the control plane's reads of other writers' L3 may be: its reader catches up
 at most this often (a request may read several times; a catch-up costs about a millisecond
-per hundred column families while updates flow, docs/storage.md)."""
+on the demo's 79 column families while updates flow, docs/storage.md)."""
 
 REPORT_MAX_AGE_S = 1.0
 """How old the Triton metrics (hit counts, update freshness) and the consumer lags in a table
