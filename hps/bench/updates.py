@@ -13,7 +13,10 @@ rocksdict's WriteBatch, one synced write per ``update_source.max_batch_size`` ro
 batch put in stored key order as our store puts it, bytes prepared before the clock starts:
 what RocksDB alone costs on this machine, which no durable apply path can beat.
 ``apply_vs_l3_ceiling`` is our share of it. ``l3_arrival_order_per_s`` is the same write with
-each batch put in arrival order: what the stored key order saves.
+each batch put in arrival order: what the stored key order saves. ``stages_s`` sums the
+apply's timed stages over its batches (as ``hps_update_stage_seconds`` times them);
+``l3_write_vs_l3_ceiling`` is the ceiling's time over the apply's L3 write alone: the share
+the apply would reach if every other stage took no time.
 
 Freshness phase, default ``update_source`` settings: ``--samples`` times, new vectors for
 ``--sample-keys`` keys (half resident in L1) are published and a lookup is repeated until it
@@ -140,9 +143,10 @@ def _apply_phase(args: argparse.Namespace, brokers: str, workdir: Path) -> JSON:
     ceiling_s = _l3_ceiling(decoded, workdir / "l3-ceiling", us.max_batch_size, sort=True)
     arrival_s = _l3_ceiling(decoded, workdir / "l3-arrival", us.max_batch_size, sort=False)
 
-    applier = Applier(session.tables, session.tiers)
+    stages = _StageSums()
+    applier = Applier(session.tables, session.tiers, recorder=stages)
     timed = _FirstMessageClock(brokers, topics, mode="replay", group_id="bench", config={})
-    consumer = UpdateConsumer(timed, applier, us)
+    consumer = UpdateConsumer(timed, applier, us, recorder=stages)
     stop = threading.Event()
     seen = 0
     while seen < messages:
@@ -153,6 +157,7 @@ def _apply_phase(args: argparse.Namespace, brokers: str, workdir: Path) -> JSON:
     stored = l3.size(f"{model}.t") if l3 is not None else 0
     session.close()
     apply_per_s, baseline_per_s, ceiling_per_s = rows / apply_s, rows / baseline_s, rows / ceiling_s
+    spent = stages.seconds
     return {
         "bench": "updates",
         "phase": "apply",
@@ -168,7 +173,26 @@ def _apply_phase(args: argparse.Namespace, brokers: str, workdir: Path) -> JSON:
         "l3_ceiling_per_s": round(ceiling_per_s),
         "apply_vs_l3_ceiling": round(apply_per_s / ceiling_per_s, 3),
         "l3_arrival_order_per_s": round(rows / arrival_s),
+        "stages_s": {name: round(s, 4) for name, s in spent.items()},
+        "l3_write_vs_l3_ceiling": round(ceiling_s / spent["l3_write"], 3),
     }
+
+
+class _StageSums:
+    """A :class:`hps.updates.metrics.Recorder` that sums the timed stages of the consumer
+    and the applier over all batches (the ages of messages are not stages: left out)."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(("batch", "decode", "l3_write", "l2_write", "sync"), 0.0)
+
+    def stage(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    def age(self, name: str, since_ns: int, now_ns: int | None = None) -> None:
+        pass
+
+    def fresh(self, table: str, since_ns: int, now_ns: int | None = None) -> None:
+        pass
 
 
 def _l3_ceiling(batches: list[UpdateBatch], path: Path, batch_rows: int, *, sort: bool) -> float:

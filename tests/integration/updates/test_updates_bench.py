@@ -24,4 +24,8 @@ def test_bench_updates_prints_the_figures(
     for key in ("apply_per_s", "baseline_per_s", "ratio", "freshness_p50_ms", "freshness_p99_ms"):
         assert summary[key] > 0, key
     assert summary["bench"] == "updates" and summary["rows"] == 3000
+    stages = summary["stages_s"]  # every batch wrote L3, then L2, then synced
+    assert set(stages) == {"batch", "decode", "l3_write", "l2_write", "sync"}
+    assert all(stages[s] > 0 for s in ("decode", "l3_write", "l2_write", "sync")), stages
+    assert summary["l3_write_vs_l3_ceiling"] > 0
     assert {r.get("mode") for r in lines[1:3]} == {"embedded", "shared"}
