@@ -9,25 +9,14 @@ from functools import partial
 from hps.config import ModelConfig
 from hps.errors import HPSError
 from hps.service.state import AdminState, topology_view
-from hps.tiers import RowStore, Tiers
+from hps.service.version_report import estimated, table_rows
+from hps.tiers import Tiers
 from hps.types import JSON, TableSpec
 from hps.updates.metrics import Buckets, merged, summary
 
 log = logging.getLogger(__name__)
 
 KAFKA_TIMEOUT_S = 3.0
-
-
-def _rows(store: RowStore | None, spec: TableSpec, exact: bool) -> int | None:
-    if store is None:
-        return None
-    return int(store.size(spec.name) if exact else store.estimated_size(spec.name))
-
-
-def _estimated(reader: Tiers, exact: bool) -> list[str]:
-    """The tiers whose row count in a report is the store's estimate."""
-    tiers = (("l2", reader.volatile), ("l3", reader.persistent))
-    return [] if exact else [t for t, s in tiers if s is not None and not s.exact_size]
 
 
 @dataclass(frozen=True)
@@ -120,7 +109,7 @@ def table_info(
     from hps.cache import cache_capacity
 
     model = state.config.model(spec.model)
-    l3_rows = _rows(reader.persistent, spec, exact)
+    l3_rows = table_rows(reader.persistent, spec, exact)
     counts: dict[str, float] = {}
     for served in (spec.model, spec.model + "_ctr"):
         for level, n in hits.get((served, spec.table), {}).items():
@@ -134,8 +123,8 @@ def table_info(
         "row_dtype": spec.row_dtype,
         "row_bytes": spec.fmt.row_bytes(spec.dim),
         "default_value": float(spec.default_value),
-        "rows": {"l2": _rows(reader.volatile, spec, exact), "l3": l3_rows},
-        "rows_estimated": _estimated(reader, exact),
+        "rows": {"l2": table_rows(reader.volatile, spec, exact), "l3": l3_rows},
+        "rows_estimated": estimated(reader, exact),
         "l1": {
             "enabled": model.gpucache,
             "capacity_per_instance": cache_capacity(model, l3_rows or 0),

@@ -51,7 +51,9 @@ def declare(tiers: Tiers, l3: list[TableSpec], l2: list[TableSpec]) -> None:
         tiers.subset(l3=False).open_tables(l2)
 
 
-def _rows(store: RowStore | None, spec: TableSpec, exact: bool) -> int | None:
+def table_rows(store: RowStore | None, spec: TableSpec, exact: bool) -> int | None:
+    """Rows of ``spec`` in ``store`` (exactly, or the store's estimate); None where the
+    tier is absent or does not declare the table."""
     if store is None:
         return None
     try:
@@ -69,7 +71,7 @@ def _tier_totals(
     for tier in TIERS:
         store = None if tiers is None else (tiers.volatile if tier == "l2" else tiers.persistent)
         kind = config.volatile_db.type if tier == "l2" else config.persistent_db.type
-        counts = [_rows(store, spec, exact) for spec in specs] if specs else [None]
+        counts = [table_rows(store, spec, exact) for spec in specs] if specs else [None]
         if any(n is None for n in counts):
             rows[tier] = nbytes[tier] = None
             continue
