@@ -207,12 +207,6 @@ def metrics_text(metrics_url: str, timeout: float) -> str:
         raise BackendUnavailable(f"Triton metrics at {metrics_url}: {exc}") from None
 
 
-def freshness_histograms(metrics_url: str, timeout: float) -> dict[tuple[str, str], Buckets]:
-    """``hps_update_freshness_seconds`` at ``metrics_url`` (Triton's /metrics), summed over
-    processes: (model, table) -> buckets; BackendUnavailable when it cannot be read."""
-    return parse_freshness(metrics_text(metrics_url, timeout))
-
-
 def parse_freshness(text: str) -> dict[tuple[str, str], Buckets]:
     """``hps_update_freshness_seconds`` in a /metrics text, summed over processes."""
     found = histograms(text, FRESHNESS, ("model", "table"))

@@ -26,7 +26,7 @@ from hps.build import build_session
 from hps.io.sparse_model import write_sparse_model
 from hps.service.app import create_app
 from hps.service.state import AdminState
-from hps.service.triton_admin import TritonAdmin, freshness_histograms
+from hps.service.triton_admin import TritonAdmin, metrics_text, parse_freshness
 from hps.testing.kafka import TansuBroker
 from hps.triton.client import Client
 from hps.triton.repository import prepare_repository
@@ -82,7 +82,7 @@ def _doc(root: Path, model: str, brokers: str, layout: str) -> dict[str, object]
 
 
 def _count(metrics_url: str, model: str) -> float:
-    found = freshness_histograms(metrics_url, 5.0).get((model, "u"), [])
+    found = parse_freshness(metrics_text(metrics_url, 5.0)).get((model, "u"), [])
     return max((c for _, c in found), default=0.0)
 
 
