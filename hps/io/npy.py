@@ -64,10 +64,3 @@ def read_npy_pair(
             if k.size != n or v.size != n * dim:
                 raise FormatError(f"{keys_path}: truncated at row {lo}")
             yield k.astype(np.int64), v.reshape(n, dim).astype(np.float32, copy=False)
-
-
-def write_npy_pair(
-    keys_path: str | Path, vectors_path: str | Path, keys: Keys, vectors: Vectors
-) -> None:
-    np.save(keys_path, np.asarray(keys, dtype=np.int64))
-    np.save(vectors_path, np.asarray(vectors, dtype=np.float32))

@@ -23,7 +23,6 @@ from functools import partial
 from pathlib import Path
 
 from hps.errors import HPSError
-from hps.types import JSON
 from hps.updates.metrics import Buckets, histograms, merged, subtract, summary
 
 REPORT = "freshness.json"
@@ -198,15 +197,6 @@ class Figures:
         a = getattr(self.metric, q) if self.metric else None
         b = getattr(self.visible, q) if self.visible else None
         return round(a / b, 3) if a is not None and b else None
-
-    def as_json(self) -> JSON:
-        return {
-            "probes": asdict(self.probes) if self.probes else None,
-            "visible": asdict(self.visible) if self.visible else None,
-            "metric": asdict(self.metric) if self.metric else None,
-            "metric_vs_visible_p50": self.ratio("p50_ms"),
-            "metric_vs_visible_p99": self.ratio("p99_ms"),
-        }
 
     def line(self) -> str | None:
         """One summary line, or None when no figure exists."""

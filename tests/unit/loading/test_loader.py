@@ -10,7 +10,6 @@ import pytest
 
 from hps.config import PSConfig
 from hps.errors import ConfigError, FormatError, InvalidValueError, SparseModelError
-from hps.io.npy import write_npy_pair
 from hps.io.sparse_model import write_sparse_model
 from hps.loading.imports import import_tables, sparse_sources
 from hps.loading.loader import Loader, l3_matches, npy_source, sparse_source
@@ -126,7 +125,8 @@ def test_npy_source(tmp_path: Path) -> None:
     config = two_tables(tmp_path)
     spec = config.tables[0]
     keys = np.arange(7, dtype=np.int32)
-    write_npy_pair(tmp_path / "k.npy", tmp_path / "v.npy", keys, rows(keys, 4))
+    np.save(tmp_path / "k.npy", keys.astype(np.int64))
+    np.save(tmp_path / "v.npy", rows(keys, 4))
     source = npy_source(spec, tmp_path / "k.npy", tmp_path / "v.npy")
     assert source.rows == 7 and source.validate() == 0
     sample_keys, sample_values = source.sample(3)

@@ -50,8 +50,8 @@ def test_the_summary_reports_both_figures(tmp_path: Path) -> None:
     assert figures.visible == freshness.Figure(20, 150.0, 360.0)
     assert figures.metric == metric
     # the metric is held against the figure that times the same instant
-    assert figures.as_json()["metric_vs_visible_p50"] == pytest.approx(1.2)
-    assert figures.as_json()["metric_vs_visible_p99"] == pytest.approx(1.1)
+    assert figures.ratio("p50_ms") == pytest.approx(1.2)
+    assert figures.ratio("p99_ms") == pytest.approx(1.1)
     out = format_summary(tmp_path, 0)
     line = next(x for x in out.splitlines() if x.startswith("freshness:"))
     assert "probes p50 200 ms p99 400 ms" in line and "visible p50 150 ms p99 360 ms" in line
