@@ -6,7 +6,9 @@ uniform keys over them (all hits); probed as serving probes it
 (:func:`hps.cache.many.probe_tables`, what ``hps.pipeline.probe_l1`` runs: every table in
 one call; on CuPy host keys in and rows into a host buffer, the host path of
 :mod:`hps.cache.kernels_cupy`). One untimed call first (it
-compiles or loads the kernels), then ``repeats`` timed ones: the median.
+compiles or loads the kernels), then ``repeats`` timed ones: the median. On a GPU the
+staging buffers it grew are released afterwards: a CTR instance serves with its rows on the
+device, whose buffers differ from the host path's (``hps plan`` counts what serving holds).
 
 The synthetic caches hold at most :data:`CALIBRATION_BYTES` of rows per model (at most
 :data:`MAX_ROWS` and at most the real capacity per table), so the rows do not fit in the
@@ -23,7 +25,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from hps.cache.embedding_cache import EmbeddingCache
-from hps.cache.many import probe_tables
+from hps.cache.kernels_cupy import GpuProbe
+from hps.cache.many import one_gpu, probe_tables
 from hps.config import ModelConfig
 from hps.types import ArrayModule
 
@@ -98,4 +101,8 @@ def calibrate(
         start = timer()
         probe_tables(*probe)
         times.append(timer() - start)
+    lead = one_gpu(caches)
+    if lead is not None:  # the GPU's shared staging: sized by serving, not by the host path here
+        assert isinstance(lead._kernel, GpuProbe)
+        lead._kernel.device.release()
     return float(statistics.median(times))

@@ -1,8 +1,12 @@
 """Where the L1 GPU kernels run: one stream, staging buffers reused across calls.
 
-A :class:`Device` keeps, per cache (the cache's lock serialises its calls), named pinned host
-buffers and device buffers that grow geometrically (to the next power of two of what a call
-needs) and are never allocated per call, plus one CUDA stream. A query copies its keys into
+A :class:`Device` keeps named pinned host buffers and device buffers that grow geometrically
+(to the next power of two of what a call needs) and are never allocated per call, plus one
+CUDA stream. A process has one per GPU (:func:`gpu_device`), shared by every cache on that
+GPU, so what it holds is what the largest request needed, whichever tables that request
+asked for: the figure ``hps plan`` prints per instance. A call that stages holds the
+device's :attr:`Device.lock` from its first buffer to its wait (taken after the caches'
+locks, never before them). A query copies its keys into
 pinned memory, sends them with one asynchronous copy, launches the kernel and brings the rows
 (and the miss list and tallies after them) back with one asynchronous copy into pinned
 memory, on that stream; the host waits once, then copies the rows once into the caller's
@@ -20,6 +24,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import functools
+import threading
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -72,6 +77,7 @@ class Device(abc.ABC):
     xp: ArrayModule
 
     def __init__(self) -> None:
+        self.lock = threading.Lock()  # held by a call from its first staging buffer to its wait
         self._pinned: dict[str, np.ndarray] = {}
         self._buffers: dict[str, Array] = {}
 
@@ -90,6 +96,12 @@ class Device(abc.ABC):
             self._buffers.pop(name, None)  # freed before the larger one is allocated
             buf = self._buffers[name] = self._alloc_device(grown(nbytes))
         return buf[:nbytes]
+
+    def release(self) -> None:
+        """Drop the staging buffers (the next call allocates what it needs)."""
+        with self.lock:
+            self._pinned.clear()
+            self._buffers.clear()
 
     def held(self) -> Staging:
         """Bytes its staging buffers hold now (pinned host, device)."""
@@ -146,19 +158,22 @@ def _module() -> cupy.RawModule:
 
 
 class CupyDevice(Device):
-    """A :class:`Device` on the current GPU (created lazily, under the cache's device scope)."""
+    """A :class:`Device` on GPU ``gpu`` (its stream is created on first use; its buffers are
+    allocated under the calling cache's device scope, which is that GPU)."""
 
-    def __init__(self) -> None:
+    def __init__(self, gpu: int) -> None:
         import cupy
 
         super().__init__()
         self.xp = cupy
+        self.gpu = gpu
         self._stream: cupy.cuda.Stream | None = None
 
     @property
     def stream(self) -> cupy.cuda.Stream:
         if self._stream is None:
-            self._stream = self.xp.cuda.Stream(non_blocking=False)
+            with self.xp.cuda.Device(self.gpu):
+                self._stream = self.xp.cuda.Stream(non_blocking=False)
         return self._stream
 
     def _alloc_pinned(self, nbytes: int) -> np.ndarray:
@@ -199,3 +214,21 @@ class CupyDevice(Device):
 
     def on_stream(self) -> AbstractContextManager[object]:
         return self.stream  # a CuPy stream is the context that makes it current
+
+
+_gpu_devices: dict[int, CupyDevice] = {}
+_gpu_devices_lock = threading.Lock()
+
+
+def gpu_device(device_id: int | None) -> CupyDevice:
+    """The process's one :class:`CupyDevice` on GPU ``device_id`` (``None``: the current GPU),
+    created on first use and shared by every cache on that GPU (the module docstring)."""
+    if device_id is None:
+        import cupy
+
+        device_id = int(cupy.cuda.runtime.getDevice())
+    with _gpu_devices_lock:
+        device = _gpu_devices.get(device_id)
+        if device is None:
+            device = _gpu_devices[device_id] = CupyDevice(device_id)
+        return device

@@ -99,7 +99,7 @@ class EmbeddingCache:
         self._tick = 0
         self._lock = threading.RLock()
         self._log = WriteLog(xp, max(1 << 16, capacity))
-        self._kernel = kernels.kernel_for(xp)
+        self._kernel = kernels.kernel_for(xp, device_id)
         if isinstance(self._kernel, GpuProbe):  # lookups and writes as kernels too
             self._rows.ops = RowKernels(self._kernel.device)
         self._no_keys = xp.zeros(0, dtype=xp.int64)

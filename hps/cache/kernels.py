@@ -139,18 +139,19 @@ CacheKernel = Callable[
 ]
 
 
-def kernel_for(xp: ArrayModule) -> CacheKernel | None:
+def kernel_for(xp: ArrayModule, device_id: int | None = None) -> CacheKernel | None:
     """The compiled probe+gather for a new cache on ``xp``, or ``None`` (use the NumPy path);
-    on CuPy a :class:`hps.cache.kernels_cupy.GpuProbe` with the cache's own device state."""
+    on CuPy a :class:`hps.cache.kernels_cupy.GpuProbe` on GPU ``device_id``'s shared
+    :class:`hps.cache.device.Device` (``None``: the current GPU)."""
     if xp is np:
         kernel = cpu_kernel()
         return None if kernel is None else functools.partial(_run_cpu, kernel)
     if not compiled_allowed():
         return None
-    from hps.cache.device import CupyDevice
+    from hps.cache.device import gpu_device
     from hps.cache.kernels_cupy import GpuProbe
 
-    return GpuProbe(CupyDevice())  # one per cache: its stream and staging buffers
+    return GpuProbe(gpu_device(device_id))
 
 
 class CacheDescriptor:

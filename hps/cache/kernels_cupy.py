@@ -12,7 +12,8 @@ The host path (:class:`GpuProbe`, :func:`run_tables`) runs on a :class:`hps.cach
 keys go into a pinned staging buffer and to the device in one asynchronous copy; the rows,
 the miss list and the tallies come back in one asynchronous copy into pinned memory; the
 host waits once and copies the rows once into the caller's buffer. Staging buffers and the
-stream are the cache's, reused and grown, never allocated per call.
+stream are the GPU's (one device per GPU and process, shared by its caches, held under its
+lock by each call), reused and grown, never allocated per call.
 
 Compiled by NVRTC on first use (CuPy's ``RawModule``; CuPy keeps the binary in its on-disk
 kernel cache). Where no GPU is lent, tests compile the same source as C++ and run every warp
@@ -109,20 +110,21 @@ class GpuProbe:
         row_bytes = n * rows.dim * 4
         miss_at = _pad(row_bytes)
         tally_at = miss_at + 8 * n
-        staged = dev.pinned("keys", 8 * n)
-        staged.view(np.int64)[:] = keys
-        keys_d = dev.buffer("keys", 8 * n)
-        dev.to_device(keys_d, staged)
-        result = dev.buffer("out", tally_at + 16)
-        self.on_device(rows, keys_d.view(np.int64), result[:row_bytes].view(np.float32), tick,
-                       counts, cap, result[miss_at:tally_at].view(np.int64),
-                       result[tally_at:].view(np.uint64))  # fmt: skip
-        back = dev.pinned("out", tally_at + 16)
-        dev.to_host(back, result)
-        dev.synchronize()
-        out[...] = back[:row_bytes].view(np.float32).reshape(out.shape)  # the one host copy
-        n_miss, n_hit = (int(t) for t in back[tally_at:].view(np.uint64))
-        return np.sort(back[miss_at:tally_at].view(np.int64)[:n_miss]), n_hit
+        with dev.lock:
+            staged = dev.pinned("keys", 8 * n)
+            staged.view(np.int64)[:] = keys
+            keys_d = dev.buffer("keys", 8 * n)
+            dev.to_device(keys_d, staged)
+            result = dev.buffer("out", tally_at + 16)
+            self.on_device(rows, keys_d.view(np.int64), result[:row_bytes].view(np.float32),
+                           tick, counts, cap, result[miss_at:tally_at].view(np.int64),
+                           result[tally_at:].view(np.uint64))  # fmt: skip
+            back = dev.pinned("out", tally_at + 16)
+            dev.to_host(back, result)
+            dev.synchronize()
+            out[...] = back[:row_bytes].view(np.float32).reshape(out.shape)  # the one host copy
+            n_miss, n_hit = (int(t) for t in back[tally_at:].view(np.uint64))
+            return np.sort(back[miss_at:tally_at].view(np.int64)[:n_miss]), n_hit
 
     def on_device(self, rows: RowStore, keys: Array, out: Array, tick: int,
                   counts: Array | None, cap: int, miss: Array, tallies: Array) -> None:  # fmt: skip
@@ -165,7 +167,7 @@ def tables_layout(n_keys: int, n_tables: int, row_bytes: int) -> TablesLayout:
 def request_staging(
     keys: Sequence[int], dims: Sequence[int], *, rows_on_device: bool = False
 ) -> Staging:
-    """The staging buffers a GPU cache's :class:`Device` holds once it ran requests of
+    """The staging buffers a GPU's shared :class:`Device` holds once it ran requests of
     ``keys[t]`` keys for tables of dimension ``dims[t]`` (at most; one launch per request,
     :func:`run_tables`): a pinned and a device buffer each for the keys in and the results
     out, grown to powers of two (:func:`hps.cache.device.staging_nbytes`). ``hps plan``
@@ -215,6 +217,11 @@ def fill_rows(device: Device, out: Array, fills: Sequence[Fill]) -> None:
     fills = [f for f in fills if f.positions.size]
     if not fills:
         return
+    with device.lock:
+        _fill_staged(device, out, fills)
+
+
+def _fill_staged(device: Device, out: Array, fills: Sequence[Fill]) -> None:
     n_rows = sum(f.positions.size for f in fills)
     rows_at = _pad(8 * n_rows)
     staged = device.pinned("fill", fill_nbytes(n_rows, sum(f.rows.size for f in fills)))
@@ -270,27 +277,28 @@ def run_tables(
     plan = np.stack([lo, hi, out_offsets, first_warp, tiles, vec.astype(np.int64)], axis=1)
     row_bytes = 0 if out_on_device else 4 * int(ends.max(initial=0))
     desc_at, plan_at, in_bytes, miss_at, tally_at, out_bytes = tables_layout(n, n_tables, row_bytes)
-    staged = device.pinned("keys", in_bytes)
-    staged[: 8 * n].view(np.int64)[:] = keys
-    staged[desc_at:plan_at].view(np.int64)[:] = desc.reshape(-1)
-    staged[plan_at:].view(np.int64)[:] = plan.reshape(-1)
-    dev_in = device.buffer("keys", staged.size)
-    device.to_device(dev_in, staged)
-    result = device.buffer("out", out_bytes)
-    device.zero(result[tally_at:])
-    args = (dev_in[desc_at:plan_at].view(np.int64), dev_in[plan_at:].view(np.int64),
-            np.int32(n_tables), np.int64(warps.sum()), dev_in[: 8 * n].view(np.int64),
-            out if out_on_device else result[:row_bytes].view(np.float32),
-            result[miss_at:tally_at].view(np.int64),
-            result[tally_at:].view(np.uint64))  # fmt: skip
-    device.launch("probe_gather_tables", blocks_for(int(warps.sum())), THREADS, args)
-    back = device.pinned("out", result.size)
-    device.to_host(back, result)
-    device.synchronize()
-    if not out_on_device:
-        _rows_into(out, back[:row_bytes].view(np.float32), out_offsets, ends)
-    tallies = back[tally_at:].view(np.uint64).reshape(n_tables, 2).astype(np.int64)
-    miss_pos = back[miss_at:tally_at].view(np.int64).copy()
+    with device.lock:
+        staged = device.pinned("keys", in_bytes)
+        staged[: 8 * n].view(np.int64)[:] = keys
+        staged[desc_at:plan_at].view(np.int64)[:] = desc.reshape(-1)
+        staged[plan_at:].view(np.int64)[:] = plan.reshape(-1)
+        dev_in = device.buffer("keys", staged.size)
+        device.to_device(dev_in, staged)
+        result = device.buffer("out", out_bytes)
+        device.zero(result[tally_at:])
+        args = (dev_in[desc_at:plan_at].view(np.int64), dev_in[plan_at:].view(np.int64),
+                np.int32(n_tables), np.int64(warps.sum()), dev_in[: 8 * n].view(np.int64),
+                out if out_on_device else result[:row_bytes].view(np.float32),
+                result[miss_at:tally_at].view(np.int64),
+                result[tally_at:].view(np.uint64))  # fmt: skip
+        device.launch("probe_gather_tables", blocks_for(int(warps.sum())), THREADS, args)
+        back = device.pinned("out", result.size)
+        device.to_host(back, result)
+        device.synchronize()
+        if not out_on_device:
+            _rows_into(out, back[:row_bytes].view(np.float32), out_offsets, ends)
+        tallies = back[tally_at:].view(np.uint64).reshape(n_tables, 2).astype(np.int64)
+        miss_pos = back[miss_at:tally_at].view(np.int64).copy()
     for first, n_miss in zip(lo.tolist(), tallies[:, 0].tolist(), strict=True):
         miss_pos[first : first + n_miss].sort()
     return tallies, miss_pos

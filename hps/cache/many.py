@@ -76,10 +76,10 @@ def device_buffer(lead: EmbeddingCache, n: int) -> Array:
 
 def fill_on_gpu(lead: EmbeddingCache, out: Array, fills: Sequence[Fill]) -> None:
     """Rows found below L1 into ``out``, a buffer on ``lead``'s GPU (:func:`one_gpu`): one
-    copy for every table (:func:`hps.cache.kernels_cupy.fill_rows`), under ``lead``'s lock
-    (its staging buffers)."""
+    copy for every table (:func:`hps.cache.kernels_cupy.fill_rows`, on the GPU's shared
+    device)."""
     assert isinstance(lead._kernel, GpuProbe)
-    with lead._lock, lead._scope:
+    with lead._scope:
         fill_rows(lead._kernel.device, out, fills)
 
 
@@ -123,7 +123,7 @@ def query_tables_into(
         desc = np.empty((n_tables, len(kernels.DESCRIPTOR)), dtype=np.int64)
         for t, cache in enumerate(ours):
             desc[t] = cache._descriptor()
-        if lead is not None:  # one launch on the first cache's device (its lock is held too)
+        if lead is not None:  # one launch on the caches' GPU
             assert isinstance(lead._kernel, GpuProbe)
             with lead._scope:
                 result, miss_pos = run_tables(

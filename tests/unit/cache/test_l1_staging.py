@@ -42,32 +42,37 @@ def _model(tmp_path: Path, device: str = "auto", **extra: object) -> dict[str, o
 
 
 def _request(specs: list[TableSpec], caches: list[EmbeddingCache], keys: list[int]) -> None:
-    """One request through the pipeline's L1 probe (every table in one call)."""
+    """One request through the pipeline's L1 probe (every table with keys in one call)."""
     probed: list[Probed] = []
     k = v = 0
     for spec, cache, n in zip(specs, caches, keys, strict=True):
-        probed.append((spec, cache, k, n, v))
+        if n:
+            probed.append((spec, cache, k, n, v))
         k, v = k + n, v + n * spec.dim
     flat = np.random.default_rng(k).integers(0, 100, k, dtype=np.int64)
-    assert len(probe_l1(probed, flat, np.empty(v, np.float32))) == len(caches)
+    assert len(probe_l1(probed, flat, np.empty(v, np.float32))) == len(probed)
 
 
 def test_the_plan_counts_what_the_device_holds(cuda_lib: ctypes.CDLL, tmp_path: Path) -> None:
+    """The caches of a process share its GPU's device (``hps.cache.device.gpu_device``): one
+    set of buffers, whichever tables a request asks for."""
     cfg = make_config(tmp_path, models=[_model(tmp_path)])
     model = cfg.models[0]
     keys, dims = request_keys(model), [t.dim for t in model.tables]
     assert keys == [24, 8, 16]  # max_batch_size x keys per sample
     caches = [EmbeddingCache(d, 128) for d in dims]
-    devices = [on_emulated_gpu(c, cuda_lib) for c in caches]
+    device = EmulatedDevice(cuda_lib)
     for cache, dim in zip(caches, dims, strict=True):
+        on_emulated_gpu(cache, cuda_lib, device=device)
         cache.insert(np.arange(100, dtype=np.int64), np.ones((100, dim), np.float32))
     specs = model.tables
     _request(specs, caches, [2, 1, 1])  # a small request first: the buffers grow later
     _request(specs, caches, keys)
     _request(specs, caches, [5, 3, 7])  # smaller again: nothing grows
-    held = devices[0].held()
+    _request(specs, caches, [0, 8, 16])  # the first table left out: still the one set
+    _request(specs, caches, [0, 0, 16])
+    held = device.held()
     assert held == request_staging(keys, dims)
-    assert all(d.held() == Staging(0, 0) for d in devices[1:])  # one launch, the first's
 
     (gpu,) = l1_gpu(cfg, plan(cfg, {"m.a": 200, "m.b": 300, "m.c": 400}))
     assert (gpu.staging_pinned_bytes, gpu.staging_device_bytes) == (held.pinned, held.device)

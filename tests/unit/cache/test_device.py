@@ -1,0 +1,101 @@
+"""One staging device per GPU and process, shared by its caches (hps.cache.device)."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hps.cache import EmbeddingCache, device, kernels
+from hps.cache.calibrate import calibrate
+from hps.cache.device import Staging, gpu_device
+from hps.cache.kernels_cupy import GpuProbe
+from tests.helpers import make_config
+from tests.unit.cache.cuda_emulation import EmulatedDevice, on_emulated_gpu
+
+
+class _Recorded:
+    """Stands in for CupyDevice (no CuPy here): remembers its GPU."""
+
+    def __init__(self, gpu: int) -> None:
+        self.gpu = gpu
+
+
+def test_a_process_has_one_device_per_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device, "CupyDevice", _Recorded)
+    monkeypatch.setattr(device, "_gpu_devices", {})
+    first, again, other = gpu_device(0), gpu_device(0), gpu_device(1)
+    assert first is again and first is not other
+    assert (first.gpu, other.gpu) == (0, 1)
+
+
+def test_release_drops_the_buffers_and_the_next_call_grows_them(cuda_lib: ctypes.CDLL) -> None:
+    cache = EmbeddingCache(8, 64)
+    dev = on_emulated_gpu(cache, cuda_lib)
+    cache.insert(np.arange(10, dtype=np.int64), np.ones((10, 8), np.float32))
+    cache.query_into(np.arange(4, dtype=np.int64), np.empty((4, 8), np.float32))
+    assert dev.held() != Staging(0, 0)
+    dev.release()
+    assert dev.held() == Staging(0, 0)
+    out = np.empty((12, 8), np.float32)
+    misses, hits = cache.query_into(np.arange(12, dtype=np.int64), out)
+    assert (misses.tolist(), hits) == ([10, 11], 10)
+    assert (out[:10] == 1).all() and (out[10:] == 0).all()
+    assert dev.held() != Staging(0, 0)
+
+
+def test_caches_sharing_a_device_answer_right_from_two_threads(cuda_lib: ctypes.CDLL) -> None:
+    """The device's lock keeps one call's staging buffers from another's: two threads query
+    two caches on one device, each must read its own rows."""
+    shared = EmulatedDevice(cuda_lib)
+    caches = [EmbeddingCache(4, 256) for _ in range(2)]
+    for n, cache in enumerate(caches):
+        on_emulated_gpu(cache, cuda_lib, device=shared)
+        keys = np.arange(200, dtype=np.int64)
+        cache.insert(keys, (np.full((200, 4), n + 1) + keys[:, None]).astype(np.float32))
+    wrong: list[str] = []
+
+    def reader(n: int) -> None:
+        rng = np.random.default_rng(n)
+        for _ in range(30):
+            keys = rng.integers(0, 220, 1 + n * 50, dtype=np.int64)
+            out = np.empty((keys.size, 4), np.float32)
+            misses, _ = caches[n].query_into(keys, out)
+            want = np.where(keys < 200, keys + n + 1, 0).astype(np.float32)
+            missed = np.flatnonzero(keys >= 200).tolist()
+            if misses.tolist() != missed or (out != want[:, None]).any():
+                wrong.append(f"cache {n}: rows of another call")
+
+    threads = [threading.Thread(target=reader, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
+
+
+def test_calibration_leaves_no_staging_behind(
+    cuda_lib: ctypes.CDLL, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host path's buffers that a calibration grew are dropped: a CTR instance serves
+    with the rows on the device, whose buffers ``hps plan`` counts instead."""
+    shared = EmulatedDevice(cuda_lib)
+    monkeypatch.setattr(kernels, "kernel_for", lambda xp, device_id=None: GpuProbe(shared))
+    cfg = make_config(
+        tmp_path,
+        models=[
+            {
+                "model": "m",
+                "embedding_table_names": ["a", "b"],
+                "embedding_vecsize_per_table": [8, 4],
+                "max_batch_size": 16,
+            }
+        ],
+    )
+    assert calibrate(cfg.models[0], np, capacities=[64, 64], repeats=2) > 0
+    probes = [name for name in shared.launches if name.startswith("probe")]
+    assert probes == ["probe_gather_tables"] * 3  # one launch per request, on the GPU
+    assert shared.held() == Staging(0, 0)
