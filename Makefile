@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # base; g++ builds the GPU kernel's source for the CPU in tests/unit/cache)
 TEST_APT := podman runc mmdebstrap g++
 
-.PHONY: install serve test test-tools lint loadtest model-repository clean
+.PHONY: install serve test test-tools lint loadtest model-repository gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,20 @@ test: $(STAMP) test-tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy hps
 	$(BIN)/pytest -q --durations=15 tests
+
+# On a node with a GPU and CuPy (the `gpu` extra): the L1 tests on the GPU, then the GPU
+# rows of the cache benchmark at each issue size (docs/cache.md, "GPU kernels"). GPU_PYTHON:
+# an interpreter that has hps's dependencies, CuPy and pytest.
+GPU_PYTHON ?= $(BIN)/python
+gpu-check:
+	$(GPU_PYTHON) -m pytest -q -p no:cacheprovider tests/unit/cache tests/unit/test_index.py tests/unit/ctr
+	for dim in 16 64 128 256; do \
+	  $(GPU_PYTHON) -m hps.cli bench cache --mode throughput --device cupy --policies lru \
+	    --rows 4194304 --dim $$dim --tables 26 --batch-per-table 1024 || exit 1; done
+	$(GPU_PYTHON) -m hps.cli bench cache --mode throughput --device cupy --policies lru \
+	  --rows 4194304 --dim 128 --tables 1 --batch-per-table 2048
+	$(GPU_PYTHON) -m hps.cli bench cache --mode throughput --device cupy --policies lru \
+	  --rows 4194304 --dim 128 --tables 1 --batch-per-table 262144
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
