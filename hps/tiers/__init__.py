@@ -6,8 +6,9 @@
   how an edge (import, update, control-plane write) turns float32 into them.
 - :class:`RowStore` (:mod:`hps.tiers.rows`): one tier's rows, typed, over a backend; where
   a rule about stored rows (a version, later a row format or a model version) is written.
-- :mod:`hps.tiers.versions`: per-key update versions and partition watermarks beside the
-  data (what the Kafka applier writes through).
+- :mod:`hps.tiers.versions`: per-key update versions and key-bucket watermarks
+  (:mod:`hps.tiers.watermarks`) beside the data, in side tables
+  (:mod:`hps.tiers.side_tables`): what the Kafka applier writes through.
 
 Nothing outside this package and :mod:`hps.storage` imports a store backend, the store
 interface or the factory that opens them (tests/unit/test_layers.py checks it).

@@ -39,15 +39,9 @@ from hps.errors import (
 from hps.rowformat import FLOAT16_MAX, Stored
 from hps.storage import AccessMode, EmbeddingStore
 from hps.tiers.rows import Level, RowStore
-from hps.tiers.versions import (
-    VERSION_SUFFIX,
-    WATERMARK_SUFFIX,
-    VersionedRows,
-    Versions,
-    key_versions,
-    last_version,
-    side_table,
-)
+from hps.tiers.side_tables import Versions, side_table
+from hps.tiers.versions import VERSION_SUFFIX, VersionedRows, key_versions, last_version
+from hps.tiers.watermarks import WATERMARK_SUFFIX
 from hps.types import Keys, TableSpec, Vectors
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,8 @@ from hps.rowformat import FLOAT32, FORMATS
 from hps.storage import rocks_rows
 from hps.storage.rocks_db import RocksDBStore
 from hps.tiers import Tiers
-from hps.tiers.versions import VERSION_SUFFIX, RowVersions, to_limbs
+from hps.tiers.side_tables import to_limbs
+from hps.tiers.versions import VERSION_SUFFIX, RowVersions
 from hps.types import TableSpec, UpdateBatch
 from hps.updates.applier import Applier
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from hps.tiers.versions import from_limbs, to_limbs
+from hps.tiers.side_tables import from_limbs, to_limbs
 from hps.updates.partition import key_hash, partition_of, split_by_partition
 
 

@@ -13,15 +13,8 @@ from hps.storage.hash_map import HashMapStore
 from hps.storage.rocks_db import RocksDBStore
 from hps.tiers import Tiers
 from hps.tiers.rows import RowStore
-from hps.tiers.versions import (
-    ALL_BUCKETS,
-    BUCKETS,
-    VersionedRows,
-    Watermarks,
-    bucket_of,
-    key_versions,
-    last_version,
-)
+from hps.tiers.versions import VersionedRows, key_versions, last_version
+from hps.tiers.watermarks import ALL_BUCKETS, BUCKETS, Watermarks, bucket_of
 from hps.types import TableSpec, UpdateBatch
 from hps.updates.applier import Applier
 from hps.updates.partition import partition_of
