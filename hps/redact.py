@@ -24,6 +24,8 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar, cast
 
+from pydantic import BaseModel
+
 REDACTED = "<redacted>"
 
 SECRET_NAME_PATTERNS: tuple[str, ...] = (
@@ -84,7 +86,7 @@ def registered() -> frozenset[str]:
 def register_config(config: object) -> None:
     """Register every secret-named value of a config (a pydantic model or a mapping):
     the volatile_db password, the Kafka client's SASL/SSL secrets, ..."""
-    doc = config.model_dump(mode="json") if hasattr(config, "model_dump") else config
+    doc = config.model_dump(mode="json") if isinstance(config, BaseModel) else config
     _redact(doc)
 
 

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from hps.cache.cuda_probe import PROBE_SOURCE
 from hps.cache.cuda_write import WRITE_SOURCE
@@ -57,7 +58,7 @@ def kernel_source() -> str:
     return defines + PROBE_SOURCE + WRITE_SOURCE
 
 
-def tile_for(dim: Any) -> Any:
+def tile_for(dim: npt.ArrayLike) -> npt.NDArray[np.int_]:
     """Lanes per key for rows of ``dim`` (an int or an int array): 8 up to dim 32 (8
     vectors of 4), 16 up to 64, else a whole warp. Probes use 8 lanes (one group)."""
     return np.where(np.asarray(dim) <= 32, 8, np.where(np.asarray(dim) <= 64, 16, 32))

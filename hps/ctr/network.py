@@ -73,7 +73,7 @@ class DenseNetwork:
             if i < len(self.layers) - 1:
                 x = xp.maximum(x, 0)
         out = 1.0 / (1.0 + xp.exp(-x[:, 0]))
-        return np.asarray(out.get() if hasattr(out, "get") else out, dtype=np.float32)
+        return np.asarray(to_host(out), dtype=np.float32)
 
 
 def pool_embeddings(

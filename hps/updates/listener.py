@@ -33,6 +33,8 @@ from hps.updates.runtime import (
 from hps.updates.source import MessageSource
 
 if TYPE_CHECKING:
+    from confluent_kafka import Message
+
     from hps.lookup import LookupSession
 
 log = logging.getLogger(__name__)
@@ -102,7 +104,7 @@ def applied_by_group(committed: dict[tuple[str, int], int]) -> Callable[[Any], b
 
 
 def refresh_from(
-    msg: Any,
+    msg: Message,
     router: Router,
     refresher: L1Refresher,
     ahead_s: float,
