@@ -56,7 +56,8 @@ test: $(STAMP) test-tools
 
 # On a node with a GPU and CuPy (the `gpu` extra): the L1 tests on the GPU, then the GPU
 # rows of the cache benchmark at each issue size (docs/cache.md, "GPU kernels"). GPU_PYTHON:
-# an interpreter that has hps's dependencies, CuPy and pytest.
+# an interpreter with CuPy and what these need: numpy, numba, pydantic, rocksdict, pytest,
+# hypothesis, nvidia-cuda-nvrtc-cu12 (no servers, no Kafka or Redis clients).
 GPU_PYTHON ?= $(BIN)/python
 gpu-check:
 	$(GPU_PYTHON) -m pytest -q -p no:cacheprovider tests/unit/cache tests/unit/test_index.py tests/unit/ctr
