@@ -55,7 +55,7 @@ test: $(STAMP) test-tools
 	$(BIN)/pytest -q --durations=15 tests
 
 # On a node with a GPU and CuPy (the `gpu` extra): the L1 tests on the GPU, then the GPU
-# rows of the cache benchmark at each issue size (docs/cache.md, "GPU kernels"). GPU_PYTHON:
+# rows of the cache benchmark at the sizes docs/cache.md reports ("GPU kernels"). GPU_PYTHON:
 # an interpreter with CuPy and what these need: numpy, numba, pydantic, rocksdict, pytest,
 # hypothesis, nvidia-cuda-nvrtc-cu12 (no servers, no Kafka or Redis clients).
 GPU_PYTHON ?= $(BIN)/python
