@@ -15,7 +15,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from hps.types import Keys
 
@@ -37,7 +37,7 @@ class Refresher:
 
     def __init__(
         self,
-        caches: Mapping[str, Any],  # Refreshable; the session types its caches as L1Cache
+        caches: Mapping[str, Refreshable],
         refresh: RefreshFn,
         *,
         interval: float,
