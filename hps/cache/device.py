@@ -105,10 +105,11 @@ class Device(abc.ABC):
 
     def held(self) -> Staging:
         """Bytes its staging buffers hold now (pinned host, device)."""
-        return Staging(
-            pinned=sum(int(b.nbytes) for b in self._pinned.values()),
-            device=sum(int(b.nbytes) for b in self._buffers.values()),
-        )
+        with self.lock:
+            return Staging(
+                pinned=sum(int(b.nbytes) for b in self._pinned.values()),
+                device=sum(int(b.nbytes) for b in self._buffers.values()),
+            )
 
     @abc.abstractmethod
     def _alloc_pinned(self, nbytes: int) -> np.ndarray:
@@ -232,3 +233,12 @@ def gpu_device(device_id: int | None) -> CupyDevice:
         if device is None:
             device = _gpu_devices[device_id] = CupyDevice(device_id)
         return device
+
+
+def held_staging() -> Staging:
+    """What the process's GPU devices hold now, all GPUs together (per instance, what
+    ``hps plan`` predicts; exported as ``hps_l1_staging_bytes``)."""
+    with _gpu_devices_lock:
+        devices = list(_gpu_devices.values())
+    held = [device.held() for device in devices]
+    return Staging(sum(h.pinned for h in held), sum(h.device for h in held))

@@ -30,6 +30,10 @@ crashed the server. Sum over ``process`` for a model's totals. Families:
   :mod:`hps.cache.auto`); ``hps_l1_calibration_seconds{path}``: the medians that
   ``hps_cache.device: auto`` compared (``path`` ``cupy``, ``numpy``), when it calibrated.
   Set once, at start-up.
+- ``hps_l1_staging_bytes{memory}``: the bytes of the GPU host path's staging buffers this
+  process holds (``memory`` ``pinned``: page-locked host memory, ``device``: GPU memory;
+  :func:`hps.cache.device.held_staging`), what ``hps plan`` predicts per instance; sent when
+  it changes, never for an L1 on NumPy.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hps.cache.device import Staging, held_staging
 from hps.lookup import LEVELS
 from hps.updates.metrics import BUCKETS, BufferedRecorder
 
@@ -87,6 +92,11 @@ FAMILIES = {
         "GAUGE",
         "Median time of one request's L1 probe per path, timed at start-up (device: auto)",
     ),
+    "l1_staging": (
+        "hps_l1_staging_bytes",
+        "GAUGE",
+        "Bytes of the L1 GPU host path's staging buffers held by this process",
+    ),
 }
 BUCKETS_OF = {"latency": LATENCY_BUCKETS_US, "fresh": list(BUCKETS), "stage": list(BUCKETS)}
 
@@ -118,6 +128,7 @@ class MetricsExporter:
         self._latencies: list[float] = []
         self._requests = 0
         self._errors: dict[str, int] = {}
+        self._staging = Staging(0, 0)
         self._next = 0.0
 
     def _metric(self, family: str, **labels: str) -> Any:
@@ -165,6 +176,11 @@ class MetricsExporter:
             self._latencies.clear()
         if self.updates is not None:
             self._flush_updates(self.updates)
+        staging = held_staging()
+        if staging != self._staging:
+            self._metric("l1_staging", memory="pinned").set(staging.pinned)
+            self._metric("l1_staging", memory="device").set(staging.device)
+            self._staging = staging
         stats = self.session.stats()
         damaged = int(stats.get("l3_damaged_keys", 0))
         if damaged > self._damaged:

@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import pytest
+
+from hps.cache import device
+from hps.cache.device import Staging
 from hps.triton.model.metrics import LATENCY_BUCKETS_US, MetricsExporter
 
 
@@ -131,4 +135,31 @@ def test_the_l1_device_and_its_medians_are_exported() -> None:
     ((key, metric),) = values("hps_l1_device").items()
     assert dict(key)["device"] == "numpy" and dict(key)["reason"] == "no_gpu" and metric.value == 1
     assert values("hps_l1_calibration_seconds") == {}  # nothing was timed
+    exporter.close()
+
+
+class HeldStaging:
+    """Stands in for a GPU's staging device: holds what the test says."""
+
+    def __init__(self) -> None:
+        self.now = Staging(0, 0)
+
+    def held(self) -> Staging:
+        return self.now
+
+
+def test_the_gpu_staging_held_is_exported_when_it_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus = {0: HeldStaging(), 1: HeldStaging()}
+    monkeypatch.setattr(device, "_gpu_devices", gpus)
+    exporter = MetricsExporter(FakePbUtils, "emb", "emb_0_5", FakeSession(), interval=0.0)
+    exporter.flush()
+    assert values("hps_l1_staging_bytes") == {}  # an L1 on NumPy holds none: no series
+    gpus[0].now, gpus[1].now = Staging(8192, 16384), Staging(4096, 4096)
+    exporter.flush()
+    held = {dict(k)["memory"]: m.value for k, m in values("hps_l1_staging_bytes").items()}
+    assert held == {"pinned": 12288, "device": 20480}  # both GPUs of the process
+    gpus[1].now = Staging(0, 0)
+    exporter.flush()
+    held = {dict(k)["memory"]: m.value for k, m in values("hps_l1_staging_bytes").items()}
+    assert held == {"pinned": 8192, "device": 16384}
     exporter.close()
