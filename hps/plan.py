@@ -16,7 +16,8 @@ int8 ``dim + 8``) plus each tier's per-row overhead, which each backend declares
   L1 is or may be on a GPU also gets an :class:`L1GpuPlan`: per instance, its caches and the
   host path's staging buffers for a request of the configured size, device memory apart
   from pinned host memory (:func:`hps.cache.kernels_cupy.request_staging`, the sizing the
-  buffers grow by).
+  buffers grow by; one set per process and GPU, shared by its caches:
+  :func:`hps.cache.device.gpu_device`).
 - L2: the in-process ``hash_map``'s and the shared ``multi_process_hash_map``'s own
   ``bytes_per_row``; for Redis an estimate of its hash encoding (field, value and dict entry,
   rounded to jemalloc size classes; a sorted-set entry more when ``overflow_margin`` is set).
