@@ -23,6 +23,7 @@ def build_session(
     l3_mode: AccessMode = "read_write",
     with_cache: bool = True,
     device_id: int | None = None,
+    rows_on_device: bool = False,
 ) -> LookupSession:
     """Open the tiers (or take ready ones), build the L1 caches, then the session with both.
 
@@ -31,15 +32,16 @@ def build_session(
     the import commands need none). ``device_id`` places the L1 caches on that GPU (default:
     each model's first ``deployed_device_list`` entry). Each model's caches run where
     :func:`hps.cache.auto.choose_l1_device` says (``hps_cache.device: auto``: the faster of
-    CuPy and NumPy for its configured request, timed here); the choice is logged, one line
-    per model, and kept in ``session.l1_devices``.
+    CuPy and NumPy for its configured request, timed here, with the rows left on the GPU
+    where ``rows_on_device``: a CTR instance); the choice is logged, one line per model, and
+    kept in ``session.l1_devices``.
     """
     tiers = tiers if tiers is not None else Tiers.open(config, l3_mode=l3_mode)
     tiers.open_tables(t for m in config.models for t in m.tables)
     caches: dict[str, L1Cache] = {}
     devices: dict[str, L1Device] = {}
     if with_cache and any(m.gpucache for m in config.models):
-        caches, devices = _build_caches(config, tiers, device_id)
+        caches, devices = _build_caches(config, tiers, device_id, rows_on_device)
     return LookupSession(
         config.models,
         tiers,
@@ -50,7 +52,7 @@ def build_session(
 
 
 def _build_caches(
-    config: PSConfig, tiers: Tiers, device_id: int | None
+    config: PSConfig, tiers: Tiers, device_id: int | None, rows_on_device: bool
 ) -> tuple[dict[str, L1Cache], dict[str, L1Device]]:
     from hps.cache import build_cache, cache_capacity
     from hps.cache.auto import choose_l1_device
@@ -64,7 +66,9 @@ def _build_caches(
         device = model.deployed_device_list[0] if device_id is None else device_id
         rows = [table_rows(model, i, tiers.persistent) for i in range(len(model.tables))]
         capacities = [cache_capacity(model, n) for n in rows]
-        choice, xp = choose_l1_device(model, capacities=capacities, device_id=device)
+        choice, xp = choose_l1_device(
+            model, capacities=capacities, device_id=device, rows_on_device=rows_on_device
+        )
         log.info("%s", choice.message())
         devices[model.model] = choice
         for spec, capacity in zip(model.tables, capacities, strict=True):

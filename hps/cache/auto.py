@@ -4,8 +4,9 @@
 - ``auto``: without CuPy or a usable GPU, NumPy, and nothing is timed. With one, the host
   path on CuPy and the compiled CPU kernel on NumPy are both timed on a request of the
   model's configured size (:func:`hps.cache.calibrate.calibrate`: synthetic caches of its
-  tables, a few repetitions, the median each) and the faster one is chosen; a tie goes to
-  NumPy, which takes no GPU memory.
+  tables, a few repetitions, the median each; for a CTR instance with the rows left on the
+  GPU, as it serves them) and the faster one is chosen; a tie goes to NumPy, which takes no
+  GPU memory.
 
 The choice is an :class:`L1Device`. :func:`hps.build.build_session` logs its
 :meth:`L1Device.message` (one line per model) and keeps it in
@@ -66,12 +67,14 @@ def choose_l1_device(
     *,
     capacities: Sequence[int] | None = None,
     device_id: int | None = None,
+    rows_on_device: bool = False,
     cupy: Callable[[], ArrayModule | None] = usable_cupy,
     measure: Measure | None = None,
 ) -> tuple[L1Device, ArrayModule]:
     """The array module for ``model``'s L1 caches and the :class:`L1Device` that says why.
 
-    ``capacities`` (rows per table) and ``device_id`` shape the calibration; ``cupy`` finds
+    ``capacities`` (rows per table), ``device_id`` and ``rows_on_device`` (a CTR instance:
+    its rows stay on the GPU) shape the calibration; ``cupy`` finds
     CuPy on a usable GPU (``None``: none); ``measure`` times one request on an array module
     (default: :func:`hps.cache.calibrate.calibrate`). Tests inject the last two.
     """
@@ -89,7 +92,9 @@ def choose_l1_device(
         return L1Device(model.model, "numpy", "no_gpu"), np
 
     def calibrated(xp: ArrayModule) -> float:
-        return calibrate(model, xp, capacities=capacities, device_id=device_id)
+        return calibrate(
+            model, xp, capacities=capacities, device_id=device_id, rows_on_device=rows_on_device
+        )
 
     timed = measure if measure is not None else calibrated
     cupy_s, numpy_s = timed(cp), timed(np)

@@ -6,9 +6,10 @@ uniform keys over them (all hits); probed as serving probes it
 (:func:`hps.cache.many.probe_tables`, what ``hps.pipeline.probe_l1`` runs: every table in
 one call; on CuPy host keys in and rows into a host buffer, the host path of
 :mod:`hps.cache.kernels_cupy`). One untimed call first (it
-compiles or loads the kernels), then ``repeats`` timed ones: the median. On a GPU the
-staging buffers it grew are released afterwards: a CTR instance serves with its rows on the
-device, whose buffers differ from the host path's (``hps plan`` counts what serving holds).
+compiles or loads the kernels), then ``repeats`` timed ones: the median. With
+``rows_on_device`` (a CTR instance, which keeps a request's rows on the GPU and runs its
+network there) the GPU path writes the rows into a buffer on the GPU, as that instance
+serves; so the staging buffers a calibration grows are those its serving grows.
 
 The synthetic caches hold at most :data:`CALIBRATION_BYTES` of rows per model (at most
 :data:`MAX_ROWS` and at most the real capacity per table), so the rows do not fit in the
@@ -25,8 +26,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from hps.cache.embedding_cache import EmbeddingCache
-from hps.cache.kernels_cupy import GpuProbe
-from hps.cache.many import one_gpu, probe_tables
+from hps.cache.many import device_buffer, one_gpu, probe_tables
 from hps.config import ModelConfig
 from hps.types import ArrayModule
 
@@ -58,6 +58,7 @@ def calibrate(
     *,
     capacities: Sequence[int] | None = None,
     device_id: int | None = None,
+    rows_on_device: bool = False,
     repeats: int = REPEATS,
     timer: Timer = time.perf_counter,
     seed: int = 0,
@@ -65,7 +66,8 @@ def calibrate(
     """Median seconds of one request's L1 probe on ``xp`` (see the module docstring).
 
     ``capacities``: the real caches' rows per table (bounds the synthetic ones);
-    ``device_id``: the GPU (CuPy); ``timer``: a clock in seconds (tests pass a fake one).
+    ``device_id``: the GPU (CuPy); ``rows_on_device``: the rows stay on the GPU (a CTR
+    instance; NumPy ignores it); ``timer``: a clock in seconds (tests pass a fake one).
     """
     if repeats < 1:
         raise ValueError(f"calibration needs at least one repetition, got {repeats}")
@@ -93,16 +95,17 @@ def calibrate(
     sizes = counts * np.array(dims, dtype=np.int64)
     offsets = np.cumsum(sizes) - sizes
     request = np.concatenate(keys)
-    out = np.empty(int(sizes.sum()), dtype=np.float32)
-    probe = (caches, dims, request, bounds, out, offsets)
-    probe_tables(*probe)  # compiles or loads the kernels: not timed
+    lead = one_gpu(caches) if rows_on_device else None
+    n_out = int(sizes.sum())
+    out = np.empty(n_out, dtype=np.float32) if lead is None else device_buffer(lead, n_out)
+
+    def probe() -> None:
+        probe_tables(caches, dims, request, bounds, out, offsets, out_on_device=lead is not None)
+
+    probe()  # compiles or loads the kernels: not timed
     times = []
     for _ in range(repeats):
         start = timer()
-        probe_tables(*probe)
+        probe()
         times.append(timer() - start)
-    lead = one_gpu(caches)
-    if lead is not None:  # the GPU's shared staging: sized by serving, not by the host path here
-        assert isinstance(lead._kernel, GpuProbe)
-        lead._kernel.device.release()
     return float(statistics.median(times))

@@ -31,8 +31,9 @@ def open_session(
     :mod:`hps.topology`): a process that applies updates itself writes L3, unless another
     process holds the writer's lock (e.g. the old instance during a reload): then it follows
     it as a secondary. An instance of the CTR twin (``ctr``) opens it as the topology's
-    ``ctr_l3_mode`` says. ``device_id``: the GPU of the instance's L1 (default: the model's
-    first ``deployed_device_list`` entry)."""
+    ``ctr_l3_mode`` says, and keeps its rows on L1's GPU (so ``hps_cache.device: auto``
+    times that). ``device_id``: the GPU of the instance's L1 (default: the model's first
+    ``deployed_device_list`` entry)."""
     from hps.build import build_session
     from hps.errors import BackendError
     from hps.topology import topology
@@ -42,7 +43,7 @@ def open_session(
     mode = (placement.ctr_l3_mode if ctr else placement.l3_mode) or "read_write"
     fallback = None if ctr else placement.l3_fallback
     try:
-        return build_session(config, l3_mode=mode, device_id=device_id), mode
+        return build_session(config, l3_mode=mode, device_id=device_id, rows_on_device=ctr), mode
     except BackendError as exc:
         if fallback is None:
             raise

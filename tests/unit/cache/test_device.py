@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from hps.cache import EmbeddingCache, device, kernels
-from hps.cache.calibrate import calibrate
-from hps.cache.device import Staging, gpu_device
-from hps.cache.kernels_cupy import GpuProbe
+from hps.cache.calibrate import calibrate, request_keys
+from hps.cache.device import Staging, gpu_device, staging_nbytes
+from hps.cache.kernels_cupy import GpuProbe, request_staging, tables_layout
 from tests.helpers import make_config
 from tests.unit.cache.cuda_emulation import EmulatedDevice, on_emulated_gpu
 
@@ -77,11 +77,12 @@ def test_caches_sharing_a_device_answer_right_from_two_threads(cuda_lib: ctypes.
     assert wrong == []
 
 
-def test_calibration_leaves_no_staging_behind(
-    cuda_lib: ctypes.CDLL, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("rows_on_device", [False, True])
+def test_a_calibration_grows_what_serving_grows(
+    cuda_lib: ctypes.CDLL, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rows_on_device: bool
 ) -> None:
-    """The host path's buffers that a calibration grew are dropped: a CTR instance serves
-    with the rows on the device, whose buffers ``hps plan`` counts instead."""
+    """The GPU path is timed as the instance serves: rows back to the host (the embedding
+    model), or left on the GPU (a CTR instance); the staging it leaves is serving's."""
     shared = EmulatedDevice(cuda_lib)
     monkeypatch.setattr(kernels, "kernel_for", lambda xp, device_id=None: GpuProbe(shared))
     cfg = make_config(
@@ -95,7 +96,15 @@ def test_calibration_leaves_no_staging_behind(
             }
         ],
     )
-    assert calibrate(cfg.models[0], np, capacities=[64, 64], repeats=2) > 0
+    model = cfg.models[0]
+    seconds = calibrate(model, np, capacities=[64, 64], rows_on_device=rows_on_device, repeats=2)
+    assert seconds > 0
     probes = [name for name in shared.launches if name.startswith("probe")]
     assert probes == ["probe_gather_tables"] * 3  # one launch per request, on the GPU
-    assert shared.held() == Staging(0, 0)
+    keys, dims = request_keys(model), [t.dim for t in model.tables]
+    if not rows_on_device:
+        assert shared.held() == request_staging(keys, dims)
+        return
+    layout = tables_layout(sum(keys), len(keys), 0)  # no rows in the staging: misses, tallies
+    need = {"keys": layout.in_bytes, "out": layout.out_bytes}
+    assert shared.held() == staging_nbytes(need, need)

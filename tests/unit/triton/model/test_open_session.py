@@ -20,7 +20,7 @@ from hps.triton.model.session import instance_device, open_session
 from tests.helpers import make_config
 
 
-def _config(tmp_path: Path, dense_file: str) -> PSConfig:
+def _config(tmp_path: Path, dense_file: str, gpucache: bool = False) -> PSConfig:
     return make_config(
         tmp_path,
         models=[
@@ -31,7 +31,7 @@ def _config(tmp_path: Path, dense_file: str) -> PSConfig:
                 "maxnum_catfeature_query_per_table_per_sample": [2],
                 "default_value_for_each_table": [0.0],
                 "max_batch_size": 16,
-                "gpucache": False,
+                "gpucache": gpucache,
                 "dense_file": dense_file,
             }
         ],
@@ -82,3 +82,28 @@ def test_a_gpu_instance_keeps_its_l1_on_the_gpu_triton_placed_it_on() -> None:
     gpu = {"model_instance_kind": "GPU", "model_instance_device_id": "3"}
     assert instance_device(gpu) == 3
     assert instance_device({"model_instance_kind": "CPU", "model_instance_device_id": "0"}) is None
+
+
+def test_a_ctr_instance_times_its_l1_with_the_rows_kept_on_the_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``hps_cache.device: auto`` times the GPU path as the instance serves: a CTR instance
+    keeps the rows on the GPU (hps.cache.calibrate), the embedding model brings them back."""
+    import numpy as np
+
+    from hps.cache import auto
+    from hps.cache.auto import L1Device
+
+    asked: dict[bool, bool] = {}
+
+    def choose(model: object, *, rows_on_device: bool = False, **_: object) -> object:
+        asked[ctr] = rows_on_device
+        return L1Device("demo", "numpy", "no_gpu"), np
+
+    monkeypatch.setattr(auto, "choose_l1_device", choose)
+    config = _config(tmp_path, str(tmp_path / "dense.npz"), gpucache=True)
+    build_session(make_config(tmp_path), l3_mode="read_write").close()
+    for ctr in (False, True):
+        session, _ = open_session(config, config.model("demo"), ctr=ctr)
+        session.close()
+    assert asked == {False: False, True: True}
