@@ -58,11 +58,12 @@ def probe_tables(
 
 
 def one_gpu(caches: Sequence[object]) -> EmbeddingCache | None:
-    """The first of ``caches`` when they are all :class:`EmbeddingCache` on one GPU (one
-    launch probes them all, into a buffer of that GPU: :func:`query_tables_into`), else
-    ``None``."""
-    ours = [c for c in caches if isinstance(c, EmbeddingCache) and isinstance(c._kernel, GpuProbe)]
-    if not ours or len(ours) != len(caches) or len({c.device_id for c in ours}) > 1:
+    """The first of ``caches`` when they are all :class:`EmbeddingCache` on one GPU, that is
+    on its one shared device (:func:`hps.cache.device.gpu_device`; one launch probes them
+    all, into a buffer of that GPU: :func:`query_tables_into`), else ``None``."""
+    ours = [c for c in caches if isinstance(c, EmbeddingCache)]
+    probes = [c._kernel for c in ours if isinstance(c._kernel, GpuProbe)]
+    if not probes or len(probes) != len(caches) or len({id(p.device) for p in probes}) > 1:
         return None
     return ours[0]
 

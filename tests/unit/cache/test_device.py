@@ -13,6 +13,7 @@ from hps.cache import EmbeddingCache, device, kernels
 from hps.cache.calibrate import calibrate, request_keys
 from hps.cache.device import Staging, gpu_device, staging_nbytes
 from hps.cache.kernels_cupy import GpuProbe, request_staging, tables_layout
+from hps.cache.many import one_gpu
 from tests.helpers import make_config
 from tests.unit.cache.cuda_emulation import EmulatedDevice, on_emulated_gpu
 
@@ -108,3 +109,13 @@ def test_a_calibration_grows_what_serving_grows(
     layout = tables_layout(sum(keys), len(keys), 0)  # no rows in the staging: misses, tallies
     need = {"keys": layout.in_bytes, "out": layout.out_bytes}
     assert shared.held() == staging_nbytes(need, need)
+
+
+def test_one_launch_needs_one_shared_device(cuda_lib: ctypes.CDLL) -> None:
+    caches = [EmbeddingCache(4, 16) for _ in range(3)]
+    shared = on_emulated_gpu(caches[0], cuda_lib)
+    on_emulated_gpu(caches[1], cuda_lib, device=shared)
+    assert one_gpu(caches[:2]) is caches[0]
+    on_emulated_gpu(caches[2], cuda_lib)  # another GPU's device
+    assert one_gpu(caches) is None
+    assert one_gpu([caches[0], EmbeddingCache(4, 16)]) is None  # one on the host
