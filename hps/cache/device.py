@@ -97,12 +97,6 @@ class Device(abc.ABC):
             buf = self._buffers[name] = self._alloc_device(grown(nbytes))
         return buf[:nbytes]
 
-    def release(self) -> None:
-        """Drop the staging buffers (the next call allocates what it needs)."""
-        with self.lock:
-            self._pinned.clear()
-            self._buffers.clear()
-
     def held(self) -> Staging:
         """Bytes its staging buffers hold now (pinned host, device)."""
         with self.lock:

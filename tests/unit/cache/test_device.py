@@ -11,7 +11,7 @@ import pytest
 
 from hps.cache import EmbeddingCache, device, kernels
 from hps.cache.calibrate import calibrate, request_keys
-from hps.cache.device import Staging, gpu_device, staging_nbytes
+from hps.cache.device import gpu_device, staging_nbytes
 from hps.cache.kernels_cupy import GpuProbe, request_staging, tables_layout
 from hps.cache.many import one_gpu
 from tests.helpers import make_config
@@ -31,21 +31,6 @@ def test_a_process_has_one_device_per_gpu(monkeypatch: pytest.MonkeyPatch) -> No
     first, again, other = gpu_device(0), gpu_device(0), gpu_device(1)
     assert first is again and first is not other
     assert (first.gpu, other.gpu) == (0, 1)
-
-
-def test_release_drops_the_buffers_and_the_next_call_grows_them(cuda_lib: ctypes.CDLL) -> None:
-    cache = EmbeddingCache(8, 64)
-    dev = on_emulated_gpu(cache, cuda_lib)
-    cache.insert(np.arange(10, dtype=np.int64), np.ones((10, 8), np.float32))
-    cache.query_into(np.arange(4, dtype=np.int64), np.empty((4, 8), np.float32))
-    assert dev.held() != Staging(0, 0)
-    dev.release()
-    assert dev.held() == Staging(0, 0)
-    out = np.empty((12, 8), np.float32)
-    misses, hits = cache.query_into(np.arange(12, dtype=np.int64), out)
-    assert (misses.tolist(), hits) == ([10, 11], 10)
-    assert (out[:10] == 1).all() and (out[10:] == 0).all()
-    assert dev.held() != Staging(0, 0)
 
 
 def test_caches_sharing_a_device_answer_right_from_two_threads(cuda_lib: ctypes.CDLL) -> None:
