@@ -28,7 +28,7 @@ import threading
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 
@@ -38,6 +38,10 @@ if TYPE_CHECKING:
     import cupy
 
 MIN_BUFFER = 1 << 12
+
+KernelArgs: TypeAlias = tuple[Array | np.generic, ...]
+"""A launch's arguments: arrays of the device's ``xp``, NumPy scalars typed as the kernel's
+parameters (``numpy.uint64(0)`` for a null pointer)."""
 
 
 def grown(nbytes: int) -> int:
@@ -126,7 +130,7 @@ class Device(abc.ABC):
         """Set device bytes ``dst`` to zero, asynchronously."""
 
     @abc.abstractmethod
-    def launch(self, name: str, blocks: int, threads: int, args: tuple[Any, ...], *,
+    def launch(self, name: str, blocks: int, threads: int, args: KernelArgs, *,
                own_stream: bool = True) -> None:  # fmt: skip
         """Run kernel ``name`` of :func:`hps.cache.kernels_cupy.kernel_source` on the
         device's stream (``own_stream``) or on the current one (the stream of the cache's
@@ -193,7 +197,7 @@ class CupyDevice(Device):
     def zero(self, dst: Array) -> None:
         self.xp.cuda.runtime.memsetAsync(address(dst), 0, dst.nbytes, self.stream.ptr)
 
-    def launch(self, name: str, blocks: int, threads: int, args: tuple[Any, ...], *,
+    def launch(self, name: str, blocks: int, threads: int, args: KernelArgs, *,
                own_stream: bool = True) -> None:  # fmt: skip
         kernel = _module().get_function(name)
         if not own_stream:

@@ -12,7 +12,7 @@ Evictions still remove keys with ``KeyIndex.remove``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from hps.cache.rows import RowStore
 
 
-def _word(row_bytes: int, *arrays: Any) -> int:
+def _word(row_bytes: int, *arrays: Array) -> int:
     """The widest word (16, 4 or 1 bytes) that divides the row and every array's address."""
     for word in (16, 4):
         if row_bytes % word == 0 and all(address(a) % word == 0 for a in arrays):
@@ -58,8 +58,11 @@ class RowKernels:
         if n == 0:
             return rows
         row_bytes = store.fmt.row_bytes(store.dim)
-        src = NULL if values is None else xp.ascontiguousarray(values, dtype=store.fmt.dtype)
-        word = 1 if values is None else _word(row_bytes, src, store.values)
+        src: Array | np.uint64 = NULL
+        word = 1
+        if values is not None:
+            stored = xp.ascontiguousarray(values, dtype=store.fmt.dtype)
+            src, word = stored, _word(row_bytes, stored, store.values)
         mask = NULL if allow is None else xp.ascontiguousarray(allow).view(xp.uint8)
         index = store.index
         blocks, threads, tile = self._geometry(store, n)

@@ -24,14 +24,14 @@ and compile it with the real NVRTC (tests/unit/cache/test_kernel_nvrtc.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from hps.cache.cuda_probe import PROBE_SOURCE
 from hps.cache.cuda_write import WRITE_SOURCE
-from hps.cache.device import Device, Staging, address, staging_nbytes
+from hps.cache.device import Device, KernelArgs, Staging, address, staging_nbytes
 from hps.cache.kernels import DESCRIPTOR, FORMAT_CODES
 from hps.index import EMPTY, GROUP, TOMBSTONE
 from hps.types import Array
@@ -75,7 +75,7 @@ def _pad(nbytes: int) -> int:
 
 def kernel_arguments(rows: RowStore, keys: Array, out: Array, tick: int, counts: Array | None,
                      cap: int, miss: Array, tallies: Array, tile: int | None = None
-                     ) -> tuple[Any, ...]:  # fmt: skip
+                     ) -> KernelArgs:  # fmt: skip
     """``probe_gather``'s arguments in its order, for arrays of ``rows.xp`` (device arrays on
     a GPU; host arrays where tests run the source compiled for the CPU): the arena of stored
     rows with its width and format code (:data:`hps.cache.kernels.FORMAT_CODES`), whether

@@ -22,11 +22,10 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from hps.cache.device import Device
+from hps.cache.device import Device, KernelArgs
 from hps.cache.embedding_cache import EmbeddingCache
 from hps.cache.gpu_rows import RowKernels
 from hps.cache.kernels_cupy import GpuProbe, kernel_source
@@ -192,11 +191,11 @@ _C_TYPES = {
 }
 
 
-def _c_value(arg: Any) -> object:
+def _c_value(arg: Array | np.generic) -> object:
     """An array as its address, a NumPy scalar as the C type of its dtype."""
     if isinstance(arg, np.ndarray):
         return ctypes.c_void_p(arg.ctypes.data)
-    return _C_TYPES[arg.dtype](arg)
+    return _C_TYPES[arg.dtype](arg.item())
 
 
 class EmulatedDevice(Device):
@@ -228,7 +227,7 @@ class EmulatedDevice(Device):
     def zero(self, dst: Array) -> None:
         dst.fill(0)
 
-    def launch(self, name: str, blocks: int, threads: int, args: tuple[Any, ...], *,
+    def launch(self, name: str, blocks: int, threads: int, args: KernelArgs, *,
                own_stream: bool = True) -> None:  # fmt: skip
         self.launches.append(name)
         launch = getattr(self.lib, f"launch_{name}")
