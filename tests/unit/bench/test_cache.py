@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from hps.bench.cache import oracle_hit_rate, zipf_probabilities, zipf_stream
+from hps.bench.cache_hitrate import oracle_hit_rate, zipf_probabilities, zipf_stream
 from hps.cli import main
 
 
