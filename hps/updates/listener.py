@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from hps.config import PSConfig
 from hps.errors import FormatError, HPSError, RequestError
@@ -93,11 +93,11 @@ def start_l1_listener(
     return UpdateThread("hps-l1-listener", body, refresher)
 
 
-def applied_by_group(committed: dict[tuple[str, int], int]) -> Callable[[Any], bool]:
+def applied_by_group(committed: dict[tuple[str, int], int]) -> Callable[[object], bool]:
     """Whether the consumer group has committed past a (topic, partition, offset) token."""
 
-    def ready(token: Any) -> bool:
-        topic, partition, offset = token
+    def ready(token: object) -> bool:
+        topic, partition, offset = cast("tuple[str, int, int]", token)
         return committed.get((topic, partition), -1) > offset
 
     return ready
