@@ -219,30 +219,26 @@ def fill_rows(device: Device, out: Array, fills: Sequence[Fill]) -> None:
     if not fills:
         return
     with device.lock:
-        _fill_staged(device, out, fills)
-
-
-def _fill_staged(device: Device, out: Array, fills: Sequence[Fill]) -> None:
-    n_rows = sum(f.positions.size for f in fills)
-    rows_at = _pad(8 * n_rows)
-    staged = device.pinned("fill", fill_nbytes(n_rows, sum(f.rows.size for f in fills)))
-    staged[: 8 * n_rows].view(np.int64)[:] = np.concatenate([f.positions for f in fills])
-    flat = staged[rows_at:].view(np.float32)
-    e = 0
-    for f in fills:
-        flat[e : e + f.rows.size] = f.rows.reshape(-1)
-        e += f.rows.size
-    buf = device.buffer("fill", staged.size)
-    device.to_device(buf, staged)
-    positions, values = buf[: 8 * n_rows].view(np.int64), buf[rows_at:].view(np.float32)
-    p = e = 0
-    with device.on_stream():  # after the copy, before the buffer's next use
+        n_rows = sum(f.positions.size for f in fills)
+        rows_at = _pad(8 * n_rows)
+        staged = device.pinned("fill", fill_nbytes(n_rows, sum(f.rows.size for f in fills)))
+        staged[: 8 * n_rows].view(np.int64)[:] = np.concatenate([f.positions for f in fills])
+        flat = staged[rows_at:].view(np.float32)
+        e = 0
         for f in fills:
-            m = f.positions.size
-            view = out[f.offset : f.offset + f.n * f.dim].reshape(f.n, f.dim)
-            view[positions[p : p + m]] = values[e : e + m * f.dim].reshape(m, f.dim)
-            p, e = p + m, e + m * f.dim
-    device.synchronize()
+            flat[e : e + f.rows.size] = f.rows.reshape(-1)
+            e += f.rows.size
+        buf = device.buffer("fill", staged.size)
+        device.to_device(buf, staged)
+        positions, values = buf[: 8 * n_rows].view(np.int64), buf[rows_at:].view(np.float32)
+        p = e = 0
+        with device.on_stream():  # after the copy, before the buffer's next use
+            for f in fills:
+                m = f.positions.size
+                view = out[f.offset : f.offset + f.n * f.dim].reshape(f.n, f.dim)
+                view[positions[p : p + m]] = values[e : e + m * f.dim].reshape(m, f.dim)
+                p, e = p + m, e + m * f.dim
+        device.synchronize()
 
 
 def run_tables(
