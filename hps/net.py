@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import random
 import socket
+from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
+LOWEST_PORT = 10_000  # below: ports of well-known services are more likely
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
 def port_free(port: int, host: str = LOOPBACK) -> bool:
@@ -17,13 +21,36 @@ def port_free(port: int, host: str = LOOPBACK) -> bool:
     return True
 
 
+def listening_ports(span: int = 0) -> range | None:
+    """Ports for servers below the kernel's ephemeral range, leaving ``span`` above each
+    free of that range too; ``None`` where the range is unknown or too little lies below it.
+
+    A port the kernel hands out for ``bind(0)`` comes from the ephemeral range, the same
+    range every outgoing connection takes its local port from: between checking such a port
+    and a server binding it, any client on the machine may take it (seen: Triton's gRPC port
+    taken while the test's own clients connected). Below that range only servers bind."""
+    try:
+        low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    ports = range(LOWEST_PORT, low - span)
+    return ports if len(ports) >= 1000 else None
+
+
 def free_port(*, also_free_at: int = 0, host: str = LOOPBACK) -> int:
-    """A port free right now (racy by nature: use it at once). ``also_free_at``: an offset
-    whose port must be free too (Redis Cluster's bus port is the port + 10000)."""
+    """A port free right now (racy by nature: use it at once), below the ephemeral range
+    where it is known (:func:`listening_ports`). ``also_free_at``: an offset whose port must
+    be free too (Redis Cluster's bus port is the port + 10000)."""
+    ports = listening_ports(also_free_at)
     for _ in range(200):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            port = int(s.getsockname()[1])
+        if ports is not None:
+            port = random.choice(ports)
+            if not port_free(port, host):
+                continue
+        else:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((host, 0))
+                port = int(s.getsockname()[1])
         if not also_free_at:
             return port
         if port + also_free_at < 65536 and port_free(port + also_free_at, host):
