@@ -43,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hps.cache.kernels_cupy import Fill
-from hps.cache.many import device_buffer, fill_on_gpu, one_gpu, probe_tables
+from hps.cache.many import answer_buffer, fill_on_gpu, one_gpu, probe_tables
 from hps.config import ModelConfig
 from hps.dedup import unique_inverse
 from hps.errors import CircuitOpenError
@@ -139,7 +139,9 @@ class LookupPipeline:
         (:func:`hps.cache.many.one_gpu`), the vectors are answered in a buffer of that GPU
         (a CuPy array) and L1's rows never cross to the host: L1 writes them there, and the
         rows found below L1 (and those of tables without L1) go in with one copy for the
-        whole request. Otherwise, and by default, a host (NumPy) buffer.
+        whole request. Otherwise, and by default, a host (NumPy) buffer: where those caches
+        share a GPU, its device's pinned response buffer, which L1's rows reach in one copy
+        (:meth:`hps.cache.device.Device.response`).
         """
         out_size = sum(n * s.dim for s, n in zip(specs, counts, strict=True))
         probed: list[Probed] = []
@@ -154,9 +156,9 @@ class LookupPipeline:
                     probed.append((spec, cache, k, n, v))
             k += n
             v += n * spec.dim
-        cached = [self.caches[s.name] for s in specs if s.name in self.caches]
-        lead = one_gpu(cached) if on_gpu else None
-        out = np.empty(out_size, np.float32) if lead is None else device_buffer(lead, out_size)
+        gpu = one_gpu([self.caches[s.name] for s in specs if s.name in self.caches])
+        out = answer_buffer(gpu, out_size, on_device=on_gpu)  # host: pinned where L1 is a GPU's
+        lead = gpu if on_gpu else None
         fills: list[Fill] = []
 
         def place(v: int, n: int, dim: int, at: Keys | None, rows: Vectors, inv: Keys) -> None:

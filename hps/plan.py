@@ -14,10 +14,11 @@ int8 ``dim + 8``) plus each tier's per-row overhead, which each backend declares
   (``ModelConfig.instance_gpus``); with ``auto`` all on its first GPU where the start-up
   calibration picks CuPy (:mod:`hps.cache.auto`), else in host memory, as with NumPy. A model whose
   L1 is or may be on a GPU also gets an :class:`L1GpuPlan`: per instance, its caches and the
-  host path's staging buffers for a request of the configured size, device memory apart
-  from pinned host memory (:func:`hps.cache.kernels_cupy.request_staging`, the sizing the
-  buffers grow by; one set per process and GPU, shared by its caches:
-  :func:`hps.cache.device.gpu_device`).
+  staging buffers for a request of the configured size, device memory apart from pinned
+  host memory (:func:`hps.cache.kernels_cupy.request_staging`, the sizing the buffers grow
+  by; one set per process and GPU, shared by its caches: :func:`hps.cache.device.gpu_device`):
+  those of the host path for ``auto``'s ``KIND_CPU`` instances, those of rows kept on the
+  GPU for ``cupy``'s ``KIND_GPU`` ones (which answer there) and for CTR instances.
 - L2: the in-process ``hash_map``'s and the shared ``multi_process_hash_map``'s own
   ``bytes_per_row``; for Redis an estimate of its hash encoding (field, value and dict entry,
   rounded to jemalloc size classes; a sorted-set entry more when ``overflow_margin`` is set).
@@ -104,10 +105,11 @@ def _cache_memory(model: ModelConfig) -> str:
 class L1GpuPlan:
     """A model's L1 on a GPU (``hps_cache.device`` ``cupy``, or ``auto``: where start-up
     picks CuPy), per Triton instance: its caches in device memory (every table's
-    :func:`hps.cache.cache_nbytes`) and the host path's staging buffers, sized for a request
-    of the configured size (``request_keys``: :func:`hps.cache.calibrate.request_keys`) as
-    they grow (:func:`hps.cache.kernels_cupy.request_staging`): device memory and pinned
-    (page-locked) host memory."""
+    :func:`hps.cache.cache_nbytes`) and its staging buffers (the host path's, or with
+    ``cupy`` those of rows kept on the GPU), sized for a request of the configured size
+    (``request_keys``: :func:`hps.cache.calibrate.request_keys`) as they grow
+    (:func:`hps.cache.kernels_cupy.request_staging`): device memory and pinned (page-locked)
+    host memory."""
 
     model: str
     device: str  # hps_cache.device: "cupy" | "auto"
@@ -133,7 +135,8 @@ def l1_gpu(config: PSConfig, plans: list[TablePlan]) -> list[L1GpuPlan]:
         names = {t.name for t in model.tables}
         mine = [p for p in plans if p.table in names]
         keys, dims = request_keys(model), [t.dim for t in model.tables]
-        staging = request_staging(keys, dims)
+        # KIND_GPU instances (cupy) answer on their GPU, auto's KIND_CPU ones on the host
+        staging = request_staging(keys, dims, rows_on_device=bool(model.instance_gpus))
         ctr = request_staging(keys, dims, rows_on_device=True) if model.serves_ctr else None
         caches = sum(p.cache_bytes for p in mine)
         devices = len(model.instance_gpus) or 1

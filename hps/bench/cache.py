@@ -31,9 +31,10 @@ caches of ``--rows`` / ``--tables`` rows each, ``--batch-per-table`` keys from e
 
 With ``--device cupy`` (or ``auto`` on a GPU) the same run also prints the GPU's own rows
 (:mod:`hps.bench.cache_gpu`): the kernel alone against a raw take on the device
-(``query_device``), ``query_into`` against its host-path floor (``query_host_floor``), against
-the CPU kernel on the same batch (``query_vs_cpu``), and the many-table call against one call
-per table (``query_tables``). Every row names the device it ran on (``device_name``).
+(``query_device``), ``query_into`` against its host-path floor (``query_host_floor``) and
+into an ordinary buffer (``query_host_pinned``), against the CPU kernel on the same batch
+(``query_vs_cpu``), and the many-table call against one call per table (``query_tables``).
+Every row names the device it ran on (``device_name``).
 """
 
 from __future__ import annotations

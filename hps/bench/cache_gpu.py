@@ -7,9 +7,12 @@ on the same batch:
 - ``query_device``: the probe+gather kernel alone (keys already on the device, rows left
   there: :meth:`hps.cache.kernels_cupy.GpuProbe.on_device`) against a raw ``take`` of the
   same rows at precomputed indices into a device buffer;
-- ``query_host_floor``: ``query_into`` as serving calls it (host keys in, rows into a host
-  buffer) against its floor: the keys copied into pinned memory and to the device, the raw
-  take, the rows back into pinned memory;
+- ``query_host_floor``: ``query_into`` as serving calls it (host keys in, rows into the
+  device's pinned response buffer, where the pipeline's host answers go) against its floor:
+  the keys copied into pinned memory and to the device, the raw take, the rows back into
+  pinned memory;
+- ``query_host_pinned``: the same call against one into an ordinary (pageable) buffer of
+  the same shape, which the driver stages: what the response buffer gains;
 - ``query_vs_cpu``: ``query_into`` on the GPU against the compiled CPU kernel on a NumPy
   cache of the same rows (``ratio`` > 1: the GPU is faster);
 - ``query_tables`` (``--tables`` > 1): the many-table call (one launch for all tables:
@@ -26,6 +29,7 @@ import argparse
 import functools
 import platform
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,6 +37,9 @@ from hps.cache.embedding_cache import EmbeddingCache
 from hps.cache.kernels_cupy import GpuProbe
 from hps.cache.many import query_tables_into
 from hps.types import JSON, ArrayModule
+
+if TYPE_CHECKING:
+    import cupy
 
 
 @functools.lru_cache(maxsize=4)
@@ -85,12 +92,34 @@ def gpu_rows(
 
     t_dev, t_take = time_them([device_only, raw_take])
     yield row("query_device", t_dev, t_take)
+    yield from _host(xp, time_them, row, cache, cpu_cache, batch, keys_d, idx_d, taken)
+    if args.tables > 1:  # after _host: its answer no longer holds the response buffer
+        yield from _tables(args, xp, time_them, row, cache, batch)
 
+
+def _host(
+    xp: ArrayModule,
+    time_them: Timer,
+    row: Row,
+    cache: EmbeddingCache,
+    cpu_cache: EmbeddingCache,
+    batch: np.ndarray,
+    keys_d: cupy.ndarray,
+    idx_d: cupy.ndarray,
+    taken: cupy.ndarray,
+) -> Iterator[JSON]:
+    """The host path's rows: ``query_into`` into the response buffer against its floor
+    (``keys_d``, ``idx_d``, ``taken``: the batch's keys, row indices and a buffer of its
+    stored rows on the device), against an ordinary buffer and against the CPU kernel."""
     import cupyx
 
+    probe = cache._kernel
+    assert isinstance(probe, GpuProbe)
+    n, dim, rows = batch.size, cache.dim, cache._rows
     keys_pinned = cupyx.empty_pinned(n, dtype=np.int64)
     rows_pinned = cupyx.empty_pinned((n, rows.width), dtype=rows.values.dtype)
-    out = np.empty((n, dim), dtype=np.float32)
+    out = probe.device.response(n * dim).reshape(n, dim)
+    pageable = np.empty((n, dim), dtype=np.float32)
 
     def host_path() -> None:
         cache.query_into(batch, out)
@@ -104,14 +133,17 @@ def gpu_rows(
     t_host, t_floor = time_them([host_path, floor])
     yield row("query_host_floor", t_host, t_floor)
 
+    def host_pageable() -> None:
+        cache.query_into(batch, pageable)
+
+    t_host, t_pageable = time_them([host_path, host_pageable])
+    yield row("query_host_pinned", t_host, t_pageable)
+
     def cpu_kernel() -> None:
-        cpu_cache.query_into(batch, out)
+        cpu_cache.query_into(batch, pageable)
 
     t_host, t_cpu = time_them([host_path, cpu_kernel])
     yield row("query_vs_cpu", t_host, t_cpu) | {"cpu": device_name(np)}
-
-    if args.tables > 1:
-        yield from _tables(args, xp, time_them, row, cache, batch)
 
 
 def _tables(
@@ -138,7 +170,9 @@ def _tables(
     flat = request.reshape(-1)
     bounds = np.stack([np.arange(n_tables) * per, np.arange(1, n_tables + 1) * per], axis=1)
     offsets = np.arange(n_tables, dtype=np.int64) * per * dim
-    out = np.empty(flat.size * dim, dtype=np.float32)
+    probe = cache._kernel
+    assert isinstance(probe, GpuProbe)
+    out = probe.device.response(flat.size * dim)  # as the pipeline answers
     views = [out[o : o + per * dim].reshape(per, dim) for o in offsets.tolist()]
 
     def many() -> None:

@@ -4,8 +4,8 @@ Per table of the model, a synthetic cache of the table's dim, row format and pol
 keys ``0 .. rows - 1``; a request of the model's configured size (:func:`request_keys`) of
 uniform keys over them (all hits); probed as serving probes it
 (:func:`hps.cache.many.probe_tables`, what ``hps.pipeline.probe_l1`` runs: every table in
-one call; on CuPy host keys in and rows into a host buffer, the host path of
-:mod:`hps.cache.kernels_cupy`). One untimed call first (it
+one call; on CuPy host keys in and rows into the device's pinned response buffer, the host
+path of :mod:`hps.cache.kernels_cupy` as the pipeline answers). One untimed call first (it
 compiles or loads the kernels), then ``repeats`` timed ones: the median. With
 ``rows_on_device`` (a CTR instance, which keeps a request's rows on the GPU and runs its
 network there) the GPU path writes the rows into a buffer on the GPU, as that instance
@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from hps.cache.embedding_cache import EmbeddingCache
-from hps.cache.many import device_buffer, one_gpu, probe_tables
+from hps.cache.many import answer_buffer, one_gpu, probe_tables
 from hps.config import ModelConfig
 from hps.types import ArrayModule
 
@@ -95,12 +95,12 @@ def calibrate(
     sizes = counts * np.array(dims, dtype=np.int64)
     offsets = np.cumsum(sizes) - sizes
     request = np.concatenate(keys)
-    lead = one_gpu(caches) if rows_on_device else None
-    n_out = int(sizes.sum())
-    out = np.empty(n_out, dtype=np.float32) if lead is None else device_buffer(lead, n_out)
+    lead = one_gpu(caches)
+    on_device = rows_on_device and lead is not None
+    out = answer_buffer(lead, int(sizes.sum()), on_device=on_device)
 
     def probe() -> None:
-        probe_tables(caches, dims, request, bounds, out, offsets, out_on_device=lead is not None)
+        probe_tables(caches, dims, request, bounds, out, offsets, out_on_device=on_device)
 
     probe()  # compiles or loads the kernels: not timed
     times = []

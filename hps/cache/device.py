@@ -2,15 +2,18 @@
 
 A :class:`Device` keeps named pinned host buffers and device buffers that grow geometrically
 (to the next power of two of what a call needs) and are never allocated per call, plus one
-CUDA stream. A process has one per GPU (:func:`gpu_device`), shared by every cache on that
-GPU, so what it holds is what the largest request needed, whichever tables that request
-asked for: the figure ``hps plan`` prints per instance. A call that stages holds the
-device's :attr:`Device.lock` from its first buffer to its wait (taken after the caches'
-locks, never before them). A query copies its keys into
-pinned memory, sends them with one asynchronous copy, launches the kernel and brings the rows
-(and the miss list and tallies after them) back with one asynchronous copy into pinned
-memory, on that stream; the host waits once, then copies the rows once into the caller's
-buffer (:mod:`hps.cache.kernels_cupy`).
+CUDA stream and one pinned response buffer (:meth:`Device.response`). A process has one per
+GPU (:func:`gpu_device`), shared by every cache on that GPU, so what it holds is what the
+largest request needed, whichever tables that request asked for: the figure ``hps plan``
+prints per instance. A call that stages holds the device's :attr:`Device.lock` from its
+first buffer to its wait (taken after the caches' locks, never before them).
+
+A query copies its keys into pinned memory, sends them with one asynchronous copy, launches
+the kernel, brings the rows straight into the caller's buffer and the miss list and tallies
+into pinned memory, on that stream; the host waits once (:mod:`hps.cache.kernels_cupy`).
+Where the answer leaves the process the caller's buffer is the response buffer (the
+pipeline's host answers), so the rows cross the bus once, at its pinned speed, and no host
+copy follows.
 
 :class:`CupyDevice` is the real one. A launch on its stream first waits for what the current
 stream (where the cache's own array operations run: inserts, evictions) has queued, and the
@@ -25,6 +28,7 @@ import abc
 import contextlib
 import functools
 import threading
+import weakref
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -84,6 +88,9 @@ class Device(abc.ABC):
         self.lock = threading.Lock()  # held by a call from its first staging buffer to its wait
         self._pinned: dict[str, np.ndarray] = {}
         self._buffers: dict[str, Array] = {}
+        self._response_lock = threading.Lock()
+        self._response: np.ndarray | None = None
+        self._response_out = False  # an answer in the response buffer is still referenced
 
     def pinned(self, name: str, nbytes: int) -> np.ndarray:
         """Pinned host bytes ``[nbytes]`` of the buffer ``name`` (grown when too small)."""
@@ -101,17 +108,47 @@ class Device(abc.ABC):
             buf = self._buffers[name] = self._alloc_device(grown(nbytes))
         return buf[:nbytes]
 
+    def response(self, n: int) -> np.ndarray:
+        """A float32 ``[n]`` host buffer for an answer that leaves the process (Triton
+        copies it into its response): a view of the device's one pinned response buffer
+        (grown as :meth:`pinned` grows), which the rows reach in one copy from the device.
+
+        The buffer stays reserved until the last view of the returned array is gone (a
+        DLPack consumer such as Triton's output tensor holds one until it has copied it), so
+        no later answer overwrites one still being sent. A call that finds it reserved
+        (another thread's answer still alive) gets ordinary memory instead: the device holds
+        one response buffer, never one per request."""
+        nbytes = 4 * n
+        with self._response_lock:
+            if self._response_out or n == 0:
+                return np.empty(n, np.float32)
+            if self._response is None or self._response.size < nbytes:
+                self._response = None  # freed before the larger one is allocated
+                self._response = self._alloc_pinned(grown(nbytes))
+            self._response_out = True
+            # frombuffer over a memoryview: every view of ``rows`` keeps ``rows`` itself
+            # alive (NumPy stops collapsing bases at a non-array), so its end is the answer's
+            rows = np.frombuffer(self._response.data[:nbytes], dtype=np.float32)
+        weakref.finalize(rows, self._response_back)
+        return rows
+
+    def _response_back(self) -> None:
+        self._response_out = False  # no lock: a finalizer may run inside response()
+
     def held(self) -> Staging:
-        """Bytes its staging buffers hold now (pinned host, device)."""
+        """Bytes its staging buffers hold now (pinned host, device), the response buffer
+        with the pinned ones."""
         with self.lock:
+            response = self._response
             return Staging(
-                pinned=sum(int(b.nbytes) for b in self._pinned.values()),
+                pinned=sum(int(b.nbytes) for b in self._pinned.values())
+                + (0 if response is None else int(response.nbytes)),
                 device=sum(int(b.nbytes) for b in self._buffers.values()),
             )
 
     @abc.abstractmethod
     def _alloc_pinned(self, nbytes: int) -> np.ndarray:
-        """``nbytes`` of pinned host memory (uint8)."""
+        """``nbytes`` of pinned host memory (uint8), freed when the array is."""
 
     @abc.abstractmethod
     def _alloc_device(self, nbytes: int) -> Array:
@@ -123,7 +160,8 @@ class Device(abc.ABC):
 
     @abc.abstractmethod
     def to_host(self, dst: np.ndarray, src: Array) -> None:
-        """Copy device ``src`` to host ``dst`` (pinned, same size), asynchronously."""
+        """Copy device bytes ``src`` to host bytes ``dst`` (uint8, same size): asynchronously
+        into pinned memory; into pageable memory the driver stages it and the call waits."""
 
     @abc.abstractmethod
     def zero(self, dst: Array) -> None:
@@ -176,10 +214,12 @@ class CupyDevice(Device):
         return self._stream
 
     def _alloc_pinned(self, nbytes: int) -> np.ndarray:
-        import cupyx
-
-        host: np.ndarray = cupyx.empty_pinned(nbytes, dtype=np.uint8)
-        return host
+        # not from CuPy's pinned pool, which keeps every freed block: a buffer that grew
+        # gives its old memory back, so what held() counts is what is pinned
+        cuda = self.xp.cuda
+        pinned = cuda.PinnedMemory(nbytes, cuda.runtime.hostAllocPortable)  # as CuPy's own
+        memory = cuda.PinnedMemoryPointer(pinned, 0)
+        return np.ndarray((nbytes,), dtype=np.uint8, buffer=memory)
 
     def _alloc_device(self, nbytes: int) -> Array:
         return self.xp.empty(nbytes, dtype=self.xp.uint8)  # 256-byte aligned

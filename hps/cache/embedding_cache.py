@@ -186,7 +186,8 @@ class EmbeddingCache:
             return self.fmt.decode(to_host(out), self.dim), to_host(hit)
 
     def query_into(self, keys: Keys, out: np.ndarray) -> tuple[np.ndarray, int]:
-        """Rows of ``keys`` (duplicates allowed) written into ``out[len(keys), dim]`` in order.
+        """Rows of ``keys`` (duplicates allowed) written into ``out[len(keys), dim]`` in order
+        (float32, C-contiguous).
 
         Returns the positions of the misses (their rows are zeros) and the number of
         distinct keys hit. The cache ends up exactly as after ``query(uniq, inverse)`` of the
@@ -196,6 +197,8 @@ class EmbeddingCache:
         keys = np.ascontiguousarray(_host_keys(keys))
         if out.shape != (keys.size, self.dim) or out.dtype != np.float32:
             raise ShapeError(f"L1 {self.name}: output {out.shape} {out.dtype} for {keys.size} keys")
+        if not out.flags.c_contiguous:  # the GPU copies the rows into it as one block
+            raise ShapeError(f"L1 {self.name}: the output must be C-contiguous")
         if self._kernel is None:
             uniq, inverse = unique_inverse(keys)
             values, hit = self.query(uniq, inverse)

@@ -9,9 +9,12 @@ Ticks, distinct hits, saturating counts and misses (returned in request order) k
 contract of the CPU kernel; hits and misses are counted per warp, one atomic per warp.
 
 The host path (:class:`GpuProbe`, :func:`run_tables`) runs on a :class:`hps.cache.device.Device`:
-keys go into a pinned staging buffer and to the device in one asynchronous copy; the rows,
-the miss list and the tallies come back in one asynchronous copy into pinned memory; the
-host waits once and copies the rows once into the caller's buffer. Staging buffers and the
+keys go into a pinned staging buffer and to the device in one asynchronous copy; the rows
+come back in one copy straight into the caller's buffer (one per run of adjacent tables),
+the miss list and the tallies in one more into pinned memory; the host waits once. Where
+the answer leaves the process the caller's buffer is the device's pinned response buffer
+(:meth:`hps.cache.device.Device.response`), so the rows cross the bus at its pinned speed
+and no host copy follows. Staging buffers and the
 stream are the GPU's (one device per GPU and process, shared by its caches, held under its
 lock by each call), reused and grown, never allocated per call.
 
@@ -120,12 +123,12 @@ class GpuProbe:
             self.on_device(rows, keys_d.view(np.int64), result[:row_bytes].view(np.float32),
                            tick, counts, cap, result[miss_at:tally_at].view(np.int64),
                            result[tally_at:].view(np.uint64))  # fmt: skip
-            back = dev.pinned("out", tally_at + 16)
-            dev.to_host(back, result)
+            dev.to_host(out.reshape(-1).view(np.uint8), result[:row_bytes])  # C-contiguous
+            back = dev.pinned("out", tally_at + 16 - miss_at)
+            dev.to_host(back, result[miss_at:])
             dev.synchronize()
-            out[...] = back[:row_bytes].view(np.float32).reshape(out.shape)  # the one host copy
-            n_miss, n_hit = (int(t) for t in back[tally_at:].view(np.uint64))
-            return np.sort(back[miss_at:tally_at].view(np.int64)[:n_miss]), n_hit
+            n_miss, n_hit = (int(t) for t in back[tally_at - miss_at :].view(np.uint64))
+            return np.sort(back[: 8 * n].view(np.int64)[:n_miss]), n_hit
 
     def on_device(self, rows: RowStore, keys: Array, out: Array, tick: int,
                   counts: Array | None, cap: int, miss: Array, tallies: Array) -> None:  # fmt: skip
@@ -170,9 +173,12 @@ def request_staging(
 ) -> Staging:
     """The staging buffers a GPU's shared :class:`Device` holds once it ran requests of
     ``keys[t]`` keys for tables of dimension ``dims[t]`` (at most; one launch per request,
-    :func:`run_tables`): a pinned and a device buffer each for the keys in and the results
-    out, grown to powers of two (:func:`hps.cache.device.staging_nbytes`). ``hps plan``
-    prints it per Triton instance.
+    :func:`run_tables`), grown to powers of two (:func:`hps.cache.device.staging_nbytes`):
+    a pinned and a device buffer for the keys in; a device buffer for the results out (the
+    rows, then the misses and tallies) and a pinned one for the misses and tallies; and the
+    pinned response buffer the rows come back to (:meth:`hps.cache.device.Device.response`,
+    the pipeline's host answers, one at a time as Triton schedules an instance's requests).
+    ``hps plan`` prints it per Triton instance.
 
     ``rows_on_device`` (the CTR model's lookups, :func:`fill_rows`): the rows stay on the
     device, so the results out are the misses and tallies alone, a pair of ``fill`` buffers
@@ -185,8 +191,11 @@ def request_staging(
     rows = 4 * sum(int(k) * int(d) for k, d in zip(keys, dims, strict=True))
     if not rows_on_device:
         layout = tables_layout(n, len(keys), rows)
-        need = {"keys": layout.in_bytes, "out": layout.out_bytes}
-        return staging_nbytes(pinned=need, device=need)
+        return staging_nbytes(
+            pinned={"keys": layout.in_bytes, "out": layout.out_bytes - layout.miss_at,
+                    "response": rows},
+            device={"keys": layout.in_bytes, "out": layout.out_bytes},
+        )  # fmt: skip
     layout = tables_layout(n, len(keys), 0)
     need = {"keys": layout.in_bytes, "out": layout.out_bytes, "fill": fill_nbytes(n, rows // 4)}
     staged = staging_nbytes(pinned=need, device=need)
@@ -289,25 +298,26 @@ def run_tables(
                 result[miss_at:tally_at].view(np.int64),
                 result[tally_at:].view(np.uint64))  # fmt: skip
         device.launch("probe_gather_tables", blocks_for(int(warps.sum())), THREADS, args)
-        back = device.pinned("out", result.size)
-        device.to_host(back, result)
+        if not out_on_device:  # the rows straight into the caller's buffer
+            flat = out.view(np.uint8)
+            for a, b in _runs(out_offsets, ends):
+                device.to_host(flat[4 * a : 4 * b], result[4 * a : 4 * b])
+        back = device.pinned("out", out_bytes - miss_at)
+        device.to_host(back, result[miss_at:])
         device.synchronize()
-        if not out_on_device:
-            _rows_into(out, back[:row_bytes].view(np.float32), out_offsets, ends)
-        tallies = back[tally_at:].view(np.uint64).reshape(n_tables, 2).astype(np.int64)
-        miss_pos = back[miss_at:tally_at].view(np.int64).copy()
+        tallies = back[tally_at - miss_at :].view(np.uint64).reshape(n_tables, 2).astype(np.int64)
+        miss_pos = back[: tally_at - miss_at].view(np.int64).copy()
     for first, n_miss in zip(lo.tolist(), tallies[:, 0].tolist(), strict=True):
         miss_pos[first : first + n_miss].sort()
     return tallies, miss_pos
 
 
-def _rows_into(out: np.ndarray, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
-    """Copy the tables' spans ``[starts[t], ends[t])`` of ``rows`` into ``out``: one copy per
-    run of adjacent tables, so the gaps between them in ``out`` are left alone."""
+def _runs(starts: np.ndarray, ends: np.ndarray) -> list[tuple[int, int]]:
+    """The tables' spans ``[starts[t], ends[t])`` merged into runs of adjacent tables: one
+    copy each, so the gaps between them in the caller's buffer are left alone."""
     order = np.argsort(starts, kind="stable")
     first, stops = starts[order], ends[order]
     new = np.ones(first.size, dtype=bool)
     new[1:] = first[1:] != stops[:-1]
     runs = np.maximum.reduceat(stops, np.flatnonzero(new))
-    for a, b in zip(first[new].tolist(), runs.tolist(), strict=True):
-        out[a:b] = rows[a:b]
+    return list(zip(first[new].tolist(), runs.tolist(), strict=True))

@@ -68,8 +68,16 @@ def one_gpu(caches: Sequence[object]) -> EmbeddingCache | None:
     return ours[0]
 
 
-def device_buffer(lead: EmbeddingCache, n: int) -> Array:
-    """An uninitialised float32 buffer of ``n`` elements on ``lead``'s GPU."""
+def answer_buffer(lead: EmbeddingCache | None, n: int, *, on_device: bool = False) -> Array:
+    """An uninitialised flat float32 buffer for a request's ``n`` answered elements. With
+    ``lead`` (:func:`one_gpu` of the request's caches): on its GPU (``on_device``, a CuPy
+    array), else its device's pinned response buffer, which the rows reach in one copy
+    (:meth:`hps.cache.device.Device.response`). Without: ordinary host memory."""
+    if lead is None:
+        return np.empty(n, dtype=np.float32)
+    assert isinstance(lead._kernel, GpuProbe)
+    if not on_device:
+        return lead._kernel.device.response(n)
     with lead._scope:
         rows: Array = lead.xp.empty(n, dtype=np.float32)
     return rows

@@ -18,6 +18,7 @@ from hps.cache import EmbeddingCache, cache_capacity
 from hps.cache.calibrate import request_keys
 from hps.cache.device import MIN_BUFFER, Staging, grown, staging_nbytes
 from hps.cache.kernels_cupy import Fill, fill_rows, request_staging, tables_layout
+from hps.cache.many import answer_buffer, one_gpu
 from hps.pipeline import Probed, probe_l1
 from hps.plan import gpu_lines, l1_gpu, plan, to_json
 from hps.topology import topology
@@ -50,7 +51,8 @@ def _request(specs: list[TableSpec], caches: list[EmbeddingCache], keys: list[in
             probed.append((spec, cache, k, n, v))
         k, v = k + n, v + n * spec.dim
     flat = np.random.default_rng(k).integers(0, 100, k, dtype=np.int64)
-    assert len(probe_l1(probed, flat, np.empty(v, np.float32))) == len(probed)
+    out = answer_buffer(one_gpu(caches), v)  # the pipeline's host answer
+    assert len(probe_l1(probed, flat, out)) == len(probed)
 
 
 def test_the_plan_counts_what_the_device_holds(cuda_lib: ctypes.CDLL, tmp_path: Path) -> None:
@@ -96,9 +98,11 @@ def test_the_staging_layout_grows_to_powers_of_two() -> None:
     assert layout.in_bytes == layout.plan_at + 2 * 6 * 8
     assert layout.miss_at == 64000 and layout.tally_at == 72000
     assert layout.out_bytes == 72000 + 32
-    need = {"keys": layout.in_bytes, "out": layout.out_bytes}
-    assert request_staging([600, 400], [16, 16]) == staging_nbytes(need, need)
-    assert staging_nbytes(need, need) == Staging(16384 + 131072, 16384 + 131072)
+    device = {"keys": layout.in_bytes, "out": layout.out_bytes}
+    # pinned: the misses and tallies apart, the rows in the response buffer
+    pinned = {"keys": layout.in_bytes, "out": 8000 + 32, "response": 64000}
+    assert request_staging([600, 400], [16, 16]) == staging_nbytes(pinned, device)
+    assert staging_nbytes(pinned, device) == Staging(16384 + 8192 + 65536, 16384 + 131072)
     assert grown(1) == MIN_BUFFER and grown(MIN_BUFFER + 1) == 2 * MIN_BUFFER
     assert request_staging([], []) == Staging(0, 0)
 
@@ -160,15 +164,14 @@ def test_the_plan_counts_what_a_ctr_instance_holds(cuda_lib: ctypes.CDLL, tmp_pa
     assert (held.pinned, held.device + 4 * v) == (want.pinned, want.device)
 
     (gpu,) = l1_gpu(cfg, plan(cfg, {"m.a": 200, "m.b": 300, "m.c": 400}))
-    host = request_staging(keys, dims)
+    # with ``cupy`` the embedding model's KIND_GPU instances answer on their GPU too
+    assert (gpu.staging_pinned_bytes, gpu.staging_device_bytes) == (want.pinned, want.device)
     assert (gpu.ctr_staging_pinned_bytes, gpu.ctr_staging_device_bytes) == (
         want.pinned,
         want.device,
     )
     per_model = 2  # instances of each Triton model on GPU 0 (round robin): ceil(3 / 2)
     assert (gpu.instances, gpu.devices, gpu.instances_per_device) == (6, 2, 2 * per_model)
-    assert gpu.device_bytes_per_device == per_model * (
-        2 * gpu.cache_bytes + host.device + want.device
-    )
-    assert gpu.pinned_bytes == 3 * (host.pinned + want.pinned)
+    assert gpu.device_bytes_per_device == per_model * 2 * (gpu.cache_bytes + want.device)
+    assert gpu.pinned_bytes == 3 * 2 * want.pinned
     assert "a CTR instance (rows kept on the GPU)" in gpu_lines([gpu])[0]

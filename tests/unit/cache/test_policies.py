@@ -191,6 +191,8 @@ def test_bad_input_is_refused_and_nothing_changes(xp: ModuleType, fmt: RowFormat
         cache.update(k(1), np.ones((2, cache.width), fmt.dtype))
     with pytest.raises(DTypeError, match="int64"):
         cache.query(np.array([1.5]))
+    with pytest.raises(ShapeError, match="C-contiguous"):
+        cache.query_into(k(1, 2), np.zeros((2, 4), np.float32)[:, ::2])
     assert resident(cache) == {1}
     values, _ = cache.query(k(1))
     np.testing.assert_array_equal(values, FLOAT32.encode(np.ones((1, 2), np.float32)))

@@ -1,0 +1,88 @@
+"""The device's pinned response buffer (``Device.response``): host answers of caches on a GPU.
+
+The rows come back from the device straight into it, and Triton copies the answer out of it
+after ``execute`` returns, so it must stay reserved while any view of an answer lives (a
+DLPack consumer's included), and an answer asked for meanwhile goes to other memory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+from pathlib import Path
+
+import numpy as np
+
+from hps.cache.device import MIN_BUFFER, address, grown
+from hps.cache.kernels_cupy import tables_layout
+from tests.unit.cache.cuda_emulation import EmulatedDevice
+from tests.unit.cache.test_rows_on_gpu import CopyCounter, _device, _session
+
+
+def _buffer(device: EmulatedDevice) -> int:
+    assert device._response is not None
+    return address(device._response)
+
+
+def test_an_answer_reserves_the_buffer_until_its_last_view_is_gone(cuda_lib: ctypes.CDLL) -> None:
+    device = EmulatedDevice(cuda_lib)
+    answer = device.response(1000)
+    assert answer.dtype == np.float32 and answer.shape == (1000,) and answer.flags.writeable
+    assert address(answer) == _buffer(device)
+    assert device.held().pinned == grown(4000)
+    answer[:] = 7.0
+    row = answer.reshape(1, -1)  # as the Triton adapter hands it on
+    consumer = np.from_dlpack(row)  # as Triton's output tensor holds it
+    del answer, row
+    gc.collect()
+    other = device.response(1000)  # the first answer is still being sent
+    assert not np.shares_memory(other, consumer)
+    other[:] = 1.0
+    assert (consumer == 7.0).all()
+    del consumer
+    gc.collect()
+    assert address(device.response(10)) == _buffer(device)  # free again: reused, not grown
+    assert device.held().pinned == grown(4000)
+
+
+def test_the_buffer_grows_to_powers_of_two(cuda_lib: ctypes.CDLL) -> None:
+    device = EmulatedDevice(cuda_lib)
+    assert device.response(0).size == 0 and device.held().pinned == 0
+    small = device.response(10)
+    assert device.held().pinned == MIN_BUFFER
+    del small
+    assert device.response(MIN_BUFFER).size == MIN_BUFFER  # 4 * MIN_BUFFER bytes
+    assert device.held().pinned == 4 * MIN_BUFFER
+
+
+def test_host_answers_come_back_once_into_the_response_buffer(
+    cuda_lib: ctypes.CDLL, tmp_path: Path
+) -> None:
+    """A lookup answered on the host by caches on a GPU: the rows cross once, into the
+    response buffer; an answer still held is never overwritten by the next one."""
+    gpu, host = _session(tmp_path, cuda_lib, 40), _session(tmp_path, None, 40)
+    device = _device(gpu)
+    copies = CopyCounter(device)
+    keys = np.array([0, 2, 5, 2, 4, 6, 8, 1, 2], dtype=np.int64)
+    counts = np.array([3, 4, 2], dtype=np.int32)
+    try:
+        want = host.lookup_request("demo", keys, counts)
+        first = gpu.lookup_request("demo", keys, counts)
+        np.testing.assert_array_equal(first, want)
+        assert address(first) == _buffer(device)
+        rows = 4 * (3 * 4 + 4 * 8)  # both cached tables' rows, adjacent: one copy
+        assert copies.to_host[0] == rows
+        assert copies.to_host[1:] == [tables_layout(keys.size, 2, 0).out_bytes]  # misses, tallies
+        kept = first.copy()
+        second = gpu.lookup_request("demo", keys[::-1].copy(), counts[::-1].copy())
+        assert not np.shares_memory(first, second)
+        np.testing.assert_array_equal(first, kept)
+        np.testing.assert_array_equal(
+            second, host.lookup_request("demo", keys[::-1].copy(), counts[::-1].copy())
+        )
+        del first, second
+        gc.collect()
+        assert address(gpu.lookup_request("demo", keys, counts)) == _buffer(device)
+    finally:
+        gpu.close()
+        host.close()
