@@ -12,23 +12,40 @@ import gc
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from hps.cache.device import MIN_BUFFER, address, grown
+from hps.cache.device import MIN_BUFFER, CupyDevice, Device, address, grown
 from hps.cache.kernels_cupy import tables_layout
+from hps.cache.xp import available_xps
 from tests.unit.cache.cuda_emulation import EmulatedDevice
 from tests.unit.cache.test_rows_on_gpu import CopyCounter, _device, _session
 
 
-def _buffer(device: EmulatedDevice) -> int:
+def _buffer(device: Device) -> int:
     assert device._response is not None
     return address(device._response)
 
 
-def test_an_answer_reserves_the_buffer_until_its_last_view_is_gone(cuda_lib: ctypes.CDLL) -> None:
-    device = EmulatedDevice(cuda_lib)
+@pytest.fixture(params=[m.__name__ for m in available_xps()])
+def device(request: pytest.FixtureRequest, cuda_lib: ctypes.CDLL) -> Device:
+    """An emulated device here; on a GPU the real one too (its buffer page-locked)."""
+    if request.param == "numpy":
+        return EmulatedDevice(cuda_lib)
+    return CupyDevice(0)
+
+
+def _page_locked(device: Device, a: np.ndarray) -> bool:
+    if not isinstance(device, CupyDevice):
+        return False
+    memory_type = device.xp.cuda.runtime.pointerGetAttributes(address(a)).type
+    return bool(memory_type == device.xp.cuda.runtime.memoryTypeHost)
+
+
+def test_an_answer_reserves_the_buffer_until_its_last_view_is_gone(device: Device) -> None:
     answer = device.response(1000)
     assert answer.dtype == np.float32 and answer.shape == (1000,) and answer.flags.writeable
     assert address(answer) == _buffer(device)
+    assert _page_locked(device, answer) == isinstance(device, CupyDevice)
     assert device.held().pinned == grown(4000)
     answer[:] = 7.0
     row = answer.reshape(1, -1)  # as the Triton adapter hands it on
@@ -36,7 +53,7 @@ def test_an_answer_reserves_the_buffer_until_its_last_view_is_gone(cuda_lib: cty
     del answer, row
     gc.collect()
     other = device.response(1000)  # the first answer is still being sent
-    assert not np.shares_memory(other, consumer)
+    assert not np.shares_memory(other, consumer) and not _page_locked(device, other)
     other[:] = 1.0
     assert (consumer == 7.0).all()
     del consumer
@@ -45,8 +62,7 @@ def test_an_answer_reserves_the_buffer_until_its_last_view_is_gone(cuda_lib: cty
     assert device.held().pinned == grown(4000)
 
 
-def test_the_buffer_grows_to_powers_of_two(cuda_lib: ctypes.CDLL) -> None:
-    device = EmulatedDevice(cuda_lib)
+def test_the_buffer_grows_to_powers_of_two(device: Device) -> None:
     assert device.response(0).size == 0 and device.held().pinned == 0
     small = device.response(10)
     assert device.held().pinned == MIN_BUFFER
