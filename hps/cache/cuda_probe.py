@@ -15,11 +15,15 @@ row size, :func:`hps.cache.kernels_cupy.tile_for`), one requested key per tile:
 - books: the tile's first lane stamps the row's tick (an atomic exchange: a row whose tick
   already was this call's was hit before, so it is not a distinct hit) and bumps its access
   count (a compare-and-swap loop that stops at the cap, never wrapping); the distinct hits
-  and the misses of the warp are counted with a ballot and added with one atomic per warp,
-  and each miss takes its place in the miss list from the warp's base (the list is sorted
-  afterwards, so positions come back in request order).
+  of the warp are counted with a ballot and kept by its first lane over all its steps, then
+  added with one atomic per warp and table (no contended atomic per key, even where a tile
+  is the whole warp); a step with misses reserves their places in the miss list with one
+  atomic, each miss going there from that base (the list is sorted afterwards, so positions
+  come back in request order).
 
 Every loop over keys is a warp-uniform grid-stride loop: any grid computes the same result.
+The host launches at most what the GPU runs at once (:func:`hps.cache.kernels_cupy.blocks_for`),
+so at scale each warp takes many steps and its atomics are few.
 The many-table kernel gives each table its own warps (``plan``: first warp, tile, vector
 flag per table); a warp finds its table by a binary search over the tables' first warps
 and then runs the same warp step as the one-table kernel, so all tables of a request are
@@ -159,10 +163,11 @@ __device__ void tile_copy(const Table& t, const long long row, float* dst, const
     }
 }
 
-// One step of a warp over keys[base, base + 32 / tile) of n: probe, copy, books.
-__device__ void warp_step(const Table& t, const long long* keys, const long long n,
-                          const long long base, float* out, long long* miss_pos,
-                          unsigned long long* n_miss, unsigned long long* n_hit, const Lanes& l)
+// One step of a warp over keys[base, base + 32 / tile) of n: probe, copy, books. Returns
+// the distinct hits of the step (the same in every lane), for the caller to add up.
+__device__ unsigned int warp_step(const Table& t, const long long* keys, const long long n,
+                                  const long long base, float* out, long long* miss_pos,
+                                  unsigned long long* n_miss, const Lanes& l)
 {
     const long long i = base + l.lane / l.tile;
     const bool active = i < n;
@@ -185,12 +190,16 @@ __device__ void warp_step(const Table& t, const long long* keys, const long long
     const unsigned int firsts = __ballot_sync(FULL_WARP, first);
     const unsigned int misses = __ballot_sync(FULL_WARP, leader && row < 0);
     unsigned long long at = 0;
-    if (l.lane == 0) {  // one atomic per warp, not one per key
-        if (firsts) atomicAdd(n_hit, (unsigned long long)__popc(firsts));
-        if (misses) at = atomicAdd(n_miss, (unsigned long long)__popc(misses));
-    }
+    if (l.lane == 0 && misses) at = atomicAdd(n_miss, (unsigned long long)__popc(misses));
     at = __shfl_sync(FULL_WARP, at, 0);
     if (leader && row < 0) miss_pos[at + __popc(misses & ((1u << l.lane) - 1u))] = i;
+    return (unsigned int)__popc(firsts);
+}
+
+// The distinct hits a warp kept, added to *n_hit by its first lane (one atomic).
+__device__ void add_hits(unsigned long long* n_hit, const unsigned long long hits, const Lanes& l)
+{
+    if (l.lane == 0 && hits) atomicAdd(n_hit, hits);
 }
 
 __device__ long long warp_id() { return ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32; }
@@ -211,9 +220,11 @@ extern "C" __global__ void probe_gather(
     t.ticks = ticks; t.tick = tick; t.counts = use_counts ? counts : 0; t.cap = cap;
     const Lanes l = lanes_of(tile);
     const long long per = 32 / tile;
+    unsigned long long hits = 0;
     for (long long base = warp_id() * per; base < n; base += warp_count() * per) {
-        warp_step(t, keys, n, base, out, miss_pos, tallies, tallies + 1, l);
+        hits += warp_step(t, keys, n, base, out, miss_pos, tallies, l);
     }
+    add_hits(tallies + 1, hits, l);
 }
 
 // Every table of a request: desc [T, DESC] (addresses and sizes), plan [T, PLAN]; table t's
@@ -223,11 +234,19 @@ extern "C" __global__ void probe_gather_tables(
     const long long total_warps, const long long* keys, float* out, long long* miss_pos,
     unsigned long long* result)
 {
+    const Lanes lane = lanes_of(32);  // this lane's place in the warp, whatever the tile
+    int table = -1;  // the table whose distinct hits `hits` holds
+    unsigned long long hits = 0;
     for (long long w = warp_id(); w < total_warps; w += warp_count()) {
         int lo = 0, hi = n_tables - 1;  // the last table whose first warp is <= w
         while (lo < hi) {
             const int mid = (lo + hi + 1) / 2;
             if (plan[mid * PLAN + 3] <= w) lo = mid; else hi = mid - 1;
+        }
+        if (lo != table) {  // warp-uniform: w is
+            if (table >= 0) add_hits(result + 2 * table + 1, hits, lane);
+            table = lo;
+            hits = 0;
         }
         const long long* d = desc + (long long)lo * DESC;
         const long long* p = plan + (long long)lo * PLAN;
@@ -238,8 +257,9 @@ extern "C" __global__ void probe_gather_tables(
         t.width = (int)d[11]; t.format = (int)d[12]; t.vec = (int)p[5];
         const Lanes l = lanes_of((int)p[4]);
         const long long first = p[0];
-        warp_step(t, keys + first, p[1] - first, (w - p[3]) * (32 / l.tile), out + p[2],
-                  miss_pos + first, result + 2 * lo, result + 2 * lo + 1, l);
+        hits += warp_step(t, keys + first, p[1] - first, (w - p[3]) * (32 / l.tile),
+                          out + p[2], miss_pos + first, result + 2 * lo, l);
     }
+    if (table >= 0) add_hits(result + 2 * table + 1, hits, lane);
 }
 """

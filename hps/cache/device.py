@@ -83,6 +83,8 @@ class Device(abc.ABC):
     """Staging buffers, copies and launches on one stream (see the module docstring)."""
 
     xp: ArrayModule
+    resident_threads: int = 1 << 24
+    """Threads the device runs at once (more only queue): what a launch's grid is capped at."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()  # held by a call from its first staging buffer to its wait
@@ -205,6 +207,8 @@ class CupyDevice(Device):
         self.xp = cupy
         self.gpu = gpu
         self._stream: cupy.cuda.Stream | None = None
+        props = cupy.cuda.runtime.getDeviceProperties(gpu)
+        self.resident_threads = props["multiProcessorCount"] * props["maxThreadsPerMultiProcessor"]
 
     @property
     def stream(self) -> cupy.cuda.Stream:

@@ -42,7 +42,7 @@ class RowKernels:
 
     def _geometry(self, store: RowStore, n: int) -> tuple[int, int, np.int32]:
         tile = int(tile_for(store.dim)) if self.tile is None else self.tile
-        return blocks_for(-(-n // (32 // tile))), THREADS, np.int32(tile)
+        return blocks_for(-(-n // (32 // tile)), self.device), THREADS, np.int32(tile)
 
     def lookup(self, store: RowStore, keys: Array) -> Array:
         """Row of each key (int64), -1 where absent."""

@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from hps.cache.rows import RowStore
 
 THREADS = 256  # per block: 8 warps
-MAX_BLOCKS = 1 << 16  # the kernels loop over keys grid-stride past this
 KERNELS = ("probe_gather", "probe_gather_tables", "place_rows", "write_rows")
 NULL = np.uint64(0)  # a null pointer argument
 NVRTC_OPTIONS = ("--std=c++17",)  # CuPy adds the GPU's architecture
@@ -67,9 +66,12 @@ def tile_for(dim: npt.ArrayLike) -> npt.NDArray[np.int_]:
     return np.where(np.asarray(dim) <= 32, 8, np.where(np.asarray(dim) <= 64, 16, 32))
 
 
-def blocks_for(warps: int) -> int:
-    """Blocks of :data:`THREADS` for ``warps`` warps of work (at least 1)."""
-    return max(1, min(MAX_BLOCKS, -(-warps // (THREADS // 32))))
+def blocks_for(warps: int, device: Device) -> int:
+    """Blocks of :data:`THREADS` for ``warps`` warps of work: at least 1, at most what
+    ``device`` runs at once (:attr:`hps.cache.device.Device.resident_threads`). The kernels
+    loop over their work grid-stride, so a larger request gives each warp more steps rather
+    than queueing blocks, and a warp's atomics (added once per warp) stay few."""
+    return max(1, min(device.resident_threads // THREADS, -(-warps // (THREADS // 32))))
 
 
 def _pad(nbytes: int) -> int:
@@ -140,7 +142,7 @@ class GpuProbe:
         self.device.zero(tallies)
         args = kernel_arguments(rows, keys, out, tick, counts, cap, miss, tallies, self.tile)
         warps = -(-n // (32 // int(args[8])))
-        self.device.launch("probe_gather", blocks_for(warps), THREADS, args)
+        self.device.launch("probe_gather", blocks_for(warps, self.device), THREADS, args)
 
 
 class TablesLayout(NamedTuple):
@@ -297,7 +299,8 @@ def run_tables(
                 out if out_on_device else result[:row_bytes].view(np.float32),
                 result[miss_at:tally_at].view(np.int64),
                 result[tally_at:].view(np.uint64))  # fmt: skip
-        device.launch("probe_gather_tables", blocks_for(int(warps.sum())), THREADS, args)
+        blocks = blocks_for(int(warps.sum()), device)
+        device.launch("probe_gather_tables", blocks, THREADS, args)
         if not out_on_device:  # the rows straight into the caller's buffer
             flat = out.view(np.uint8)
             for a, b in _runs(out_offsets, ends):

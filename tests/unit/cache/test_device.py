@@ -12,7 +12,7 @@ import pytest
 from hps.cache import EmbeddingCache, device, kernels
 from hps.cache.calibrate import calibrate, request_keys
 from hps.cache.device import gpu_device, staging_nbytes
-from hps.cache.kernels_cupy import GpuProbe, request_staging, tables_layout
+from hps.cache.kernels_cupy import THREADS, GpuProbe, blocks_for, request_staging, tables_layout
 from hps.cache.many import one_gpu
 from tests.helpers import make_config
 from tests.unit.cache.cuda_emulation import EmulatedDevice, on_emulated_gpu
@@ -104,3 +104,10 @@ def test_one_launch_needs_one_shared_device(cuda_lib: ctypes.CDLL) -> None:
     on_emulated_gpu(caches[2], cuda_lib)  # another GPU's device
     assert one_gpu(caches) is None
     assert one_gpu([caches[0], EmbeddingCache(4, 16)]) is None  # one on the host
+
+
+def test_a_launch_has_at_most_the_blocks_the_device_runs_at_once(cuda_lib: ctypes.CDLL) -> None:
+    gpu = EmulatedDevice(cuda_lib)
+    gpu.resident_threads = 132 * 2048  # an H100: 132 multiprocessors of 2,048 threads
+    assert [blocks_for(w, gpu) for w in (0, 1, 8, 9)] == [1, 1, 1, 2]
+    assert blocks_for(10**6, gpu) == 132 * 2048 // THREADS
