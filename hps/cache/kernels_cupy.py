@@ -6,7 +6,8 @@ The kernels (:mod:`hps.cache.cuda_probe`: one table, every table of a request;
 8, 16 or 32 lanes per key probes the key's slot group in parallel and copies its row with
 coalesced (vector, where aligned) stores, dequantizing float16 and int8 rows as it copies.
 Ticks, distinct hits, saturating counts and misses (returned in request order) keep the
-contract of the CPU kernel; hits and misses are counted per warp, one atomic per warp.
+contract of the CPU kernel; distinct hits are added once per warp and table, misses once
+per warp step that has any.
 
 The host path (:class:`GpuProbe`, :func:`run_tables`) runs on a :class:`hps.cache.device.Device`:
 keys go into a pinned staging buffer and to the device in one asynchronous copy; the rows
@@ -14,9 +15,9 @@ come back in one copy straight into the caller's buffer (one per run of adjacent
 the miss list and the tallies in one more into pinned memory; the host waits once. Where
 the answer leaves the process the caller's buffer is the device's pinned response buffer
 (:meth:`hps.cache.device.Device.response`), so the rows cross the bus at its pinned speed
-and no host copy follows. Staging buffers and the
-stream are the GPU's (one device per GPU and process, shared by its caches, held under its
-lock by each call), reused and grown, never allocated per call.
+and no host copy follows. Staging buffers and the stream are the GPU's (one device per GPU
+and process, shared by its caches, held under its lock by each call), reused and grown,
+never allocated per call.
 
 Compiled by NVRTC on first use (CuPy's ``RawModule``; CuPy keeps the binary in its on-disk
 kernel cache). Where no GPU is lent, tests compile the same source as C++ and run every warp
