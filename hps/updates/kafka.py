@@ -16,6 +16,8 @@ from hps.redact import REDACTED, is_secret_name, scrub
 from hps.updates.codec import parse_topic
 
 if TYPE_CHECKING:
+    from confluent_kafka import KafkaError
+
     from hps.config import PSConfig
 
 log = logging.getLogger(__name__)
@@ -81,18 +83,26 @@ def translated(what: str, *, ignore: Iterable[str] = ()) -> Iterator[None]:
     try:
         yield
     except KafkaException as exc:
-        err: object = exc.args[0] if exc.args else None
-        if hasattr(err, "name") and err.name() in set(ignore):
+        err = _kafka_error(exc)
+        if err is not None and err.name() in set(ignore):
             return
         raise _translate(exc, what) from None
 
 
+def _kafka_error(exc: BaseException) -> KafkaError | None:
+    """The librdkafka error a confluent-kafka exception carries (normally its only argument)."""
+    from confluent_kafka import KafkaError
+
+    err = exc.args[0] if exc.args else None
+    return err if isinstance(err, KafkaError) else None
+
+
 def _translate(exc: BaseException, what: str) -> BackendError:
     """A confluent-kafka exception as an HPS error (retriable ones as BackendUnavailable)."""
-    err: object = exc.args[0] if exc.args else None  # a KafkaError, normally
-    name = err.name() if hasattr(err, "name") else type(exc).__name__
-    text = err.str() if hasattr(err, "str") else str(exc)
-    retriable = bool(getattr(err, "retriable", lambda: False)()) or name in {
+    err = _kafka_error(exc)
+    name = type(exc).__name__ if err is None else err.name()
+    text = str(exc) if err is None else err.str()
+    retriable = (err is not None and bool(err.retriable())) or name in {
         "_TRANSPORT",
         "_ALL_BROKERS_DOWN",
         "_TIMED_OUT",
@@ -233,8 +243,8 @@ def check_settings(settings: Mapping[str, Setting], where: str) -> None:
     try:
         Producer({**settings, "logger": quiet})  # no bootstrap.servers: nothing is contacted
     except KafkaException as exc:
-        err: object = exc.args[0] if exc.args else None
-        text = err.str() if hasattr(err, "str") else str(exc)
+        err = _kafka_error(exc)
+        text = str(exc) if err is None else err.str()
         raise ConfigError(f"{where}: {_hide_values(text.strip(), settings)}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {_hide_values(str(exc), settings)}") from None
