@@ -55,19 +55,23 @@ test: $(STAMP) test-tools
 	$(BIN)/pytest -q --durations=15 tests
 
 # On a node with a GPU and CuPy (the `gpu` extra): the L1 tests on the GPU, then the GPU
-# rows of the cache benchmark at the sizes docs/cache.md reports ("GPU kernels"). GPU_PYTHON:
-# an interpreter with CuPy and what these need: numpy, numba, pydantic, rocksdict, pytest,
-# hypothesis, nvidia-cuda-nvrtc-cu12 (no servers, no Kafka or Redis clients).
+# rows of the cache benchmark at the sizes docs/cache.md reports ("GPU kernels"), the
+# benchmark even where a test failed (the target fails at the end then). GPU_PYTHON: an
+# interpreter with CuPy and what these need: numpy, numba, pydantic, rocksdict, pytest,
+# hypothesis (no servers, no Kafka or Redis clients). The NVRTC wheel's test is left out:
+# there CuPy compiles the same source with the GPU's own NVRTC.
 GPU_PYTHON ?= $(BIN)/python
 gpu-check:
-	$(GPU_PYTHON) -m pytest -q -p no:cacheprovider tests/unit/cache tests/unit/test_index.py tests/unit/ctr
+	@failed=0; \
+	$(GPU_PYTHON) -m pytest -q -p no:cacheprovider tests/unit/cache tests/unit/test_index.py \
+	  tests/unit/ctr --ignore=tests/unit/cache/test_kernel_nvrtc.py || failed=1; \
 	for dim in 16 64 128 256; do \
 	  $(GPU_PYTHON) -m hps.cli bench cache --mode throughput --device cupy --policies lru \
-	    --rows 4194304 --dim $$dim --tables 26 --batch-per-table 1024 || exit 1; done
-	$(GPU_PYTHON) -m hps.cli bench cache --mode throughput --device cupy --policies lru \
-	  --rows 4194304 --dim 128 --tables 1 --batch-per-table 2048
-	$(GPU_PYTHON) -m hps.cli bench cache --mode throughput --device cupy --policies lru \
-	  --rows 4194304 --dim 128 --tables 1 --batch-per-table 262144
+	    --rows 4194304 --dim $$dim --tables 26 --batch-per-table 1024 || failed=1; done; \
+	for keys in 2048 262144; do \
+	  $(GPU_PYTHON) -m hps.cli bench cache --mode throughput --device cupy --policies lru \
+	    --rows 4194304 --dim 128 --tables 1 --batch-per-table $$keys || failed=1; done; \
+	exit $$failed
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
