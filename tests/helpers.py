@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import signal
 import subprocess
+import sys
 import threading
 import time
+import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,6 +20,7 @@ import pytest
 
 from hps.config import PSConfig, parse_config
 from hps.lookup import LookupSession
+from hps.net import free_port
 
 
 class QuietHandler(http.server.BaseHTTPRequestHandler):
@@ -104,3 +109,64 @@ def cached_after_lookup(session: LookupSession, table: str, keys: np.ndarray) ->
     session.lookup(table, keys)
     session.pipeline.drain()
     return bool(session.caches[table].resident(keys).all())
+
+
+def launch_admin(
+    args: list[str],
+    log: Path,
+    *,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+    start_s: float = 60.0,
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``hps admin ARGS`` on a free loopback port, its output in ``log``; returns the process
+    and its URL once ``/healthz`` answers (killed, and the log shown, if it never does)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "hps.cli", "admin", *args, "--port", str(port)]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec_fn
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + start_s
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=1):
+                return proc, url
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                raise AssertionError(f"hps admin did not start: {log.read_text()}") from None
+            time.sleep(0.2)
+
+
+def stop_by_pid(proc: subprocess.Popen[bytes], wait_s: float = 20.0) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within ``wait_s``; nothing if it has ended."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def running_admin(
+    args: list[str],
+    log: Path,
+    *,
+    env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+    start_s: float = 60.0,
+    stop_s: float = 20.0,
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """:func:`launch_admin`, its URL and process, then :func:`stop_by_pid`."""
+    proc, url = launch_admin(args, log, env=env, preexec_fn=preexec_fn, start_s=start_s)
+    try:
+        yield url, proc
+    finally:
+        stop_by_pid(proc, stop_s)

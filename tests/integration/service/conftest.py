@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
-import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,7 +19,6 @@ import numpy as np
 import pytest
 
 from hps.config import PSConfig
-from hps.net import free_port
 from hps.service.app import create_app
 from hps.service.state import AdminState
 from hps.service.triton_admin import TritonAdmin
@@ -31,6 +26,7 @@ from hps.triton.repository import prepare_repository
 from hps.triton.serving import prepare_tables, serving_config
 from hps.triton.supervisor.server import TritonServer
 from tests.fixtures.triton import write_tables
+from tests.helpers import running_admin
 
 TOKEN = "s3cret-admin-token"
 TABLES = {"emb": [("a", 4, 400), ("b", 8, 300)], "one": [("r", 4, 50)], "big": [("t", 128, 10)]}
@@ -115,7 +111,6 @@ def admin_process(stack: Stack, tmp_path: Path) -> Iterator[AdminProcess]:
     """``hps admin`` under real uvicorn, the token in a file; stopped by its PID."""
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
-    port = free_port()
     log = tmp_path / "admin.log"
     env = {
         **os.environ,
@@ -123,29 +118,9 @@ def admin_process(stack: Stack, tmp_path: Path) -> Iterator[AdminProcess]:
         "HPS_ADMIN_KEY": stack.server.admin_key,
     }
     env.pop("HPS_ADMIN_TOKEN", None)
-    cmd = [
-        sys.executable, "-m", "hps.cli", "admin", "--config", str(stack.root / "ps.json"),
-        "--port", str(port), "--triton-url", stack.server.http_url,
+    args = [
+        "--config", str(stack.root / "ps.json"), "--triton-url", stack.server.http_url,
         "--token-file", str(token_file),
     ]  # fmt: skip
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/healthz", timeout=1):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"hps admin did not start: {log.read_text()}") from None
-                time.sleep(0.2)
+    with running_admin(args, log, env=env) as (url, proc):
         yield AdminProcess(url, proc, log)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

@@ -10,7 +10,6 @@ import resource
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -26,8 +25,8 @@ import pytest
 
 from hps.io.sparse_model import write_sparse_model
 from hps.loading.imports import import_lock
-from hps.net import free_port
 from hps.topology import topology
+from tests.helpers import running_admin
 from tests.integration.service.conftest import TOKEN, Stack
 
 pytestmark = pytest.mark.integration
@@ -44,14 +43,12 @@ def admin(
     """``hps admin`` with ``extra`` options; stopped by its PID (SIGTERM, then SIGKILL)."""
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
-    port = free_port()
     log = tmp_path / f"{log_name}.log"
     env = {**os.environ, "HPS_TRITON_METRICS_URL": stack.server.metrics_url}
     env["HPS_ADMIN_KEY"] = stack.server.admin_key or ""
     env.pop("HPS_ADMIN_TOKEN", None)
-    cmd = [
-        sys.executable, "-m", "hps.cli", "admin", "--config", str(stack.root / "ps.json"),
-        "--port", str(port), "--triton-url", stack.server.http_url,
+    args = [
+        "--config", str(stack.root / "ps.json"), "--triton-url", stack.server.http_url,
         "--token-file", str(token_file), *extra,
     ]  # fmt: skip
 
@@ -59,30 +56,9 @@ def admin(
         if fd_limit is not None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
 
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=limit
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + HANG_S
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/healthz", timeout=1):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"hps admin did not start: {log.read_text()}") from None
-                time.sleep(0.2)
+    started = running_admin(args, log, env=env, preexec_fn=limit, start_s=HANG_S, stop_s=HANG_S)
+    with started as (url, proc):
         yield url, proc, log
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(HANG_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def _get(url: str, token: str | None = None) -> tuple[int, Any, float]:

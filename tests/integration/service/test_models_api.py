@@ -14,8 +14,6 @@ as version 2. Refusals: 401 without the token, 422 for a bad entry, 409 for a se
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ import rocksdict
 
 from hps.io.sparse_model import write_sparse_model
 from hps.triton.serving import serving_config
+from tests.helpers import stop_by_pid
 from tests.integration.service.helpers import triton_rows
 from tests.integration.service.test_versions_api import (  # noqa: F401 (the fixture)
     TOKEN,
@@ -102,12 +101,7 @@ def test_models_added_and_removed_through_the_api(node: Node) -> None:  # noqa: 
         other = Node(site, node.triton, url2)
         _added_removed_purged(node, other)
     finally:
-        admin2.send_signal(signal.SIGTERM)
-        try:
-            admin2.wait(20)
-        except subprocess.TimeoutExpired:
-            admin2.kill()
-            admin2.wait()
+        stop_by_pid(admin2)
 
 
 def _added_removed_purged(plane: Node, other: Node) -> None:

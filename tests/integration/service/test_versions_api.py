@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -31,7 +30,7 @@ import pytest
 
 from hps.net import free_port
 from tests.fixtures.versions import write_encoded_version
-from tests.helpers import wait_for_banner
+from tests.helpers import launch_admin, stop_by_pid, wait_for_banner
 from tests.integration.triton.test_serve_cli import run_hps
 from tests.integration.triton.test_serve_lifecycle import serve, stop
 
@@ -101,38 +100,13 @@ class Node:
 
 
 def start_admin(site: Path, triton: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """``hps admin`` of the demo in ``site``, its token in a file."""
     token_file = site / "admin.token"
     token_file.write_text(TOKEN + "\n")
-    port = free_port()
     env = {**os.environ}
     env.pop("HPS_ADMIN_TOKEN", None)
-    cmd = [
-        sys.executable,
-        "-m",
-        "hps.cli",
-        "admin",
-        "--config",
-        "demo/ps.json",
-        "--port",
-        str(port),
-        "--triton-url",
-        triton,
-        "--token-file",
-        str(token_file),
-    ]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=site, stdout=out, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/healthz", timeout=1):
-                return proc, url
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise AssertionError(f"hps admin did not start: {log.read_text()}") from None
-            time.sleep(0.2)
+    args = ["--config", "demo/ps.json", "--triton-url", triton, "--token-file", str(token_file)]
+    return launch_admin(args, log, cwd=site, env=env)
 
 
 @pytest.fixture
@@ -149,12 +123,7 @@ def node(tmp_path: Path) -> Iterator[Node]:
         yield Node(tmp_path, f"127.0.0.1:{http}", url)
     finally:
         if admin is not None:
-            admin.send_signal(signal.SIGTERM)
-            try:
-                admin.wait(20)
-            except subprocess.TimeoutExpired:
-                admin.kill()
-                admin.wait()
+            stop_by_pid(admin)
         served.send_signal(signal.SIGTERM)
         try:
             served.wait(60)

@@ -11,11 +11,9 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -33,6 +31,7 @@ from hps.storage.rocks_db import RocksDBStore
 from hps.tiers import Tiers
 from hps.triton.serving import fill_l2, serving_config
 from hps.types import TableSpec
+from tests.helpers import running_admin
 from tests.integration.storage.damage import damage, write_table
 
 pytestmark = pytest.mark.integration
@@ -173,33 +172,12 @@ def admin(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     write_table(path, OTHER, 1000, seed=1)
     damage(path, SPEC, ROWS)
     ps = _ps(tmp_path, path)
-    port = free_port()
-    log = tmp_path / "admin.log"
-    cmd = [
-        sys.executable, "-m", "hps.cli", "admin", "--config", str(ps), "--port", str(port),
+    args = [
+        "--config", str(ps),
         "--triton-url", f"127.0.0.1:{free_port()}",  # no Triton: its checks fail, not ours
     ]  # fmt: skip
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/healthz", timeout=1):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"hps admin did not start: {log.read_text()}") from None
-                time.sleep(0.2)
+    with running_admin(args, tmp_path / "admin.log") as (url, _):
         yield url, ps
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _readyz(url: str) -> tuple[int, dict[str, object]]:
