@@ -310,15 +310,20 @@ def run_tables(
         device.to_host(back, result[miss_at:])
         device.synchronize()
         tallies = back[tally_at - miss_at :].view(np.uint64).reshape(n_tables, 2).astype(np.int64)
-        miss_pos = back[: tally_at - miss_at].view(np.int64).copy()
-    for first, n_miss in zip(lo.tolist(), tallies[:, 0].tolist(), strict=True):
-        miss_pos[first : first + n_miss].sort()
+        missed = tallies[:, 0].tolist()
+        # all hits (the common case): no miss list to copy
+        miss_pos = back[: 8 * n].view(np.int64).copy() if any(missed) else np.empty(n, np.int64)
+    for first, n_miss in zip(lo.tolist(), missed, strict=True):
+        if n_miss > 1:
+            miss_pos[first : first + n_miss].sort()
     return tallies, miss_pos
 
 
 def _runs(starts: np.ndarray, ends: np.ndarray) -> list[tuple[int, int]]:
     """The tables' spans ``[starts[t], ends[t])`` merged into runs of adjacent tables: one
     copy each, so the gaps between them in the caller's buffer are left alone."""
+    if (starts[1:] == ends[:-1]).all():  # tables in order, back to back (the pipeline's)
+        return [(int(starts[0]), int(ends[-1]))]
     order = np.argsort(starts, kind="stable")
     first, stops = starts[order], ends[order]
     new = np.ones(first.size, dtype=bool)
