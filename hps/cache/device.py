@@ -25,12 +25,10 @@ for the CPU: tests/unit/cache/test_kernel_cuda_source.py), so the host path runs
 from __future__ import annotations
 
 import abc
-import contextlib
 import functools
 import threading
 import weakref
 from collections.abc import Mapping
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -181,11 +179,6 @@ class Device(abc.ABC):
     def synchronize(self) -> None:
         """Wait for everything queued on the stream."""
 
-    def on_stream(self) -> AbstractContextManager[object]:
-        """A context in which ``xp``'s array operations run on the device's stream, in order
-        with its copies and launches (host memory: they simply run)."""
-        return contextlib.nullcontext()
-
 
 @functools.lru_cache(maxsize=1)
 def _module() -> cupy.RawModule:
@@ -254,9 +247,6 @@ class CupyDevice(Device):
 
     def synchronize(self) -> None:
         self.stream.synchronize()
-
-    def on_stream(self) -> AbstractContextManager[object]:
-        return self.stream  # a CuPy stream is the context that makes it current
 
 
 _gpu_devices: dict[int, CupyDevice] = {}

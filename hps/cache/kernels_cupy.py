@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from hps.cache.rows import RowStore
 
 THREADS = 256  # per block: 8 warps
-KERNELS = ("probe_gather", "probe_gather_tables", "place_rows", "write_rows")
+KERNELS = ("probe_gather", "probe_gather_tables", "place_rows", "write_rows", "scatter_rows")
 NULL = np.uint64(0)  # a null pointer argument
 NVRTC_OPTIONS = ("--std=c++17",)  # CuPy adds the GPU's architecture
 PLAN = ("first", "end", "out_offset", "first_warp", "tile", "vector")  # run_tables' plan row
@@ -219,37 +219,38 @@ class Fill(NamedTuple):
 
 def fill_nbytes(n_rows: int, n_elements: int) -> int:
     """Bytes of the ``fill`` staging for ``n_rows`` rows of ``n_elements`` floats in all:
-    their positions (int64), then the rows (16-byte aligned)."""
-    return _pad(8 * n_rows) + 4 * n_elements
+    where each row goes in the request's buffer and where it starts in the rows (int64, one
+    more: where the last ends), then the rows (16-byte aligned)."""
+    return _pad(8 * (2 * n_rows + 1)) + 4 * n_elements
 
 
 def fill_rows(device: Device, out: Array, fills: Sequence[Fill]) -> None:
     """Write host rows into ``out``, a flat float32 buffer of ``device``: every table's rows
-    and positions go in one pinned buffer and one copy, then each table's rows are
-    scattered to their positions on the device. Returns once they are written."""
+    and their places go in one pinned buffer and one copy, then one ``scatter_rows`` launch
+    puts each row where it belongs. Returns once they are written."""
     fills = [f for f in fills if f.positions.size]
     if not fills:
         return
     with device.lock:
-        n_rows = sum(f.positions.size for f in fills)
-        rows_at = _pad(8 * n_rows)
-        staged = device.pinned("fill", fill_nbytes(n_rows, sum(f.rows.size for f in fills)))
-        staged[: 8 * n_rows].view(np.int64)[:] = np.concatenate([f.positions for f in fills])
-        flat = staged[rows_at:].view(np.float32)
+        counts = [f.positions.size for f in fills]
+        n_rows = sum(counts)
+        widths = np.repeat(np.array([f.dim for f in fills], dtype=np.int64), counts)
+        ints = 8 * (2 * n_rows + 1)
+        staged = device.pinned("fill", fill_nbytes(n_rows, int(widths.sum())))
+        places = staged[:ints].view(np.int64)
+        places[:n_rows] = np.concatenate([f.offset + f.positions * f.dim for f in fills])
+        places[n_rows] = 0
+        np.cumsum(widths, out=places[n_rows + 1 :])
+        flat = staged[_pad(ints) :].view(np.float32)
         e = 0
         for f in fills:
             flat[e : e + f.rows.size] = f.rows.reshape(-1)
             e += f.rows.size
         buf = device.buffer("fill", staged.size)
         device.to_device(buf, staged)
-        positions, values = buf[: 8 * n_rows].view(np.int64), buf[rows_at:].view(np.float32)
-        p = e = 0
-        with device.on_stream():  # after the copy, before the buffer's next use
-            for f in fills:
-                m = f.positions.size
-                view = out[f.offset : f.offset + f.n * f.dim].reshape(f.n, f.dim)
-                view[positions[p : p + m]] = values[e : e + m * f.dim].reshape(m, f.dim)
-                p, e = p + m, e + m * f.dim
+        args = (buf[: 8 * n_rows].view(np.int64), buf[8 * n_rows : ints].view(np.int64),
+                np.int64(n_rows), buf[_pad(ints) :].view(np.float32), out)  # fmt: skip
+        device.launch("scatter_rows", blocks_for(n_rows, device), THREADS, args)
         device.synchronize()
 
 
