@@ -2,9 +2,10 @@
 host path that feeds them.
 
 The kernels (:mod:`hps.cache.cuda_probe`: one table, every table of a request;
-:mod:`hps.cache.cuda_write`: placing and overwriting rows) are warp-cooperative: a tile of
-8, 16 or 32 lanes per key probes the key's slot group in parallel and copies its row with
-coalesced (vector, where aligned) stores, dequantizing float16 and int8 rows as it copies.
+:mod:`hps.cache.cuda_write`: placing and overwriting rows, scattering rows found below L1)
+are warp-cooperative: a tile of 8, 16 or 32 lanes per key probes the key's slot group in
+parallel and copies its row with coalesced (vector, where aligned) stores, dequantizing
+float16 and int8 rows as it copies.
 Ticks, distinct hits, saturating counts and misses (returned in request order) keep the
 contract of the CPU kernel; distinct hits are added once per warp and table, misses once
 per warp step that has any.
