@@ -42,7 +42,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from hps.cache.kernels_cupy import Fill
+from hps.cache.gpu_request import Fill
 from hps.cache.many import answer_buffer, fill_on_gpu, one_gpu, probe_tables
 from hps.config import ModelConfig
 from hps.dedup import unique_inverse

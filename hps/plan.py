@@ -15,7 +15,7 @@ int8 ``dim + 8``) plus each tier's per-row overhead, which each backend declares
   calibration picks CuPy (:mod:`hps.cache.auto`), else in host memory, as with NumPy. A model whose
   L1 is or may be on a GPU also gets an :class:`L1GpuPlan`: per instance, its caches and the
   staging buffers for a request of the configured size, device memory apart from pinned
-  host memory (:func:`hps.cache.kernels_cupy.request_staging`, the sizing the buffers grow
+  host memory (:func:`hps.cache.gpu_request.request_staging`, the sizing the buffers grow
   by; one set per process and GPU, shared by its caches: :func:`hps.cache.device.gpu_device`):
   those of the host path for ``auto``'s ``KIND_CPU`` instances, those of rows kept on the
   GPU for ``cupy``'s ``KIND_GPU`` ones (which answer there) and for CTR instances.
@@ -39,7 +39,7 @@ from pathlib import Path
 
 from hps.cache import cache_capacity, cache_nbytes
 from hps.cache.calibrate import request_keys
-from hps.cache.kernels_cupy import request_staging
+from hps.cache.gpu_request import request_staging
 from hps.config import ModelConfig, PersistentDBConfig, PSConfig, VolatileDBConfig
 from hps.errors import ConfigError
 from hps.rowformat import FLOAT32, ROW_DTYPES, RowFormat
@@ -108,7 +108,7 @@ class L1GpuPlan:
     :func:`hps.cache.cache_nbytes`) and its staging buffers (the host path's, or with
     ``cupy`` those of rows kept on the GPU), sized for a request of the configured size
     (``request_keys``: :func:`hps.cache.calibrate.request_keys`) as they grow
-    (:func:`hps.cache.kernels_cupy.request_staging`): device memory and pinned (page-locked)
+    (:func:`hps.cache.gpu_request.request_staging`): device memory and pinned (page-locked)
     host memory."""
 
     model: str
@@ -137,7 +137,11 @@ def l1_gpu(config: PSConfig, plans: list[TablePlan]) -> list[L1GpuPlan]:
         keys, dims = request_keys(model), [t.dim for t in model.tables]
         # KIND_GPU instances (cupy) answer on their GPU, auto's KIND_CPU ones on the host
         staging = request_staging(keys, dims, rows_on_device=bool(model.instance_gpus))
-        ctr = request_staging(keys, dims, rows_on_device=True) if model.serves_ctr else None
+        ctr = None
+        if model.serves_ctr:  # its rows stay on the GPU and are pooled there
+            ctr = request_staging(
+                keys, dims, rows_on_device=True, pooled_samples=model.max_batch_size
+            )
         caches = sum(p.cache_bytes for p in mine)
         devices = len(model.instance_gpus) or 1
         per_device = math.ceil(model.hps_instances / devices)  # of each Triton model

@@ -16,9 +16,6 @@ the row size and both addresses allow (``word``), else byte by byte.
   ``allow[i]`` (or ``allow`` is null) the stored row ``i`` overwrites the key's row, and with
   ``stamp`` its tick becomes ``tick`` (an upsert of resident keys; a Kafka refresh passes no
   stamp). With ``src`` null it is a lookup. One launch per batch.
-- ``scatter_rows``: the rows found below L1 for a request answered on the device, every
-  table's at once, into the request's buffer: one warp a row, from ``src_at[i]`` (up to
-  ``src_at[i + 1]``: rows of different widths) to ``dst_at[i]``. One launch per request.
 """
 
 WRITE_SOURCE = r"""
@@ -124,16 +121,6 @@ extern "C" __global__ void write_rows(
         if (row < 0 || !src || (allow && !allow[i])) continue;
         tile_copy_bytes(values + row * row_bytes, src + i * row_bytes, row_bytes, word, l);
         if (stamp && l.tlane == 0) ticks[row] = tick;
-    }
-}
-
-extern "C" __global__ void scatter_rows(const long long* dst_at, const long long* src_at,
-                                        const long long n, const float* src, float* out)
-{
-    const long long lane = (long long)(threadIdx.x & 31u);
-    for (long long i = warp_id(); i < n; i += warp_count()) {
-        const long long from = src_at[i], width = src_at[i + 1] - from, to = dst_at[i];
-        for (long long d = lane; d < width; d += 32) out[to + d] = src[from + d];
     }
 }
 """

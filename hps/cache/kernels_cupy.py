@@ -28,15 +28,15 @@ and compile it with the real NVRTC (tests/unit/cache/test_kernel_nvrtc.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from hps.cache.cuda_probe import PROBE_SOURCE
+from hps.cache.cuda_request import REQUEST_SOURCE
 from hps.cache.cuda_write import WRITE_SOURCE
-from hps.cache.device import Device, KernelArgs, Staging, address, staging_nbytes
+from hps.cache.device import Device, KernelArgs, address
 from hps.cache.kernels import DESCRIPTOR, FORMAT_CODES
 from hps.index import EMPTY, GROUP, TOMBSTONE
 from hps.types import Array
@@ -45,7 +45,9 @@ if TYPE_CHECKING:
     from hps.cache.rows import RowStore
 
 THREADS = 256  # per block: 8 warps
-KERNELS = ("probe_gather", "probe_gather_tables", "place_rows", "write_rows", "scatter_rows")
+KERNELS = (
+    "probe_gather", "probe_gather_tables", "place_rows", "write_rows", "scatter_rows", "pool_rows",
+)  # fmt: skip
 NULL = np.uint64(0)  # a null pointer argument
 NVRTC_OPTIONS = ("--std=c++17",)  # CuPy adds the GPU's architecture
 PLAN = ("first", "end", "out_offset", "first_warp", "tile", "vector")  # run_tables' plan row
@@ -59,7 +61,7 @@ def kernel_source() -> str:
         f"#define FORMAT_FLOAT16 {FORMAT_CODES['float16']}\n"
         f"#define FORMAT_INT8 {FORMAT_CODES['int8']}\n"
     )
-    return defines + PROBE_SOURCE + WRITE_SOURCE
+    return defines + PROBE_SOURCE + WRITE_SOURCE + REQUEST_SOURCE
 
 
 def tile_for(dim: npt.ArrayLike) -> npt.NDArray[np.int_]:
@@ -76,7 +78,8 @@ def blocks_for(warps: int, device: Device) -> int:
     return max(1, min(device.resident_threads // THREADS, -(-warps // (THREADS // 32))))
 
 
-def _pad(nbytes: int) -> int:
+def pad(nbytes: int) -> int:
+    """``nbytes`` rounded up to 16 (where a part of a staging buffer starts)."""
     return -(-nbytes // 16) * 16
 
 
@@ -116,7 +119,7 @@ class GpuProbe:
         if n == 0:
             return np.zeros(0, np.int64), 0
         row_bytes = n * rows.dim * 4
-        miss_at = _pad(row_bytes)
+        miss_at = pad(row_bytes)
         tally_at = miss_at + 8 * n
         with dev.lock:
             staged = dev.pinned("keys", 8 * n)
@@ -162,97 +165,14 @@ class TablesLayout(NamedTuple):
 def tables_layout(n_keys: int, n_tables: int, row_bytes: int) -> TablesLayout:
     """The layout for ``n_keys`` keys of ``n_tables`` tables whose rows take ``row_bytes``
     (float32) bytes: each part 16-byte aligned where the kernel reads it as vectors."""
-    desc_at = _pad(8 * n_keys)
+    desc_at = pad(8 * n_keys)
     plan_at = desc_at + 8 * len(DESCRIPTOR) * n_tables
-    miss_at = _pad(row_bytes)
+    miss_at = pad(row_bytes)
     tally_at = miss_at + 8 * n_keys
     return TablesLayout(
         desc_at, plan_at, plan_at + 8 * len(PLAN) * n_tables, miss_at, tally_at,
         tally_at + 16 * n_tables,
     )  # fmt: skip
-
-
-def request_staging(
-    keys: Sequence[int], dims: Sequence[int], *, rows_on_device: bool = False
-) -> Staging:
-    """The staging buffers a GPU's shared :class:`Device` holds once it ran requests of
-    ``keys[t]`` keys for tables of dimension ``dims[t]`` (at most; one launch per request,
-    :func:`run_tables`), grown to powers of two (:func:`hps.cache.device.staging_nbytes`):
-    a pinned and a device buffer for the keys in; a device buffer for the results out (the
-    rows, then the misses and tallies) and a pinned one for the misses and tallies; and the
-    pinned response buffer the rows come back to (:meth:`hps.cache.device.Device.response`,
-    the pipeline's host answers, one at a time as Triton schedules an instance's requests).
-    ``hps plan`` prints it per Triton instance.
-
-    ``rows_on_device`` (the CTR model's lookups, :func:`fill_rows`): the rows stay on the
-    device, so the results out are the misses and tallies alone, a pair of ``fill`` buffers
-    carries the rows found below L1 (at most every row of a request: a cold start), and the
-    request's rows themselves take ``device`` memory too (CuPy's pool keeps them between
-    requests)."""
-    if not keys:
-        return Staging(0, 0)
-    n = sum(int(k) for k in keys)
-    rows = 4 * sum(int(k) * int(d) for k, d in zip(keys, dims, strict=True))
-    if not rows_on_device:
-        layout = tables_layout(n, len(keys), rows)
-        return staging_nbytes(
-            pinned={"keys": layout.in_bytes, "out": layout.out_bytes - layout.miss_at,
-                    "response": rows},
-            device={"keys": layout.in_bytes, "out": layout.out_bytes},
-        )  # fmt: skip
-    layout = tables_layout(n, len(keys), 0)
-    need = {"keys": layout.in_bytes, "out": layout.out_bytes, "fill": fill_nbytes(n, rows // 4)}
-    staged = staging_nbytes(pinned=need, device=need)
-    return Staging(staged.pinned, staged.device + rows)
-
-
-class Fill(NamedTuple):
-    """Rows found below L1 for one table of a request whose rows are on the device: the
-    table's output starts at element ``offset`` of the request's buffer, holds ``n`` rows of
-    ``dim``; ``rows[i]`` (host float32 ``[m, dim]``) goes to row ``positions[i]``."""
-
-    offset: int
-    n: int
-    dim: int
-    positions: np.ndarray
-    rows: np.ndarray
-
-
-def fill_nbytes(n_rows: int, n_elements: int) -> int:
-    """Bytes of the ``fill`` staging for ``n_rows`` rows of ``n_elements`` floats in all:
-    where each row goes in the request's buffer and where it starts in the rows (int64, one
-    more: where the last ends), then the rows (16-byte aligned)."""
-    return _pad(8 * (2 * n_rows + 1)) + 4 * n_elements
-
-
-def fill_rows(device: Device, out: Array, fills: Sequence[Fill]) -> None:
-    """Write host rows into ``out``, a flat float32 buffer of ``device``: every table's rows
-    and their places go in one pinned buffer and one copy, then one ``scatter_rows`` launch
-    puts each row where it belongs. Returns once they are written."""
-    fills = [f for f in fills if f.positions.size]
-    if not fills:
-        return
-    with device.lock:
-        counts = [f.positions.size for f in fills]
-        n_rows = sum(counts)
-        widths = np.repeat(np.array([f.dim for f in fills], dtype=np.int64), counts)
-        ints = 8 * (2 * n_rows + 1)
-        staged = device.pinned("fill", fill_nbytes(n_rows, int(widths.sum())))
-        places = staged[:ints].view(np.int64)
-        places[:n_rows] = np.concatenate([f.offset + f.positions * f.dim for f in fills])
-        places[n_rows] = 0
-        np.cumsum(widths, out=places[n_rows + 1 :])
-        flat = staged[_pad(ints) :].view(np.float32)
-        e = 0
-        for f in fills:
-            flat[e : e + f.rows.size] = f.rows.reshape(-1)
-            e += f.rows.size
-        buf = device.buffer("fill", staged.size)
-        device.to_device(buf, staged)
-        args = (buf[: 8 * n_rows].view(np.int64), buf[8 * n_rows : ints].view(np.int64),
-                np.int64(n_rows), buf[_pad(ints) :].view(np.float32), out)  # fmt: skip
-        device.launch("scatter_rows", blocks_for(n_rows, device), THREADS, args)
-        device.synchronize()
 
 
 def run_tables(

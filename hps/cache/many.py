@@ -20,7 +20,8 @@ import numpy.typing as npt
 
 from hps.cache import kernels
 from hps.cache.embedding_cache import EmbeddingCache
-from hps.cache.kernels_cupy import Fill, GpuProbe, fill_rows, run_tables
+from hps.cache.gpu_request import Fill, fill_rows
+from hps.cache.kernels_cupy import GpuProbe, run_tables
 from hps.types import Array, Keys, Vectors
 
 
@@ -85,7 +86,7 @@ def answer_buffer(lead: EmbeddingCache | None, n: int, *, on_device: bool = Fals
 
 def fill_on_gpu(lead: EmbeddingCache, out: Array, fills: Sequence[Fill]) -> None:
     """Rows found below L1 into ``out``, a buffer on ``lead``'s GPU (:func:`one_gpu`): one
-    copy for every table (:func:`hps.cache.kernels_cupy.fill_rows`, on the GPU's shared
+    copy for every table (:func:`hps.cache.gpu_request.fill_rows`, on the GPU's shared
     device)."""
     assert isinstance(lead._kernel, GpuProbe)
     with lead._scope:

@@ -10,12 +10,16 @@ import contextlib
 import functools
 import logging
 from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from hps.errors import ConfigError
 from hps.types import Array, ArrayModule
+
+if TYPE_CHECKING:
+    import cupy
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +84,12 @@ def to_host(a: Array) -> np.ndarray:
         return a
     host: np.ndarray = a.get()  # a CuPy array (to mypy, Array is NumPy's)
     return host
+
+
+def gpu_of(a: Array) -> int:
+    """The GPU a CuPy array ``a`` is on."""
+    device: cupy.cuda.Device = a.device  # a CuPy array (to mypy, Array is NumPy's)
+    return int(device.id)
 
 
 def to_xp(xp: ArrayModule, a: npt.ArrayLike) -> Array:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from hps.cache.xp import array_module, select_xp, to_host
+from hps.cache.xp import array_module, gpu_of, select_xp, to_host
 from hps.errors import ConfigError, ShapeError
 from hps.types import ArrayModule, Vectors
 
@@ -86,8 +86,13 @@ def pool_embeddings(
     (host) holds each table's CSR row offsets ``[tables, batch + 1]``.
     """
     xp = array_module(vectors)
+    if xp is not np:  # every table and sample in one launch on the rows' GPU
+        from hps.cache.device import gpu_device
+        from hps.cache.gpu_request import pool_rows
+
+        return pool_rows(gpu_device(gpu_of(vectors)), vectors, num_keys, offsets, dims)
     batch = offsets.shape[1] - 1
-    out = xp.zeros((batch, sum(dims)), dtype=xp.float32)
+    out = np.zeros((batch, sum(dims)), dtype=np.float32)
     v_off = col = 0
     for t, dim in enumerate(dims):
         n = int(num_keys[t])
@@ -95,8 +100,7 @@ def pool_embeddings(
         nonempty = np.flatnonzero(np.diff(offsets[t]) > 0)
         if n:
             # CSR segments are contiguous: empty ones consume no rows and stay zero.
-            starts = xp.asarray(offsets[t][:-1][nonempty])
-            out[xp.asarray(nonempty), col : col + dim] = xp.add.reduceat(rows, starts, axis=0)
+            out[nonempty, col : col + dim] = np.add.reduceat(rows, offsets[t][:-1][nonempty])
         v_off += n * dim
         col += dim
     return out

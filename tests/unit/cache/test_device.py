@@ -12,7 +12,8 @@ import pytest
 from hps.cache import EmbeddingCache, device, kernels
 from hps.cache.calibrate import calibrate, request_keys
 from hps.cache.device import gpu_device, staging_nbytes
-from hps.cache.kernels_cupy import THREADS, GpuProbe, blocks_for, request_staging, tables_layout
+from hps.cache.gpu_request import request_staging
+from hps.cache.kernels_cupy import THREADS, GpuProbe, blocks_for, tables_layout
 from hps.cache.many import one_gpu
 from tests.helpers import make_config
 from tests.unit.cache.cuda_emulation import EmulatedDevice, on_emulated_gpu

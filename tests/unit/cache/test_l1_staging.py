@@ -1,6 +1,6 @@
 """The GPU host path's staging buffers, as ``hps plan`` sizes them and as a device holds them.
 
-One sizing rule (:func:`hps.cache.kernels_cupy.request_staging` over
+One sizing rule (:func:`hps.cache.gpu_request.request_staging` over
 :func:`hps.cache.device.staging_nbytes`) serves the plan; here a request of a model's
 configured size runs through the pipeline's L1 probe on caches whose kernels run on an
 emulated device (tests/unit/cache/cuda_emulation.py: the host path as on a GPU), and the
@@ -10,6 +10,7 @@ buffers that device then holds must be exactly what the plan prints.
 from __future__ import annotations
 
 import ctypes
+from dataclasses import astuple
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,8 @@ import numpy as np
 from hps.cache import EmbeddingCache, cache_capacity
 from hps.cache.calibrate import request_keys
 from hps.cache.device import MIN_BUFFER, Staging, grown, staging_nbytes
-from hps.cache.kernels_cupy import Fill, fill_rows, request_staging, tables_layout
+from hps.cache.gpu_request import Fill, fill_rows, pool_rows, request_staging
+from hps.cache.kernels_cupy import tables_layout
 from hps.cache.many import answer_buffer, one_gpu
 from hps.pipeline import Probed, probe_l1
 from hps.plan import gpu_lines, l1_gpu, plan, to_json
@@ -134,7 +136,8 @@ def test_no_gpu_lines_for_a_numpy_l1_or_none(tmp_path: Path) -> None:
 
 def test_the_plan_counts_what_a_ctr_instance_holds(cuda_lib: ctypes.CDLL, tmp_path: Path) -> None:
     """A CTR instance keeps the rows on the GPU: a cold request (every key missed, so every
-    row goes in through the fill buffers) grows its buffers to what the plan prints."""
+    row goes in through the fill buffers), pooled there, grows its buffers to what the plan
+    prints; with ``cupy`` an embedding instance answers on the GPU the same way, unpooled."""
     doc = _model(tmp_path, "cupy", dense_file=str(tmp_path / "d.npz"))
     cfg = make_config(tmp_path, models=[doc])
     model = cfg.models[0]
@@ -159,19 +162,27 @@ def test_the_plan_counts_what_a_ctr_instance_holds(cuda_lib: ctypes.CDLL, tmp_pa
     assert all(f.positions.size == f.n for f in fills)  # cold: all missed
     fill_rows(device, out, fills)
     assert (out == 1).all()
-    want = request_staging(keys, dims, rows_on_device=True)
+    embedding = request_staging(keys, dims, rows_on_device=True)
     held = device.held()
-    assert (held.pinned, held.device + 4 * v) == (want.pinned, want.device)
+    assert (held.pinned, held.device + 4 * v) == (embedding.pinned, embedding.device)
+
+    per_sample = [3, 1, 2]  # maxnum_catfeature_query_per_table_per_sample
+    batch = model.max_batch_size
+    offsets = np.array([np.arange(batch + 1) * c for c in per_sample])
+    pooled = pool_rows(device, out, np.array(keys), offsets, dims)
+    want_pooled = np.repeat(np.array(per_sample, np.float32), dims)  # sums of ones
+    np.testing.assert_array_equal(pooled, np.broadcast_to(want_pooled, (batch, sum(dims))))
+    ctr = request_staging(keys, dims, rows_on_device=True, pooled_samples=batch)
+    held = device.held()
+    assert (held.pinned, held.device + 4 * v + pooled.nbytes) == (ctr.pinned, ctr.device)
 
     (gpu,) = l1_gpu(cfg, plan(cfg, {"m.a": 200, "m.b": 300, "m.c": 400}))
-    # with ``cupy`` the embedding model's KIND_GPU instances answer on their GPU too
-    assert (gpu.staging_pinned_bytes, gpu.staging_device_bytes) == (want.pinned, want.device)
-    assert (gpu.ctr_staging_pinned_bytes, gpu.ctr_staging_device_bytes) == (
-        want.pinned,
-        want.device,
-    )
+    assert (gpu.staging_pinned_bytes, gpu.staging_device_bytes) == astuple(embedding)
+    assert (gpu.ctr_staging_pinned_bytes, gpu.ctr_staging_device_bytes) == astuple(ctr)
     per_model = 2  # instances of each Triton model on GPU 0 (round robin): ceil(3 / 2)
     assert (gpu.instances, gpu.devices, gpu.instances_per_device) == (6, 2, 2 * per_model)
-    assert gpu.device_bytes_per_device == per_model * 2 * (gpu.cache_bytes + want.device)
-    assert gpu.pinned_bytes == 3 * 2 * want.pinned
+    assert gpu.device_bytes_per_device == per_model * (
+        2 * gpu.cache_bytes + embedding.device + ctr.device
+    )
+    assert gpu.pinned_bytes == 3 * (embedding.pinned + ctr.pinned)
     assert "a CTR instance (rows kept on the GPU)" in gpu_lines([gpu])[0]

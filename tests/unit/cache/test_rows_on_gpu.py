@@ -20,7 +20,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hps.cache.embedding_cache import EmbeddingCache
-from hps.cache.kernels_cupy import fill_nbytes, tables_layout
+from hps.cache.gpu_request import fill_nbytes, pool_rows
+from hps.cache.kernels_cupy import tables_layout
+from hps.ctr.network import pool_embeddings
 from hps.lookup import LookupSession
 from hps.storage.hash_map import HashMapStore
 from hps.tiers import Tiers
@@ -168,3 +170,30 @@ def test_without_one_gpu_the_rows_are_answered_on_the_host(tmp_path: Path) -> No
     assert isinstance(got, np.ndarray) and got.shape == (2 * 4 + 8 + 4,)
     np.testing.assert_array_equal(got[-4:], np.full(4, 2.0, np.float32))  # key 5: the default
     session.close()
+
+
+@SETTINGS
+@given(
+    counts=st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=7), min_size=1, max_size=4),
+    dims=st.lists(st.integers(1, 40), min_size=4, max_size=4),
+    seed=st.integers(0, 1000),
+)
+def test_rows_pooled_on_the_gpu_match_the_host_pooling(
+    cuda_lib: ctypes.CDLL, counts: list[list[int]], dims: list[int], seed: int
+) -> None:
+    """The CTR model's pooling in one launch (``pool_rows``): NumPy's sums up to float32
+    rounding (NumPy adds a contiguous run pairwise), empty segments zero, rows wider than a
+    warp included."""
+    batch = len(counts[0])
+    counts = [(c * batch)[:batch] for c in counts]  # as many samples in every table
+    dims = dims[: len(counts)]
+    rng = np.random.default_rng(seed)
+    tables = zip(counts, dims, strict=True)
+    flat = np.concatenate([rng.standard_normal(sum(c) * d).astype(np.float32) for c, d in tables])
+    offsets = np.array([[0, *np.cumsum(c)] for c in counts])
+    device = EmulatedDevice(cuda_lib)
+    got = pool_rows(device, flat, offsets[:, -1], offsets, dims)
+    want = pool_embeddings(flat, offsets[:, -1], offsets, dims)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert ((got == 0) == (want == 0)).all()  # empty segments: exactly zero
+    assert device.launches == ["pool_rows"]
