@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hps import net
-from hps.net import free_port, listening_ports, port_free
+from hps.net import claim, free_port, listening_ports, port_free
 
 
 def test_a_free_port_lies_below_the_ephemeral_range_and_binds() -> None:
@@ -32,9 +32,24 @@ def test_a_port_in_use_is_never_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
         busy = free_port()
         taken.bind((net.LOOPBACK, busy))
         taken.listen()
-        other = next(p for p in iter(free_port, None) if p != busy)
+        other = free_port()
+        monkeypatch.setattr(net, "_taken", set())  # both handed out before: forgotten
         monkeypatch.setattr(net, "listening_ports", lambda span=0: [busy, other])
-        assert {free_port() for _ in range(20)} == {other}
+        assert free_port() == other
+
+
+def test_a_port_handed_out_or_claimed_is_never_chosen_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Chosen but not bound yet, it is free to any check: a second choice could be it."""
+    a, b, c = free_port(), free_port(), free_port()
+    assert len({a, b, c}) == 3
+    monkeypatch.setattr(net, "_taken", set())
+    monkeypatch.setattr(net, "listening_ports", lambda span=0: [a, b, c])
+    claim(a)  # e.g. a public port given on the command line
+    assert {free_port(), free_port()} == {b, c}
+    with pytest.raises(RuntimeError, match="no free port"):
+        free_port()
 
 
 def test_an_unknown_range_falls_back_to_the_kernels_choice(

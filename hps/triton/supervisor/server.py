@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hps.errors import BackendUnavailable, HPSError
-from hps.net import free_port
+from hps.net import claim, free_port
 from hps.redact import redact_args, register
 from hps.tempdirs import owned_tempdir
 from hps.triton.admin_key import restricted_args
@@ -81,6 +81,7 @@ class TritonServer:
 
     def __post_init__(self) -> None:
         self.admin_key = self.admin_key or secrets.token_urlsafe(24)
+        claim(self.http_port, self.grpc_port, self.metrics_port)  # not drawn again below
         self.http_port = self.http_port or free_port()
         self.grpc_port = self.grpc_port or free_port()
         self.metrics_port = self.metrics_port or free_port()

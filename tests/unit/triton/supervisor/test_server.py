@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from hps import net
 from hps.errors import BackendUnavailable
+from hps.net import free_port
+from hps.triton.supervisor.gate import BodyLimit
 from hps.triton.supervisor.install import TritonInstall
 from hps.triton.supervisor.server import TritonServer
 
@@ -23,6 +26,18 @@ def test_command_line() -> None:
     ports = {server.http_port, server.grpc_port, server.metrics_port}
     assert len(ports) == 3 and f"--http-port={server.http_port}" in cmd
     assert TritonServer(Path("/r"), host="0.0.0.0", http_port=9).http_url == "127.0.0.1:9"
+
+
+def test_triton_behind_the_gate_never_draws_a_public_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The public ports are given and bound by the gate only once Triton is up: until then
+    they are free to any check, so Triton's own ports must be drawn among the others."""
+    ports = [free_port() for _ in range(5)]
+    monkeypatch.setattr(net, "_taken", set())
+    monkeypatch.setattr(net, "listening_ports", lambda span=0: ports)
+    http, grpc, metrics, *rest = ports
+    server = TritonServer(Path("/r"), http_port=http, grpc_port=grpc, metrics_port=metrics,
+                          body_limit=BodyLimit.of(1 << 20))  # fmt: skip
+    assert {server._triton_http, server._triton_grpc} == set(rest)
 
 
 def fake_install(tmp_path: Path, script: str) -> TritonInstall:
