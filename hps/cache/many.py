@@ -62,11 +62,14 @@ def one_gpu(caches: Sequence[object]) -> EmbeddingCache | None:
     """The first of ``caches`` when they are all :class:`EmbeddingCache` on one GPU, that is
     on its one shared device (:func:`hps.cache.device.gpu_device`; one launch probes them
     all, into a buffer of that GPU: :func:`query_tables_into`), else ``None``."""
-    ours = [c for c in caches if isinstance(c, EmbeddingCache)]
-    probes = [c._kernel for c in ours if isinstance(c._kernel, GpuProbe)]
-    if not probes or len(probes) != len(caches) or len({id(p.device) for p in probes}) > 1:
-        return None
-    return ours[0]
+    devices = set()
+    for cache in caches:  # every request asks: NumPy caches answer at the first
+        kernel = cache._kernel if isinstance(cache, EmbeddingCache) else None
+        if not isinstance(kernel, GpuProbe):
+            return None
+        devices.add(id(kernel.device))
+    first = caches[0] if len(devices) == 1 else None
+    return first if isinstance(first, EmbeddingCache) else None
 
 
 def answer_buffer(lead: EmbeddingCache | None, n: int, *, on_device: bool = False) -> Array:
