@@ -12,8 +12,8 @@ LOWEST_PORT = 10_000  # below: ports of well-known services are more likely
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 # Ports this process handed out or was told it will bind (claim): a port chosen but not
-# bound yet is free to any check, so the next choice could be it (seen: Triton's internal
-# gRPC port drawn equal to the public one its gate was about to bind).
+# bound yet is free to any check, so the next choice could be it (e.g. Triton's internal
+# gRPC port drawn equal to the public one its gate binds only once Triton is up).
 _taken: set[int] = set()
 _taken_lock = threading.Lock()
 
