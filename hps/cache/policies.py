@@ -1,7 +1,8 @@
 """Eviction policies of the L1 cache: per-row metadata in ``xp`` arrays, vectorised choices.
 
 A policy ranks rows by a composite int64 *priority* (lower is evicted first); the cache picks
-victims with one ``argpartition`` over the evictable rows, never a loop over keys. Every
+victims with one ``argpartition`` over the evictable rows of an eviction window
+(:mod:`hps.cache.placement`), never a loop over keys. Every
 priority ends in the row's last-access tick, so ties fall back to LRU order.
 
 - ``lru``: the tick alone (HugeCTR's default). Every miss is admitted.
