@@ -4,7 +4,9 @@ Properties, for every policy, array module and row format: a hit never returns a
 vector (always the last stored row written for the key, decoded; ``dump`` gives the stored
 rows back unchanged), the cache never holds more than its capacity, pinned keys
 are never evicted by an insert, and a cache at least as large as the key universe never
-evicts anything (the 100% hit rate HugeCTR's set-associative cache could not reach).
+evicts anything (the 100% hit rate HugeCTR's set-associative cache could not reach). Each
+runs twice: victims chosen among the whole arena (these caches are smaller than the eviction
+window) and among a window of it (two rows a victim, at least one).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from hps.cache import EmbeddingCache
+from hps.cache import EmbeddingCache, placement
 from hps.cache.xp import available_xps
 from hps.rowformat import FORMATS, RowFormat
 
@@ -169,9 +171,15 @@ class CacheMachine(RuleBasedStateMachine):
 XPS = available_xps()
 
 
+@pytest.mark.parametrize("window", [False, True], ids=["arena", "window"])
 @pytest.mark.parametrize("fmt", list(FORMATS.values()), ids=list(FORMATS))
 @pytest.mark.parametrize("xp", XPS, ids=[m.__name__ for m in XPS])
-def test_cache_against_a_dict(xp: ModuleType, fmt: RowFormat) -> None:
+def test_cache_against_a_dict(
+    xp: ModuleType, fmt: RowFormat, window: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if window:
+        monkeypatch.setattr(placement, "SCAN_PER_VICTIM", 2)
+        monkeypatch.setattr(placement, "MIN_SCAN_ROWS", 1)
     machine = type("Machine", (CacheMachine,), {"xp": xp, "fmt": fmt})
     runner = machine.TestCase
     runner.settings = settings(max_examples=120, stateful_step_count=30, deadline=None)
