@@ -50,7 +50,7 @@ class Placement:
         fresh = xp.flatnonzero(ok & (rows < 0))
         out[present] = rows[present]
         if fresh.size:
-            out[fresh] = self._place(keys[fresh], values[fresh], rows, force, tick)
+            out[fresh] = self._place(_pick(keys, fresh), _pick(values, fresh), rows, force, tick)
         return out
 
     def _place(self, keys: Array, values: Array, current: Array, force: bool, tick: int) -> Array:
@@ -71,8 +71,9 @@ class Placement:
         self.stats["inserts"] += n
         self.stats["rejected"] += m - n
         if n:
-            rows = store.place(keys[idx], values[idx], tick)
-            self.policy.on_insert(keys[idx], rows)
+            keys = _pick(keys, idx)
+            rows = store.place(keys, _pick(values, idx), tick)
+            self.policy.on_insert(keys, rows)
             out[idx] = rows
         return out
 
@@ -146,3 +147,9 @@ class Placement:
             k = rows.size - self.max_pinned
             rows = rows[self.xp.argpartition(self.policy.priority(rows), k - 1)[k:]]
         store.pinned[rows] = True
+
+
+def _pick(a: Array, idx: Array) -> Array:
+    """``a[idx]`` for ascending, unique ``idx``: ``a`` itself when that is all of it (a batch
+    of new rows is not copied once more before it is stored)."""
+    return a if int(idx.size) == len(a) else a[idx]

@@ -259,11 +259,15 @@ class KeyIndex:
         pos = self._positions(keys)
         found = pos >= 0
         rows = self.xp.full(keys.size, -1, dtype=self.xp.int64)
-        rows[found] = self.slot_rows[pos[found]]
-        fpos = self.xp.unique(pos[found])  # a key listed twice is removed once
+        fpos = pos[found]
+        rows[found] = self.slot_rows[fpos]
+        # A key listed twice is removed once, counted without a sort: of the writes to one
+        # slot one lands, so exactly one position per distinct slot reads back its own mark.
+        mark = self.xp.arange(fpos.size, dtype=self.xp.int32)
+        self.slot_rows[fpos] = mark
+        removed = int((self.slot_rows[fpos] == mark).sum())
         self.slot_keys[fpos] = TOMBSTONE
         self.slot_rows[fpos] = -1
-        removed = int(fpos.size)
         self._used -= removed
         self._tombs += removed
         return rows
