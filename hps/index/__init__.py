@@ -11,6 +11,13 @@ Invariant: a key sits in the first group of its probe sequence that had a free s
 was inserted, and slots never turn back to ``EMPTY`` (removal leaves a ``TOMBSTONE``), so a
 lookup stops at the first group that still has an ``EMPTY`` slot.
 
+Growth and clean-up: the index doubles when its live keys would pass ``max_load``, and it is
+rebuilt at the same size, without its tombstones, when live keys and tombstones would pass
+``max_load`` plus ``TOMBSTONE_ROOM`` of the slots above it. That room is a fixed share of the
+slots, so a full cache that evicts on every insert rebuilds once per that many removals (a
+rebuild is O(slots)); rebuilding as soon as ``max_load`` was reached left a cache of 65,535
+rows one slot of room, and a rebuild on every insert.
+
 Where numba is installed (and :mod:`hps.jit` allows it), a host index runs
 :meth:`KeyIndex.lookup` and :meth:`KeyIndex.insert` as compiled loops
 (:mod:`hps.index._numba`): the same probe sequence and layout, several times faster on the
@@ -40,6 +47,7 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 CACHE_LINE = 64
+TOMBSTONE_ROOM = 0.25  # share of the slots above max_load that tombstones may take
 
 
 def aligned_full(
@@ -244,8 +252,13 @@ class KeyIndex:
         self._used += n
 
     def reserve(self, n: int) -> None:
-        """Grow first if ``n`` new keys would take the table past its load."""
-        if (self._used + self._tombs + n) > self.max_load * self.slots:
+        """Grow first if ``n`` new keys would take the live keys past the load; rebuild
+        without tombstones if live keys and tombstones would fill more than the fill limit."""
+        slots = self.slots
+        fill_limit = self.max_load + TOMBSTONE_ROOM * (1 - self.max_load)
+        if self._used + n > self.max_load * slots or (
+            self._used + self._tombs + n > fill_limit * slots
+        ):
             self._rehash(self._used + n)
 
     def inserted_elsewhere(self, n: int, reused: int) -> None:

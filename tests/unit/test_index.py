@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from hps.cache.xp import available_xps, to_host
 from hps.errors import InvalidValueError
-from hps.index import EMPTY, GROUP, TOMBSTONE, KeyIndex, compiled, slots_for
+from hps.index import EMPTY, GROUP, TOMBSTONE, TOMBSTONE_ROOM, KeyIndex, compiled, slots_for
 from hps.types import TableSpec
 from hps.validate import as_rows
 
@@ -75,6 +75,30 @@ def test_growth_rehash_and_tombstone_reuse(xp: ModuleType, compiled_loops: bool)
     rows = to_host(index.lookup(xp.asarray(keys)))
     assert (rows >= 0).all() and len(index) == keys.size
     assert index.slots <= 2 * slots_for(keys.size)
+
+
+@pytest.mark.parametrize(("xp", "compiled_loops"), IMPLS, ids=IMPL_IDS)
+def test_a_full_index_with_one_slot_of_room_is_not_rebuilt_on_every_insert(
+    xp: ModuleType, compiled_loops: bool
+) -> None:
+    # 511 keys at load 0.5: 1,024 slots and one slot of room below the load. Each step
+    # removes a key and inserts a new one, as a full cache does; every removal leaves a
+    # tombstone, and the tombstones have TOMBSTONE_ROOM of the slots above the load.
+    index = KeyIndex(511, xp=xp, max_load=0.5, compiled_loops=compiled_loops)
+    assert index.slots == 1024
+    model = {k: k for k in range(1, 512)}
+    index.insert(xp.asarray(np.array(list(model), np.int64)), xp.asarray(np.array(list(model))))
+    arrays, rebuilds = index.slot_keys, 0
+    for step in range(300):
+        index.remove(xp.asarray(np.array([step + 1], np.int64)))
+        index.insert(xp.asarray(np.array([1000 + step], np.int64)), xp.asarray(np.array([step])))
+        del model[step + 1]
+        model[1000 + step] = step
+        rebuilds += index.slot_keys is not arrays
+        arrays = index.slot_keys
+    room = int(TOMBSTONE_ROOM * 0.5 * 1024)
+    assert rebuilds <= 300 // room and index.slots == 1024  # not ~300, and never grown
+    _check(index, model, xp)
 
 
 @pytest.mark.parametrize(("xp", "compiled_loops"), IMPLS, ids=IMPL_IDS)
