@@ -82,7 +82,11 @@ class WriteLog:
         if version < self._floor:
             log.debug("L1 write log no longer covers version %d (floor %d)", version, self._floor)
             return xp.ones(keys.size, dtype=bool)
-        recent = [k for v, k in self._entries if v > version]
+        recent = []
+        for v, k in reversed(self._entries):  # newest first: stop at the first one not after
+            if v <= version:
+                break
+            recent.append(k)
         if self._holds:
             if self._held is None:
                 self._held = xp.unique(xp.concatenate(list(self._holds.values())))
