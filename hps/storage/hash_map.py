@@ -143,15 +143,25 @@ class HashMapStore(EmbeddingStore):
             self._resolve_overflow(t)
 
     def _allocate(self, t: _Table, n: int) -> np.ndarray:
-        free = np.concatenate(t.free) if t.free else np.empty(0, dtype=np.int64)
-        take, rest = free[:n], free[n:]
-        t.free = [rest] if rest.size else []
-        extra = n - take.size
+        # Freed rows first, from the end of the newest chunk: a view, never a copy of the
+        # whole free list (which an overflow resolution makes a fifth of the margin long).
+        taken: list[np.ndarray] = []
+        want = n
+        while want and t.free:
+            last = t.free[-1]
+            k = min(want, last.size)
+            taken.append(last[last.size - k :])
+            if k == last.size:
+                t.free.pop()
+            else:
+                t.free[-1] = last[: last.size - k]
+            want -= k
+        extra = want
         if t.top + extra > t.capacity:
             self._grow(t, t.top + extra)
-        fresh = np.arange(t.top, t.top + extra, dtype=np.int64)
+        taken.append(np.arange(t.top, t.top + extra, dtype=np.int64))
         t.top += extra
-        return np.concatenate([take, fresh])
+        return np.concatenate(taken)
 
     @staticmethod
     def _grow(t: _Table, need: int) -> None:

@@ -1,4 +1,5 @@
-"""The in-process L2 grows its arena in place (hps/storage/hash_map.py ``_grow``).
+"""The in-process L2 grows its arena in place (hps/storage/hash_map.py ``_grow``), and hands
+out freed rows before it grows.
 
 Filling a table from empty must keep every row through each growth, whatever the row format,
 with or without the overflow ticks, and must never hold the old and the new arena at once:
@@ -64,3 +65,24 @@ def test_growing_never_holds_two_arenas() -> None:
         tracemalloc.stop()
     # Copying into a new array at each growth peaked at about 1.7x the table.
     assert peak < 1.25 * store.nbytes(spec.name)
+
+
+def test_freed_rows_are_handed_out_once_before_the_arena_grows() -> None:
+    store = HashMapStore()
+    spec = TableSpec("m", "t", 4)
+    store.open_table(spec)
+    keys, values = _rows(spec, 1000)
+    store.insert(spec.name, keys, values)
+    table = store._tables[spec.name]
+    top = table.top
+    for lo in (0, 100, 350):  # three removals: three chunks of free rows
+        store.remove(spec.name, keys[lo : lo + 50])
+    # Batches that take a chunk in part, across chunks, and past the last one.
+    new = np.arange(10**6, 10**6 + 170, dtype=np.int64)
+    for part in (new[:30], new[30:100], new[100:170]):
+        store.insert(spec.name, part, spec.fmt.encode(np.full((part.size, 4), 7.0, np.float32)))
+    assert table.top == top + 20  # 150 freed rows reused, then 20 fresh ones
+    rows = table.index.lookup(np.concatenate([keys[50:100], keys[150:350], keys[400:], new]))
+    assert (rows >= 0).all() and np.unique(rows).size == rows.size  # one key a row
+    got, found = store.fetch(spec.name, new)
+    assert found.all() and (spec.fmt.decode(got, 4) == 7.0).all()
