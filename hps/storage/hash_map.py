@@ -20,7 +20,7 @@ from hps.dedup import last_occurrence
 from hps.index import EMPTY, KeyIndex
 from hps.rowformat import Stored
 from hps.storage.base import AccessMode, EmbeddingStore, check_rows, refused
-from hps.storage.overflow import TICK_MASK, choose_victims
+from hps.storage.overflow import TICK_MASK, choose_victims, rows_to_keep
 from hps.types import Keys, Mask, TableSpec
 from hps.validate import table_or_raise
 
@@ -179,7 +179,7 @@ class HashMapStore(EmbeddingStore):
         size = len(t.index)
         if size <= self.overflow_margin:
             return
-        keep = int(self.overflow_margin * self.target)
+        keep = rows_to_keep(self.overflow_margin, self.target)
         live = np.flatnonzero(t.row_keys[: t.top] != EMPTY)
         ticks = t.ticks[live] if t.ticks is not None else None
         pick = choose_victims(

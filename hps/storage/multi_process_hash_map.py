@@ -50,6 +50,7 @@ from hps.storage._shm_layout import MAX_TABLES, EntryView, EntryWord, HeaderWord
 from hps.storage._shm_segment import Identity, Segment, SegmentClosed
 from hps.storage._shm_table import ShmTable, rows_per_extent
 from hps.storage.base import AccessMode, EmbeddingStore, check_rows
+from hps.storage.overflow import rows_to_keep
 from hps.types import JSON, Keys, Mask, TableSpec
 from hps.validate import table_or_raise
 
@@ -328,7 +329,7 @@ class SharedHashMapStore(EmbeddingStore):
     def _insert_chunk(self, t: ShmTable, keys: Keys, values: Stored) -> None:
         self._upsert(t, keys, values)
         if t.rows > self.overflow_margin:
-            keep = int(self.overflow_margin * self.target)
+            keep = rows_to_keep(self.overflow_margin, self.target)
             self._evict(t, t.rows - keep)
 
     def _upsert(self, t: ShmTable, keys: Keys, values: Stored) -> None:
@@ -345,7 +346,7 @@ class SharedHashMapStore(EmbeddingStore):
                         f"multi_process_hash_map: {self.path} is full ({exc}) and no rows are "
                         f"left to evict for {keys.size} rows of {t.entry.name}"
                     ) from None
-                self._evict(victim, max(1, victim.rows - int(victim.rows * self.target)))
+                self._evict(victim, victim.rows - rows_to_keep(victim.rows, self.target))
 
     def _check_fits(self, t: ShmTable, n: int) -> None:
         """Refuse, before evicting anything, a batch that could never fit."""

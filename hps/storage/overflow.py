@@ -9,6 +9,18 @@ TICK_MASK = 0xFFFFFFFF
 and order rows by their age since the latest tick, which survives the wrap."""
 
 
+MIN_RESOLUTION = 1 / 64
+"""The least share of the limit one resolution evicts in the in-memory backends."""
+
+
+def rows_to_keep(limit: int, target: float) -> int:
+    """Rows an in-memory table keeps when it resolves an overflow of ``limit`` rows:
+    ``target`` of it, and at least ``MIN_RESOLUTION`` of it below. Each resolution ranks the
+    whole table, so a target of 1.0 (evict just the excess) would rank it again on every
+    insert past the limit."""
+    return max(0, min(int(limit * target), limit - max(1, int(limit * MIN_RESOLUTION))))
+
+
 def choose_victims(
     policy: str,
     n: int,

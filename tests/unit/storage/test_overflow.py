@@ -1,4 +1,5 @@
-"""L2 eviction order across the wrap of the uint32 row ticks (hps/storage/overflow.py).
+"""L2 eviction order across the wrap of the uint32 row ticks (hps/storage/overflow.py), and
+how far one resolution goes.
 
 A store stamps rows with a uint32 tick per batch; after 2^32 batches (two days at 25k
 batches a second) the counter wraps. The in-process hash map then failed every insert
@@ -18,7 +19,7 @@ from hps.storage._shm_layout import HeaderWord
 from hps.storage.base import EmbeddingStore
 from hps.storage.hash_map import HashMapStore
 from hps.storage.multi_process_hash_map import SharedHashMapStore
-from hps.storage.overflow import TICK_MASK, choose_victims
+from hps.storage.overflow import MIN_RESOLUTION, TICK_MASK, choose_victims, rows_to_keep
 from hps.types import TableSpec
 from tests.helpers import unique_name
 
@@ -78,3 +79,26 @@ def test_eviction_keeps_its_order_when_the_ticks_wrap(
     got, found = store.fetch(spec.name, np.arange(0, 1100, dtype=np.int64))
     assert found.sum() == 500
     np.testing.assert_array_equal(got[found], rows(np.arange(0, 1100)[found]))
+
+
+def test_one_resolution_evicts_at_least_a_share_of_the_limit() -> None:
+    assert rows_to_keep(1000, 0.8) == 800
+    assert rows_to_keep(1000, 1.0) == 1000 - int(1000 * MIN_RESOLUTION)  # not 1000: 984
+    assert rows_to_keep(10, 1.0) == 9 and rows_to_keep(1, 1.0) == 0
+
+
+@pytest.mark.parametrize("policy", ["evict_random", "evict_least_used"])
+def test_a_target_of_one_does_not_resolve_on_every_insert(
+    near_wrap: Callable[..., EmbeddingStore], policy: str
+) -> None:
+    store = near_wrap(overflow_margin=640, overflow_policy=policy, overflow_resolution_target=1.0)
+    spec = TableSpec("m", "t", 4)
+    store.open_table(spec)
+    values = np.ones((1, 4), np.float32)
+    store.insert(spec.name, np.arange(640, dtype=np.int64), np.ones((640, 4), np.float32))
+    sizes = []
+    for key in range(1000, 1012):  # one row past the limit, then one a batch
+        store.insert(spec.name, np.array([key], dtype=np.int64), values)
+        sizes.append(store.size(spec.name))
+    # The first went down 10 rows (1/64 of 640) below the limit; ten more fit before the next.
+    assert sizes == [630, *range(631, 641), 630]
