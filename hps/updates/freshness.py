@@ -21,6 +21,11 @@ and returns the update as soon as L2 has it, not only at pass 2.
 at pass 1 when every key of the message is resident in L1 after it, else when L2/L3 came to
 hold the message (the same ``ready`` as pass 2, without the grace). ``ready`` is polled: the
 middle of the interval in which it turned true is recorded, never a moment before pass 1.
+
+What waits for ``ready`` is queued per topic partition (:class:`Offset`): a consumer group
+commits a partition in offset order, so a check asks each partition's queue only until the
+first message that is not ready yet. A check costs what it finds ready, not what waits
+(100,000 messages while ``hps consume`` lags, asked every 0.1 s).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from hps.rowformat import Stored
 from hps.types import Keys
@@ -47,11 +52,29 @@ MAX_PENDING_KEYS = 1 << 22
 MAX_WAITING = 100_000  # messages whose freshness waits for L2/L3
 
 
+class Offset(NamedTuple):
+    """Where an update message was read: ``ready`` turns true along a partition in offset
+    order (the partition's committed offset passes it)."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+Ready = Callable[[Offset | None], bool]
+"""Whether L2/L3 hold the update at an offset (``None``: nothing to wait for)."""
+
+
+def always_ready(token: Offset | None) -> bool:
+    """The ``ready`` of a process that writes L2/L3 itself: nothing to wait for."""
+    return True
+
+
 @dataclass
 class _Pending:
     table: str
     keys: Keys
-    token: object  # handed to ``ready``
+    token: Offset | None  # handed to ``ready``
     since: float
     hold: int | None = None  # the cache's hold on ``keys``, released once ``ready``
 
@@ -64,6 +87,7 @@ class L1Refresher:
         self.grace_s = grace_s
         self._pending: deque[_Pending] = deque()
         self._pending_keys = 0
+        self._holding: dict[tuple[str, int], deque[_Pending]] = {}  # holds, per partition
 
     def tracks(self, table: str) -> bool:
         return self.session.caches.get(table) is not None
@@ -85,15 +109,20 @@ class L1Refresher:
         cache = self.session.caches.get(table)
         return cache is not None and bool(cache.resident(keys).all())
 
-    def later(self, table: str, keys: Keys, token: object = None, *, held: bool = False) -> None:
+    def later(
+        self, table: str, keys: Keys, token: Offset | None = None, *, held: bool = False
+    ) -> None:
         """Queue pass 2 for ``keys``; it runs when ``ready(token)`` holds (see :meth:`run_due`).
         ``held``: keep them out of L1 fills until then (L2/L3 may not hold the update yet)."""
         cache = self.session.caches.get(table)
         if cache is None or keys.size == 0:
             return
-        hold = cache.hold(keys) if held else None
-        self._pending.append(_Pending(table, keys, token, time.monotonic(), hold))
+        hold = cache.hold(keys) if held and token is not None else None
+        entry = _Pending(table, keys, token, time.monotonic(), hold)
+        self._pending.append(entry)
         self._pending_keys += keys.size
+        if token is not None and hold is not None:
+            self._holding.setdefault((token.topic, token.partition), deque()).append(entry)
         while self._pending_keys > MAX_PENDING_KEYS:  # L2/L3 writer gone for long: give up
             old = self._pending.popleft()
             self._pending_keys -= old.keys.size
@@ -111,17 +140,20 @@ class L1Refresher:
         """End every hold (the listener stops: nothing will say when L2/L3 are ready)."""
         for entry in self._pending:
             self._release(entry)
+        self._holding.clear()
 
     @property
     def pending(self) -> int:
         return len(self._pending)
 
-    def run_due(self, ready: Callable[[object], bool] = lambda token: True) -> int:
+    def run_due(self, ready: Ready = always_ready) -> int:
         """Pass 2 for the queued updates that are old enough and ready, in order; holds end
         as soon as their update is ready."""
-        for entry in self._pending:
-            if entry.hold is not None and ready(entry.token):
-                self._release(entry)
+        for lane, queue in list(self._holding.items()):
+            while queue and (queue[0].hold is None or ready(queue[0].token)):
+                self._release(queue.popleft())
+            if not queue:
+                del self._holding[lane]
         done = 0
         deadline = time.monotonic() - self.grace_s
         # A secondary L3 sees the writer's updates only after catching up: once per pass, and
@@ -133,6 +165,7 @@ class L1Refresher:
                 break
             # if it raises, the entry stays queued
             self.session.refresh(head.table, head.keys, before_l3=before_l3)
+            self._release(head)  # ready: already released, unless it came out of order
             self._pending.popleft()
             self._pending_keys -= head.keys.size
             done += 1
@@ -156,32 +189,37 @@ class Served:
     def __init__(self, recorder: Recorder, *, limit: int = MAX_WAITING) -> None:
         self.recorder = recorder
         self.limit = limit
-        self._waiting: deque[tuple[str, int, object, int]] = deque()
+        # per partition, in offset order: (table, published_ns, offset, seen_ns)
+        self._waiting: dict[tuple[str, int], deque[tuple[str, int, Offset, int]]] = {}
+        self._count = 0
 
     @property
     def waiting(self) -> int:
-        return len(self._waiting)
+        return self._count
 
     def now(self, table: str, published_ns: int) -> None:
         self.recorder.fresh(table, published_ns)
 
-    def after(self, table: str, published_ns: int, token: object) -> None:
-        self._waiting.append((table, published_ns, token, time.time_ns()))
-        while len(self._waiting) > self.limit:
-            self._waiting.popleft()
+    def after(self, table: str, published_ns: int, token: Offset) -> None:
+        queue = self._waiting.setdefault((token.topic, token.partition), deque())
+        queue.append((table, published_ns, token, time.time_ns()))
+        self._count += 1
+        if self._count > self.limit:  # the writer is away for long: this partition's oldest
+            queue.popleft()
+            self._count -= 1
 
-    def run_ready(self, ready: Callable[[object], bool], previous_ns: int | None = None) -> int:
+    def run_ready(self, ready: Ready, previous_ns: int | None = None) -> int:
         """Observe every waiting message that ``ready`` now holds; returns how many.
         ``previous_ns``: when ``ready`` was last asked (``time.time_ns()``), if ever."""
-        keep: deque[tuple[str, int, object, int]] = deque()
         now_ns = time.time_ns()
         done = 0
-        for table, published_ns, token, seen_ns in self._waiting:
-            if ready(token):
+        for lane, queue in list(self._waiting.items()):
+            while queue and ready(queue[0][2]):
+                table, published_ns, _, seen_ns = queue.popleft()
                 since = seen_ns if previous_ns is None else max(seen_ns, previous_ns)
                 self.recorder.fresh(table, published_ns, (min(since, now_ns) + now_ns) // 2)
                 done += 1
-            else:
-                keep.append((table, published_ns, token, seen_ns))
-        self._waiting = keep
+            if not queue:
+                del self._waiting[lane]
+        self._count -= done
         return done

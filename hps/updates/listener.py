@@ -13,13 +13,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from hps.config import PSConfig
 from hps.errors import FormatError, HPSError, RequestError
 from hps.tiers import encode_rows
-from hps.updates.freshness import L1Refresher, Served
+from hps.updates.freshness import L1Refresher, Offset, Ready, Served
 from hps.updates.messages import read_message
 from hps.updates.metrics import PrometheusRecorder, Recorder
 from hps.updates.routing import Router
@@ -93,12 +92,13 @@ def start_l1_listener(
     return UpdateThread("hps-l1-listener", body, refresher)
 
 
-def applied_by_group(committed: dict[tuple[str, int], int]) -> Callable[[object], bool]:
-    """Whether the consumer group has committed past a (topic, partition, offset) token."""
+def applied_by_group(committed: dict[tuple[str, int], int]) -> Ready:
+    """Whether the consumer group has committed past an offset."""
 
-    def ready(token: object) -> bool:
-        topic, partition, offset = cast("tuple[str, int, int]", token)
-        return committed.get((topic, partition), -1) > offset
+    def ready(token: Offset | None) -> bool:
+        if token is None:
+            return True
+        return committed.get((token.topic, token.partition), -1) > token.offset
 
     return ready
 
@@ -118,7 +118,7 @@ def refresh_from(
     except (FormatError, RequestError) as exc:
         log.debug("listener skips %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), exc)
         return
-    token = (msg.topic(), msg.partition(), msg.offset())
+    token = Offset(str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0))
     for spec, upd in found:
         rows = None if upd.delete or upd.values is None else encode_rows(spec, upd.values)
         refresher.now(upd.table, upd.keys, rows)

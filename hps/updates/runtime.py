@@ -41,7 +41,7 @@ from hps.updates.applier import Applier, Listener, model_filter
 from hps.updates.consumer import UpdateConsumer
 from hps.updates.deadletter import DeadLetters
 from hps.updates.following import ModelFollower
-from hps.updates.freshness import L1Refresher
+from hps.updates.freshness import L1Refresher, Ready, always_ready
 from hps.updates.heartbeat import Heartbeat
 from hps.updates.metrics import Recorder
 from hps.updates.replay import Catchup, Replayer, Rollouts, record_path
@@ -238,7 +238,7 @@ class UpdateThread:
 def timed_pass2(
     recorder: Recorder,
     refresher: L1Refresher,
-    ready: Callable[[object], bool] = lambda token: True,
+    ready: Ready = always_ready,
 ) -> None:
     """Pass 2 of the L1 refresh, timed (stage ``l1_reread``) when it re-read something: it
     runs in the update thread, between polls."""

@@ -17,7 +17,8 @@ from hps.types import TableSpec
 from hps.updates import codec
 from hps.updates.applier import Applier
 from hps.updates.consumer import UpdateConsumer
-from hps.updates.freshness import L1Refresher
+from hps.updates.freshness import L1Refresher, Offset
+from hps.updates.listener import applied_by_group
 
 SPEC = TableSpec("m", "t", 2)
 TOPIC = codec.topic_name("m", "t")
@@ -229,9 +230,9 @@ def test_refresher_passes() -> None:
     assert session.calls == [([5, 3, 5], [[1, 1], [2, 2], [3, 3]])]
     r.now("unknown.table", np.array([1]), np.ones((1, 2), np.float32))
     assert len(session.calls) == 1
-    r.later(SPEC.name, np.array([3, 5]), token=7)
-    assert r.run_due(lambda tok: tok < 7) == 0 and r.pending == 1
-    assert r.run_due(lambda tok: tok <= 7) == 1 and r.pending == 0
+    r.later(SPEC.name, np.array([3, 5]), token=Offset("t", 0, 7))
+    assert r.run_due(applied_by_group({("t", 0): 7})) == 0 and r.pending == 1
+    assert r.run_due(applied_by_group({("t", 0): 8})) == 1 and r.pending == 0
     assert session.calls[-1] == ([3, 5], None)  # pass 2 re-reads from L2/L3
 
 
@@ -260,18 +261,43 @@ def test_held_keys_are_served_from_l2_and_cached_once_ready(tmp_path: Path) -> N
     r = L1Refresher(session, grace_s=60.0)
     # pass 1 of a message whose rows another process has not written to L2 yet
     r.now(SPEC.name, keys, np.full((2, 2), 7, np.float32))
-    r.later(SPEC.name, keys, token=3, held=True)
+    r.later(SPEC.name, keys, token=Offset("t", 0, 3), held=True)
     np.testing.assert_array_equal(session.lookup(SPEC.name, keys), np.ones((2, 2)))
     assert not cache.resident(keys).any()  # the old rows were served, not cached
     l2.insert(SPEC.name, keys, np.full((2, 2), 7, np.float32))  # the writer applies it
     np.testing.assert_array_equal(session.lookup(SPEC.name, keys), np.full((2, 2), 7))
-    assert r.run_due(lambda tok: tok < 3) == 0 and cache.held == 2
-    assert r.run_due(lambda tok: tok <= 3) == 0 and cache.held == 0  # ready; pass 2 waits
+    assert r.run_due(applied_by_group({("t", 0): 3})) == 0 and cache.held == 2
+    assert r.run_due(applied_by_group({("t", 0): 4})) == 0 and cache.held == 0  # pass 2 waits
     session.lookup(SPEC.name, keys)
     assert cache.resident(keys).all()
-    r.later(SPEC.name, keys, token=4, held=True)
+    r.later(SPEC.name, keys, token=Offset("t", 0, 4), held=True)
     r.release_all()  # the listener stops
     assert cache.held == 0 and r.pending == 2  # pass 2 still runs for both
+    session.close()
+
+
+def test_holds_end_partition_by_partition_asking_each_only_up_to_its_first_unready(
+    tmp_path: Path,
+) -> None:
+    from hps.build import build_session
+
+    session = build_session(_one_table_config(tmp_path), tiers=Tiers(HashMapStore(), None))
+    cache = session.caches[SPEC.name]
+    r = L1Refresher(session, grace_s=60.0)
+    for offset in range(100):  # partition 0: one key a message
+        r.later(SPEC.name, np.array([offset]), token=Offset("t", 0, offset), held=True)
+    r.later(SPEC.name, np.array([500, 501]), token=Offset("t", 1, 7), held=True)
+    asked: list[Offset | None] = []
+    committed = {("t", 0): 10, ("t", 1): 8}
+
+    def ready(token: Offset | None) -> bool:
+        asked.append(token)
+        return applied_by_group(committed)(token)
+
+    assert r.run_due(ready) == 0 and cache.held == 90  # offsets 0-9 and partition 1 ended
+    # ready asked: 11 of partition 0 (the 11th is not ready), 1 of partition 1; pass 2
+    # asked nothing (the grace has not passed)
+    assert len(asked) == 12
     session.close()
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +17,8 @@ from hps.types import TableSpec
 from hps.updates import metrics
 from hps.updates.applier import Applier
 from hps.updates.consumer import UpdateConsumer
-from hps.updates.freshness import Served
+from hps.updates.freshness import Offset, Served
+from hps.updates.listener import applied_by_group
 from hps.updates.metrics import (
     BufferedRecorder,
     age_s,
@@ -184,19 +184,32 @@ def test_served_records_at_once_or_when_l2_l3_hold_the_message() -> None:
     rec = ListRecorder()
     served = Served(rec, limit=3)
     served.now("m.t", 1)
-    served.after("m.t", 2, ("topic", 0, 5))
-    served.after("m.t", 3, ("topic", 1, 7))
+    served.after("m.t", 2, Offset("topic", 0, 5))
+    served.after("m.t", 3, Offset("topic", 1, 7))
     assert rec.fresh_seen == [("m.t", 1)] and served.waiting == 2
     committed = {("topic", 0): 6, ("topic", 1): 7}  # partition 1 not yet past offset 7
 
-    def ready(token: Any) -> bool:
-        return committed.get((token[0], token[1]), -1) > token[2]
-
-    assert served.run_ready(ready) == 1
+    assert served.run_ready(applied_by_group(committed)) == 1
     assert rec.fresh_seen == [("m.t", 1), ("m.t", 2)] and served.waiting == 1
     for i in range(5):
-        served.after("m.t", 10 + i, ("topic", 2, i))
+        served.after("m.t", 10 + i, Offset("topic", 2, i))
     assert served.waiting == 3  # bounded: the oldest went
+
+
+def test_a_check_asks_each_partition_only_up_to_its_first_unready_message() -> None:
+    served = Served(ListRecorder())
+    for offset in range(1000):
+        served.after("m.t", offset, Offset("a", 0, offset))
+    served.after("m.t", 0, Offset("b", 3, 40))
+    asked: list[Offset | None] = []
+    committed = {("a", 0): 10, ("b", 3): 41}
+
+    def ready(token: Offset | None) -> bool:
+        asked.append(token)
+        return applied_by_group(committed)(token)
+
+    assert served.run_ready(ready) == 11 and served.waiting == 990
+    assert sorted(asked) == [Offset("a", 0, o) for o in range(11)] + [Offset("b", 3, 40)]
 
 
 def test_served_records_the_middle_of_the_interval_in_which_ready_turned_true(
@@ -206,16 +219,16 @@ def test_served_records_the_middle_of_the_interval_in_which_ready_turned_true(
     monkeypatch.setattr("hps.updates.freshness.time.time_ns", lambda: clock["ns"])
     rec = ListRecorder()
     served = Served(rec)
-    served.after("m.t", 1, "early")  # reached this process at 1_000
+    served.after("m.t", 1, Offset("t", 0, 1))  # reached this process at 1_000
     clock["ns"] = 5_000
-    served.after("m.t", 2, "late")  # at 5_000, after the previous check (3_000)
+    served.after("m.t", 2, Offset("t", 0, 2))  # at 5_000, after the previous check (3_000)
     clock["ns"] = 9_000
     assert served.run_ready(lambda token: True, previous_ns=3_000) == 2
     # ready turned true in (3_000, 9_000] for the first; the second was served no earlier
     # than its pass 1, so in (5_000, 9_000]
     assert rec.served_at == [6_000, 7_000]
 
-    served.after("m.t", 3, "first check")
+    served.after("m.t", 3, Offset("t", 0, 3))
     clock["ns"] = 13_000
     assert served.run_ready(lambda token: True) == 1  # never asked before: since pass 1
     assert rec.served_at[-1] == 11_000
