@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from hps.errors import BackendError
-from hps.index import EMPTY, TOMBSTONE, mix
+from hps.index import EMPTY, TOMBSTONE, TOMBSTONE_ROOM, mix
 from hps.storage._shm_layout import EntryView, EntryWord
 from hps.storage._shm_segment import Segment
 
@@ -55,6 +55,9 @@ class BucketIndex:
         self.entry = entry
         self.slots = bucket_slots(seg.extent)
         self.capacity = int(self.slots * MAX_LOAD)
+        # live keys and tombstones past this: the bucket is rebuilt without its tombstones
+        # (as KeyIndex: a fixed share of room, not a rebuild per insert of a near-full one)
+        self.fill_limit = self.capacity + int(TOMBSTONE_ROOM * (self.slots - self.capacity))
         self.depth = seg.dir_len.bit_length() - 1
         self._gmask = np.uint64(self.slots // GROUP - 1)
         self._dmask = np.uint64(seg.dir_len - 1)
@@ -169,7 +172,7 @@ class BucketIndex:
                 break
             for bucket in b[over].tolist():  # one split per full bucket, not per key
                 self._split(bucket)
-        for bucket in b[used + tombs + count > self.capacity].tolist():
+        for bucket in b[used + tombs + count > self.fill_limit].tolist():
             self._rebuild(bucket)
         self._place(ext, h, keys, rows)
 

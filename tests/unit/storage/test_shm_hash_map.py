@@ -15,8 +15,9 @@ import pytest
 
 from hps.config import VolatileDBConfig
 from hps.errors import BackendError, ConfigError, InvalidValueError
-from hps.index import EMPTY, TOMBSTONE
+from hps.index import EMPTY, TOMBSTONE, TOMBSTONE_ROOM
 from hps.storage import open_store
+from hps.storage._shm_index import MAX_LOAD, BucketIndex, bucket_slots
 from hps.storage._shm_layout import MAX_TABLES, EntryWord, HeaderWord
 from hps.storage.multi_process_hash_map import SharedHashMapStore
 from hps.types import TableSpec
@@ -111,6 +112,33 @@ def test_tombstones_are_recycled_without_growth(opener: Opener) -> None:
     assert store.size(spec.name) == 30 * 100
     got, found = store.fetch(spec.name, np.arange(0, 90_000, dtype=np.int64))
     assert found.sum() == 3000
+    _extents_accounted(store)
+
+
+def test_a_near_full_bucket_under_churn_is_not_rebuilt_on_every_insert(
+    opener: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = opener(4 * MiB)
+    spec = TableSpec("m", "t", 2)
+    store.open_table(spec)
+    slots = bucket_slots(store._seg.extent)
+    capacity = int(slots * MAX_LOAD)
+    keys = np.arange(capacity - 1, dtype=np.int64)  # one bucket, one key short of a split
+    store.insert(spec.name, keys, rows(keys, 2))
+    rebuilt: list[int] = []
+    rebuild = BucketIndex._rebuild
+    monkeypatch.setattr(
+        BucketIndex, "_rebuild", lambda self, b: (rebuilt.append(b), rebuild(self, b))[1]
+    )
+    for step in range(200):  # a key out, a new one in: every removal leaves a tombstone
+        store.remove(spec.name, keys[step : step + 1])
+        new = np.array([10**9 + step], dtype=np.int64)
+        store.insert(spec.name, new, rows(new, 2))
+    room = int(TOMBSTONE_ROOM * (slots - capacity))
+    assert len(rebuilt) <= 200 // room  # it was every insert once tombstones filled the room
+    assert store.size(spec.name) == capacity - 1 and store.stats()["tables"]
+    got, found = store.fetch(spec.name, np.arange(10**9, 10**9 + 200, dtype=np.int64))
+    assert found.all()
     _extents_accounted(store)
 
 
