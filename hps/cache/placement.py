@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from hps.cache.policies import Policy
 from hps.cache.rows import RowStore
-from hps.index import TOMBSTONE
 from hps.types import Array, ArrayModule
 
 SCAN_PER_VICTIM = 16
@@ -85,7 +84,7 @@ class Placement:
         c, w = store.capacity, max(SCAN_PER_VICTIM * need, MIN_SCAN_ROWS)
         if w < c:
             rows = (self.hand + xp.arange(w, dtype=xp.int64)) % c
-            ok = (store.row_keys[rows] != TOMBSTONE) & ~store.pinned[rows]
+            ok = store.occupied(rows) & ~store.pinned[rows]
             at = (upserted - self.hand) % c
             ok[at[at < w]] = False
             cand = rows[ok]

@@ -75,8 +75,9 @@ class RowStore:
             self.ticks[target] = tick
         return rows
 
-    def occupied(self) -> Array:
-        return self.row_keys != TOMBSTONE
+    def occupied(self, rows: Array | None = None) -> Array:
+        """Whether each row (of ``rows``; None: all) holds a key."""
+        return (self.row_keys if rows is None else self.row_keys[rows]) != TOMBSTONE
 
     def place(self, keys: Array, values: Array, tick: int) -> Array:
         """Put absent, unique ``keys`` with their stored rows into free rows (at most
