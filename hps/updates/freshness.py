@@ -178,7 +178,8 @@ class Served:
     :meth:`now` for a message served at once (its keys resident in L1 after pass 1, or an
     embedded applier that has applied it); :meth:`after` for one served once L2/L3 hold it,
     observed by :meth:`run_ready` when ``ready(token)`` says so. One entry per message, not
-    per key; at most ``limit`` wait (the oldest go when L2/L3's writer is away for long).
+    per key; at most ``limit`` wait (past that, each new one drops the oldest of its partition:
+    L2/L3's writer is away for long).
 
     ``ready`` is polled, so the moment a message was first served is known only to lie
     between the later of the previous check (``run_ready``'s ``previous_ns``) and the
