@@ -59,3 +59,25 @@ def test_since_matches_every_write_recorded(
             continue
         later = set().union(*(k for v, k in writes if v > version)) | held
         assert got == [k in later for k in query]
+
+
+def test_a_key_stays_held_while_any_hold_of_it_lasts() -> None:
+    wlog = WriteLog(np, 1000)
+    first = wlog.hold(np.array([3, 3, 5], dtype=np.int64))
+    second = wlog.hold(np.array([3], dtype=np.int64))
+    keys = np.array([3, 5, 7], dtype=np.int64)
+    assert wlog.since(keys, wlog.version).tolist() == [True, True, False]
+    wlog.release(first)
+    assert wlog.since(keys, wlog.version).tolist() == [True, False, False]  # 3: second
+    wlog.release(second)
+    assert wlog.since(keys, wlog.version).tolist() == [False, False, False]
+    assert wlog.held == 0
+
+
+def test_a_long_write_is_matched_against_a_short_query() -> None:
+    wlog = WriteLog(np, 1 << 20)
+    token = wlog.version
+    wlog.record(np.arange(100_000, dtype=np.int64) * 3)  # a whole refresh, say
+    keys = np.array([9, 9, 10, 299_997, 300_000], dtype=np.int64)
+    assert wlog.since(keys, token).tolist() == [True, True, False, True, False]
+    assert not wlog.since(keys, wlog.version).any()
