@@ -37,13 +37,16 @@ __all__ = ["LEVELS", "L1Cache", "LookupSession"]
 
 class Stats(TypedDict):
     """:meth:`LookupSession.stats`: requests, their time, per table the counters
-    ``lookups``, ``keys`` and the distinct keys found per level (:data:`LEVELS`), and the
-    keys L3 could not read (damaged blocks; answered from L2 or the default)."""
+    ``lookups``, ``keys`` and the distinct keys found per level (:data:`LEVELS`), the
+    keys L3 could not read (damaged blocks; answered from L2 or the default), and the
+    background fills dropped because the worker was behind
+    (:data:`hps.pipeline.MAX_BACKGROUND_BYTES`)."""
 
     requests: int
     latency_s_total: float
     tables: dict[str, dict[str, int]]
     l3_damaged_keys: int
+    background_dropped: int
 
 
 class LookupSession:
@@ -208,6 +211,7 @@ class LookupSession:
                 "latency_s_total": self._latency_s,
                 "tables": {name: dict(c) for name, c in self.pipeline.counts.items()},
                 "l3_damaged_keys": self.tiers.damaged_keys,
+                "background_dropped": self.pipeline.dropped,
             }
 
     def close(self) -> None:

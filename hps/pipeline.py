@@ -33,6 +33,7 @@ distinct keys found per level.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
@@ -55,6 +56,11 @@ log = logging.getLogger(__name__)
 
 LEVELS = ("l1", "l2", "l3", "default")
 COUNTERS = ("lookups", "keys", *LEVELS)
+# Bytes of the arrays that background fills wait with. Past it a new fill is dropped (it is
+# only a cache: the next lookup of those keys reads L2/L3 again), so a worker that falls
+# behind costs hit rate, not memory. A fill larger than the budget still runs when nothing
+# waits.
+MAX_BACKGROUND_BYTES = 64 << 20
 
 
 class L1Cache(Protocol):
@@ -129,6 +135,9 @@ class LookupPipeline:
         }
         self.counts = {name: dict.fromkeys(COUNTERS, 0) for name in self._async}
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hps-l1")
+        self._queue_lock = threading.Lock()
+        self._queued_bytes = 0
+        self.dropped = 0  # background fills dropped: the worker was behind
 
     def run(
         self, specs: Sequence[TableSpec], keys: Keys, counts: Sequence[int], *, on_gpu: bool = False
@@ -270,11 +279,23 @@ class LookupPipeline:
         cache.insert(keys[found], stored[found], since=since, force=True)
         return int(found.sum())
 
-    def background(self, fn: Callable[..., object], *args: object) -> Future[object]:
-        """Run ``fn(*args)`` on the one background worker (L1 inserts, backfills)."""
+    def background(self, fn: Callable[..., object], *args: object) -> Future[object] | None:
+        """Run ``fn(*args)`` on the one background worker (L1 inserts, backfills), unless
+        the fills already waiting hold ``MAX_BACKGROUND_BYTES`` (then None: dropped)."""
+        size = sum(a.nbytes for a in args if isinstance(a, np.ndarray))
+        with self._queue_lock:
+            if self._queued_bytes and self._queued_bytes + size > MAX_BACKGROUND_BYTES:
+                self.dropped += 1
+                return None
+            self._queued_bytes += size
         future = self._worker.submit(fn, *args)
-        future.add_done_callback(_log_failure)
+        future.add_done_callback(partial(self._done, size))
         return future
+
+    def _done(self, size: int, future: Future[object]) -> None:
+        with self._queue_lock:
+            self._queued_bytes -= size
+        _log_failure(future)
 
     def drain(self) -> None:
         """Wait for the background work submitted so far."""

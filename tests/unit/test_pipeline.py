@@ -297,3 +297,30 @@ def test_float16_out_of_range_is_refused_and_nothing_is_written(tmp_path: object
         session.insert("q.i8", keys, np.array([[7e4] * 5, [-7e4] * 5], np.float32))  # fine
     finally:
         session.close()
+
+
+def test_fills_wait_within_a_byte_budget_and_past_it_are_dropped(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hps import pipeline
+
+    keys = np.arange(0, 100, dtype=np.int64)
+    data = {n: (keys, np.full((keys.size, d), 7.0, np.float32)) for n, d in TABLES}
+    session = _session(tmp_path, data, 0.0)  # threshold 0: L1 fills in the background
+    monkeypatch.setattr(pipeline, "MAX_BACKGROUND_BYTES", 2000)
+    gate = threading.Event()
+    try:
+        session.pipeline.background(gate.wait)  # the worker is busy: fills wait
+        q = np.arange(0, 20, dtype=np.int64)  # 20 keys of dim 8: 160 + 640 bytes a fill
+        for _ in range(3):
+            got = session.lookup("demo.t1", q)  # answered from L2 all the same
+            np.testing.assert_array_equal(got, np.full((20, 8), 7.0))
+        assert session.stats()["background_dropped"] == 1  # the third: 2,400 > 2,000
+        gate.set()
+        session.drain()
+        cache = session.caches["demo.t1"]
+        assert cache.resident(q).all()  # the two that waited were applied
+        assert session.pipeline._queued_bytes == 0
+    finally:
+        gate.set()
+        session.close()

@@ -19,6 +19,8 @@ crashed the server. Sum over ``process`` for a model's totals. Families:
 - ``hps_lookup_latency_us``: a histogram of the time a request spends in HPS.
 - ``hps_l3_damaged_keys_total``: keys L3 could not read (damaged blocks, docs/storage.md),
   answered from L2 or the table's default.
+- ``hps_background_dropped_total``: L1 fills and L2 backfills dropped because the
+  background worker was behind (what waited held ``MAX_BACKGROUND_BYTES``).
 - ``hps_update_freshness_seconds{table}``: a histogram, per Kafka update message, of the time
   from its publish timestamp to the moment this process serves it (docs/updates.md,
   "Freshness in production"); ``hps_update_stage_seconds{stage}``: the stages of an embedded
@@ -77,6 +79,11 @@ FAMILIES = {
         "COUNTER",
         "Keys L3 could not read (damaged blocks), answered from L2 or the table's default",
     ),
+    "dropped": (
+        "hps_background_dropped_total",
+        "COUNTER",
+        "L1 fills and L2 backfills dropped because the background worker was behind",
+    ),
     "skew": (
         "hps_update_clock_skew_total",
         "COUNTER",
@@ -125,6 +132,7 @@ class MetricsExporter:
         self._metrics: dict[tuple[str, ...], Any] = {}
         self._last: dict[str, dict[str, int]] = {}
         self._damaged = 0
+        self._dropped = 0
         self._latencies: list[float] = []
         self._requests = 0
         self._errors: dict[str, int] = {}
@@ -186,6 +194,10 @@ class MetricsExporter:
         if damaged > self._damaged:
             self._metric("damaged").increment(damaged - self._damaged)
             self._damaged = damaged
+        dropped = int(stats.get("background_dropped", 0))
+        if dropped > self._dropped:
+            self._metric("dropped").increment(dropped - self._dropped)
+            self._dropped = dropped
         for table, counts in stats["tables"].items():
             last = self._last.get(table, {})
             short = table.split(".", 1)[1]

@@ -51,9 +51,14 @@ class FakeSession:
     def __init__(self) -> None:
         self.counts = {"lookups": 0, "keys": 0, "l1": 0, "l2": 0, "l3": 0, "default": 0}
         self.damaged = 0
+        self.dropped = 0
 
     def stats(self) -> dict[str, Any]:
-        return {"tables": {"m.t": dict(self.counts)}, "l3_damaged_keys": self.damaged}
+        return {
+            "tables": {"m.t": dict(self.counts)},
+            "l3_damaged_keys": self.damaged,
+            "background_dropped": self.dropped,
+        }
 
 
 def values(name: str) -> dict[tuple[tuple[str, str], ...], Any]:
@@ -103,17 +108,21 @@ def test_interval_batches_the_updates() -> None:
     assert requests.value == 2
 
 
-def test_damaged_l3_keys_are_counted() -> None:
+@pytest.mark.parametrize(
+    ("field", "family"),
+    [("damaged", "hps_l3_damaged_keys_total"), ("dropped", "hps_background_dropped_total")],
+)
+def test_damaged_l3_keys_and_dropped_fills_are_counted(field: str, family: str) -> None:
     session = FakeSession()
     exporter = MetricsExporter(FakePbUtils, "emb", "emb_0_2", session, interval=0.0)
     exporter.flush()
-    assert values("hps_l3_damaged_keys_total") == {}
-    session.damaged = 45
+    assert values(family) == {}
+    setattr(session, field, 45)
     exporter.flush()
-    session.damaged = 50
+    setattr(session, field, 50)
     exporter.flush()
     exporter.flush()
-    (metric,) = values("hps_l3_damaged_keys_total").values()
+    (metric,) = values(family).values()
     assert metric.value == 50
 
 
