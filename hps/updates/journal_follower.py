@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hps.cache.refresh import MAX_SLICE
 from hps.updates.journal import HEARTBEAT_S, POLL_S, Change, Journal
 
 if TYPE_CHECKING:
@@ -174,8 +175,9 @@ class JournalFollower:
             return
         if change.kind == "delete":
             self._refresher.now(change.table, keys, None)
-        else:
-            session.refresh(change.table, keys)  # resident rows re-read (L3 caught up)
+        else:  # resident rows re-read (L3 caught up), a slice per lock hold
+            for lo in range(0, keys.size, MAX_SLICE):
+                session.refresh(change.table, keys[lo : lo + MAX_SLICE])
         self._refresher.later(change.table, keys)  # and again once any stale backfill is undone
 
     def _apply_update(self, session: LookupSession, change: Change, appended_ns: int) -> None:
@@ -209,7 +211,9 @@ class JournalFollower:
             for table in session.tables:
                 self._refill_l2(session, table)
         for cache in session.caches.values():
-            cache.evict(cache.resident_keys())
+            keys = cache.resident_keys()
+            for lo in range(0, keys.size, MAX_SLICE):  # a slice per lock hold
+                cache.evict(keys[lo : lo + MAX_SLICE])
 
     # -- the thread ------------------------------------------------------------------------
 

@@ -196,6 +196,18 @@ def test_refresh_rereads_resident_keys_in_slices(
     np.testing.assert_array_equal(values, fresh[2:])
 
 
+def test_a_refresh_without_a_percentage_goes_in_bounded_slices(
+    session: LookupSession, stored: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hps.cache import refresh as refresh_module
+
+    monkeypatch.setattr(refresh_module, "MAX_SLICE", 8)
+    session.lookup(TABLE, stored[:20])
+    calls: list[int] = []
+    refresher = Refresher(session.caches, lambda t, k: calls.append(k.size), interval=1.0)
+    assert refresher.run_pass() == 20 and calls == [8, 8, 4]  # not one slice of 20
+
+
 def test_refresher_thread_runs_after_its_delay_and_stops(
     session: LookupSession, stored: np.ndarray
 ) -> None:
