@@ -5,7 +5,8 @@ walks all resident keys of each cache and re-reads them from L2/L3 through
 ``refresh(table, keys)`` (``LookupSession.refresh``), one slice of
 ``cache_refresh_percentage_per_iteration`` x capacity keys at a time (``MAX_SLICE`` when 0),
 so the cache lock is held briefly and lookups interleave. (A whole cache in one slice held
-its lock for as long as the update of every resident row: 250 ms at 1 M rows, with every
+its lock for as long as the update of every resident row: 212 ms at 1 M rows of dim 16,
+1.3 s at dim 128, against 0.76 and 3.1 ms for a slice of 8,192 keys, with every
 request of the model waiting, since a request takes all its tables' locks together.) A key
 that no lower level holds any more leaves L1. ``refresh_interval`` 0 disables it, as in
 HugeCTR. The journal follower re-reads a whole table in slices of ``MAX_SLICE`` too.
