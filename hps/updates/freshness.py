@@ -37,6 +37,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
+
+from hps.cache.refresh import MAX_SLICE
 from hps.rowformat import Stored
 from hps.types import Keys
 from hps.updates import metrics
@@ -50,6 +53,9 @@ log = logging.getLogger(__name__)
 DEFAULT_GRACE_S = 0.5
 MAX_PENDING_KEYS = 1 << 22
 MAX_WAITING = 100_000  # messages whose freshness waits for L2/L3
+# Keys one pass 2 re-reads at most (the messages that are due, merged per table): the
+# listener goes back to polling between passes.
+MAX_PASS_KEYS = 1 << 16
 
 
 class Offset(NamedTuple):
@@ -147,29 +153,43 @@ class L1Refresher:
         return len(self._pending)
 
     def run_due(self, ready: Ready = always_ready) -> int:
-        """Pass 2 for the queued updates that are old enough and ready, in order; holds end
-        as soon as their update is ready."""
+        """Pass 2 for the queued updates that are old enough and ready, in order, up to
+        ``MAX_PASS_KEYS`` keys: their keys merged per table and re-read in slices (one
+        re-read per table, not per message); returns how many updates. Holds end as soon as
+        their update is ready. If a re-read raises, every update of the pass stays queued."""
         for lane, queue in list(self._holding.items()):
             while queue and (queue[0].hold is None or ready(queue[0].token)):
                 self._release(queue.popleft())
             if not queue:
                 del self._holding[lane]
-        done = 0
         deadline = time.monotonic() - self.grace_s
+        due: list[_Pending] = []
+        n_keys = 0
+        while self._pending and self._pending[0].since <= deadline and n_keys < MAX_PASS_KEYS:
+            if not ready(self._pending[0].token):
+                break
+            due.append(self._pending.popleft())
+            n_keys += due[-1].keys.size
+        if not due:
+            return 0
         # A secondary L3 sees the writer's updates only after catching up: once per pass, and
         # only if some key is not in L2 (with Redis holding every row, never).
         before_l3 = self.session.tiers.catch_up_once()
-        while self._pending and self._pending[0].since <= deadline:
-            head = self._pending[0]
-            if not ready(head.token):
-                break
-            # if it raises, the entry stays queued
-            self.session.refresh(head.table, head.keys, before_l3=before_l3)
-            self._release(head)  # ready: already released, unless it came out of order
-            self._pending.popleft()
-            self._pending_keys -= head.keys.size
-            done += 1
-        return done
+        by_table: dict[str, list[Keys]] = {}
+        for entry in due:
+            by_table.setdefault(entry.table, []).append(entry.keys)
+        try:
+            for table, parts in by_table.items():
+                keys = np.unique(np.concatenate(parts))
+                for lo in range(0, keys.size, MAX_SLICE):  # a slice per lock hold
+                    self.session.refresh(table, keys[lo : lo + MAX_SLICE], before_l3=before_l3)
+        except BaseException:
+            self._pending.extendleft(reversed(due))  # all queued again: a re-read repeats
+            raise
+        for entry in due:
+            self._release(entry)  # ready: already released, unless it came out of order
+        self._pending_keys -= n_keys
+        return len(due)
 
 
 class Served:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from hps.config import PSConfig, UpdateSourceConfig
 from hps.errors import BackendUnavailable
@@ -234,6 +235,22 @@ def test_refresher_passes() -> None:
     assert r.run_due(applied_by_group({("t", 0): 7})) == 0 and r.pending == 1
     assert r.run_due(applied_by_group({("t", 0): 8})) == 1 and r.pending == 0
     assert session.calls[-1] == ([3, 5], None)  # pass 2 re-reads from L2/L3
+
+
+def test_pass_two_rereads_each_table_once_for_all_its_due_messages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hps.updates import freshness
+
+    session = FakeSession()
+    r = L1Refresher(session, grace_s=0.0)  # type: ignore[arg-type]
+    for offset in range(6):  # six messages of two keys, one key shared by all
+        r.later(SPEC.name, np.array([100, offset]), token=Offset("t", 0, offset))
+    monkeypatch.setattr(freshness, "MAX_PASS_KEYS", 8)  # four messages a pass at most
+    assert r.run_due(applied_by_group({("t", 0): 6})) == 4 and r.pending == 2
+    assert session.calls == [([0, 1, 2, 3, 100], None)]  # one merged re-read
+    assert r.run_due(applied_by_group({("t", 0): 6})) == 2 and r.pending == 0
+    assert session.calls[-1] == ([4, 5, 100], None)
 
 
 def _one_table_config(tmp_path: Path) -> PSConfig:
