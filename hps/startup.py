@@ -105,18 +105,35 @@ def warm_up_session(session: LookupSession, config: PSConfig) -> dict[str, int]:
     return loaded
 
 
+class _PassRefresh:
+    """``session.refresh`` for one Refresher: a secondary L3 catches up with its writer at
+    most once a pass, and only when L2 misses a key (:meth:`hps.tiers.Tiers.catch_up_once`;
+    a catch-up replays the writer's WAL and holds the GIL while it does)."""
+
+    def __init__(self, session: LookupSession) -> None:
+        self.session = session
+        self.before_l3 = session.tiers.catch_up_once()
+
+    def new_pass(self) -> None:
+        self.before_l3 = self.session.tiers.catch_up_once()
+
+    def refresh(self, table: str, keys: Keys) -> None:
+        self.session.refresh(table, keys, before_l3=self.before_l3)
+
+
 def refreshers_for(session: LookupSession, config: PSConfig) -> list[Refresher]:
     """One (unstarted) Refresher per model with a cache and ``refresh_interval`` > 0."""
     out = []
     for model in config.models:
         caches = {t.name: session.caches[t.name] for t in model.tables if t.name in session.caches}
+        reads = _PassRefresh(session)
         r = Refresher(
             caches,
-            session.refresh,
+            reads.refresh,
             interval=model.refresh_interval,
             delay=model.refresh_delay,
             percentage=model.cache_refresh_percentage_per_iteration,
-            before_pass=session.tiers.catch_up,
+            before_pass=reads.new_pass,
         )
         if r.enabled:
             out.append(r)

@@ -74,7 +74,7 @@ class Refresher:
         """Refresh every resident key of every cache once, slice by slice; returns keys done."""
         done = 0
         if self.before_pass is not None:
-            self.before_pass()  # e.g. a secondary L3 catching up with its writer
+            self.before_pass()  # e.g. a new once-a-pass L3 catch-up (hps.startup)
         for table, cache in list(self.caches.items()):
             keys = cache.resident_keys()
             step = self.slice_size(cache)

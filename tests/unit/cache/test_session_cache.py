@@ -234,3 +234,23 @@ def test_refreshers_follow_the_config(tmp_path: Path, stored: np.ndarray) -> Non
         assert refreshers_for(s, config(tmp_path)) == []  # refresh_interval 0: disabled
     finally:
         s.close()
+
+
+def test_a_refresh_pass_catches_l3_up_once_and_only_when_l2_misses(
+    tmp_path: Path, stored: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = config(tmp_path, refresh_interval=30.0)
+    s = build_session(cfg)
+    try:
+        catch_ups: list[int] = []
+        monkeypatch.setattr(s.tiers, "catch_up", lambda: catch_ups.append(1))
+        assert s.tiers.volatile is not None
+        s.tiers.volatile.insert(TABLE, stored[:20], rows(stored[:20], 4))
+        s.lookup(TABLE, stored[:20])
+        (r,) = refreshers_for(s, cfg)
+        assert r.run_pass() == 20 and catch_ups == []  # L2 held every key
+        s.tiers.volatile.remove(TABLE, stored[:2])
+        assert r.run_pass() == 20 and len(catch_ups) == 1
+        assert r.run_pass() == 20 and len(catch_ups) == 2  # once a pass
+    finally:
+        s.close()
