@@ -95,6 +95,31 @@ def test_deltas_reach_the_families() -> None:
     exporter.close()
 
 
+def test_observations_go_a_budget_per_execute_call_and_all_at_finalize() -> None:
+    from hps.triton.model.metrics import OBSERVE_BUDGET
+    from hps.updates.metrics import BufferedRecorder
+
+    updates = BufferedRecorder()
+    exporter = MetricsExporter(
+        FakePbUtils, "emb", "emb_0_9", FakeSession(), interval=3600.0, updates=updates
+    )
+    n = OBSERVE_BUDGET * 2 + 10
+    for i in range(n):  # a Kafka catch-up: many messages observed at once
+        updates.fresh("m.t", 0, 10**9 * (i + 1))
+    exporter.maybe_flush()  # the interval's flush: the counters, one budget of observations
+    (fresh,) = values("hps_update_freshness_seconds").values()
+    assert len(fresh.observed) == OBSERVE_BUDGET
+    exporter.observe(0.001)  # a request, queued behind them
+    exporter.maybe_flush()  # the next execute calls send the rest, a budget at a time
+    assert len(fresh.observed) == 2 * OBSERVE_BUDGET
+    exporter.observe(0.002)
+    exporter.flush()  # finalize: everything
+    assert fresh.observed == [float(i + 1) for i in range(n)]  # in order, none lost
+    (latency,) = values("hps_lookup_latency_us").values()
+    assert [round(v) for v in latency.observed] == [1000, 2000]
+    exporter.close()
+
+
 def test_interval_batches_the_updates() -> None:
     session = FakeSession()
     exporter = MetricsExporter(FakePbUtils, "emb", "emb_0_0", session, interval=3600.0)
