@@ -41,7 +41,7 @@ import numpy as np
 
 from hps.cache.refresh import MAX_SLICE
 from hps.rowformat import Stored
-from hps.types import Keys
+from hps.types import Keys, Mask
 from hps.updates import metrics
 from hps.updates.metrics import Recorder
 
@@ -110,10 +110,12 @@ class L1Refresher:
             self.session.update_rows(table, keys, rows)
         metrics.L1_REFRESHED.labels(table).inc(keys.size)
 
-    def all_resident(self, table: str, keys: Keys) -> bool:
-        """Whether every key is in L1 (after pass 1: they are served from there)."""
+    def resident(self, table: str, keys: Keys) -> Mask:
+        """Which keys are in L1 (after pass 1: they are served from there)."""
         cache = self.session.caches.get(table)
-        return cache is not None and bool(cache.resident(keys).all())
+        if cache is None:
+            return np.zeros(keys.size, dtype=bool)
+        return np.asarray(cache.resident(keys), dtype=bool)
 
     def later(
         self, table: str, keys: Keys, token: Offset | None = None, *, held: bool = False
