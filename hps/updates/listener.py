@@ -131,8 +131,8 @@ def refresh_from(
     of the deleted ones, whatever their order: pass 1 only changes resident keys, so a key
     deleted anywhere in the poll ends out of L1 either way, and one upserted only ends with
     its last row. Holds and pass 2 go per table and partition, up to the poll's last offset.
-    (One message at a time, a busy topic cost about 32 us of Python and three lock takes a
-    message, and a hold each: a merge into the cache's sorted held keys.)
+    (One message at a time cost 106 us of Python a message, three lock takes and a hold each,
+    against 26 us a message for polls of 256.)
     """
     parts: dict[str, list[_Part]] = {}
     for msg in msgs:
