@@ -32,7 +32,11 @@ def test_the_oldest_go_first_across_the_wrap() -> None:
     assert sorted(choose_victims("evict_oldest", 3, 5, ticks, rng, now).tolist()) == [0, 2, 3]
 
 
+SPEC = TableSpec("m", "t", 4)
+
+
 def _near_wrap(kind: str) -> Iterator[Callable[..., EmbeddingStore]]:
+    """Open stores of ``kind`` with table ``SPEC``, their tick counter about to wrap."""
     opened: list[EmbeddingStore] = []
 
     def open_(**kw: Any) -> EmbeddingStore:
@@ -44,6 +48,7 @@ def _near_wrap(kind: str) -> Iterator[Callable[..., EmbeddingStore]]:
             store = SharedHashMapStore(unique_name("hps_test_wrap"), 8 << 20, seed=0, **kw)
             store._seg.h[HeaderWord.TICK] = TICK_MASK - 2  # type: ignore[attr-defined]
         opened.append(store)
+        store.open_table(SPEC)
         return store
 
     yield open_
@@ -61,8 +66,7 @@ def test_eviction_keeps_its_order_when_the_ticks_wrap(
     near_wrap: Callable[..., EmbeddingStore], policy: str
 ) -> None:
     store = near_wrap(overflow_margin=1000, overflow_policy=policy, overflow_resolution_target=0.5)
-    spec = TableSpec("m", "t", 4)
-    store.open_table(spec)
+    spec = SPEC
     first = np.arange(0, 600, dtype=np.int64)
     second = np.arange(600, 1000, dtype=np.int64)
     rows = lambda keys: np.repeat(keys.astype(np.float32)[:, None], 4, axis=1)  # noqa: E731
@@ -92,8 +96,7 @@ def test_a_target_of_one_does_not_resolve_on_every_insert(
     near_wrap: Callable[..., EmbeddingStore], policy: str
 ) -> None:
     store = near_wrap(overflow_margin=640, overflow_policy=policy, overflow_resolution_target=1.0)
-    spec = TableSpec("m", "t", 4)
-    store.open_table(spec)
+    spec = SPEC
     values = np.ones((1, 4), np.float32)
     store.insert(spec.name, np.arange(640, dtype=np.int64), np.ones((640, 4), np.float32))
     sizes = []
