@@ -18,10 +18,10 @@ COMMAND_MODULES = [
     "hps.commands.tables",  # import, export, lookup
     "hps.commands.plan",  # plan, freq
     "hps.commands.verify",  # verify
-    "hps.commands.versions",  # versions (list, activate, retire)
-    "hps.bench.commands",  # bench storage|cache|triton|updates
-    "hps.triton.commands",  # demo, serve, query
-    "hps.updates.commands",  # consume, publish
+    "hps.commands.versions",  # versions (list, activate, retire, rollout)
+    "hps.bench.commands",  # bench NAME (storage, cache, shm, triton, gate, updates, ...)
+    "hps.triton.commands",  # demo, serve, repository, reload, query, install-triton
+    "hps.updates.commands",  # consume, consume-check, publish, repair-versions
     "hps.loadtest.commands",  # loadtest (Locust: the `load` extra)
     "hps.service.commands",  # admin
 ]

@@ -48,11 +48,17 @@ def as_keys(keys: npt.ArrayLike) -> Keys:
     raise DTypeError(f"keys must be int64, got {arr.dtype}")
 
 
+def check_not_reserved(name: str, keys: Keys) -> None:
+    """InvalidValueError where ``keys`` (int64) hold a key no tier can store (the index's
+    empty and deleted markers)."""
+    if keys.size and bool((keys <= max(RESERVED_KEYS)).any()):
+        raise InvalidValueError(f"{name}: keys {list(RESERVED_KEYS)} are reserved")
+
+
 def as_rows(spec: TableSpec, keys: npt.ArrayLike, values: npt.ArrayLike) -> tuple[Keys, Vectors]:
     """A write batch: int64 keys (not reserved), finite float32 rows of the table's dim."""
     k = as_keys(keys)
-    if k.size and bool((k <= max(RESERVED_KEYS)).any()):
-        raise InvalidValueError(f"{spec.name}: keys {list(RESERVED_KEYS)} are reserved")
+    check_not_reserved(spec.name, k)
     v = np.asarray(values)
     if v.dtype.kind != "f":
         raise DTypeError(f"{spec.name}: vectors must be floating point, got {v.dtype}")

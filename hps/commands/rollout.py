@@ -1,12 +1,6 @@
-"""A model version rolled out over several pods, one after another (hps versions rollout).
-
-Each pod (its control plane's URL, ``--admin``, in order) imports the version into its own
-tiers if it lacks it (``POST /v1/models/{model}/versions``, a job followed to its end), then
-activates it (``POST .../versions/{n}/activate``) and is checked (``GET .../versions``: the
-version live). One JSON line per pod. The first pod that fails stops the rollout: the pods
-after it keep serving the version they served, and the command exits 1. A rollback is the
-same command with the older version (kept on every pod: no import).
-"""
+"""A model version rolled out over several pods, one after another (hps versions rollout):
+``DESCRIPTION``. The control plane's routes: ``POST /v1/models/{model}/versions`` (the
+import, a job), ``POST .../versions/{n}/activate``, ``GET .../versions`` (the check)."""
 
 from __future__ import annotations
 
@@ -21,6 +15,14 @@ from hps.commands.versions import positive
 from hps.errors import BackendUnavailable, HPSError, RequestError
 from hps.types import JSON
 
+DESCRIPTION = """\
+Roll a model version out over several pods, one after another. Each pod (its control
+plane's URL, --admin, in order) imports the version into its own tiers if it lacks it (a
+job followed to its end), then activates it and is checked (the version live). One JSON
+line per pod. The first pod that fails stops the rollout: the pods after it keep serving
+the version they served, and the command exits 1. A rollback is the same command with the
+older version (kept on every pod: no import).
+"""
 POLL_S = 0.5
 
 
@@ -28,7 +30,7 @@ def add_rollout(actions: argparse._SubParsersAction) -> None:
     p = actions.add_parser(
         "rollout",
         help="import (where missing) and activate a version on several pods, one after another",
-        description=(__doc__ or "").strip(),
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", required=True, help="model name")
@@ -38,7 +40,7 @@ def add_rollout(actions: argparse._SubParsersAction) -> None:
         action="append",
         required=True,
         metavar="URL",
-        help="a pod's control plane, e.g. http://10.0.0.7:9090 (repeat, in order)",
+        help="a pod's control plane, e.g. http://10.0.0.7:8081 (repeat, in order)",
     )
     p.add_argument("--token-file", help="file of the admin token (else $HPS_ADMIN_TOKEN)")
     p.add_argument("--sparse-files", nargs="+", metavar="DIR",

@@ -30,7 +30,7 @@ default 2) versions are kept, the live one included; activating retires the othe
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "versions",
-        help="list, activate (roll back) and retire model versions",
+        help="list, activate (roll back), retire and roll out (over pods) model versions",
         description=DESCRIPTION,
     )
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")

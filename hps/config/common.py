@@ -10,6 +10,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from hps.errors import ConfigError
+
 NAME_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
 NO_LIMIT = 2**64 - 1
 """``overflow_margin`` when none is set: the one "no capacity limit" value of every L2."""
@@ -19,6 +21,17 @@ class Frozen(BaseModel):
     """A ps.json section: immutable, and an unknown key is an error."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+def read_text(path: Path, what: str) -> str:
+    """The text of a configuration file (UTF-8); ConfigError naming ``what`` and ``path``
+    when it cannot be read or is not text. The contents never reach the message."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{what}{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what}{path}: not UTF-8 text (byte {exc.start})") from None
 
 
 def rename_deprecated(data: object, renames: dict[str, str], where: str) -> object:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import Field, StrictInt, field_validator, model_validator
 
@@ -11,6 +11,11 @@ from hps.rowformat import RowDtype
 from hps.types import TableSpec
 
 T = TypeVar("T")
+
+INT32_MAX = 2**31 - 1  # Triton's max_batch_size and shape dimensions are int32
+FLOAT32_MAX = 3.4028234663852886e38
+QueryCount = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]
+Float32Value = Annotated[float, Field(allow_inf_nan=False, ge=-FLOAT32_MAX, le=FLOAT32_MAX)]
 
 
 class CacheConfig(Frozen):
@@ -34,12 +39,12 @@ class ModelConfig(Frozen):
     dense_file: str = ""
     network_file: str = ""
     deployed_device_list: list[int] = [0]
-    max_batch_size: int = Field(default=64, ge=1)
+    max_batch_size: int = Field(default=64, ge=1, le=INT32_MAX)
     embedding_table_names: list[str] = []
     embedding_vecsize_per_table: list[StrictInt]  # `true` is not a dim of 1
-    maxnum_catfeature_query_per_table_per_sample: list[StrictInt] = []
+    maxnum_catfeature_query_per_table_per_sample: list[QueryCount] = []
     maxnum_des_feature_per_sample: int = Field(default=26, ge=0)
-    default_value_for_each_table: list[float] = [0.0]
+    default_value_for_each_table: list[Float32Value] = [0.0]  # a float32 row's value
     gpucache: bool = True
     gpucacheper: float = Field(default=0.2, ge=0.0, le=1.0)
     hit_rate_threshold: float = Field(default=0.9, ge=0.0, le=1.0)

@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from hps.config.admin import AdminConfig
-from hps.config.common import Frozen
+from hps.config.common import Frozen, read_text
 from hps.config.databases import PersistentDBConfig, VolatileDBConfig
 from hps.config.model import ModelConfig
 from hps.config.update_source import UpdateSourceConfig
@@ -72,9 +72,33 @@ def _format_errors(exc: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
+def _set_by_hps(data: dict[str, object]) -> list[str]:
+    """Fields of :class:`PSConfig` that HPS sets and a ps.json must not: the file it came
+    from, and the version of a model entry (``ModelConfig.at_version``)."""
+    found = ["source"] if "source" in data else []
+    models = data.get("models")
+    if isinstance(models, list):
+        found += [
+            f"models[{i}].version"
+            for i, m in enumerate(models)
+            if isinstance(m, dict) and "version" in m
+        ]
+    return found
+
+
 def parse_config(data: object, source: str = "<memory>") -> PSConfig:
     """Validate an already-parsed ps.json document."""
     if isinstance(data, dict):
+        if found := _set_by_hps(data):
+            raise ConfigError(
+                "\n".join(
+                    f"{source}: {loc}: unknown key (versions are imported and activated with "
+                    "`hps versions` or the control plane)"
+                    if loc.endswith(".version")
+                    else f"{source}: {loc}: unknown key"
+                    for loc in found
+                )
+            )
         data = {**data, "source": source}
     try:
         return PSConfig.model_validate(data)
@@ -85,10 +109,7 @@ def parse_config(data: object, source: str = "<memory>") -> PSConfig:
 def load_config(path: str | Path) -> PSConfig:
     """Read and validate a ps.json; relative paths in it stay relative to the caller."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    text = read_text(path, "")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

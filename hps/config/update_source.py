@@ -8,6 +8,8 @@ from pydantic import Field, model_validator
 
 from hps.config.common import Frozen, from_env
 
+MAX_VERSION_AHEAD_S = 30 * 86_400.0  # a month: the bound keeps the ns arithmetic finite
+
 
 class UpdateSourceConfig(Frozen):
     type: Literal["null", "kafka_message_queue", "kafka", "kafka_mq"] = "null"
@@ -23,6 +25,7 @@ class UpdateSourceConfig(Frozen):
     hps_max_version_ahead_s: float = Field(
         default=300.0,
         ge=0.0,
+        le=MAX_VERSION_AHEAD_S,
         description="an update version (ns) beyond the consumer's clock (or an earlier message "
         "timestamp) + this is refused",
     )

@@ -63,4 +63,18 @@ def read_npy_pair(
             v = np.frombuffer(vf.read(n * dim * vdtype.itemsize), dtype=vdtype)
             if k.size != n or v.size != n * dim:
                 raise FormatError(f"{keys_path}: truncated at row {lo}")
-            yield k.astype(np.int64), v.reshape(n, dim).astype(np.float32, copy=False)
+            yield _int64_keys(k, keys_path, lo), v.reshape(n, dim).astype(np.float32, copy=False)
+
+
+def _int64_keys(k: np.ndarray, path: str | Path, first_row: int) -> Keys:
+    """``k`` as int64; FormatError for an unsigned key beyond int64 (a cast would wrap it
+    into another, negative key)."""
+    if k.dtype == np.uint64 and k.size:
+        above = np.flatnonzero(k > np.iinfo(np.int64).max)
+        if above.size:
+            row = int(above[0])
+            raise FormatError(
+                f"{path}: key {int(k[row])} at row {first_row + row} does not fit in int64 "
+                f"({above.size} such keys in rows {first_row}-{first_row + k.size - 1})"
+            )
+    return k.astype(np.int64)

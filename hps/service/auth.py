@@ -12,6 +12,7 @@ import hmac
 import os
 from pathlib import Path
 
+from hps.config.common import read_text
 from hps.errors import ConfigError
 
 TOKEN_ENV = "HPS_ADMIN_TOKEN"
@@ -19,10 +20,7 @@ TOKEN_FILE_ENV = "HPS_ADMIN_TOKEN_FILE"
 
 
 def _read(path: str | Path) -> str:
-    try:
-        token = Path(path).read_text().strip()
-    except OSError as exc:
-        raise ConfigError(f"admin token file {path}: cannot read: {exc.strerror}") from None
+    token = read_text(Path(path), "admin token file ").strip()
     if not token:
         raise ConfigError(f"admin token file {path} is empty")
     return token

@@ -28,6 +28,7 @@ import os
 import secrets
 from pathlib import Path
 
+from hps.config.common import read_text
 from hps.errors import ConfigError
 from hps.redact import register
 
@@ -41,10 +42,7 @@ RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
 
 
 def _read(path: Path) -> str:
-    try:
-        key = path.read_text().strip()
-    except OSError as exc:
-        raise ConfigError(f"admin key file {path}: {exc.strerror or exc}") from None
+    key = read_text(path, "admin key file ").strip()
     _check(key, str(path))
     register(key)
     return key

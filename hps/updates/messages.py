@@ -21,6 +21,7 @@ from hps.errors import InvalidValueError, ShapeError, UnknownTableError
 from hps.tiers import check_encodable
 from hps.types import TableSpec, UpdateBatch
 from hps.updates import codec, metrics
+from hps.validate import check_not_reserved
 
 if TYPE_CHECKING:
     from confluent_kafka import Message
@@ -97,6 +98,7 @@ def read_message(
         metrics.MESSAGES.labels(d.format).inc()
     if d.values is not None and d.keys.size and not np.isfinite(d.values).all():
         raise InvalidValueError(f"{model}.{table}: vectors contain NaN or infinity")
+    check_not_reserved(f"{model}.{table}", d.keys)  # upserts and deletes alike
     return Incoming(model, table, d, ts_ns, int(msg.partition() or 0))
 
 

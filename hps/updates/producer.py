@@ -34,6 +34,7 @@ from hps.updates.kafka import (
     with_driver_log,
 )
 from hps.updates.partition import split_by_partition
+from hps.validate import check_not_reserved
 
 if TYPE_CHECKING:
     from confluent_kafka import KafkaError, Message, Producer
@@ -112,7 +113,7 @@ class Publisher:
 
         Duplicate keys in one call: the last row wins. Call :meth:`flush` to wait for delivery.
         """
-        k = _keys(keys)
+        k = _keys(keys, f"{model}.{table}")
         v = _vectors(vectors, k.size)
         ver = self._version(version)
         topic = codec.topic_name(model, table)
@@ -126,7 +127,7 @@ class Publisher:
 
     def delete(self, model: str, table: str, keys: Keys, version: int | None = None) -> int:
         """Queue deletes of ``keys`` from every level of ``<model>.<table>``; return the version."""
-        k = _keys(keys)
+        k = _keys(keys, f"{model}.{table}")
         ver = self._version(version)
         topic = codec.topic_name(model, table)
         for part, rows in split_by_partition(
@@ -265,7 +266,8 @@ class Publisher:
         self.messages_sent += 1
 
 
-def _keys(keys: Keys) -> np.ndarray:
+def _keys(keys: Keys, table: str) -> np.ndarray:
+    """``keys`` as int64 that every tier can store; the consumer refuses the others too."""
     k = np.asarray(keys)
     if k.dtype.kind not in "iu":
         raise DTypeError(f"keys must be integers, got {k.dtype}")
@@ -273,7 +275,9 @@ def _keys(keys: Keys) -> np.ndarray:
         raise ShapeError(f"keys must be 1-D, got shape {k.shape}")
     if k.dtype == np.uint64 and k.size and k.max() > np.iinfo(np.int64).max:
         raise InvalidValueError("keys must fit in int64")
-    return k.astype(np.int64, copy=False)
+    k = k.astype(np.int64, copy=False)
+    check_not_reserved(table, k)
+    return k
 
 
 def _vectors(vectors: Vectors, n: int) -> np.ndarray:

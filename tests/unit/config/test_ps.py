@@ -118,6 +118,9 @@ def test_hugectr_defaults() -> None:
     assert not u.enabled
 
 
+BIG = 2**31  # past Triton's int32
+
+
 @pytest.mark.parametrize(
     ("patch", "message"),
     [
@@ -158,6 +161,31 @@ def test_hugectr_defaults() -> None:
             "update_source.brokerz: unknown key",
         ),
         ({"volatile_db": {"update_filters": ["("]}}, "invalid regular expression"),
+        (
+            {"models": [{"model": "m", "embedding_vecsize_per_table": [8], "version": 3}]},
+            "models[0].version: unknown key (versions are imported and activated with",
+        ),
+        ({"source": "elsewhere.json"}, "ps.json: source: unknown key"),
+        (
+            {
+                "models": [
+                    {
+                        "model": "m",
+                        "embedding_vecsize_per_table": [8, 8],
+                        "maxnum_catfeature_query_per_table_per_sample": [-3, 2],
+                    }
+                ]
+            },
+            "models[0].maxnum_catfeature_query_per_table_per_sample[0]: Input should be greater",
+        ),
+        (
+            {"models": [{"model": "m", "embedding_vecsize_per_table": [8], "max_batch_size": BIG}]},
+            "models[0].max_batch_size: Input should be less than or equal to 2147483647",
+        ),
+        (
+            {"update_source": {"hps_max_version_ahead_s": 1e300}},
+            "update_source.hps_max_version_ahead_s: Input should be less than or equal to 2592000",
+        ),
     ],
 )
 def test_errors_name_the_key_and_the_file(tmp_path: Path, patch: dict, message: str) -> None:
@@ -168,6 +196,14 @@ def test_errors_name_the_key_and_the_file(tmp_path: Path, patch: dict, message: 
     assert str(tmp_path / "ps.json") in str(err.value)
 
 
+@pytest.mark.parametrize("default", [float("nan"), float("inf"), 1e39, -1e39])
+def test_a_default_value_a_float32_row_cannot_hold_is_refused(default: float) -> None:
+    doc = {"models": [{"model": "m", "embedding_vecsize_per_table": [8]}]}
+    doc["models"][0]["default_value_for_each_table"] = [default]
+    with pytest.raises(ConfigError, match=r"models\[0\]\.default_value_for_each_table\[0\]"):
+        parse_config(doc)
+
+
 def test_invalid_json_and_missing_file(tmp_path: Path) -> None:
     p = tmp_path / "ps.json"
     p.write_text("{ not json")
@@ -175,6 +211,9 @@ def test_invalid_json_and_missing_file(tmp_path: Path) -> None:
         load_config(p)
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "absent.json")
+    p.write_bytes(b'{"x": "\xe9"}')  # Latin-1, not UTF-8
+    with pytest.raises(ConfigError, match=r"ps.json: not UTF-8 text \(byte 7\)"):
+        load_config(p)
 
 
 def test_models_are_frozen() -> None:

@@ -47,3 +47,15 @@ def test_npy_pair(tmp_path: Path) -> None:
     np.save(tmp_path / "k2.npy", np.arange(6))
     with pytest.raises(FormatError, match="6 keys but 7 vectors"):
         list(read_npy_pair(tmp_path / "k2.npy", tmp_path / "v.npy", 3))
+
+
+def test_npy_unsigned_keys_beyond_int64_are_refused_not_wrapped(tmp_path: Path) -> None:
+    keys = np.array([1, 2, 3, 4, 2**63 + 7, 2**64 - 1, 5], dtype=np.uint64)
+    np.save(tmp_path / "k.npy", keys)
+    np.save(tmp_path / "v.npy", rows(np.arange(7), 3))
+    with pytest.raises(FormatError, match=r"k.npy: key 9223372036854775815 at row 4 does not fit"):
+        list(read_npy_pair(tmp_path / "k.npy", tmp_path / "v.npy", 3, chunk_rows=3))
+    np.save(tmp_path / "k.npy", keys[:4])  # uint64 keys that fit are read as int64
+    np.save(tmp_path / "v.npy", rows(np.arange(4), 3))
+    [(k, _)] = list(read_npy_pair(tmp_path / "k.npy", tmp_path / "v.npy", 3))
+    assert k.dtype == np.int64 and k.tolist() == [1, 2, 3, 4]

@@ -34,6 +34,10 @@ def test_token_sources_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         resolve_token(str(tmp_path / "empty"))
     with pytest.raises(ConfigError, match="cannot read"):
         resolve_token(str(tmp_path / "missing"))
+    (tmp_path / "binary").write_bytes(b"secret\xff\xfe")
+    with pytest.raises(ConfigError, match=r"admin token file .*binary: not UTF-8") as err:
+        resolve_token(str(tmp_path / "binary"))
+    assert "secret" not in str(err.value)
 
 
 def test_bearer_check() -> None:

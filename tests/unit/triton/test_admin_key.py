@@ -62,6 +62,19 @@ def test_env_and_file_come_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert not (tmp_path / "state").exists()
 
 
+def test_an_unreadable_key_file_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    named = tmp_path / "k"
+    named.write_bytes(b"key\xff")
+    monkeypatch.setenv(admin_key.KEY_FILE_ENV, str(named))
+    with pytest.raises(ConfigError, match=r"admin key file .*k: not UTF-8 text \(byte 3\)"):
+        admin_key.resolve_key()
+    monkeypatch.setenv(admin_key.KEY_FILE_ENV, str(tmp_path / "absent"))
+    with pytest.raises(ConfigError, match="admin key file .*absent: cannot read"):
+        admin_key.resolve_key()
+
+
 @pytest.mark.parametrize("bad", ["", "a b", "a:b", "a,b", "a=b"])
 def test_keys_that_would_break_the_option_are_refused(bad: str, monkeypatch) -> None:
     monkeypatch.setenv(admin_key.KEY_ENV, bad)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 
-from hps.errors import BackendError, BackendUnavailable
+from hps.errors import BackendError, BackendUnavailable, InvalidValueError
 from hps.net import free_port
 from hps.updates import Publisher, codec
 from hps.updates.kafka import DRIVER_LOG
@@ -31,6 +32,17 @@ def test_an_unreachable_broker_is_logged_through_python_logging_not_stderr(
             publisher.close(timeout_s=1.0)
     assert any(r.name == DRIVER_LOG.name and "127.0.0.1" in r.getMessage() for r in caplog.records)
     assert "rdkafka" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("key", [np.iinfo(np.int64).min, np.iinfo(np.int64).min + 1])
+def test_reserved_keys_are_refused_before_anything_is_queued(
+    publisher: Publisher, key: int
+) -> None:
+    with pytest.raises(InvalidValueError, match=r"m\.t: keys \[.*\] are reserved"):
+        publisher.publish("m", "t", np.array([1, key]), np.ones((2, 2), np.float32))
+    with pytest.raises(InvalidValueError, match="are reserved"):
+        publisher.delete("m", "t", np.array([key]))
+    publisher.close(timeout_s=1.0)  # nothing was queued: nothing to wait for
 
 
 def test_a_closed_publisher_has_released_its_driver_and_refuses_to_publish(

@@ -150,6 +150,26 @@ def test_bad_messages_are_dead_lettered_and_the_rest_applied() -> None:
     assert l3.fetch(SPEC.name, np.array([1, 2, 3, 4]))[1].tolist() == [True, True, False, False]
 
 
+def test_reserved_keys_are_dead_lettered_and_no_tier_grows() -> None:
+    """The index's empty and deleted markers cannot be stored: an upsert of one would take
+    a row no lookup finds, every time it came again."""
+    lowest = np.iinfo(np.int64).min
+    msgs = [
+        upsert([1], 1, 0),
+        Msg(codec.encode(np.array([lowest, 5]), np.ones((2, 2), np.float32), 2), 1),
+        Msg(codec.encode(np.array([lowest + 1]), None, 3, delete=True), 2),
+        upsert([2], 4, 3),
+    ]
+    consumer, source, dead, l2, l3 = make(msgs)
+    consumer.run_once(threading.Event())
+    assert [o for o, _ in dead.sent] == [1, 2] and source.stored == [0, 1, 2, 3]
+    assert all(r.startswith("InvalidValueError: m.t: keys [") for _, r in dead.sent)
+    assert "are reserved" in dead.sent[0][1]
+    # keys 1 and 2; key 5 went with its message
+    assert l2.size(SPEC.name) == l3.size(SPEC.name) == 2
+    assert l3.fetch(SPEC.name, np.array([1, 2, 5]))[1].tolist() == [True, True, False]
+
+
 def test_values_beyond_float16_are_dead_lettered_for_a_float16_table() -> None:
     spec = TableSpec("m", "h", 2, row_dtype="float16")
     topic = codec.topic_name("m", "h")
