@@ -15,7 +15,14 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from hps.errors import FormatError, RequestError
 from hps.service import direct, uploads
 from hps.service.paths import MAX_PATH_CHARS, ServerPaths
-from hps.service.schemas import WRITE, DeleteBody, WarmupBody, WarmupKeys, WarmupKeyset
+from hps.service.schemas import (
+    MAX_WRITE_KEYS,
+    WRITE,
+    DeleteBody,
+    WarmupBody,
+    WarmupKeys,
+    WarmupKeyset,
+)
 from hps.service.state import AdminState
 from hps.types import JSON
 
@@ -66,12 +73,12 @@ def warmup(model: str, body: WarmupBody, request: Request, _: Auth) -> JSON:
     elif isinstance(body, WarmupKeyset):
         path = ServerPaths.of(state).file(body.keyset_path)  # confined: hps.service.paths
         try:
-            keys = read_keyset(path)
+            keys = read_keyset(path, max_keys=MAX_WRITE_KEYS)
         except OSError:
             raise FormatError(f"{body.keyset_path}: cannot read the keyset file") from None
     else:
         fkeys, counts = read_frequency_file(ServerPaths.of(state).file(body.frequency_path))
-        keys = hottest(fkeys, counts, body.top_k or fkeys.size)
+        keys = hottest(fkeys, counts, body.top_k or min(fkeys.size, MAX_WRITE_KEYS))
     return direct.warmup_keys(state, model, dict.fromkeys(tables, keys))
 
 

@@ -30,7 +30,8 @@ Int64 = Annotated[
     ),
 ]
 MAX_LOOKUP_KEYS = 10_000
-MAX_DELETE_KEYS = 1_000_000
+MAX_WRITE_KEYS = 1_000_000
+"""Keys of one delete or warm-up: listed in the body, or read from a keyset or frequency file."""
 
 
 class _Body(BaseModel):
@@ -42,7 +43,7 @@ class LookupBody(_Body):
 
 
 class DeleteBody(_Body):
-    keys: list[Int64] = Field(min_length=1, max_length=MAX_DELETE_KEYS)
+    keys: list[Int64] = Field(min_length=1, max_length=MAX_WRITE_KEYS)
 
 
 class _Warmup(_Body):
@@ -50,7 +51,7 @@ class _Warmup(_Body):
 
 
 class WarmupKeys(_Warmup):
-    keys: list[Int64] = Field(min_length=1, max_length=MAX_DELETE_KEYS)
+    keys: list[Int64] = Field(min_length=1, max_length=MAX_WRITE_KEYS)
 
 
 # Server-side paths: absolute, under the control plane's path roots (hps.service.paths).
@@ -71,7 +72,12 @@ class WarmupFrequency(_Warmup):
     frequency_path: ServerPath = Field(
         description=".npz frequency file on the server" + _UNDER_ROOTS
     )
-    top_k: int | None = Field(default=None, ge=1, le=1 << 30, description="hottest k keys")
+    top_k: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_WRITE_KEYS,
+        description=f"hottest k keys (default: all, at most the hottest {MAX_WRITE_KEYS:,})",
+    )
 
 
 WarmupBody = WarmupKeys | WarmupKeyset | WarmupFrequency

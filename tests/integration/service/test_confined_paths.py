@@ -18,6 +18,7 @@ from hps.io.frequency import write_frequency_file
 from hps.io.keyset import write_keyset
 from hps.io.sparse_model import write_sparse_model
 from hps.service.app import create_app
+from hps.service.schemas import MAX_WRITE_KEYS
 from hps.service.state import AdminState
 from hps.service.triton_admin import TritonAdmin
 from tests.integration.service.conftest import TOKEN, AdminProcess, Stack
@@ -99,6 +100,20 @@ def test_warmup_of_no_keys_is_refused_and_reloads_nothing(
         assert r.json()["detail"].startswith("warm-up of model 'one' found no keys"), r.text
     assert stub_pids(stack.server.repository, "one") == pids
     assert (written.stat().st_mtime_ns if written.exists() else None) == before
+
+
+def test_warmup_files_beyond_the_key_limit_are_refused_before_they_are_read(
+    client: Any, stack: Stack, inside: Path
+) -> None:
+    write_keyset(inside / "big.keyset", np.arange(MAX_WRITE_KEYS + 1, dtype=np.int64))
+    pids = stub_pids(stack.server.repository, "one")
+    r = client.post("/v1/models/one/warmup", json={"keyset_path": str(inside / "big.keyset")})
+    assert r.status_code == 413, r.text
+    assert r.json()["error"] == "BatchTooLargeError", r.text
+    assert r.json()["detail"].endswith("1,000,001 keys, more than the 1,000,000 allowed"), r.text
+    body = {"frequency_path": str(inside / "big.npz"), "top_k": MAX_WRITE_KEYS + 1}
+    assert client.post("/v1/models/one/warmup", json=body).status_code == 422
+    assert stub_pids(stack.server.repository, "one") == pids
 
 
 def test_import_paths_outside_the_roots_are_refused_alike(

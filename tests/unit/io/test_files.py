@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hps.errors import FormatError
+from hps.errors import BatchTooLargeError, FormatError
 from hps.io.keyset import read_keyset, write_keyset
 from hps.io.npy import read_npy_pair
 from hps.io.sparse_model import read_sparse_model, sparse_model_rows, write_sparse_model
@@ -33,6 +33,13 @@ def test_keyset_round_trip_and_bad_size(tmp_path: Path) -> None:
     (tmp_path / "bad.keyset").write_bytes(b"\0" * 12)
     with pytest.raises(FormatError, match="12 bytes"):
         read_keyset(tmp_path / "bad.keyset")
+
+
+def test_a_keyset_beyond_a_bound_is_refused_unread(tmp_path: Path) -> None:
+    write_keyset(tmp_path / "k", np.arange(5, dtype=np.int64))
+    assert read_keyset(tmp_path / "k", max_keys=5).tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(BatchTooLargeError, match="5 keys, more than the 4 allowed"):
+        read_keyset(tmp_path / "k", max_keys=4)
 
 
 def test_npy_pair(tmp_path: Path) -> None:
