@@ -20,11 +20,14 @@ from __future__ import annotations
 import fnmatch
 import functools
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar, cast
 
 from pydantic import BaseModel
+
+from hps.errors import ConfigError
 
 REDACTED = "<redacted>"
 
@@ -43,6 +46,9 @@ SECRET_NAME_PATTERNS: tuple[str, ...] = (
     "*api_key*",
     "*api-key*",
     "*credentials*",
+    "*passphrase*",
+    "*private.key*",
+    "*private_key*",
 )
 # Names of where a secret is kept (an environment variable, a mounted file), not secrets.
 REFERENCE_SUFFIXES: tuple[str, ...] = ("_env", "_file", "_files", ".location")
@@ -50,6 +56,10 @@ REFERENCE_SUFFIXES: tuple[str, ...] = ("_env", "_file", "_files", ".location")
 # every occurrence of those letters in a log line. Such a value still never appears as the
 # value of a secret-named setting (redact_mapping does not look at length).
 MIN_SCRUB_LENGTH = 6
+MIN_KEY_LENGTH = 16
+"""The shortest admin key or token HPS takes: hard to guess, and long enough to scrub."""
+# `name=value` inside a command-line argument (`--http-restricted-api=...:hps-admin-key=V`)
+_ASSIGNMENT = re.compile(r"(?P<name>[A-Za-z0-9_.\-]+)=(?P<value>[^\s,:=]+)")
 
 _lock = threading.Lock()
 _values: set[str] = set()
@@ -64,6 +74,17 @@ def is_secret_name(name: str) -> bool:
     if is_reference_name(lowered):
         return False
     return any(fnmatch.fnmatchcase(lowered, p) for p in SECRET_NAME_PATTERNS)
+
+
+def secret_name_regex() -> str:
+    """:data:`SECRET_NAME_PATTERNS` as one regular expression over lowercase names, in the
+    dialect JSON Schema's ``patternProperties`` takes: the Helm chart's values.schema.json
+    refuses the names it matches in ``kafka.config`` (librdkafka's names are lowercase)."""
+    allowed = set("abcdefghijklmnopqrstuvwxyz0123456789._-*")
+    assert all(set(p) <= allowed for p in SECRET_NAME_PATTERNS), "escape more characters"
+    return "|".join(
+        "^" + p.replace(".", "\\.").replace("*", ".*") + "$" for p in SECRET_NAME_PATTERNS
+    )
 
 
 def is_reference_name(name: str) -> bool:
@@ -161,8 +182,22 @@ def _register_all(value: object) -> None:
 
 
 def redact_args(args: Iterable[str]) -> list[str]:
-    """A command line with secret values scrubbed (for the one place that logs it)."""
-    return [scrub(a) for a in args]
+    """A command line with secret values scrubbed (for the one place that logs it): the
+    registered ones, and the value of every ``name=value`` whose name is secret."""
+    return [_ASSIGNMENT.sub(_hide_assigned, scrub(a)) for a in args]
+
+
+def _hide_assigned(m: re.Match[str]) -> str:
+    return f"{m['name']}={REDACTED}" if is_secret_name(m["name"]) else m[0]
+
+
+def check_key(value: str, where: str) -> None:
+    """ConfigError unless ``value`` is a usable admin key or token (:data:`MIN_KEY_LENGTH`)."""
+    if len(value) < MIN_KEY_LENGTH:
+        raise ConfigError(
+            f"{where}: {len(value)} characters; a key or token needs at least "
+            f"{MIN_KEY_LENGTH} (e.g. `openssl rand -hex 24`)"
+        )
 
 
 def scrub_record(record: logging.LogRecord) -> None:

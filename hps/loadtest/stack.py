@@ -202,7 +202,7 @@ def start_stack(
                   f"http://127.0.0.1:{metrics}/metrics")  # fmt: skip
     try:
         _start_servers(stack, doc, run_dir)
-        ps_path.write_text(json.dumps(doc, indent=1) + "\n")
+        _write_private(ps_path, json.dumps(doc, indent=1) + "\n")  # it may hold passwords
         cfg = parse_config(doc, str(ps_path))
         stack.ctr = any(m.dense_file.endswith(".npz") for m in cfg.models)
         if stack.brokers:
@@ -302,3 +302,11 @@ def _wait_http(stack: Stack, name: str, url: str, timeout_s: float = READY_TIMEO
                 return
         time.sleep(0.5)
     raise BackendUnavailable(f"{name} not ready at {url} after {timeout_s:.0f}s")
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (mode 0600, an existing file too)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)

@@ -75,6 +75,11 @@ class Metrics:
         closed.labels("read_timeout").set_function(lambda: float(guard.timed_out))
 
 
+# A client chooses its request's method: any other is counted as "other", so that requests
+# cannot add series to /metrics without bound.
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
 def _error(
     status: int, kind: str, detail: object, headers: dict[str, str] | None = None
 ) -> JSONResponse:
@@ -163,7 +168,8 @@ def create_app(state: AdminState, guard: ConnectionGuard | None = None) -> FastA
         response: Response = await call_next(request)
         route = request.scope.get("route")
         name = getattr(route, "path", "refused_or_unmatched")
-        metrics.requests.labels(name, request.method, str(response.status_code)).inc()
+        method = request.method if request.method in HTTP_METHODS else "other"
+        metrics.requests.labels(name, method, str(response.status_code)).inc()
         metrics.latency.labels(name).observe(time.perf_counter() - start)
         return response
 

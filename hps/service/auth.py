@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hps.config.common import read_text
 from hps.errors import ConfigError
+from hps.redact import check_key
 
 TOKEN_ENV = "HPS_ADMIN_TOKEN"
 TOKEN_FILE_ENV = "HPS_ADMIN_TOKEN_FILE"
@@ -23,6 +24,7 @@ def _read(path: str | Path) -> str:
     token = read_text(Path(path), "admin token file ").strip()
     if not token:
         raise ConfigError(f"admin token file {path} is empty")
+    check_key(token, f"admin token file {path}")
     return token
 
 
@@ -32,6 +34,7 @@ def resolve_token(token_file: str | None = None) -> str | None:
         return _read(token_file)
     token = os.environ.get(TOKEN_ENV, "").strip()
     if token:
+        check_key(token, f"${TOKEN_ENV}")
         return token
     path = os.environ.get(TOKEN_FILE_ENV, "").strip()
     return _read(path) if path else None

@@ -163,7 +163,7 @@ class JobRecords:
         try:
             tmp.write_text(json.dumps(job.record()))
             os.replace(tmp, path)
-        except OSError as exc:  # a full disk must not fail the job itself
+        except (OSError, TypeError, ValueError) as exc:  # a full disk must not fail the job
             log.warning("cannot record job %s in %s: %s", job.id, self.folder, exc)
 
     def forget(self, job_id: str) -> None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hps.errors import BackendUnavailable, HPSError, QueueFullError, UnknownTableError
+from hps.redact import scrub
 from hps.service.job_records import Job, JobInterrupted, JobRecords, Resumer, State, Work
 from hps.types import JSON
 
@@ -263,12 +264,15 @@ class JobRegistry:
         finally:
             job.remove_staged()  # before the end is visible: an ended job holds no upload
             job.finished = time.time()
-            job.error, job.state = error, state
-            self._save(job)
-            with self._lock:
-                self._futures.pop(job.id, None)
-                self._work.pop(job.id, None)
-                self._durations = [*self._durations[-9:], job.finished - job.started]
+            # an error body, on disk and in GET /v1/jobs/{id}: no secret in sight
+            job.error, job.state = None if error is None else scrub(error), state
+            try:
+                self._save(job)
+            finally:
+                with self._lock:
+                    self._futures.pop(job.id, None)
+                    self._work.pop(job.id, None)
+                    self._durations = [*self._durations[-9:], job.finished - job.started]
 
     def get(self, job_id: str) -> Job:
         with self._lock:

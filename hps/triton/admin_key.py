@@ -30,7 +30,7 @@ from pathlib import Path
 
 from hps.config.common import read_text
 from hps.errors import ConfigError
-from hps.redact import register
+from hps.redact import check_key, register
 
 ADMIN_HEADER = "hps-admin-key"
 KEY_ENV = "HPS_ADMIN_KEY"
@@ -53,6 +53,7 @@ def _check(key: str, where: str) -> None:
         raise ConfigError(
             f"admin key from {where} must be non-empty, without spaces, ',', ':' or '='"
         )
+    check_key(key, f"admin key from {where}")
 
 
 def key_file_for(state_dir: str | Path) -> Path:

@@ -30,6 +30,16 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         ["/kafka/config/sasl.password"],
     ),
     (
+        "inline Kafka key passphrase",
+        {"kafka": {"config": {"sasl.oauthbearer.assertion.private.key.passphrase": "pp"}}},
+        ["/kafka/config/sasl.oauthbearer.assertion.private.key.passphrase"],
+    ),
+    (
+        "inline Kafka private key",
+        {"kafka": {"config": {"sasl.oauthbearer.assertion.private.key.pem": "-----BEGIN"}}},
+        ["/kafka/config/sasl.oauthbearer.assertion.private.key.pem"],
+    ),
+    (
         "unknown L2 mode",
         {"l2": {"mode": "memcached"}},
         ["/l2/mode", "one of 'embedded', 'pod', 'redis'"],
@@ -129,6 +139,26 @@ def test_render_refuses(values: dict[str, Any], words: list[str]) -> None:
         render(values)
     for word in words:
         assert word in str(err.value), str(err.value)
+
+
+def test_kafka_config_refuses_the_names_hps_redacts() -> None:
+    """One decision: the schema's pattern is hps.redact's, and what it refuses and lets
+    through is what hps.redact calls secret or not."""
+    import json
+    import re
+
+    from hps.redact import is_secret_name, secret_name_regex
+    from tests.helm.chart import CHART
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    config = schema["properties"]["kafka"]["properties"]["config"]
+    assert list(config["patternProperties"]) == [secret_name_regex()]
+    names = ["sasl.password", "ssl.keystore.password", "ssl.key.pem", "sasl.jaas.config",
+             "sasl.oauthbearer.client.secret", "acks", "sasl.username", "security.protocol",
+             "ssl.ca.location", "ssl.certificate.pem", "sasl.mechanism"]  # fmt: skip
+    for name in names:
+        assert bool(re.search(secret_name_regex(), name)) == is_secret_name(name), name
+    chart().validate_schema({"kafka": {"config": {"sasl.username": "u", "acks": "all"}}})
 
 
 def test_at_least_ten_refusals() -> None:

@@ -42,6 +42,9 @@ def clean_registry() -> Iterator[None]:
         "HPS_ADMIN_TOKEN",  # *token*
         "access_token",
         "HPS_ADMIN_KEY",
+        "sasl.oauthbearer.assertion.private.key.passphrase",  # *passphrase*
+        "sasl.oauthbearer.assertion.private.key.pem",  # *private.key*
+        "private_key",
     ],
 )
 def test_secret_names(name: str) -> None:
@@ -127,6 +130,22 @@ def test_scrub_registered_and_extra_values() -> None:
     redact.register("the-admin-key-123-and-more")
     assert redact.scrub("the-admin-key-123-and-more") == REDACTED
     assert redact.redact_args(["--k=the-admin-key-123", "-v"]) == [f"--k={REDACTED}", "-v"]
+
+
+def test_redact_args_hides_secret_named_assignments_whatever_their_length() -> None:
+    """Triton's restricted-API options carry the admin key after its header name."""
+    args = [
+        "--http-restricted-api=model-repository,logging:hps-admin-key=k3Y",
+        "--grpc-restricted-protocol=trace:triton-grpc-protocol-hps-admin-key=k3Y",
+        "--model-repository=/m",
+        "--log-verbose=1",
+    ]
+    assert redact.redact_args(args) == [
+        f"--http-restricted-api=model-repository,logging:hps-admin-key={REDACTED}",
+        f"--grpc-restricted-protocol=trace:triton-grpc-protocol-hps-admin-key={REDACTED}",
+        "--model-repository=/m",
+        "--log-verbose=1",
+    ]
 
 
 def test_register_config_takes_a_pydantic_config(tmp_path) -> None:

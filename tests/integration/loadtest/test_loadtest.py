@@ -76,6 +76,7 @@ def test_short_mixed_run_meets_the_ci_thresholds(
     assert rep["verdict"]["passed"] and rep["verdict"]["stages"][0]["requests"] > 0
     assert (report / "report.html").stat().st_size > 10_000
     assert json.loads((report / "ps.json").read_text())["update_source"]["brokers"]
+    assert (report / "ps.json").stat().st_mode & 0o777 == 0o600  # it may hold passwords
     # Freshness from the probes and from the serving processes' metric, both reported.
     fresh = rep["freshness"]
     assert fresh.probes is not None and fresh.probes.count > 0, fresh

@@ -21,19 +21,23 @@ def test_token_sources_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv("HPS_ADMIN_TOKEN_FILE", raising=False)
     assert resolve_token(None) is None
     env_file = tmp_path / "env-token"
-    env_file.write_text("from-env-file\n")
+    env_file.write_text("from-env-file-0123456789\n")
     monkeypatch.setenv("HPS_ADMIN_TOKEN_FILE", str(env_file))
-    assert resolve_token(None) == "from-env-file"
-    monkeypatch.setenv("HPS_ADMIN_TOKEN", "from-env")
-    assert resolve_token(None) == "from-env"
+    assert resolve_token(None) == "from-env-file-0123456789"
+    monkeypatch.setenv("HPS_ADMIN_TOKEN", "from-env-0123456789")
+    assert resolve_token(None) == "from-env-0123456789"
     arg = tmp_path / "arg-token"
-    arg.write_text(" from-arg ")
-    assert resolve_token(str(arg)) == "from-arg"
+    arg.write_text(" from-arg-0123456789 ")
+    assert resolve_token(str(arg)) == "from-arg-0123456789"
     (tmp_path / "empty").write_text("\n")
     with pytest.raises(ConfigError, match="empty"):
         resolve_token(str(tmp_path / "empty"))
     with pytest.raises(ConfigError, match="cannot read"):
         resolve_token(str(tmp_path / "missing"))
+    (tmp_path / "short").write_text("tok3n\n")
+    with pytest.raises(ConfigError, match="short: 5 characters; .* at least 16") as err:
+        resolve_token(str(tmp_path / "short"))
+    assert "tok3n" not in str(err.value)
     (tmp_path / "binary").write_bytes(b"secret\xff\xfe")
     with pytest.raises(ConfigError, match=r"admin token file .*binary: not UTF-8") as err:
         resolve_token(str(tmp_path / "binary"))
@@ -61,6 +65,7 @@ def test_config_route_redacts_by_name_pattern(tmp_path: Path) -> None:
         "ssl.keystore.password": "keystore-pass-1",
         "sasl.oauthbearer.config": "clientSecret=oauth-2",
         "sasl.password": "sasl-pass-3",
+        "sasl.oauthbearer.assertion.private.key.passphrase": "passphrase-5",
         "acks": "all",
     }
     config = make_config(
@@ -80,6 +85,21 @@ def test_config_route_redacts_by_name_pattern(tmp_path: Path) -> None:
     }
     assert not any(v in resp.text for v in [*kafka.values(), "redis-pass-4"] if v != "all")
     assert redact_mapping({"empty": {"password": ""}}) == {"empty": {"password": ""}}
+
+
+def test_request_methods_a_client_makes_up_count_as_one_series(tmp_path: Path) -> None:
+    from hps.service.app import create_app
+    from hps.service.state import AdminState
+    from hps.service.triton_admin import TritonAdmin
+    from tests.helpers import make_config
+
+    state = AdminState(make_config(tmp_path), None, TritonAdmin("127.0.0.1:1"), state_dir=tmp_path)
+    with TestClient(create_app(state)) as client:
+        for method in ("PROBE0", "PROBE1", "PROBE2", "GET"):
+            client.request(method, "/v1/config")
+        text = client.get("/metrics").text
+    assert "PROBE" not in text
+    assert 'method="other"' in text and 'method="GET"' in text
 
 
 def test_token_and_body_limits_refuse_before_reading_and_limit_bodies() -> None:

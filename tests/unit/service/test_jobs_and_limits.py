@@ -130,6 +130,34 @@ def test_records_survive_a_restart(tmp_path: Path) -> None:
     again.close()
 
 
+def test_a_failed_job_s_error_is_scrubbed_and_an_unrecordable_result_still_ends_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hps import redact
+
+    monkeypatch.setattr(redact, "_values", {"redis-pass-0123"})
+    jobs = JobRegistry()
+    jobs.attach(tmp_path / "jobs", tmp_path / "uploads")
+
+    def leaks(job: Job) -> JSON:
+        raise RuntimeError("cannot reach redis://:redis-pass-0123@10.0.0.1")
+
+    def unrecordable(job: Job) -> JSON:
+        return {"rows": object()}  # type: ignore[dict-item]
+
+    failed = jobs.submit(Job("import", "m.t", 1), leaks)
+    odd = jobs.submit(Job("import", "m.t", 1), unrecordable)
+    deadline = time.monotonic() + HANG_S
+    while {failed.state, odd.state} & {"queued", "running"} and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert failed.state == "failed" and "redis-pass" not in str(failed.view())
+    assert "<redacted>" in str(failed.error)
+    assert "redis-pass" not in (tmp_path / "jobs" / f"{failed.id}.json").read_text()
+    assert odd.state == "done"  # ended, though its record could not be written
+    jobs.submit(Job("import", "m.t", 1), lambda job: {"ok": True})  # the queue goes on
+    jobs.close(wait_s=HANG_S)
+
+
 def test_a_job_found_running_is_marked_interrupted(tmp_path: Path) -> None:
     folder = tmp_path / "jobs"
     folder.mkdir()

@@ -47,18 +47,18 @@ def test_resolved_keys_are_registered_for_redaction(
 
     key, _ = admin_key.ensure_key(tmp_path)
     assert key in registered() and key not in scrub(f"--http-restricted-api=x:k={key}")
-    monkeypatch.setenv(admin_key.KEY_ENV, "env-key-to-hide")
+    monkeypatch.setenv(admin_key.KEY_ENV, "env-key-to-hide-0123")
     admin_key.resolve_key()
-    assert "env-key-to-hide" in registered()
+    assert "env-key-to-hide-0123" in registered()
 
 
 def test_env_and_file_come_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     named = tmp_path / "k"
-    named.write_text("from-file\n")
+    named.write_text("from-file-0123456789\n")
     monkeypatch.setenv(admin_key.KEY_FILE_ENV, str(named))
-    assert admin_key.ensure_key(tmp_path / "state") == ("from-file", named)
-    monkeypatch.setenv(admin_key.KEY_ENV, "from-env")
-    assert admin_key.ensure_key(tmp_path / "state") == ("from-env", None)
+    assert admin_key.ensure_key(tmp_path / "state") == ("from-file-0123456789", named)
+    monkeypatch.setenv(admin_key.KEY_ENV, "from-env-0123456789")
+    assert admin_key.ensure_key(tmp_path / "state") == ("from-env-0123456789", None)
     assert not (tmp_path / "state").exists()
 
 
@@ -82,11 +82,19 @@ def test_keys_that_would_break_the_option_are_refused(bad: str, monkeypatch) -> 
         admin_key.resolve_key()
 
 
+def test_a_short_key_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(admin_key.KEY_ENV, "k3Y9z")
+    with pytest.raises(ConfigError, match=r"HPS_ADMIN_KEY: 5 characters; .* at least 16") as err:
+        admin_key.resolve_key()
+    assert "k3Y9z" not in str(err.value)
+
+
 def test_restricted_args_and_headers() -> None:
-    http, grpc = admin_key.restricted_args("k1")
+    k1 = "k1-0123456789abcdef"
+    http, grpc = admin_key.restricted_args(k1)
     apis = "model-repository,shared-memory,trace,logging"
-    assert http == f"--http-restricted-api={apis}:hps-admin-key=k1"
-    assert grpc == f"--grpc-restricted-protocol={apis}:hps-admin-key=k1"
-    assert admin_key.http_headers("k1") == {"hps-admin-key": "k1"}
-    assert admin_key.grpc_headers("k1") == {"triton-grpc-protocol-hps-admin-key": "k1"}
+    assert http == f"--http-restricted-api={apis}:hps-admin-key={k1}"
+    assert grpc == f"--grpc-restricted-protocol={apis}:hps-admin-key={k1}"
+    assert admin_key.http_headers(k1) == {"hps-admin-key": k1}
+    assert admin_key.grpc_headers(k1) == {"triton-grpc-protocol-hps-admin-key": k1}
     assert admin_key.http_headers(None) == {}
