@@ -95,8 +95,11 @@ class Refresher:
             return
         while not self._stop.is_set():
             start = time.monotonic()
-            n = self.run_pass()
-            log.debug("L1 refresh pass: %d keys in %.3f s", n, time.monotonic() - start)
+            try:
+                n = self.run_pass()
+                log.debug("L1 refresh pass: %d keys in %.3f s", n, time.monotonic() - start)
+            except Exception:  # noqa: BLE001 - the next pass comes whatever this one hit
+                log.exception("L1 refresh pass failed; the next one comes as usual")
             if self._stop.wait(self.interval):
                 return
 

@@ -71,6 +71,7 @@ class Source(Protocol):
     def poll(self, timeout_s: float) -> Message | None: ...
     def drain(self, max_messages: int) -> list[Message]: ...
     def store(self, msgs: Sequence[Message]) -> None: ...
+    def rewind(self, msgs: Sequence[Message]) -> None: ...
     def commit(self, *, asynchronous: bool) -> None: ...
     def lag(self) -> dict[tuple[str, int], int]: ...
     def positions(self) -> dict[tuple[str, int], int]: ...
@@ -140,9 +141,26 @@ class UpdateConsumer:
         if first is None:
             self._idle()
             return 0
+        msgs = [first]
+        try:
+            return self._handle(msgs, stop)
+        except BaseException:  # unforeseen: the batch is read again, never skipped
+            self._rewind(msgs)
+            raise
+
+    def _rewind(self, msgs: list[Message]) -> None:
+        try:
+            self.source.rewind(msgs)
+        except Exception as exc:  # noqa: BLE001 - the original error is the one to raise
+            log.error("cannot read %d messages again (%s): they are lost to this consumer",
+                      len(msgs), exc)  # fmt: skip
+
+    def _handle(self, msgs: list[Message], stop: threading.Event) -> int:
+        """Decode, apply and store the batch that starts with ``msgs[0]`` (``msgs`` grows
+        with what is drained, so that a failure can read all of it again)."""
+        first = msgs[0]
         started = time.perf_counter()
         self._decode_s = 0.0
-        msgs = [first]
         updates: list[UpdateBatch] = []
         bad: list[tuple[Message, str]] = []
         rows = self._decode(first, updates, bad, time.time_ns())

@@ -18,13 +18,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hps.config import PSConfig
-from hps.errors import HPSError
 from hps.updates.applier import Applied
 from hps.updates.consumer import UpdateConsumer
 from hps.updates.freshness import L1Refresher
 from hps.updates.metrics import PrometheusRecorder, Recorder
 from hps.updates.runtime import (
-    RETRY_S,
     UpdateThread,
     build_applier,
     check_enabled,
@@ -72,16 +70,8 @@ def start_background_applier(
     )
     consumer = UpdateConsumer(source, applier, us, recorder=recorder, serving=True, router=router)
 
-    def body(stop: threading.Event) -> None:
-        try:
-            while not stop.is_set():
-                try:
-                    consumer.run_once(stop)
-                    timed_pass2(recorder, refresher)
-                except HPSError as exc:  # a broker or tier hiccup must not end serving updates
-                    log.warning("embedded applier: %s; retrying", exc)
-                    stop.wait(RETRY_S)
-        finally:
-            source.close()
+    def step(stop: threading.Event) -> None:
+        consumer.run_once(stop)  # a failed batch is read again (UpdateConsumer.run_once)
+        timed_pass2(recorder, refresher)
 
-    return UpdateThread("hps-embedded-applier", body, refresher)
+    return UpdateThread("hps-embedded-applier", step, refresher, close=source.close)

@@ -144,6 +144,14 @@ class L1Refresher:
                 cache.release(entry.hold)
             entry.hold = None
 
+    def drop_all(self) -> None:
+        """Evict every row of every L1, a slice per lock hold: what is left when updates
+        may have been missed and nothing says which keys they touched."""
+        for cache in self.session.caches.values():
+            keys = cache.resident_keys()
+            for lo in range(0, keys.size, MAX_SLICE):
+                cache.evict(keys[lo : lo + MAX_SLICE])
+
     def release_all(self) -> None:
         """End every hold (the listener stops: nothing will say when L2/L3 are ready)."""
         for entry in self._pending:

@@ -54,7 +54,7 @@ from typing import Literal
 
 import numpy as np
 
-from hps.errors import HPSError
+from hps.errors import FormatError, HPSError
 from hps.rowformat import Stored
 from hps.types import Keys
 
@@ -298,7 +298,8 @@ class Journal:
     # -- the serving processes -------------------------------------------------------------
 
     def read(self, seq: int) -> Entry | None:
-        """Entry ``seq``, or None when it is gone (removed: the reader fell behind)."""
+        """Entry ``seq``, or None when it is gone (removed: the reader fell behind);
+        FormatError when it cannot be read as one (e.g. written by another HPS release)."""
         path = self._name(seq, ".json")
         try:
             meta = json.loads(path.read_bytes())
@@ -306,24 +307,26 @@ class Journal:
             if any(p["keys"] is not None for p in meta["changes"]):
                 with np.load(self._name(seq, ".npz")) as npz:
                     arrays = {name: npz[name] for name in npz.files}
+            changes = []
+            for i, part in enumerate(meta["changes"]):
+                kind = part["kind"]
+                if kind not in KINDS:
+                    raise FormatError(f"{path}: unknown kind {kind!r}")
+                changes.append(
+                    Change(
+                        kind,
+                        str(part["table"]),
+                        arrays.get(f"keys{i}"),
+                        arrays.get(f"rows{i}"),
+                        tuple(int(t) for t in part["published_ns"]),
+                        bool(part["from_updates"]),
+                    )
+                )
+            return Entry(seq, tuple(changes), int(meta["time_ns"]))
         except FileNotFoundError:
             return None
-        changes = []
-        for i, part in enumerate(meta["changes"]):
-            kind = part["kind"]
-            if kind not in KINDS:
-                raise HPSError(f"{path}: unknown kind {kind!r}")
-            changes.append(
-                Change(
-                    kind,
-                    str(part["table"]),
-                    arrays.get(f"keys{i}"),
-                    arrays.get(f"rows{i}"),
-                    tuple(int(t) for t in part["published_ns"]),
-                    bool(part["from_updates"]),
-                )
-            )
-        return Entry(seq, tuple(changes), int(meta["time_ns"]))
+        except (KeyError, TypeError, ValueError, OSError) as exc:  # JSON, npz, fields
+            raise FormatError(f"{path}: not a journal entry: {type(exc).__name__}: {exc}") from None
 
     def write_cursor(
         self, reader: str, model: str, generation: str, seq: int, problem: str | None = None

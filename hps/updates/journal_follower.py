@@ -12,14 +12,17 @@ already) carries its rows: resident L1 rows take them at once (pass 1, nothing r
 the same second re-read; each of its updates' freshness is recorded (the moment this process
 serves it: when its rows reached L1 if any key was resident, else when L2/L3 held it).
 
-An entry it needs gone (it fell behind) or a new generation (the folder was recreated)
-makes it drop its whole L1 and refill an L2 of its own from L3. Its cursor, with the
-``problem`` it was asked to :meth:`JournalFollower.report`, is rewritten at least every
-:data:`~hps.updates.journal.HEARTBEAT_S` and at once when it moves or the problem changes.
+An entry it needs gone (it fell behind), one it cannot read or apply (another release
+wrote it; a tier failing aside: that poll is tried again) or a new generation (the folder
+was recreated) makes it drop its whole L1 and refill an L2 of its own from L3. Its cursor,
+with the ``problem`` it was asked to :meth:`JournalFollower.report` (or, while its polls
+fail, why), is rewritten at least every :data:`~hps.updates.journal.HEARTBEAT_S` and at
+once when it moves or the problem changes: ``/readyz`` says 503 with the reason.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hps.cache.refresh import MAX_SLICE
+from hps.errors import BackendError
 from hps.updates.journal import HEARTBEAT_S, POLL_S, Change, Journal
 
 if TYPE_CHECKING:
@@ -66,6 +70,7 @@ class JournalFollower:
         self._beat = 0.0
         self._problem_of: Callable[[], str | None] | None = None
         self._problem: str | None = None
+        self._failing: str | None = None  # why the last poll failed, while it does
         self._recorder: Recorder | None = None
         self._stamp: tuple[int, int] | None = None
         self._stop = threading.Event()
@@ -110,6 +115,8 @@ class JournalFollower:
             self._beat = now
 
     def _problem_now(self) -> str | None:
+        if self._failing is not None:
+            return self._failing
         if self._problem_of is None:
             return None
         try:
@@ -129,27 +136,40 @@ class JournalFollower:
             self._resync(session)
             self.generation, self.seq = generation, head
         elif head > self.seq:
-            entries = []
-            for seq in range(self.seq + 1, head + 1):
-                entry = self.journal.read(seq)
-                if entry is None:
-                    break
-                entries.append(entry)
-            if len(entries) < head - self.seq:
-                log.warning("change journal: fell behind (entries removed): dropping L1")
-                self._resync(session)
-            else:
-                if any(not c.from_updates for e in entries for c in e.changes):
-                    session.tiers.catch_up()  # once for all the entries: L3 as they describe
-                for entry in entries:
-                    for change in entry.changes:
-                        self._apply(session, change, entry.time_ns)
-                done = len(entries)
+            done = self._apply_entries(session, head)
             self.seq = head
             self.applied += done
         self._refresher.run_due()
         self._heartbeat(force=moved)  # else at least every HEARTBEAT_S
         return done
+
+    def _apply_entries(self, session: LookupSession, head: int) -> int:
+        """Apply the entries after ``self.seq`` up to ``head``; how many. An entry that
+        cannot be read or applied (a tier failing aside, which is tried again at the next
+        poll) drops L1 instead, as one that is gone does: its changes are then read from
+        L2/L3, and the entries after it are not held up behind it."""
+        entries = []
+        try:
+            for seq in range(self.seq + 1, head + 1):
+                entry = self.journal.read(seq)
+                if entry is None:
+                    log.warning("change journal: fell behind (entries removed): dropping L1")
+                    self._resync(session)
+                    return 0
+                entries.append(entry)
+            if any(not c.from_updates for e in entries for c in e.changes):
+                session.tiers.catch_up()  # once for all the entries: L3 as they describe
+            for entry in entries:
+                for change in entry.changes:
+                    self._apply(session, change, entry.time_ns)
+        except BackendError:
+            raise
+        except Exception:
+            log.exception("change journal: entries %d-%d not applied: dropping L1", self.seq + 1,
+                          head)  # fmt: skip
+            self._resync(session)
+            return 0
+        return len(entries)
 
     def _apply(self, session: LookupSession, change: Change, appended_ns: int) -> None:
         spec = session.tables.get(change.table)
@@ -210,10 +230,8 @@ class JournalFollower:
         if self._own_l2:
             for table in session.tables:
                 self._refill_l2(session, table)
-        for cache in session.caches.values():
-            keys = cache.resident_keys()
-            for lo in range(0, keys.size, MAX_SLICE):  # a slice per lock hold
-                cache.evict(keys[lo : lo + MAX_SLICE])
+        assert self._refresher is not None
+        self._refresher.drop_all()
 
     # -- the thread ------------------------------------------------------------------------
 
@@ -225,14 +243,20 @@ class JournalFollower:
     def _run(self) -> None:
         last = time.monotonic()
         while not self._stop.wait(FOLLOW_S):
-            now = time.monotonic()
-            if not self._head_moved() and now - last < POLL_S:
-                continue
-            last = now
             try:
+                now = time.monotonic()
+                if not self._head_moved() and now - last < POLL_S:
+                    continue
+                last = now
                 self.poll()
-            except Exception:  # a bad entry or a tier hiccup must not end the follower
-                log.exception("change journal: poll failed; retrying")
+                self._failing = None
+            except Exception as exc:  # noqa: BLE001 - a tier hiccup must not end the follower
+                if self._failing is None:
+                    log.exception("change journal: poll failed; retrying")
+                # /readyz says why, and the cursor stays live while the poll is retried
+                self._failing = f"change journal: {type(exc).__name__}: {exc}"
+                with contextlib.suppress(Exception):
+                    self._heartbeat(force=False)
                 self._stop.wait(1.0)
 
     def _head_moved(self) -> bool:

@@ -70,31 +70,39 @@ def start_l1_listener(
         config=dict(us.hps_kafka_config),
     )
 
-    def body(stop: threading.Event) -> None:
-        last_check = 0.0
-        previous_ns: int | None = None  # when the committed offsets were last read
-        try:
-            while not stop.is_set():
-                router.refresh()
-                msg = source.poll(LISTENER_POLL_S)
-                msgs = [msg, *source.drain(255)] if msg is not None else []
-                refresh_from(msgs, router, refresher, us.hps_max_version_ahead_s, served)
-                now = time.monotonic()
-                if (refresher.pending or served.waiting) and now - last_check >= COMMITTED_CHECK_S:
-                    last_check = now
-                    try:
-                        asked_ns = time.time_ns()
-                        ready = applied_by_group(source.committed())
-                        served.run_ready(ready, previous_ns)
-                        previous_ns = asked_ns
-                        timed_pass2(served.recorder, refresher, ready)
-                    except HPSError as exc:  # broker or L2 away: pass 2 waits, pass 1 goes on
-                        log.warning("L1 listener: %s; retrying", exc)
-        finally:
-            refresher.release_all()
-            source.close()
+    last_check = 0.0
+    previous_ns: int | None = None  # when the committed offsets were last read
 
-    return UpdateThread("hps-l1-listener", body, refresher)
+    def step(stop: threading.Event) -> None:
+        nonlocal last_check, previous_ns
+        router.refresh()
+        msg = source.poll(LISTENER_POLL_S)
+        msgs = [msg, *source.drain(255)] if msg is not None else []
+        try:
+            refresh_from(msgs, router, refresher, us.hps_max_version_ahead_s, served)
+        except Exception:
+            # Unforeseen: some of these updates may not have reached L1, and nothing says
+            # which keys they touched. L1 is a cache: its rows come from L2/L3 again.
+            log.error("L1 listener: %d messages not applied to L1: dropping it", len(msgs))
+            refresher.drop_all()
+            raise
+        now = time.monotonic()
+        if (refresher.pending or served.waiting) and now - last_check >= COMMITTED_CHECK_S:
+            last_check = now
+            try:
+                asked_ns = time.time_ns()
+                ready = applied_by_group(source.committed())
+                served.run_ready(ready, previous_ns)
+                previous_ns = asked_ns
+                timed_pass2(served.recorder, refresher, ready)
+            except HPSError as exc:  # broker or L2 away: pass 2 waits, pass 1 goes on
+                log.warning("L1 listener: %s; retrying", exc)
+
+    def close() -> None:
+        refresher.release_all()
+        source.close()
+
+    return UpdateThread("hps-l1-listener", step, refresher, close=close)
 
 
 def applied_by_group(committed: dict[tuple[str, int], int]) -> Ready:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from hps.config import PSConfig
-from hps.errors import ConfigError
+from hps.errors import ConfigError, HPSError
 from hps.tiers import Tiers, VersionedRows
 from hps.topology import topology
 from hps.types import TableSpec
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRY_S = 1.0
+REPEAT_LOG_EVERY = 60  # failures in a row between two log lines of a failing update thread
 
 
 def update_tiers(config: PSConfig, tiers: Tiers, *, shared_only: bool) -> Tiers:
@@ -205,27 +206,54 @@ def consumed_config(config: PSConfig) -> PSConfig:
 
 
 class UpdateThread:
-    """A background update thread; ``stop()`` finishes its batch and joins it."""
+    """A background update thread: ``step(stop)`` again and again until :meth:`stop`
+    (which finishes the step under way and joins), then ``close()``.
+
+    A step that raises does not end the thread, whatever it raised: the error is logged
+    (an unforeseen one with its traceback) on the first failure in a row and every
+    :data:`REPEAT_LOG_EVERY` after, counted in ``errors``, and the next step comes
+    :data:`RETRY_S` later. A step leaves what it could not finish as it would be found
+    again (the consumer reads its batch again; the listener drops L1)."""
 
     def __init__(
         self,
         name: str,
-        body: Callable[[threading.Event], None],
+        step: Callable[[threading.Event], None],
         refresher: L1Refresher | None = None,
+        *,
+        close: Callable[[], None] | None = None,
     ) -> None:
         self.refresher = refresher  # for introspection: pending re-reads, dropped keys
         self.stop_event = threading.Event()
-        self.error: BaseException | None = None
-        self._body = body
+        self.error: BaseException | None = None  # the last one
+        self.errors = 0
+        self._step, self._close = step, close
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
+        name, in_a_row = self.thread.name, 0
         try:
-            self._body(self.stop_event)
+            while not self.stop_event.is_set():
+                try:
+                    self._step(self.stop_event)
+                    in_a_row = 0
+                except Exception as exc:  # noqa: BLE001 - the thread outlives any step
+                    self.error, self.errors = exc, self.errors + 1
+                    if in_a_row % REPEAT_LOG_EVERY == 0:
+                        again = f" ({in_a_row + 1} in a row)" if in_a_row else ""
+                        if isinstance(exc, HPSError):
+                            log.warning("%s: %s%s; retrying", name, exc, again)
+                        else:
+                            log.exception("%s: unexpected error%s; retrying", name, again)
+                    in_a_row += 1
+                    self.stop_event.wait(RETRY_S)
         except BaseException as exc:  # surfaced through .error and the log
             self.error = exc
-            log.exception("%s stopped", self.thread.name)
+            log.exception("%s stopped", name)
+        finally:
+            if self._close is not None:
+                self._close()
 
     def is_alive(self) -> bool:
         return self.thread.is_alive()

@@ -182,6 +182,20 @@ class MessageSource:
         except BackendError as exc:  # a partition revoked meanwhile: its new owner replays
             log.info("offsets not stored (%s); the new owner re-applies them", exc)
 
+    def rewind(self, msgs: Sequence[Message]) -> None:
+        """Read ``msgs`` again: each of their partitions goes back to its first offset
+        among them (messages taken but not applied are not lost to this consumer)."""
+        from confluent_kafka import TopicPartition
+
+        first: dict[TopicPartitionKey, int] = {}
+        for m in msgs:
+            topic, partition, offset = position(m)
+            key = (topic, partition)
+            first[key] = min(first.get(key, offset), offset)
+        with translated("rewinding"):
+            for (topic, partition), offset in first.items():
+                self._consumer.seek(TopicPartition(topic, partition, offset))
+
     def commit(self, *, asynchronous: bool) -> None:
         if self.mode != "group":
             return

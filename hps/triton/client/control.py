@@ -7,6 +7,7 @@ Used by ``hps reload``, the dead-stub watchdog, the shutdown drain and the contr
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -38,15 +39,21 @@ class ModelControl:
         req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                text = resp.read().decode() or "null"
+                text = resp.read().decode(errors="replace") or "null"
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")
             if exc.code == 403:
                 raise RequestError(f"Triton refused {path}: {detail} (wrong admin key?)") from None
             raise RequestError(f"Triton answered {exc.code} to {path}: {detail}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise BackendUnavailable(f"cannot reach Triton at {self.base}: {exc}") from None
-        return json.loads(text)
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+            # HTTPException: an answer cut short or malformed (a server going down)
+            raise BackendUnavailable(f"cannot reach Triton at {self.base}: {exc!r}") from None
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise BackendUnavailable(
+                f"Triton answered {path} with no JSON: {text[:200]!r}"
+            ) from None
 
     def load(self, model: str) -> None:
         """Load (or reload) ``model``; returns once Triton has it ready or raises."""

@@ -18,6 +18,7 @@ Every line passes :func:`hps.redact.scrub` before it is shown or kept.
 
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
 import sys
@@ -28,6 +29,8 @@ from typing import IO
 
 from hps.redact import scrub
 from hps.triton.instance_ready import InstanceReady
+
+log = logging.getLogger(__name__)
 
 TAIL_LINES = 40
 SUMMARY_WAIT_S = 10.0
@@ -93,8 +96,17 @@ class TritonOutput:
         self._thread.start()
 
     def _read(self, stream: IO[bytes]) -> None:
+        """Relay until tritonserver closes its end. A line that cannot be relayed (our
+        stderr gone: a pipe whose reader died) is dropped: the pipe is drained whatever
+        happens, or tritonserver would block on its next log line."""
+        failed = False
         for raw in iter(stream.readline, b""):
-            self.feed(raw.decode(errors="replace").rstrip("\r\n"))
+            try:
+                self.feed(raw.decode(errors="replace").rstrip("\r\n"))
+            except Exception as exc:  # noqa: BLE001 - keep draining
+                if not failed:
+                    failed = True
+                    log.warning("tritonserver's output is no longer relayed: %s", exc)
         stream.close()
 
     def feed(self, line: str) -> None:

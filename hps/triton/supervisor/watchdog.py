@@ -138,17 +138,20 @@ class Watchdog:
             known = self._stubs()
             next_probe = time.monotonic() + self.interval
             while not self._stop.wait(tick):
-                now = self._stubs()
-                gone = {m for m, pids in known.items() if pids - now.get(m, set())}
-                known = now
-                due = time.monotonic() >= next_probe
-                if due:
-                    next_probe = time.monotonic() + self.interval
-                for model in [m for m in self.probes if due or m in gone]:
-                    if self._stop.is_set():
-                        return
-                    if self.check(client, model) is not None:
-                        known = self._stubs()
+                try:
+                    now = self._stubs()
+                    gone = {m for m, pids in known.items() if pids - now.get(m, set())}
+                    known = now
+                    due = time.monotonic() >= next_probe
+                    if due:
+                        next_probe = time.monotonic() + self.interval
+                    for model in [m for m in self.probes if due or m in gone]:
+                        if self._stop.is_set():
+                            return
+                        if self.check(client, model) is not None:
+                            known = self._stubs()
+                except Exception:  # noqa: BLE001 - the watchdog outlives any one round
+                    log.exception("watchdog: a round of probes failed; probing again later")
 
     def _stubs(self) -> dict[str, set[int]]:
         return stub_pids(self.server_pid) if self.server_pid else {}

@@ -225,6 +225,24 @@ def test_refresher_thread_runs_after_its_delay_and_stops(
     assert not Refresher(session.caches, refresh, interval=0).start().enabled
 
 
+def test_a_refresh_pass_that_fails_outside_its_slices_does_not_end_the_thread(
+    session: LookupSession, stored: np.ndarray
+) -> None:
+    session.lookup(TABLE, stored[:5])
+    failures = [MemoryError("out of GPU memory")]  # e.g. reading the resident keys
+    refreshed = threading.Event()
+
+    def before_pass() -> None:
+        if failures:
+            raise failures.pop()
+
+    r = Refresher(session.caches, lambda t, k: refreshed.set(), interval=0.01,
+                  before_pass=before_pass)  # fmt: skip
+    with r:
+        assert refreshed.wait(30)  # hang guard: the pass after the failed one ran
+    assert r.passes >= 1 and not failures
+
+
 def test_refreshers_follow_the_config(tmp_path: Path, stored: np.ndarray) -> None:
     cfg = config(tmp_path, refresh_interval=30.0, refresh_delay=5.0)
     s = build_session(cfg)

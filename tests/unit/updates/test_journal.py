@@ -162,6 +162,60 @@ def test_a_recreated_journal_drops_l1(
     assert session.caches[TABLE].resident_keys().size == 0
 
 
+def test_an_entry_it_cannot_read_drops_l1_and_the_next_ones_still_apply(
+    config: PSConfig, serving: tuple[LookupSession, JournalFollower]
+) -> None:
+    session, follower = serving
+    session.lookup(TABLE, KEYS[:10])
+    j = _journal(config)
+    bad = j.append("delete", TABLE, KEYS[:1])
+    meta = json.loads(j._name(bad, ".json").read_text())
+    meta["changes"][0]["kind"] = "purge"  # written by another release
+    j._name(bad, ".json").write_text(json.dumps(meta))
+    follower.poll()
+    assert follower.resyncs == 1 and follower.seq == bad  # passed, not retried forever
+    assert session.caches[TABLE].resident_keys().size == 0
+    j.append("warmup", TABLE, KEYS[20:25])
+    assert follower.poll() == 1 and session.caches[TABLE].resident(KEYS[20:25]).all()
+
+
+def test_a_failing_poll_says_why_in_the_cursor_and_the_follower_goes_on(
+    config: PSConfig,
+    serving: tuple[LookupSession, JournalFollower],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    session, follower = serving
+    j = _journal(config)
+    calls = 0
+    real = j.head_stamp
+
+    def failing() -> tuple[int, int]:  # what a stat of head.json may raise
+        nonlocal calls
+        calls += 1
+        if calls <= 3:
+            raise PermissionError(13, "Permission denied")
+        return real()
+
+    monkeypatch.setattr(follower.journal, "head_stamp", failing)
+    follower.start()
+    deadline = time.monotonic() + 30  # hang guard
+    while calls == 0 or not _cursor(j).problem:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert "change journal: PermissionError" in str(_cursor(j).problem)
+    seq = j.append("warmup", TABLE, KEYS[40:45])
+    assert j.wait_applied("m", seq, timeout_s=30) == (1, 1)  # recovered; hang guard
+    while _cursor(j).problem is not None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert session.caches[TABLE].resident(KEYS[40:45]).all()
+
+
+def _cursor(j: Journal) -> journal_mod.Cursor:
+    [cursor] = j.cursors()
+    return cursor
+
+
 def test_entries_leave_once_every_live_follower_applied_them(
     config: PSConfig, serving: tuple[LookupSession, JournalFollower]
 ) -> None:

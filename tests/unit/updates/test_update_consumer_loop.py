@@ -70,6 +70,9 @@ class FakeSource:
     def store(self, msgs: list[Msg]) -> None:
         self.stored.extend(m.offset() for m in msgs)
 
+    def rewind(self, msgs: list[Msg]) -> None:
+        self.queue.extendleft(reversed(msgs))
+
     def commit(self, *, asynchronous: bool) -> None:
         self.commits += 1
 
@@ -189,6 +192,28 @@ def test_values_beyond_float16_are_dead_lettered_for_a_float16_table() -> None:
     got, found = l3.fetch(spec.name, np.array([1, 2, 3]))
     assert found.tolist() == [True, False, False] and got.dtype == np.float16
     np.testing.assert_array_equal(got[:1], ok.astype(np.float16))
+
+
+def test_an_unforeseen_error_reads_the_batch_again_and_skips_nothing() -> None:
+    class Once(HashMapStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.failed = False
+
+        def insert(self, table: str, keys: Any, values: Any) -> None:  # type: ignore[override]
+            if not self.failed:
+                self.failed = True
+                raise RuntimeError("a bug in a tier")
+            super().insert(table, keys, values)
+
+    msgs = [upsert([i], 1, i) for i in range(3)]
+    consumer, source, dead, l2, l3 = make(msgs, l2=Once())
+    with pytest.raises(RuntimeError, match="a bug in a tier"):
+        consumer.run_once(threading.Event())
+    assert source.stored == [] and [m.offset() for m in source.queue] == [0, 1, 2]
+    assert consumer.run_once(threading.Event()) == 3
+    assert source.stored == [0, 1, 2] and dead.sent == []
+    assert l2.fetch(SPEC.name, np.array([0, 1, 2]))[1].all()
 
 
 def test_a_failing_tier_is_retried_and_nothing_is_skipped() -> None:

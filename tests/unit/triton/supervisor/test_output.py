@@ -85,3 +85,26 @@ def test_summary_without_l2_and_l3() -> None:
     r = InstanceReady("m_0_0", "m", "m", 0.25, 7, 1, "disabled", 0, "disabled", "-")
     want = "m: warm in 0.2s, 1 instance: L1 7 rows (1 table), no L2, no L3"
     assert warm_up_summary("m", [r]) == want
+
+
+class _Gone(io.StringIO):
+    """A stderr whose reader died."""
+
+    def write(self, s: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_relay_that_cannot_write_keeps_draining_the_pipe() -> None:
+    """Otherwise tritonserver blocks on its next log line once the pipe buffer is full."""
+    import subprocess
+    import sys
+
+    output = TritonOutput(instances={"demo": 1}, out=io.StringIO(), err=_Gone(), verbose=True)
+    lines = 20_000  # about 1.3 MB: far past a pipe's buffer
+    script = f"print('E1 x.cc:1] first')\nfor _ in range({lines}): print('W1 x.cc:1]', 'y' * 60)"
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    output.attach(child)
+    assert child.wait(timeout=30) == 0  # hang guard: drained to the end
+    assert output._thread is not None
+    output._thread.join(timeout=30)
+    assert not output._thread.is_alive()

@@ -1,0 +1,135 @@
+"""The update threads of a serving process outlive any failure of one step (UpdateThread),
+and the L1 listener drops L1 when a poll's messages may not have reached it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hps.build import build_session
+from hps.errors import BackendUnavailable
+from hps.storage.hash_map import HashMapStore
+from hps.tiers import Tiers
+from hps.updates import listener as listener_mod
+from hps.updates import runtime
+from hps.updates.runtime import UpdateThread
+from tests.helpers import make_config
+from tests.unit.updates.test_listener import upsert
+from tests.unit.updates.test_update_consumer_loop import SPEC, Msg
+
+HANG_S = 30.0  # hang guards only
+
+
+def _wait(cond: Any, what: str) -> None:
+    deadline = time.monotonic() + HANG_S
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def test_a_step_that_raises_does_not_end_the_thread(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(runtime, "RETRY_S", 0.0)
+    failures: deque[Exception] = deque(
+        [KeyError("created"), MemoryError("out of GPU memory"), BackendUnavailable("redis")]
+    )
+    done = threading.Event()
+    closed: list[bool] = []
+
+    def step(stop: threading.Event) -> None:
+        if failures:
+            raise failures.popleft()
+        done.set()
+
+    thread = UpdateThread("hps-test-updates", step, close=lambda: closed.append(True))
+    assert done.wait(HANG_S)
+    assert thread.is_alive() and thread.errors == 3
+    assert isinstance(thread.error, BackendUnavailable)
+    thread.stop()
+    assert not thread.is_alive() and closed == [True]
+    logged = [r for r in caplog.records if "hps-test-updates" in r.getMessage()]
+    assert logged[0].exc_info is not None  # unforeseen: with its traceback
+    assert "(2 in a row)" not in caplog.text  # later failures in a row are not all logged
+
+
+class _Source:
+    """The Kafka source of the listener: messages handed out in order."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.queue: deque[Msg] = deque()
+        self.closed = False
+        _Source.made.append(self)
+
+    made: list[_Source] = []
+
+    def poll(self, timeout_s: float) -> Msg | None:
+        if self.queue:
+            return self.queue.popleft()
+        time.sleep(0.001)
+        return None
+
+    def drain(self, n: int) -> list[Msg]:
+        out = []
+        while self.queue and len(out) < n:
+            out.append(self.queue.popleft())
+        return out
+
+    def committed(self) -> dict[tuple[str, int], int]:
+        return {}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_listener_drops_l1_when_a_poll_fails_to_reach_it_and_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runtime, "RETRY_S", 0.0)
+    monkeypatch.setattr(listener_mod, "MessageSource", _Source)
+    real = listener_mod.refresh_from
+    polls: list[int] = []  # messages per poll that reached refresh_from
+
+    def refresh_once_failing(*args: Any, **kwargs: Any) -> None:
+        if args[0]:
+            polls.append(len(args[0]))
+            if len(polls) == 1:
+                raise MemoryError("out of GPU memory")  # part of the poll may be in L1, or not
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(listener_mod, "refresh_from", refresh_once_failing)
+    cfg = make_config(
+        tmp_path,
+        models=[{"model": "m", "embedding_table_names": ["t"], "embedding_vecsize_per_table": [2],
+                 "gpucache": True, "hps_cache": {"capacity": 100, "device": "numpy"}}],
+        update_source={"type": "kafka_message_queue", "brokers": "127.0.0.1:1"},
+    )  # fmt: skip
+    l2 = HashMapStore()
+    session = build_session(cfg, tiers=Tiers(l2, None))
+    cache = session.caches[SPEC.name]
+    keys = np.arange(1, 11, dtype=np.int64)
+    l2.insert(SPEC.name, keys, np.ones((keys.size, 2), np.float32))
+    session.lookup(SPEC.name, keys)
+    assert cache.resident(keys).all()
+    _Source.made.clear()
+    thread = listener_mod.start_l1_listener(session, cfg)
+    try:
+        [source] = _Source.made
+        source.queue.append(upsert([1], 5.0, 0))
+        _wait(lambda: thread.errors == 1, "the failed poll")
+        _wait(lambda: not cache.resident(keys).any(), "L1 dropped")
+        session.lookup(SPEC.name, keys[1:3])  # back from L2
+        source.queue.append(upsert([2], 7.0, 1))
+        _wait(lambda: len(polls) == 2, "the next poll")
+        _wait(lambda: session.lookup(SPEC.name, keys[1:2])[0, 0] == 7.0, "key 2 refreshed")
+        assert thread.is_alive() and thread.errors == 1
+    finally:
+        thread.stop()
+        session.close()
+    assert source.closed
