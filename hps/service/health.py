@@ -22,10 +22,12 @@ import.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from functools import cache, partial
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -50,7 +52,10 @@ def _run(name: str, check: Callable[[], str]) -> JSON:
     return {"name": name, "ok": ok, "detail": detail, "ms": ms}
 
 
-Reader = Callable[[], Tiers]
+class Reader(Protocol):
+    """:meth:`AdminState.reading`'s reader, held until the checks end."""
+
+    def __call__(self, *, catch_up: bool = False) -> Tiers: ...
 
 
 def _sample(reader: Reader, specs: list[TableSpec]) -> tuple[int, int, np.ndarray] | None:
@@ -78,7 +83,7 @@ def _inference(state: AdminState, reader: Reader, model: str, specs: list[TableS
     # Against what serving answers for it: L2 first, then L3 (the two may differ after an
     # update). The reader's L3 may be up to CATCH_UP_S behind an update Triton already
     # serves: a mismatch looks again, caught up, before it counts.
-    for tiers in (reader, partial(state.reader, catch_up=True)):
+    for tiers in (reader, partial(reader, catch_up=True)):
         stored = tiers().fetch(spec, np.array([key], np.int64)).values
         expected = spec.fmt.decode(stored, spec.dim)[0]  # serving answers float32
         got = state.triton.lookup(model, np.array([key], np.int64), numkeys).reshape(-1)
@@ -110,7 +115,16 @@ def _kafka(state: AdminState) -> str:
 
 def readiness(state: AdminState) -> tuple[bool, list[JSON]]:
     """All checks, in order; ready when every one passed. L3 is caught up once for all."""
-    reader = cache(state.reader)  # an exception is not cached: each check reports it
+    with contextlib.ExitStack() as held:  # the readers the checks use, until they end
+
+        @cache  # an exception is not cached: each check reports it
+        def reader(*, catch_up: bool = False) -> Tiers:
+            return held.enter_context(state.reading(catch_up=catch_up))
+
+        return _checks(state, reader)
+
+
+def _checks(state: AdminState, reader: Reader) -> tuple[bool, list[JSON]]:
     checks = [_run("triton", lambda: _ready(state.triton.server_ready()))]
     try:
         live = state.live_config()  # each model at its live version

@@ -142,8 +142,8 @@ def table_info(
 def one_table(state: AdminState, spec: TableSpec) -> JSON:
     hits, fresh, why = triton_metrics(state)
     lags = consumer_lags(state, [spec])
-    reader = state.reader()
-    return table_info(state, spec, hits, reader, lags, exact=True, fresh=(fresh, why))
+    with state.reading() as reader:
+        return table_info(state, spec, hits, reader, lags, exact=True, fresh=(fresh, why))
 
 
 def _models(state: AdminState, live: list[ModelConfig]) -> tuple[list[JSON], str | None]:
@@ -151,20 +151,20 @@ def _models(state: AdminState, live: list[ModelConfig]) -> tuple[list[JSON], str
     missing, if they are."""
     hits, fresh_hist, why = triton_metrics(state)
     fresh = (fresh_hist, why)
-    reader = state.reader()
     lags = consumer_lags(state, [t for m in live for t in m.tables])
-    models: list[JSON] = [
-        {
-            "model": m.model,
-            "version": m.version,  # the live one
-            "instances": m.hps_instances,
-            "tables": [
-                table_info(state, spec, hits, reader, lags, exact=False, fresh=fresh)
-                for spec in m.tables
-            ],
-        }
-        for m in live
-    ]
+    with state.reading() as reader:
+        models: list[JSON] = [
+            {
+                "model": m.model,
+                "version": m.version,  # the live one
+                "instances": m.hps_instances,
+                "tables": [
+                    table_info(state, spec, hits, reader, lags, exact=False, fresh=fresh)
+                    for spec in m.tables
+                ],
+            }
+            for m in live
+        ]
     return models, why
 
 

@@ -24,12 +24,12 @@ WARMUP_PARAMETER = "hps_warmup_keysets"
 def lookup(state: AdminState, spec: TableSpec, keys: Keys) -> list[JSON]:
     """Where each key is found (l2, l3, default), its float32 vector (decoded from the
     table's row format) and update version; no writes."""
-    tiers = state.reader()
-    got = tiers.fetch(spec, keys)
+    with state.reading() as tiers:
+        got = tiers.fetch(spec, keys)
+        versions = tiers.stored_versions(spec, keys)  # beside the data: L3, else L2
     values = spec.fmt.decode(got.values, spec.dim)
     values[~got.found] = spec.default_value
     where = np.array(["default", "", "l2", "l3"], dtype=object)[got.level]
-    versions = tiers.stored_versions(spec, keys)  # beside the data: L3, else L2
     return [
         {"key": k, "found_in": w, "version": v or None, "vector": vec}
         for k, w, v, vec in zip(

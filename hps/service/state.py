@@ -92,6 +92,21 @@ def topology_view(config: PSConfig, topo: Topology) -> JSON:
 
 
 @dataclass
+class _Lease:
+    """A reader and how many requests are reading through it."""
+
+    tiers: Tiers
+    users: int = 0
+    retired: bool = False  # replaced: closed by its last user
+
+
+def _close(tiers: Tiers | None) -> None:
+    if tiers is not None:
+        with contextlib.suppress(Exception):
+            tiers.close()
+
+
+@dataclass
 class AdminState:
     # the ps.json as served when the control plane started (hps.triton.serving.serving_config)
     base: PSConfig
@@ -105,7 +120,7 @@ class AdminState:
     writes: threading.RLock = field(default_factory=threading.RLock, init=False)
     # one activation or retire at a time
     versions_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
-    _reader: Tiers | None = field(default=None, init=False)
+    _reader: _Lease | None = field(default=None, init=False)
     _reader_tables: frozenset[tuple[str, str]] = field(default=frozenset(), init=False)
     _caught_up_at: float = field(default=0.0, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
@@ -229,10 +244,13 @@ class AdminState:
         """An in-process L2 belongs to each serving process: not ours to read or write."""
         return self.topology.l2 not in (None, "process")
 
-    def reader(self, *, catch_up: bool = False) -> Tiers:
+    @contextlib.contextmanager
+    def reading(self, *, catch_up: bool = False) -> Iterator[Tiers]:
         """The shared L2 and a secondary L3, caught up within :data:`CATCH_UP_S` (now, if
         ``catch_up``; writes of ours reopen it: :meth:`reset_reader`); opened on first use,
-        and again when the versions to declare changed (an import, activation or retire)."""
+        and again when the versions to declare changed (an import, activation or retire).
+        A reader replaced meanwhile is closed when its last user leaves the block, never
+        under one."""
         from hps.service.version_report import declare, declared
 
         l3, l2 = declared(self.config)
@@ -240,7 +258,7 @@ class AdminState:
         stale = None
         with self._lock:
             if self._reader is not None and names != self._reader_tables:
-                stale, self._reader = self._reader, None
+                stale = self._retire_locked()
             if self._reader is None:
                 tiers = Tiers.open(self.config, l3_mode="secondary", l2=self.l2_reachable)
                 try:
@@ -248,26 +266,39 @@ class AdminState:
                 except BaseException:
                     tiers.close()
                     raise
-                self._reader, self._reader_tables = tiers, names
+                self._reader, self._reader_tables = _Lease(tiers), names
                 self._caught_up_at = time.monotonic()  # opening read the writer's state
-            reader = self._reader
+            lease = self._reader
+            lease.users += 1
             now = time.monotonic()
             due = catch_up or now - self._caught_up_at >= CATCH_UP_S
             if due:
                 self._caught_up_at = now
-        if stale is not None:
-            with contextlib.suppress(Exception):
-                stale.close()
-        if due:
-            reader.catch_up()
-        return reader
+        _close(stale)
+        try:
+            if due:
+                lease.tiers.catch_up()
+            yield lease.tiers
+        finally:
+            with self._lock:
+                lease.users -= 1
+                done = lease.retired and lease.users == 0
+            _close(lease.tiers if done else None)
 
     def reset_reader(self) -> None:
+        """Our own write: the next reader opens anew (the current one closes once unused)."""
         with self._lock:
-            reader, self._reader = self._reader, None
-        if reader is not None:
-            with contextlib.suppress(Exception):
-                reader.close()
+            stale = self._retire_locked()
+        _close(stale)
+
+    def _retire_locked(self) -> Tiers | None:
+        """Take the reader out of service; it, when no one holds it (else its last user
+        closes it). Call under ``_lock``."""
+        lease, self._reader = self._reader, None
+        if lease is None:
+            return None
+        lease.retired = True
+        return lease.tiers if lease.users == 0 else None
 
     @contextlib.contextmanager
     def writer(self) -> Iterator[Tiers]:

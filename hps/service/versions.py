@@ -41,7 +41,8 @@ IMPORT_JOB = "import_version"
 def listing(state: AdminState, model: str, exact: bool) -> JSON:
     """Every version of ``model`` with its rows and bytes per tier."""
     state.config.model(model)  # an unknown model: 404
-    return versions_report(state.config, model, state.reader(), exact)
+    with state.reading() as reader:
+        return versions_report(state.config, model, reader, exact)
 
 
 def _registry(state: AdminState) -> VersionRegistry:

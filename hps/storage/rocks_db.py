@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import shutil
 from collections.abc import Iterator
 from typing import cast
 
@@ -59,11 +57,10 @@ from hps.storage.rocks_open import (
     db_options,
     format_record,
     meta_key,
-    read_only_view,
+    open_db,
     recorded_format,
     writer_files,
 )
-from hps.tempdirs import owned_tempdir
 from hps.types import Keys, Mask, TableSpec
 from hps.validate import table_or_raise
 
@@ -105,33 +102,12 @@ class RocksDBStore(EmbeddingStore):
         )
         self._cache = rd.Cache(block_cache_mb << 20)
         self._opts = opts
-        if mode != "read_write" and not os.path.exists(os.path.join(path, "CURRENT")):
-            raise BackendError(f"rocks_db: no database at {path!r} to open {mode}; run hps import")
-        access = rd.AccessType.read_write()
-        if mode == "read_only":
-            access = rd.AccessType.read_only(error_if_log_file_exist=False)  # a WAL: replayed
-        elif mode == "secondary":
-            self._secondary_dir = str(owned_tempdir("hps-rocks-secondary-"))
-            access = rd.AccessType.secondary(self._secondary_dir)
-        self._view: str | None = None
-        if mode != "read_write" and not os.access(path, os.W_OK):
-            self._view = read_only_view(path)
-        try:
-            existing = rd.Rdict.list_cf(path, opts) if os.path.exists(path) else ["default"]
-            self._db = rd.Rdict(
-                self._view or path,
-                opts,
-                column_families={cf: cf_options(self._cache) for cf in existing},
-                access_type=access,
-            )
-        except Exception as exc:
-            self._drop_view()
-            if mode == "secondary":
-                shutil.rmtree(self._secondary_dir, ignore_errors=True)
-            raise BackendError(f"rocks_db: cannot open {path!r} ({mode}): {exc}") from exc
-        self._existing = set(existing)
+        self._opened = open_db(path, opts, self._cache, mode)
+        self._db = self._opened.db
+        self._existing = self._opened.existing
         self._caught_up_to: frozenset[tuple[str, int, int, int]] | None = None
         self.catch_ups = 0  # catch-ups that ran (secondary)
+        self.reopens = 0  # times a failed catch-up opened it again (secondary)
         self._damaged = DamagedKeys()
         self._sync = rd.WriteOptions()
         self._sync.sync = True
@@ -207,13 +183,37 @@ class RocksDBStore(EmbeddingStore):
         revisits every column family, about 1 ms on the demo's 79, even with nothing new)."""
         if self.mode != "secondary":
             return
-        files = writer_files(self._view or self.path)
+        files = writer_files(self._opened.view or self.path)
         if files is not None and files == self._caught_up_to:
             return
-        self._db.try_catch_up_with_primary()
+        try:
+            self._db.try_catch_up_with_primary()
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises a bare Exception
+            self._reopen(exc)
         self._caught_up_to = files  # as they were before it: a later write changes them
         self.catch_ups += 1
         self._damaged.clear()  # the writer may have rewritten them: read them again
+
+    def _reopen(self, why: Exception) -> None:
+        """Open this secondary again, reading the writer's state as it is now.
+
+        A secondary cannot replay the drop of a column family it never saw (one the writer
+        created after it opened: a model version imported, then retired): every catch-up
+        then fails ("Corruption: MANIFEST ..."). The instance it replaces is left to the
+        reads still in it (it closes with its last reference); BackendError if the new one
+        cannot be opened."""
+        opened = open_db(self.path, self._opts, self._cache, self.mode)
+        try:
+            cfs = {t: opened.db.get_column_family(t) for t in self._specs if t in opened.existing}
+        except Exception as exc:
+            opened.db.close()
+            opened.remove_folders()
+            raise BackendError(f"rocks_db: cannot reopen {self.path!r}: {exc}") from exc
+        old = self._opened
+        self._opened, self._db, self._existing, self._cfs = opened, opened.db, opened.existing, cfs
+        self.reopens += 1
+        old.remove_folders()  # files the old instance holds open stay readable to it
+        log.info("rocks_db: %s reopened as a secondary (a catch-up failed: %s)", self.path, why)
 
     def fetch(self, table: str, keys: Keys) -> tuple[Stored, Mask]:
         """Stored rows and found mask; keys in damaged blocks raise DamagedRowsError
@@ -390,11 +390,4 @@ class RocksDBStore(EmbeddingStore):
         self._cfs.clear()
         with contextlib.suppress(Exception):  # closing twice is harmless
             self._db.close()
-        if self.mode == "secondary":
-            shutil.rmtree(self._secondary_dir, ignore_errors=True)
-        self._drop_view()
-
-    def _drop_view(self) -> None:
-        if self._view is not None:
-            shutil.rmtree(self._view, ignore_errors=True)
-            self._view = None
+        self._opened.remove_folders()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from typing import cast
 
 import rocksdict as rd
@@ -87,6 +88,52 @@ def cf_options(cache: rd.Cache) -> rd.Options:
     table.set_pin_l0_filter_and_index_blocks_in_cache(True)
     opts.set_block_based_table_factory(table)
     return opts
+
+
+@dataclass
+class Opened:
+    """A database as :func:`open_db` opened it, and what to remove once it is closed."""
+
+    db: rd.Rdict
+    existing: set[str]  # its column families
+    secondary_dir: str | None  # a secondary's own folder
+    view: str | None  # the read-only view it reads through
+
+    def remove_folders(self) -> None:
+        for folder in (self.secondary_dir, self.view):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def open_db(path: str, opts: rd.Options, cache: rd.Cache, mode: str) -> Opened:
+    """Open the database at ``path`` in ``mode`` (``read_write``, ``read_only`` or
+    ``secondary``) with every column family it has; BackendError when it cannot be."""
+    if mode != "read_write" and not os.path.exists(os.path.join(path, "CURRENT")):
+        raise BackendError(f"rocks_db: no database at {path!r} to open {mode}; run hps import")
+    access = rd.AccessType.read_write()
+    secondary_dir = None
+    if mode == "read_only":
+        access = rd.AccessType.read_only(error_if_log_file_exist=False)  # a WAL: replayed
+    elif mode == "secondary":
+        secondary_dir = str(owned_tempdir("hps-rocks-secondary-"))
+        access = rd.AccessType.secondary(secondary_dir)
+    view = None
+    if mode != "read_write" and not os.access(path, os.W_OK):
+        view = read_only_view(path)
+    opened = Opened(cast(rd.Rdict, None), set(), secondary_dir, view)
+    try:
+        existing = rd.Rdict.list_cf(path, opts) if os.path.exists(path) else ["default"]
+        opened.db = rd.Rdict(
+            view or path,
+            opts,
+            column_families={cf: cf_options(cache) for cf in existing},
+            access_type=access,
+        )
+    except Exception as exc:
+        opened.remove_folders()
+        raise BackendError(f"rocks_db: cannot open {path!r} ({mode}): {exc}") from exc
+    opened.existing = set(existing)
+    return opened
 
 
 def read_only_view(path: str) -> str:

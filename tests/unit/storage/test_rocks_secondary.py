@@ -57,6 +57,32 @@ def test_a_catch_up_runs_only_after_a_write(tmp_path: Path) -> None:
     writer.close()
 
 
+def test_a_secondary_catches_up_past_the_drop_of_a_table_it_never_saw(tmp_path: Path) -> None:
+    """RocksDB's secondary cannot replay the drop of a column family created after it
+    opened (a model version imported, then retired): the store opens itself again."""
+    path = str(tmp_path / "db")
+    writer = RocksDBStore(path)
+    writer.open_table(SPEC)
+    reader = RocksDBStore(path, mode="secondary")
+    reader.open_table(SPEC)
+    later = TableSpec("m", "t", 4, version=2)
+    writer.open_table(later)
+    writer.insert(later.name, np.array([5], np.int64), rows([5], 0.5), durable=True)
+    writer.drop_table(later.name)
+    writer.insert(SPEC.name, np.array([3], np.int64), rows([3], 0.5), durable=True)
+    before = reader._opened
+    reader.catch_up()
+    assert reader.reopens == 1 and found(reader, [3]) == [True]
+    assert before.secondary_dir is not None and not Path(before.secondary_dir).exists()
+    writer.insert(SPEC.name, np.array([4], np.int64), rows([4], 0.5))
+    reader.catch_up()  # the reopened one follows as before
+    assert reader.reopens == 1 and found(reader, [3, 4]) == [True, True]
+    reader.close()
+    writer.close()
+    assert reader._opened.secondary_dir is not None
+    assert not Path(reader._opened.secondary_dir).exists()
+
+
 def test_a_writer_store_never_catches_up(tmp_path: Path) -> None:
     writer = RocksDBStore(str(tmp_path / "db"))
     writer.catch_up()
@@ -79,7 +105,7 @@ def test_a_secondary_loads_table_files_on_the_calling_thread(tmp_path: Path) -> 
     writer = RocksDBStore(path)
     writer.open_table(SPEC)
     reader = RocksDBStore(path, mode="secondary")
-    assert opening_threads(Path(reader._secondary_dir) / "LOG") == 1
+    assert opening_threads(Path(str(reader._opened.secondary_dir)) / "LOG") == 1
     assert opening_threads(Path(path) / "LOG") == 16  # the writer keeps RocksDB's default
     reader.close()
     writer.close()
