@@ -77,13 +77,25 @@ def is_secret_name(name: str) -> bool:
 
 
 def secret_name_regex() -> str:
-    """:data:`SECRET_NAME_PATTERNS` as one regular expression over lowercase names, in the
-    dialect JSON Schema's ``patternProperties`` takes: the Helm chart's values.schema.json
-    refuses the names it matches in ``kafka.config`` (librdkafka's names are lowercase)."""
-    allowed = set("abcdefghijklmnopqrstuvwxyz0123456789._-*")
-    assert all(set(p) <= allowed for p in SECRET_NAME_PATTERNS), "escape more characters"
-    return "|".join(
-        "^" + p.replace(".", "\\.").replace("*", ".*") + "$" for p in SECRET_NAME_PATTERNS
+    """:func:`is_secret_name` before its reference exception, as one regular expression in
+    the dialect JSON Schema takes (no flags: letters match in either case). The Helm
+    chart's values.schema.json refuses what it matches in ``kafka.config``, and as an inline
+    ``value`` in ``triton.extraEnv`` (unless :func:`reference_name_regex` matches too)."""
+    return "|".join(f"^{_pattern(p)}$" for p in SECRET_NAME_PATTERNS)
+
+
+def reference_name_regex() -> str:
+    """:func:`is_reference_name` as a regular expression (see :func:`secret_name_regex`)."""
+    return "(" + "|".join(_pattern(s) for s in REFERENCE_SUFFIXES) + ")$"
+
+
+def _pattern(shell: str) -> str:
+    """A shell pattern of lowercase letters, digits, ``._-`` and ``*`` as a regular
+    expression that matches its letters in either case."""
+    assert set(shell) <= set("abcdefghijklmnopqrstuvwxyz0123456789._-*"), shell
+    return "".join(
+        ".*" if c == "*" else "\\." if c == "." else f"[{c}{c.upper()}]" if c.isalpha() else c
+        for c in shell
     )
 
 

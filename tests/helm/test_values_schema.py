@@ -40,6 +40,16 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         ["/kafka/config/sasl.oauthbearer.assertion.private.key.pem"],
     ),
     (
+        "inline Redis password in the environment",
+        {"triton": {"extraEnv": [{"name": "HPS_REDIS_PASSWORD", "value": "hunter2"}]}},
+        ["/triton/extraEnv/0"],
+    ),
+    (
+        "inline admin key in the environment",
+        {"triton": {"extraEnv": [{"name": "HPS_ADMIN_KEY", "value": "k" * 20}]}},
+        ["/triton/extraEnv/0"],
+    ),
+    (
         "unknown L2 mode",
         {"l2": {"mode": "memcached"}},
         ["/l2/mode", "one of 'embedded', 'pod', 'redis'"],
@@ -147,18 +157,28 @@ def test_kafka_config_refuses_the_names_hps_redacts() -> None:
     import json
     import re
 
-    from hps.redact import is_secret_name, secret_name_regex
+    from hps.redact import is_secret_name, reference_name_regex, secret_name_regex
     from tests.helm.chart import CHART
 
     schema = json.loads((CHART / "values.schema.json").read_text())
     config = schema["properties"]["kafka"]["properties"]["config"]
     assert list(config["patternProperties"]) == [secret_name_regex()]
+    env = schema["properties"]["triton"]["properties"]["extraEnv"]["items"]["if"]
+    assert env["properties"]["name"]["pattern"] == secret_name_regex()
+    assert env["properties"]["name"]["not"]["pattern"] == reference_name_regex()
     names = ["sasl.password", "ssl.keystore.password", "ssl.key.pem", "sasl.jaas.config",
              "sasl.oauthbearer.client.secret", "acks", "sasl.username", "security.protocol",
-             "ssl.ca.location", "ssl.certificate.pem", "sasl.mechanism"]  # fmt: skip
+             "ssl.ca.location", "ssl.certificate.pem", "sasl.mechanism", "HPS_ADMIN_KEY",
+             "HPS_ADMIN_KEY_FILE", "HPS_REDIS_PASSWORD", "Sasl.Password"]  # fmt: skip
     for name in names:
-        assert bool(re.search(secret_name_regex(), name)) == is_secret_name(name), name
+        secret = bool(re.search(secret_name_regex(), name))
+        assert (secret and not re.search(reference_name_regex(), name)) == is_secret_name(name)
     chart().validate_schema({"kafka": {"config": {"sasl.username": "u", "acks": "all"}}})
+    chart().validate_schema({"triton": {"extraEnv": [  # where a secret is, or from a Secret
+        {"name": "HPS_REDIS_PASSWORD_FILE", "value": "/var/run/secrets/pw"},
+        {"name": "HPS_ADMIN_KEY", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+        {"name": "OMP_NUM_THREADS", "value": "2"},
+    ]}})  # fmt: skip
 
 
 def test_at_least_ten_refusals() -> None:
