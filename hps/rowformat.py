@@ -71,6 +71,11 @@ class RowFormat:
         make = np.empty if self.name == "float32" else np.zeros
         return make(shape, self.dtype)
 
+    def check(self, values: Floats) -> None:
+        """InvalidValueError when finite float32 ``(n, dim)`` rows cannot be stored in this
+        format (what :meth:`encode` raises, without encoding): the limits of the table
+        above. What validates a batch before anything of it is written."""
+
     def encode(self, values: Floats) -> Stored:
         """float32 ``(n, dim)`` rows in this format (the same array for float32)."""
         return np.ascontiguousarray(values, dtype=np.float32)
@@ -91,15 +96,20 @@ class _Float16(RowFormat):
     name: RowDtype = "float16"
     dtype = np.dtype(np.float16)
 
+    def check(self, values: Floats) -> None:
+        values = np.asarray(values, dtype=np.float32)
+        if not values.size or max(float(values.max()), -float(values.min())) <= FLOAT16_MAX:
+            return
+        over = np.abs(values) > FLOAT16_MAX
+        raise InvalidValueError(
+            f"{int(over.sum())} value(s) outside float16's range (|x| <= {FLOAT16_MAX:g}; "
+            f"largest |x| {float(np.abs(values).max()):g}): store this table as float32 "
+            "or int8 (hps_row_dtype)"
+        )
+
     def encode(self, values: Floats) -> Stored:
         values = np.asarray(values, dtype=np.float32)
-        over = np.abs(values) > FLOAT16_MAX
-        if over.any():
-            raise InvalidValueError(
-                f"{int(over.sum())} value(s) outside float16's range (|x| <= {FLOAT16_MAX:g}; "
-                f"largest |x| {float(np.abs(values).max()):g}): store this table as float32 "
-                "or int8 (hps_row_dtype)"
-            )
+        self.check(values)
         return values.astype(np.float16)
 
     def decode(self, stored: Stored, dim: int) -> Floats:
@@ -113,12 +123,13 @@ class _Int8(RowFormat):
     def width(self, dim: int) -> int:
         return dim + INT8_EXTRA
 
-    def encode(self, values: Floats) -> Stored:
+    def check(self, values: Floats) -> None:
         values = np.asarray(values, dtype=np.float32)
-        n, dim = values.shape
-        out = np.empty((n, dim + INT8_EXTRA), dtype=np.uint8)
-        if n == 0:
-            return out
+        if values.size:
+            self._span(values)
+
+    def _span(self, values: Floats) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """Each row's min and max (float64); InvalidValueError for a row too wide."""
         lo = values.min(axis=1).astype(np.float64)
         hi = values.max(axis=1).astype(np.float64)
         wide = hi - lo > FLOAT32_MAX
@@ -127,6 +138,15 @@ class _Int8(RowFormat):
                 f"{int(wide.sum())} row(s) span more than float32's range (max - min > "
                 f"{FLOAT32_MAX:g}): int8 cannot store them; store this table as float32"
             )
+        return lo, hi
+
+    def encode(self, values: Floats) -> Stored:
+        values = np.asarray(values, dtype=np.float32)
+        n, dim = values.shape
+        out = np.empty((n, dim + INT8_EXTRA), dtype=np.uint8)
+        if n == 0:
+            return out
+        lo, hi = self._span(values)
         scale = ((hi - lo) / INT8_STEPS).astype(np.float32)  # float64 first: no overflow
         step = scale.astype(np.float64)
         inv = np.divide(1.0, step, out=np.zeros_like(step), where=step > 0)

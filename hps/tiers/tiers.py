@@ -36,7 +36,7 @@ from hps.errors import (
     HPSError,
     InvalidValueError,
 )
-from hps.rowformat import FLOAT16_MAX, Stored
+from hps.rowformat import Stored
 from hps.storage import AccessMode, EmbeddingStore
 from hps.tiers.rows import Level, RowStore
 from hps.tiers.side_tables import Versions, side_table
@@ -91,12 +91,12 @@ def encode_rows(spec: TableSpec, values: Vectors) -> Stored:
 
 def check_encodable(spec: TableSpec, values: Vectors) -> None:
     """Raise the InvalidValueError :func:`encode_rows` would raise for finite ``values``,
-    without encoding them: float16's range (|x| <= 65504) is the one limit a format puts on
-    finite values. What validates a batch before anything is written (imports, updates)."""
-    if spec.fmt.name != "float16" or not values.size:
-        return
-    if max(float(values.max()), -float(values.min())) > FLOAT16_MAX:
-        encode_rows(spec, values)
+    without encoding them (:meth:`hps.rowformat.RowFormat.check`: float16's range, int8's
+    row span). What validates a batch before anything is written (imports, updates)."""
+    try:
+        spec.fmt.check(values)
+    except InvalidValueError as exc:
+        raise InvalidValueError(f"{spec.name}: {exc}") from None
 
 
 def _tier(store: EmbeddingStore | RowStore | None, level: Level) -> RowStore | None:

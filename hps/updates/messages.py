@@ -61,7 +61,7 @@ class Incoming:
                 raise ShapeError(
                     f"{spec.name}: vectors of dim {d.dim}, the table has dim {spec.dim}"
                 )
-            check_encodable(spec, d.values)  # beyond float16's range for a float16 table
+            check_encodable(spec, d.values)  # beyond what the table's row format holds
         extras = {"partition": str(self.partition)}
         if self.ts_ns > 0:  # publish time: LogAppendTime where the topic uses it, else CreateTime
             extras["published_ns"] = str(self.ts_ns)

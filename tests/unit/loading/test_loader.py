@@ -170,6 +170,18 @@ def test_float16_out_of_range_is_refused_at_import_naming_the_table(tmp_path: Pa
     assert not Path(config.persistent_db.path).exists()  # nothing written, not even t0
 
 
+def test_an_int8_row_too_wide_is_refused_at_import_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    config = two_tables(tmp_path, ["int8", "float32"])
+    wide = rows(np.arange(100), 4)
+    wide[99] = [3e38, -3e38, 0, 0]  # finite, but max - min is beyond float32
+    write_sparse_model(tmp_path / "t0.model", np.arange(100, dtype=np.int64), wide)
+    with pytest.raises(InvalidValueError, match=r"demo\.t0: 1 row.*span more than float32"):
+        import_tables(config, topology(config))
+    assert not Path(config.persistent_db.path).exists()  # nothing written
+
+
 def test_a_format_change_is_refused_then_forced(tmp_path: Path) -> None:
     """Rows of two formats never mix: a changed hps_row_dtype is refused (also when the
     files did not change) until ``force`` drops the table and imports it in its new format."""

@@ -216,6 +216,23 @@ def test_an_unforeseen_error_reads_the_batch_again_and_skips_nothing() -> None:
     assert l2.fetch(SPEC.name, np.array([0, 1, 2]))[1].all()
 
 
+def test_an_int8_row_too_wide_is_dead_lettered_and_the_rest_applied() -> None:
+    spec = TableSpec("m", "q", 2, row_dtype="int8")
+    topic = codec.topic_name("m", "q")
+    msgs = [
+        Msg(codec.encode(np.array([1]), np.array([[3e38, -3e38]], np.float32), 1), 0, topic),
+        Msg(codec.encode(np.array([2]), np.array([[1.0, 2.0]], np.float32), 1), 1, topic),
+    ]
+    l2, l3 = HashMapStore(), HashMapStore()
+    source, dead = FakeSource(msgs), FakeDead()
+    applier = Applier({spec.name: spec}, Tiers(l2, l3))
+    consumer = UpdateConsumer(source, applier, settings(), dead_letters=dead)  # type: ignore[arg-type]
+    consumer.run_once(threading.Event())
+    assert [o for o, _ in dead.sent] == [0] and source.stored == [0, 1]
+    assert dead.sent[0][1].startswith("InvalidValueError: m.q: 1 row(s) span more than")
+    assert l3.fetch(spec.name, np.array([1, 2]))[1].tolist() == [False, True]
+
+
 def test_a_failing_tier_is_retried_and_nothing_is_skipped() -> None:
     consumer, source, _, l2, l3 = make([upsert([1, 2], 1, 0)], l2=FlakyStore(failures=3))
     assert consumer.run_once(threading.Event()) == 1
