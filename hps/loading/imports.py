@@ -30,7 +30,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -93,6 +93,17 @@ class ImportRecord:
 
     def mark(self, source: TableSource) -> None:
         self.tables[source.spec.name] = source.stamp()
+        self._save()
+
+    def forget(self, tables: Iterable[str]) -> None:
+        """Tables whose rows were dropped: their files are imported again next time."""
+        gone = [t for t in tables if t in self.tables]
+        for table in gone:
+            del self.tables[table]
+        if gone:
+            self._save()
+
+    def _save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.tables, indent=1))
         tmp.replace(self.path)

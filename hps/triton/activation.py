@@ -76,8 +76,10 @@ def activate(
             write_versions(repository / name, old)
         raise
     loaded = _unloaded(control, names, served)  # in-flight requests finish on the old ones
-    registry.set_live(model, version)
-    retired = [v for v in registry.beyond_kept(model) if v not in loaded]
+    registry.set_live(model, version, served)
+    # not what Triton was just told to serve, even if a version imported meanwhile (which
+    # changes what is kept) leaves it beyond the kept ones
+    retired = [v for v in registry.beyond_kept(model) if v not in loaded and v not in served]
     for v in retired:
         retire(config, model, v)
     return Activation(model, version, previous, served, retired)

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 from hps.config import ModelConfig, PSConfig, load_config
+from hps.errors import UnknownTableError
 from hps.loading.imports import import_lock, import_tables, sparse_sources
 from hps.loading.loader import Loader
 from hps.lookup import LookupSession
@@ -82,9 +83,11 @@ def prepare_tables(
 ) -> dict[str, int]:
     """Import new or changed sparse files into L3 and a shared L2; rows imported per table.
 
-    Only version 1 of a ps.json model (its own entry) is imported here, unless it was
-    retired: a later version, or a model added at runtime, was imported when it was added
-    (:mod:`hps.versions`) and needs its files no more."""
+    Only version 1 of a ps.json model (its own entry) is imported here, and only while it
+    is the live one: a later version, or a model added at runtime, was imported when it was
+    added (:mod:`hps.versions`) and needs its files no more, and a version 1 kept for
+    rollback below a later live one is the snapshot it was (a retrain of its files since is
+    not imported into it)."""
     registry = VersionRegistry(config)
     runtime = set(registry.runtime_models())
     models = [
@@ -93,11 +96,18 @@ def prepare_tables(
         if (models is None or m.model in models)
         and m.version == 1
         and m.model not in runtime
-        and 1 in registry.kept(m.model)
+        and _live(registry, m.model) == 1
     ]
     return import_tables(
         config, topology(config), sparse_sources(config, models), progress=progress
     )
+
+
+def _live(registry: VersionRegistry, model: str) -> int | None:
+    try:
+        return registry.live(model)
+    except UnknownTableError:  # removed
+        return None
 
 
 def fill_l2(session: LookupSession, config: PSConfig, model: ModelConfig) -> int:

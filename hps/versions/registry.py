@@ -156,10 +156,18 @@ class VersionRegistry:
         return self.model_at(model, self.live(model)).hps_keep_versions
 
     def served(self, model: str, live: int | None = None) -> list[int]:
-        """The versions Triton loads when ``live`` (or the recorded one) is live: the kept
-        ones up to the live one, so that an unversioned request, which Triton sends to the
-        highest ready version, goes to the live one."""
-        live = self.live(model) if live is None else live
+        """The versions Triton loads when ``live`` is live: the kept ones up to the live
+        one, so that an unversioned request, which Triton sends to the highest ready
+        version, goes to the live one. Without ``live``: what the last activation gave
+        Triton (recorded with :meth:`set_live`; a version imported since, which changes
+        what is kept, does not change what Triton serves), else the recorded live one's."""
+        if live is None:
+            rec = self._record(model)
+            given = rec.get("served") if rec is not None else None
+            if isinstance(given, list):
+                states = {v.version: v.state for v in self.versions(model)}
+                return [int(v) for v in given if states.get(int(v)) in ("ready", "live")]
+            live = self.live(model)
         return [v for v in self.kept(model, live) if v <= live]
 
     def beyond_kept(self, model: str) -> list[int]:
@@ -203,9 +211,14 @@ class VersionRegistry:
             tmp.write_text(json.dumps(doc, indent=1))
             tmp.replace(self.path)
 
-    def _edit(self, model: str, change: Callable[[dict[int, VersionInfo]], int | None]) -> None:
+    def _edit(
+        self,
+        model: str,
+        change: Callable[[dict[int, VersionInfo]], int | None],
+        served: list[int] | None = None,
+    ) -> None:
         """Apply ``change`` to the model's versions (a dict it may edit in place); it returns
-        the new live version or None to keep it."""
+        the new live version or None to keep it. ``served``: what Triton now serves."""
         with self.editing() as doc:
             current = {v.version: v for v in self.versions(model)}
             new_live = change(current)
@@ -221,6 +234,8 @@ class VersionRegistry:
                 }
             rec = cast(JSON, doc.get(model) or {})
             rec["versions"] = {str(n): asdict(v) for n, v in sorted(current.items())}
+            if served is not None:
+                rec["served"] = cast(JSON, sorted(served))
             doc[model] = rec
 
     def begin(self, model: ModelConfig, version: int) -> None:
@@ -252,9 +267,9 @@ class VersionRegistry:
 
         self._edit(model, change)
 
-    def set_live(self, model: str, version: int) -> None:
+    def set_live(self, model: str, version: int, served: list[int] | None = None) -> None:
         """Record ``version`` (ready or live) as the live one; the previous live one becomes
-        ``ready``."""
+        ``ready``. ``served``: the versions Triton was told to serve (default: computed)."""
 
         def change(current: dict[int, VersionInfo]) -> int:
             v = self._known(model, current, version)
@@ -262,7 +277,7 @@ class VersionRegistry:
                 raise ConfigError(f"model {model!r} version {version} is {v.state}, not ready")
             return version
 
-        self._edit(model, change)
+        self._edit(model, change, served or self.served(model, live=version))
 
     def forget(self, model: str, version: int) -> None:
         """Drop the record of a version whose import failed (state ``loading``)."""

@@ -23,7 +23,13 @@ from pathlib import Path
 
 from hps.config import ModelConfig, PSConfig
 from hps.errors import ConfigError
-from hps.loading.imports import import_lock, import_tables, node_file, sparse_sources
+from hps.loading.imports import (
+    ImportRecord,
+    import_lock,
+    import_tables,
+    node_file,
+    sparse_sources,
+)
 from hps.tiers import Tiers
 from hps.topology import topology
 from hps.versions.registry import VersionRegistry
@@ -152,7 +158,8 @@ def _abandoned(config: PSConfig, model: str, version: int) -> bool:
 
 def drop_versions(config: PSConfig, entries: list[ModelConfig]) -> None:
     """Drop the tables of ``entries`` (model entries at their version) in every tier, under
-    the node's import lock (no import writes L3 meanwhile)."""
+    the node's import lock (no import writes L3 meanwhile), and their import records: an
+    import of the same number after a failed one imports every table again."""
     state = topology(config).state_dir
     with import_lock(state) if state is not None else nullcontext():
         tiers = Tiers.open(config, l3_mode="read_write")
@@ -162,6 +169,8 @@ def drop_versions(config: PSConfig, entries: list[ModelConfig]) -> None:
                     tiers.drop_table(spec, reopen=False)
         finally:
             tiers.close()
+        if state is not None:
+            ImportRecord(state).forget(s.name for entry in entries for s in entry.tables)
 
 
 def retire(config: PSConfig, model: str, version: int) -> None:

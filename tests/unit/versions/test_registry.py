@@ -72,6 +72,23 @@ def test_keep_versions_bounds_what_is_kept(config: PSConfig) -> None:
     assert registry.served("demo") == [3, 4]
 
 
+def test_what_triton_serves_stays_recorded_when_a_later_import_changes_what_is_kept(
+    config: PSConfig,
+) -> None:
+    registry = VersionRegistry(config)
+    add(registry, 2)
+    registry.set_live("demo", 2, served=[1, 2])  # what an activation gave Triton
+    add(registry, 3)  # imported since: kept is now [2, 3]
+    assert registry.kept("demo") == [2, 3] and registry.served("demo") == [1, 2]
+    assert registry.served("demo", live=2) == [2]  # what the next activation would give
+    from hps.versions.rollout import retire
+
+    with pytest.raises(ConfigError, match="version 1 is served"):
+        retire(config, "demo", 1)  # Triton still routes version-1 requests to its rows
+    registry.set_live("demo", 3)  # recorded with what it computes: [2, 3]
+    assert registry.served("demo") == [2, 3]
+
+
 def test_numbers_are_never_reused_and_the_live_one_cannot_retire(config: PSConfig) -> None:
     registry = VersionRegistry(config)
     add(registry, 2)

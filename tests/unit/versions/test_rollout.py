@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hps.config import PSConfig
-from hps.errors import ConfigError, SparseModelError
+from hps.errors import BackendError, ConfigError, SparseModelError
 from hps.io.sparse_model import write_sparse_model
 from hps.tiers import Tiers
 from hps.triton.serving import prepare_tables
@@ -72,6 +72,49 @@ def test_a_failed_import_leaves_nothing(config: PSConfig, tmp_path: Path) -> Non
     assert l3_rows(config, 2, KEYS).size == 0
     with pytest.raises(ConfigError, match="2 tables but 1 sparse files"):
         version_entry(config, "demo", sparse_files=paths[:1])
+
+
+def test_an_import_run_again_after_a_failure_imports_every_table(
+    config: PSConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tables of a failed import are dropped with their import records: the same
+    command again fills them all, not only the one that failed."""
+    from hps.loading import imports
+
+    prepare_tables(config)
+    paths = tables(tmp_path / "v2", seed=7)
+    load = imports.Loader.load
+
+    def failing_t1(self: imports.Loader, source: imports.TableSource) -> int:
+        if source.spec.table == "t1":
+            raise BackendError("disk full")
+        return load(self, source)
+
+    monkeypatch.setattr(imports.Loader, "load", failing_t1)
+    with pytest.raises(BackendError, match="disk full"):
+        import_version(config, version_entry(config, "demo", sparse_files=paths), 2)
+    monkeypatch.setattr(imports.Loader, "load", load)
+    got = import_version(config, version_entry(config, "demo", sparse_files=paths), 2)
+    assert got == {"demo.t0@2": 50, "demo.t1@2": 50}
+    np.testing.assert_array_equal(l3_rows(config, 2, KEYS[:3]), rows(KEYS[:3], 4, 7))
+
+
+def test_a_restart_imports_a_retrained_version_1_only_while_it_is_live(
+    config: PSConfig, tmp_path: Path
+) -> None:
+    """Kept for rollback below a later live version, version 1 is the snapshot it was: a
+    retrain of the ps.json's files is not imported into it (a rollback would serve it)."""
+    prepare_tables(config)
+    import_version(
+        config, version_entry(config, "demo", sparse_files=tables(tmp_path / "v2", 7)), 2
+    )
+    VersionRegistry(config).set_live("demo", 2, served=[1, 2])
+    tables(tmp_path / "v1", seed=99)  # the ps.json's files retrained in place
+    assert prepare_tables(config) == {}
+    np.testing.assert_array_equal(l3_rows(config, 1, KEYS[:3]), rows(KEYS[:3], 4, 0))
+    VersionRegistry(config).set_live("demo", 1)  # rolled back: version 1 is live again
+    assert prepare_tables(config) == {"demo.t0": 50, "demo.t1": 50}  # its retrain now
+    np.testing.assert_array_equal(l3_rows(config, 1, KEYS[:3]), rows(KEYS[:3], 4, 99))
 
 
 def test_retire_drops_the_rows_of_a_version(config: PSConfig, tmp_path: Path) -> None:
