@@ -13,6 +13,9 @@ from pydantic import BaseModel, ConfigDict
 from hps.errors import ConfigError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
+SIDE_TABLE_MARK = "__hps_"
+"""What HPS's own side tables append to a table's name (``<table>__hps_version``, ...):
+no configured table name may contain it."""
 NO_LIMIT = 2**64 - 1
 """``overflow_margin`` when none is set: the one "no capacity limit" value of every L2."""
 

@@ -6,11 +6,13 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import Field, StrictInt, field_validator, model_validator
 
-from hps.config.common import NAME_RE, Frozen
+from hps.config.common import NAME_RE, SIDE_TABLE_MARK, Frozen
 from hps.rowformat import RowDtype
 from hps.types import TableSpec
 
 T = TypeVar("T")
+
+CTR_SUFFIX = "_ctr"  # the Triton model of a model's CTR network: <model>_ctr
 
 INT32_MAX = 2**31 - 1  # Triton's max_batch_size and shape dimensions are int32
 FLOAT32_MAX = 3.4028234663852886e38
@@ -78,6 +80,12 @@ class ModelConfig(Frozen):
     )
 
     @property
+    def triton_names(self) -> tuple[str, ...]:
+        """The Triton models that serve this model: ``<model>``, and ``<model>_ctr`` when
+        it :attr:`serves_ctr`."""
+        return (self.model, self.model + CTR_SUFFIX) if self.serves_ctr else (self.model,)
+
+    @property
     def serves_ctr(self) -> bool:
         """Whether Triton also serves the model's CTR network (``<model>_ctr``, the
         embedding lookup and :mod:`hps.ctr.network` in one model): its ``dense_file`` is
@@ -132,6 +140,11 @@ class ModelConfig(Frozen):
         for name in names:
             if not NAME_RE.match(name):
                 raise ValueError(f"embedding_table_names: invalid table name {name!r}")
+            if SIDE_TABLE_MARK in name:
+                raise ValueError(
+                    f"embedding_table_names: {name!r}: names containing {SIDE_TABLE_MARK!r} "
+                    "are HPS's own side tables"
+                )
         if len(set(names)) != len(names):
             raise ValueError("embedding_table_names: duplicate table names")
         for key in ("maxnum_catfeature_query_per_table_per_sample", "default_value_for_each_table"):

@@ -42,6 +42,12 @@ class PSConfig(Frozen):
         names = [m.model for m in self.models]
         if len(set(names)) != len(names):
             raise ValueError(f"models: duplicate model names {names}")
+        served = [n for m in self.models for n in m.triton_names]
+        if clash := sorted({n for n in served if served.count(n) > 1}):
+            raise ValueError(
+                f"models: {clash} would be two Triton models (a model's CTR network is served "
+                "as <model>_ctr): rename one"
+            )
         if not self.supportlonglong:
             raise ValueError("supportlonglong: HPS stores int64 keys; set it to true")
         return self

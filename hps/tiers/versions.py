@@ -76,13 +76,14 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from hps.config.common import SIDE_TABLE_MARK
 from hps.rowformat import Stored
 from hps.tiers.rows import RowStore
 from hps.tiers.side_tables import SideTable, Versions, from_limbs
 from hps.tiers.watermarks import ALL_BUCKETS, BUCKETS, Watermarks, top_per_bucket
 from hps.types import Keys, Mask, TableSpec
 
-VERSION_SUFFIX = "__hps_version"
+VERSION_SUFFIX = SIDE_TABLE_MARK + "version"
 
 
 class VersionTable(SideTable):

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
+from hps.config.common import SIDE_TABLE_MARK
 from hps.index import GOLDEN, mix
 from hps.tiers.rows import RowStore
 from hps.tiers.side_tables import UINT64_MAX, SideTable, Versions, from_limbs
@@ -20,7 +21,7 @@ from hps.types import Keys, TableSpec
 
 log = logging.getLogger(__name__)
 
-WATERMARK_SUFFIX = "__hps_watermark"
+WATERMARK_SUFFIX = SIDE_TABLE_MARK + "watermark"
 
 BUCKETS = 192
 """Key buckets of the watermarks: ``bucket = splitmix64(key) % BUCKETS``, the hash

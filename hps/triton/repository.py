@@ -37,7 +37,6 @@ from hps.topology import topology
 from hps.versions.registry import VersionRegistry
 
 TEMPLATES_ENV = "HPS_MODEL_REPOSITORY"
-CTR_SUFFIX = "_ctr"
 DEMO_REPOSITORY = "model_repository"  # the checked-in copy, at the top of a checkout
 DEMO_CONFIG = Path("demo") / "ps.json"  # where `make serve` creates the demo, beside it
 
@@ -204,11 +203,8 @@ def served_models(config: PSConfig) -> list[ServedModel]:
     out = []
     for m in config.models:
         batch, gpus = m.max_batch_size, m.instance_gpus
-        out.append(ServedModel(m.model, "hps_embedding", m.model, m.hps_instances, batch, gpus))
-        if m.serves_ctr:
-            out.append(
-                ServedModel(m.model + CTR_SUFFIX, "hps_ctr", m.model, m.hps_instances, batch, gpus)
-            )
+        for name, template in zip(m.triton_names, ("hps_embedding", "hps_ctr"), strict=False):
+            out.append(ServedModel(name, template, m.model, m.hps_instances, batch, gpus))
     return out
 
 

@@ -55,6 +55,16 @@ def add_model(config: PSConfig, entry: ModelConfig, *, progress: bool = False) -
     with registry.editing() as doc:
         if name in _served_names(config, registry):
             raise ConfigError(f"model {name!r} is served already; import a new version of it")
+        taken = {
+            n
+            for served in _served_names(config, registry)
+            for n in registry.model_at(served, registry.live(served)).triton_names
+        }
+        if clash := sorted(taken.intersection(entry.triton_names)):
+            raise ConfigError(
+                f"model {name!r} would be served as {clash}, a Triton model served already "
+                "(a model's CTR network is served as <model>_ctr): choose another name"
+            )
         rec = cast(JSON, doc.get(name) or {})
         old = cast(dict[str, JSON], rec.get("versions", {}))
         if any(cast(JSON, v)["state"] != "retired" for v in old.values()):

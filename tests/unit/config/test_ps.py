@@ -169,6 +169,27 @@ BIG = 2**31  # past Triton's int32
         (
             {
                 "models": [
+                    {"model": "m", "embedding_vecsize_per_table": [8], "dense_file": "m.npz"},
+                    {"model": "m_ctr", "embedding_vecsize_per_table": [8]},
+                ]
+            },
+            "['m_ctr'] would be two Triton models",
+        ),
+        (
+            {
+                "models": [
+                    {
+                        "model": "m",
+                        "embedding_vecsize_per_table": [8],
+                        "embedding_table_names": ["t__hps_version"],
+                    }
+                ]
+            },
+            "'t__hps_version': names containing '__hps_' are HPS's own side tables",
+        ),
+        (
+            {
+                "models": [
                     {
                         "model": "m",
                         "embedding_vecsize_per_table": [8, 8],

@@ -56,6 +56,11 @@ def test_a_model_added_at_runtime_is_served_beside_the_ps_json_ones(
         add_model(config, entry(tmp_path))
     with pytest.raises(ConfigError, match="served already"):
         add_model(config, entry(tmp_path, "demo"))
+    np.savez(tmp_path / "d.npz", w=np.ones(3, np.float32))
+    ctr = entry(tmp_path, "extra2").model_copy(update={"dense_file": str(tmp_path / "d.npz")})
+    add_model(config, ctr)  # served as extra2 and extra2_ctr
+    with pytest.raises(ConfigError, match=r"served as \['extra2_ctr'\], a Triton model"):
+        add_model(config, entry(tmp_path, "extra2_ctr"))
 
 
 def test_removed_models_are_not_served_and_keep_their_rows_until_purged(
