@@ -69,6 +69,13 @@ class TableSpec:
     def default_vectors(self, n: int) -> Vectors:
         return np.full((n, self.dim), self.default_value, dtype=np.float32)
 
+    @staticmethod
+    def parse_name(name: str) -> tuple[str, str, int]:
+        """``(model, table, version)`` of a :attr:`name`."""
+        qualified, _, version = name.partition("@")
+        model, _, table = qualified.partition(".")
+        return model, table, int(version) if version else 1
+
 
 @dataclass(frozen=True)
 class UpdateBatch:

@@ -27,8 +27,8 @@ import logging
 from collections.abc import Sequence
 from typing import Protocol
 
-from hps.errors import BackendError, ConfigError
-from hps.types import UpdateBatch
+from hps.errors import BackendError, ConfigError, UnknownTableError
+from hps.types import TableSpec, UpdateBatch
 from hps.updates import metrics
 from hps.updates.applier import Applier
 from hps.updates.routing import Router
@@ -91,15 +91,24 @@ class ModelFollower:
         self.pending = False
 
     def drop_removed(self, updates: list[UpdateBatch]) -> list[UpdateBatch]:
-        """``updates`` less those of models recorded removed since they were routed (read
-        from the record itself: the router's reading is the next poll's to take)."""
+        """``updates`` less those of models recorded removed, or of model versions recorded
+        retired, since they were routed (read from the record itself: the router's reading
+        is the next poll's to take). A retired version's tables were dropped: writing them
+        again would leave rows that nothing drops."""
         registry = self.router.watch.registry
-        models = {u.table.split(".", 1)[0] for u in updates}
+        if registry is None:
+            return updates
+        targets = {TableSpec.parse_name(u.table)[::2] for u in updates}  # (model, version)
         try:
-            gone = {m for m in models if registry is not None and registry.removed(m)}
-        except ConfigError:  # unreadable just now: as routed
+            gone = {
+                (m, v)
+                for m, v in targets
+                if registry.removed(m)
+                or any(i.version == v and i.state == "retired" for i in registry.versions(m))
+            }
+        except (ConfigError, UnknownTableError):  # unreadable just now: as routed
             return updates
         if gone:
-            names = ", ".join(sorted(gone))
-            log.info("dropping the updates of %s from a retried batch (removed)", names)
-        return [u for u in updates if u.table.split(".", 1)[0] not in gone]
+            names = ", ".join(f"{m} version {v}" for m, v in sorted(gone))
+            log.info("dropping the updates of %s from a retried batch (removed or retired)", names)
+        return [u for u in updates if TableSpec.parse_name(u.table)[::2] not in gone]

@@ -187,6 +187,23 @@ def test_a_batch_held_up_by_a_tier_drops_a_model_removed_meanwhile(
     assert source.stored == [0, 1]
 
 
+def test_a_batch_held_up_by_a_tier_drops_a_version_retired_meanwhile(config: PSConfig) -> None:
+    registry = VersionRegistry(config)
+    registry.begin(config.model("demo"), 2)
+    registry.set_state("demo", 2, "ready")  # untagged updates reach it too
+    l3 = FailingOnce()
+    consumer, source, tiers = following(config, l3=l3)
+    source.queue.append(upsert("demo", "t0", [1], 4, 0))
+    consumer.run_once(threading.Event())  # routed to versions 1 and 2
+    assert found(tiers, "demo.t0@2", [1]) == [True]
+    l3.meanwhile = lambda: registry.set_state("demo", 2, "retired")  # its rows dropped
+    source.queue.append(upsert("demo", "t0", [2], 4, 1))
+    consumer.run_once(threading.Event())  # routed to both; L3 fails; 2 retired meanwhile
+    assert found(tiers, "demo.t0", [1, 2]) == [True, True]
+    assert found(tiers, "demo.t0@2", [1, 2]) == [True, False]  # not written again
+    assert source.stored == [0, 1]
+
+
 def test_a_removed_model_owes_no_replay() -> None:
     rollouts = Rollouts(None)
     rollouts.observe({"demo": {1: Point("live", 0)}, "extra": {1: Point("loading", 0)}})
