@@ -32,7 +32,7 @@ from hps.errors import ConfigError
 from hps.triton.client import ModelControl
 from hps.triton.repository import served_models, write_versions
 from hps.versions import VersionRegistry
-from hps.versions.rollout import retire
+from hps.versions.rollout import retire_held
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,21 @@ def activate(
     config: PSConfig, model: str, version: int, control: ModelControl, repository: Path
 ) -> Activation:
     """Make ``version`` (ready, or live already) the live version of ``model`` on the Triton
-    server ``control`` reaches, whose repository is ``repository``."""
+    server ``control`` reaches, whose repository is ``repository``; under the node's lock of
+    version changes (no retire of another process interleaves)."""
     registry = VersionRegistry(config)
+    with registry.changing():
+        return _activate(config, registry, model, version, control, repository)
+
+
+def _activate(
+    config: PSConfig,
+    registry: VersionRegistry,
+    model: str,
+    version: int,
+    control: ModelControl,
+    repository: Path,
+) -> Activation:
     previous = registry.live(model)
     info = registry.get(model, version)
     if info.state not in ("ready", "live"):
@@ -81,7 +94,7 @@ def activate(
     # changes what is kept) leaves it beyond the kept ones
     retired = [v for v in registry.beyond_kept(model) if v not in loaded and v not in served]
     for v in retired:
-        retire(config, model, v)
+        retire_held(config, model, v)
     return Activation(model, version, previous, served, retired)
 
 

@@ -195,6 +195,19 @@ class VersionRegistry:
     # -- writing ---------------------------------------------------------------------------
 
     @contextmanager
+    def changing(self) -> Iterator[None]:
+        """Held by an activation (from its first look at the record to its last retire) and
+        by a retire, in every process of the node: the control plane and ``hps versions``
+        never interleave them. Not re-entrant: take it once."""
+        if self.path is None:
+            yield  # version 1 only: nothing to activate or retire
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".change.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    @contextmanager
     def editing(self) -> Iterator[dict[str, JSON]]:
         """The whole record, locked, written back when the block ends (without an error)."""
         if self.path is None:

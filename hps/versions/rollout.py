@@ -175,7 +175,14 @@ def drop_versions(config: PSConfig, entries: list[ModelConfig]) -> None:
 
 def retire(config: PSConfig, model: str, version: int) -> None:
     """Drop ``version``'s rows in every tier and record it retired (not the live one, nor
-    one Triton serves)."""
+    one Triton serves), under the node's lock of version changes."""
+    registry = VersionRegistry(config)
+    with registry.changing():
+        retire_held(config, model, version)
+
+
+def retire_held(config: PSConfig, model: str, version: int) -> None:
+    """:func:`retire` for a caller that holds ``VersionRegistry.changing`` (an activation)."""
     registry = VersionRegistry(config)
     info = registry.get(model, version)
     if info.state == "live":

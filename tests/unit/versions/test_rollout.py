@@ -117,6 +117,31 @@ def test_a_restart_imports_a_retrained_version_1_only_while_it_is_live(
     np.testing.assert_array_equal(l3_rows(config, 1, KEYS[:3]), rows(KEYS[:3], 4, 99))
 
 
+def test_a_retire_waits_for_an_activation_of_another_process(
+    config: PSConfig, tmp_path: Path
+) -> None:
+    """The node's lock of version changes is a file lock: held by an activation (here, by
+    this thread through another open file, as another process would), a retire waits."""
+    import threading
+
+    entry = version_entry(config, "demo", sparse_files=tables(tmp_path / "v2", seed=7))
+    import_version(config, entry, 2)
+    retired = threading.Event()
+
+    def retire_2() -> None:
+        retire(config, "demo", 2)
+        retired.set()
+
+    with VersionRegistry(config).changing():
+        thread = threading.Thread(target=retire_2)
+        thread.start()
+        thread.join(0.3)
+        assert not retired.is_set()  # waiting for the lock
+        assert VersionRegistry(config).get("demo", 2).state == "ready"
+    thread.join(30)  # hang guard
+    assert retired.is_set() and VersionRegistry(config).get("demo", 2).state == "retired"
+
+
 def test_retire_drops_the_rows_of_a_version(config: PSConfig, tmp_path: Path) -> None:
     entry = version_entry(config, "demo", sparse_files=tables(tmp_path / "v2", seed=7))
     import_version(config, entry, 2)
