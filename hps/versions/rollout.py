@@ -118,10 +118,17 @@ def _import(
         rows = import_tables(served, topology(served), sparse_sources(served, [model]),
                              progress=progress)  # fmt: skip
     except BaseException:
-        drop_versions(config, [at])
         for dest in copies:
             Path(dest).unlink(missing_ok=True)
-        registry.forget(model, version)
+        try:
+            drop_versions(config, [at])
+        except Exception as exc:  # noqa: BLE001 - the import's own error is the one to raise
+            # Its rows stay: recorded `loading` and abandoned, it is retired by hand (which
+            # drops them) rather than forgotten with rows a later import would mix with.
+            log.error("model %s version %d: the failed import's rows could not be dropped "
+                      "(%s); retire it to drop them", model, version, exc)  # fmt: skip
+        else:
+            registry.forget(model, version)
         raise
     registry.set_state(model, version, "ready")
     return rows

@@ -142,6 +142,37 @@ def test_a_retire_waits_for_an_activation_of_another_process(
     assert retired.is_set() and VersionRegistry(config).get("demo", 2).state == "retired"
 
 
+def test_a_failed_import_whose_rows_cannot_be_dropped_stays_to_be_retired(
+    config: PSConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its own error is raised; forgetting it would leave rows that a later import of the
+    number mixes with, so it stays recorded (abandoned: retire drops it)."""
+    from hps.loading import imports
+    from hps.versions import rollout
+
+    prepare_tables(config)
+    load, drop = imports.Loader.load, rollout.drop_versions
+
+    def failing(self: imports.Loader, source: imports.TableSource) -> int:
+        if source.spec.table == "t1":
+            raise BackendError("disk full")
+        return load(self, source)
+
+    def locked(*args: object) -> None:
+        raise BackendError("rocks_db: L3 is locked by hps consume")
+
+    monkeypatch.setattr(imports.Loader, "load", failing)
+    monkeypatch.setattr(rollout, "drop_versions", locked)
+    paths = tables(tmp_path / "v2", seed=7)
+    with pytest.raises(BackendError, match="disk full"):
+        import_version(config, version_entry(config, "demo", sparse_files=paths), 2)
+    assert VersionRegistry(config).get("demo", 2).state == "loading"
+    assert l3_rows(config, 2, KEYS[:3]).size == 3 * 4  # t0's rows are still there
+    monkeypatch.setattr(rollout, "drop_versions", drop)
+    retire(config, "demo", 2)  # abandoned: its importer is gone
+    assert l3_rows(config, 2, KEYS).size == 0
+
+
 def test_retire_drops_the_rows_of_a_version(config: PSConfig, tmp_path: Path) -> None:
     entry = version_entry(config, "demo", sparse_files=tables(tmp_path / "v2", seed=7))
     import_version(config, entry, 2)
