@@ -10,7 +10,10 @@ at the real deployment before the first case runs.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,8 +32,13 @@ pytestmark = pytest.mark.integration
 _placeholder = parse_config(
     {"models": [{"model": "m", "embedding_table_names": ["t"], "embedding_vecsize_per_table": [4]}]}
 )
-open_app = create_app(AdminState(_placeholder, TOKEN, TritonAdmin("127.0.0.1:1")))
-closed_app = create_app(AdminState(_placeholder, None, TritonAdmin("127.0.0.1:1")))
+_scratch = Path(tempfile.mkdtemp(prefix="hps-test-contract-"))  # the placeholders' state
+open_app = create_app(
+    AdminState(_placeholder, TOKEN, TritonAdmin("127.0.0.1:1"), state_dir=_scratch / "open")
+)
+closed_app = create_app(
+    AdminState(_placeholder, None, TritonAdmin("127.0.0.1:1"), state_dir=_scratch / "closed")
+)
 schema = schemathesis.openapi.from_asgi("/openapi.json", open_app)
 closed = schemathesis.openapi.from_asgi("/openapi.json", closed_app)
 
@@ -41,6 +49,7 @@ def _deployed(stack: Stack) -> Iterator[None]:
     for app, state in zip((open_app, closed_app), states, strict=True):
         app.state.hps.close()
         app.state.hps = state
+    shutil.rmtree(_scratch, ignore_errors=True)
     yield
     for state in states:
         state.close()

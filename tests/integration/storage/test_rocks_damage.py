@@ -25,6 +25,7 @@ import pytest
 from hps.build import build_session
 from hps.errors import BackendError, DamagedRowsError
 from hps.io.sparse_model import write_sparse_model
+from hps.loading.imports import node_file
 from hps.net import free_port
 from hps.storage.hash_map import HashMapStore
 from hps.storage.rocks_db import RocksDBStore
@@ -259,3 +260,6 @@ def test_a_read_only_l3_volume_serves() -> None:
     finally:
         subprocess.run(["chmod", "-R", "u+w", str(root)], check=False)
         shutil.rmtree(root, ignore_errors=True)
+        # the node's files a read-only folder cannot hold went to the temporary directory
+        for suffix in (".hps-l2-fill.json", ".hps-l2-fill.lock"):
+            node_file(data / "rocksdb", suffix).unlink(missing_ok=True)
