@@ -19,10 +19,12 @@ int8 ``dim + 8``) plus each tier's per-row overhead, which each backend declares
   by; one set per process and GPU, shared by its caches: :func:`hps.cache.device.gpu_device`):
   those of the host path for ``auto``'s ``KIND_CPU`` instances, those of rows kept on the
   GPU for ``cupy``'s ``KIND_GPU`` ones (which answer there) and for CTR instances.
-- L2: the in-process ``hash_map``'s and the shared ``multi_process_hash_map``'s own
-  ``bytes_per_row``; for Redis an estimate of its hash encoding (field, value and dict entry,
-  rounded to jemalloc size classes; a sorted-set entry more when ``overflow_margin`` is set).
-  ``hash_map`` lives in each instance process, so it counts once per instance.
+- L2: the in-process ``hash_map``'s own ``bytes_per_row``; the shared
+  ``multi_process_hash_map``'s whole extents of its segment (``table_bytes``: at least one
+  of rows and one bucket a table, 16 MiB each with the default segment); for Redis an
+  estimate of its hash encoding (field, value and dict entry, rounded to jemalloc size
+  classes; a sorted-set entry more when ``overflow_margin`` is set). ``hash_map`` lives in
+  each instance process, so it counts once per instance.
 - L3: a RocksDB estimate: key, value and ~16 bytes of per-entry SST overhead, x 1.1 for
   leveled compaction's space amplification, on disk.
 
@@ -43,7 +45,7 @@ from hps.cache.gpu_request import request_staging
 from hps.config import ModelConfig, PersistentDBConfig, PSConfig, VolatileDBConfig
 from hps.errors import ConfigError
 from hps.rowformat import FLOAT32, ROW_DTYPES, RowFormat
-from hps.tiers import bytes_per_row
+from hps.tiers import bytes_per_row, table_bytes
 from hps.topology import Topology, topology
 from hps.types import JSON
 
@@ -91,9 +93,15 @@ def _rows(model: ModelConfig, index: int, given: dict[str, int]) -> tuple[int, s
     spec = model.tables[index]
     if spec.name in given:
         return given[spec.name], "given"
-    if model.sparse_files and Path(model.sparse_files[index]).is_dir():
-        return sparse_model_rows(model.sparse_files[index], spec.dim), "sparse_files"
-    return 0, "unknown"
+    if not model.sparse_files:
+        return 0, "unknown"  # filled from .npy files or L3: only --rows can say
+    folder = model.sparse_files[index]
+    if not Path(folder).is_dir():
+        raise ConfigError(
+            f"{spec.name}: sparse_files {folder!r} is not a folder; give --rows "
+            f"{spec.name}=N to plan without it"
+        )
+    return sparse_model_rows(folder, spec.dim), "sparse_files"
 
 
 def _cache_memory(model: ModelConfig) -> str:
@@ -232,7 +240,7 @@ def plan(config: PSConfig, rows: dict[str, int] | None = None) -> list[TablePlan
                     l2_type=vdb.type,
                     l2_rows=l2_rows,
                     l2_bytes_per_row=round(l2_row, 1),
-                    l2_bytes=int(l2_rows * l2_row * copies),
+                    l2_bytes=table_bytes(vdb, l2_rows, spec.dim, fmt) * copies if l2_row else 0,
                     l3_bytes_per_row=round(l3_row, 1),
                     l3_bytes=int(n * l3_row),
                     raw_bytes=n * spec.dim * 4,
@@ -330,7 +338,13 @@ def format_text(plans: list[TablePlan]) -> str:
         lines += [_total_line(f"total {name}", t) for name, t in by_format.items()]
     lines.append(_total_line("total", totals(plans)))
     widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
-    return "\n".join("  ".join(_cells(row, widths)) for row in lines)
+    text = "\n".join("  ".join(_cells(row, widths)) for row in lines)
+    if unknown := [p.table for p in plans if p.rows_from == "unknown"]:
+        text += (
+            f"\n(unknown): {len(unknown)} table(s) without sparse_files, counted as 0 rows "
+            "(L1 at its minimum): give --rows model.table=N for each"
+        )
+    return text
 
 
 def _cells(row: tuple[str, ...], widths: list[int]) -> list[str]:

@@ -70,11 +70,15 @@ class TableSource:
 
     def _keys(self) -> np.ndarray:
         if self.kind == "sparse":
+            if self.rows == 0:  # an empty file cannot be mapped
+                return np.empty(0, "<i8")
             return np.memmap(self.files[0], dtype="<i8", mode="r")
         return np.asarray(np.load(self.files[0], mmap_mode="r"))
 
     def _vectors(self) -> np.ndarray:
         if self.kind == "sparse":
+            if self.rows == 0:
+                return np.empty((0, self.spec.dim), "<f4")
             return np.memmap(self.files[1], dtype="<f4", mode="r").reshape(-1, self.spec.dim)
         return np.asarray(np.load(self.files[1], mmap_mode="r"))
 

@@ -135,6 +135,16 @@ class EmbeddingStore(ABC):
         """Expected bytes a stored row of ``row_bytes`` bytes (``fmt.row_bytes(dim)``) costs
         with its key and bookkeeping; ``bounded``: with an ``overflow_margin``."""
 
+    @classmethod
+    def table_bytes(
+        cls, rows: int, row_bytes: int, cfg: VolatileDBConfig | PersistentDBConfig
+    ) -> int:
+        """Expected bytes of a table of ``rows`` rows in a store configured by ``cfg``
+        (``hps plan``): ``rows`` x :meth:`bytes_per_row` unless the store allocates in
+        larger units."""
+        bounded = isinstance(cfg, VolatileDBConfig) and cfg.bounded
+        return int(rows * cls.bytes_per_row(row_bytes, bounded=bounded))
+
     def insert_versioned(
         self,
         table: str,

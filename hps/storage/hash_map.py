@@ -48,6 +48,9 @@ class _Table:
         return self.index.nbytes + self.values.nbytes + self.row_keys.nbytes + ticks + free
 
 
+MIN_INSERT_SLICE = 1024
+
+
 class HashMapStore(EmbeddingStore):
     """In-process L2: int64 keys → stored rows per table, vectorised over batches."""
 
@@ -127,6 +130,20 @@ class HashMapStore(EmbeddingStore):
         t = self._table(table)
         check_rows(t.spec, keys, values)
         keys, values = last_occurrence(keys, values)
+        step = self._insert_slice()
+        for lo in range(0, keys.size, step):  # bounded: the overflow resolved per slice
+            self._insert(t, keys[lo : lo + step], values[lo : lo + step])
+
+    def _insert_slice(self) -> int:
+        """Keys placed before an overflow resolution: with an ``overflow_margin``, a
+        sixteenth of it (at least MIN_INSERT_SLICE), so that a large batch (a fill from L3)
+        grows the table to about the margin, not the margin plus the batch (its arena
+        never shrinks); unbounded, the whole batch."""
+        if not self._bounded:
+            return 1 << 62
+        return max(MIN_INSERT_SLICE, self.overflow_margin // 16)
+
+    def _insert(self, t: _Table, keys: Keys, values: Stored) -> None:
         with t.lock:
             rows = t.index.lookup(keys)
             new = rows < 0

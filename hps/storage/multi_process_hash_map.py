@@ -33,6 +33,7 @@ never removes files that are not the ones it opened.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import weakref
@@ -399,6 +400,23 @@ class SharedHashMapStore(EmbeddingStore):
 
         index = extent / (bucket_slots(extent) * MAX_LOAD * 0.69)
         return extent / rows_per_extent(extent, row_bytes) + index
+
+    @classmethod
+    def table_bytes(
+        cls, rows: int, row_bytes: int, cfg: VolatileDBConfig | PersistentDBConfig
+    ) -> int:
+        """Whole extents of the configured segment (16 MiB with the defaults): a table
+        takes at least one of rows and one bucket, however few rows it has."""
+        from hps.storage._shm_index import bucket_slots
+        from hps.storage._shm_layout import plan
+
+        assert isinstance(cfg, VolatileDBConfig)
+        if rows == 0:
+            return 0
+        extent = plan(cfg.shared_memory_size, cfg.allocation_rate).extent
+        row_extents = max(1, math.ceil(rows / rows_per_extent(extent, row_bytes)))
+        buckets = max(1, math.ceil(rows / (bucket_slots(extent) * MAX_LOAD * 0.69)))
+        return (row_extents + buckets) * extent
 
     def stats(self) -> JSON:
         def read(held: _Held) -> JSON:

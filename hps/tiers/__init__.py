@@ -15,7 +15,7 @@ interface or the factory that opens them (tests/unit/test_layers.py checks it).
 """
 
 from hps.storage import AccessMode, Placement
-from hps.tiers.rows import Level, RowStore, bytes_per_row, placement_of
+from hps.tiers.rows import Level, RowStore, bytes_per_row, placement_of, table_bytes
 from hps.tiers.tiers import (
     IN_L2,
     IN_L3,
@@ -39,6 +39,7 @@ __all__ = [
     "Tiers",
     "VersionedRows",
     "bytes_per_row",
+    "table_bytes",
     "check_encodable",
     "encode_rows",
     "placement_of",

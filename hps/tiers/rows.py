@@ -165,6 +165,14 @@ def placement_of(type_name: str) -> Placement:
     return store_class(type_name).placement
 
 
+def table_bytes(
+    cfg: VolatileDBConfig | PersistentDBConfig, rows: int, dim: int, fmt: RowFormat = FLOAT32
+) -> int:
+    """What a table of ``rows`` rows of dimension ``dim`` in format ``fmt`` costs in the
+    store ``cfg`` configures (``hps plan``)."""
+    return store_class(cfg.type).table_bytes(rows, fmt.row_bytes(dim), cfg)
+
+
 def bytes_per_row(
     type_name: str, dim: int, fmt: RowFormat = FLOAT32, *, bounded: bool = False
 ) -> float:

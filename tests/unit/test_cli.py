@@ -26,6 +26,6 @@ def _to_a_closed_pipe(*args: str) -> subprocess.CompletedProcess[bytes]:
 
 
 def test_a_closed_pipe_ends_the_command_quietly(tmp_path: Path) -> None:
-    done = _to_a_closed_pipe("plan", "--config", str(ps_json(tmp_path)))
+    done = _to_a_closed_pipe("plan", "--config", str(ps_json(tmp_path)), "--rows", "m.t1=0")
     assert done.returncode == 141
     assert done.stderr == b""  # no traceback, no "Exception ignored" at exit

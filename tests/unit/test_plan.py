@@ -58,10 +58,25 @@ def test_plan_uses_the_real_per_row_costs(tmp_path: Path) -> None:
     assert (t1.devices, t1.instances_per_device) == (1, 4)
     assert t1.cache_bytes_per_device == 4 * real.nbytes and t1.cache_memory == "host"
     # hash_map lives in each of the 4 instance processes
-    assert t1.l2_bytes == int(5000 * HashMapStore.bytes_per_row(4 * 32) * 4)
+    assert t1.l2_bytes == int(5000 * HashMapStore.bytes_per_row(4 * 32)) * 4
     assert t1.l3_bytes == int(5000 * l3_bytes_per_row(cfg.persistent_db, 32))
     assert t1.raw_bytes == 5000 * 32 * 4
     assert not (tmp_path / "db").exists()  # nothing was opened
+
+
+def test_the_shared_map_costs_whole_extents_of_its_segment(tmp_path: Path) -> None:
+    """A table takes at least one extent of rows and one bucket: 16 MiB each in the default
+    16 GiB segment, however few its rows (the 26 small tables of the demo took 833 MiB of
+    /dev/shm against 17 MiB of rows x bytes_per_row)."""
+    doc = json.loads(ps_json(tmp_path).read_text())
+    doc["volatile_db"] = {"type": "multi_process_hash_map"}
+    t0, t1 = plan(parse_config(doc), {"m.t1": 5000})
+    assert t0.l2_bytes == t1.l2_bytes == 2 * (16 << 20)
+    doc["volatile_db"]["shared_memory_size"] = 1 << 30  # 1 MiB extents
+    t0, _ = plan(parse_config(doc), {"m.t1": 5000})
+    assert t0.l2_bytes == 2 * (1 << 20)
+    many = plan(parse_config(doc), {"m.t1": 100_000})[1].l2_bytes
+    assert many > 100_000 * 4 * 32  # more extents as the rows need them
 
 
 def test_gpu_instances_spread_over_the_device_list(tmp_path: Path) -> None:
@@ -110,10 +125,21 @@ def test_plan_command_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixtur
     text = capsys.readouterr().out
     assert "m.t0" in text and "m.t1" in text and "total" in text and "hash_map" in text
     assert "L3 memory per process that opens it: memtables up to 64 MiB" in text
-    assert main(["plan", "--config", str(path), "--json"]) == 0
+    assert main(["plan", "--config", str(path), "--json", "--rows", "m.t1=0"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert [t["rows_from"] for t in doc["tables"]] == ["sparse_files", "unknown"]
+    assert [t["rows_from"] for t in doc["tables"]] == ["sparse_files", "given"]
     assert doc["totals"]["raw_bytes"] == 1000 * 16 * 4
+    # a sparse_files folder that is not there is an error, not a table of 0 rows
+    assert main(["plan", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "m.t1: sparse_files" in err and "is not a folder; give --rows m.t1=N" in err
+    # tables without sparse_files (filled from .npy or L3): counted as 0 rows, and said so
+    doc = json.loads(path.read_text())
+    del doc["models"][0]["sparse_files"]
+    path.write_text(json.dumps(doc))
+    assert main(["plan", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "0 (unknown)" in out and "(unknown): 2 table(s) without sparse_files" in out
 
 
 def test_plan_rejects_bad_rows(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

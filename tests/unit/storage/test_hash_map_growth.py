@@ -86,3 +86,21 @@ def test_freed_rows_are_handed_out_once_before_the_arena_grows() -> None:
     assert (rows >= 0).all() and np.unique(rows).size == rows.size  # one key a row
     got, found = store.fetch(spec.name, new)
     assert found.all() and (spec.fmt.decode(got, 4) == 7.0).all()
+
+
+def test_a_batch_far_past_the_margin_grows_the_table_to_about_the_margin() -> None:
+    """A fill from L3 inserts 262,144 rows at a time: a bounded table resolves its overflow
+    every MIN_INSERT_SLICE / margin / 16 keys of them, so its arena (which never shrinks)
+    stays near the margin that ``hps plan`` sizes it by, not the margin plus the batch."""
+    margin = 20_000
+    store = HashMapStore(overflow_margin=margin, seed=1)
+    spec = TableSpec("m", "t", 4)
+    store.open_table(spec)
+    keys, values = _rows(spec, 300_000)
+    store.insert(spec.name, keys, values)
+    table = store._tables[spec.name]
+    assert store.size(spec.name) <= margin
+    assert table.capacity < 2 * margin  # before: 300,000 rows of arena
+    got, found = store.fetch(spec.name, keys)
+    assert found.sum() == store.size(spec.name)  # the rows kept are whole and right
+    np.testing.assert_array_equal(got[found], values[found])
