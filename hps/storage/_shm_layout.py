@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import tempfile
 from dataclasses import dataclass
 from enum import IntEnum
@@ -74,7 +75,7 @@ class HeaderWord(IntEnum):
 class EntryWord(IntEnum):
     """Table entry words (int64); the name's bytes follow at byte 64."""
 
-    STATE = 0  # 0 free, 1 in use
+    STATE = 0  # 0 free; else in use, a number of this incarnation of the table (claim)
     DIM = 1  # dimension | format code << 32
     ROWS = 2
     ROWS_PER_EXT = 3
@@ -170,7 +171,9 @@ class EntryView:
         self.meta[EntryWord.DIM] = dim | FORMAT_CODES[fmt.name] << _FORMAT_SHIFT
         self.meta[EntryWord.ROWS_PER_EXT] = rows_per_ext
         self.dir[:] = -1
-        self.meta[EntryWord.STATE] = 1
+        # A handle of another process compares it with the one it opened: a table dropped
+        # (and its entry claimed again, by it or another table) is then seen, not misread.
+        self.meta[EntryWord.STATE] = 1 + secrets.randbits(62)
 
     def reset(self) -> None:
         """Forget every row (the caller rebuilds the free extents)."""

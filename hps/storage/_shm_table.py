@@ -39,6 +39,14 @@ class ShmTable:
         self.fmt = self.entry.fmt
         self.row_bytes = self.fmt.row_bytes(self.dim)
         self.rpe = int(self.meta[EntryWord.ROWS_PER_EXT])
+        self.incarnation = int(self.meta[EntryWord.STATE])
+
+    @property
+    def stale(self) -> bool:
+        """Whether the entry no longer holds the table this handle opened (dropped, maybe
+        claimed again since: by another process's ``import --force``, a retire). Read under
+        the segment's lock."""
+        return int(self.meta[EntryWord.STATE]) != self.incarnation
 
     @property
     def rows(self) -> int:

@@ -63,6 +63,17 @@ IDENTITY_CHECK_S = 1.0
 """How often (at most) an operation checks that the name still points at the held segment."""
 
 
+class _Stale(Exception):
+    """A table handle whose entry another process dropped (internal: opened again)."""
+
+
+def _fresh(held: _Held, table: str) -> ShmTable:
+    t = table_or_raise(held.tables, table)
+    if t.stale:
+        raise _Stale(table)
+    return t
+
+
 class _Held:
     """The segment a store holds and its tables' handles there (replaced whole by follow)."""
 
@@ -168,6 +179,7 @@ class SharedHashMapStore(EmbeddingStore):
                 and known.row_dtype == spec.row_dtype
                 and known.dim == spec.dim
                 and spec.name in held.tables
+                and not held.tables[spec.name].stale
             ):
                 return
             held.tables[spec.name] = self._open_on(held.seg, spec)
@@ -263,7 +275,21 @@ class SharedHashMapStore(EmbeddingStore):
                 continue
 
     def _with(self, table: str, write: bool, fn: Callable[[ShmTable], R]) -> R:
-        return self._on_segment(write, lambda held: fn(table_or_raise(held.tables, table)))
+        """``fn`` on the table's handle, opened again first where another process dropped
+        the table since (its entry may hold another table now: never read through it)."""
+        while True:
+            try:
+                return self._on_segment(write, lambda held: fn(_fresh(held, table)))
+            except _Stale:
+                self._reopen(table)
+
+    def _reopen(self, table: str) -> None:
+        with self._structure:
+            held = self._box.held
+            spec = table_or_raise(self._specs, table)
+            held.tables[table] = self._open_on(held.seg, spec)  # a ConfigError if reshaped
+        log.info("multi_process_hash_map: %s was dropped by another process; opened again",
+                 table)  # fmt: skip
 
     def filled(self) -> int:
         """How many fills from L3 finished on the held segment (see :meth:`mark_filled`)."""
@@ -300,12 +326,18 @@ class SharedHashMapStore(EmbeddingStore):
     def dump(self, table: str, chunk_rows: int = 1 << 18) -> Iterator[tuple[Keys, Stored]]:
         """Yield (keys, stored rows) chunks of the whole table (rows may move between chunks;
         a segment replaced meanwhile is a ``BackendUnavailable``: dump again)."""
+        self._with(table, False, lambda t: None)  # opened again if another process dropped it
         held = self._held_now()
         t = table_or_raise(held.tables, table)
         lo = 0
         while True:
             try:
                 with held.seg.reading():
+                    if t.stale:
+                        raise BackendUnavailable(
+                            f"multi_process_hash_map: {table} was dropped by another process "
+                            "during a dump of it: dump again"
+                        )
                     keys, values = t.dump(lo, lo + chunk_rows)
             except SegmentClosed:
                 raise BackendUnavailable(
@@ -422,7 +454,9 @@ class SharedHashMapStore(EmbeddingStore):
         def read(held: _Held) -> JSON:
             seg = held.seg
             tables = {
-                name: {"rows": t.rows, "extents": t.extents} for name, t in held.tables.items()
+                name: {"rows": t.rows, "extents": t.extents}
+                for name, t in held.tables.items()
+                if not t.stale  # dropped by another process (opened again at its next use)
             }
             return {
                 "path": seg.path,

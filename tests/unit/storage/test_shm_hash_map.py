@@ -226,6 +226,33 @@ def test_tables_registry_is_shared_and_checked(opener: Opener) -> None:
     assert one.stats()["attached"] == 2
 
 
+def test_a_table_another_store_dropped_is_opened_again_never_misread(opener: Opener) -> None:
+    """Another process's ``import --force`` or retire drops a table this store holds open:
+    its entry may then hold another table (the lowest free entry is taken first). The
+    handle sees that under the lock and opens the table again: what the entry holds now is
+    never read (nor overwritten) as this table's rows."""
+    one, two = opener(), opener()
+    t = TableSpec("m", "t", 4)
+    one.open_table(t)
+    keys = np.arange(100, dtype=np.int64)
+    one.insert(t.name, keys, rows(keys, 4))
+    two.open_table(t)
+    two.drop_table(t.name)
+    u = TableSpec("m", "u", 4)
+    two.open_table(u)  # takes the entry t had
+    two.insert(u.name, keys, np.full((100, 4), 99.0, np.float32))
+    got, found = one.fetch(t.name, keys[:3])  # t again, empty: not u's rows
+    assert not found.any()
+    one.insert(t.name, keys[:5], rows(keys[:5], 4))  # into t, not over u
+    np.testing.assert_array_equal(two.fetch(u.name, keys)[0], np.full((100, 4), 99.0))
+    assert one.size(t.name) == 5
+    two.drop_table(t.name)  # recreated with another dimension: refused, not misread
+    two.open_table(TableSpec("m", "t", 8))
+    with pytest.raises(ConfigError, match="dimension 8"):
+        one.fetch(t.name, keys[:3])
+    _extents_accounted(two)
+
+
 def test_registry_full(opener: Opener) -> None:
     store = opener()
     for i in range(MAX_TABLES):
