@@ -274,19 +274,20 @@ class Segment:
     def writing(self) -> Iterator[None]:
         """Exclusive lock; the structure is marked dirty until the block ends cleanly."""
         self._locks.check_process()
-        with self._locks.thread, self._locks.held(fcntl.LOCK_EX):
-            self._check_open()
-            if self.h[HeaderWord.DIRTY]:
-                self.repair()
-            self.h[HeaderWord.DIRTY] = 1
-            self._touched = []
-            try:
-                yield
-            except BaseException as exc:
-                if isinstance(exc, HPSError | NoSpace):
-                    self._clean()  # raised at a consistent point by design
-                raise
-            self._clean()
+        with self._locks.thread:
+            self._check_open()  # before the flock: a close() this thread waited for shut it
+            with self._locks.held(fcntl.LOCK_EX):
+                if self.h[HeaderWord.DIRTY]:
+                    self.repair()
+                self.h[HeaderWord.DIRTY] = 1
+                self._touched = []
+                try:
+                    yield
+                except BaseException as exc:
+                    if isinstance(exc, HPSError | NoSpace):
+                        self._clean()  # raised at a consistent point by design
+                    raise
+                self._clean()
 
     def touch(self, entry: EntryView) -> None:
         """Flag a table as being changed (call under the write lock, before changing it)."""

@@ -6,6 +6,7 @@ tests/integration/storage/test_multi_process_hash_map.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -251,6 +252,40 @@ def test_a_table_another_store_dropped_is_opened_again_never_misread(opener: Ope
     with pytest.raises(ConfigError, match="dimension 8"):
         one.fetch(t.name, keys[:3])
     _extents_accounted(two)
+
+
+def test_a_writer_waiting_for_a_segment_being_closed_gets_segment_closed() -> None:
+    """A thread that waited for the segment while close() ran must not flock the closed
+    descriptor (EBADF, or an unrelated file that reused its number): SegmentClosed, which
+    the store answers by moving to the segment the name points at."""
+    import threading
+
+    from hps.storage._shm_segment import SegmentClosed
+
+    name = unique_name("hps_test_shm")
+    store = SharedHashMapStore(name, 8 * MiB)
+    seg = store._seg
+    raised: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            with seg.writing():
+                pass
+        except BaseException as exc:  # noqa: BLE001 - what it raised is the point
+            raised.append(exc)
+
+    try:
+        with seg._locks.thread:  # close() under way: what it does, the thread waiting
+            waiter = threading.Thread(target=write)
+            waiter.start()
+            seg._closed = True
+            seg._locks.close()
+        waiter.join(30)  # hang guard
+        assert [type(e) for e in raised] == [SegmentClosed]
+    finally:
+        for suffix in ("", ".lock", ".users"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"/dev/shm/{name}{suffix}")
 
 
 def test_registry_full(opener: Opener) -> None:
