@@ -46,6 +46,21 @@ class SegmentLocks:
                     return fd
             os.close(fd)  # the last user removed it meanwhile: join the next one
 
+    def at_paths(self) -> bool:
+        """Whether the lock files held are the ones at their paths (the last user of a
+        segment removes them; a store that opened them just before must open the new ones)."""
+        try:
+            return all(
+                os.stat(path).st_ino == os.fstat(fd).st_ino
+                for path, fd in ((self.paths[1], self.fd), (self.paths[2], self.users))
+            )
+        except FileNotFoundError:
+            return False
+
+    def leave(self) -> None:
+        """Stop counting as a user (``close``, under the main lock)."""
+        fcntl.flock(self.users, fcntl.LOCK_UN)
+
     def only_user(self) -> bool:
         """True if no other store is attached. Call with the main lock held exclusively."""
         try:

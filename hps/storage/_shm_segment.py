@@ -107,13 +107,25 @@ class Segment:
         self._geo = plan(size, allocation_rate)
         self._closed = False
         self._touched: list[EntryView] = []  # tables flagged dirty by the current write
-        self._locks = SegmentLocks(self.path)
+        while True:
+            locks = SegmentLocks(self.path)
+            try:
+                with locks.held(fcntl.LOCK_EX):
+                    # The last user may have removed the files between our opening them and
+                    # this lock: then join the new ones (never two writers on two .lock files)
+                    if locks.at_paths():
+                        self._locks = locks
+                        self._map(size)
+                        if locks.only_user():
+                            self.h[HeaderWord.ATTACHED] = 0  # left by crashed processes
+                        self.h[HeaderWord.ATTACHED] += 1
+                        break
+            except BaseException:
+                self._drop_mapping()
+                locks.close()
+                raise
+            locks.close()
         try:
-            with self._locks.held(fcntl.LOCK_EX):
-                self._map(size)
-                if self._locks.only_user():
-                    self.h[HeaderWord.ATTACHED] = 0  # counts left behind by crashed processes
-                self.h[HeaderWord.ATTACHED] += 1
             st = os.fstat(self._fd)
             self.identity: Identity = (st.st_dev, st.st_ino, int(self.h[HeaderWord.CREATED]))
         except BaseException:
@@ -231,6 +243,9 @@ class Segment:
                         self._locks.remove_files()
                     else:
                         log.info("%s: not removing it, it is no longer the one held", self.path)
+                # no longer a user from here: a store closing at the same time, next to take
+                # the lock, then finds itself the last one and removes the files
+                self._locks.leave()
             self._values.clear()
             self._drop_mapping()
             self._locks.close()

@@ -288,6 +288,72 @@ def test_a_writer_waiting_for_a_segment_being_closed_gets_segment_closed() -> No
                 os.unlink(f"/dev/shm/{name}{suffix}")
 
 
+def test_two_stores_closing_together_leave_no_file() -> None:
+    """Each drops its claim on the segment before it lets the other have the lock, so the
+    second to close is the last user and removes the files (both used to leave them)."""
+    import threading
+
+    for _ in range(10):
+        name = unique_name("hps_test_shm")
+        stores = [SharedHashMapStore(name, 8 * MiB) for _ in range(2)]
+        start = threading.Barrier(2)
+
+        def close(store: SharedHashMapStore, start: threading.Barrier = start) -> None:
+            start.wait()
+            store.close()
+
+        threads = [threading.Thread(target=close, args=(s,)) for s in stores]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)  # hang guard
+        left = [s for s in ("", ".lock", ".users") if os.path.exists(f"/dev/shm/{name}{s}")]
+        for suffix in left:
+            os.unlink(f"/dev/shm/{name}{suffix}")
+        assert left == []
+
+
+def test_a_store_opened_while_the_last_user_removes_the_files_joins_the_new_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """B opens the lock files just before A, the last user, removes them: B must not keep
+    the removed .lock (a store opened later would lock another file: two writers)."""
+    import threading
+
+    from hps.storage import _shm_locks
+
+    name = unique_name("hps_test_shm")
+    a = SharedHashMapStore(name, 8 * MiB)
+    opened, got = threading.Event(), []
+    init, remove = _shm_locks.SegmentLocks.__init__, _shm_locks.SegmentLocks.remove_files
+
+    def init_and_say(self: _shm_locks.SegmentLocks, path: str) -> None:
+        init(self, path)
+        opened.set()
+
+    def remove_once_b_opened(self: _shm_locks.SegmentLocks) -> None:
+        monkeypatch.setattr(_shm_locks.SegmentLocks, "remove_files", remove)
+        thread = threading.Thread(target=lambda: got.append(SharedHashMapStore(name, 8 * MiB)))
+        thread.start()  # B: joins the old .users, opens the old .lock, waits for A's lock
+        assert opened.wait(30)  # hang guard
+        remove(self)
+        got.append(thread)
+
+    monkeypatch.setattr(_shm_locks.SegmentLocks, "__init__", init_and_say)
+    monkeypatch.setattr(_shm_locks.SegmentLocks, "remove_files", remove_once_b_opened)
+    a.close()
+    got[0].join(30)
+    b = got[1]
+    try:
+        assert os.fstat(b._seg._locks.fd).st_ino == os.stat(f"/dev/shm/{name}.lock").st_ino
+        c = SharedHashMapStore(name, 8 * MiB)  # locks the same file as B
+        assert os.fstat(c._seg._locks.fd).st_ino == os.fstat(b._seg._locks.fd).st_ino
+        c.close()
+    finally:
+        b.close()
+    assert not any(os.path.exists(f"/dev/shm/{name}{s}") for s in ("", ".lock", ".users"))
+
+
 def test_registry_full(opener: Opener) -> None:
     store = opener()
     for i in range(MAX_TABLES):
