@@ -13,17 +13,17 @@ import os
 import numpy as np
 
 from hps.errors import BackendError
-from hps.storage._shm_layout import HeaderWord, NoSpace
+from hps.storage._shm_layout import HeaderWord, NoMemory, NoSpace
 
 
 def commit(fd: int, path: str, offset: int, length: int) -> None:
-    """Back these bytes of the file with memory now; raises :class:`NoSpace` when full."""
+    """Back these bytes of the file with memory now; raises :class:`NoMemory` when full."""
     try:
         os.posix_fallocate(fd, offset, length)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.ENOMEM):
             raise BackendError(f"multi_process_hash_map: {path}: {exc}") from exc
-        raise NoSpace(f"{os.path.dirname(path)} is full") from exc
+        raise NoMemory(f"{os.path.dirname(path)} is full") from exc
 
 
 class Extents:

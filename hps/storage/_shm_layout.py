@@ -89,6 +89,10 @@ class NoSpace(Exception):
     """No free extent (internal: the store evicts and retries, or raises BackendError)."""
 
 
+class NoMemory(NoSpace):
+    """A free extent, but the folder of the segment (``/dev/shm``) cannot back it."""
+
+
 @dataclass(frozen=True)
 class Geometry:
     size: int

@@ -47,7 +47,14 @@ from hps.dedup import last_occurrence
 from hps.errors import BackendError, BackendUnavailable, ConfigError
 from hps.rowformat import Stored
 from hps.storage._shm_index import MAX_LOAD
-from hps.storage._shm_layout import MAX_TABLES, EntryView, EntryWord, HeaderWord, NoSpace
+from hps.storage._shm_layout import (
+    MAX_TABLES,
+    EntryView,
+    EntryWord,
+    HeaderWord,
+    NoMemory,
+    NoSpace,
+)
 from hps.storage._shm_segment import Identity, Segment, SegmentClosed
 from hps.storage._shm_table import ShmTable, rows_per_extent
 from hps.storage.base import AccessMode, EmbeddingStore, check_rows
@@ -138,6 +145,7 @@ class SharedHashMapStore(EmbeddingStore):
         self._structure = threading.Lock()  # open_table, drop_table, follow
         self._checked = time.monotonic()
         self.generation = 0  # how many times follow() moved to another segment
+        self._no_memory_said = -60.0  # when a full folder was last logged
         self._rng = np.random.default_rng(seed)
         self._rng_lock = threading.Lock()
 
@@ -373,6 +381,8 @@ class SharedHashMapStore(EmbeddingStore):
                 t.upsert(keys, values, t.seg.next_tick())
                 return
             except NoSpace as exc:
+                if isinstance(exc, NoMemory):
+                    self._warn_no_memory(exc)
                 victim = self._largest_table(t.seg)
                 if victim is None or victim.rows == 0:
                     raise BackendError(
@@ -380,6 +390,18 @@ class SharedHashMapStore(EmbeddingStore):
                         f"left to evict for {keys.size} rows of {t.entry.name}"
                     ) from None
                 self._evict(victim, victim.rows - rows_to_keep(victim.rows, self.target))
+
+    def _warn_no_memory(self, exc: NoMemory) -> None:
+        """The segment is smaller than configured in effect: rows are evicted for room the
+        folder cannot give. Said at most once a minute (it recurs while it lasts)."""
+        now = time.monotonic()
+        if now - self._no_memory_said >= 60.0:
+            self._no_memory_said = now
+            log.warning(
+                "multi_process_hash_map: %s (%s): evicting rows to make room within the "
+                "memory it has; make it larger or shared_memory_size smaller",
+                exc, self.path,
+            )  # fmt: skip
 
     def _check_fits(self, t: ShmTable, n: int) -> None:
         """Refuse, before evicting anything, a batch that could never fit."""

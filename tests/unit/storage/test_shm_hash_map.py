@@ -354,6 +354,37 @@ def test_a_store_opened_while_the_last_user_removes_the_files_joins_the_new_ones
     assert not any(os.path.exists(f"/dev/shm/{name}{s}") for s in ("", ".lock", ".users"))
 
 
+def test_a_full_folder_evicts_and_says_so(
+    opener: Opener, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """/dev/shm cannot back more extents: the segment behaves as full (rows evicted for
+    room, never a SIGBUS) and a warning names it, once a minute."""
+    import errno
+
+    from hps.storage import _shm_extents
+
+    store = opener()
+    spec = TableSpec("m", "t", 4)
+    store.open_table(spec)
+    keys = np.arange(2000, dtype=np.int64)
+    store.insert(spec.name, keys, rows(keys, 4))
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_shm_extents.os, "posix_fallocate", full)
+    more = np.arange(10_000, 30_000, dtype=np.int64)
+    with caplog.at_level("WARNING"):
+        for lo in range(0, more.size, 2000):
+            store.insert(spec.name, more[lo : lo + 2000], rows(more[lo : lo + 2000], 4))
+    said = [r for r in caplog.records if "is full" in r.getMessage()]
+    assert len(said) == 1 and "evicting rows" in said[0].getMessage()
+    assert store.size(spec.name) < 22_000  # some rows gave way
+    got, found = store.fetch(spec.name, more[-2000:])
+    assert found.all()  # the newest batch is in
+    _extents_accounted(store)
+
+
 def test_registry_full(opener: Opener) -> None:
     store = opener()
     for i in range(MAX_TABLES):
