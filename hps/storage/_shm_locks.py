@@ -7,7 +7,10 @@ it into LOCK_EX on close is the last user (crashed processes do not count) and r
 files when ``shared_memory_auto_remove`` is set. Plain files are used rather than
 ``multiprocessing.shared_memory`` so that no resource tracker ever unlinks the segment.
 
-A store belongs to the process that opened it: a forked child opens its own.
+A store belongs to the process that opened it: a forked child opens its own. A forked
+child also closes its copies of the lock files' descriptors at once (:func:`_in_child`):
+``flock`` locks belong to the open file, which a fork shares, so an idle child holding them
+would keep its parent's write lock after the parent died, and count as a user for good.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import contextlib
 import fcntl
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 
 from hps.errors import BackendError
@@ -34,6 +38,8 @@ class SegmentLocks:
         except BaseException:
             os.close(self.users)
             raise
+        self.closed = False
+        _OPEN.add(self)
 
     def _join(self) -> int:
         """Hold ``<name>.users`` LOCK_SH, on the file that is at the path right now."""
@@ -101,5 +107,25 @@ class SegmentLocks:
                 os.unlink(path)
 
     def close(self) -> None:
-        os.close(self.fd)
-        os.close(self.users)
+        if not self.closed:
+            self.closed = True
+            _OPEN.discard(self)
+            os.close(self.fd)
+            os.close(self.users)
+
+
+_OPEN: weakref.WeakSet[SegmentLocks] = weakref.WeakSet()
+
+
+def _in_child() -> None:
+    """After a fork, in the child: drop its copies of every store's lock descriptors (they
+    are the parent's locks; closing them neither unlocks nor touches the parent's)."""
+    for locks in list(_OPEN):
+        with contextlib.suppress(OSError):
+            os.close(locks.fd)
+            os.close(locks.users)
+        locks.closed = True
+    _OPEN.clear()
+
+
+os.register_at_fork(after_in_child=_in_child)

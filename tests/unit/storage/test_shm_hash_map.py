@@ -494,6 +494,52 @@ def test_a_forked_child_must_open_its_own_store(opener: Opener) -> None:
     assert store.fetch("m.t", np.arange(3))[1].all()
 
 
+def test_a_writer_killed_with_the_lock_does_not_leave_it_held_by_its_idle_child() -> None:
+    """flock locks belong to the open file, which a fork shares: the child's copies of the
+    lock descriptors are closed at the fork, so the kernel drops a dead writer's lock even
+    while an idle child it forked lives on."""
+    import signal
+    import threading
+
+    name = unique_name("hps_test_shm")
+    spec = TableSpec("m", "t", 2)
+    read_end, write_end = os.pipe()
+    writer = os.fork()
+    if writer == 0:  # opens the store, forks an idle worker, dies holding the write lock
+        store = SharedHashMapStore(name, 8 * MiB)
+        store.open_table(spec)
+        if os.fork() == 0:
+            os.close(write_end)
+            os.read(read_end, 1)  # idle until the test says it may go
+            os._exit(0)
+        with store._seg.writing():
+            os.kill(os.getpid(), signal.SIGKILL)
+    os.close(read_end)
+    os.waitpid(writer, 0)
+    done, opened = threading.Event(), []
+
+    def insert() -> None:  # in a thread: opening takes the lock too
+        other = SharedHashMapStore(name, 8 * MiB)
+        opened.append(other)
+        other.open_table(spec)
+        other.insert(spec.name, np.arange(3), np.ones((3, 2), np.float32))
+        done.set()
+
+    thread = threading.Thread(target=insert)
+    try:
+        thread.start()
+        assert done.wait(20)  # hang guard: before, it waited for the idle child to exit
+    finally:
+        os.write(write_end, b"x")  # the idle child goes
+        os.close(write_end)
+        thread.join(30)
+        for other in opened:
+            other.close()
+        for suffix in ("", ".lock", ".users"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"/dev/shm/{name}{suffix}")
+
+
 def test_the_entry_records_the_format_float32_as_before(opener: Opener) -> None:
     """A float32 entry's DIM word is the dimension alone (what segments written before
     formats hold); another format is recorded above it and refused to other formats."""
