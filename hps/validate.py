@@ -105,12 +105,27 @@ class RequestLimits:
     model: str
     names: tuple[str, ...]
     per_table: npt.NDArray[np.int64]
+    dims: npt.NDArray[np.int64]  # each table's vector size
 
     @classmethod
     def of(cls, tables: Sequence[TableSpec]) -> RequestLimits:
         per_table = np.array([t.max_keys_per_request for t in tables], dtype=np.int64)
+        dims = np.array([t.dim for t in tables], dtype=np.int64)
         model = tables[0].model if tables else ""
-        return cls(model, tuple(t.name for t in tables), per_table)
+        return cls(model, tuple(t.name for t in tables), per_table, dims)
+
+    def rows(self, keys: np.ndarray, numkeys: np.ndarray) -> None:
+        """Check every row of a batched request (``keys`` ``[rows, n]``, ``numkeys``
+        ``[rows, tables]``) with :meth:`counts`, and that their answers are as long (one
+        ``OUTPUT0`` tensor holds them), before any row is looked up."""
+        widths = {
+            int(np.dot(self.counts(k, c), self.dims)) for k, c in zip(keys, numkeys, strict=True)
+        }
+        if len(widths) > 1:
+            raise ShapeError(
+                f"{self.model}: the {keys.shape[0]} rows of this request give vectors of "
+                f"different lengths {sorted(widths)}; send one request per row"
+            )
 
     def counts(self, keys: Keys, num_keys: npt.ArrayLike) -> list[int]:
         """The keys per table of one lookup of ``keys``, checked: integers, one per table,

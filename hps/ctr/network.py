@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hps.cache.xp import array_module, gpu_of, select_xp, to_host
-from hps.errors import ConfigError, ShapeError
+from hps.errors import ConfigError, InvalidValueError, ShapeError
 from hps.types import ArrayModule, Vectors
 
 Array = npt.NDArray[np.float32]
@@ -68,12 +68,20 @@ class DenseNetwork:
         x = xp.concatenate([xp.asarray(dense), emb], axis=1)
         if x.shape[1] != self.input_width:
             raise ShapeError(f"the network takes {self.input_width} inputs, got {x.shape[1]}")
-        for i, (w, b) in enumerate(self.layers):
-            x = x @ w + b
-            if i < len(self.layers) - 1:
-                x = xp.maximum(x, 0)
-        out = 1.0 / (1.0 + xp.exp(-x[:, 0]))
-        return np.asarray(to_host(out), dtype=np.float32)
+        with np.errstate(all="ignore"):  # an overflow is refused below, by its result
+            for i, (w, b) in enumerate(self.layers):
+                x = x @ w + b
+                if i < len(self.layers) - 1:
+                    x = xp.maximum(x, 0)
+            out = np.asarray(to_host(1.0 / (1.0 + xp.exp(-x[:, 0]))), dtype=np.float32)
+        bad = ~np.isfinite(out)
+        if bad.any():  # finite inputs, but +inf - inf inside the network
+            raise InvalidValueError(
+                f"the network's output is not a number for samples "
+                f"{np.flatnonzero(bad)[:10].tolist()}: their dense features (DES) are too "
+                "large for it"
+            )
+        return out
 
 
 def pool_embeddings(

@@ -78,6 +78,8 @@ def lookup_hps_request(
         limits.check(keys, numkeys)
     if keys.shape[0] == 1:
         return lookup(keys[0], numkeys[0]).reshape(1, -1)
+    if limits is not None:
+        limits.rows(keys, numkeys)  # a bad row refuses the request before any lookup
     rows = [lookup(k, c) for k, c in zip(keys, numkeys, strict=True)]
     if len({r.size for r in rows}) > 1:
         raise ShapeError(

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from hps.cache.xp import available_xps, to_host
 from hps.ctr.network import DenseNetwork, make_weights, pool_embeddings
-from hps.errors import ConfigError, ShapeError
+from hps.errors import ConfigError, InvalidValueError, ShapeError
 from hps.types import ArrayModule
 
 
@@ -59,6 +59,22 @@ def test_dense_network_matches_hand_computation(tmp_path: Path) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-5)
     with pytest.raises(ShapeError, match="takes 8 inputs, got 7"):
         net(dense, pooled[:, :4])
+
+
+def test_dense_features_that_overflow_the_network_are_refused_not_answered_nan(
+    tmp_path: Path,
+) -> None:
+    """Both hidden units overflow to +inf, and the output layer weighs them +1 and -1:
+    inf - inf, a NaN that must not go out as a click probability."""
+    path = tmp_path / "w.npz"
+    np.savez(path, num_dense=np.array(3), w0=np.ones((8, 2), np.float32),
+             b0=np.zeros(2, np.float32), w1=np.array([[1.0], [-1.0]], np.float32),
+             b1=np.zeros(1, np.float32))  # fmt: skip
+    net = DenseNetwork(path, "numpy")
+    dense = np.array([[1.0, 1.0, 1.0], [3e38, 3e38, 3e38]], np.float32)  # finite
+    with pytest.raises(InvalidValueError, match=r"not a number for samples \[1\]"):
+        net(dense, np.zeros((2, 5), np.float32))
+    assert net(dense[:1], np.zeros((1, 5), np.float32)).tolist() == [0.5]
 
 
 def test_bad_weight_files(tmp_path: Path) -> None:

@@ -70,6 +70,35 @@ def test_rows_of_different_output_lengths_are_refused(lookup) -> None:
         lookup_hps_request(keys, np.array([[2, 0], [0, 2]], I32), lookup)
 
 
+def test_a_bad_row_refuses_the_request_before_any_row_is_looked_up(lookup) -> None:
+    """Every row is checked first: no lookup (and no L1 fill, no counted request) for a
+    request that is refused."""
+    from hps.validate import RequestLimits
+
+    limits = RequestLimits.of(make_config_tables())
+    seen: list[int] = []
+
+    def counting(k: np.ndarray, c: np.ndarray) -> np.ndarray:
+        seen.append(int(k.size))
+        return lookup(k, c)
+
+    keys = np.array([[1, 2], [3, 4]], I64)
+    with pytest.raises(ShapeError, match="add up to 1 but 2"):
+        lookup_hps_request(keys, np.array([[1, 1], [1, 0]], I32), counting, limits)
+    with pytest.raises(ShapeError, match=r"different lengths \[8, 16\]"):
+        lookup_hps_request(keys, np.array([[2, 0], [0, 2]], I32), counting, limits)
+    assert seen == []
+    out = lookup_hps_request(keys, np.array([[2, 0], [2, 0]], I32), counting, limits)
+    assert seen == [2, 2] and out.shape == (2, 8)
+
+
+def make_config_tables() -> list:
+    from hps.types import TableSpec
+
+    return [TableSpec("demo", "t0", 4, max_keys_per_request=32),
+            TableSpec("demo", "t1", 8, max_keys_per_request=48)]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "keys,numkeys,error,pattern",
     [
