@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hps.cache.xp import array_module, gpu_of, select_xp, to_host
+from hps.config import ModelConfig
 from hps.errors import ConfigError, InvalidValueError, ShapeError
 from hps.types import ArrayModule, Vectors
 
@@ -41,6 +42,25 @@ def make_weights(
 
 def xp_f32(xp: ArrayModule, a: np.ndarray) -> Array:
     return xp.asarray(a, dtype=xp.float32)
+
+
+def check_dense_inputs(model: ModelConfig) -> None:
+    """ConfigError unless ``model``'s CTR weights take ``maxnum_des_feature_per_sample``
+    dense features: the request-size gate sizes ``DES`` by that key, the network by its own."""
+    try:
+        with np.load(model.dense_file) as f:
+            n = int(f["num_dense"])
+    except (OSError, KeyError, ValueError) as exc:
+        raise ConfigError(
+            f"model {model.model}: dense_file {model.dense_file}: not CTR weights of hps demo "
+            f"({exc})"
+        ) from None
+    if n != model.maxnum_des_feature_per_sample:
+        raise ConfigError(
+            f"model {model.model}: dense_file {model.dense_file} takes {n} dense features but "
+            f"maxnum_des_feature_per_sample is {model.maxnum_des_feature_per_sample}: set it "
+            f"to {n} (the request-size gate sizes DES by it)"
+        )
 
 
 class DenseNetwork:

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 from hps.config import ModelConfig, PSConfig, load_config
+from hps.ctr.network import check_dense_inputs
 from hps.errors import UnknownTableError
 from hps.loading.imports import import_lock, import_tables, sparse_sources
 from hps.loading.loader import Loader
@@ -69,6 +70,9 @@ def serving_config(path: str | Path, base_dir: str | Path | None = None) -> PSCo
         update["volatile_db"] = vdb.model_copy(update={"type": SHARED_L2_DEFAULT})
     elif several and l2_placement(config) == "process":
         log.warning("volatile_db %s is per process: each instance holds its own L2", vdb.type)
+    for m in models:
+        if m.serves_ctr:
+            check_dense_inputs(m)
     # the models added or removed at runtime (hps.versions.models)
     return served_config(config.model_copy(update=update))
 

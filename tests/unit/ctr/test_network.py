@@ -77,6 +77,19 @@ def test_dense_features_that_overflow_the_network_are_refused_not_answered_nan(
     assert net(dense[:1], np.zeros((1, 5), np.float32)).tolist() == [0.5]
 
 
+def test_the_dense_width_of_the_weights_must_be_the_ps_json_s(tmp_path: Path) -> None:
+    """The request-size gate sizes DES by maxnum_des_feature_per_sample: weights that take
+    another width would have valid requests refused (or allowed too large)."""
+    from hps.config import ModelConfig
+    from hps.ctr.network import check_dense_inputs
+
+    make_weights(tmp_path / "w.npz", num_dense=3, emb_width=4, hidden=(4,))
+    doc = {"model": "m", "embedding_vecsize_per_table": [4], "dense_file": str(tmp_path / "w.npz")}
+    check_dense_inputs(ModelConfig.model_validate({**doc, "maxnum_des_feature_per_sample": 3}))
+    with pytest.raises(ConfigError, match="takes 3 dense features but maxnum_des_feature_"):
+        check_dense_inputs(ModelConfig.model_validate(doc))  # the default, 26
+
+
 def test_bad_weight_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not CTR weights"):
         DenseNetwork(tmp_path / "missing.npz")
