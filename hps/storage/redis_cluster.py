@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from hps.config import PersistentDBConfig, VolatileDBConfig
-from hps.errors import BackendError, UnknownTableError
+from hps.errors import BackendError, BackendUnavailable, UnknownTableError
 from hps.rowformat import FORMATS, RowFormat, Stored
 from hps.storage.base import LEGACY_FORMAT, AccessMode, EmbeddingStore, check_rows, refused
 from hps.storage.breaker import CircuitBreaker
@@ -83,6 +83,7 @@ class RedisStore(EmbeddingStore):
         self._policy = cfg.overflow_policy
         self._stamped = self._limited and self._policy != "evict_random"
         self._touch = self._limited and self._policy == "evict_least_used"
+        self._timeout_s = cfg.hps_socket_timeout_s  # also the budget of one call's chunks
         self._tables: dict[str, _Table] = {}
         self.breaker = CircuitBreaker(
             f"Redis L2 at {cfg.address}", cfg.hps_breaker_backoff_s, cfg.hps_breaker_max_backoff_s
@@ -183,23 +184,33 @@ class RedisStore(EmbeddingStore):
             yield start, order, groups, key_bytes(chunk[order])
 
     def fetch(self, table: str, keys: Keys) -> tuple[Stored, Mask]:
+        t = self._table(table)  # an unknown table is no answer of Redis's (nor a probe)
+        if keys.size == 0:
+            return t.spec.fmt.empty(0, t.spec.dim), np.zeros(0, np.bool_)
         with self.breaker.guard(f"fetch {table}"):
-            return self._fetch(table, keys)
+            return self._fetch(t, keys)
 
-    def _fetch(self, table: str, keys: Keys) -> tuple[Stored, Mask]:
-        t = self._table(table)
+    def _fetch(self, t: _Table, keys: Keys) -> tuple[Stored, Mask]:
+        table = t.spec.name
         fmt, dim = t.spec.fmt, t.spec.dim
         row_bytes = fmt.row_bytes(dim)
         found = np.ones(keys.size, np.bool_)
         pieces: list[bytes] = []  # one row per key, request order; joined once at the end
+        deadline = time.monotonic() + self._timeout_s
         for start, order, groups, fields in self._chunks(keys):
+            _within(deadline, self._timeout_s, f"fetch {table}")
             with translated(f"fetch {table}"):
                 pipe = self._r.pipeline(transaction=False)
                 for p, lo, hi in groups:
                     pipe.execute_command("HMGET", t.hashes[p], *fields[lo:hi])
                 if self._touch:
                     self._stamp(pipe, t, groups, fields, b"XX")
-                replies = pipe.execute()
+                # the touch is best effort: a Redis at maxmemory refuses the ZADD (a write)
+                # but answers the reads, which must not fail for it
+                replies = pipe.execute(raise_on_error=False)
+                for reply in replies[: len(groups)]:
+                    if isinstance(reply, Exception):
+                        raise reply
             flat = list(chain.from_iterable(replies[: len(groups)]))
             got = unsort(flat, order, len(groups))
             if got.count(None):
@@ -219,6 +230,8 @@ class RedisStore(EmbeddingStore):
 
     def insert(self, table: str, keys: Keys, values: Stored, *, durable: bool = False) -> None:
         check_rows(self._table(table).spec, keys, values)
+        if keys.size == 0:
+            return
         with self.breaker.guard(f"insert {table}"):
             self._insert(table, keys, np.ascontiguousarray(values))
 
@@ -244,6 +257,9 @@ class RedisStore(EmbeddingStore):
                         self._evict(t, p, int(length))
 
     def remove(self, table: str, keys: Keys, *, durable: bool = False) -> None:
+        self._table(table)
+        if keys.size == 0:
+            return  # nothing to send: no probe of the breaker either
         with self.breaker.guard(f"remove {table}"):
             self._remove(table, keys)
 
@@ -341,3 +357,14 @@ class RedisStore(EmbeddingStore):
                 self._r.execute_command("ZADD", t.stamps[p], "NX", *interleave(zero, fields))
             if int(cursor) == 0:
                 return
+
+
+def _within(deadline: float, budget_s: float, what: str) -> None:
+    """BackendUnavailable once a call's chunks have taken longer than ``budget_s`` (each
+    read has that timeout, and a server answering each just in time would otherwise hold a
+    call for as many timeouts as it has chunks)."""
+    if time.monotonic() > deadline:
+        raise BackendUnavailable(
+            f"Redis: {what} took longer than hps_socket_timeout_s ({budget_s:g} s) over its "
+            "chunks: the server is too slow"
+        )

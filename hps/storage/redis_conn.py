@@ -90,6 +90,11 @@ def _certificate_refused(exc: BaseException) -> bool:
 def parse_addresses(address: str) -> list[tuple[str, int]]:
     """``"h1:p1,h2:p2"`` → ``[("h1", p1), ("h2", p2)]``; a port defaults to 6379."""
     nodes = []
+    if "@" in address or "://" in address:  # never echoed: it may hold a password
+        raise ConfigError(
+            "volatile_db.address: give host:port[,host:port...], not a URL (a password "
+            "goes in volatile_db.password, or hps_password_env)"
+        )
     for part in address.split(","):
         part = part.strip()
         if not part:

@@ -172,6 +172,31 @@ def test_a_hung_redis_times_out(redis_address: str, redis_server: RedisServer) -
     assert store.fetch(spec.name, np.arange(10))[1].sum() == 0
 
 
+def test_a_call_slower_than_the_timeout_over_its_chunks_is_unavailable(
+    redis_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each read has the socket timeout; a server answering every chunk just in time must
+    not hold one call for as many timeouts as it has chunks."""
+    store = make_store(redis_address, hps_socket_timeout_s=0.3, max_batch_size=10)
+    spec = new_table(store)
+    keys = np.arange(100)
+    store.insert(spec.name, keys, rows(keys, 8))
+    pipeline = store._r.pipeline
+
+    def slow(*args: Any, **kwargs: Any) -> Any:  # 0.1 s a chunk: 10 chunks, 1 s in all
+        pipe = pipeline(*args, **kwargs)
+        execute = pipe.execute
+        pipe.execute = lambda *a, **k: (time.sleep(0.1), execute(*a, **k))[1]
+        return pipe
+
+    monkeypatch.setattr(store._r, "pipeline", slow)
+    with pytest.raises(BackendUnavailable, match="longer than hps_socket_timeout_s"):
+        store.fetch(spec.name, keys)
+    monkeypatch.undo()
+    time.sleep(store.breaker.stats().backoff_s)  # the breaker's back-off, then a probe
+    assert store.fetch(spec.name, keys)[1].all()
+
+
 def test_several_addresses_of_a_single_node_are_refused(redis_address: str) -> None:
     with pytest.raises(ConfigError, match="not in cluster mode"):
         make_store(f"{redis_address},127.0.0.1:{free_port()}")

@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from hps.config import VolatileDBConfig
+from hps.errors import BackendError
 from hps.storage import open_store
 from hps.storage.redis_cluster import RedisStore
 from hps.storage.redis_layout import stamp_name
@@ -88,6 +89,23 @@ def test_evict_least_used_keeps_the_recently_fetched_rows(address: str) -> None:
     assert store.size(spec.name) == 80
     assert not present(store, spec, A2).any()
     assert present(store, spec, A1).all() and present(store, spec, B).all()
+
+
+def test_a_redis_at_maxmemory_still_answers_evict_least_used_reads(redis_address: str) -> None:
+    """The read's touch (a ZADD, a write) is refused at maxmemory: the reads it came with
+    are answered all the same (before, every lookup failed, with no fall back to L3)."""
+    store, spec = limited(redis_address, "evict_least_used")
+    put(store, spec, A1)
+    admin = redis.Redis.from_url(f"redis://{redis_address}")
+    used = int(admin.info("memory")["used_memory"])
+    admin.config_set("maxmemory", str(used - 1024))
+    try:
+        with pytest.raises(BackendError, match="maxmemory|OOM|used memory"):
+            put(store, spec, B)  # a write: refused, and said so
+        assert present(store, spec, A1).all()
+    finally:
+        admin.config_set("maxmemory", "0")
+        admin.close()
 
 
 @pytest.mark.parametrize("policy", ["evict_random", "evict_least_used", "evict_oldest"])

@@ -58,6 +58,10 @@ def test_parse_addresses() -> None:
     for bad in ("", "h:0", "h:x", ":7000", "h:70000"):
         with pytest.raises(ConfigError, match="address"):
             parse_addresses(bad)
+    for url in ("redis://default:s3cretpw@127.0.0.1:6379", "u:s3cretpw@h"):
+        with pytest.raises(ConfigError, match="not a URL") as err:
+            parse_addresses(url)
+        assert "s3cretpw" not in str(err.value)
 
 
 @pytest.mark.parametrize(
