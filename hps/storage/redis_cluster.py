@@ -144,8 +144,14 @@ class RedisStore(EmbeddingStore):
         """The table's recorded format and dimension; else, where rows of the days before
         formats were recorded are sampled, float32 of their width (or None: no rows)."""
         if raw is not None:
-            doc = json.loads(raw)
-            return FORMATS[doc["row_dtype"]], int(doc["dim"])
+            try:
+                doc = json.loads(raw)
+                return FORMATS[doc["row_dtype"]], int(doc["dim"])
+            except (ValueError, KeyError, TypeError) as exc:  # written by another release?
+                raise BackendError(
+                    f"Redis: the record of table {spec.name} ({meta_name(spec.name)!r}) cannot be "
+                    f"read: {type(exc).__name__}: {exc}"
+                ) from None
         widths = {len(v) for s in samples for v in pair_items(s)[1]}
         if not widths:
             return None

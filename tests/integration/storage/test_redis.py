@@ -197,6 +197,14 @@ def test_a_call_slower_than_the_timeout_over_its_chunks_is_unavailable(
     assert store.fetch(spec.name, keys)[1].all()
 
 
+def test_a_table_record_it_cannot_read_is_a_backend_error(redis_address: str) -> None:
+    store = make_store(redis_address)
+    spec = TableSpec(model=unique_name(), table="t", dim=8)
+    store._r.execute_command("SET", meta_name(spec.name), b'{"row_dtype": "bfloat8"}')
+    with pytest.raises(BackendError, match="record of table .* cannot be read: KeyError"):
+        store.open_table(spec)
+
+
 def test_several_addresses_of_a_single_node_are_refused(redis_address: str) -> None:
     with pytest.raises(ConfigError, match="not in cluster mode"):
         make_store(f"{redis_address},127.0.0.1:{free_port()}")
