@@ -202,9 +202,8 @@ class SharedHashMapStore(EmbeddingStore):
                 f"shared hash map's {seg.extent}-byte extents; raise "
                 "volatile_db.allocation_rate and shared_memory_size"
             )
-        with seg.writing():
-            slot = seg.table_slot(spec, rpe)
-        return ShmTable(seg, slot)  # views only: valid until the segment is closed
+        with seg.writing():  # the handle too: its incarnation is read under the lock
+            return ShmTable(seg, seg.table_slot(spec, rpe))  # views: valid until closed
 
     def drop_table(self, table: str) -> None:
         """Free the table's rows and entry in the segment (other processes holding it open
