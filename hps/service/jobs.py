@@ -154,6 +154,14 @@ class JobRegistry:
                 self._retry_after(count),
             )
 
+    def _admit_or_drop(self, job: Job) -> None:
+        """:meth:`_admit` ``job``'s staged bytes, or remove its staged folder and raise."""
+        try:
+            self._admit(job.staged_bytes)
+        except HPSError:
+            job.remove_staged()
+            raise
+
     def _retry_after(self, pending: int) -> int:
         """Seconds until a place is likely free: the recent mean job time (a default before
         any), times the jobs ahead that must end first."""
@@ -196,18 +204,16 @@ class JobRegistry:
         now (QueueFullError past a limit: the job's staged folder is then removed)."""
         res = _current.get()
         with self._lock:
+            if job.staged and not job.staged_bytes:
+                job.staged_bytes = _size(Path(job.staged))  # what it holds, not what it said
             if res is not None and not res.taken and res.registry is self:
                 res.taken = True
                 self._reserved.discard(res)
+                if job.staged_bytes > res.nbytes:  # a chunked upload reserved what it knew: 0
+                    self._admit_or_drop(job)
                 job.staged_bytes = job.staged_bytes or res.nbytes
             else:
-                try:
-                    self._admit(job.staged_bytes)
-                except HPSError:
-                    job.remove_staged()
-                    raise
-            if job.staged and not job.staged_bytes:
-                job.staged_bytes = _size(Path(job.staged))
+                self._admit_or_drop(job)
             self._jobs[job.id] = job
         self._save(job)
         self._prune()

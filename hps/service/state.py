@@ -168,14 +168,13 @@ class AdminState:
         """Queue the import of a validated ``source`` (files in ``folder``; ``staged``: the
         upload folder to remove when the job ends), recorded so that a restart resumes it."""
         spec = source.spec
-        job = Job(
-            "import",
-            spec.name,
-            rows,
-            params={"model": spec.model, "table": spec.table, "format": fmt, "folder": str(folder)},
-            staged=str(staged) if staged is not None else None,
-        )
-        return self.jobs.submit(job, self._import_work(source, validate=False))
+        params = {"model": spec.model, "table": spec.table, "version": str(spec.version),
+                  "format": fmt, "folder": str(folder)}  # fmt: skip
+        job = Job("import", spec.name, rows, params=params,
+                  staged=str(staged) if staged is not None else None)  # fmt: skip
+        # A server path may change while the job waits its turn: it is read again then. A
+        # staged upload is our own copy, validated already.
+        return self.jobs.submit(job, self._import_work(source, validate=staged is None))
 
     def _import_work(self, source: TableSource, validate: bool) -> Work:
         from hps.service import direct, uploads
@@ -195,6 +194,11 @@ class AdminState:
             raise ValueError(f"its record names no known format: {p.get('format')!r}")
         fmt: Format = "npy" if p["format"] == "npy" else "sparse"
         spec = self.spec(p["model"], p["table"])
+        if spec.version != int(p.get("version", "1")):  # never into another version's rows
+            raise ValueError(
+                f"it was for version {p.get('version', '1')} of model {p['model']!r}; "
+                f"version {spec.version} is live now"
+            )
         source = uploads.source(Path(p["folder"]), fmt, spec)
         return self._import_work(source, validate=True)
 

@@ -30,12 +30,17 @@ def names(fmt: Format) -> tuple[str, str]:
 
 
 def stage(folder: Path, fmt: Format, keys: BinaryIO, vectors: BinaryIO) -> Path:
-    """Copy two uploaded files (already spooled to disk) into ``folder``, in chunks."""
+    """Copy two uploaded files (already spooled to disk) into ``folder``, in chunks; a copy
+    that fails (a full disk) leaves no folder behind."""
     folder.mkdir(parents=True, exist_ok=True)
-    for name, src in zip(names(fmt), (keys, vectors), strict=True):
-        src.seek(0)
-        with open(folder / name, "wb") as dst:
-            shutil.copyfileobj(src, dst, COPY_CHUNK)
+    try:
+        for name, src in zip(names(fmt), (keys, vectors), strict=True):
+            src.seek(0)
+            with open(folder / name, "wb") as dst:
+                shutil.copyfileobj(src, dst, COPY_CHUNK)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
     return folder
 
 

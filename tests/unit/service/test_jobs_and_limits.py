@@ -60,6 +60,38 @@ def test_queue_is_bounded_by_count_and_staged_bytes(tmp_path: Path) -> None:
         jobs.close()
 
 
+def test_an_upload_that_reserved_less_than_it_staged_is_held_to_the_budget(
+    tmp_path: Path,
+) -> None:
+    """A chunked upload (no Content-Length) reserves 0 bytes: what it staged is counted
+    when its job is submitted, and refused past the budget (its upload removed)."""
+    jobs = JobRegistry(max_jobs=8, max_staged_bytes=1000)
+    jobs.attach(tmp_path / "jobs", tmp_path / "uploads")
+    gate = threading.Event()
+
+    def staged(name: str, n: int) -> str:
+        folder = tmp_path / "uploads" / name
+        folder.mkdir(parents=True)
+        (folder / "keys").write_bytes(b"x" * n)
+        return str(folder)
+
+    try:
+        with jobs.reserved(0):
+            jobs.submit(Job("import", "m.t", 1, staged=staged("a", 600)), _blocking(gate))
+        second = staged("b", 600)
+        with (
+            pytest.raises(QueueFullError, match="600 more would pass the limit of 1000"),
+            jobs.reserved(0),
+        ):
+            jobs.submit(Job("import", "m.t", 1, staged=second), _blocking(gate))
+        assert not Path(second).exists()
+        with jobs.reserved(0):  # what fits is admitted
+            jobs.submit(Job("import", "m.t", 1, staged=staged("c", 300)), _blocking(gate))
+    finally:
+        gate.set()
+        jobs.close()
+
+
 def test_a_reservation_is_taken_over_by_the_job_it_admits(tmp_path: Path) -> None:
     jobs = JobRegistry(max_jobs=1)
     gate = threading.Event()

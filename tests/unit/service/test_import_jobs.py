@@ -1,0 +1,100 @@
+"""Import jobs of the control plane: what a queued job reads when its turn comes, which
+version it writes after a restart, and what a failed upload leaves (real RocksDB files)."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from hps.io.sparse_model import write_sparse_model
+from hps.service import uploads
+from hps.service.app import create_app
+from hps.service.job_records import Job
+from hps.service.state import AdminState
+from hps.service.triton_admin import TritonAdmin
+from hps.versions import VersionRegistry
+from tests.helpers import make_config, rows
+
+TOKEN = "import-jobs-token-0123"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+HANG_S = 30.0  # hang guards only
+
+
+def _state(tmp_path: Path) -> AdminState:
+    return AdminState(make_config(tmp_path), TOKEN, TritonAdmin("127.0.0.1:1"),
+                      state_dir=tmp_path / "s")  # fmt: skip
+
+
+def _ended(client: TestClient, job: str) -> dict[str, Any]:
+    deadline = time.monotonic() + HANG_S
+    while True:
+        view = client.get(f"/v1/jobs/{job}").json()
+        if view["state"] not in ("queued", "running"):
+            return view
+        assert time.monotonic() < deadline, view
+        time.sleep(0.02)
+
+
+def test_a_server_path_is_read_again_when_its_job_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The folder may change while the job waits: what is written is what is validated
+    then (a NaN written meanwhile fails the job; nothing of it reaches L3)."""
+    gate = threading.Event()
+    validate = uploads.validate
+    calls: list[int] = []
+
+    def after_the_gate(*args: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:  # the job's own reading, once its turn has come
+            assert gate.wait(HANG_S)
+        return validate(*args)
+
+    monkeypatch.setattr(uploads, "validate", after_the_gate)
+    state = _state(tmp_path)
+    folder = tmp_path / "s" / "data"  # under the path roots (the state folder)
+    keys = np.arange(1, 11, dtype=np.int64)
+    write_sparse_model(folder, keys, rows(keys, 4))
+    with TestClient(create_app(state)) as client:
+        answer = client.post("/v1/models/demo/tables/t0/import", headers=AUTH,
+                             data={"format": "sparse", "path": str(folder)})  # fmt: skip
+        assert answer.status_code == 202, answer.text
+        bad = rows(keys, 4)
+        bad[0, 0] = np.nan
+        write_sparse_model(folder, keys, bad)  # rewritten while the job is queued
+        gate.set()
+        view = _ended(client, answer.json()["job"])
+        assert view["state"] == "failed" and "NaN" in str(view["error"]), view
+    assert not Path(state.config.persistent_db.path).exists()  # nothing was written
+
+
+def test_a_queued_import_is_not_resumed_into_another_version(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    job = Job("import", "demo.t0", 10, params={"model": "demo", "table": "t0",
+              "version": "1", "format": "sparse", "folder": str(tmp_path)})  # fmt: skip
+    registry = VersionRegistry(state.config)
+    registry.begin(state.config.model("demo"), 2)
+    registry.set_state("demo", 2, "ready")
+    registry.set_live("demo", 2)  # activated while the control plane was down
+    with pytest.raises(ValueError, match="for version 1 of model 'demo'; version 2 is live"):
+        state._resume_import(job)
+
+
+def test_a_failed_staging_copy_leaves_no_folder(tmp_path: Path) -> None:
+    class Broken(io.BytesIO):
+        def read(self, n: int = -1) -> bytes:
+            if self.tell() >= 4:
+                raise OSError(28, "No space left on device")
+            return super().read(4)
+
+    folder = tmp_path / "uploads" / "x"
+    with pytest.raises(OSError, match="No space"):
+        uploads.stage(folder, "sparse", io.BytesIO(b"k" * 16), Broken(b"v" * 16))
+    assert not folder.exists()
