@@ -81,7 +81,7 @@ def _inference(state: AdminState, reader: Reader, model: str, specs: list[TableS
     numkeys = np.zeros(len(specs), dtype=np.int32)
     numkeys[index] = 1
     # Against what serving answers for it: L2 first, then L3 (the two may differ after an
-    # update). The reader's L3 may be up to CATCH_UP_S behind an update Triton already
+    # update). The reader's L3 may be up to SECONDARY_LAG_S behind an update Triton already
     # serves: a mismatch looks again, caught up, before it counts.
     for tiers in (reader, partial(reader, catch_up=True)):
         stored = tiers().fetch(spec, np.array([key], np.int64)).values

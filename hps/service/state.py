@@ -31,7 +31,6 @@ import contextlib
 import logging
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -60,11 +59,6 @@ if TYPE_CHECKING:
     from hps.updates.broker_admin import BrokerAdmin
 
 log = logging.getLogger(__name__)
-
-CATCH_UP_S = 1.0
-"""How stale the control plane's reads of other writers' L3 may be: its reader catches up
-at most this often (a request may read several times; a catch-up costs about a millisecond
-on the demo's 79 column families while updates flow, docs/storage.md)."""
 
 REPORT_MAX_AGE_S = 1.0
 """How old the Triton metrics (hit counts, update freshness) and the consumer lags in a table
@@ -122,7 +116,6 @@ class AdminState:
     versions_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _reader: _Lease | None = field(default=None, init=False)
     _reader_tables: frozenset[tuple[str, str]] = field(default=frozenset(), init=False)
-    _caught_up_at: float = field(default=0.0, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _publisher: Publisher | None = field(default=None, init=False)
     _broker: BrokerAdmin | None = field(default=None, init=False)
@@ -250,8 +243,9 @@ class AdminState:
 
     @contextlib.contextmanager
     def reading(self, *, catch_up: bool = False) -> Iterator[Tiers]:
-        """The shared L2 and a secondary L3, caught up within :data:`CATCH_UP_S` (now, if
-        ``catch_up``; writes of ours reopen it: :meth:`reset_reader`); opened on first use,
+        """The shared L2 and a secondary L3, caught up within
+        :data:`hps.tiers.tiers.SECONDARY_LAG_S` (now, if ``catch_up``; writes of ours reopen
+        it: :meth:`reset_reader`); opened on first use,
         and again when the versions to declare changed (an import, activation or retire).
         A reader replaced meanwhile is closed when its last user leaves the block, never
         under one."""
@@ -271,17 +265,14 @@ class AdminState:
                     tiers.close()
                     raise
                 self._reader, self._reader_tables = _Lease(tiers), names
-                self._caught_up_at = time.monotonic()  # opening read the writer's state
             lease = self._reader
             lease.users += 1
-            now = time.monotonic()
-            due = catch_up or now - self._caught_up_at >= CATCH_UP_S
-            if due:
-                self._caught_up_at = now
         _close(stale)
         try:
-            if due:
+            if catch_up:
                 lease.tiers.catch_up()
+            else:
+                lease.tiers.catch_up_if_stale()
             yield lease.tiers
         finally:
             with self._lock:

@@ -46,9 +46,12 @@ class EmbeddingStore(ABC):
 
     - ``fetch`` returns ``(rows[n, width] of fmt.dtype, found[n] bool)`` in the order of
       ``keys``; rows of keys not found are unspecified (callers fill defaults).
-    - ``insert`` upserts the whole batch of stored rows; ``remove`` deletes keys (absent keys
-      are ignored). Batches come validated (int64 keys, finite rows encoded in the table's
-      format: the session, the codec and the loader check them once); a backend checks only
+    - ``insert`` upserts the whole batch of stored rows; ``insert_absent`` adds the rows of
+      the keys the table does not hold and keeps the rows it holds (a row read from L3
+      before an update, copied into L2 after the update wrote there, must not overwrite
+      it); ``remove`` deletes keys (absent keys are ignored). Batches come validated
+      (int64 keys, finite rows encoded in the table's format: the session, the codec and
+      the loader check them once); a backend checks only
       that the rows are the table's stored form (:func:`check_rows`: dtype and width, no
       pass over the data) and refuses another with ``DTypeError`` / ``ShapeError``, storing
       nothing.
@@ -113,6 +116,18 @@ class EmbeddingStore(ABC):
 
     @abstractmethod
     def insert(self, table: str, keys: Keys, values: Stored, *, durable: bool = False) -> None: ...
+
+    def insert_absent(self, table: str, keys: Keys, values: Stored) -> None:
+        """Insert the rows of the keys ``table`` does not hold; the rows it holds stay.
+
+        Every L2 backend does it atomically against other writers of the table (in other
+        processes too); this default (a fetch, then an insert) is not, and serves L3,
+        which nothing fills this way."""
+        if values.shape[:1] != keys.shape:
+            raise ShapeError(f"{table}: {keys.size} keys but rows of shape {values.shape}")
+        _, found = self.fetch(table, keys)
+        if not found.all():
+            self.insert(table, keys[~found], values[~found])  # checks the rows' form
 
     @abstractmethod
     def remove(self, table: str, keys: Keys, *, durable: bool = False) -> None: ...

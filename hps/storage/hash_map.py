@@ -127,12 +127,18 @@ class HashMapStore(EmbeddingStore):
         return values, found
 
     def insert(self, table: str, keys: Keys, values: Stored, *, durable: bool = False) -> None:
+        self._write(table, keys, values, absent_only=False)
+
+    def insert_absent(self, table: str, keys: Keys, values: Stored) -> None:
+        self._write(table, keys, values, absent_only=True)
+
+    def _write(self, table: str, keys: Keys, values: Stored, *, absent_only: bool) -> None:
         t = self._table(table)
         check_rows(t.spec, keys, values)
         keys, values = last_occurrence(keys, values)
         step = self._insert_slice()
         for lo in range(0, keys.size, step):  # bounded: the overflow resolved per slice
-            self._insert(t, keys[lo : lo + step], values[lo : lo + step])
+            self._insert(t, keys[lo : lo + step], values[lo : lo + step], absent_only)
 
     def _insert_slice(self) -> int:
         """Keys placed before an overflow resolution: with an ``overflow_margin``, a
@@ -143,10 +149,13 @@ class HashMapStore(EmbeddingStore):
             return 1 << 62
         return max(MIN_INSERT_SLICE, self.overflow_margin // 16)
 
-    def _insert(self, t: _Table, keys: Keys, values: Stored) -> None:
+    def _insert(self, t: _Table, keys: Keys, values: Stored, absent_only: bool) -> None:
         with t.lock:
             rows = t.index.lookup(keys)
             new = rows < 0
+            if absent_only:
+                keys, values, rows = keys[new], values[new], rows[new]
+                new = new[new]
             n_new = int(new.sum())
             if n_new:
                 new_rows = self._allocate(t, n_new)

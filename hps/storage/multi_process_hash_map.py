@@ -38,6 +38,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import TypeVar
 
 import numpy as np
@@ -358,15 +359,25 @@ class SharedHashMapStore(EmbeddingStore):
     # -- writes ------------------------------------------------------------------------
 
     def insert(self, table: str, keys: Keys, values: Stored, *, durable: bool = False) -> None:
+        self._write(table, keys, values, absent_only=False)
+
+    def insert_absent(self, table: str, keys: Keys, values: Stored) -> None:
+        self._write(table, keys, values, absent_only=True)
+
+    def _write(self, table: str, keys: Keys, values: Stored, *, absent_only: bool) -> None:
         check_rows(table_or_raise(self._specs, table), keys, values)
         keys, values = last_occurrence(keys, values)
         for part in self._chunks(keys.size):
-            self._insert_part(table, keys[part], values[part])
+            chunk = partial(self._insert_chunk, keys=keys[part], values=values[part],
+                            absent_only=absent_only)  # fmt: skip
+            self._with(table, True, chunk)
 
-    def _insert_part(self, table: str, keys: Keys, values: Stored) -> None:
-        self._with(table, True, lambda t: self._insert_chunk(t, keys, values))
-
-    def _insert_chunk(self, t: ShmTable, keys: Keys, values: Stored) -> None:
+    def _insert_chunk(self, t: ShmTable, keys: Keys, values: Stored, absent_only: bool) -> None:
+        if absent_only:  # under the writer's lock: no write lands between the look and ours
+            new = t.index.lookup(keys) < 0
+            keys, values = keys[new], values[new]
+            if not keys.size:
+                return
         self._upsert(t, keys, values)
         if t.rows > self.overflow_margin:
             keep = rows_to_keep(self.overflow_margin, self.target)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from hps.config import PersistentDBConfig, VolatileDBConfig
+from hps.dedup import last_occurrence
 from hps.errors import BackendError, BackendUnavailable, UnknownTableError
 from hps.rowformat import FORMATS, RowFormat, Stored
 from hps.storage.base import LEGACY_FORMAT, AccessMode, EmbeddingStore, check_rows, refused
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
     from redis.client import Pipeline
     from redis.cluster import ClusterPipeline
 
+_HSETNX_ALL = "for i = 1, #ARGV, 2 do redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) end"
+"""``insert_absent`` of one partition's fields and rows, ``EVAL``-ed (Redis caches it)."""
 _EVICT_ROUNDS = 4  # rounds per overflow: stale scores or concurrent writers may need more
 
 
@@ -235,13 +238,21 @@ class RedisStore(EmbeddingStore):
         return np.frombuffer(blob, fmt.dtype).reshape(keys.size, fmt.width(dim)), found
 
     def insert(self, table: str, keys: Keys, values: Stored, *, durable: bool = False) -> None:
+        self._write(table, keys, values, absent_only=False)
+
+    def insert_absent(self, table: str, keys: Keys, values: Stored) -> None:
+        """One script per partition and chunk (``HSETNX`` of each pair, atomic in Redis); a
+        key repeated in the batch takes its last row, as in ``insert``."""
+        self._write(table, *last_occurrence(keys, values), absent_only=True)
+
+    def _write(self, table: str, keys: Keys, values: Stored, *, absent_only: bool) -> None:
         check_rows(self._table(table).spec, keys, values)
         if keys.size == 0:
             return
         with self.breaker.guard(f"insert {table}"):
-            self._insert(table, keys, np.ascontiguousarray(values))
+            self._insert(table, keys, np.ascontiguousarray(values), absent_only)
 
-    def _insert(self, table: str, keys: Keys, values: Stored) -> None:
+    def _insert(self, table: str, keys: Keys, values: Stored, absent_only: bool) -> None:
         t = self._table(table)
         row = f"V{t.spec.fmt.row_bytes(t.spec.dim)}"
         for start, order, groups, fields in self._chunks(keys):
@@ -250,9 +261,12 @@ class RedisStore(EmbeddingStore):
                 pipe = self._r.pipeline(transaction=False)
                 for p, lo, hi in groups:
                     pairs = interleave(fields[lo:hi], rows[lo:hi])
-                    pipe.execute_command("HSET", t.hashes[p], *pairs)
-                if self._stamped:
-                    self._stamp(pipe, t, groups, fields)
+                    if absent_only:
+                        pipe.execute_command("EVAL", _HSETNX_ALL, 1, t.hashes[p], *pairs)
+                    else:
+                        pipe.execute_command("HSET", t.hashes[p], *pairs)
+                if self._stamped:  # a held row keeps the time of its own write
+                    self._stamp(pipe, t, groups, fields, *((b"NX",) if absent_only else ()))
                 if self._limited:
                     for p, _, _ in groups:
                         pipe.execute_command("HLEN", t.hashes[p])

@@ -113,6 +113,11 @@ class RowStore:
         else:
             self._store.insert(table, keys, values)
 
+    def insert_absent(self, table: str, keys: Keys, values: Stored) -> None:
+        """Insert the rows of the keys the table does not hold; held rows stay (atomic in
+        every L2 backend)."""
+        self._store.insert_absent(table, keys, values)
+
     def remove(self, table: str, keys: Keys, *, durable: bool = False) -> None:
         if durable:
             self._store.remove(table, keys, durable=True)

@@ -19,6 +19,8 @@ return them and writes take them; they move from L3 to L2 as they are. Encoding 
 from __future__ import annotations
 
 import logging
+import math
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -48,6 +50,11 @@ log = logging.getLogger(__name__)
 
 NOWHERE, IN_L2, IN_L3 = 0, 2, 3
 """Values of :attr:`Fetched.level`: where each key was found."""
+
+SECONDARY_LAG_S = 0.05
+"""A read that falls through to a secondary L3 first lets it catch up with its writer when
+its last catch-up is older than this: how stale an L3 row can be when an update's key has
+left L2 (evicted) and the serving process reads it below."""
 
 DAMAGE_LOG_INTERVAL_S = 10.0
 """At most one warning per table this often about keys read from damaged L3 blocks."""
@@ -120,6 +127,8 @@ class Tiers:
         self.persistent = _tier(persistent, "L3")
         self.damaged_keys = 0  # keys L3 could not read (damaged blocks), answered not found
         self._damage_logged: dict[str, tuple[float, int]] = {}  # table: (when, keys since)
+        self._caught_up_at = -math.inf
+        self._catching_up = threading.Lock()
 
     @classmethod
     def open(
@@ -179,7 +188,9 @@ class Tiers:
         """L2, then L3 for what L2 missed. An L2 that cannot be reached counts as a miss.
 
         ``before_l3`` runs just before L3 is read, and only when some key has to be read
-        there (e.g. :meth:`catch_up_once`: a secondary L3 catches up only when needed).
+        there (e.g. :meth:`catch_up_once`: a secondary L3 catches up only when needed);
+        without it a secondary catches up when it last did more than
+        :data:`SECONDARY_LAG_S` ago.
         """
         level = np.zeros(keys.size, dtype=np.int8)
         values: Stored | None = None
@@ -199,6 +210,8 @@ class Tiers:
         if rest.size and self.persistent is not None:
             if before_l3 is not None:
                 before_l3()
+            elif time.monotonic() - self._caught_up_at >= SECONDARY_LAG_S:
+                self.catch_up_if_stale()
             try:
                 v3, f3 = self.persistent.fetch(spec.name, keys[rest])
             except DamagedRowsError as exc:  # the other keys were read: serve them
@@ -265,9 +278,11 @@ class Tiers:
             self.volatile.remove(table, keys)
 
     def backfill(self, table: str, keys: Keys, values: Stored) -> None:
-        """Stored rows L3 answered, into L2 (``cache_missed_embeddings``); a no-op without L2."""
+        """Stored rows L3 answered, into L2 where it does not hold the key
+        (``cache_missed_embeddings``); a no-op without L2. Only absent keys: an update may
+        have written a newer row into L2 (and L3) since L3 was read."""
         if self.volatile is not None:
-            self.volatile.insert(table, keys, values)
+            self.volatile.insert_absent(table, keys, values)
 
     def fill_l2_from_l3(self, table: str, share: float = 1.0) -> int:
         """Copy the first ``share`` of a table's L3 rows into L2 (rows as stored); how many."""
@@ -302,8 +317,24 @@ class Tiers:
 
     def catch_up(self) -> None:
         """Let a secondary L3 replay what its writer wrote since (a no-op otherwise)."""
-        if self.persistent is not None:
+        self._catch_up(within=0.0)
+
+    def catch_up_if_stale(self) -> None:
+        """:meth:`catch_up` unless one began less than :data:`SECONDARY_LAG_S` ago: what a
+        read of L3 does first (reads other than :meth:`fetch` call it themselves)."""
+        self._catch_up(within=SECONDARY_LAG_S)
+
+    def _catch_up(self, within: float) -> None:
+        """:meth:`catch_up` unless one began less than ``within`` seconds ago (waiting for
+        one under way: until it ends, reads see L3 as it was before it)."""
+        if self.persistent is None:
+            return
+        with self._catching_up:
+            started = time.monotonic()
+            if within and started - self._caught_up_at < within:
+                return
             self.persistent.catch_up()
+            self._caught_up_at = started
 
     def catch_up_once(self) -> Callable[[], None]:
         """A ``before_l3`` hook that calls :meth:`catch_up` the first time it runs only.

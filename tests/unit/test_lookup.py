@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,6 +64,29 @@ def test_backfill_into_l2(tmp_path: Path) -> None:
     values, found = s.tiers.volatile.fetch("demo.t0", keys)
     assert found.all()
     np.testing.assert_array_equal(values, rows(keys, 4))
+    s.close()
+
+
+def test_a_backfill_queued_before_an_update_does_not_overwrite_it(tmp_path: Path) -> None:
+    """A lookup reads a row from L3 and queues its copy into L2; an update writes L3 and L2
+    before that copy runs: L2 keeps the update (a backfill adds only absent keys)."""
+    cfg = make_config(tmp_path, volatile_db={"type": "hash_map", "cache_missed_embeddings": True})
+    s = build_session(cfg, with_cache=False)
+    keys = np.array([4, 5, 6], np.int64)
+    assert s.tiers.persistent is not None and s.tiers.volatile is not None
+    s.tiers.persistent.insert("demo.t0", keys, rows(keys, 4))
+    gate = threading.Event()
+    s.pipeline.background(gate.wait)  # the one background worker is busy
+    np.testing.assert_array_equal(s.lookup("demo.t0", keys), rows(keys, 4))  # queues the copy
+    newer = rows(keys[:2], 4) + 1
+    s.tiers.write("demo.t0", keys[:2], newer)  # an update, as the applier writes it
+    gate.set()
+    s.drain()
+    values, found = s.tiers.volatile.fetch("demo.t0", keys)
+    assert found.all()
+    np.testing.assert_array_equal(values[:2], newer)
+    np.testing.assert_array_equal(values[2], rows(keys[2:], 4)[0])  # the absent one was copied
+    np.testing.assert_array_equal(s.lookup("demo.t0", keys[:2]), newer)
     s.close()
 
 

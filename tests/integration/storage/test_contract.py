@@ -111,6 +111,25 @@ def test_upsert_and_duplicates_keep_the_last(store: EmbeddingStore, spec: TableS
     assert store.size(spec.name) == KEYS.size + 1
 
 
+def test_insert_absent_keeps_the_rows_held(store: EmbeddingStore, spec: TableSpec) -> None:
+    """What a backfill from L3 does: keys held keep their rows, absent keys take the
+    batch's (the last of a repeated key), in chunks like any batch."""
+    store.insert(spec.name, KEYS, stored(spec, KEYS))
+    new = np.arange(5000, 5000 + 2 * CHUNK + 1, dtype=np.int64)
+    batch = np.concatenate([KEYS[:3], new, new[:1]])
+    values = stored(spec, batch, seed=5)
+    values[-1] = stored(spec, new[:1], seed=6)[0]
+    store.insert_absent(spec.name, batch, values)
+    got, found = store.fetch(spec.name, np.concatenate([KEYS, new]))
+    assert found.all()
+    assert_rows(spec, got[: KEYS.size], KEYS)
+    assert_rows(spec, got[KEYS.size + 1 :], new[1:], seed=5)
+    assert_rows(spec, got[KEYS.size : KEYS.size + 1], new[:1], seed=6)
+    assert store.size(spec.name) == KEYS.size + new.size
+    store.insert_absent(spec.name, KEYS[:0], stored(spec, KEYS[:0]))  # empty: nothing
+    assert store.size(spec.name) == KEYS.size + new.size
+
+
 def test_remove(store: EmbeddingStore, spec: TableSpec) -> None:
     store.insert(spec.name, KEYS, stored(spec, KEYS))
     store.remove(spec.name, np.array([0, 42, 31337], dtype=np.int64))
@@ -206,6 +225,8 @@ def test_a_batch_of_another_dtype_or_width_is_refused_and_stores_nothing(
             continue  # float32 rows are a float32 table's stored rows
         with pytest.raises(error, match=spec.name):
             store.insert(spec.name, both, values)
+        with pytest.raises(error, match=spec.name):
+            store.insert_absent(spec.name, both, values)
         if store.versioned_rows:
             with pytest.raises(error, match=spec.name):
                 store.insert_versioned(spec.name, both, values, np.ones(4, np.uint64))

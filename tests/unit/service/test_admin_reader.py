@@ -1,5 +1,5 @@
-"""The control plane's L3 reader: a RocksDB secondary caught up at most every CATCH_UP_S,
-or at once when asked, and reopened after its own writes."""
+"""The control plane's L3 reader: a RocksDB secondary caught up at most every
+SECONDARY_LAG_S, or at once when asked, and reopened after its own writes."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hps.service import state as state_module
 from hps.service.state import AdminState
 from hps.service.triton_admin import TritonAdmin
 from hps.storage.rocks_db import RocksDBStore
+from hps.tiers import tiers as tiers_module
 from hps.types import TableSpec
 from tests.helpers import make_config, rows
 
@@ -31,17 +31,17 @@ def test_the_reader_catches_up_at_most_every_catch_up_s(
     spec = config.tables[0]
     state = AdminState(config, None, TritonAdmin("127.0.0.1:1"), state_dir=tmp_path / "s")
     clock = [1000.0]
-    monkeypatch.setattr(state_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(tiers_module.time, "monotonic", lambda: clock[0])
     keys = np.array([7], np.int64)
     assert _found(state, spec, keys) == [False]
     writer.insert(spec.name, keys, rows(keys, spec.dim))
-    clock[0] += state_module.CATCH_UP_S / 2
+    clock[0] += tiers_module.SECONDARY_LAG_S / 2
     assert _found(state, spec, keys) == [False]  # not yet caught up
     assert _found(state, spec, keys, catch_up=True) == [True]  # asked: caught up
 
     more = np.array([8], np.int64)
     writer.insert(spec.name, more, rows(more, spec.dim))
-    clock[0] += state_module.CATCH_UP_S
+    clock[0] += 2 * tiers_module.SECONDARY_LAG_S
     assert _found(state, spec, more) == [True]  # due again
     state.reset_reader()
     writer.close()
