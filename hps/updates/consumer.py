@@ -46,8 +46,8 @@ from hps.updates.deadletter import DeadLetters
 from hps.updates.following import ModelFollower
 from hps.updates.heartbeat import Heartbeat
 from hps.updates.messages import MAX_AHEAD_S as MAX_AHEAD_S
+from hps.updates.messages import batches_for, read_message
 from hps.updates.messages import decode_message as decode_message
-from hps.updates.messages import read_message
 from hps.updates.metrics import PrometheusRecorder, Recorder
 from hps.updates.replay import Catchup
 from hps.updates.routing import Router
@@ -201,12 +201,14 @@ class UpdateConsumer:
                 receipt_ns=receipt_ns,
             )
             specs = self.router.route(inc.model, inc.table, inc.tag, inc.ts_ms)
-            found = [inc.batch(spec) for spec in specs if self.applier.accept(spec)]
+            found, refused = batches_for(inc, [s for s in specs if self.applier.accept(s)])
         except (FormatError, RequestError) as exc:
             bad.append((msg, f"{type(exc).__name__}: {exc}"))
             return 0
         finally:
             self._decode_s += time.perf_counter() - start
+        if refused:  # the versions that can take it still do (a replay of it is harmless)
+            bad.append((msg, refused))
         if inc.ts_ns > 0:
             self.recorder.age("delivery", inc.ts_ns, receipt_ns)
         updates.extend(upd for upd in found if upd.keys.size)

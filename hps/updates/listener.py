@@ -25,7 +25,7 @@ from hps.rowformat import Stored
 from hps.tiers import encode_rows
 from hps.types import Keys
 from hps.updates.freshness import L1Refresher, Offset, Ready, Served
-from hps.updates.messages import read_message
+from hps.updates.messages import batches_for, read_message
 from hps.updates.metrics import PrometheusRecorder, Recorder
 from hps.updates.routing import Router
 from hps.updates.runtime import (
@@ -147,13 +147,15 @@ def refresh_from(
         try:
             inc = read_message(msg, max_version_ahead_s=ahead_s)
             specs = router.route(inc.model, inc.table, inc.tag, inc.ts_ms)
-            found = [(spec, inc.batch(spec)) for spec in specs]
+            found, _ = batches_for(inc, specs)  # what the consumer applies (the rest it refuses)
         except (FormatError, RequestError) as exc:
             where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
             log.debug("listener skips %s: %s", where, exc)
             continue
         token = Offset(str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0))
-        for spec, upd in found:
+        by_name = {spec.name: spec for spec in specs}
+        for upd in found:
+            spec = by_name[upd.table]
             rows = None if upd.delete or upd.values is None else encode_rows(spec, upd.values)
             published = upd.extras.get("published_ns")
             part = _Part(token, upd.keys, rows, None if published is None else int(published))
@@ -165,6 +167,14 @@ def refresh_from(
 def _pass_one(
     table: str, parts: list[_Part], refresher: L1Refresher, served: Served | None
 ) -> None:
+    # Held before pass 1 writes: a fill that reads L2/L3 (not yet holding the update)
+    # between pass 1 and the hold would otherwise cache the older row until pass 2.
+    lanes: dict[tuple[str, int], list[_Part]] = {}
+    for p in parts:
+        lanes.setdefault((p.token.topic, p.token.partition), []).append(p)
+    for lane in lanes.values():  # a partition's messages come in offset order
+        keys = np.concatenate([p.keys for p in lane])
+        refresher.later(table, keys, lane[-1].token, held=True)
     upserts = [p for p in parts if p.rows is not None]
     if upserts:
         rows = np.concatenate([p.rows for p in upserts if p.rows is not None])
@@ -172,12 +182,6 @@ def _pass_one(
     deleted = [p.keys for p in parts if p.rows is None]
     if deleted:
         refresher.now(table, np.concatenate(deleted), None)
-    lanes: dict[tuple[str, int], list[_Part]] = {}
-    for p in parts:
-        lanes.setdefault((p.token.topic, p.token.partition), []).append(p)
-    for lane in lanes.values():  # a partition's messages come in offset order
-        keys = np.concatenate([p.keys for p in lane])
-        refresher.later(table, keys, lane[-1].token, held=True)
     if served is None:
         return
     timed = [p for p in parts if p.published_ns is not None and p.keys.size]

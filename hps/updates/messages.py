@@ -68,6 +68,20 @@ class Incoming:
         return UpdateBatch(spec.name, d.keys, d.values, int(d.version), d.delete, extras)
 
 
+def batches_for(inc: Incoming, specs: list[TableSpec]) -> tuple[list[UpdateBatch], str]:
+    """``inc``'s batch for each of ``specs`` that can take it, and why the others cannot
+    ("" when all can): a message one version's table refuses (another dimension, a value
+    beyond its format) still goes to the versions that take it."""
+    found: list[UpdateBatch] = []
+    refused: list[str] = []
+    for spec in specs:
+        try:
+            found.append(inc.batch(spec))
+        except (ShapeError, InvalidValueError) as exc:
+            refused.append(f"{type(exc).__name__}: {exc}")
+    return found, "; ".join(refused)
+
+
 def read_message(
     msg: Message,
     *,

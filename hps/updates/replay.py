@@ -218,8 +218,13 @@ class Catchup:
         stop: threading.Event,
     ) -> None:
         """Replay every due version up to ``positions()`` (the consumer's next offsets of the
-        partitions it holds; none yet: later) with ``apply`` (False: stopped)."""
-        ends = positions()
+        partitions it holds; none yet: later) with ``apply`` (False: stopped). A broker
+        that cannot say them now: again on the next pass."""
+        try:
+            ends = positions()
+        except BackendError as exc:
+            log.warning("replays wait: the consumer's positions cannot be read (%s)", exc)
+            return
         if not ends:
             return
         for key in sorted(self.due):

@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+PARTITIONS_CHECK_S = 30.0
+"""How often a ``replay`` or ``tail`` source looks for partitions added to its topics since
+it started (a topic may grow); it reads them from their beginning."""
+
 Mode = Literal["group", "replay", "tail"]
 TopicPartitionKey = tuple[str, int]
 
@@ -58,13 +62,17 @@ class MessageSource:
         conf = merged(brokers, CONSUMER_DEFAULTS, {"group.id": group_id}, config)
         check_config(conf, "consumer")
         counts = ensure_topics(brokers, self.topics, num_partitions=num_partitions, config=config)
-        self._assigned: list[TopicPartition] = []
+        self._fixed: list[TopicPartition] = []  # replay and tail: what was assigned
         self._last_error_log = 0.0
+        self._partitions_checked = time.monotonic()
         with translated(f"consuming {len(self.topics)} topics"):
             self._consumer = Consumer(with_driver_log(conf))
             if mode == "group":
                 self._consumer.subscribe(
-                    self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke
+                    self.topics,
+                    on_assign=self._on_assign,
+                    on_revoke=self._on_revoke,
+                    on_lost=self._on_lost,
                 )
             else:
                 from confluent_kafka import TopicPartition
@@ -74,7 +82,7 @@ class MessageSource:
                     tp.offset = OFFSET_BEGINNING if mode == "replay" else self._end(tp)
                 if mode == "replay" and start_ms:
                     self._from_times(parts, start_ms)
-                self._assigned = parts
+                self._fixed = parts
                 self._consumer.assign(parts)
 
     def _from_times(self, parts: list[TopicPartition], start_ms: Mapping[str, int]) -> None:
@@ -115,33 +123,84 @@ class MessageSource:
         with translated(f"subscribing to {len(wanted)} topics"):
             if wanted:
                 self._consumer.subscribe(
-                    wanted, on_assign=self._on_assign, on_revoke=self._on_revoke
+                    wanted,
+                    on_assign=self._on_assign,
+                    on_revoke=self._on_revoke,
+                    on_lost=self._on_lost,
                 )
             else:
                 self._consumer.unsubscribe()
-                self._assigned = []
         self.topics = wanted
 
     # -- rebalance callbacks (group mode; run inside poll) ----------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._assigned = list(partitions)
         log.info("assigned %s", _describe(partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Every message handed out before this poll is applied and stored: commit it now.
         log.info("revoked %s", _describe(partitions))
-        self.commit(asynchronous=False)
-        self._assigned = []
+        try:
+            self.commit(asynchronous=False)
+        except BackendError as exc:
+            log.warning("offsets not committed at a rebalance (%s); their new owner reads "
+                        "them again", exc)  # fmt: skip
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # The group moved on without us (a poll came too late): a commit would fail.
+        log.warning("lost %s to the group: offsets stored since the last commit are read "
+                    "again by their new owner", _describe(partitions))  # fmt: skip
+
+    def _held(self) -> list[TopicPartition]:
+        """The partitions this source reads now: the group's assignment as the driver holds
+        it (an incremental rebalance hands callbacks only the change), else the fixed set."""
+        if self.mode != "group":
+            return self._fixed
+        with translated("reading the assignment"):
+            return list(self._consumer.assignment())
 
     # -- messages ---------------------------------------------------------------------------
 
     def poll(self, timeout_s: float) -> Message | None:
         """The next message (None on timeout); transient errors are logged and skipped."""
+        if self.mode != "group":
+            self._assign_new_partitions()
         msg = self._consumer.poll(timeout_s)
         if msg is None or self._is_error(msg):
             return None
         return msg
+
+    def _assign_new_partitions(self) -> None:
+        """Every :data:`PARTITIONS_CHECK_S`: read partitions added to the topics since the
+        last look, from their beginning (all they hold was published after they were
+        added). A failed metadata read waits for the next look."""
+        now = time.monotonic()
+        if now - self._partitions_checked < PARTITIONS_CHECK_S:
+            return
+        self._partitions_checked = now
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        try:
+            with translated("reading the topics' partitions"):
+                found = self._consumer.list_topics(timeout=5.0).topics
+        except BackendError as exc:
+            log.debug("partitions not checked: %s", exc)
+            return
+        held = {(tp.topic, tp.partition) for tp in self._fixed}
+        new = [
+            TopicPartition(t, p, OFFSET_BEGINNING)
+            for t in self.topics
+            if t in found
+            for p in sorted(found[t].partitions)
+            if (t, p) not in held
+        ]
+        if not new:
+            return
+        with translated("assigning new partitions"):
+            self._consumer.incremental_assign(new)
+        self._fixed = [*self._fixed, *new]
+        log.info("partitions added since the start: %s; reading them from their beginning",
+                 _describe(new))  # fmt: skip
 
     def drain(self, max_messages: int) -> list[Message]:
         """Messages already fetched, without waiting."""
@@ -209,7 +268,7 @@ class MessageSource:
         """The group's committed next offsets of the partitions this source reads."""
         from confluent_kafka import TopicPartition
 
-        parts = [TopicPartition(tp.topic, tp.partition) for tp in self._assigned]
+        parts = [TopicPartition(tp.topic, tp.partition) for tp in self._held()]
         if not parts:
             return {}
         with translated("reading committed offsets"):
@@ -219,11 +278,12 @@ class MessageSource:
     def lag(self) -> dict[TopicPartitionKey, int]:
         """Messages behind the high watermark, per assigned partition (cached watermarks)."""
         out: dict[TopicPartitionKey, int] = {}
-        if not self._assigned:
-            return out
         try:
+            held = self._held()
+            if not held:
+                return out
             with translated("reading the lag"):
-                positions = self._consumer.position(self._assigned)
+                positions = self._consumer.position(held)
                 for tp in positions:
                     _, high = self._consumer.get_watermark_offsets(tp, cached=True)
                     if high >= 0 and tp.offset >= 0:
@@ -235,14 +295,13 @@ class MessageSource:
     def positions(self) -> dict[TopicPartitionKey, int]:
         """The next offset this consumer reads of each partition it holds (the group's
         committed one where it has read nothing yet; left out where neither exists)."""
-        if not self._assigned:
+        held = self._held()
+        if not held:
             return {}
         from confluent_kafka import TopicPartition
 
         with translated("reading positions"):
-            got = self._consumer.position(
-                [TopicPartition(tp.topic, tp.partition) for tp in self._assigned]
-            )
+            got = self._consumer.position([TopicPartition(tp.topic, tp.partition) for tp in held])
         out = {(tp.topic, tp.partition): tp.offset for tp in got if tp.offset >= 0}
         if len(out) < len(got) and self.mode == "group":
             for key, offset in self.committed().items():
@@ -251,7 +310,7 @@ class MessageSource:
 
     @property
     def assignment(self) -> list[TopicPartitionKey]:
-        return [(tp.topic, tp.partition) for tp in self._assigned]
+        return [(tp.topic, tp.partition) for tp in self._held()]
 
     def close(self) -> None:
         with contextlib.suppress(RuntimeError):  # already closed

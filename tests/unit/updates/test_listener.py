@@ -54,3 +54,27 @@ def test_a_poll_leaves_l1_as_its_messages_one_by_one_would(tmp_path: Path) -> No
     # Served at once: only the message whose keys are all in L1 with its rows (offset 2).
     assert [ns // 10**6 % 1000 for _, ns in rec.fresh_seen] == [2]  # its broker timestamp
     session.close()
+
+
+def test_a_fill_racing_pass_one_does_not_cache_the_older_row(tmp_path: Path) -> None:
+    """A lookup that reads L2 right after pass 1 (L2 does not hold the update yet) serves
+    the older row but does not cache it: the keys were held before pass 1 wrote."""
+    session = build_session(_one_table_config(tmp_path), tiers=Tiers(HashMapStore(), None))
+    cache = session.caches[SPEC.name]
+    key = np.array([7], dtype=np.int64)
+    assert session.tiers.volatile is not None
+    session.tiers.volatile.insert(SPEC.name, key, np.ones((1, 2), np.float32))  # not in L1
+    refresher = L1Refresher(session, grace_s=60.0)
+    pass_one = refresher.now
+    seen: list[float] = []
+
+    def then_a_lookup(table: str, keys: np.ndarray, rows: np.ndarray | None) -> None:
+        pass_one(table, keys, rows)
+        seen.append(float(session.lookup(SPEC.name, key)[0, 0]))  # fills from L2
+
+    refresher.now = then_a_lookup  # type: ignore[method-assign]
+    refresh_from([upsert([7], 5.0, 0)], Router.fixed({SPEC.name: SPEC}), refresher, 300.0, None)
+    assert seen == [1.0] and not cache.resident(key).any()
+    session.tiers.volatile.insert(SPEC.name, key, np.full((1, 2), 5.0, np.float32))  # L2: now
+    np.testing.assert_array_equal(session.lookup(SPEC.name, key), [[5, 5]])
+    session.close()

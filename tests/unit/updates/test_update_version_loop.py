@@ -112,3 +112,24 @@ def test_the_record_is_followed_between_polls(config: PSConfig) -> None:
     consumer.run_once(threading.Event())  # key 2: only live 2 (1 is below it)
     assert found(tiers, "demo.t0", [1, 2]) == [True, False]
     assert found(tiers, "demo.t0@2", [1, 2]) == [True, True]
+
+
+def test_a_version_that_refuses_a_message_does_not_take_it_from_the_others(
+    config: PSConfig,
+) -> None:
+    """A retrain with another dimension: an untagged update of the old dimension still
+    reaches the live version; the message is dead-lettered for the version refusing it."""
+    model = config.model("demo")
+    wider = model.model_copy(
+        update={"embedding_vecsize_per_table": [d * 2 for d in model.embedding_vecsize_per_table]}
+    )
+    registry = VersionRegistry(config)
+    registry.begin(wider, 2)
+    registry.set_state("demo", 2, "ready")
+    consumer, dead, tiers = consumer_for(config, [upsert([1], 0), upsert([2], 1, tag=2)])
+    consumer.run_once(threading.Event())
+    assert found(tiers, "demo.t0", [1, 2]) == [True, False]
+    assert "demo.t0@2" not in consumer.applier.tables  # nothing went to it
+    assert [o for o, _ in dead.sent] == [0, 1]
+    assert all(r.startswith("ShapeError: demo.t0@2: vectors of dim 4") for _, r in dead.sent)
+    assert consumer.source.stored == [0, 1]  # type: ignore[attr-defined]
