@@ -29,6 +29,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hps.config import PSConfig
@@ -171,6 +172,8 @@ def build_service(
     if (l2_watch := watch_shared_l2(session, config, role="consumer")) is not None:
         heartbeat.watch(l2_watch)
     assert router.watch.registry is not None
+    if (unshared := unshared_version_record(config, router.watch.registry.path)) is not None:
+        log.warning("%s", unshared)
     catchup = Catchup(
         router,
         Rollouts(record_path(router.watch.registry, us.hps_group_id)),
@@ -183,6 +186,24 @@ def build_service(
         source, applier, us, dead_letters=dead, heartbeat=heartbeat, router=router,
         catchup=catchup, follower=ModelFollower(router, source, applier),
     )  # fmt: skip
+
+
+def unshared_version_record(config: PSConfig, record: Path | None) -> str | None:
+    """What is wrong when ``hps consume`` feeds a shared L2 (Redis) with no L3 of its own
+    and its version record is not where the ps.json puts it (a read-only folder: the
+    Helm chart's L2 updater): no serving node writes that record, so its models are at
+    version 1 here (None when the record is shared)."""
+    topo = topology(config)
+    if topo.l3 or topo.l2 != "server" or topo.state_dir is None or record is None:
+        return None
+    if record.parent == topo.state_dir.parent:
+        return None
+    return (
+        f"this consumer keeps its version record in {record}, which no serving node writes "
+        "unless it runs on this host with this ps.json: its shared L2 then takes updates for "
+        "version 1 of each model only, and a version rolled out on the serving nodes gets "
+        "none in it (docs/versions.md, 'A shared L2 fed by its own consumer')"
+    )
 
 
 def _announcers(config: PSConfig) -> list[Listener]:

@@ -133,3 +133,25 @@ def test_the_listener_drops_l1_when_a_poll_fails_to_reach_it_and_goes_on(
         thread.stop()
         session.close()
     assert source.closed
+
+
+def test_a_shared_l2_consumer_with_a_record_of_its_own_is_told() -> None:
+    from hps.config import parse_config
+    from hps.updates.runtime import unshared_version_record
+
+    doc = {
+        "models": [
+            {"model": "m", "embedding_table_names": ["t"], "embedding_vecsize_per_table": [2]}
+        ],
+        "volatile_db": {"type": "redis", "address": "127.0.0.1:6379"},
+        "persistent_db": {"type": "disabled"},
+        "update_source": {"type": "kafka_message_queue", "brokers": "127.0.0.1:9092"},
+    }
+    l2_only = parse_config(doc, "/etc/hps/ps-l2.json")
+    own = Path("/tmp/hps-0123456789abcdef.hps-versions.json")  # a read-only config folder
+    assert "version 1 of each model only" in (unshared_version_record(l2_only, own) or "")
+    beside = Path("/etc/hps/ps-l2.hps-versions.json")
+    assert unshared_version_record(l2_only, beside) is None
+    with_l3 = parse_config({**doc, "persistent_db": {"type": "rocks_db", "path": "/l3/db"}},
+                           "/etc/hps/ps.json")  # fmt: skip
+    assert unshared_version_record(with_l3, own) is None
