@@ -147,15 +147,7 @@ def play_documents(values: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[s
     cmd[cmd.index("--url") + 1] = f"127.0.0.1:{values['triton']['httpPort']}"  # no cluster DNS
     (script_cm,) = of_kind(tests, "ConfigMap")
     test_pod["metadata"].pop("annotations")  # helm hooks mean nothing to podman
-    # Its own copy of the ps.json ConfigMap: podman makes a volume per ConfigMap, and the
-    # serving pod's must stay in place.
-    (config_cm,) = [copy.deepcopy(d) for d in of_kind(docs, "ConfigMap")]
-    original = config_cm["metadata"]["name"]
-    config_cm["metadata"]["name"] = f"{original}-for-test"
-    for volume in test_pod["spec"]["volumes"]:
-        if volume.get("configMap", {}).get("name") == original:
-            volume["configMap"]["name"] = config_cm["metadata"]["name"]
-    return play, {"docs": [script_cm, config_cm], "pod": test_pod}
+    return play, {"docs": [script_cm], "pod": test_pod}
 
 
 def _wait_http(url: str, deadline: float, logs: Any) -> None:

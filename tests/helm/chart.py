@@ -37,16 +37,21 @@ def _render(profile: str) -> dict[str, str]:
     return rendered
 
 
-def render(values: dict[str, Any]) -> dict[str, str]:
+def render(values: dict[str, Any], namespace: str = NAMESPACE) -> dict[str, str]:
     """Template path -> rendered text (NOTES.txt included)."""
-    rendered: dict[str, str] = chart().render(values, name=RELEASE, namespace=NAMESPACE)
+    rendered: dict[str, str] = chart().render(values, name=RELEASE, namespace=namespace)
     return rendered
 
 
-def manifests(profile: str | dict[str, Any]) -> list[dict[str, Any]]:
+def manifests(profile: str | dict[str, Any], namespace: str = NAMESPACE) -> list[dict[str, Any]]:
     """Every Kubernetes object the profile (a name or values) renders, hooks included."""
-    rendered = _render(profile) if isinstance(profile, str) else render(profile)
-    docs = []
+    if isinstance(profile, str) and namespace == NAMESPACE:
+        rendered = _render(profile)
+    else:
+        rendered = render(
+            profile_values(profile) if isinstance(profile, str) else profile, namespace
+        )
+    docs: list[dict[str, Any]] = []
     for path, text in sorted(rendered.items()):
         if path.endswith("NOTES.txt"):
             continue
@@ -92,3 +97,25 @@ def config_files(docs: list[dict[str, Any]]) -> dict[str, str]:
     (cm,) = [d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-config")]
     data: dict[str, str] = cm["data"]
     return data
+
+
+def mounted_file(
+    docs: list[dict[str, Any]], spec: dict[str, Any], container: dict[str, Any], path: str
+) -> str:
+    """The text a container reads at ``path``: the key of the ConfigMap mounted above it."""
+    (mount,) = [
+        m
+        for m in container.get("volumeMounts", [])
+        if path.startswith(m["mountPath"].rstrip("/") + "/")
+    ]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    assert "configMap" in volume, f"{path}: {mount['name']} is not a ConfigMap volume"
+    (cm,) = [
+        d
+        for d in of_kind(docs, "ConfigMap")
+        if d["metadata"]["name"] == volume["configMap"]["name"]
+    ]
+    key = path[len(mount["mountPath"].rstrip("/")) + 1 :]
+    assert key in cm["data"], f"{path}: no {key} in ConfigMap {cm['metadata']['name']}"
+    text: str = cm["data"][key]
+    return text

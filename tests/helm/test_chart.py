@@ -7,6 +7,8 @@ unknown fields fail). ServiceMonitor is a CRD with no schema there; it is the on
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.helm.chart import (
@@ -14,8 +16,10 @@ from tests.helm.chart import (
     KUBE_VERSIONS,
     NAMESPACE,
     PROFILES,
+    config_files,
     containers,
     manifests,
+    mounted_file,
     notes,
     of_kind,
     pod_specs,
@@ -114,7 +118,7 @@ def test_serving_pod(profile: str) -> None:
         assert "l3" not in volumes
         assert workload["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "l3"
     else:
-        assert volumes["l3"] == {"name": "l3", "emptyDir": {}}
+        assert volumes["l3"]["emptyDir"]["sizeLimit"]
     gpu = values.get("triton", {}).get("gpu", {}).get("enabled", False)
     assert ("nvidia.com/gpu" in triton["resources"]["limits"]) == gpu
     assert ("runtimeClassName" in spec) == bool(values.get("triton", {}).get("runtimeClassName"))
@@ -161,6 +165,151 @@ def test_test_hook_pod() -> None:
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     cmd = pod["spec"]["containers"][0]["command"]
     assert cmd[:2] == ["python3", "/opt/hps-test/helm_test.py"] and "--demo-seed" in cmd
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_test_pod_has_no_secret_and_its_own_config(profile: str) -> None:
+    """The helm test pod reads a ps.json of the models alone, from its own ConfigMap: no
+    Secret volume, no environment, nothing of the release's L2, L3 or updates."""
+    import json
+
+    docs = manifests(profile)
+    (pod,) = of_kind(docs, "Pod")
+    (container,) = pod["spec"]["containers"]
+    assert "env" not in container
+    assert all(set(v) <= {"name", "configMap", "emptyDir"} for v in pod["spec"]["volumes"])
+    cmd = container["command"]
+    config = json.loads(mounted_file(docs, pod["spec"], container, cmd[cmd.index("--config") + 1]))
+    assert config["models"] == json.loads(config_files(docs)["ps.json"])["models"]
+    assert config["volatile_db"] == {"type": "disabled"}
+    assert config["persistent_db"] == {"type": "disabled"}
+    assert config["update_source"] == {"type": "null"}
+
+
+def _egress_ports(docs: list[dict[str, Any]], name: str) -> list[int]:
+    (policy,) = [p for p in of_kind(docs, "NetworkPolicy") if p["metadata"]["name"] == name]
+    return [p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]]
+
+
+def test_egress_takes_the_ports_of_the_configured_addresses() -> None:
+    docs = manifests(
+        {
+            "l2": {"mode": "redis", "redis": {"address": "redis-0:7000,redis-1:7001,redis-2:7000"}},
+            "kafka": {"enabled": True, "brokers": "kafka-0:9094,kafka-1:9094"},
+        }
+    )
+    for name in ("rel-hps", "rel-hps-l2-updater"):
+        assert _egress_ports(docs, name) == [53, 53, 7000, 7001, 9094], name
+
+
+def test_the_l2_updaters_metrics_are_scraped() -> None:
+    """A Service exposes the l2-updater's metrics port, and the ServiceMonitor selects it."""
+    docs = manifests("everything")
+    (monitor,) = of_kind(docs, "ServiceMonitor")
+    selector = monitor["spec"]["selector"]
+    ports = {e["port"] for e in monitor["spec"]["endpoints"]}
+
+    def selected(labels: dict[str, str]) -> bool:
+        return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items()) and all(
+            labels.get(e["key"]) in e["values"] for e in selector.get("matchExpressions", [])
+        )
+
+    (l2_updater,) = [
+        d
+        for d in of_kind(docs, "Deployment")
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == "l2-updater"
+    ]
+    pod_labels = l2_updater["spec"]["template"]["metadata"]["labels"]
+    (container,) = l2_updater["spec"]["template"]["spec"]["containers"]
+    container_ports = {p["name"] for p in container["ports"]}
+    scraped = [
+        s
+        for s in of_kind(docs, "Service")
+        if selected(s["metadata"]["labels"])
+        and s["spec"]["selector"].items() <= pod_labels.items()
+        and {p["targetPort"] for p in s["spec"]["ports"]} & container_ports & ports
+    ]
+    assert [s["metadata"]["name"] for s in scraped] == ["rel-hps-l2-updater"]
+    serving = [s for s in of_kind(docs, "Service") if selected(s["metadata"]["labels"])]
+    assert "metrics" in {p["name"] for s in serving for p in s["spec"]["ports"]}
+
+
+def test_the_l2_updater_has_a_placement_of_its_own() -> None:
+    """The serving pods' GPU nodeSelector and tolerations do not pin the CPU-only consumer."""
+    values = profile_values("everything")
+
+    def l2_updater_spec(values: dict[str, Any]) -> dict[str, Any]:
+        (d,) = [
+            d
+            for d in of_kind(manifests(values), "Deployment")
+            if "l2-updater" in d["metadata"]["name"]
+        ]
+        spec: dict[str, Any] = d["spec"]["template"]["spec"]
+        return spec
+
+    spec = l2_updater_spec(values)
+    assert not {"nodeSelector", "tolerations", "affinity"} & set(spec)
+    own = {
+        "nodeSelector": {"pool": "cpu"},
+        "tolerations": [{"key": "batch", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+    }
+    values["kafka"]["l2Updater"] = {**values["kafka"]["l2Updater"], **own}
+    spec = l2_updater_spec(values)
+    assert {k: spec[k] for k in own} == own
+
+
+def test_model_files_from_an_image_are_copied_beside_not_over_them() -> None:
+    """The copy init container mounts the model volume apart from the image's files (both
+    /models by default) and copies into it; the other containers see it at mountPath."""
+    values = profile_values("persistence")
+    source = values["modelSource"]
+    assert source["image"]["path"] == "/models"
+    spec = serving_workload(manifests(values))["spec"]["template"]["spec"]
+    by_name = {c["name"]: c for c in containers(spec)}
+    copy = by_name["model-copy"]
+    (mount,) = copy["volumeMounts"]
+    assert mount["name"] == "model-source"
+    image_path = source["image"]["path"].rstrip("/") + "/"
+    target = mount["mountPath"].rstrip("/") + "/"
+    assert not image_path.startswith(target) and not target.startswith(image_path)
+    assert copy["command"] == ["cp", "-R", f"{source['image']['path']}/.", mount["mountPath"]]
+    for name in ("import", "triton"):
+        mounts = {m["name"]: m["mountPath"] for m in by_name[name]["volumeMounts"]}
+        assert mounts["model-source"] == "/models", name
+
+
+def _bytes(quantity: str) -> int:
+    units = {"Mi": 2**20, "Gi": 2**30}
+    return int(quantity[:-2]) * units[quantity[-2:]]
+
+
+@pytest.mark.parametrize(
+    ("values", "l3", "models"),
+    [
+        ({}, "10Gi", "10Gi"),
+        ({"l3": {"sizeLimit": "2Gi"}, "modelSource": {"sizeLimit": "512Mi"}}, "2Gi", "512Mi"),
+        ({"persistence": {"enabled": True}}, None, "10Gi"),
+        ({"modelSource": {"type": "pvc", "pvc": {"existingClaim": "c"}}}, "10Gi", None),
+        ({"l3": {"sizeLimit": ""}, "modelSource": {"sizeLimit": ""}}, "", ""),
+    ],
+)
+def test_emptydirs_on_disk_are_bounded_and_requested(
+    values: dict[str, Any], l3: str | None, models: str | None
+) -> None:
+    """L3 and the model files in emptyDirs: sizeLimit each, and the serving container
+    requests their sum as ephemeral-storage (the node must have room for both)."""
+    spec = serving_workload(manifests(values))["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for name, size in (("l3", l3), ("model-source", models)):
+        if size is None:
+            assert "emptyDir" not in volumes.get(name, {}), name
+        else:
+            assert volumes[name]["emptyDir"].get("sizeLimit", "") == size, name
+    (triton,) = [c for c in spec["containers"] if c["name"] == "triton"]
+    requested = triton["resources"]["requests"].get("ephemeral-storage")
+    total = sum(_bytes(s) for s in (l3, models) if s)
+    assert (_bytes(requested) if requested else 0) == total
 
 
 LONG_RUNNING = {"triton", "control-plane", "updater"}

@@ -20,7 +20,15 @@ import pytest
 
 from hps.cli import build_parser
 from hps.config import parse_config
-from tests.helm.chart import PROFILES, config_files, containers, manifests, pod_specs
+from tests.helm.chart import (
+    PROFILES,
+    config_files,
+    containers,
+    manifests,
+    mounted_file,
+    pod_specs,
+    serving_workload,
+)
 
 SECRET = "from-a-kubernetes-secret"
 
@@ -135,6 +143,7 @@ KAFKA = {
 }
 CASES: dict[str, Any] = {
     **{p: p for p in PROFILES},
+    "pod-local L2": {"l2": {"mode": "pod"}},
     "redis without kafka": {"l2": REDIS},
     "embedded with kafka": {"kafka": KAFKA},
     "redis with kafka": {"l2": REDIS, "kafka": KAFKA},
@@ -143,25 +152,33 @@ CASES: dict[str, Any] = {
 }
 
 
+def _config_readers(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], str]]:
+    """(pod/container, container, the ps.json path it reads) of every container given
+    ``--config``: the hps commands and the helm test pod's script alike."""
+    return [
+        (f"{name}/{c['name']}", c, c["command"][c["command"].index("--config") + 1])
+        for name, spec in pod_specs(docs)
+        for c in containers(spec)
+        if "--config" in c["command"]
+    ]
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_config_files_load(case: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     profile = CASES[case]
     docs = manifests(profile)
-    files = config_files(docs)
-    used = set()
     specs = dict(pod_specs(docs))
-    for where, container in _hps_containers(profile):
-        argv = container["command"]
+    used = set()
+    readers = _config_readers(docs)
+    assert any(c["command"][0] == "python3" for _, c, _ in readers)  # the helm test pod
+    for where, container, path in readers:
         for var in container.get("env", []):
             assert "secretKeyRef" not in var.get("valueFrom", {}), f"{where}: {var['name']}"
-        if "--config" not in argv:
-            continue
-        name = argv[argv.index("--config") + 1].removeprefix("/etc/hps/")
-        assert name in files, f"{where}: {name} is not in the ConfigMap"
-        used.add(name)
-        text = files[name]
+        spec = specs[where.split("/")[0]]
+        text = mounted_file(docs, spec, container, path)
+        used.add(path)
         assert SECRET not in text
-        env = _secret_env(container, specs[where.split("/")[0]], tmp_path / where)
+        env = _secret_env(container, spec, tmp_path / where)
         with monkeypatch.context() as m:
             for var in (
                 "HPS_REDIS_PASSWORD",
@@ -171,12 +188,13 @@ def test_config_files_load(case: str, monkeypatch: pytest.MonkeyPatch, tmp_path:
                 m.delenv(var, raising=False)
             for var, value in env.items():
                 m.setenv(var, value)
-            config = parse_config(json.loads(text), f"{where}:{name}")
+            config = parse_config(json.loads(text), f"{where}:{path}")
         if config.volatile_db.type in ("redis", "redis_cluster") and "hps_password_env" in text:
             assert config.volatile_db.password == SECRET
-        for key, value in config.update_source.hps_kafka_config.items():
-            assert "password" not in key or value == SECRET
-    assert used == set(files), f"ConfigMap files nobody reads: {set(files) - used}"
+        for key, setting in config.update_source.hps_kafka_config.items():
+            assert "password" not in key or setting == SECRET
+    files = {f"/etc/hps/{name}" for name in config_files(docs)}
+    assert files <= used, f"ConfigMap files nobody reads: {files - used}"
 
 
 def test_roles_split_tiers() -> None:
@@ -190,4 +208,49 @@ def test_roles_split_tiers() -> None:
     assert files["ps-l2.json"]["persistent_db"]["type"] == "disabled"
     assert files["ps-l2.json"]["volatile_db"]["type"] == "redis_cluster"
     groups = {f["update_source"]["hps_group_id"] for n, f in files.items() if n != "ps-import.json"}
-    assert groups == {"rel-hps-l2"}  # the serving L1 listeners follow the L2 group
+    assert groups == {"hps-test-rel-hps-l2"}  # the serving L1 listeners follow the L2 group
+
+
+REDIS_KAFKA = {"l2": {"mode": "redis", "redis": {"address": "r:6379"}}, "kafka": KAFKA}
+
+
+def _groups(values: dict[str, Any], namespace: str = "hps-test") -> tuple[str, str]:
+    """(the L2 group of ps.json, the updater sidecar's --group-id) as rendered."""
+    docs = manifests(values, namespace)
+    l2 = json.loads(config_files(docs)["ps.json"])["update_source"]["hps_group_id"]
+    spec = serving_workload(docs)["spec"]["template"]["spec"]
+    (updater,) = [c for c in spec["containers"] if c["name"] == "updater"]
+    return l2, updater["command"][updater["command"].index("--group-id") + 1]
+
+
+def test_consumer_groups_name_the_namespace_by_default() -> None:
+    """Releases of one name in two namespaces sharing a Kafka cluster must not share a
+    group: each would get part of the partitions and apply only that part."""
+    assert _groups(REDIS_KAFKA) == ("hps-test-rel-hps-l2", "hps-test-rel-hps-l3-$(POD_NAME)")
+    assert set(_groups(REDIS_KAFKA, "other")).isdisjoint(_groups(REDIS_KAFKA))
+
+
+def test_kafka_group_id_names_both_groups() -> None:
+    values = {**REDIS_KAFKA, "kafka": {**KAFKA, "groupId": "ctr-serving"}}
+    assert _groups(values) == ("ctr-serving", "ctr-serving-l3-$(POD_NAME)")
+
+
+@pytest.mark.parametrize(
+    ("triton", "extra", "segment"),
+    [
+        ({}, {}, 2**30 - 256 * 2**20),  # shmSize 1Gi less the Python backend's 256Mi
+        ({"shmSize": "4Gi", "pythonBackendShm": "512Mi"}, {}, 4 * 2**30 - 512 * 2**20),
+        ({"shmSize": "2Gi"}, {"shared_memory_size": 2**30}, 2**30),
+    ],
+)
+def test_the_pod_l2_segment_fits_in_dev_shm(
+    triton: dict[str, Any], extra: dict[str, Any], segment: int
+) -> None:
+    """l2.mode=pod: the segment is /dev/shm less what Triton's Python backend keeps there,
+    not hps's own default (16 GiB, far beyond the memory-backed volume)."""
+    from hps.topology import topology
+
+    docs = manifests({"l2": {"mode": "pod", "extra": extra}, "triton": triton})
+    config = parse_config(json.loads(config_files(docs)["ps.json"]), "ps.json")
+    assert topology(config).l2 == "node"
+    assert config.volatile_db.shared_memory_size == segment

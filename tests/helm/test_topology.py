@@ -60,9 +60,12 @@ def test_pods_match_topology(case: str, monkeypatch: pytest.MonkeyPatch) -> None
         == {"none": "none", "embedded": "applier", "consumer": "listener"}[topo.updates]
     )
 
-    # One L3 writer per pod: an embedded serving process, or the sidecar, never both.
+    # One L3 writer per pod: an embedded serving process, or the sidecar, never both; with
+    # updates, exactly one (else the pod's L3 never receives them).
     writers = [m.model for m in topo.models if m.l3_mode == "read_write"]
     assert not (writers and consumer), case
+    if topo.l3 and topo.updates == "embedded":
+        assert [m.model for m in topo.models] == writers, case
     if consumer:
         assert all(m.l3_mode == "secondary" for m in topo.models)
         assert _topology(files, "ps-updater.json", monkeypatch).l2 is None  # L3 only

@@ -123,6 +123,59 @@ BAD_RENDER: list[tuple[str, dict[str, Any], list[str]]] = [
         {"models": [{"model": "m", "embedding_vecsize_per_table": [4]}] * 2},
         ['model "m" appears twice'],
     ),
+    (
+        "embedded L2 and Kafka with several instances (no L3 writer)",
+        {
+            "kafka": {"enabled": True, "brokers": "k:9092"},
+            "models": [{"model": "m", "embedding_vecsize_per_table": [4], "hps_instances": 2}],
+        },
+        ["l2.mode=embedded", "kafka.enabled=true", '"m"', "hps_instances=2", "L3"],
+    ),
+    (
+        "pod-local L2 without room in /dev/shm",
+        {"l2": {"mode": "pod"}, "triton": {"shmSize": "256Mi"}},
+        ["l2.mode=pod", "triton.shmSize (256Mi)", "triton.pythonBackendShm (256Mi)"],
+    ),
+    (
+        "pod-local L2 segment larger than /dev/shm",
+        {"l2": {"mode": "pod", "extra": {"shared_memory_size": 2**30}}},
+        ["l2.extra.shared_memory_size (1073741824 bytes)", "triton.shmSize (1Gi)"],
+    ),
+    (
+        "control plane on Triton's HTTP port",
+        {"controlPlane": {"port": 8000}},
+        ["controlPlane.port (8000)", "triton.httpPort"],
+    ),
+    (
+        "updater metrics on Triton's metrics port",
+        {
+            "l2": {"mode": "redis", "redis": {"address": "r:6379"}},
+            "kafka": {"enabled": True, "brokers": "k:9092", "updater": {"metricsPort": 8002}},
+        },
+        ["kafka.updater.metricsPort (8002)", "triton.metricsPort"],
+    ),
+    *[
+        (
+            f"model files mounted at {path}",
+            {"modelSource": {"mountPath": path}},
+            [f"modelSource.mountPath {path}", f"collides with {taken}"],
+        )
+        for path, taken in [
+            ("/tmp", "/tmp"),
+            ("/etc/hps", "/etc/hps"),
+            ("/var/lib/hps/l3", "/var/lib/hps/l3"),
+            ("/var/lib/hps/l3/models", "/var/lib/hps/l3"),
+            ("/var/lib/hps", "/var/lib/hps/l3"),
+            ("/dev/shm/", "/dev/shm"),
+            ("/var/run/hps-admin", "/var/run/hps-admin"),
+            ("/opt/hps", "/opt/hps"),
+        ]
+    ],
+    (
+        "model image's files where the copy mounts the model volume",
+        {"modelSource": {"type": "image", "image": {"repository": "m", "path": "/hps-models"}}},
+        ["modelSource.image.path /hps-models", "copy init container"],
+    ),
 ]
 
 

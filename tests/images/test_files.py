@@ -112,3 +112,109 @@ def test_compose_ps_json_is_a_valid_config() -> None:
     config = load_config(DOCKER / "stack" / "ps.json")
     assert config.update_source.type != "null"
     assert [m.model for m in config.models] == ["demo"]
+
+
+def _image_extras(dockerfile: str) -> set[str]:
+    """The extras a Dockerfile installs by default (its HPS_EXTRAS build arg)."""
+    (extras,) = re.findall(r"^ARG HPS_EXTRAS=(\S+)$", (DOCKER / dockerfile).read_text(), re.M)
+    return set(extras.split(","))
+
+
+def _packages(extras: set[str]) -> set[str]:
+    """What ``pip install 'hps[<extras>]'`` installs beyond hps's own requirements (names)."""
+    import tomllib
+
+    optional = tomllib.loads((DOCKER.parent / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    found: set[str] = set()
+    for extra in extras:
+        for requirement in optional[extra]:
+            nested = re.fullmatch(r"hps\[([\w,]+)\]", requirement)
+            if nested:
+                found |= _packages(set(nested.group(1).split(",")))
+            else:
+                found.add(re.split(r"[\[<>=;~! ]", requirement, maxsplit=1)[0])
+    return found
+
+
+# The extra a serving process needs for what its ps.json configures (hps.storage, hps.updates).
+L2_EXTRA = {"redis": "redis", "redis_cluster": "redis"}
+UPDATES_EXTRA = "kafka"
+
+
+def test_serving_image_has_what_the_charts_and_composes_profiles_need() -> None:
+    """The serving image's default extras cover every serving ps.json the chart renders and
+    compose.yaml's triton reads: a Redis L2 needs redis-py, Kafka updates confluent-kafka
+    (without them `hps serve` stops at start, naming the missing extra)."""
+    from tests.helm.chart import PROFILES, config_files, manifests
+
+    redis = {"mode": "redis", "redis": {"address": "r:6379"}}
+    cases: list[str | dict[str, Any]] = [
+        *PROFILES,
+        {"l2": redis},
+        {"kafka": {"enabled": True, "brokers": "k:9092"}},
+        {"l2": redis, "kafka": {"enabled": True, "brokers": "k:9092"}},
+    ]
+    configs = [json.loads(config_files(manifests(case))["ps.json"]) for case in cases]
+    configs.append(json.loads((DOCKER / "stack" / "ps.json").read_text()))
+    needed = set()
+    for config in configs:
+        needed |= {L2_EXTRA[t] for t in [config["volatile_db"]["type"]] if t in L2_EXTRA}
+        if config["update_source"]["type"] != "null":
+            needed.add(UPDATES_EXTRA)
+    assert needed == {"redis", "kafka"}  # the cases above use both
+    assert _packages(needed) <= _packages(_image_extras("Dockerfile.serving"))
+
+
+def test_the_gpu_build_of_the_serving_image_is_documented() -> None:
+    """The stock serving image has no CuPy (its L1 runs on the host); docs/deploy.md gives
+    the build argument that adds it, naming extras pyproject.toml defines."""
+    assert "gpu" not in _image_extras("Dockerfile.serving")
+    deploy = (DOCKER.parent / "docs" / "deploy.md").read_text()
+    builds = re.findall(r"--build-arg HPS_EXTRAS=([\w,]+)", deploy)
+    gpu = [set(b.split(",")) for b in builds if "gpu" in b.split(",")]
+    assert gpu, "docs/deploy.md gives no HPS_EXTRAS with gpu"
+    for extras in gpu:
+        assert _image_extras("Dockerfile.serving") <= extras
+        assert "cupy-cuda12x" in _packages(extras)
+
+
+def test_compose_admin_reads_the_key_triton_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """triton's `hps serve --state-dir` is an in-memory volume the admin service mounts
+    read-only, and HPS_ADMIN_KEY_FILE names the key there; given that environment, the
+    control plane reads the very key hps serve wrote."""
+    from hps.cli import build_parser
+    from hps.service.commands import admin_key_source
+    from hps.triton.admin_key import KEY_ENV, KEY_FILE_ENV, ensure_key, key_file_for
+
+    doc = compose()
+    triton, admin = doc["services"]["triton"], doc["services"]["admin"]
+    serve = build_parser().parse_args(["serve", *triton["command"]])
+    assert serve.state_dir
+
+    def mounts(service: dict[str, Any]) -> dict[str, tuple[str, str]]:
+        """Volume name -> (path in the container, mode)."""
+        found = {}
+        for spec in service["volumes"]:
+            source, target, *mode = spec.split(":")
+            found[source] = (target, mode[0] if mode else "rw")
+        return found
+
+    (volume,) = [v for v, (path, _) in mounts(triton).items() if path == serve.state_dir]
+    assert mounts(triton)[volume][1] == "rw"
+    assert doc["volumes"][volume]["driver_opts"]["type"] == "tmpfs"  # never on disk
+    admin_path, admin_mode = mounts(admin)[volume]
+    assert admin_mode == "ro"
+    key_file = Path(admin["environment"][KEY_FILE_ENV])
+    assert key_file.parent == Path(admin_path)
+
+    volume_dir = tmp_path / volume  # the volume, as both containers see it
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    monkeypatch.delenv(KEY_FILE_ENV, raising=False)
+    key, written = ensure_key(volume_dir)  # hps serve, with no key variable set
+    assert written == key_file_for(volume_dir) and written.name == key_file.name
+    monkeypatch.setenv(KEY_FILE_ENV, str(volume_dir / key_file.name))
+    assert admin_key_source(tmp_path / "etc-hps")() == key

@@ -53,7 +53,7 @@ def check(url: str, config_path: str, demo_seed: int | None) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", required=True, help="Triton HTTP host:port")
-    parser.add_argument("--config", required=True, help="the release's ps.json")
+    parser.add_argument("--config", required=True, help="a ps.json naming the served models")
     parser.add_argument("--demo-seed", type=int, help="compare with the demo's exact vectors")
     args = parser.parse_args()
     failures = check(args.url, args.config, args.demo_seed)

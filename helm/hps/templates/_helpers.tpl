@@ -58,6 +58,10 @@ app.kubernetes.io/component: serving
 {{- end }}
 {{- end }}
 
+{{/* Where the model-copy init container mounts the model volume (modelSource.type image):
+apart from the image's own files at modelSource.image.path. */}}
+{{- define "hps.modelCopyDir" -}}/hps-models{{- end }}
+
 {{/* Topology: "true" or "" (templates test these as strings). */}}
 {{- define "hps.stateful" -}}
 {{- if .Values.persistence.enabled }}true{{ end }}
@@ -67,8 +71,37 @@ app.kubernetes.io/component: serving
 {{- if and .Values.kafka.enabled (eq .Values.l2.mode "redis") }}true{{ end }}
 {{- end }}
 
+{{/* Kafka consumer groups. A group id must be unique per Kafka cluster: the defaults name
+the namespace and the release; kafka.groupId replaces both (README: "Consumer groups"). */}}
+{{- define "hps.groupBase" -}}
+{{- default (printf "%s-%s" .Release.Namespace (include "hps.fullname" .)) .Values.kafka.groupId }}
+{{- end }}
 {{- define "hps.l2GroupId" -}}
-{{- default (printf "%s-l2" (include "hps.fullname" .)) .Values.kafka.groupId }}
+{{- default (printf "%s-l2" (include "hps.groupBase" .)) .Values.kafka.groupId }}
+{{- end }}
+{{/* The per-pod group of the updater sidecar ($(POD_NAME): the container's env). */}}
+{{- define "hps.l3GroupId" -}}
+{{- include "hps.groupBase" . }}-l3-$(POD_NAME)
+{{- end }}
+
+{{/* Bytes of a Kubernetes quantity: a number, or digits with a suffix (1Gi, 512M, 1.5Gi). */}}
+{{- define "hps.bytes" -}}
+{{- if kindIs "string" . -}}
+{{- $num := regexFind "^[0-9]+(\\.[0-9]+)?" . -}}
+{{- $scale := dict "" 1 "m" 0.001 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 "P" 1000000000000000 "E" 1000000000000000000 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 "Pi" 1125899906842624 "Ei" 1152921504606846976 -}}
+{{- mulf (float64 $num) (get $scale (trimPrefix $num .)) | int64 -}}
+{{- else -}}
+{{- int64 . -}}
+{{- end -}}
+{{- end }}
+
+{{/* The distinct ports of host:port[,host:port...], as a JSON list (fromJsonArray). */}}
+{{- define "hps.addressPorts" -}}
+{{- $ports := list -}}
+{{- range splitList "," . -}}
+{{- $ports = append $ports (splitList ":" (trim .) | last | int) -}}
+{{- end -}}
+{{- $ports | uniq | toJson -}}
 {{- end }}
 
 {{/* Environment variable naming a librdkafka secret setting, e.g. HPS_KAFKA_SASL_PASSWORD

@@ -71,12 +71,13 @@ spec:
     - name: model-copy
       image: {{ include "hps.image" (dict "image" $v.modelSource.image "root" .) }}
       imagePullPolicy: {{ $v.modelSource.image.pullPolicy }}
-      command: [cp, -R, {{ printf "%s/." $v.modelSource.image.path | quote }}, {{ $v.modelSource.mountPath | quote }}]
+      # The model volume is mounted apart from the image's files, which it would hide.
+      command: [cp, -R, {{ printf "%s/." $v.modelSource.image.path | quote }}, {{ include "hps.modelCopyDir" . | quote }}]
       {{- include "hps.containerSecurity" . | nindent 6 }}
       resources:
         {{- toYaml $v.importer.resources | nindent 8 }}
       volumeMounts:
-        - {name: model-source, mountPath: {{ $v.modelSource.mountPath }}}
+        - {name: model-source, mountPath: {{ include "hps.modelCopyDir" . }}}
     {{- end }}
     - name: import
       image: {{ $hpsImage }}
@@ -147,6 +148,13 @@ spec:
             command: [sleep, {{ $v.lifecycle.preStopSleepSeconds | quote }}]
       resources:
         {{- $res := deepCopy $v.triton.resources }}
+        {{- with include "hps.ephemeralRequest" . }}
+        {{- $requests := default dict $res.requests }}
+        {{- if not (hasKey $requests "ephemeral-storage") }}
+        {{- $_ := set $requests "ephemeral-storage" . }}
+        {{- $_ := set $res "requests" $requests }}
+        {{- end }}
+        {{- end }}
         {{- if $v.triton.gpu.enabled }}
         {{- $limits := default dict $res.limits }}
         {{- $_ := set $limits "nvidia.com/gpu" $v.triton.gpu.count }}
@@ -218,7 +226,7 @@ spec:
       # persistence the pod name is stable, so a restarted pod resumes where its L3 stopped;
       # without it a new pod (new name, fresh L3) replays what Kafka retains.
       # /healthz on the metrics port is the consumer loop's heartbeat (the probes below).
-      command: [hps, consume, --config, /etc/hps/ps-updater.json, --metrics-port, {{ $v.kafka.updater.metricsPort | quote }}, --metrics-address, 0.0.0.0, --max-loop-age-s, {{ $v.kafka.maxLoopAgeSeconds | quote }}, --group-id, {{ printf "%s-l3-$(POD_NAME)" $fullname | quote }}]
+      command: [hps, consume, --config, /etc/hps/ps-updater.json, --metrics-port, {{ $v.kafka.updater.metricsPort | quote }}, --metrics-address, 0.0.0.0, --max-loop-age-s, {{ $v.kafka.maxLoopAgeSeconds | quote }}, --group-id, {{ include "hps.l3GroupId" . | quote }}]
       {{- include "hps.containerSecurity" . | nindent 6 }}
       env:
         - name: POD_NAME
@@ -263,13 +271,13 @@ spec:
     {{- end }}
     {{- if not (include "hps.stateful" .) }}
     - name: l3
-      emptyDir: {}
+      emptyDir: {{ include "hps.emptyDir" $v.l3.sizeLimit }}
     {{- end }}
     - name: model-source
       {{- if eq $v.modelSource.type "pvc" }}
       persistentVolumeClaim: {claimName: {{ $v.modelSource.pvc.existingClaim }}, readOnly: true}
       {{- else }}
-      emptyDir: {}
+      emptyDir: {{ include "hps.emptyDir" $v.modelSource.sizeLimit }}
       {{- end }}
     - name: shm
       emptyDir: {medium: Memory, sizeLimit: {{ $v.triton.shmSize }}}
@@ -282,4 +290,24 @@ spec:
     {{- with include "hps.secretVolumes" . | trim }}
     {{- . | nindent 4 }}
     {{- end }}
+{{- end }}
+
+{{/* An emptyDir on the node's disk, bounded when a size is given. */}}
+{{- define "hps.emptyDir" -}}
+{{- if . }}{sizeLimit: {{ . }}}{{ else }}{}{{ end }}
+{{- end }}
+
+{{/* The serving container's ephemeral-storage request: the sizes of the emptyDirs holding
+L3 (without persistence) and the model files (demo, image); "" when neither is bounded. */}}
+{{- define "hps.ephemeralRequest" -}}
+{{- $v := .Values -}}
+{{- $bytes := 0 -}}
+{{- if and (not (include "hps.stateful" .)) $v.l3.sizeLimit -}}
+{{- $bytes = add $bytes (include "hps.bytes" $v.l3.sizeLimit | int64) -}}
+{{- end -}}
+{{- if and (ne $v.modelSource.type "pvc") $v.modelSource.sizeLimit -}}
+{{- $bytes = add $bytes (include "hps.bytes" $v.modelSource.sizeLimit | int64) -}}
+{{- end -}}
+{{- if and $bytes (eq (mod $bytes 1073741824) 0) }}{{ printf "%dGi" (div $bytes 1073741824) }}
+{{- else if $bytes }}{{ printf "%dMi" (div (add $bytes 1048575) 1048576) }}{{ end -}}
 {{- end }}

@@ -6,6 +6,7 @@ The ps.json of one role, from values (README: "The ps.json files"). Roles:
             in-process or per-pod L2 is filled by the serving processes themselves)
   updater   the per-pod sidecar: L3 only (its own consumer group, given on the command line)
   l2        the L2 updater Deployment: the shared L2 only (the group of ps.json)
+  test      the helm test pod: the models alone (no L2, L3 or updates, so no secret named)
 Secrets are named by environment variable (hps_password_env, hps_kafka_config_env), never
 written here.
 */}}
@@ -30,11 +31,11 @@ written here.
 
 {{- $vdb := dict "type" "disabled" -}}
 {{- $redis := $v.l2.redis -}}
-{{- if or (eq $role "updater") (and (eq $role "import") (or $v.kafka.enabled (ne $v.l2.mode "redis"))) -}}
+{{- if or (has $role (list "updater" "test")) (and (eq $role "import") (or $v.kafka.enabled (ne $v.l2.mode "redis"))) -}}
 {{- else if eq $v.l2.mode "embedded" -}}
 {{- $vdb = merge (dict "type" "hash_map") (deepCopy $v.l2.extra) -}}
 {{- else if eq $v.l2.mode "pod" -}}
-{{- $vdb = merge (dict "type" "multi_process_hash_map") (deepCopy $v.l2.extra) -}}
+{{- $vdb = merge (dict "type" "multi_process_hash_map" "shared_memory_size" (include "hps.l2SegmentBytes" .root | int64)) (deepCopy $v.l2.extra) -}}
 {{- else -}}
 {{- $vdb = dict "type" (ternary "redis_cluster" "redis" $redis.cluster) "address" $redis.address "user_name" $redis.user -}}
 {{- if $redis.existingSecret }}{{ $_ := set $vdb "hps_password_env" "HPS_REDIS_PASSWORD" }}{{ end -}}
@@ -51,10 +52,10 @@ written here.
 {{- end -}}
 
 {{- $pdb := merge (dict "type" "rocks_db" "path" "/var/lib/hps/l3/rocksdb") (deepCopy $v.l3.extra) -}}
-{{- if eq $role "l2" }}{{ $pdb = dict "type" "disabled" }}{{ end -}}
+{{- if has $role (list "l2" "test") }}{{ $pdb = dict "type" "disabled" }}{{ end -}}
 
 {{- $us := dict "type" "null" -}}
-{{- if and $v.kafka.enabled (ne $role "import") -}}
+{{- if and $v.kafka.enabled (not (has $role (list "import" "test"))) -}}
 {{- $us = dict "type" "kafka_message_queue" "brokers" $v.kafka.brokers "hps_group_id" (include "hps.l2GroupId" .root) "hps_dead_letter_topic" $v.kafka.deadLetterTopic -}}
 {{- if $v.kafka.config }}{{ $_ := set $us "hps_kafka_config" (deepCopy $v.kafka.config) }}{{ end -}}
 {{- if and $v.kafka.existingSecret $v.kafka.secretKeys -}}
@@ -66,4 +67,12 @@ written here.
 {{- end -}}
 
 {{- dict "supportlonglong" true "models" $models "volatile_db" $vdb "persistent_db" $pdb "update_source" $us | toPrettyJson }}
+{{- end }}
+
+{{/* l2.mode=pod: the L2 segment's bytes, /dev/shm (triton.shmSize) less what Triton's Python
+backend keeps there (triton.pythonBackendShm); l2.extra.shared_memory_size, when given. */}}
+{{- define "hps.l2SegmentBytes" -}}
+{{- $t := .Values.triton -}}
+{{- $free := sub (include "hps.bytes" $t.shmSize | int64) (include "hps.bytes" $t.pythonBackendShm | int64) -}}
+{{- dig "shared_memory_size" $free (.Values.l2.extra | default dict) | int64 -}}
 {{- end }}

@@ -23,5 +23,64 @@
 {{- range $v.models -}}
 {{- if hasKey $names .model }}{{ fail (printf "models: model %q appears twice" .model) }}{{ end -}}
 {{- $_ := set $names .model true -}}
+{{- if and $v.kafka.enabled (eq $v.l2.mode "embedded") (gt (int (default 1 .hps_instances)) 1) -}}
+{{- fail (printf "l2.mode=embedded with kafka.enabled=true cannot serve model %q with hps_instances=%v: each Triton process applies updates to its own L2, and with more than one instance none of them writes the pod's L3 (all follow it read-only), so L3 would never receive updates; use hps_instances: 1, or l2.mode=redis (an updater sidecar writes each pod's L3)" .model .hps_instances) -}}
+{{- end -}}
+{{- end -}}
+{{- include "hps.validateShm" . -}}
+{{- include "hps.validatePorts" . -}}
+{{- include "hps.validatePaths" . -}}
+{{- end }}
+
+{{/* l2.mode=pod: the L2 segment and Triton's Python backend share /dev/shm (triton.shmSize). */}}
+{{- define "hps.validateShm" -}}
+{{- $t := .Values.triton -}}
+{{- if eq .Values.l2.mode "pod" -}}
+{{- $shm := include "hps.bytes" $t.shmSize | int64 -}}
+{{- $reserve := include "hps.bytes" $t.pythonBackendShm | int64 -}}
+{{- if le $shm $reserve -}}
+{{- fail (printf "l2.mode=pod keeps the L2 segment in /dev/shm: triton.shmSize (%v) must be larger than triton.pythonBackendShm (%v), the part Triton's Python backend keeps there" $t.shmSize $t.pythonBackendShm) -}}
+{{- end -}}
+{{- $segment := include "hps.l2SegmentBytes" . | int64 -}}
+{{- if gt (add $segment $reserve) $shm -}}
+{{- fail (printf "l2.extra.shared_memory_size (%d bytes) and triton.pythonBackendShm (%v) do not fit in triton.shmSize (%v); raise triton.shmSize or leave shared_memory_size out (the chart then gives the segment what is left)" $segment $t.pythonBackendShm $t.shmSize) -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/* The serving pod's containers share one network namespace: one port each. */}}
+{{- define "hps.validatePorts" -}}
+{{- $v := .Values -}}
+{{- $ports := list (list "triton.httpPort" $v.triton.httpPort) (list "triton.grpcPort" $v.triton.grpcPort) (list "triton.metricsPort" $v.triton.metricsPort) (list "controlPlane.port" $v.controlPlane.port) -}}
+{{- if include "hps.sharedUpdates" . -}}
+{{- $ports = append $ports (list "kafka.updater.metricsPort" $v.kafka.updater.metricsPort) -}}
+{{- end -}}
+{{- $seen := dict -}}
+{{- range $ports -}}
+{{- $port := toString (index . 1 | int) -}}
+{{- if hasKey $seen $port -}}
+{{- fail (printf "%s (%s) is also %s: the serving pod's containers share one network namespace, so each needs a port of its own" (index . 0) $port (get $seen $port)) -}}
+{{- end -}}
+{{- $_ := set $seen $port (index . 0) -}}
+{{- end -}}
+{{- end }}
+
+{{/* modelSource.mountPath is mounted beside the pod's other volumes and over the image's
+files: it may neither be nor contain nor lie under any of them. */}}
+{{- define "hps.validatePaths" -}}
+{{- $v := .Values -}}
+{{- $mount := clean $v.modelSource.mountPath | trimSuffix "/" -}}
+{{- $taken := list "/tmp" "/etc/hps" "/var/lib/hps/l3" "/dev/shm" (include "hps.adminKeyDir" .) "/var/run/secrets/hps" "/var/run/secrets/hps-redis" "/var/run/secrets/hps-redis-tls" "/var/run/secrets/hps-kafka" "/opt/hps" "/usr" "/bin" "/sbin" "/lib" "/lib64" "/proc" "/sys" -}}
+{{- range $taken -}}
+{{- if or (eq $mount .) (hasPrefix (printf "%s/" .) $mount) (hasPrefix (printf "%s/" $mount) .) -}}
+{{- fail (printf "modelSource.mountPath %s collides with %s, which the serving pod mounts or its images hold; choose a folder of its own, such as /models" $v.modelSource.mountPath .) -}}
+{{- end -}}
+{{- end -}}
+{{- if eq $v.modelSource.type "image" -}}
+{{- $path := clean $v.modelSource.image.path | trimSuffix "/" -}}
+{{- $copy := include "hps.modelCopyDir" . -}}
+{{- if or (eq $path $copy) (hasPrefix (printf "%s/" $copy) $path) (hasPrefix (printf "%s/" $path) $copy) -}}
+{{- fail (printf "modelSource.image.path %s collides with %s, where the copy init container mounts the pod's model volume" $v.modelSource.image.path $copy) -}}
+{{- end -}}
 {{- end -}}
 {{- end }}
