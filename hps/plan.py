@@ -6,7 +6,8 @@ HugeCTR users could not predict it (HugeCTR issue 427). The naive sizing rule is
 int8 ``dim + 8``) plus each tier's per-row overhead, which each backend declares
 (:func:`hps.tiers.bytes_per_row`, given the format):
 
-- L1: :func:`hps.cache.cache_nbytes` (arena + row metadata + index + policy state), exact,
+- L1: :func:`hps.cache.cache_nbytes` (arena + row metadata + index + policy state + the
+  write log's rings; the log's entries are host memory even for a GPU cache), exact,
   for each cache; every Triton instance is a process with its own caches (the instances of
   the embedding model, and as many of the CTR model where there is one:
   ``ModelConfig.processes``): with ``hps_cache.device: cupy`` in device memory, each

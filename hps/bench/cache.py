@@ -18,7 +18,14 @@ module, and inserts against a raw scatter of the same rows. ``query`` is what a 
 (``EmbeddingCache.query_into``: the compiled probe+gather when numba / CuPy is there, rows
 in request order); ``query_numpy`` is the NumPy reference path (dedup with
 ``hps.dedup.unique_inverse``, query, expansion to request order); ``kernel`` names which
-ran as ``query``.
+ran as ``query``. ``insert`` puts that many new keys into a full cache as a lookup's fill
+does (``force=False``: ``frequency`` admits by its estimates); for ``frequency`` also
+``insert_forced``, as warm-up and prefetch do (``force=True``), on a twin cache timed in
+turn; ``admitted`` is the share of the keys offered that were stored. With ``--tables`` > 1
+on NumPy (the compiled kernel there), ``query_tables`` times the many-table call a lookup
+makes (:func:`hps.cache.many.query_tables_into`) against one ``query_into`` per table on
+the same keys, in turn (``ratio`` > 1: the one call is faster): ``--tables`` caches of
+``--rows`` / ``--tables`` rows each, ``--batch-per-table`` keys from each.
 
 ``--row-dtype`` (``float32``, ``float16``, ``int8`` or ``all``) stores the rows in that format
 (:mod:`hps.rowformat`; the arena holds stored rows, ``query_into`` dequantizes as it

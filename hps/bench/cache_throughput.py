@@ -13,9 +13,9 @@ import numpy as np
 
 from hps.bench.cache_gpu import device_name, gpu_rows
 from hps.bench.cache_hitrate import zipf_probabilities
+from hps.bench.cache_tables import TablesRequest
 from hps.cache.embedding_cache import EmbeddingCache
 from hps.cache.kernels import kernel_for
-from hps.cache.many import query_tables_into
 from hps.cache.xp import select_xp, to_host, to_xp
 from hps.dedup import unique_inverse
 from hps.rowformat import FLOAT32, ROW_DTYPES, RowFormat, row_format
@@ -67,6 +67,8 @@ def throughput(args: argparse.Namespace) -> Iterator[JSON]:
                 cpu_cache = _filled(np, policy, fmt, resident, values)
                 timer = partial(_time, repeats=args.repeats, sync=sync)
                 yield from gpu_rows(args, xp, timer, row, cache, cpu_cache, batch)
+            if args.tables > 1 and xp is np and kernel_for(np) is not None:
+                yield from _tables_throughput(args, policy, fmt, resident, values, pick)
         if any(fmt is not FLOAT32 for fmt in formats):
             yield from _against_float32(args, xp, sync, policy, caches, resident, values, batch)
             if args.tables > 1 and xp is np:
@@ -143,6 +145,27 @@ def _against_float32(
             }
 
 
+def _tables_throughput(
+    args: argparse.Namespace,
+    policy: str,
+    fmt: RowFormat,
+    resident: np.ndarray,
+    values: np.ndarray,
+    pick: np.ndarray,
+) -> Iterator[JSON]:
+    """``query_tables``: the many-table call (one compiled call for every table, as a lookup
+    probes) against one ``query_into`` per table on the same keys, timed in turn (``ratio``
+    > 1: the one call is faster)."""
+    dim = values.shape[1]
+    req = TablesRequest.of(args, resident, dim, pick)
+    tables = req.tables(policy, fmt, resident, values)
+    many, one_by_one = partial(req.many, tables), partial(req.one_by_one, tables)
+    t_many, t_each = _time([many, one_by_one], args.repeats, lambda: None)
+    unique = np.unique(req.keys).size / req.keys.size
+    row = _row("query_tables", policy, np, req.keys.size, t_many, t_each, unique, fmt.name)
+    yield row | {"dim": dim, "tables": args.tables}
+
+
 def _tables_against_float32(
     args: argparse.Namespace,
     policy: str,
@@ -152,32 +175,17 @@ def _tables_against_float32(
     pick: np.ndarray,
 ) -> Iterator[JSON]:
     """The many-table call over ``--tables`` caches per format against float32's."""
-    n_tables, per = args.tables, args.batch_per_table
-    size = max(1, resident.size // n_tables)
-    parts = [slice(t * size, (t + 1) * size) for t in range(n_tables)]
-    keys = np.concatenate(
-        [resident[part][pick[t * per : (t + 1) * per] % size] for t, part in enumerate(parts)]
-    )
-    bounds = np.stack([np.arange(n_tables) * per, np.arange(1, n_tables + 1) * per], axis=1)
     dim = values.shape[1]
-    offsets = np.arange(n_tables, dtype=np.int64) * per * dim
-    out = np.empty(keys.size * dim, dtype=np.float32)
+    req = TablesRequest.of(args, resident, dim, pick)
     names = ["float32", *(f.name for f in formats if f is not FLOAT32)]
-    tables = {
-        name: [
-            _filled(np, policy, row_format(name), resident[part], values[part]) for part in parts
-        ]
-        for name in names
-    }
-    fns: list[Callable[[], object]] = [
-        partial(query_tables_into, tables[name], keys, bounds, out, offsets) for name in names
-    ]
+    tables = {name: req.tables(policy, row_format(name), resident, values) for name in names}
+    fns: list[Callable[[], object]] = [partial(req.many, tables[name]) for name in names]
     times = dict(zip(names, _time(fns, args.repeats, lambda: None), strict=True))
-    unique = np.unique(keys).size / keys.size
+    unique = np.unique(req.keys).size / req.keys.size
     for name in names[1:]:
-        row = _row("query_tables_vs_float32", policy, np, keys.size, times[name],
+        row = _row("query_tables_vs_float32", policy, np, req.keys.size, times[name],
                    times["float32"], unique, name)  # fmt: skip
-        yield row | {"dim": dim, "tables": n_tables}
+        yield row | {"dim": dim, "tables": args.tables}
 
 
 def _filled(
@@ -197,25 +205,37 @@ def _insert_throughput(
     values: np.ndarray,
     fmt: RowFormat = FLOAT32,
 ) -> Iterator[JSON]:
-    """Inserts of ``n`` new keys into a full cache (each evicts) vs. a raw row scatter."""
+    """Inserts of ``n`` new keys into a full cache (each evicts) vs. a raw row scatter:
+    ``insert`` as a lookup's fill inserts (``force=False``: ``frequency`` admits by its
+    estimates) and, for a policy with admission, ``insert_forced`` as warm-up and prefetch
+    do (``force=True``), timed in turn on twin caches. ``admitted``: the share of the keys
+    offered that the timed inserts stored."""
     n = args.tables * args.batch_per_table
     rows = resident.size
-    cache = _filled(xp, policy, fmt, resident, values)
+    fill = _filled(xp, policy, fmt, resident, values)
+    cases = {"insert": (fill, False)}
+    if fill.policy.admission:
+        cases["insert_forced"] = (_filled(xp, policy, fmt, resident, values), True)
     fresh = iter(range(1 << 41, 1 << 62, n))
     new_vals = fmt.encode(values[:n])
 
-    def ours() -> None:
+    def ours(cache: EmbeddingCache, force: bool) -> None:
         lo = next(fresh)
-        cache.insert(np.arange(lo, lo + n, dtype=np.int64), new_vals, force=True)
+        cache.insert(np.arange(lo, lo + n, dtype=np.int64), new_vals, force=force)
 
-    arena = xp.zeros((rows, cache.width), dtype=fmt.dtype)
+    arena = xp.zeros((rows, fill.width), dtype=fmt.dtype)
     target = to_xp(xp, np.random.default_rng(1).choice(rows, n, replace=False))
 
     def raw() -> None:
         arena[target] = to_xp(xp, new_vals)
 
-    t_ours, t_raw = _time([ours, raw], args.repeats, sync)
-    yield _row("insert", policy, xp, n, t_ours, t_raw, 1.0, fmt.name)
+    before = {op: int(cache.stats()["inserts"]) for op, (cache, _) in cases.items()}
+    fns: list[Callable[[], object]] = [partial(ours, *case) for case in cases.values()]
+    *t_ours, t_raw = _time([*fns, raw], args.repeats, sync)
+    for (op, (cache, force)), t in zip(cases.items(), t_ours, strict=True):
+        stored = int(cache.stats()["inserts"]) - before[op]
+        row = _row(op, policy, xp, n, t, t_raw, 1.0, fmt.name)
+        yield row | {"force": force, "admitted": round(stored / (n * (args.repeats + 1)), 4)}
 
 
 def _gpu_row(policy: str, xp: ArrayModule, n: int, unique: float, row_dtype: str, op: str,

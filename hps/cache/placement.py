@@ -22,6 +22,17 @@ from hps.types import Array, ArrayModule
 
 SCAN_PER_VICTIM = 16
 MIN_SCAN_ROWS = 8192
+EVICTABLE_SHARE = 16  # at least 1 / 16 of the rows (1 at least) are never pinned
+
+
+def pinned_rows(static_fraction: float, capacity: int) -> int:
+    """Most rows a cache pins: ``static_fraction x capacity``, but always leaving
+    ``max(1, capacity // EVICTABLE_SHARE)`` rows evictable. (With every row pinned, as
+    ``static_fraction: 1.0`` did once a frequency window re-chose the pinned set among the
+    rows it used, every insert, forced ones too, was turned away until the next window.)"""
+    return max(
+        0, min(int(static_fraction * capacity), capacity - max(1, capacity // EVICTABLE_SHARE))
+    )
 
 
 class Placement:

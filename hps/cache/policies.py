@@ -8,7 +8,8 @@ priority ends in the row's last-access tick, so ties fall back to LRU order.
 - ``lru``: the tick alone (HugeCTR's default). Every miss is admitted.
 - ``lfu``: accesses while resident, then the tick. Every miss is admitted; no ageing.
 - ``frequency``: static + dynamic (a frequency-aware cache). A pinned hot set of
-  ``static_fraction x capacity`` rows is never evicted; it comes from a frequency file at
+  ``static_fraction x capacity`` rows (a sixteenth of the rows always left out of it:
+  :func:`hps.cache.placement.pinned_rows`) is never evicted; it comes from a frequency file at
   warm-up and is re-chosen every ``frequency_window`` accesses among the rows used in that
   window, by frequency. The dynamic rest is ranked by frequency (accesses while resident,
   capped; a count-min sketch for keys that are not), and a missed key is admitted only if it

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hps.cache.xp import to_host
 from hps.index import TOMBSTONE, KeyIndex, aligned_full, slots_for
 from hps.rowformat import FLOAT32, RowFormat
 from hps.types import Array, ArrayModule
@@ -74,6 +75,18 @@ class RowStore:
         if tick is not None:
             self.ticks[target] = tick
         return rows
+
+    def resident_into(self, lo: int, hi: int, out: np.ndarray) -> int:
+        """Copy the keys of the occupied rows among ``lo:hi`` to the start of the host array
+        ``out`` (room for ``hi - lo`` keys), in row order; returns how many."""
+        keys = self.row_keys[lo:hi]
+        held = keys != TOMBSTONE
+        n = int(self.xp.count_nonzero(held))
+        if isinstance(keys, np.ndarray):  # into place: no array per call
+            np.compress(held, keys, out=out[:n])
+        else:
+            out[:n] = to_host(keys[held])
+        return n
 
     def occupied(self, rows: Array | None = None) -> Array:
         """Whether each row (of ``rows``; None: all) holds a key."""

@@ -7,7 +7,8 @@ the model and table names, so one model can name one file per table):
   with two equal-length 1-D arrays, ``keys`` (int64) and ``counts`` (any integer or float
   type, larger = hotter), see :mod:`hps.io.frequency`; ``hps freq`` builds one from an
   access log. With the ``frequency`` policy the hottest ``static_fraction x
-  capacity`` keys become the pinned hot set.
+  capacity`` keys become the pinned hot set (fewer where that would pin nearly every row:
+  :func:`hps.cache.placement.pinned_rows`).
 - ``warmup_keyset``: a keyset file (raw native-endian int64 keys, no separators, as
   HugeCTR's embedding training cache wrote them), loaded after the frequency file's keys up
   to the capacity.
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hps.cache.placement import pinned_rows
 from hps.config import ModelConfig
 from hps.io.frequency import read_frequency_file
 from hps.io.keyset import read_keyset
@@ -77,7 +79,7 @@ def plan_warm_up(
     if cfg.frequency_file:
         keys, counts = read_frequency_file(_path(cfg.frequency_file, model.model, spec.table))
         top = hottest(keys, counts, capacity)
-        n_pin = int(cfg.static_fraction * capacity) if cfg.policy == "frequency" else 0
+        n_pin = pinned_rows(cfg.static_fraction, capacity) if cfg.policy == "frequency" else 0
         pinned, rest = top[:n_pin], top[n_pin:]
     if cfg.warmup_keyset:
         keys = read_keyset(_path(cfg.warmup_keyset, model.model, spec.table))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from hps.bench.cache_hitrate import oracle_hit_rate, zipf_probabilities, zipf_stream
+from hps.cache.kernels import kernel_for
 from hps.cli import main
 
 
@@ -70,10 +71,27 @@ def test_throughput_mode_prints_the_promised_fields(capsys: pytest.CaptureFixtur
     args = ["bench", "cache", "--mode", "throughput", "--rows", "4096", "--tables", "2"]
     assert main([*args, "--batch-per-table", "256", "--dim", "8", "--repeats", "2"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert {r["op"] for r in rows} == {"query", "query_numpy", "query_then_expand", "insert"}
+    ops = {"query", "query_numpy", "query_then_expand", "insert", "insert_forced"}
+    if kernel_for(np) is not None:
+        ops.add("query_tables")  # the many-table call against one call per table
+    assert {r["op"] for r in rows} == ops
     for row in rows:
         assert row["keys_per_s"] > 0 and row["baseline_keys_per_s"] > 0 and row["ratio"] > 0
         assert row["device"] == "numpy" and row["device_name"]
+    # Inserts as a lookup's fills make them (force=False), and forced ones (warm-up,
+    # prefetch) only where the policy has an admission test.
+    inserts = {(r["policy"], r["op"]): r for r in rows if r["op"].startswith("insert")}
+    assert sorted(inserts) == [
+        ("frequency", "insert"),
+        ("frequency", "insert_forced"),
+        ("lfu", "insert"),
+        ("lru", "insert"),
+    ]
+    for (_, op), row in inserts.items():
+        assert row["force"] == (op == "insert_forced") and 0 <= row["admitted"] <= 1
+    tables = [r for r in rows if r["op"] == "query_tables"]
+    assert all(r["tables"] == 2 and r["keys"] == 512 and r["dim"] == 8 for r in tables)
+    assert len(tables) == (3 if "query_tables" in ops else 0)
 
 
 def test_row_dtypes_are_compared_with_float32_in_one_run(capsys: pytest.CaptureFixture) -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from types import ModuleType
 
 import numpy as np
+import pytest
 
-from hps.cache import EmbeddingCache
+from hps.cache import EmbeddingCache, embedding_cache
 from hps.rowformat import FLOAT32, RowFormat
 
 DIM = 4
@@ -153,3 +155,48 @@ def test_holds_past_the_log_limit_release_the_oldest(xp: ModuleType) -> None:
     assert cache.resident(keys).tolist() == [True, False]
     cache.release(second)
     assert cache.held == 0
+
+
+class _CountingLock:
+    """The cache's lock, counting its holds and running ``between`` after each one ends."""
+
+    def __init__(self, lock: object, between: Callable[[], None]) -> None:
+        self.lock, self.between, self.holds = lock, between, 0
+
+    def __enter__(self) -> None:
+        self.lock.__enter__()  # type: ignore[attr-defined]
+        self.holds += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.__exit__(*exc)  # type: ignore[attr-defined]
+        self.between()
+
+
+def test_resident_keys_takes_the_lock_per_chunk_of_the_arena(
+    xp: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk of rows per hold, so writers interleave; a key resident throughout the call
+    is in its answer, one written meanwhile may or may not be."""
+    monkeypatch.setattr(embedding_cache, "RESIDENT_CHUNK", 16)
+    cache = EmbeddingCache(DIM, 64, xp=xp)
+    keys = np.arange(100, 164, dtype=np.int64)
+    cache.insert(keys, rows_for(keys, 1.0))
+    lock = cache._lock
+    churn = iter([(158, 1000), (159, 1001), (160, 1002)])
+
+    def write_between() -> None:  # another thread's write, between two chunks
+        old, new = next(churn, (0, 0))
+        cache._lock = lock  # type: ignore[assignment]
+        if new:
+            cache.evict(np.array([old], dtype=np.int64))
+            cache.insert(np.array([new], dtype=np.int64), rows_for(np.array([new]), 1.0))
+        cache._lock = counting  # type: ignore[assignment]
+
+    counting = _CountingLock(lock, write_between)
+    cache._lock = counting  # type: ignore[assignment]
+    got = cache.resident_keys()
+    cache._lock = lock  # type: ignore[assignment]
+    assert counting.holds == 4  # 64 rows, 16 a hold
+    throughout = set(keys.tolist()) - {158, 159, 160}
+    assert throughout <= set(got.tolist()) <= set(keys.tolist()) | {1000, 1001, 1002}
+    assert len(set(got.tolist())) == got.size

@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 
 from hps.cache import MIN_CAPACITY, EmbeddingCache, build_cache, cache_capacity, cache_nbytes
+from hps.cache.policies import policy_nbytes
+from hps.cache.rows import rows_nbytes
+from hps.cache.writelog import writelog_nbytes
 from hps.config import CacheConfig, parse_config
 from hps.errors import ConfigError, DTypeError, ShapeError
 from hps.rowformat import FLOAT32, FORMATS, RowFormat
@@ -137,6 +140,23 @@ def test_frequency_repins_the_hot_set_each_window(xp: ModuleType) -> None:
     assert resident(cache) == {1, 2, 3, 4}  # unpinned, not evicted
 
 
+def test_a_whole_static_fraction_still_leaves_rows_to_evict(xp: ModuleType) -> None:
+    """``static_fraction: 1.0``: a window re-pins the rows it used, but a sixteenth of the
+    rows stays evictable, so new keys still get in (all 100 rows pinned turned away every
+    insert, forced ones too, until the next window)."""
+    cache = EmbeddingCache(
+        2, 100, xp=xp, policy="frequency", static_fraction=1.0, frequency_window=1000
+    )
+    old, new = np.arange(100, dtype=np.int64), np.arange(1000, 1100, dtype=np.int64)
+    cache.insert(old, v(old), force=True)
+    for _ in range(10):  # 1,000 accesses: a window ends and re-pins what it used
+        cache.query(old)
+    assert cache.max_pinned == cache.n_pinned == 100 - 100 // 16
+    cache.insert(new, v(new), force=True)  # a prefetch
+    assert int(cache.resident(new).sum()) == 100 // 16
+    assert EmbeddingCache(2, 1, xp=xp, static_fraction=1.0).max_pinned == 0
+
+
 def test_frequency_follows_a_moving_hot_set(xp: ModuleType, fmt: RowFormat) -> None:
     capacity, window = 50, 400
     cache = EmbeddingCache(2, capacity, xp=xp, fmt=fmt, policy="frequency", frequency_window=window)
@@ -206,6 +226,13 @@ def test_nbytes_matches_the_sizing_formula(xp: ModuleType, fmt: RowFormat) -> No
             if fmt is not FLOAT32:
                 arena = capacity * (4 * dim - fmt.row_bytes(dim))
                 assert cache_nbytes(capacity, dim, policy) - cache.nbytes == arena
+    # The write log's rings are counted: allocated once, whatever is written.
+    cache = EmbeddingCache(1, 1 << 17, xp=xp, fmt=fmt)
+    rows, policy = rows_nbytes(1 << 17, 1, fmt), policy_nbytes("lru", 1 << 17)
+    assert cache.nbytes - rows - policy == writelog_nbytes(1 << 17) == 12 * (1 << 17)
+    for key in range(300):
+        cache.update(k(key), v(k(key), 1, fmt))
+    assert cache.nbytes == cache_nbytes(1 << 17, 1, "lru", fmt)
 
 
 def test_cache_capacity_and_build_cache(tmp_path: object) -> None:
