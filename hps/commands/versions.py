@@ -62,7 +62,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.set_defaults(func=_activate)
 
     a = action(
-        "retire", "drop version N's rows in every tier (not the live one nor a served one)", True
+        "retire",
+        "drop version N's rows in every tier (not the live one nor a served one); again for "
+        "a retired version whose rows were left (a drop that failed)",
+        True,
     )
     a.set_defaults(func=_retire)
 
@@ -123,9 +126,10 @@ def report_lines(report: dict[str, Any]) -> list[str]:
                 about = "~" if tier in estimated else ""
                 tiers.append(f"{tier} {about}{rows} rows {_size(nbytes)}")
         served = "served" if v["served"] else "      "
+        left = "  rows left: retire it again" if v.get("rows_left") else ""
         lines.append(
             f"{report['model']} {v['version']:>4}  {v['state']:<7}  {served}  "
-            f"created {when:<19}  {'  '.join(tiers)}"
+            f"created {when:<19}  {'  '.join(tiers)}{left}"
         )
     return lines
 
@@ -166,6 +170,12 @@ def _activate(args: argparse.Namespace) -> int:
         f"{done.model}: version {done.live} live (was {done.previous}); Triton serves "
         f"{', '.join(map(str, done.served))}; retired: {retired}"
     )
+    if done.rows_left:
+        left = ", ".join(map(str, done.rows_left))
+        print(
+            f"{done.model}: the rows of retired version(s) {left} are not dropped yet "
+            f"({done.problem}); `hps versions retire` them again to drop them"
+        )
     return 0
 
 

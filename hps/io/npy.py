@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 
 from hps.errors import FormatError
+from hps.io.table_files import Column, Stat, TableFiles
 from hps.types import Keys, Vectors
 
 
-def _open(path: Path) -> tuple[BinaryIO, tuple[int, ...], np.dtype[np.generic]]:
-    """Open a .npy file positioned at its data; returns (file, shape, dtype)."""
-    try:
-        f = open(path, "rb")
-    except OSError as exc:
-        raise FormatError(f"{path}: cannot read: {exc.strerror}") from None
+def _open(path: Path) -> tuple[BinaryIO, Stat, tuple[int, ...], np.dtype[np.generic]]:
+    """Open a .npy file positioned at its data; returns (file, its stat, shape, dtype)."""
+    f, st = Column.open(path, FormatError)
     try:
         major, _ = np.lib.format.read_magic(f)
         read_header = (
@@ -32,49 +31,40 @@ def _open(path: Path) -> tuple[BinaryIO, tuple[int, ...], np.dtype[np.generic]]:
     if fortran:
         f.close()
         raise FormatError(f"{path}: Fortran-ordered arrays are not supported")
-    return f, shape, dtype
+    return f, st, shape, dtype
+
+
+def open_npy_pair(keys_path: str | Path, vectors_path: str | Path, dim: int) -> TableFiles:
+    """The pair opened, its headers checked (FormatError): 1-D integer keys, float
+    vectors ``(n, dim)``, as many of each."""
+    kpath, vpath = Path(keys_path), Path(vectors_path)
+    with ExitStack() as opened:
+        kf, kst, kshape, kdtype = _open(kpath)
+        opened.callback(kf.close)
+        vf, vst, vshape, vdtype = _open(vpath)
+        opened.callback(vf.close)
+        if len(kshape) != 1 or kdtype.kind not in "iu":
+            raise FormatError(f"{kpath}: keys must be a 1-D integer array, got {kdtype}{kshape}")
+        if len(vshape) != 2 or vshape[1] != dim or vdtype.kind != "f":
+            raise FormatError(f"{vpath}: vectors must be float (n, {dim}), got {vdtype}{vshape}")
+        if vshape[0] != kshape[0]:
+            raise FormatError(f"{kpath}: {kshape[0]} keys but {vshape[0]} vectors")
+        keys = Column(kpath, kf, kf.tell(), kdtype, 1, FormatError, kst)
+        vectors = Column(vpath, vf, vf.tell(), vdtype, dim, FormatError, vst)
+        opened.pop_all()
+    return TableFiles(keys, vectors, int(kshape[0]))
 
 
 def npy_rows(keys_path: str | Path, vectors_path: str | Path, dim: int) -> int:
     """Validate a key/vector pair and return its row count."""
-    kf, kshape, kdtype = _open(Path(keys_path))
-    vf, vshape, vdtype = _open(Path(vectors_path))
-    kf.close()
-    vf.close()
-    if len(kshape) != 1 or kdtype.kind not in "iu":
-        raise FormatError(f"{keys_path}: keys must be a 1-D integer array, got {kdtype}{kshape}")
-    if len(vshape) != 2 or vshape[1] != dim or vdtype.kind != "f":
-        raise FormatError(f"{vectors_path}: vectors must be float (n, {dim}), got {vdtype}{vshape}")
-    if vshape[0] != kshape[0]:
-        raise FormatError(f"{keys_path}: {kshape[0]} keys but {vshape[0]} vectors")
-    return int(kshape[0])
+    with open_npy_pair(keys_path, vectors_path, dim) as files:
+        return files.rows
 
 
 def read_npy_pair(
     keys_path: str | Path, vectors_path: str | Path, dim: int, chunk_rows: int = 1 << 18
 ) -> Iterator[tuple[Keys, Vectors]]:
-    rows = npy_rows(keys_path, vectors_path, dim)
-    kf, _, kdtype = _open(Path(keys_path))
-    vf, _, vdtype = _open(Path(vectors_path))
-    with kf, vf:
-        for lo in range(0, rows, chunk_rows):
-            n = min(chunk_rows, rows - lo)
-            k = np.frombuffer(kf.read(n * kdtype.itemsize), dtype=kdtype)
-            v = np.frombuffer(vf.read(n * dim * vdtype.itemsize), dtype=vdtype)
-            if k.size != n or v.size != n * dim:
-                raise FormatError(f"{keys_path}: truncated at row {lo}")
-            yield _int64_keys(k, keys_path, lo), v.reshape(n, dim).astype(np.float32, copy=False)
-
-
-def _int64_keys(k: np.ndarray, path: str | Path, first_row: int) -> Keys:
-    """``k`` as int64; FormatError for an unsigned key beyond int64 (a cast would wrap it
-    into another, negative key)."""
-    if k.dtype == np.uint64 and k.size:
-        above = np.flatnonzero(k > np.iinfo(np.int64).max)
-        if above.size:
-            row = int(above[0])
-            raise FormatError(
-                f"{path}: key {int(k[row])} at row {first_row + row} does not fit in int64 "
-                f"({above.size} such keys in rows {first_row}-{first_row + k.size - 1})"
-            )
-    return k.astype(np.int64)
+    """Yield ``(keys as int64, vectors as float32)`` chunks; a file that ends early
+    (truncated meanwhile) is a FormatError naming it and the row."""
+    with open_npy_pair(keys_path, vectors_path, dim) as files:
+        yield from files.chunks(chunk_rows)

@@ -3,13 +3,15 @@
 This is what HugeCTR's ``model.save_params_to_files`` wrote for each embedding table
 (``<name>_sparse_<i>.model/``). Both files are headerless and native-endian (little-endian
 on every platform HugeCTR ran on). Readers stream in chunks so tables larger than memory
-import in bounded memory.
+import in bounded memory (an import's validation also keeps every key, 8 bytes a row, to
+count duplicates: :meth:`hps.loading.loader.TableSource.validate`).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -17,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hps.errors import SparseModelError
+from hps.io.table_files import Column, TableFiles
 from hps.types import Keys, Vectors
 
 if TYPE_CHECKING:
@@ -40,7 +43,10 @@ def sparse_model_rows(path: str | Path, dim: int) -> int:
     for f in (key_file, vec_file):
         if not f.is_file():
             raise SparseModelError(f"{path}: missing file {f.name!r} (not a HugeCTR sparse model)")
-    key_bytes, vec_bytes = key_file.stat().st_size, vec_file.stat().st_size
+    return _rows(key_file, key_file.stat().st_size, vec_file, vec_file.stat().st_size, dim)
+
+
+def _rows(key_file: Path, key_bytes: int, vec_file: Path, vec_bytes: int, dim: int) -> int:
     if key_bytes % 8:
         raise SparseModelError(f"{key_file}: {key_bytes} bytes is not a whole number of int64 keys")
     rows = key_bytes // 8
@@ -52,18 +58,31 @@ def sparse_model_rows(path: str | Path, dim: int) -> int:
     return rows
 
 
+def open_sparse_model(path: str | Path, dim: int) -> TableFiles:
+    """The folder's two files, opened and their sizes checked (SparseModelError)."""
+    path = Path(path)
+    sparse_model_rows(path, dim)  # names a missing file
+    key_file, vec_file = path / KEY_FILE, path / VECTOR_FILE
+    with ExitStack() as opened:
+        kf, kst = Column.open(key_file, SparseModelError)
+        opened.callback(kf.close)
+        vf, vst = Column.open(vec_file, SparseModelError)
+        opened.callback(vf.close)
+        rows = _rows(key_file, kst[2], vec_file, vst[2], dim)
+        keys = Column(key_file, kf, 0, np.dtype("<i8"), 1, SparseModelError, kst)
+        vectors = Column(vec_file, vf, 0, np.dtype("<f4"), dim, SparseModelError, vst)
+        opened.pop_all()
+    return TableFiles(keys, vectors, rows)
+
+
 def read_sparse_model(
     path: str | Path, dim: int, chunk_rows: int = 1 << 18
 ) -> Iterator[tuple[Keys, Vectors]]:
-    """Yield ``(keys, vectors)`` chunks; the whole folder is validated before the first."""
-    path = Path(path)
-    rows = sparse_model_rows(path, dim)
-    with open(path / KEY_FILE, "rb") as kf, open(path / VECTOR_FILE, "rb") as vf:
-        for lo in range(0, rows, chunk_rows):
-            n = min(chunk_rows, rows - lo)
-            keys = np.frombuffer(kf.read(n * 8), dtype="<i8").astype(np.int64, copy=False)
-            vecs = np.frombuffer(vf.read(n * dim * 4), dtype="<f4").reshape(n, dim)
-            yield keys, vecs
+    """Yield ``(keys, vectors)`` chunks; the whole folder's sizes are checked before the
+    first, and a file that ends early (truncated meanwhile) is a SparseModelError naming it
+    and the row."""
+    with open_sparse_model(path, dim) as files:
+        yield from files.chunks(chunk_rows)
 
 
 def write_sparse_model(path: str | Path, keys: Keys, vectors: Vectors) -> None:

@@ -6,7 +6,12 @@ the others find the work done), a table is imported when its files are not the o
 recorded as imported (paths, sizes, modification times, in a record beside L3) and L3 does
 not already hold them (a sample of rows with exactly the files' vectors: a retrained table,
 same keys with new vectors, is imported again). Every file of every table is validated
-before anything is written, and a table is recorded only once it is completely loaded.
+before anything is written, and a table is recorded only once it is completely loaded
+and its rows are durable (the record itself is written durably). An import opens each
+table's files once, before validating them, and validates, loads and stamps those: files
+replaced meanwhile are imported as they were opened (and recorded so; the next import
+imports the new ones); files rewritten in place meanwhile fail the import of the table
+(FormatError), which is then not recorded.
 
 Nothing is locked or written when there is nothing to import (every table's record is
 current), and an L3 that cannot be written (``persistent_db.read_only``, or a folder this
@@ -31,11 +36,12 @@ import os
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from hps.config import PSConfig
-from hps.errors import ConfigError
+from hps.errors import ConfigError, FormatError
+from hps.io.durable import replace_durably
 from hps.loading.loader import Loader, TableSource, l2_action, l3_matches, sparse_source
 from hps.tiers import Tiers
 from hps.topology import Topology
@@ -104,9 +110,9 @@ class ImportRecord:
             self._save()
 
     def _save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.tables, indent=1))
-        tmp.replace(self.path)
+        """Replace the record durably: what it says survives a crash (the rows it names
+        are durable before it is written: :meth:`hps.loading.loader.Loader.load`)."""
+        replace_durably(self.path, json.dumps(self.tables, indent=1))
 
 
 class FillRecord:
@@ -188,10 +194,13 @@ def import_tables(
     if topo.l3 and not fresh and l3_read_only(config):
         _check_read_only(config, sources, force)
         return {}
-    with import_lock(state):
+    with import_lock(state), ExitStack() as files:
         record = ImportRecord(state)
         fresh = topo.l3 and not Path(config.persistent_db.path).exists()
         todo = [s for s in sources if force or fresh or not record.current(s)]
+        # opened once, before anything is read: every pass reads (and the record stamps)
+        # the same files, whatever replaces them meanwhile
+        todo = [files.enter_context(s.opened()) for s in todo]
         if todo and topo.l3 and not fresh and not force:
             reader = Tiers.open(config, l3_mode="read_only", l2=False)
             reader.open_tables(s.spec for s in todo)
@@ -226,12 +235,35 @@ def import_tables(
         try:
             for s in todo:
                 log.info("%s: importing %s", s.spec.name, s.files[0].parent)
-                imported[s.spec.name] = loader.load(s)
+                imported[s.spec.name] = loader.load(s)  # durable when it returns
+                _check_loaded(s)
                 record.mark(s)
                 FillRecord(state).forget(s.spec.name)  # L2 is filled again from here
         finally:
             writer.close()
     return imported
+
+
+def _check_loaded(source: TableSource) -> None:
+    """Before ``source`` (opened, now loaded) is recorded: a FormatError when its files
+    were written meanwhile (the rows loaded may mix two versions of them); files replaced
+    meanwhile were loaded as they were opened, which the record says (its stamp is
+    theirs): the next import imports the new ones."""
+    assert source.handles is not None
+    if written := source.handles.written():
+        raise FormatError(
+            f"{source.spec.name}: {', '.join(map(str, written))} changed while it was imported "
+            "(rewritten in place): L3 may hold rows of both versions and the table is not "
+            "recorded as imported; replace files by renaming new ones over them, then import "
+            "again"
+        )
+    if replaced := source.handles.replaced():
+        log.warning(
+            "%s: %s replaced while it was imported: the files as they were are imported "
+            "and recorded; the next import imports the new ones",
+            source.spec.name,
+            ", ".join(map(str, replaced)),
+        )
 
 
 def _check_read_only(config: PSConfig, sources: list[TableSource], force: bool) -> None:

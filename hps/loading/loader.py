@@ -6,7 +6,12 @@ when it is made (sizes, dtypes) and, by :meth:`TableSource.validate`, read once 
 (reserved keys, NaN or infinity, duplicate keys: the last occurrence of a key wins, as in
 an upsert, and the count is reported; values the table's row format cannot hold, i.e.
 beyond float16's range). :class:`Loader` then streams it in chunks, each encoded into the
-table's row format (``hps_row_dtype``, :mod:`hps.rowformat`) as it streams.
+table's row format (``hps_row_dtype``, :mod:`hps.rowformat`) as it streams. An import holds
+the files open from before its validation to the end of its load
+(:meth:`TableSource.opened`), so the rows it writes are those it validated and stamped.
+
+Memory: the load holds a chunk; the validation also a sorted copy of every key (8 bytes per
+row) to count duplicates; :func:`l3_matches` a chunk of keys (one pass over the keys file).
 
 What happens to L2 (:data:`L2Action`) depends on whose L2 it is, which
 :func:`l2_action` reads from the :class:`hps.topology.Topology`.
@@ -16,16 +21,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
 from hps.errors import FormatError, InvalidValueError
-from hps.io.npy import npy_rows, read_npy_pair
+from hps.io.npy import npy_rows, open_npy_pair
 from hps.io.progress import Progress
-from hps.io.sparse_model import KEY_FILE, VECTOR_FILE, read_sparse_model, sparse_model_rows
+from hps.io.sparse_model import KEY_FILE, VECTOR_FILE, open_sparse_model, sparse_model_rows
+from hps.io.table_files import TableFiles, path_stamp
 from hps.tiers import Tiers, check_encodable, encode_rows
 from hps.topology import Topology
 from hps.types import Keys, TableSpec, Vectors
@@ -41,71 +48,114 @@ table's keys (a node's shared L2, refilled by its serving processes); ``fill``: 
 first ``l2_share`` of the rows and, when L3 is written too, remove the rest (stale)."""
 
 SAMPLE_ROWS = 64
+KEY_SCAN_ROWS = 1 << 20  # keys per chunk of a pass over the keys alone (8 MiB)
 
 
 @dataclass(frozen=True)
 class TableSource:
-    """One table's files: a HugeCTR sparse-model folder or a ``.npy`` key/vector pair."""
+    """One table's files: a HugeCTR sparse-model folder or a ``.npy`` key/vector pair.
+
+    Each pass (:meth:`chunks`, :meth:`validate`, :meth:`sample`) opens the files for its
+    own length, unless the source is :meth:`opened`: then every pass reads the files as
+    they were opened, whatever replaces their paths meanwhile, and :meth:`stamp` is theirs.
+    """
 
     spec: TableSpec
     files: tuple[Path, ...]
     rows: int
     kind: Literal["sparse", "npy"]
+    handles: TableFiles | None = field(default=None, compare=False, repr=False)
+
+    @contextmanager
+    def opened(self) -> Iterator[TableSource]:
+        """This source with its files opened until the block ends (itself if they are)."""
+        if self.handles is not None:
+            yield self
+            return
+        with self._open() as files:
+            if files.rows != self.rows:
+                raise FormatError(
+                    f"{self.files[0]}: {files.rows} rows now, {self.rows} when it was checked "
+                    "(replaced meanwhile): run the import again"
+                )
+            yield replace(self, handles=files)
+
+    def _open(self) -> TableFiles:
+        if self.kind == "sparse":
+            return open_sparse_model(self.files[0].parent, self.spec.dim)
+        return open_npy_pair(self.files[0], self.files[1], self.spec.dim)
 
     def chunks(self, chunk_rows: int = 1 << 18) -> Chunks:
-        if self.kind == "sparse":
-            return read_sparse_model(self.files[0].parent, self.spec.dim, chunk_rows)
-        return read_npy_pair(self.files[0], self.files[1], self.spec.dim, chunk_rows)
+        with self.opened() as src:
+            assert src.handles is not None
+            yield from src.handles.chunks(chunk_rows)
 
     def stamp(self) -> list[str | int]:
-        """What identifies this version of the files: paths, sizes, modification times, and
-        the row format they are stored in (when not float32: older records stay current)."""
-        out: list[str | int] = []
-        for f in self.files:
-            st = f.stat()
-            out += [str(f), st.st_size, st.st_mtime_ns]
+        """What identifies this version of the files: paths, sizes, modification times (of
+        the opened files when :meth:`opened`, else as the paths name them now), and the row
+        format they are stored in (when not float32: older records stay current)."""
+        out = path_stamp(self.files) if self.handles is None else self.handles.stamp()
         if self.spec.row_dtype != "float32":
             out.append(f"row_dtype={self.spec.row_dtype}")
         return out
 
-    def _keys(self) -> np.ndarray:
-        if self.kind == "sparse":
-            if self.rows == 0:  # an empty file cannot be mapped
-                return np.empty(0, "<i8")
-            return np.memmap(self.files[0], dtype="<i8", mode="r")
-        return np.asarray(np.load(self.files[0], mmap_mode="r"))
-
-    def _vectors(self) -> np.ndarray:
-        if self.kind == "sparse":
-            if self.rows == 0:
-                return np.empty((0, self.spec.dim), "<f4")
-            return np.memmap(self.files[1], dtype="<f4", mode="r").reshape(-1, self.spec.dim)
-        return np.asarray(np.load(self.files[1], mmap_mode="r"))
-
     def sample(self, n: int = SAMPLE_ROWS) -> tuple[Keys, Vectors]:
-        """Up to ``n`` rows spread evenly over the files (with the last one)."""
+        """Up to ``n`` keys spread evenly over the files (with the last one), each with the
+        vector of its last occurrence in the files (the row an import leaves: a duplicated
+        key's later row overwrites the earlier). Reads the whole keys file, in chunks."""
         if self.rows == 0:
             return np.empty(0, np.int64), np.empty((0, self.spec.dim), np.float32)
-        at = np.unique(np.linspace(0, self.rows - 1, min(n, self.rows)).astype(np.int64))
-        return (
-            np.asarray(self._keys()[at], dtype=np.int64),
-            np.asarray(self._vectors()[at], dtype=np.float32),
-        )
+        with self.opened() as src:
+            files = src.handles
+            assert files is not None
+            at = np.unique(np.linspace(0, self.rows - 1, min(n, self.rows)).astype(np.int64))
+            keys = files.keys_at(at)
+            return keys, files.vectors_at(_last_rows(files, keys, at))
 
     def validate(self) -> int:
         """Read the files once; raise on bad rows (FormatError), or on values the table's
         row format cannot hold (InvalidValueError naming the table). Returns the number of
-        duplicate keys."""
-        for keys, vectors in self.chunks():
-            try:
-                _, vectors = as_rows(self.spec, keys, vectors)
-            except Exception as exc:
-                raise FormatError(f"{self.files[0]}: {exc}") from None
-            try:
-                check_encodable(self.spec, vectors)
-            except InvalidValueError as exc:
-                raise InvalidValueError(f"{exc} (in {self.files[-1]})") from None
-        return int(self.rows - np.unique(self._keys()).size)
+        duplicate keys, counted on a sorted copy of every key: 8 bytes per row of memory,
+        on top of a chunk."""
+        keys = np.empty(self.rows, np.int64)
+        lo = 0
+        with self.opened() as src:
+            for chunk, vectors in src.chunks():
+                try:
+                    _, vectors = as_rows(self.spec, chunk, vectors)
+                except Exception as exc:
+                    raise FormatError(f"{self.files[0]}: {exc}") from None
+                try:
+                    check_encodable(self.spec, vectors)
+                except InvalidValueError as exc:
+                    raise InvalidValueError(f"{exc} (in {self.files[-1]})") from None
+                keys[lo : lo + chunk.size] = chunk
+                lo += chunk.size
+        return _duplicates(keys)
+
+
+def _last_rows(files: TableFiles, keys: Keys, at: np.ndarray) -> np.ndarray:
+    """For each of ``keys`` (read at rows ``at``), the row of its last occurrence in the
+    files: one pass over the keys file in chunks, a few NumPy operations each."""
+    wanted = np.unique(keys)
+    last = np.full(wanted.size, -1, np.int64)
+    np.maximum.at(last, np.searchsorted(wanted, keys), at)
+    for lo, chunk in files.key_chunks(KEY_SCAN_ROWS):
+        hit = np.flatnonzero(np.isin(chunk, wanted))
+        if hit.size:
+            np.maximum.at(last, np.searchsorted(wanted, chunk[hit]), lo + hit)
+    return last[np.searchsorted(wanted, keys)]
+
+
+def _duplicates(keys: np.ndarray) -> int:
+    """Keys that repeat an earlier one: ``keys`` sorted in place, then neighbours compared
+    a chunk at a time (no array of the keys' size beyond ``keys``)."""
+    keys.sort()
+    total = 0
+    for lo in range(0, keys.size - 1, KEY_SCAN_ROWS):
+        hi = min(keys.size - 1, lo + KEY_SCAN_ROWS)
+        total += int(np.count_nonzero(keys[lo + 1 : hi + 1] == keys[lo:hi]))
+    return total
 
 
 def sparse_source(spec: TableSpec, path: str | Path) -> TableSource:
@@ -131,19 +181,17 @@ def l2_action(topo: Topology, *, own: bool) -> L2Action:
 
 
 def l3_matches(tiers: Tiers, source: TableSource) -> bool:
-    """Whether L3 holds the source's rows: a sample of keys with exactly its vectors, as
-    the table's format stores them (encoding is deterministic)."""
+    """Whether L3 holds the source's rows: a sample of keys, each with exactly the vector of
+    its last occurrence in the files (:meth:`TableSource.sample`), as the table's format
+    stores them (encoding is deterministic)."""
     if tiers.persistent is None or source.rows == 0:
         return False
     keys, vectors = source.sample()
-    # The last occurrence of a duplicated key wins: compare only keys the sample has once.
-    once = np.unique(keys, return_counts=True)
-    single = np.isin(keys, once[0][once[1] == 1])
     try:
-        want = encode_rows(source.spec, vectors[single])
+        want = encode_rows(source.spec, vectors)
     except InvalidValueError:
         return False  # not importable as configured: validate() says why
-    got, found = tiers.persistent.fetch(source.spec.name, keys[single])
+    got, found = tiers.persistent.fetch(source.spec.name, keys)
     return bool(found.all()) and bool(np.array_equal(got, want))
 
 
@@ -164,7 +212,9 @@ class Loader:
 
     def load(self, source: TableSource) -> int:
         """Rows written: to L3, or to L2 when only L2 is loaded. Each chunk is encoded into
-        the table's row format once, as it streams (float32: written as read)."""
+        the table's row format once, as it streams (float32: written as read). L3's last
+        chunk is a synced write: every row is durable when this returns (a sync of the WAL
+        covers the writes before it), so a record of the import written next is true."""
         spec = source.spec
         write_l3 = self.l3 and self.tiers.persistent is not None
         l2 = self.tiers.volatile if self.l2 != "skip" else None
@@ -176,7 +226,8 @@ class Loader:
             rows = encode_rows(spec, vectors)
             if write_l3:
                 assert self.tiers.persistent is not None
-                self.tiers.persistent.insert(spec.name, keys, rows)
+                last = done + keys.size >= source.rows
+                self.tiers.persistent.insert(spec.name, keys, rows, durable=last)
             if l2 is not None:
                 n = max(0, min(keys.size, to_l2 - done))
                 if n:

@@ -98,6 +98,7 @@ def version_view(
     return {
         "version": info.version,
         "state": info.state,
+        "rows_left": info.rows_left,  # retired, its rows not dropped yet
         "created": info.created or None,  # None: version 1 of a model never versioned
         "served": info.version in served,
         "tables": len(info.model_config().tables),

@@ -32,9 +32,11 @@ def list_versions(
     exact: Annotated[bool, Query(description="count L3's rows exactly (a key scan)")] = False,
 ) -> JSON:
     """Every version of the model, oldest first: number, state (``loading``, ``ready``,
-    ``live``, ``retired``), created (unix time; null for a version 1 never recorded),
-    whether Triton serves it, rows and bytes per tier (null where a tier cannot tell);
-    with the live version, the served ones and ``hps_keep_versions``."""
+    ``live``, ``retired``), ``rows_left`` (retired, its rows not dropped yet: a drop that
+    failed, done again by a retire of it or the next activation), created (unix time; null
+    for a version 1 never recorded), whether Triton serves it, rows and bytes per tier
+    (null where a tier cannot tell); with the live version, the served ones and
+    ``hps_keep_versions``."""
     return versions.listing(_state(request), model, exact)
 
 
@@ -60,14 +62,18 @@ def import_version(model: str, body: VersionImportBody, request: Request, _: Aut
 @router.post("/v1/models/{model}/versions/{version}/activate", responses=VERSION_WRITE)
 def activate(model: str, version: VersionParam, request: Request, _: Auth) -> JSON:
     """Make a ready version live (Triton loads it, warm, before it takes traffic); answers
-    once it is: ``live``, ``previous``, ``served`` (the versions Triton serves now) and
-    ``retired`` (versions beyond ``hps_keep_versions``, their rows dropped). Activating a
-    kept older version is a rollback (no import). Unknown: 404; loading or retired: 409."""
+    once it is: ``live``, ``previous``, ``served`` (the versions Triton serves now),
+    ``retired`` (versions beyond ``hps_keep_versions``, retired now), ``rows_left`` (retired
+    versions whose rows could not be dropped yet, e.g. L3 held by ``hps consume``: the
+    activation is done regardless; the next one or a retire drops them) and ``problem``
+    (why; null when none). Activating a kept older version is a rollback (no import).
+    Unknown: 404; loading or retired: 409."""
     return versions.activate(_state(request), model, version)
 
 
 @router.delete("/v1/models/{model}/versions/{version}", responses=VERSION_WRITE)
 def retire(model: str, version: VersionParam, request: Request, _: Auth) -> JSON:
     """Retire a version: its rows dropped in every tier, its number never reused. The live
-    version, a served one (kept below the live one) or one still loading: 409."""
+    version, a served one (kept below the live one) or one still loading: 409. When the
+    drop fails (502/503) the version stays retired with ``rows_left``: retire it again."""
     return versions.retire(_state(request), model, version)

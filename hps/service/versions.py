@@ -11,7 +11,8 @@ with the control plane's checks first, so that what the state of a version forbi
 - activate: unknown version -> 404; loading or retired -> 409; no model repository of
   ``hps serve`` to write the version folders into -> 409.
 - retire: unknown -> 404; live, served (kept for rollback below the live one) or still
-  loading -> 409; retired already -> 200, nothing to do.
+  loading -> 409; retired already -> 200, nothing to do, unless its rows were left (a drop
+  that failed): they are dropped now.
 
 Imports, activations and retires of this control plane never overlap with its other writes
 of L2/L3 (:attr:`AdminState.writes`); activations and retires run one at a time.
@@ -164,7 +165,8 @@ def activate(state: AdminState, model: str, version: int) -> JSON:
         # versions beyond hps_keep_versions are retired (their rows dropped) once it is live
         kept = registry.kept(model, live=version)
         retiring = any(
-            v.state in ("ready", "live") and v.version not in kept for v in registry.versions(model)
+            (v.state in ("ready", "live") and v.version not in kept) or v.rows_left
+            for v in registry.versions(model)
         )
         with state.writes if retiring else contextlib.nullcontext():
             done = activate_on(state.config, model, version, control, Path(repository))
@@ -183,13 +185,13 @@ def retire(state: AdminState, model: str, version: int) -> JSON:
     registry = VersionRegistry(state.config)
     info = registry.get(model, version)  # unknown: 404
     answer: JSON = {"model": model, "version": version, "state": "retired"}
-    if info.state == "retired":
+    if info.state == "retired" and not info.rows_left:
         return {**answer, "changed": False}
     if info.state == "live":
         raise ConflictError(f"model {model!r} version {version} is live: activate another first")
     if info.state == "loading":
         raise ConflictError(f"model {model!r} version {version} is loading (an import writes it)")
-    if version in registry.served(model):
+    if info.state != "retired" and version in registry.served(model):
         raise ConflictError(
             f"model {model!r} version {version} is served (kept for rollback below the live "
             "one): activate a version below it first"

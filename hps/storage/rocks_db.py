@@ -53,12 +53,15 @@ from hps.storage.rocks_damage import (
     verify_cf,
 )
 from hps.storage.rocks_open import (
+    WriterFiles,
     cf_options,
     db_options,
     format_record,
+    manifest_changed,
     meta_key,
     open_db,
     recorded_format,
+    sync_view,
     writer_files,
 )
 from hps.types import Keys, Mask, TableSpec
@@ -105,9 +108,9 @@ class RocksDBStore(EmbeddingStore):
         self._opened = open_db(path, opts, self._cache, mode)
         self._db = self._opened.db
         self._existing = self._opened.existing
-        self._caught_up_to: frozenset[tuple[str, int, int, int]] | None = None
+        self._caught_up_to: WriterFiles | None = None
         self.catch_ups = 0  # catch-ups that ran (secondary)
-        self.reopens = 0  # times a failed catch-up opened it again (secondary)
+        self.reopens = 0  # times a catch-up opened it again (secondary: see _reopen)
         self._damaged = DamagedKeys()
         self._sync = rd.WriteOptions()
         self._sync.sync = True
@@ -180,28 +183,55 @@ class RocksDBStore(EmbeddingStore):
     def catch_up(self) -> None:
         """Secondary instances: replay what the writer has written since; nothing when the
         writer's MANIFEST and WAL files are as they were at the last catch-up (a catch-up
-        revisits every column family, about 1 ms on the demo's 79, even with nothing new)."""
+        revisits every column family, about 1 ms on the demo's 79, even with nothing new).
+
+        One that reads through a view of links (:func:`hps.storage.rocks_open.read_only_view`)
+        first brings the links in line with the folder (the writer's new WAL, MANIFEST and
+        SST files). When the MANIFEST changed, the column families are listed: one this
+        instance holds that the writer dropped (a model version retired) has it opened
+        again, without it, so that the dropped table's deleted files are not held open (their
+        disk space pinned) until the process ends."""
         if self.mode != "secondary":
             return
-        files = writer_files(self._opened.view or self.path)
+        files = writer_files(self.path)
         if files is not None and files == self._caught_up_to:
             return
+        if self._opened.view is not None:
+            try:
+                sync_view(self.path, self._opened.view)
+            except OSError as exc:
+                raise BackendError(f"rocks_db: cannot follow {self.path!r}: {exc}") from exc
         try:
             self._db.try_catch_up_with_primary()
         except Exception as exc:  # noqa: BLE001 - rocksdict raises a bare Exception
-            self._reopen(exc)
+            self._reopen(f"a catch-up failed: {exc}")
+        else:
+            if manifest_changed(self._caught_up_to, files):
+                self._release_dropped()
         self._caught_up_to = files  # as they were before it: a later write changes them
         self.catch_ups += 1
         self._damaged.clear()  # the writer may have rewritten them: read them again
 
-    def _reopen(self, why: Exception) -> None:
+    def _release_dropped(self) -> None:
+        """Open this secondary again when a column family it holds is gone from the
+        database (dropped by the writer): RocksDB keeps a dropped column family's files
+        open in every instance that holds its handle."""
+        try:
+            listed = set(rd.Rdict.list_cf(self.path, self._opts))
+        except Exception:  # noqa: BLE001 - unreadable just now: the next catch-up looks again
+            return
+        if gone := self._existing - listed:
+            self._reopen(f"the writer dropped {', '.join(sorted(gone))}")
+
+    def _reopen(self, why: str) -> None:
         """Open this secondary again, reading the writer's state as it is now.
 
         A secondary cannot replay the drop of a column family it never saw (one the writer
         created after it opened: a model version imported, then retired): every catch-up
-        then fails ("Corruption: MANIFEST ..."). The instance it replaces is left to the
-        reads still in it (it closes with its last reference); BackendError if the new one
-        cannot be opened."""
+        then fails ("Corruption: MANIFEST ..."). Nor does a replayed drop release the
+        column family's files (:meth:`_release_dropped`). The instance it replaces is left
+        to the reads still in it (it closes with its last reference, and its files with
+        it); BackendError if the new one cannot be opened."""
         opened = open_db(self.path, self._opts, self._cache, self.mode)
         try:
             cfs = {t: opened.db.get_column_family(t) for t in self._specs if t in opened.existing}
@@ -213,7 +243,7 @@ class RocksDBStore(EmbeddingStore):
         self._opened, self._db, self._existing, self._cfs = opened, opened.db, opened.existing, cfs
         self.reopens += 1
         old.remove_folders()  # files the old instance holds open stay readable to it
-        log.info("rocks_db: %s reopened as a secondary (a catch-up failed: %s)", self.path, why)
+        log.info("rocks_db: %s reopened as a secondary (%s)", self.path, why)
 
     def fetch(self, table: str, keys: Keys) -> tuple[Stored, Mask]:
         """Stored rows and found mask; keys in damaged blocks raise DamagedRowsError

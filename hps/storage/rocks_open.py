@@ -2,8 +2,10 @@
 
 - :func:`db_options` and :func:`cf_options`: the database's options, its memory bounded for
   all column families together (one memtable budget, one block cache).
-- :func:`read_only_view`: a reader of a database it may not write (a read-only volume) opens
-  it through a temporary folder of links, so that it writes nothing beside it.
+- :func:`read_only_view`: a reader of a database it may not write (a read-only volume, or
+  a folder another user's writer owns) opens it through a temporary folder of links, so
+  that it writes nothing beside it; a secondary brings the links in line with the folder
+  before each catch-up (:func:`sync_view`).
 - Each table's row format and dimension are recorded in the database's ``default`` column
   family under ``hps.table/<model>.<table>`` (JSON, :func:`format_record`) when the table is
   created, and read back (:func:`recorded_format`) when it is opened; a table created before
@@ -12,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -57,7 +60,10 @@ def db_options(
 INFO_LOGS_KEPT = 5
 
 
-def writer_files(path: str) -> frozenset[tuple[str, int, int, int]] | None:
+WriterFiles = frozenset[tuple[str, int, int, int]]
+
+
+def writer_files(path: str) -> WriterFiles | None:
     """What a secondary instance catches up from, as (name, inode, size, mtime_ns) of the
     database's ``CURRENT``, MANIFEST and WAL (``*.log``) files; None when they cannot be
     read. The writer appends to them (never rewrites in place: WAL recycling is off), so
@@ -74,6 +80,16 @@ def writer_files(path: str) -> frozenset[tuple[str, int, int, int]] | None:
             )
     except OSError:
         return None
+
+
+def manifest_changed(before: WriterFiles | None, now: WriterFiles | None) -> bool:
+    """Whether the writer wrote its MANIFEST (a flush, a compaction, a column family
+    created or dropped) between two :func:`writer_files` answers (True when unknown)."""
+    if before is None or now is None:
+        return True
+    return {f for f in before if f[0].startswith("MANIFEST-")} != {
+        f for f in now if f[0].startswith("MANIFEST-")
+    }
 
 
 def cf_options(cache: rd.Cache) -> rd.Options:
@@ -118,7 +134,7 @@ def open_db(path: str, opts: rd.Options, cache: rd.Cache, mode: str) -> Opened:
         secondary_dir = str(owned_tempdir("hps-rocks-secondary-"))
         access = rd.AccessType.secondary(secondary_dir)
     view = None
-    if mode != "read_write" and not os.access(path, os.W_OK):
+    if mode != "read_write" and not may_write(path):
         view = read_only_view(path)
     opened = Opened(cast(rd.Rdict, None), set(), secondary_dir, view)
     try:
@@ -136,13 +152,19 @@ def open_db(path: str, opts: rd.Options, cache: rd.Cache, mode: str) -> Opened:
     return opened
 
 
+def may_write(path: str) -> bool:
+    """Whether this process may write the database's folder (else: :func:`read_only_view`)."""
+    return os.access(path, os.W_OK)
+
+
 def read_only_view(path: str) -> str:
     """A temporary folder of symbolic links to the files of the database at ``path``.
 
     rocksdict writes its ``rocksdict-config.json`` beside every database it opens, read-only
     too: a reader of a folder it may not write (a read-only volume) opens this view instead
     (RocksDB reads through the links; the config is a copy rocksdict may rewrite). The
-    files are those of the moment it opens: right for a folder nothing writes.
+    links are those of the moment it opens; a secondary that follows a writer calls
+    :func:`sync_view` before each catch-up.
     """
     view = str(owned_tempdir("hps-rocks-view-"))
     for name in os.listdir(path):
@@ -152,6 +174,21 @@ def read_only_view(path: str) -> str:
         elif name != "LOCK":
             os.symlink(src, os.path.join(view, name))
     return view
+
+
+def sync_view(path: str, view: str) -> None:
+    """Bring the view's links in line with the database's folder: a link for each file the
+    writer made since (a new WAL, MANIFEST or SST file; ``CURRENT`` is a link by name, so
+    the writer's rename of it shows through), none for a file it deleted."""
+    names = set(os.listdir(path)) - {"LOCK", "rocksdict-config.json"}
+    with os.scandir(view) as entries:
+        links = {e.name for e in entries if e.is_symlink()}
+    for name in links - names:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(view, name))
+    for name in names - links:
+        with contextlib.suppress(FileExistsError):
+            os.symlink(os.path.join(path, name), os.path.join(view, name))
 
 
 def meta_key(table: str) -> bytes:

@@ -12,7 +12,12 @@ ones up to the live one) and sends an unversioned request to the highest ready o
    served are unloaded once their in-flight requests finish (a rollback);
 3. once Triton has unloaded the versions no longer served (their requests in flight
    finished), the version is recorded live, and versions beyond ``hps_keep_versions`` are
-   retired (their rows dropped in every tier).
+   retired (their rows dropped in every tier), with any retired before whose rows were left.
+
+The switch is done once the version is recorded live: a drop of old rows that fails then
+(L3 held by ``hps consume``) does not fail the activation. It is logged, the versions are
+reported in :attr:`Activation.rows_left` (recorded retired with their rows left: the next
+activation, a retire of them or a purge drops them), and the activation returns.
 
 A failed load leaves Triton serving what it served and the record unchanged (the folders'
 policy is put back). A crash between 2 and 3 leaves each request answered by one whole
@@ -47,7 +52,9 @@ class Activation:
     live: int  # the version now live
     previous: int  # the version live before
     served: list[int]  # the versions Triton serves now
-    retired: list[int]  # versions whose rows were dropped (beyond hps_keep_versions)
+    retired: list[int]  # versions retired now (beyond hps_keep_versions)
+    rows_left: list[int]  # retired versions whose rows are not dropped yet (a drop failed)
+    problem: str | None  # why the first of them was not dropped
 
 
 def activate(
@@ -93,9 +100,23 @@ def _activate(
     # not what Triton was just told to serve, even if a version imported meanwhile (which
     # changes what is kept) leaves it beyond the kept ones
     retired = [v for v in registry.beyond_kept(model) if v not in loaded and v not in served]
-    for v in retired:
-        retire_held(config, model, v)
-    return Activation(model, version, previous, served, retired)
+    left, problem = _retire(config, model, sorted({*retired, *registry.rows_left(model)}))
+    return Activation(model, version, previous, served, retired, left, problem)
+
+
+def _retire(config: PSConfig, model: str, versions: list[int]) -> tuple[list[int], str | None]:
+    """Retire ``versions`` (the switch is done: a failure is logged, not raised); those
+    whose rows are left, and why the first was."""
+    left: list[int] = []
+    problem: str | None = None
+    for v in versions:
+        try:
+            retire_held(config, model, v)
+        except Exception as exc:  # noqa: BLE001 - reported; the version is live regardless
+            log.error("model %s: %s", model, exc)
+            left.append(v)
+            problem = problem or str(exc)
+    return left, problem
 
 
 def _unloaded(control: ModelControl, names: list[str], served: list[int]) -> set[int]:

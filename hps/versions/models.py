@@ -105,17 +105,18 @@ def mark_removed(config: PSConfig, model: str) -> None:
 
 
 def purge(config: PSConfig, model: str) -> list[int]:
-    """Drop the rows of every version of a removed model in every tier and record them
-    retired; the versions purged."""
+    """Drop the rows of every version of a removed model in every tier (those of retired
+    versions whose rows were left too) and record them retired; the versions purged."""
     registry = VersionRegistry(config)
     if not registry.removed(model):
         raise ConfigError(f"model {model!r} is served: remove it before purging it")
-    infos = [v for v in registry.versions(model) if v.state != "retired"]
+    infos = [v for v in registry.versions(model) if v.state != "retired" or v.rows_left]
     drop_versions(config, [v.model_config() for v in infos])
     with registry.editing() as doc:
         rec = cast(JSON, doc.get(model) or {})
         versions = cast(dict[str, JSON], rec.get("versions", {}))
         for v in versions.values():
             cast(JSON, v)["state"] = "retired"
+            cast(JSON, v)["rows_left"] = False
         doc[model] = rec
     return [v.version for v in infos]

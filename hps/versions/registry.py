@@ -13,24 +13,27 @@ node that never used versions reads as it always did. A node without a state fol
 L3 and an in-process L2) keeps nothing across restarts, and has version 1 only.
 
 States: ``loading`` (an import is writing it), ``ready`` (complete, not served by default),
-``live`` (what ``/v2/models/<model>/infer`` answers with; exactly one), ``retired`` (its rows
-dropped; the number is never reused).
+``live`` (what ``/v2/models/<model>/infer`` answers with; exactly one), ``retired`` (nothing
+serves it or writes it any more, its rows are dropped; the number is never reused). A
+version is recorded retired before its rows are dropped, with ``rows_left`` until the drop
+has succeeded: a drop that failed (L3 held by ``hps consume``) or never ran (a crash) is
+done again by the next retire of it, the next activation of its model, or a purge.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal, cast
 
 from hps.config import ModelConfig, PSConfig
 from hps.errors import ConfigError, UnknownTableError
+from hps.io.durable import replace_durably
 from hps.types import JSON
 
 VersionState = Literal["loading", "ready", "live", "retired"]
@@ -45,6 +48,7 @@ class VersionInfo:
     state: VersionState
     created: float  # unix time the import began
     entry: JSON  # the ps.json model entry it was imported from (paths absolute)
+    rows_left: bool = False  # retired, its rows not dropped yet (see the module docstring)
 
     def model_config(self) -> ModelConfig:
         """The entry as a ModelConfig whose tables are in this version's namespace."""
@@ -101,6 +105,7 @@ class VersionRegistry:
                     cast(VersionState, v["state"]),
                     float(cast(float, v["created"])),
                     cast(JSON, v["entry"]),
+                    bool(v.get("rows_left", False)),
                 )
                 for n, v in raw.items()
             ),
@@ -170,6 +175,10 @@ class VersionRegistry:
             live = self.live(model)
         return [v for v in self.kept(model, live) if v <= live]
 
+    def rows_left(self, model: str) -> list[int]:
+        """Retired versions whose rows are still to be dropped."""
+        return [v.version for v in self.versions(model) if v.rows_left]
+
     def beyond_kept(self, model: str) -> list[int]:
         """Ready versions no longer kept (what an activation retires)."""
         kept = self.kept(model)
@@ -220,9 +229,7 @@ class VersionRegistry:
             fcntl.flock(lock, fcntl.LOCK_EX)
             doc = self._read()
             yield doc
-            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(doc, indent=1))
-            tmp.replace(self.path)
+            replace_durably(self.path, json.dumps(doc, indent=1))
 
     def _edit(
         self,
@@ -236,15 +243,11 @@ class VersionRegistry:
             current = {v.version: v for v in self.versions(model)}
             new_live = change(current)
             if new_live is not None:
-                current = {
-                    n: VersionInfo(
-                        n,
-                        "live" if n == new_live else ("ready" if v.state == "live" else v.state),
-                        v.created,
-                        v.entry,
-                    )
-                    for n, v in current.items()
-                }
+                for n, v in list(current.items()):
+                    if n == new_live:
+                        current[n] = replace(v, state="live")
+                    elif v.state == "live":
+                        current[n] = replace(v, state="ready")
             rec = cast(JSON, doc.get(model) or {})
             rec["versions"] = {str(n): asdict(v) for n, v in sorted(current.items())}
             if served is not None:
@@ -269,14 +272,17 @@ class VersionRegistry:
 
         self._edit(model.model, change)
 
-    def set_state(self, model: str, version: int, state: VersionState) -> None:
-        """``loading`` -> ``ready`` when an import completes, or -> ``retired``."""
+    def set_state(
+        self, model: str, version: int, state: VersionState, *, rows_left: bool = False
+    ) -> None:
+        """``loading`` -> ``ready`` when an import completes, or -> ``retired`` (with
+        ``rows_left`` until its rows are dropped)."""
 
         def change(current: dict[int, VersionInfo]) -> None:
             v = self._known(model, current, version)
             if v.state == "live" and state != "live":
                 raise ConfigError(f"model {model!r} version {version} is live: activate another")
-            current[version] = VersionInfo(version, state, v.created, v.entry)
+            current[version] = replace(v, state=state, rows_left=rows_left)
 
         self._edit(model, change)
 

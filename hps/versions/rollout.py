@@ -7,7 +7,9 @@ plane's ``/v1/models/{model}/versions`` routes call).
   The dense and network files are copied into the node's versions folder, so the version
   stays what it was imported as even if the files are replaced later.
 - :func:`retire`: drop a version's rows in every tier (not the live one, nor a served one;
-  a ``loading`` one only once its importer is gone: a process that died mid-import).
+  a ``loading`` one only once its importer is gone: a process that died mid-import). It is
+  recorded retired first, with its rows left until the drop succeeds: a retired version's
+  rows are always dropped in the end (again by a later retire, activation or purge).
 
 Activating a version is Triton's part: :mod:`hps.triton.activation`.
 """
@@ -22,7 +24,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from hps.config import ModelConfig, PSConfig
-from hps.errors import ConfigError
+from hps.errors import BackendError, ConfigError
 from hps.loading.imports import (
     ImportRecord,
     import_lock,
@@ -181,28 +183,44 @@ def drop_versions(config: PSConfig, entries: list[ModelConfig]) -> None:
 
 
 def retire(config: PSConfig, model: str, version: int) -> None:
-    """Drop ``version``'s rows in every tier and record it retired (not the live one, nor
-    one Triton serves), under the node's lock of version changes."""
+    """Record ``version`` retired and drop its rows in every tier (not the live one, nor
+    one Triton serves), under the node's lock of version changes. A version retired
+    before whose rows are left (a drop that failed) has them dropped now."""
     registry = VersionRegistry(config)
     with registry.changing():
         retire_held(config, model, version)
 
 
 def retire_held(config: PSConfig, model: str, version: int) -> None:
-    """:func:`retire` for a caller that holds ``VersionRegistry.changing`` (an activation)."""
+    """:func:`retire` for a caller that holds ``VersionRegistry.changing`` (an activation).
+
+    The version is recorded retired (nothing starts serving it or routes updates to it)
+    with its rows left, then they are dropped, then recorded dropped: when the drop fails
+    (L3 held by ``hps consume``: BackendError) or the process dies before it ends, the
+    record says so and the next retire of it, activation of the model or purge drops
+    them (dropping is idempotent). A failed drop is a BackendError saying the version is
+    retired and what to run."""
     registry = VersionRegistry(config)
     info = registry.get(model, version)
     if info.state == "live":
         raise ConfigError(f"model {model!r} version {version} is live: activate another first")
-    if info.state == "retired":
+    if info.state == "retired" and not info.rows_left:
         return
     if info.state == "loading" and not _abandoned(config, model, version):
         raise ConfigError(f"model {model!r} version {version} is being imported")
-    if version in registry.served(model):
+    if info.state != "retired" and version in registry.served(model):
         raise ConfigError(
             f"model {model!r} version {version} is served (kept for rollback below the live "
             "one): activate a version below it first"
         )
-    registry.set_state(model, version, "retired")  # first: nothing starts serving it now
-    drop_versions(config, [info.model_config()])
+    registry.set_state(model, version, "retired", rows_left=True)  # first: nothing serves it
+    try:
+        drop_versions(config, [info.model_config()])
+    except Exception as exc:
+        raise BackendError(
+            f"model {model!r} version {version} is retired but its rows could not be dropped "
+            f"({exc}); they are dropped by the next retire of it (hps versions retire), "
+            "activation of the model or purge"
+        ) from exc
+    registry.set_state(model, version, "retired")
     log.info("model %s: version %d retired, its rows dropped", model, version)

@@ -202,3 +202,5 @@ def test_report_lines() -> None:
         "MiB)",
     ]
     assert two.split()[:3] == ["m", "12", "retired"] and two.endswith("l2 -  l3 -")
+    report["versions"][1]["rows_left"] = True  # a retire whose drop failed
+    assert report_lines(report)[1].endswith("l2 -  l3 -  rows left: retire it again")

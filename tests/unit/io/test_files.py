@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from hps.errors import BatchTooLargeError, FormatError
+from hps.errors import BatchTooLargeError, FormatError, SparseModelError
 from hps.io.keyset import read_keyset, write_keyset
 from hps.io.npy import read_npy_pair
 from hps.io.sparse_model import read_sparse_model, sparse_model_rows, write_sparse_model
@@ -66,3 +67,26 @@ def test_npy_unsigned_keys_beyond_int64_are_refused_not_wrapped(tmp_path: Path) 
     np.save(tmp_path / "v.npy", rows(np.arange(4), 3))
     [(k, _)] = list(read_npy_pair(tmp_path / "k.npy", tmp_path / "v.npy", 3))
     assert k.dtype == np.int64 and k.tolist() == [1, 2, 3, 4]
+
+
+def test_a_sparse_model_truncated_while_it_is_read_names_the_file_and_row(
+    tmp_path: Path,
+) -> None:
+    keys = np.arange(1000, dtype=np.int64)
+    write_sparse_model(tmp_path / "t.model", keys, rows(keys, 4))
+    chunks = read_sparse_model(tmp_path / "t.model", 4, chunk_rows=300)
+    next(chunks)
+    os.truncate(tmp_path / "t.model" / "emb_vector", 4 * 4 * 500)  # rewritten in place
+    with pytest.raises(SparseModelError, match=r"t.model/emb_vector: ends in row 500, before"):
+        list(chunks)
+
+
+def test_an_npy_pair_truncated_while_it_is_read_names_the_file_and_row(tmp_path: Path) -> None:
+    np.save(tmp_path / "k.npy", np.arange(10, dtype=np.int64))
+    np.save(tmp_path / "v.npy", rows(np.arange(10), 3))
+    chunks = read_npy_pair(tmp_path / "k.npy", tmp_path / "v.npy", 3, chunk_rows=4)
+    next(chunks)
+    size = (tmp_path / "k.npy").stat().st_size
+    os.truncate(tmp_path / "k.npy", size - 8 * 5)  # keys of rows 5 to 9 gone
+    with pytest.raises(FormatError, match=r"k.npy: ends in row 5, before its last row 7"):
+        list(chunks)

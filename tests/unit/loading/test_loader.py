@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 from hps.config import PSConfig
 from hps.errors import ConfigError, FormatError, InvalidValueError, SparseModelError
-from hps.io.sparse_model import write_sparse_model
+from hps.io.sparse_model import SparseModelWriter, write_sparse_model
 from hps.loading.imports import import_tables, sparse_sources
 from hps.loading.loader import Loader, l3_matches, npy_source, sparse_source
 from hps.storage.hash_map import HashMapStore
@@ -201,3 +202,42 @@ def test_a_format_change_is_refused_then_forced(tmp_path: Path) -> None:
         assert tiers.persistent.size(spec.name) == 100
     finally:
         tiers.close()
+
+
+def test_l3_matches_a_file_whose_sampled_key_repeats_later(tmp_path: Path) -> None:
+    """L3 holds a duplicated key's last row; the sample compares that one, not the earlier
+    occurrence it read (here key 0, sampled at row 0, repeated at row 5000: unsampled)."""
+    config = two_tables(tmp_path)
+    keys = np.arange(10_000, dtype=np.int64)
+    keys[5000] = 0
+    vectors = np.arange(40_000, dtype=np.float32).reshape(10_000, 4)  # every row its own
+    write_sparse_model(tmp_path / "t0.model", keys, vectors)
+    import_tables(config, topology(config))
+    tiers = l3(config)
+    try:
+        assert l3_matches(tiers, sparse_source(config.tables[0], tmp_path / "t0.model"))
+    finally:
+        tiers.close()
+
+
+def test_validation_holds_about_8_bytes_per_key(tmp_path: Path) -> None:
+    """Counting duplicates sorts a copy of the keys and compares neighbours in chunks (a
+    ``np.unique`` of the keys held about 17 bytes per key more)."""
+    import tracemalloc
+
+    config = two_tables(tmp_path)
+    n = 4_000_000
+    keys = np.arange(n, dtype=np.int64)[::-1].copy()
+    keys[-3:] = keys[:3]  # 3 duplicates
+    with SparseModelWriter(tmp_path / "big.model") as w:
+        w.write(keys, np.zeros((n, 1), np.float32))
+    spec = replace(config.tables[0], dim=1)
+    source = sparse_source(spec, tmp_path / "big.model")
+    del keys
+    tracemalloc.start()
+    try:
+        assert source.validate() == 3
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 11 * n, peak

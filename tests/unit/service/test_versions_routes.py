@@ -173,3 +173,19 @@ def test_activate_and_retire_errors_and_the_live_version_of_table_routes(
     assert r.status_code == 409 and "is retired, not ready" in r.json()["detail"]
     r = client.post("/v1/models/demo/versions", json={"version": 2})
     assert r.status_code == 409 and "version 2 exists (retired)" in r.json()["detail"]
+
+
+def test_a_retired_version_whose_rows_were_left_is_listed_so_and_retired_again(
+    admin: tuple[TestClient, AdminState], tmp_path: Path
+) -> None:
+    client, state = admin
+    assert import_v(client, {"version": 2, "sparse_files": write_tables(tmp_path / "v2", 5)})
+    # what a retire whose drop failed (L3 held by hps consume) leaves
+    VersionRegistry(state.config).set_state("demo", 2, "retired", rows_left=True)
+    listed = client.get("/v1/models/demo/versions").json()["versions"]
+    assert [(v["version"], v["state"], v["rows_left"]) for v in listed][1] == (2, "retired", True)
+    r = client.delete("/v1/models/demo/versions/2")
+    assert r.status_code == 200 and r.json()["changed"] is True, r.text
+    listed = client.get("/v1/models/demo/versions").json()["versions"]
+    assert listed[1]["rows_left"] is False
+    assert VersionRegistry(state.config).rows_left("demo") == []

@@ -1,13 +1,18 @@
 """A secondary rocks_db instance catches up only when its writer wrote something, and then
-sees every write: rows in the WAL, rows flushed to SST files, a reopened writer's new WAL."""
+sees every write: rows in the WAL, rows flushed to SST files, a reopened writer's new WAL,
+also through a view of links; it lets go of the files of a table the writer dropped."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from hps.storage import rocks_open
 from hps.storage.rocks_db import RocksDBStore
 from hps.storage.rocks_open import INFO_LOGS_KEPT
 from hps.types import TableSpec
@@ -115,3 +120,72 @@ def opening_threads(log: Path) -> int:
     found = re.search(r"Options\.max_file_opening_threads: (\d+)", log.read_text())
     assert found is not None, log
     return int(found.group(1))
+
+
+def deleted_files_held(path: str) -> list[str]:
+    """Files of the database at ``path`` deleted but still open in this process."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(path) and target.endswith("(deleted)"):
+                held.append(target)
+    return held
+
+
+def test_a_secondary_lets_go_of_a_dropped_table_s_files(tmp_path: Path) -> None:
+    """A column family the writer dropped (a version retired) had its files kept open by
+    every secondary that held it, their disk space pinned until the process ended."""
+    path = str(tmp_path / "db")
+    later = TableSpec("m", "t", 4, version=2)
+    writer = RocksDBStore(path)
+    for spec in (SPEC, later):
+        writer.open_table(spec)
+        keys = np.arange(1000, dtype=np.int64)
+        writer.insert(spec.name, keys, rows(keys.tolist(), 0.5))
+    writer._db.flush()  # SST files, which a secondary opens
+    reader = RocksDBStore(path, mode="secondary")
+    reader.open_table(SPEC)  # serving version 1; version 2's files opened too
+    reader.catch_up()
+    writer.drop_table(later.name)
+    writer.close()  # the writer lets go of them: deleted
+    reader.catch_up()
+    assert reader.reopens == 1 and deleted_files_held(path) == []
+    assert found(reader, [1, 999]) == [True, True]  # the table it serves, as before
+    reader.open_table(TableSpec("m", "u", 4))  # a table declared later: none yet
+    assert found(reader, [1, 2]) == [True, True]
+    reader.close()
+
+
+def test_a_secondary_reading_through_a_view_follows_its_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader that may not write L3's folder reads it through a view of links: its
+    catch-ups see the writer's new WAL, MANIFEST and SST files (flushes, compactions, a
+    writer reopened), and its view keeps no link to a file the writer deleted."""
+    path = str(tmp_path / "db")
+    writer = RocksDBStore(path)
+    writer.open_table(SPEC)
+    writer.insert(SPEC.name, np.array([1], np.int64), rows([1], 0.5), durable=True)
+    monkeypatch.setattr(rocks_open, "may_write", lambda _: False)  # e.g. another user's L3
+    reader = RocksDBStore(path, mode="secondary")
+    reader.open_table(SPEC)
+    view = reader._opened.view
+    assert view is not None
+    for key in range(2, 6):
+        writer.insert(SPEC.name, np.array([key], np.int64), rows([key], 0.5), durable=True)
+        writer._db.flush()  # an SST file, a MANIFEST write, a new WAL
+        reader.catch_up()
+        assert found(reader, list(range(1, key + 1))) == [True] * key, key
+    writer._db.compact_range(None, None)  # the flushed files replaced, deleted
+    writer.close()
+    writer = RocksDBStore(path)  # a new MANIFEST and WAL
+    writer.open_table(SPEC)
+    writer.insert(SPEC.name, np.array([6], np.int64), rows([6], 0.5), durable=True)
+    reader.catch_up()
+    assert found(reader, list(range(1, 7))) == [True] * 6
+    links = [os.path.join(view, name) for name in os.listdir(view)]
+    assert all(os.path.exists(link) for link in links)  # none dangling
+    assert reader.reopens == 0
+    reader.close()
+    writer.close()

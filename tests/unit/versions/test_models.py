@@ -100,3 +100,13 @@ def test_a_failed_add_leaves_no_record(config: PSConfig, tmp_path: Path) -> None
         add_model(config, bad)
     assert served_config(config).models == config.models
     assert VersionRegistry(config).runtime_models() == []
+
+
+def test_a_purge_drops_the_rows_a_failed_retire_left(config: PSConfig, tmp_path: Path) -> None:
+    add_model(config, entry(tmp_path))
+    with VersionRegistry(config).editing() as doc:  # as a retire whose drop failed leaves it
+        doc["extra"]["versions"]["1"].update(state="retired", rows_left=True)  # type: ignore[index]
+    mark_removed(config, "extra")
+    assert purge(config, "extra") == [1]
+    assert l3_count(config, entry(tmp_path)) == 0
+    assert VersionRegistry(config).rows_left("extra") == []

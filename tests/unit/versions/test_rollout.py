@@ -194,3 +194,34 @@ def test_a_version_whose_import_died_can_be_retired(config: PSConfig) -> None:
             retire(config, "demo", 2)
     retire(config, "demo", 2)  # nobody imports it any more: abandoned
     assert registry.get("demo", 2).state == "retired"
+
+
+def column_families(config: PSConfig) -> list[str]:
+    import rocksdict as rd
+
+    return rd.Rdict.list_cf(config.persistent_db.path, rd.Options(raw_mode=True))
+
+
+def test_a_retire_whose_drop_fails_is_recorded_and_done_again(
+    config: PSConfig, tmp_path: Path
+) -> None:
+    """L3's writer lock held (here by this process, as hps consume would): the version is
+    retired (nothing serves it) with its rows left, and the next retire drops them."""
+    from hps.storage.rocks_db import RocksDBStore
+
+    import_version(
+        config, version_entry(config, "demo", sparse_files=tables(tmp_path / "v2", 7)), 2
+    )
+    holder = RocksDBStore(config.persistent_db.path)
+    try:
+        with pytest.raises(BackendError, match="version 2 is retired but its rows could not"):
+            retire(config, "demo", 2)
+    finally:
+        holder.close()
+    info = VersionRegistry(config).get("demo", 2)
+    assert (info.state, info.rows_left) == ("retired", True)
+    assert VersionRegistry(config).rows_left("demo") == [2]
+    assert "demo.t0@2" in column_families(config)
+    retire(config, "demo", 2)  # retired already, rows left: dropped now
+    assert not VersionRegistry(config).get("demo", 2).rows_left
+    assert "demo.t0@2" not in column_families(config)

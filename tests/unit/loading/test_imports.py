@@ -1,0 +1,137 @@
+"""An import reads, validates, loads and records one version of each table's files, and
+records it only once its rows are durable (real RocksDB files)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hps.config import PSConfig
+from hps.errors import FormatError
+from hps.io.sparse_model import write_sparse_model
+from hps.loading import imports
+from hps.loading.imports import ImportRecord, import_tables
+from hps.loading.loader import Loader, TableSource
+from hps.storage.rocks_db import RocksDBStore
+from hps.tiers import Tiers
+from hps.topology import topology
+from tests.helpers import make_config, rows
+
+KEYS = np.arange(100, dtype=np.int64)
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> PSConfig:
+    write_sparse_model(tmp_path / "t0.model", KEYS, rows(KEYS, 4))
+    model = {
+        "model": "demo",
+        "embedding_table_names": ["t0"],
+        "embedding_vecsize_per_table": [4],
+        "sparse_files": [str(tmp_path / "t0.model")],
+        "gpucache": False,
+    }
+    return make_config(tmp_path, models=[model])
+
+
+def l3_rows(config: PSConfig) -> np.ndarray:
+    tiers = Tiers.open(config, l3_mode="read_only", l2=False)
+    try:
+        tiers.open_tables(config.tables)
+        assert tiers.persistent is not None
+        values, found = tiers.persistent.fetch("demo.t0", KEYS)
+        assert found.all()
+        return values
+    finally:
+        tiers.close()
+
+
+def publish(folder: Path, vectors: np.ndarray) -> None:
+    """What a trainer does: write new files beside, rename them over the old ones."""
+    write_sparse_model(folder.with_name("new.model"), KEYS, vectors)
+    for name in ("key", "emb_vector"):
+        os.replace(folder.with_name("new.model") / name, folder / name)
+
+
+def load_after(monkeypatch: pytest.MonkeyPatch, step: object) -> None:
+    """Run ``step(source)`` as the load of a table begins (after its validation)."""
+    real = Loader.load
+
+    def load(self: Loader, source: TableSource) -> int:
+        step(source)  # type: ignore[operator]
+        return real(self, source)
+
+    monkeypatch.setattr(imports.Loader, "load", load)
+
+
+def test_files_replaced_after_validation_are_not_loaded_unvalidated(
+    config: PSConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad = rows(KEYS, 4, seed=3)
+    bad[7, 1] = np.nan
+    load_after(monkeypatch, lambda _: publish(tmp_path / "t0.model", bad))
+    assert import_tables(config, topology(config)) == {"demo.t0": 100}
+    np.testing.assert_array_equal(l3_rows(config), rows(KEYS, 4))  # the validated files
+    monkeypatch.undo()
+    with pytest.raises(FormatError, match="NaN"):  # the new files: not recorded as imported
+        import_tables(config, topology(config))
+
+
+def test_files_replaced_during_an_import_are_imported_by_the_next(
+    config: PSConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    load_after(monkeypatch, lambda _: publish(tmp_path / "t0.model", rows(KEYS, 4, seed=9)))
+    assert import_tables(config, topology(config)) == {"demo.t0": 100}
+    assert "replaced while it was imported" in caplog.text
+    monkeypatch.undo()
+    assert import_tables(config, topology(config)) == {"demo.t0": 100}  # not "unchanged"
+    np.testing.assert_array_equal(l3_rows(config), rows(KEYS, 4, seed=9))
+    assert import_tables(config, topology(config)) == {}
+
+
+def test_files_rewritten_in_place_during_an_import_fail_it_unrecorded(
+    config: PSConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def rewrite(_: TableSource) -> None:
+        with open(tmp_path / "t0.model" / "emb_vector", "r+b") as f:
+            f.write(rows(KEYS, 4, seed=5).tobytes())
+
+    load_after(monkeypatch, rewrite)
+    with pytest.raises(FormatError, match=r"demo\.t0: .*emb_vector changed while it was imported"):
+        import_tables(config, topology(config))
+    state = topology(config).state_dir
+    assert state is not None and "demo.t0" not in ImportRecord(state).tables
+    monkeypatch.undo()
+    import_tables(config, topology(config))  # L3 is sampled: here it holds the files now
+    assert "demo.t0" in ImportRecord(state).tables
+    np.testing.assert_array_equal(l3_rows(config), rows(KEYS, 4, seed=5))
+
+
+def test_the_record_is_written_after_a_synced_write_and_synced_itself(
+    config: PSConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[str] = []
+    insert, save, fsync = RocksDBStore.insert, ImportRecord._save, os.fsync
+
+    def spy_insert(self: RocksDBStore, *args: object, durable: bool = False) -> None:
+        events.append(f"insert durable={durable}")
+        insert(self, *args, durable=durable)  # type: ignore[arg-type]
+
+    def spy_save(self: ImportRecord) -> None:
+        events.append("record")
+        save(self)
+        events.append(f"record on disk: {'demo.t0' in self.path.read_text()}")
+
+    def spy_fsync(fd: int) -> None:
+        events.append("fsync")
+        fsync(fd)
+
+    monkeypatch.setattr(RocksDBStore, "insert", spy_insert)
+    monkeypatch.setattr(ImportRecord, "_save", spy_save)
+    monkeypatch.setattr(os, "fsync", spy_fsync)
+    import_tables(config, topology(config))
+    start = events.index("record")
+    assert events[start - 1] == "insert durable=True"  # the load's last write: synced
+    assert events[start:] == ["record", "fsync", "fsync", "record on disk: True"]  # file, folder
