@@ -2,6 +2,10 @@
 
 Each area registers its own sub-commands (``register(subparsers)`` in its ``commands``
 module); handlers import their heavy dependencies lazily so ``hps --help`` stays fast.
+The argparse types every command shares are here (:func:`positive_int`, :func:`port`, ...):
+a number out of range is a usage error that names the option (status 2) before any work.
+An :class:`~hps.errors.HPSError` or an ``OSError`` (a path that cannot be read or written)
+ends a command with ``hps CMD: error: ...`` and status 2, without a traceback.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import math
 import os
 import sys
 
@@ -31,8 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hps", description="Hierarchical inference parameter server for embeddings."
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="debug logging (an OS error's traceback too)"
+    )
+    # Not required=True: argparse checks required arguments before unknown ones, and
+    # `hps --bogus` would be told that COMMAND is missing; _dispatch asks for it instead.
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     return parser
@@ -50,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(argv: list[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.error("the following arguments are required: COMMAND")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -58,12 +70,94 @@ def _dispatch(argv: list[str] | None) -> int:
     try:
         return int(args.func(args) or 0)
     except HPSError as exc:
-        from hps.redact import scrub
-
-        print(f"hps {args.command}: error: {scrub(str(exc))}", file=sys.stderr)
-        return 2
+        return _error(args.command, str(exc))
+    except BrokenPipeError:
+        raise  # a reader that went away: main() ends quietly
+    except OSError as exc:  # a path that cannot be written or read, an address refused
+        logging.getLogger(__name__).debug("hps %s failed", args.command, exc_info=True)
+        return _error(args.command, os_error_text(exc))
     except KeyboardInterrupt:
         return 130
+
+
+def _error(command: str, message: str) -> int:
+    """``hps CMD: error: MESSAGE`` on stderr (registered secrets scrubbed); status 2."""
+    from hps.redact import scrub
+
+    print(f"hps {command}: error: {scrub(message)}", file=sys.stderr)
+    return 2
+
+
+def os_error_text(exc: OSError) -> str:
+    """``PATH: reason`` (``FROM -> TO: reason`` for a rename), as a shell names it."""
+    if exc.strerror is None:
+        return str(exc)
+    paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
+    return ": ".join([" -> ".join(paths), exc.strerror] if paths else [exc.strerror])
+
+
+# -- argparse types shared by every command ------------------------------------------------
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+PORT_MAX = 65_535
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    """A count or a size: 1 or more."""
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """A count where 0 means none (or all, as the option says)."""
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
+def positive_ints(text: str) -> list[int]:
+    """Comma-separated positive integers (``1,8,64``)."""
+    values = [positive_int(part) for part in text.split(",") if part.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    return values
+
+
+def port(text: str) -> int:
+    """A TCP port to listen on or connect to: 1-65535."""
+    value = _int(text)
+    if not 1 <= value <= PORT_MAX:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {value} (1-{PORT_MAX})")
+    return value
+
+
+def int64(text: str) -> int:
+    """A key: a signed 64-bit integer."""
+    value = _int(text)
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise argparse.ArgumentTypeError(f"{value} is outside int64 ({INT64_MIN}..{INT64_MAX})")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A finite amount, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number, 0 or more, not {text}")
+    return value
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ updates, without, and their ratios (the aims: ``read_rps_ratio`` >= 0.9 and
 ``read_p99_ratio`` <= 1.2); failures and the exit codes of both runs; ``cpu_cores``: the
 cores each process of the stack used after warm-up in both runs and the difference
 (``updates_minus_read_only``: whose cores the update path took, the readers' included).
-Reports stay in ``--report-dir``.
+Reports stay in ``--report-dir``. A run that exits non-zero makes the bench fail after the
+line (status 2), naming the file of that run's output.
 """
 
 from __future__ import annotations
@@ -26,17 +27,23 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from hps.cli import non_negative_float, non_negative_int, positive_int
+from hps.errors import ConfigError, HPSError
 from hps.types import JSON
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default="demo/ps.json", help="ps.json (default: the demo)")
-    parser.add_argument("--readers", type=int, default=8, help="reader users")
-    parser.add_argument("--updates", type=float, default=2000.0, help="update rows per second")
-    parser.add_argument("--run-time", type=int, default=60, help="seconds per run")
+    parser.add_argument("--readers", type=positive_int, default=8, help="reader users")
+    parser.add_argument(
+        "--updates", type=non_negative_float, default=2000.0, help="update rows per second"
+    )
+    parser.add_argument("--run-time", type=positive_int, default=60, help="seconds per run")
     parser.add_argument("--mix", default="", help="reader mix (hps loadtest --mix)")
     parser.add_argument("--l2", default="", help="hps loadtest --l2")
-    parser.add_argument("--instances", type=int, default=0, help="hps loadtest --instances")
+    parser.add_argument(
+        "--instances", type=non_negative_int, default=0, help="hps loadtest --instances"
+    )
     parser.add_argument(
         "--l1-refresh", default="", choices=("", "listener", "journal"),
         help="hps loadtest --l1-refresh",
@@ -88,17 +95,22 @@ def run(args: argparse.Namespace) -> Iterator[JSON]:
     from hps.loadtest import freshness
     from hps.loadtest.summary import read_report
 
+    if not Path(args.config).is_file():
+        raise ConfigError(f"--config {args.config}: no such file (hps demo writes demo/ps.json)")
     base = Path(args.report_dir or tempfile.mkdtemp(prefix="hps-bench-freshness-"))
     base.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     results = {}
+    failed = []
     for label, rate in (("read_only", 0.0), ("updates", float(args.updates))):
-        report = base / f"{stamp}-{label}"
-        with open(base / f"{stamp}-{label}.out", "wb") as out:
+        report, output = base / f"{stamp}-{label}", base / f"{stamp}-{label}.out"
+        with open(output, "wb") as out:
             code = subprocess.run(
                 loadtest_command(args, rate, report), stdout=out, stderr=subprocess.STDOUT
             ).returncode
         results[label] = (code, report)
+        if code != 0:
+            failed.append(f"the {label} run exited with status {code} (its output: {output})")
     (ro_code, ro_report), (up_code, up_report) = results["read_only"], results["updates"]
     ro, up = reads(ro_report), reads(up_report)
     up_stats = read_report(up_report)
@@ -136,6 +148,8 @@ def run(args: argparse.Namespace) -> Iterator[JSON]:
         "cpu_cores": _cpu(ro_report, up_report),
         "reports": [str(ro_report), str(up_report)],
     }
+    if failed:
+        raise HPSError("; ".join(failed))
 
 
 def _cpu(read_only: Path, updates: Path) -> dict[str, dict[str, float]]:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hps.cli import positive_int
 from hps.rowformat import FORMATS, ROW_DTYPES
 from hps.types import JSON, TableSpec
 
@@ -37,9 +38,9 @@ Measure = Callable[[TableSpec, np.ndarray, np.ndarray], int]  # spec, keys, stor
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tiers", nargs="+", choices=TIERS, default=list(TIERS))
-    parser.add_argument("--dims", nargs="+", type=int, default=[16, 64, 128])
-    parser.add_argument("--rows", type=int, default=200_000, help="rows per store")
-    parser.add_argument("--samples", type=int, default=4096, help="CTR requests scored")
+    parser.add_argument("--dims", nargs="+", type=positive_int, default=[16, 64, 128])
+    parser.add_argument("--rows", type=positive_int, default=200_000, help="rows per store")
+    parser.add_argument("--samples", type=positive_int, default=4096, help="CTR requests scored")
     parser.add_argument("--seed", type=int, default=7)
 
 

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hps.cli import positive_int
 from hps.config import PersistentDBConfig, VolatileDBConfig
 from hps.storage import open_store
 from hps.storage.base import EmbeddingStore
@@ -66,16 +67,18 @@ class Harness:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=BACKENDS, default="hash_map")
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=65_536, help="keys per fetch / insert")
-    parser.add_argument("--repeats", type=int, default=10, help="timed batches per op")
+    parser.add_argument("--rows", type=positive_int, default=1_000_000)
+    parser.add_argument("--dim", type=positive_int, default=64)
+    parser.add_argument(
+        "--batch", type=positive_int, default=65_536, help="keys per fetch / insert"
+    )
+    parser.add_argument("--repeats", type=positive_int, default=10, help="timed batches per op")
     parser.add_argument("--address", help="Redis host:port (any node of a cluster)")
     parser.add_argument("--path", help="RocksDB folder (a temporary one otherwise)")
-    parser.add_argument("--partitions", type=int, default=16, help="Redis num_partitions")
+    parser.add_argument("--partitions", type=positive_int, default=16, help="Redis num_partitions")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
-        "--tables", type=int, default=26, help="rocksdb: column families for the catch-up"
+        "--tables", type=positive_int, default=26, help="rocksdb: column families for the catch-up"
     )
 
 

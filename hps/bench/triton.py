@@ -6,6 +6,12 @@ KEYS/NUMKEYS and answers zeros of the same size, with as many instances), warms 
 for each ``--concurrency`` level sends ``--requests`` requests of ``--batch`` samples x
 ``--tables`` tables (one key per table per sample, Zipf ``--alpha`` over each table's rows)
 to the floor and to HPS, alternately in rounds. ``ratio`` is HPS's p50 over the floor's.
+
+``l1_share`` .. ``default_share``: the unique keys of the level's HPS requests answered by
+each level, from Triton's /metrics (null when none was counted). A model instance sends its
+counters there at the end of a request, once per metrics interval (1 s; 0 would add their
+round trips to every request timed), so before each reading the bench waits one interval,
+then sends key-less requests until every instance has reported again (:func:`settled_text`).
 """
 
 from __future__ import annotations
@@ -22,22 +28,36 @@ from pathlib import Path
 
 import numpy as np
 
+from hps.cli import non_negative_int, positive_int, positive_ints
+from hps.errors import BackendUnavailable
 from hps.types import JSON
 
 FLOOR = "hps_floor"
+LEVELS = ("l1", "l2", "l3", "default")
+METRICS_INTERVAL_S = 1.0  # how often the bench's model instances report to /metrics
+SETTLE_TRIES = 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tables", type=int, default=26)
-    parser.add_argument("--rows", type=int, default=100_000, help="rows of the largest table")
-    parser.add_argument("--dim", type=int, default=16)
-    parser.add_argument("--batch", type=int, default=1024, help="samples per request")
+    parser.add_argument("--tables", type=positive_int, default=26)
+    parser.add_argument(
+        "--rows", type=positive_int, default=100_000, help="rows of the largest table"
+    )
+    parser.add_argument("--dim", type=positive_int, default=16)
+    parser.add_argument("--batch", type=positive_int, default=1024, help="samples per request")
     parser.add_argument("--alpha", type=float, default=1.2, help="Zipf exponent of the keys")
-    parser.add_argument("--instances", type=int, default=2, help="instances of each model")
-    parser.add_argument("--concurrency", default="1,8,64", help="clients in flight, per level")
-    parser.add_argument("--requests", type=int, default=200, help="per model and level")
-    parser.add_argument("--rounds", type=int, default=4, help="floor/HPS alternations")
-    parser.add_argument("--warmup", type=int, default=64, help="requests before measuring")
+    parser.add_argument("--instances", type=positive_int, default=2, help="instances of each model")
+    parser.add_argument(
+        "--concurrency",
+        type=positive_ints,
+        default=[1, 8, 64],
+        help="clients in flight, per level (default: 1,8,64)",
+    )
+    parser.add_argument("--requests", type=positive_int, default=200, help="per model and level")
+    parser.add_argument("--rounds", type=positive_int, default=4, help="floor/HPS alternations")
+    parser.add_argument(
+        "--warmup", type=non_negative_int, default=64, help="requests before measuring"
+    )
     parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     parser.add_argument("--dir", help="keep the demo model here (default: a temp folder)")
     parser.add_argument("--seed", type=int, default=0)
@@ -112,17 +132,64 @@ def drive(
     return latencies, elapsed
 
 
-def level_hits(metrics_url: str, model: str) -> dict[str, float]:
-    """Unique keys answered by each level so far, from Triton's /metrics."""
-    with urllib.request.urlopen(metrics_url, timeout=10) as resp:
-        text = resp.read().decode()
-    totals = dict.fromkeys(("l1", "l2", "l3", "default"), 0.0)
-    pattern = re.compile(r"^hps_hits_total\{([^}]*)\} (\S+)$", re.M)
+def _series(text: str, family: str, model: str) -> Iterator[tuple[str, float]]:
+    """The labels and values of ``family``'s series of ``model`` in a /metrics text."""
+    pattern = re.compile(rf"^{family}\{{([^}}]*)\}} (\S+)$", re.M)
     for labels, value in pattern.findall(text):
-        level = re.search(r'level="(\w+)"', labels)
-        if f'model="{model}"' in labels and level:
-            totals[level.group(1)] += float(value)
+        if f'model="{model}"' in labels:
+            yield labels, float(value)
+
+
+def level_hits(text: str, model: str) -> dict[str, float]:
+    """Unique keys answered by each level so far, from a /metrics text."""
+    totals = dict.fromkeys(LEVELS, 0.0)
+    for labels, value in _series(text, "hps_hits_total", model):
+        if level := re.search(r'level="(\w+)"', labels):
+            totals[level.group(1)] += value
     return totals
+
+
+def hit_shares(hits: dict[str, float]) -> dict[str, float | None]:
+    """Each level's share of ``hits``; None for all when nothing was counted."""
+    total = sum(hits.values())
+    return {f"{k}_share": round(v / total, 4) if total else None for k, v in hits.items()}
+
+
+def reported_requests(text: str, model: str) -> dict[str, float]:
+    """Requests each instance of ``model`` (label ``process``) has reported so far."""
+    out = {}
+    for labels, value in _series(text, "hps_requests_total", model):
+        if process := re.search(r'process="([^"]*)"', labels):
+            out[process.group(1)] = value
+    return out
+
+
+def scrape(metrics_url: str) -> str:
+    with urllib.request.urlopen(metrics_url, timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+def settled_text(metrics_url: str, url: str, grpc: bool, tables: int, instances: int) -> str:
+    """/metrics once every instance of the HPS model has reported what it counted so far.
+
+    An instance reports at the end of a request once ``METRICS_INTERVAL_S`` passed since
+    its last report: wait that long, then send requests without keys (no hits) until each
+    instance's ``hps_requests_total`` has grown."""
+    from hps.ctr.demo import DEMO_MODEL
+
+    time.sleep(METRICS_INTERVAL_S)
+    before = reported_requests(scrape(metrics_url), DEMO_MODEL)
+    keyless: dict[str, np.ndarray] = {
+        "KEYS": np.zeros((1, 0), dtype=np.int64),
+        "NUMKEYS": np.zeros((1, tables), dtype=np.int32),
+    }
+    for _ in range(SETTLE_TRIES):
+        drive(url, grpc, DEMO_MODEL, [keyless] * instances, instances)
+        text = scrape(metrics_url)
+        now = reported_requests(text, DEMO_MODEL)
+        if all(now.get(p, 0.0) > n for p, n in before.items()):
+            return text
+    raise BackendUnavailable(f"{DEMO_MODEL}'s instances did not all report to /metrics")
 
 
 def run(args: argparse.Namespace) -> Iterator[JSON]:
@@ -144,13 +211,13 @@ def run(args: argparse.Namespace) -> Iterator[JSON]:
         )
         config = serving_config(ps)
         repo = Path(tmp) / "repository"
-        prepare_repository(config, repo)
+        prepare_repository(config, repo, metrics_interval_s=METRICS_INTERVAL_S)
         dims = ",".join(str(t.dim) for t in config.models[0].tables)
         copy_template(FLOOR, repo, FLOOR, args.instances, {"dims": dims})
         prepare_tables(config)
         rng = np.random.default_rng(args.seed)
         rows = table_sizes(args.tables, args.rows)
-        levels = [int(c) for c in args.concurrency.split(",")]
+        levels = args.concurrency
         server = TritonServer(
             repo,
             explicit=True,
@@ -164,19 +231,19 @@ def run(args: argparse.Namespace) -> Iterator[JSON]:
             warm = zipf_requests(args.warmup, args.batch, rows, args.alpha, rng)
             drive(url, grpc, DEMO_MODEL, warm, max(levels))
             drive(url, grpc, FLOOR, warm, max(levels))
+            settled = (server.metrics_url, url, grpc, args.tables, args.instances)
+            after = level_hits(settled_text(*settled), DEMO_MODEL)
             for level in levels:
-                before = level_hits(server.metrics_url, DEMO_MODEL)
+                before = after
                 stats: dict[str, list[tuple[np.ndarray, float]]] = {DEMO_MODEL: [], FLOOR: []}
                 per_round = max(1, args.requests // args.rounds)
                 for _ in range(args.rounds):
                     reqs = zipf_requests(per_round, args.batch, rows, args.alpha, rng)
                     for model in (FLOOR, DEMO_MODEL):
                         stats[model].append(drive(url, grpc, model, reqs, level))
-                after = level_hits(server.metrics_url, DEMO_MODEL)
+                after = level_hits(settled_text(*settled), DEMO_MODEL)
                 hits = {k: after[k] - before[k] for k in after}
-                total = sum(hits.values()) or 1.0
-                shares = {f"{k}_share": round(v / total, 4) for k, v in hits.items()}
-                yield _row(args, level, stats) | shares
+                yield _row(args, level, stats) | hit_shares(hits)
 
 
 def _row(

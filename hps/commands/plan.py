@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from hps.cli import non_negative_int
 from hps.errors import ConfigError
 
 
@@ -36,7 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("log", help="access log: raw int64 keys, one per access (keyset format)")
     p.add_argument("--out", required=True, help="frequency file to write (.npz: keys, counts)")
-    p.add_argument("--top", type=int, default=0, help="keep only the N hottest keys")
+    p.add_argument(
+        "--top", type=non_negative_int, default=0, help="keep only the N hottest keys (0: all)"
+    )
     p.set_defaults(func=_freq)
 
 

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hps.cli import int64
+
 if TYPE_CHECKING:
     from hps.lookup import LookupSession
     from hps.tiers import AccessMode
@@ -75,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("lookup", help="print the vectors of keys (through L2, L3, defaults)")
     p.add_argument("--config", required=True, help="ps.json")
     p.add_argument("--table", required=True, help="<model>.<table>")
-    p.add_argument("keys", nargs="+", type=int, help="int64 keys")
+    p.add_argument("keys", nargs="+", type=int64, help="int64 keys")
     p.add_argument("--json", action="store_true", help="one JSON object per key")
     p.set_defaults(func=_lookup)
 

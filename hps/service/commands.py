@@ -9,6 +9,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from hps.cli import port
+
 # defaults of the limits (hps.service.limits, hps.service.jobs hold the same: a test checks);
 # not imported from there: the CLI loads without the `admin` extra (uvicorn, starlette)
 MAX_CONNECTIONS = 1024
@@ -18,6 +20,10 @@ MAX_STAGED_BYTES = 64 * 1024**3
 METRICS_URL_ENV = "HPS_TRITON_METRICS_URL"
 STATE_DIR_ENV = "HPS_ADMIN_STATE_DIR"
 DEFAULT_STATE_DIR = "hps-admin"
+NO_TOKEN = (
+    "hps admin: no bearer token (--token-file, $HPS_ADMIN_TOKEN, $HPS_ADMIN_TOKEN_FILE): "
+    "mutating routes answer 403 until hps admin is started with one"
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--config", required=True, help="ps.json (the one `hps serve` serves)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
-    p.add_argument("--port", type=int, default=8081)
+    p.add_argument("--port", type=port, default=8081)
     p.add_argument("--triton-url", default="127.0.0.1:8000", help="Triton's HTTP address")
     p.add_argument("--token-file", help="file holding the bearer token of mutating routes")
     p.add_argument(
@@ -90,13 +96,17 @@ def _admin(args: argparse.Namespace) -> int:
     from hps.service.state import AdminState
     from hps.service.triton_admin import TritonAdmin
     from hps.triton.serving import serving_config
+    from hps.triton.supervisor.lifecycle import check_ports
     from hps.updates.kafka import check_update_source
 
+    check_ports(args.host, {"control-plane": args.port})  # before any start-up work
     protect()  # from here on no log record holds a registered secret
     config = serving_config(args.config)
     protect(config)
     check_update_source(config)  # a bad Kafka setting is a config error now, not a 500 later
     token = resolve_token(args.token_file)
+    if token is None:
+        print(NO_TOKEN, file=sys.stderr, flush=True)
     admin_key = admin_key_source(Path(args.config).resolve().parent)
     protect(None, token)
     metrics_url = os.environ.get(METRICS_URL_ENV) or None

@@ -8,14 +8,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hps.cli import non_negative_float, port, positive_int
+
+DEFAULT_SAMPLES = 2
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="create a small synthetic CTR model to serve (if absent)")
     p.add_argument("--dir", default="demo", help="folder of the demo model (default: demo)")
-    p.add_argument("--tables", type=int, default=26, help="embedding tables (default: 26)")
-    p.add_argument("--rows", type=int, default=100_000, help="rows of the largest table")
-    p.add_argument("--dim", type=int, default=16, help="embedding vector size (default: 16)")
-    p.add_argument("--instances", type=int, default=1, help="Triton instances of the model")
+    p.add_argument("--tables", type=positive_int, default=26, help="embedding tables (default: 26)")
+    p.add_argument("--rows", type=positive_int, default=100_000, help="rows of the largest table")
+    p.add_argument(
+        "--dim", type=positive_int, default=16, help="embedding vector size (default: 16)"
+    )
+    p.add_argument(
+        "--instances", type=positive_int, default=1, help="Triton instances of the model"
+    )
     p.add_argument("--force", action="store_true", help="overwrite an existing demo")
     p.set_defaults(func=_demo)
 
@@ -27,20 +35,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--config", help="ps.json (default: create and serve demo/ps.json)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--grpc-port", type=int, default=8001)
-    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--http-port", type=port, default=8000)
+    p.add_argument("--grpc-port", type=port, default=8001)
+    p.add_argument("--metrics-port", type=port, default=8002)
     p.add_argument("--repository", help="where to write the model repository (default: temp)")
-    p.add_argument("--metrics-interval", type=float, default=1.0, help="seconds between updates")
+    p.add_argument(
+        "--metrics-interval",
+        type=non_negative_float,
+        default=1.0,
+        help="seconds between the models' updates of /metrics (0: every request)",
+    )
     p.add_argument(
         "--state-dir", help="where a generated admin key is kept (default: the ps.json's folder)"
     )
     p.add_argument(
-        "--watchdog-interval", type=float, default=2.0, help="seconds between probes (0: off)"
+        "--watchdog-interval",
+        type=non_negative_float,
+        default=2.0,
+        help="seconds between probes (0: off)",
     )
     p.add_argument(
         "--max-request-mb",
-        type=float,
+        type=non_negative_float,
         help="largest gRPC request the request-size gate (nginx) lets through; HTTP 3x that "
         "(default: the largest the models' key limits allow; 0: no gate, Triton listens "
         "itself; docs/security.md)",
@@ -85,7 +101,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help="ps.json of the model (default: the one it is served from)")
     p.add_argument("--table", help="table of the keys (default: the model's first)")
     p.add_argument("--keys", help="comma-separated int64 keys (embedding models)")
-    p.add_argument("--samples", type=int, default=2, help="random samples (CTR models)")
+    p.add_argument(
+        "--samples",
+        type=positive_int,
+        help=f"random samples (CTR models; default: {DEFAULT_SAMPLES})",
+    )
     p.set_defaults(func=_query)
 
     from hps.triton.supervisor.install import PYTRITON_REQUIREMENT
@@ -141,6 +161,7 @@ def _repository(args: argparse.Namespace) -> int:
 def _query(args: argparse.Namespace) -> int:
     from hps.triton.client.query import query
 
+    _refuse_options_of_the_other_kind(args)
     for line in query(
         args.url,
         args.model,
@@ -148,10 +169,27 @@ def _query(args: argparse.Namespace) -> int:
         config=args.config,
         table=args.table,
         keys=args.keys,
-        samples=args.samples,
+        samples=args.samples or DEFAULT_SAMPLES,
     ):
         print(line)
     return 0
+
+
+def _refuse_options_of_the_other_kind(args: argparse.Namespace) -> None:
+    """A CTR model takes no --keys or --table, an embedding model no --samples: a
+    RequestError before anything is sent, rather than an option silently ignored."""
+    given = {"--keys": args.keys, "--table": args.table, "--samples": args.samples}
+    if all(value is None for value in given.values()):
+        return
+    from hps.errors import RequestError
+    from hps.triton.client import Client
+
+    with Client(args.url, grpc=args.grpc) as client:
+        ctr = "CATCOLUMN" in client.input_names(args.model)
+    wrong = ("--keys", "--table") if ctr else ("--samples",)
+    if used := [flag for flag in wrong if given[flag] is not None]:
+        kind, takes = ("a CTR", "--samples N") if ctr else ("an embedding", "--keys K1,K2,...")
+        raise RequestError(f"{' and '.join(used)}: {args.model} is {kind} model; it takes {takes}")
 
 
 def _reload(args: argparse.Namespace) -> int:

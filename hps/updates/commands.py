@@ -203,6 +203,11 @@ def _publish(args: argparse.Namespace) -> int:
         spec = {t.name: t for t in config.tables}.get(args.table)
         if spec is None:
             raise ConfigError(f"{args.config}: no table {args.table!r}")
+        if not brokers and not config.update_source.enabled:  # its brokers are a default
+            raise ConfigError(
+                f"{args.config}: update_source.type is 'null' (no Kafka): give --brokers, or "
+                "set update_source to a Kafka source ('kafka_message_queue')"
+            )
         brokers = brokers or config.update_source.brokers
         dim = dim or spec.dim
         kafka_conf = client_settings(config.update_source.hps_kafka_config)

@@ -5,6 +5,8 @@
 - :mod:`hps.triton.supervisor.server`: one tritonserver child process;
 - :mod:`hps.triton.supervisor.install`: where tritonserver comes from, ``hps install-triton``;
 - :mod:`hps.triton.supervisor.gate`: the request-size gate (nginx) in front of it;
+  :mod:`hps.triton.supervisor.gate_log`: the counts of its error log ``hps serve`` shows;
+- :mod:`hps.triton.supervisor.serve_lock`: one ``hps serve`` per state dir;
 - :mod:`hps.triton.supervisor.lifecycle`: children that die with their parent, and what a
   dead predecessor left, cleaned up;
 - :mod:`hps.triton.supervisor.output`: what ``hps serve`` shows of Triton's output;

@@ -14,6 +14,9 @@ an HTTP/2 body), so a refused request costs Triton nothing.
   limit; an HTTP one gets 413 with Triton's JSON error body, so clients show the reason.
 - Triton then listens on loopback ports of its own; the gate listens where Triton would.
   nginx dies with the process that starts it, like Triton (hps.triton.supervisor.lifecycle).
+- nginx logs at its error level: to ``log_file`` if given, else with ``summarize`` (``hps
+  serve`` without ``--verbose``) to ``error.log`` in its folder, of which
+  :class:`hps.triton.supervisor.gate_log.GateLog` reports counts, else to stderr.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hps.errors import BackendUnavailable, ConfigError
+from hps.triton.supervisor.gate_log import GateLog
 from hps.triton.supervisor.lifecycle import check_ports, spawn_child
 
 if TYPE_CHECKING:
@@ -44,6 +48,7 @@ STOP_TIMEOUT_S = 10.0
 # Body buffers hold the limit and one more HTTP/2 window: a body is refused before it could
 # spill into a temporary file (which nginx's workers, another user under root, may not write).
 SPARE = 256 * 1024
+START_FAILURE_LINES = 5
 
 
 @dataclass(frozen=True)
@@ -181,7 +186,8 @@ http {{
 @dataclass
 class RequestGate:
     """nginx on ``host:http_port`` / ``host:grpc_port`` forwarding to Triton's loopback
-    ``upstream_http`` / ``upstream_grpc``, refusing bodies over ``limit``."""
+    ``upstream_http`` / ``upstream_grpc``, refusing bodies over ``limit``; where it logs:
+    see the module's notes."""
 
     limit: BodyLimit
     workdir: Path
@@ -191,12 +197,16 @@ class RequestGate:
     grpc_port: int
     host: str = "127.0.0.1"
     log_file: Path | None = None
+    summarize: bool = False
     workers: int = field(default_factory=lambda: max(1, min(4, (os.cpu_count() or 1) // 4)))
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    summary: GateLog | None = field(default=None, init=False)
 
     @property
     def error_log(self) -> str:
-        return str(self.log_file) if self.log_file else "stderr"
+        if self.log_file:
+            return str(self.log_file)
+        return str(self.workdir / "error.log") if self.summarize else "stderr"
 
     def start(self, timeout: float = 10.0) -> RequestGate:
         """Start nginx and wait until both ports accept connections."""
@@ -215,13 +225,28 @@ class RequestGate:
             if self.proc.poll() is not None:
                 raise BackendUnavailable(
                     f"nginx (the request-size gate) exited with status {self.proc.returncode}"
-                    " at start-up" + (f"; see {self.log_file}" if self.log_file else "")
+                    f" at start-up{self._said()}"
                 )
             if time.monotonic() > deadline:
                 self.stop()
                 raise BackendUnavailable(f"nginx (the request-size gate) not up in {timeout}s")
             time.sleep(0.05)
+        if self.summarize and not self.log_file:
+            self.summary = GateLog(Path(self.error_log))
+            self.summary.start()
         return self
+
+    def _said(self) -> str:
+        """Where to read why nginx failed, or (its folder is removed then) its last lines."""
+        if self.log_file:
+            return f"; see {self.log_file}"
+        if not self.summarize:
+            return ""  # it said so on stderr
+        try:
+            lines = Path(self.error_log).read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "".join(f"\n  {line}" for line in lines[-START_FAILURE_LINES:])
 
     def _accepts(self, port: int) -> bool:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
@@ -248,6 +273,9 @@ class RequestGate:
         proc.wait()
         if proc.returncode not in (0, -signal.SIGKILL) and not problems:
             problems.append(f"nginx exited with status {proc.returncode}")
+        summary, self.summary = self.summary, None
+        if summary is not None:
+            summary.stop()  # what nginx logged last, counted
         return problems
 
     def __enter__(self) -> RequestGate:

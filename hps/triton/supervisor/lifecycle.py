@@ -10,7 +10,7 @@
   ``<pid>`` being the process that started the server; temporary folders carry an
   ``hps-owner.pid`` file. :func:`clean_stale` removes regions and folders whose owner
   is dead and that no live process maps: what a SIGKILLed predecessor left.
-- :func:`check_ports` refuses ports in use before anything starts or prints.
+- :func:`check_ports` refuses ports in use, or given twice, before anything starts or prints.
 """
 
 from __future__ import annotations
@@ -131,17 +131,31 @@ def clean_stale(tmp: str | Path | None = None) -> list[Path]:
 
 
 def check_ports(host: str, ports: dict[str, int]) -> None:
-    """Raise a ConfigError naming the first of ``ports`` that something listens on."""
+    """Raise a ConfigError naming a port of ``ports`` given twice (0: any free one), a
+    ``host`` that does not resolve, or the first port that something listens on."""
+    named: dict[int, str] = {}
+    for name, port in ports.items():
+        if port and port in named:
+            raise ConfigError(
+                f"the {named[port]} and {name} ports are both {port}: each needs its own"
+            )
+        named[port] = name
     for name, port in ports.items():
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((host, port))
+            except socket.gaierror as exc:
+                raise ConfigError(f"--host {host} cannot be resolved: {exc.strerror}") from None
             except OSError as exc:
-                reason = "in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or exc)
+                if exc.errno != errno.EADDRINUSE:
+                    raise ConfigError(
+                        f"cannot listen on {host} port {port} ({name}): {exc.strerror or exc}"
+                    ) from None
                 raise ConfigError(
-                    f"{name} port {port} on {host} is {reason}: another server (an earlier "
-                    "hps serve or tritonserver?) listens there; stop it or choose another port"
+                    f"{name} port {port} on {host} is in use: another server (an earlier "
+                    "hps serve, hps admin or tritonserver?) listens there; stop it or choose "
+                    "another port"
                 ) from None
 
 

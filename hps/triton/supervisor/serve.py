@@ -1,13 +1,13 @@
 """``hps serve``: the supervisor's run, from a ps.json to a serving tritonserver and back.
 
-In order: check the ports and clean what a dead predecessor left
-(:mod:`hps.triton.supervisor.lifecycle`), read the ps.json as served
-(:mod:`hps.triton.serving`), write the model repository (:mod:`hps.triton.repository`),
-import the tables, make the admin key (:mod:`hps.triton.admin_key`), start tritonserver
-behind the request-size gate (:mod:`hps.triton.supervisor.server`,
-:mod:`hps.triton.supervisor.gate`), show its output (:mod:`hps.triton.supervisor.output`),
-watch its models (:mod:`hps.triton.supervisor.watchdog`) and, on Ctrl-C or SIGTERM, drain
-and stop.
+In order: check the ports, hold the state dir (:mod:`hps.triton.supervisor.serve_lock`),
+clean what a dead predecessor left (:mod:`hps.triton.supervisor.lifecycle`), read the
+ps.json as served (:mod:`hps.triton.serving`), write the model repository
+(:mod:`hps.triton.repository`), import the tables, make the admin key
+(:mod:`hps.triton.admin_key`), start tritonserver behind the request-size gate
+(:mod:`hps.triton.supervisor.server`, :mod:`hps.triton.supervisor.gate`), show its output
+(:mod:`hps.triton.supervisor.output`), watch its models (:mod:`hps.triton.supervisor.watchdog`)
+and, on Ctrl-C or SIGTERM, drain and stop.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from hps.triton.serving import prepare_tables, serving_config
 from hps.triton.supervisor.gate import BodyLimit, find_nginx
 from hps.triton.supervisor.lifecycle import check_ports, clean_stale
 from hps.triton.supervisor.output import TritonOutput
+from hps.triton.supervisor.serve_lock import hold_state_dir
 from hps.triton.supervisor.server import TritonServer
 from hps.triton.supervisor.watchdog import Watchdog, probe_inputs
 
@@ -46,12 +47,18 @@ def serve(args: argparse.Namespace) -> int:
         logging.getLogger().setLevel(logging.WARNING)
     ports = {"HTTP": args.http_port, "gRPC": args.grpc_port, "metrics": args.metrics_port}
     check_ports(args.host, ports)  # before anything is written or printed
-    for path in clean_stale():
-        print(f"removed {path}, left by a dead hps serve", file=sys.stderr)
     if args.config is None:
         from hps.ctr.demo import create_demo
 
         args.config = str(create_demo("demo"))
+    state_dir = Path(args.state_dir or Path(args.config).resolve().parent)
+    with hold_state_dir(state_dir):  # a second hps serve here stops before it touches a thing
+        return _serve(args, state_dir, verbose)
+
+
+def _serve(args: argparse.Namespace, state_dir: Path, verbose: bool) -> int:
+    for path in clean_stale():
+        print(f"removed {path}, left by a dead hps serve", file=sys.stderr)
     config = serving_config(args.config)
     from hps.redact import protect
     from hps.updates.kafka import check_update_source
@@ -72,7 +79,7 @@ def serve(args: argparse.Namespace) -> int:
         repo = Path(args.repository or repository_dir(config) or tmp)
         names = prepare_repository(config, repo, metrics_interval_s=args.metrics_interval)
         _import(config, verbose)
-        key, key_file = _admin_key(args.state_dir or Path(args.config).resolve().parent, tmp)
+        key, key_file = _admin_key(state_dir, tmp)
         output = TritonOutput(
             verbose=verbose, instances={m.triton_name: m.instances for m in served_models(config)}
         )
@@ -114,8 +121,9 @@ def _import(config: PSConfig, verbose: bool) -> None:
 
 
 def body_limit(config: PSConfig, max_request_mb: float | None) -> BodyLimit | None:
-    """The request-size gate's limit: derived from the config unless given; 0: no gate."""
-    if max_request_mb is not None and max_request_mb <= 0:
+    """The request-size gate's limit: derived from the config unless given; exactly 0: no
+    gate (``hps serve`` refuses a negative --max-request-mb as it parses it)."""
+    if max_request_mb == 0:
         return None
     find_nginx()  # its absence is a ConfigError that says what to do, before any work
     if max_request_mb is None:

@@ -57,7 +57,8 @@ class TritonServer:
 
     Triton's output goes to ``log_file``, else through ``output``
     (hps.triton.supervisor.output: what ``hps serve`` shows of it), else to this process's
-    stdout/stderr.
+    stdout/stderr. The gate's goes to ``log_file`` too, else, with an ``output`` that is
+    not verbose, to a file of which counts are shown (hps.triton.supervisor.gate_log).
     """
 
     repository: Path
@@ -160,6 +161,7 @@ class TritonServer:
                     grpc_port=self.grpc_port,
                     host=self.host,
                     log_file=self.log_file,
+                    summarize=self.output is not None and not self.output.verbose,
                 ).start()
             self.wait_ready(timeout)
         except BaseException:

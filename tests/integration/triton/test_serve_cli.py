@@ -2,7 +2,9 @@
 
 `hps serve` starts quietly: what it prints (stdout and stderr) from start to ready fits a
 screen, with no error or warning on a healthy start, one warm-up line per model, and ends
-with the ready line and the client commands; `--verbose` brings the details back.
+with the ready line and the client commands; `--verbose` brings the details back. Clients
+cannot write to its console (the gate's lines are counted), and a second `hps serve` of the
+same ps.json is refused.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import re
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -107,15 +111,33 @@ def test_demo_serve_query_and_sigterm(tmp_path: Path) -> None:
             )
         ]
         assert len(scores) == 3 and all(0.0 < s < 1.0 for s in scores)
+        # a second hps serve of this ps.json stops before it touches the first one's key
+        key = (tmp_path / "demo" / "hps-admin-key").read_bytes()
+        second = subprocess.run(
+            [*HPS, "serve", "--config", "demo/ps.json", "--http-port", str(free_port()),
+             "--grpc-port", str(free_port()), "--metrics-port", str(free_port())],
+            cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert second.returncode == 2 and second.stdout == ""
+        assert f"another hps serve (pid {proc.pid}) serves this ps.json" in second.stderr
+        assert (tmp_path / "demo" / "hps-admin-key").read_bytes() == key
+        # an oversized request: a count at most once a minute, not nginx's line per request
+        too_large = urllib.request.Request(
+            f"http://127.0.0.1:{http}/v2/models/demo/infer", data=b"x" * (1 << 20)
+        )
+        with pytest.raises(urllib.error.HTTPError, match="413"):
+            urllib.request.urlopen(too_large, timeout=10)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
+        assert proc.stdout is not None
+        rest = proc.stdout.read()
+        assert "1 x client intended to send too large body: N bytes" in rest, rest
+        assert "[error]" not in rest and "/v2/models" not in rest, rest
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     with pytest.raises(OSError):  # tritonserver went with it
-        import urllib.request
-
         urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2)
 
 

@@ -75,7 +75,50 @@ def test_the_line_gives_the_probes_after_the_warm_up_and_those_of_it_apart(
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(subprocess, "run", fake_loadtest)
-    (line,) = freshness.run(_args("--report-dir", str(tmp_path)))
+    config = tmp_path / "ps.json"  # the runs are faked: never read
+    config.write_text("{}")
+    (line,) = freshness.run(_args("--config", str(config), "--report-dir", str(tmp_path)))
     assert line["freshness_p99_ms"] == 200.0 and line["probes"] == 48
     assert line["warmup_freshness_p99_ms"] == 520.0 and line["warmup_probes"] == 12
     assert line["read_rps_ratio"] == 1.0 and line["exit_codes"] == [0, 0]
+
+
+def test_a_missing_config_is_named_before_any_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    from hps.bench import freshness
+    from hps.errors import ConfigError
+
+    runs: list[list[str]] = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **_: runs.append(cmd))
+    missing = str(tmp_path / "demo" / "ps.json")
+    with pytest.raises(ConfigError, match=f"--config {missing}: no such file"):
+        next(freshness.run(_args("--config", missing, "--report-dir", str(tmp_path))))
+    assert runs == []
+
+
+def test_a_failed_run_fails_the_bench_after_its_line_naming_its_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    from hps.bench import freshness
+    from hps.errors import HPSError
+
+    def exits_2(cmd: list[str], **_: object) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.CompletedProcess(cmd, 2)
+
+    monkeypatch.setattr(subprocess, "run", exits_2)
+    config = tmp_path / "ps.json"
+    config.write_text("{}")
+    lines = freshness.run(_args("--config", str(config), "--report-dir", str(tmp_path)))
+    line = next(lines)
+    assert line["exit_codes"] == [2, 2]
+    with pytest.raises(HPSError) as failed:
+        next(lines)
+    message = str(failed.value)
+    for label in ("read_only", "updates"):
+        (out,) = tmp_path.glob(f"*-{label}.out")
+        assert f"the {label} run exited with status 2 (its output: {out})" in message

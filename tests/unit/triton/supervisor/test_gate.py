@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hps.config import PSConfig
-from hps.errors import ConfigError
+from hps.errors import BackendUnavailable, ConfigError
 from hps.net import free_port
 from hps.triton.supervisor.gate import (
     HEADROOM,
@@ -117,3 +117,32 @@ def test_a_client_connection_outlives_a_thousand_requests(tmp_path: Path, upstre
                 assert resp.getheader("Connection", "").lower() != "close", f"closed after {i + 1}"
         finally:
             conn.close()
+
+
+def test_summarized_no_client_writes_a_line_to_the_console(
+    tmp_path: Path, upstream: int, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``hps serve`` without --verbose: nginx's line per refused request goes to a file in
+    the gate's folder, and the console gets their count (at stop, at the latest)."""
+    gate = RequestGate(BodyLimit.of(1000), tmp_path, upstream, free_port(), free_port(),
+                       free_port(), summarize=True)  # fmt: skip
+    with gate:
+        for _ in range(3):
+            with pytest.raises(urllib.error.HTTPError):
+                post(gate.http_port, b"x" * 3001)
+        assert capfd.readouterr().err == ""
+        assert "too large body" in (tmp_path / "error.log").read_text()
+    err = capfd.readouterr().err
+    assert "3 x client intended to send too large body: N bytes" in err
+    assert "/v2/models" not in err and err.count("\n") == 1
+
+
+def test_a_summarized_gate_that_cannot_start_says_why(
+    tmp_path: Path, upstream: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its log file goes with its folder: the error carries nginx's last lines."""
+    monkeypatch.setattr("hps.triton.supervisor.gate.render_config", lambda gate: "bogus on;\n")
+    gate = RequestGate(BodyLimit.of(1000), tmp_path, upstream, free_port(), free_port(),
+                       free_port(), summarize=True)  # fmt: skip
+    with pytest.raises(BackendUnavailable, match='exited with status 1 at start-up\n.*"bogus"'):
+        gate.start()

@@ -52,3 +52,19 @@ def test_a_port_in_use_is_named() -> None:
         with pytest.raises(ConfigError, match=f"gRPC port {port} on 127.0.0.1 is in use"):
             lifecycle.check_ports("127.0.0.1", {"HTTP": 0, "gRPC": port})
     lifecycle.check_ports("127.0.0.1", {"HTTP": port})  # free again
+
+
+def test_a_port_given_twice_is_named_before_any_is_tried() -> None:
+    with pytest.raises(ConfigError, match="the HTTP and metrics ports are both 8000"):
+        lifecycle.check_ports("nonexistent.invalid", {"HTTP": 8000, "gRPC": 0, "metrics": 8000})
+    lifecycle.check_ports("127.0.0.1", {"HTTP": 0, "gRPC": 0})  # 0: any free port, each
+
+
+def test_a_host_that_does_not_resolve_is_not_called_busy() -> None:
+    with pytest.raises(ConfigError, match="--host nonexistent.invalid cannot be resolved"):
+        lifecycle.check_ports("nonexistent.invalid", {"HTTP": 8000})
+
+
+def test_an_address_not_of_this_machine_is_not_called_busy() -> None:
+    with pytest.raises(ConfigError, match=r"cannot listen on 192\.0\.2\.1 port 8000 \(HTTP\)"):
+        lifecycle.check_ports("192.0.2.1", {"HTTP": 8000})  # TEST-NET-1: no one's address

@@ -1,0 +1,93 @@
+"""``hps demo``, ``hps serve`` and ``hps query``: options refused before any work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hps.cli import main
+from hps.net import free_port
+
+
+def hps(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    try:
+        code = main(list(args))
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--tables", "0"), ("--rows", "0"), ("--dim", "-3"), ("--dim", "0"), ("--instances", "0")],
+)
+def test_demo_sizes_are_positive(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    code, err = hps(capsys, "demo", "--dir", str(tmp_path / "demo"), flag, value)
+    assert code == 2 and f"argument {flag}: must be a positive integer" in err
+    assert not (tmp_path / "demo").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--http-port", "99999"], "argument --http-port: not a TCP port: 99999"),
+        (["--metrics-port", "0"], "argument --metrics-port: not a TCP port: 0"),
+        (["--max-request-mb", "-1"], "argument --max-request-mb: must be a finite number"),
+        (["--metrics-interval", "-1"], "argument --metrics-interval: must be a finite number"),
+    ],
+)
+def test_serve_refuses_numbers_out_of_range(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    code, err = hps(capsys, "serve", "--config", "ps.json", *args)
+    assert code == 2 and message in err
+
+
+def test_serve_refuses_a_port_given_twice_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = str(free_port())
+    config = tmp_path / "ps.json"  # never read: the ports are checked first
+    code, err = hps(capsys, "serve", "--config", str(config), "--http-port", port,
+                    "--grpc-port", port, "--metrics-port", str(free_port()))  # fmt: skip
+    assert code == 2 and f"the HTTP and gRPC ports are both {port}" in err
+
+
+@pytest.mark.parametrize(
+    ("inputs", "args", "message"),
+    [
+        (["DES", "CATCOLUMN", "ROWINDEX"], ["--keys", "1"], "--keys: m is a CTR model"),
+        (["DES", "CATCOLUMN", "ROWINDEX"], ["--table", "C1"], "--table: m is a CTR model"),
+        (["KEYS", "NUMKEYS"], ["--samples", "3"], "--samples: m is an embedding model"),
+    ],
+)
+def test_query_refuses_options_the_model_would_ignore(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    inputs: list[str],
+    args: list[str],
+    message: str,
+) -> None:
+    monkeypatch.setattr("hps.triton.client.Client.input_names", lambda self, model: inputs)
+    sent = []
+    monkeypatch.setattr("hps.triton.client.query.query", lambda *a, **kw: sent.append(kw) or [])
+    code, err = hps(capsys, "query", "--model", "m", *args)
+    assert code == 2 and message in err and sent == []
+
+
+def test_query_samples_are_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = hps(capsys, "query", "--model", "m", "--samples", "0")
+    assert code == 2 and "argument --samples: must be a positive integer, not 0" in err
+
+
+def test_query_passes_the_options_the_model_takes(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("hps.triton.client.Client.input_names", lambda self, m: ["KEYS", "NUMKEYS"])
+    sent: list[dict[str, object]] = []
+    monkeypatch.setattr("hps.triton.client.query.query", lambda *a, **kw: sent.append(kw) or [])
+    assert hps(capsys, "query", "--model", "m", "--keys", "1,2", "--table", "C1") == (0, "")
+    assert sent[0]["keys"] == "1,2" and sent[0]["table"] == "C1" and sent[0]["samples"] == 2
