@@ -149,6 +149,17 @@ def int64(text: str) -> int:
     return value
 
 
+def fraction(text: str) -> float:
+    """A share: a number from 0 to 1 (``0.25``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 1, not {value:g}")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     """A finite amount, 0 or more."""
     try:

@@ -50,6 +50,7 @@ import argparse
 from collections.abc import Iterator
 
 from hps.cache.policies import POLICIES
+from hps.cli import fraction, non_negative_int, positive_int
 from hps.rowformat import ROW_DTYPES
 from hps.types import JSON
 
@@ -59,25 +60,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("auto", "numpy", "cupy"), default="numpy")
     parser.add_argument("--seed", type=int, default=7)
     h = parser.add_argument_group("hitrate")
-    h.add_argument("--keys", type=int, default=1_000_000, help="distinct keys")
+    h.add_argument("--keys", type=positive_int, default=1_000_000, help="distinct keys")
     h.add_argument(
-        "--accesses", type=int, default=0, help="stream length (0: max(4M, 60 x cache rows))"
+        "--accesses",
+        type=non_negative_int,
+        default=0,
+        help="stream length (0: max(4M, 60 x cache rows))",
     )
-    h.add_argument("--batch", type=int, default=8192, help="accesses per lookup batch")
+    h.add_argument("--batch", type=positive_int, default=8192, help="accesses per lookup batch")
     h.add_argument("--alphas", default="0.9,1.1,1.3")
     h.add_argument("--ratios", default="0.01,0.05,0.2", help="cache rows / distinct keys")
     h.add_argument("--policies", default=",".join(POLICIES))
     h.add_argument("--streams", default="zipf,drift")
-    h.add_argument("--phases", type=int, default=4, help="phases of the drifting stream")
+    h.add_argument("--phases", type=positive_int, default=4, help="phases of the drifting stream")
     h.add_argument("--drift-shift", type=float, default=0.01, help="hot-set move, x keys")
-    h.add_argument("--warmup", type=float, default=0.25, help="fraction left out of hit_rate")
+    h.add_argument(
+        "--warmup", type=fraction, default=0.25, help="fraction left out of hit_rate (0-1)"
+    )
     t = parser.add_argument_group("throughput")
-    t.add_argument("--tables", type=int, default=26)
-    t.add_argument("--batch-per-table", type=int, default=1024)
-    t.add_argument("--dim", type=int, default=128)
-    t.add_argument("--rows", type=int, default=1 << 18, help="resident rows")
+    t.add_argument("--tables", type=positive_int, default=26)
+    t.add_argument("--batch-per-table", type=positive_int, default=1024)
+    t.add_argument("--dim", type=positive_int, default=128)
+    t.add_argument("--rows", type=positive_int, default=1 << 18, help="resident rows")
     t.add_argument("--key-alpha", type=float, default=0.0, help="0: uniform keys, else Zipf")
-    t.add_argument("--repeats", type=int, default=30)
+    t.add_argument("--repeats", type=positive_int, default=30)
     t.add_argument(
         "--row-dtype",
         choices=(*ROW_DTYPES, "all"),

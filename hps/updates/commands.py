@@ -262,7 +262,11 @@ def _repair_versions(args: argparse.Namespace) -> int:
     above = args.above
     if above is None:
         above = time.time_ns() + int(config.update_source.hps_max_version_ahead_s * 1e9)
-    tiers = Tiers.open(config, l3_mode="read_write")
+    from hps.topology import topology
+
+    # An in-process L2 opened here would be new and empty: the versions live in L3.
+    own_l2 = topology(config).l2 == "process"
+    tiers = Tiers.open(config, l3_mode="read_write", l2=not own_l2)
     try:
         route = versioned_table(config, tiers, args.table)
         reset = route.reset_above(above)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from hps.errors import BackendError, BackendUnavailable, ConfigError, DecodeError
 from hps.redact import REDACTED, is_secret_name, scrub
@@ -132,7 +132,10 @@ def ensure_topics(
     if not wanted:
         return {}
     with translated(f"creating topics {_short_list(wanted)}"):
-        admin = AdminClient(admin_conf(brokers, config))
+        # every librdkafka client takes a logger; the stub types settings only
+        admin = AdminClient(
+            cast("dict[str, Setting]", with_driver_log(admin_conf(brokers, config)))
+        )
         existing = admin.list_topics(timeout=timeout_s).topics
         missing = [t for t in wanted if t not in existing]
         if missing:

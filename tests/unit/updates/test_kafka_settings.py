@@ -70,3 +70,15 @@ def test_update_source_is_checked_only_when_enabled(tmp_path: Path) -> None:
     config = make_config(tmp_path, update_source={"type": "kafka", **bad})
     with pytest.raises(ConfigError, match="test-ps.json: update_source.hps_kafka_config: No"):
         check_update_source(config)
+
+
+def test_creating_topics_on_a_broker_that_is_down_writes_no_raw_driver_line(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    from hps.errors import BackendError
+    from hps.net import free_port
+    from hps.updates.kafka import ensure_topics
+
+    with pytest.raises(BackendError, match="creating topics"):
+        ensure_topics(f"127.0.0.1:{free_port()}", ["hps_et.m.t"], timeout_s=1.0)
+    assert "|FAIL|" not in capfd.readouterr().err  # librdkafka's own stderr format
