@@ -67,6 +67,8 @@ from hps.storage.rocks_open import (
 from hps.types import Keys, Mask, TableSpec
 from hps.validate import table_or_raise
 
+PAST_EVERY_KEY = b"\xff" * 9  # above every row key (8 bytes): the end of a whole-table range
+
 log = logging.getLogger(__name__)
 
 ENTRY_OVERHEAD = 16  # bytes of SST index/metadata per entry
@@ -154,14 +156,26 @@ class RocksDBStore(EmbeddingStore):
             self._cfs[spec.name] = cf
 
     def drop_table(self, table: str) -> None:
-        """Drop the table's column family and its recorded format (read_write only)."""
+        """Delete the table's rows and its recorded format (read_write only).
+
+        A later version's table (``<model>.<table>@<n>``, a number never used again) has
+        its column family dropped. A version 1 table's name comes back (``hps import
+        --force``, a model removed and added again), and a secondary opened on a database
+        that dropped a column family and created one of the same name crashes in a later
+        catch-up (a segmentation fault, rocksdict 0.3.29): its column family is emptied
+        instead, by one range tombstone, and compacted at once so that its files go (about
+        a second per 2 million rows), and kept."""
         if self.mode != "read_write":
             raise BackendError(f"rocks_db: {self.path} is open {self.mode}; cannot drop {table}")
         try:
             if table in self._existing:
-                self._cfs.pop(table, None)
-                self._db.drop_column_family(table)
-                self._existing.discard(table)
+                cf = self._cfs.pop(table, None) or self._db.get_column_family(table)
+                if TableSpec.parse_name(table)[2] > 1:
+                    self._db.drop_column_family(table)
+                    self._existing.discard(table)
+                else:
+                    cf.delete_range(b"", PAST_EVERY_KEY, self._sync)
+                    cf.compact_range(None, None)
             self._db.delete(meta_key(table), self._sync)
         except Exception as exc:
             raise BackendError(f"rocks_db: cannot drop {table}: {exc}") from exc
@@ -207,21 +221,26 @@ class RocksDBStore(EmbeddingStore):
             self._reopen(f"a catch-up failed: {exc}")
         else:
             if manifest_changed(self._caught_up_to, files):
-                self._release_dropped()
+                self._follow_tables()
         self._caught_up_to = files  # as they were before it: a later write changes them
         self.catch_ups += 1
         self._damaged.clear()  # the writer may have rewritten them: read them again
 
-    def _release_dropped(self) -> None:
-        """Open this secondary again when a column family it holds is gone from the
-        database (dropped by the writer): RocksDB keeps a dropped column family's files
-        open in every instance that holds its handle."""
+    def _follow_tables(self) -> None:
+        """Open this secondary again when a column family it holds is gone (dropped by the
+        writer: RocksDB keeps a dropped column family's files open in every instance that
+        holds its handle), or a declared table's was created after this instance opened
+        (a handle to it is only had by opening again; its reads found nothing till then)."""
         try:
             listed = set(rd.Rdict.list_cf(self.path, self._opts))
         except Exception:  # noqa: BLE001 - unreadable just now: the next catch-up looks again
             return
-        if gone := self._existing - listed:
-            self._reopen(f"the writer dropped {', '.join(sorted(gone))}")
+        gone = self._existing - listed
+        created = {t for t in self._specs if t not in self._cfs and t in listed}
+        if gone or created:
+            what = [f"{verb} {', '.join(sorted(ts))}" for verb, ts in
+                    (("dropped", gone), ("created", created)) if ts]  # fmt: skip
+            self._reopen(f"the writer {'; '.join(what)}")
 
     def _reopen(self, why: str) -> None:
         """Open this secondary again, reading the writer's state as it is now.
