@@ -55,3 +55,14 @@ class UpdateSourceConfig(Frozen):
     @property
     def enabled(self) -> bool:
         return self.type != "null"
+
+    @property
+    def kafka_settings(self) -> dict[str, str | int | bool]:
+        """The librdkafka settings of every client: HugeCTR's ``metadata_refresh_interval_ms``
+        and ``receive_buffer_size`` as ``topic.metadata.refresh.interval.ms`` and
+        ``socket.receive.buffer.bytes``, then ``hps_kafka_config`` (which wins)."""
+        return {
+            "topic.metadata.refresh.interval.ms": self.metadata_refresh_interval_ms,
+            "socket.receive.buffer.bytes": self.receive_buffer_size,
+            **self.hps_kafka_config,
+        }

@@ -320,7 +320,7 @@ class AdminState:
         with self._lock:
             if self._publisher is None:
                 src = self.config.update_source
-                self._publisher = Publisher(src.brokers, config=dict(src.hps_kafka_config))
+                self._publisher = Publisher(src.brokers, config=src.kafka_settings)
             return self._publisher
 
     def broker(self) -> BrokerAdmin:
@@ -330,7 +330,7 @@ class AdminState:
         with self._lock:
             if self._broker is None:
                 src = self.config.update_source
-                self._broker = BrokerAdmin(src.brokers, dict(src.hps_kafka_config))
+                self._broker = BrokerAdmin(src.brokers, src.kafka_settings)
             return self._broker
 
     def reload(self, model: str, parameters: dict[str, str] | None = None) -> list[str]:

@@ -198,8 +198,9 @@ def _publish(args: argparse.Namespace) -> int:
 
         config = load_config(args.config)
         protect(config)
-        us_conf = config.update_source.hps_kafka_config
-        check_settings(us_conf, f"{config.source}: update_source.hps_kafka_config")
+        check_settings(
+            config.update_source.kafka_settings, f"{config.source}: update_source.hps_kafka_config"
+        )
         spec = {t.name: t for t in config.tables}.get(args.table)
         if spec is None:
             raise ConfigError(f"{args.config}: no table {args.table!r}")
@@ -210,7 +211,7 @@ def _publish(args: argparse.Namespace) -> int:
             )
         brokers = brokers or config.update_source.brokers
         dim = dim or spec.dim
-        kafka_conf = client_settings(config.update_source.hps_kafka_config)
+        kafka_conf = client_settings(config.update_source.kafka_settings)
     if not brokers:
         raise ConfigError("give --brokers or --config")
     chunks: Iterator[tuple[Keys, Vectors]]

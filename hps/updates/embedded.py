@@ -65,7 +65,7 @@ def start_background_applier(
         topics_of(applier.tables),
         mode="replay",
         group_id=f"{us.hps_group_id}-embedded-{uuid.uuid4().hex[:8]}",
-        config=dict(us.hps_kafka_config),
+        config=us.kafka_settings,
         start_ms=router.own_starts(),
     )
     consumer = UpdateConsumer(source, applier, us, recorder=recorder, serving=True, router=router)

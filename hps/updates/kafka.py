@@ -224,7 +224,7 @@ def check_update_source(config: PSConfig) -> None:
     (:func:`check_settings`)."""
     us = config.update_source
     if us.enabled:
-        check_settings(us.hps_kafka_config, f"{config.source}: update_source.hps_kafka_config")
+        check_settings(us.kafka_settings, f"{config.source}: update_source.hps_kafka_config")
 
 
 def check_settings(settings: Mapping[str, Setting], where: str) -> None:

@@ -67,7 +67,7 @@ def start_l1_listener(
         topics_of(tables),
         mode="tail",
         group_id=us.hps_group_id,
-        config=dict(us.hps_kafka_config),
+        config=us.kafka_settings,
     )
 
     last_check = 0.0

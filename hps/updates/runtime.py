@@ -153,7 +153,7 @@ def build_service(
     us = config.update_source
     applier = build_applier(config, session, shared_only=True, listeners=_announcers(config))
     router = version_router(config, applier.tables, own=False, follow=applier.takes)
-    kafka_conf = dict(us.hps_kafka_config)
+    kafka_conf = us.kafka_settings
     source = MessageSource(
         us.brokers,
         router.topics(),

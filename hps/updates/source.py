@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
@@ -33,10 +34,6 @@ if TYPE_CHECKING:
     from confluent_kafka import Consumer, Message, TopicPartition
 
 log = logging.getLogger(__name__)
-
-PARTITIONS_CHECK_S = 30.0
-"""How often a ``replay`` or ``tail`` source looks for partitions added to its topics since
-it started (a topic may grow); it reads them from their beginning."""
 
 Mode = Literal["group", "replay", "tail"]
 TopicPartitionKey = tuple[str, int]
@@ -65,6 +62,10 @@ class MessageSource:
         self._fixed: list[TopicPartition] = []  # replay and tail: what was assigned
         self._last_error_log = 0.0
         self._partitions_checked = time.monotonic()
+        # how often replay and tail look for partitions added since: as the client refreshes
+        # its metadata (a group consumer learns of them then too, by a rebalance)
+        refresh_ms = int(conf.get("topic.metadata.refresh.interval.ms", 300_000))
+        self._partitions_every_s = refresh_ms / 1000 if refresh_ms > 0 else math.inf
         with translated(f"consuming {len(self.topics)} topics"):
             self._consumer = Consumer(with_driver_log(conf))
             if mode == "group":
@@ -171,11 +172,12 @@ class MessageSource:
         return msg
 
     def _assign_new_partitions(self) -> None:
-        """Every :data:`PARTITIONS_CHECK_S`: read partitions added to the topics since the
-        last look, from their beginning (all they hold was published after they were
-        added). A failed metadata read waits for the next look."""
+        """Every ``topic.metadata.refresh.interval.ms`` (``metadata_refresh_interval_ms``):
+        read partitions added to the topics since the last look, from their beginning (all
+        they hold was published after they were added). A failed metadata read waits for
+        the next look."""
         now = time.monotonic()
-        if now - self._partitions_checked < PARTITIONS_CHECK_S:
+        if now - self._partitions_checked < self._partitions_every_s:
             return
         self._partitions_checked = now
         from confluent_kafka import OFFSET_BEGINNING, TopicPartition

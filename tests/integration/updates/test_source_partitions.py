@@ -27,8 +27,8 @@ def test_a_partition_added_later_is_read_from_its_beginning(
         pub.publish(model, "t", np.arange(64), np.ones((64, 2), np.float32))
         pub.flush(timeout_s=10)
     monkeypatch.setattr(source_mod, "ensure_topics", lambda *a, **k: {topic: 1})
-    monkeypatch.setattr(source_mod, "PARTITIONS_CHECK_S", 0.0)
-    source = MessageSource(kafka_broker.bootstrap, [topic], mode="tail", group_id=model)
+    source = MessageSource(kafka_broker.bootstrap, [topic], mode="tail", group_id=model,
+                           config={"topic.metadata.refresh.interval.ms": 100})  # fmt: skip
     try:
         assert source.assignment == [(topic, 0)]  # as it was at the start
         got: list[int] = []

@@ -293,3 +293,17 @@ def test_row_formats_per_table(extra: dict, formats: list[str]) -> None:
 def test_row_formats_refused(extra: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         parse_config(_model(**extra))
+
+
+def test_hugectrs_kafka_fields_reach_every_client() -> None:
+    from hps.config import UpdateSourceConfig
+
+    us = UpdateSourceConfig(
+        type="kafka_message_queue", metadata_refresh_interval_ms=5000, receive_buffer_size=4096
+    )
+    assert us.kafka_settings == {
+        "topic.metadata.refresh.interval.ms": 5000,
+        "socket.receive.buffer.bytes": 4096,
+    }
+    mine = us.model_copy(update={"hps_kafka_config": {"topic.metadata.refresh.interval.ms": 7}})
+    assert mine.kafka_settings["topic.metadata.refresh.interval.ms"] == 7  # hps_kafka_config wins
