@@ -23,8 +23,11 @@ put, and read the versions back.
 Several processes may share one database: at most one opens it read-write; the others open it
 ``read_only`` (a snapshot at open time) or as a ``secondary`` instance, which follows the
 writer through :meth:`RocksDBStore.catch_up` (Triton runs each model instance in its own
-process). A reader writes nothing beside a database it may not write (a read-only volume):
-it opens it through a temporary view of links (:func:`hps.storage.rocks_open.read_only_view`).
+process), and opens again when a column family it holds is dropped or one it declared is
+created. Dropping a version 1 table empties its column family in place rather than dropping
+it (:meth:`RocksDBStore.drop_table`: its name comes back). A reader writes nothing beside a
+database it may not write (a read-only volume): it opens it through a temporary view of
+links (:func:`hps.storage.rocks_open.read_only_view`).
 """
 
 from __future__ import annotations
@@ -248,7 +251,8 @@ class RocksDBStore(EmbeddingStore):
         A secondary cannot replay the drop of a column family it never saw (one the writer
         created after it opened: a model version imported, then retired): every catch-up
         then fails ("Corruption: MANIFEST ..."). Nor does a replayed drop release the
-        column family's files (:meth:`_release_dropped`). The instance it replaces is left
+        column family's files, nor a replayed creation give a handle to the new one
+        (:meth:`_follow_tables` opens again for both). The instance it replaces is left
         to the reads still in it (it closes with its last reference, and its files with
         it); BackendError if the new one cannot be opened."""
         opened = open_db(self.path, self._opts, self._cache, self.mode)

@@ -2,8 +2,10 @@
 
 The session, the applier, the loader, the control plane and the load test all reach rows
 below L1 through a :class:`Tiers`: the order of writes (L3 first, then L2), the L2-to-L3
-fallback, the backfill of L3 hits into L2, where update versions live and how rows move
-from L3 to L2 are decided here once. Each tier is a :class:`hps.tiers.rows.RowStore`.
+fallback, the backfill of L3 hits into L2 (only keys L2 lacks: ``insert_absent``), where
+update versions live and how rows move from L3 to L2 are decided here once. A secondary L3
+is caught up before a read when its last catch-up is older than :data:`SECONDARY_LAG_S`.
+Each tier is a :class:`hps.tiers.rows.RowStore`.
 
 L3 rows in damaged blocks (:class:`hps.errors.DamagedRowsError`) are answered as not found
 (L2's copy if it has one, else the table's default vector), logged at most every

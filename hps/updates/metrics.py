@@ -39,7 +39,9 @@ STALE_ROWS = Counter(
 )
 MESSAGES = Counter("hps_updates_messages_total", "Update messages consumed", ["format"])
 DEAD_LETTERS = Counter(
-    "hps_updates_dead_letters_total", "Messages sent to the dead-letter topic", ["reason"]
+    "hps_updates_dead_letters_total",
+    "Messages dead-lettered (sent to the dead-letter topic, or logged where there is none)",
+    ["reason"],
 )
 FAILURES = Counter(
     "hps_updates_apply_failures_total", "Batch applications that failed and were retried"

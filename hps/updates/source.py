@@ -1,13 +1,16 @@
 """Where update messages come from: one confluent-kafka consumer in one of three modes.
 
 - ``group``: joins the consumer group, offsets stored only for applied messages and committed
-  by the caller (``hps consume``; the embedded applier when it owns L3).
+  by the caller (``hps consume``).
 - ``replay``: every partition from the beginning, no group, no commits (an in-process L2 that
   starts empty must see every retained update); with ``start_ms``, a topic's partitions from
   the first message stamped at or after its time (a model version imported later: only
   what was published since its import began, :mod:`hps.updates.routing`).
 - ``tail``: every partition from the end, no commits (L1 freshness listeners). With the
   service's ``group.id`` it can still read the group's committed offsets (``committed``).
+
+``replay`` and ``tail`` look for partitions added to their topics as often as the client
+refreshes its metadata, and read them from their beginning.
 """
 
 from __future__ import annotations
