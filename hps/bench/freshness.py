@@ -1,8 +1,10 @@
 """Freshness under read load: ``hps loadtest`` twice on one ps.json, read-only then with updates.
 
-Run 1: ``--updates 0`` (reads only, the freshness probe still running when the ps.json has
-Kafka); run 2: ``--updates ROWS_PER_S``; both ``--readers`` readers for ``--run-time`` s with
-the same mix and shape, each on a stack of its own that ``hps loadtest`` starts and stops.
+Run 1: ``--updates 0``; run 2: ``--updates ROWS_PER_S``; both ``--readers`` readers for
+``--run-time`` s with the same mix and shape, each on a stack of its own that ``hps
+loadtest`` starts and stops. An explicit ``--updates``, 0 too, gives both stacks Kafka (a
+ps.json without it gets the Tansu broker and, where the stack needs one, ``hps consume``)
+and both runs the freshness prober: the runs differ only by the bulk update traffic.
 One JSON line: freshness p50/p99 from the probes (``kafka freshness``: ``publish()`` to the
 first lookup returning the new vectors; ``kafka visible``: ``publish()`` to when Triton began
 serving them) and from the serving processes' ``hps_update_freshness_seconds``, with the

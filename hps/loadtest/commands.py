@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(redis-server / Redis Cluster, the Tansu broker, hps serve, hps consume, hps admin), "
         "run Locust headless, stop everything by PID and print a summary. With --triton-grpc "
         "and --triton-http: only run Locust against that deployment. Exit status 1 when a "
-        "threshold is broken. See docs/loadtest.md.",
+        "threshold is broken or a user raised an exception, 2 for a bad option (thresholds "
+        "and mix are checked before anything starts). See docs/loadtest.md.",
     )
     p.add_argument("--config", required=True, help="ps.json of the deployment")
     p.add_argument("--model", default="", help="ps.json model to load (default: the first)")
@@ -42,13 +43,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--keys-per-sample", type=int, default=1)
     g.add_argument("--verify-keys", type=int, default=4, help="known keys checked per table")
     g.add_argument("--updates", type=float, default=None, metavar="ROWS_PER_S",
-                   help="bulk updates per second (0: none; default 1000 when Kafka is "
-                   "configured); starting a stack, a ps.json without Kafka gets one")  # fmt: skip
+                   help="bulk update rows per second (default 1000 when Kafka is configured); "
+                   "starting a stack, any --updates, 0 too, gives a ps.json without Kafka "
+                   "one (0: the broker and the freshness prober, no bulk updates)")  # fmt: skip
     g.add_argument("--update-batch-rows", type=int, default=500)
     g.add_argument("--update-phases", type=int, default=0,
                    help="N: cut the run in N phases, bulk updates in every second one, and "
                    "compare reads with and without them")  # fmt: skip
     g.add_argument("--freshness-interval", type=float, default=1.0, help="s between probes")
+    g.add_argument("--freshness-keys", type=int, default=8, help="keys per freshness probe")
+    g.add_argument("--freshness-timeout", type=float, default=10.0,
+                   help="s after which a probe whose update is not served fails")  # fmt: skip
     g.add_argument("--thresholds", default="", help="JSON file of limits per request type")
     g.add_argument("--threshold", action="append", default=[], help="TYPE:limit=value,...")
     g.add_argument("--seed", type=int, default=0)
@@ -117,8 +122,11 @@ def _run(args: argparse.Namespace) -> int:
     from hps.config import load_config
     from hps.errors import ConfigError
     from hps.loadtest import freshness
+    from hps.loadtest.options import reader_mix
+    from hps.loadtest.resources import check_growth_options, growth_failure
     from hps.loadtest.runner import LocustRun, run_locust
     from hps.loadtest.summary import format_summary
+    from hps.loadtest.thresholds import load_thresholds
 
     # Locust runs in its own process: importing it here would monkey-patch this one for gevent.
     if importlib.util.find_spec("locust") is None:
@@ -131,21 +139,26 @@ def _run(args: argparse.Namespace) -> int:
     stack = None
     sampler = None
     warmup = args.warmup if args.warmup is not None else 0.2 * args.run_time
+    # Whatever Locust would refuse, refused here, before a stack starts.
+    load_thresholds(args.thresholds, args.threshold)
+    reader_mix(args.mix, ctr=True)
+    check_growth_options(args.max_growth_mb, remote=remote, run_time_s=args.run_time,
+                         warmup_s=warmup, interval_s=args.sample_interval)  # fmt: skip
     if not remote:
         from hps.loadtest.stack import start_stack
 
         print(f"starting the stack for {args.config} (logs in {report})", flush=True)
         stack = start_stack(
             args.config, report, l2=args.l2, instances=args.instances,
-            updates=bool(args.updates), admin=not args.no_admin, partitions=args.partitions,
+            updates=args.updates is not None, admin=not args.no_admin,
+            partitions=args.partitions,
             l1_refresh=args.l1_refresh,
         )  # fmt: skip
     try:
         config = stack.config_path if stack else Path(args.config)
         brokers = stack.brokers if stack else args.brokers
         ctr = stack.ctr if stack else args.ctr or _ctr_served(args)
-        mix = args.mix if ctr else ",".join(
-            p for p in args.mix.split(",") if not p.strip().startswith("ctr"))  # fmt: skip
+        mix = reader_mix(args.mix, ctr)
         rate = args.updates if args.updates is not None else (1000.0 if brokers else 0.0)
         run = LocustRun(
             config=config, report_dir=report,
@@ -156,7 +169,8 @@ def _run(args: argparse.Namespace) -> int:
             admin_url=stack.admin_url if stack else args.admin_url, brokers=brokers,
             update_rows_per_s=rate, update_batch_rows=args.update_batch_rows,
             update_phases=args.update_phases,
-            freshness_interval=args.freshness_interval, freshness_warmup_s=warmup,
+            freshness_interval=args.freshness_interval, freshness_keys=args.freshness_keys,
+            freshness_timeout_s=args.freshness_timeout, freshness_warmup_s=warmup,
             mix=mix, zipf=args.zipf,
             samples=args.samples, keys_per_sample=args.keys_per_sample,
             verify_keys=args.verify_keys, thresholds=args.thresholds,
@@ -195,8 +209,9 @@ def _run(args: argparse.Namespace) -> int:
               f"{last[2] / 2**20:.0f} MB, /dev/shm {last[3] / 2**20:.0f} MB" + (
               f"; growth after {warmup:.0f}s warm-up: RSS {growth[0]:+.1f} MB, /dev/shm "
               f"{growth[1]:+.1f} MB" if growth else ""))  # fmt: skip
-        if args.max_growth_mb is not None and growth and max(growth) > args.max_growth_mb:
-            print(f"FAILED: memory grew more than {args.max_growth_mb:g} MB after warm-up")
+        failure = growth_failure(growth, args.max_growth_mb)
+        if failure:
+            print(f"FAILED: {failure}")
             code = code or 1
         used = sampler.cpu_cores(warmup)
         if used:

@@ -1,6 +1,7 @@
 """Which keys the load-test users send, and which of them are checked.
 
-Keys come from the real keys of the ps.json's tables (the sparse files, else L3), drawn by a
+Keys come from the real keys of the ps.json's tables (the sparse files: a random
+:data:`MAX_KEYS` of a larger table; else L3: its first :data:`MAX_KEYS`), drawn by a
 Zipf law over the keys in file order (rank 1 is the first key; exponent ``zipf``; 0 is
 uniform).
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 CLASSES = 16
 BULK, FRESH = 0, 1  # key classes that updates touch; every other class is verified
 VERIFY_POOL = 4096  # known vectors kept per table
-MAX_KEYS = 1 << 20  # keys per table drawn from (a random subset of larger tables)
+MAX_KEYS = 1 << 20  # keys per table drawn from (larger tables: see from_sparse, from_l3)
 
 
 def key_class(keys: np.ndarray) -> np.ndarray:

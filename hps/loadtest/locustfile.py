@@ -7,32 +7,37 @@ Run it through ``hps loadtest`` (which starts the stack and picks the users), or
 Locust's statistics and the thresholds name them: ``grpc lookup``, ``http lookup``,
 ``grpc ctr``, ``grpc bad request``, ``kafka publish``, ``kafka freshness`` and
 ``GET <route>`` (the control plane). A wrong vector or score is a failure
-(``WrongAnswer``); a bad request that Triton does not refuse with a client error is one too.
+(``WrongAnswer``); a bad request that Triton does not refuse as malformed is one too.
 
 The users live in :mod:`hps.loadtest.users`; this module sets them up from the options,
-shapes the load and enforces the thresholds at the end. Locust collects the user classes
-from its namespace.
+shapes the load and, when Locust quits, writes the final statistics (``stats.json``) and
+judges the run (:mod:`hps.loadtest.verdict`: the thresholds, and any exception raised in a
+user). Locust collects the user classes from its namespace.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
+import traceback
 from pathlib import Path
+from types import TracebackType
 
 import grpc.experimental.gevent as grpc_gevent
+import locust.log
 from locust import LoadTestShape, User, constant_pacing, events
 from locust.env import Environment
 
 from hps.loadtest import options as opts
+from hps.loadtest import stats as final_stats
 from hps.loadtest.steps import StageRecorder, stage_at, stages
-from hps.loadtest.thresholds import evaluate, load_thresholds
+from hps.loadtest.thresholds import load_thresholds
 from hps.loadtest.users.admin import AdminReader
 from hps.loadtest.users.kafka import Prober, Updater
 from hps.loadtest.users.shared import READ_TYPES, STATE
 from hps.loadtest.users.triton import BadRequester, CtrReader, GrpcReader, HttpReader
+from hps.loadtest.verdict import crashes, judge
 from hps.loadtest.workload import load_workload
 
 grpc_gevent.init_gevent()  # before any gRPC use, or each call blocks every user
@@ -84,36 +89,40 @@ def _init(environment: Environment, **_: object) -> None:
     environment.events.request.add_listener(on_request)
 
 
+@events.user_error.add_listener
+def _user_error(user_instance: User, exception: Exception, tb: TracebackType, **_: object) -> None:
+    """Name the type of each exception that Locust keeps (by traceback) in runner.exceptions."""
+    STATE.exception_types["".join(traceback.format_tb(tb))] = type(exception).__name__
+
+
 @events.quitting.add_listener
 def _quitting(environment: Environment, **_: object) -> None:
-    """Enforce the thresholds: the process's exit code is 1 when one is broken, else 0."""
+    """Judge the run and set the process's exit code by it (:mod:`hps.loadtest.verdict`:
+    1 for a broken threshold or an exception in a user, 2 after an unhandled greenlet
+    exception, else 0); write ``stats.json``, ``stages.csv`` and ``verdict.json``."""
     o = environment.parsed_options
     if o is None or STATE.thresholds is None or STATE.recorder is None:
         return
     stats = environment.stats
-    violations = evaluate(STATE.thresholds, stats.entries.values(), stats.total)
-    report = Path(o.hps_report_dir) if o.hps_report_dir else None
-    rows = []
-    if report is not None:
+    raised = environment.runner.exceptions if environment.runner else {}
+    crashed = crashes(raised, STATE.exception_types, locust.log.unhandled_greenlet_exception)
+    verdict = judge(STATE.thresholds, stats.entries.values(), stats.total, crashed)
+    if o.hps_report_dir:
+        report = Path(o.hps_report_dir)
         report.mkdir(parents=True, exist_ok=True)
-        rows = STATE.recorder.write(report / "stages.csv")
-        updates = STATE.recorder.compare_updates(o.update_phases)
-        (report / "verdict.json").write_text(
-            json.dumps(
-                {
-                    "passed": not violations,
-                    "violations": [str(v) for v in violations],
-                    "thresholds": STATE.thresholds,
-                    "stages": rows,
-                    "reads_and_updates": updates,
-                },
-                indent=1,
-            )
-            + "\n"
+        doc = final_stats.snapshot(stats.entries.values(), stats.total, stats.errors.values())
+        final_stats.write(report, doc)
+        verdict.write(
+            report / "verdict.json",
+            thresholds=STATE.thresholds,
+            stages=STATE.recorder.write(report / "stages.csv"),
+            reads_and_updates=STATE.recorder.compare_updates(o.update_phases),
         )
-    for v in violations:
+    for v in verdict.violations:
         log.error("threshold broken: %s", v)
-    environment.process_exit_code = 1 if violations else 0
+    for c in verdict.crashes:
+        log.error("exception in users: %s", c)
+    environment.process_exit_code = verdict.exit_code
 
 
 class HPSShape(LoadTestShape):

@@ -72,3 +72,19 @@ def weights(mix: str) -> dict[str, int]:
         if out[kind] < 0:
             raise ConfigError(f"--mix {mix!r}: negative weight for {kind}")
     return out
+
+
+def reader_mix(mix: str, ctr: bool) -> str:
+    """``mix`` without the CTR reader when ``<model>_ctr`` is not served (``ctr`` False);
+    a mix that leaves no reader of positive weight is refused (Locust, given no user
+    class, would run all seven)."""
+    kept = weights(mix)
+    if not ctr:
+        kept.pop("ctr", None)
+    if not any(w > 0 for w in kept.values()):
+        dropped = "" if ctr or "ctr" not in weights(mix) else " (ctr dropped: no <model>_ctr)"
+        raise ConfigError(
+            f"--mix {mix!r} leaves no reader{dropped}; give at least one of grpc, http, "
+            f"{'ctr, ' if ctr else ''}bad a positive weight"
+        )
+    return ",".join(f"{k}={w}" for k, w in kept.items())

@@ -3,7 +3,8 @@
 An HPS lookup (KEYS + NUMKEYS -> OUTPUT0) carries known keys at random positions of every
 table, and its answer must hold their vectors there; a CTR request's known samples must get
 the scores that the tables and the dense weights give. Anything else is a
-:class:`WrongAnswer`: a failure, not just an error status.
+:class:`WrongAnswer`: a failure, not just an error status. A malformed request must be
+refused as one (:func:`check_refused`).
 """
 
 from __future__ import annotations
@@ -78,3 +79,19 @@ class CTRRequest:
             got = scores[: self.known]
             if not np.allclose(got, self.expected, rtol=1e-3, atol=1e-5):
                 raise WrongAnswer(f"CTR scores {got.tolist()} != expected {self.expected.tolist()}")
+
+
+REFUSED = ("StatusCode.INVALID_ARGUMENT", "400")
+"""How Triton refuses a malformed request: gRPC ``INVALID_ARGUMENT`` or HTTP 400 (the status
+as tritonclient's ``InferenceServerException.status()`` gives it)."""
+
+
+def check_refused(what: str, status: str, message: str) -> None:
+    """Raise :class:`WrongAnswer` unless a malformed request (``what``) got a client error:
+    a server error (``INTERNAL``, 500, ``UNKNOWN``, ``DEADLINE_EXCEEDED``,
+    ``RESOURCE_EXHAUSTED``, ``UNAVAILABLE``) or an unknown model is no refusal of it."""
+    if status not in REFUSED:
+        raise WrongAnswer(
+            f"{what}: refused with {status or 'no status'}, not as a malformed request "
+            f"(INVALID_ARGUMENT / HTTP 400): {message[:200]}"
+        )

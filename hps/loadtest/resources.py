@@ -5,7 +5,9 @@ and all its descendants (``hps serve`` -> ``tritonserver`` -> the Python backend
 the bytes in ``/dev/shm`` of the files they use (the stubs' shared-memory regions, named on
 their command lines, and the ps.json's ``multi_process_hash_map`` segment), into
 ``resources.csv``. :meth:`growth_mb` is the growth after warm-up: the last sample minus the
-first one taken after ``warmup_s`` (Triton's own memory-growth test allows < 100 MB).
+first one taken after ``warmup_s`` (Triton's own memory-growth test allows < 100 MB);
+:func:`check_growth_options` refuses a ``--max-growth-mb`` that could not be checked and
+:func:`growth_failure` says why a run's check fails.
 With ``cpu_root``, each sample also takes the CPU time of every process below it
 (:mod:`hps.loadtest.cpu`); :meth:`cpu_cores` is the cores per role after warm-up.
 """
@@ -18,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from hps.errors import ConfigError
 
 if TYPE_CHECKING:
     from hps.loadtest.cpu import Snapshot
@@ -139,3 +143,35 @@ class ResourceSampler:
             return None
         first, last = after[0], after[-1]
         return (last[2] - first[2]) / 2**20, (last[3] - first[3]) / 2**20
+
+
+def check_growth_options(
+    max_growth_mb: float | None, *, remote: bool, run_time_s: float, warmup_s: float,
+    interval_s: float,
+) -> None:  # fmt: skip
+    """Refuse a ``--max-growth-mb`` that could not be checked: without a stack of this
+    command's to sample, or with no room for two samples after the warm-up."""
+    if max_growth_mb is None:
+        return
+    if remote:
+        raise ConfigError(
+            "--max-growth-mb samples the serving processes this command starts: not with "
+            "--triton-grpc"
+        )
+    if warmup_s + 2 * interval_s > run_time_s:
+        raise ConfigError(
+            f"--max-growth-mb needs two memory samples after the warm-up: --warmup "
+            f"{warmup_s:g} s + 2 x --sample-interval {interval_s:g} s exceed --run-time "
+            f"{run_time_s:g} s"
+        )
+
+
+def growth_failure(growth: tuple[float, float] | None, max_growth_mb: float | None) -> str | None:
+    """Why the memory check fails (None: it holds, or none was asked for)."""
+    if max_growth_mb is None:
+        return None
+    if growth is None:
+        return "--max-growth-mb: fewer than two memory samples after the warm-up, nothing checked"
+    if max(growth) > max_growth_mb:
+        return f"memory grew more than {max_growth_mb:g} MB after warm-up"
+    return None

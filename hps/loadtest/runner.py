@@ -2,9 +2,11 @@
 
 Locust patches the standard library for gevent on import, so it never runs inside the
 ``hps`` process: :func:`locust_command` builds the command line, :func:`run_locust` runs it
-with its output in ``locust.log`` of the report folder. Reports: ``locust_stats.csv``,
-``locust_stats_history.csv``, ``locust_failures.csv``, ``locust_exceptions.csv``,
-``report.html``, and from the locustfile ``stages.csv`` and ``verdict.json``.
+with its output in ``locust.log`` of the report folder. Reports: Locust's
+``locust_stats.csv``, ``locust_stats_history.csv``, ``locust_failures.csv``,
+``locust_exceptions.csv`` (rewritten once a second while it runs: the last second may be
+missing) and ``report.html``; from the locustfile, when Locust quits, ``stats.json`` (the
+final statistics), ``stages.csv`` and ``verdict.json``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class LocustRun:
     update_batch_rows: int = 500
     update_phases: int = 0
     freshness_interval: float = 1.0
+    freshness_keys: int = 8
+    freshness_timeout_s: float = 10.0
     freshness_warmup_s: float = 0.0
     mix: str = "grpc=4,http=2,ctr=1,bad=1"
     zipf: float = 1.1
@@ -60,9 +64,14 @@ class LocustRun:
     seed: int = 0
 
     def user_classes(self) -> list[str]:
+        """The Locust user classes to run; a mix without a reader is refused (given no
+        class, Locust would run every one of the locustfile)."""
+        from hps.errors import ConfigError
         from hps.loadtest.options import weights
 
         kinds = [k for k, w in weights(self.mix).items() if w > 0]
+        if not kinds:
+            raise ConfigError(f"--mix {self.mix!r}: no reader of positive weight")
         if self.brokers:
             kinds.append("freshness")
             if self.update_rows_per_s > 0:
@@ -89,6 +98,8 @@ def locust_command(run: LocustRun, grace_s: int = 120) -> list[str]:
         "--update-batch-rows", str(run.update_batch_rows),
         "--update-phases", str(run.update_phases),
         "--freshness-interval", str(run.freshness_interval),
+        "--freshness-keys", str(run.freshness_keys),
+        "--freshness-timeout", str(run.freshness_timeout_s),
         "--freshness-warmup", str(run.freshness_warmup_s), "--hps-seed", str(run.seed),
     ]  # fmt: skip
     for flag, value in (
@@ -106,7 +117,9 @@ def locust_command(run: LocustRun, grace_s: int = 120) -> list[str]:
 
 
 def run_locust(run: LocustRun) -> int:
-    """Run Locust to completion; its exit code (1: a threshold broken, 124: timed out).
+    """Run Locust to completion; its exit code (0: passed; 1: a threshold broken or an
+    exception in a user, 2: an unhandled greenlet exception, see ``verdict.json``; 124:
+    timed out).
 
     Locust and ``timeout`` run in a process group of their own: if this process is
     interrupted, the whole group is stopped (killing ``timeout`` alone would leave Locust

@@ -81,7 +81,9 @@ class StageStats:
 
 
 class StageRecorder:
-    """Reader response times per stage (fed by Locust's request event)."""
+    """Reader response times per stage (fed by Locust's request event). A request that
+    finishes after the plan's end (started in its last seconds, or slow) counts in the last
+    stage, whose ``seconds`` then run to it."""
 
     def __init__(self, plan: list[tuple[float, int]], readers: set[str]) -> None:
         self.plan = plan
@@ -93,7 +95,7 @@ class StageRecorder:
             return
         index = stage_at(self.plan, t)
         if index is None:
-            return
+            index = len(self.plan) - 1
         while len(self.stats) <= index:
             i = len(self.stats)
             start = self.plan[i - 1][0] if i else 0.0

@@ -1,60 +1,51 @@
-"""The one-screen summary of a load test, read back from its report folder."""
+"""The one-screen summary of a load test, read back from its report folder.
+
+Its figures come from ``stats.json`` (:mod:`hps.loadtest.stats`: Locust's final statistics,
+the ones the thresholds were checked against), never from Locust's CSV files, which lag;
+its verdict from ``verdict.json`` (:mod:`hps.loadtest.verdict`).
+"""
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 from typing import Any
 
-from hps.loadtest import freshness
+from hps.loadtest import freshness, stats
 from hps.loadtest.steps import knee
+from hps.loadtest.verdict import causes
 
-
-def _rows(path: Path) -> list[dict[str, str]]:
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def _num(text: str) -> float:
-    """A number of Locust's CSV ("N/A" where no request succeeded)."""
-    try:
-        return float(text)
-    except ValueError:
-        return 0.0
+REPORTS = "report.html, stats.json, verdict.json, stages.csv, locust_*.csv, *.log"
 
 
 def read_report(report_dir: Path) -> dict[str, Any]:
-    """Per request type (``"grpc lookup"``, ..., ``"Aggregated"``): counts and latencies."""
-    types: dict[str, dict[str, float]] = {}
-    for r in _rows(report_dir / "locust_stats.csv"):
-        name = f"{r['Type']} {r['Name']}".strip() if r["Type"] else r["Name"]
-        types[name] = {
-            "requests": int(r["Request Count"]),
-            "failures": int(r["Failure Count"]),
-            "rps": _num(r["Requests/s"]),
-            "p50_ms": _num(r["50%"]),
-            "p95_ms": _num(r["95%"]),
-            "p99_ms": _num(r["99%"]),
-        }
+    """Per request type (``"grpc lookup"``, ..., ``"Aggregated"``): counts and latencies;
+    the failures, most frequent first; the verdict and the freshness figures."""
+    final = stats.read(report_dir)
+    types: dict[str, dict[str, float]] = final["types"]
     verdict_file = report_dir / "verdict.json"
     verdict = json.loads(verdict_file.read_text()) if verdict_file.exists() else {}
-    failures = [
-        (int(r["Occurrences"]), f"{r['Method']} {r['Name']}: {r['Error']}")
-        for r in _rows(report_dir / "locust_failures.csv")
-    ]
+    failures = [(int(e["occurrences"]), f"{e['type']}: {e['error']}") for e in final["errors"]]
     return {
         "types": types,
         "verdict": verdict,
-        "failures": sorted(failures, reverse=True),
+        "failures": failures,
         "freshness": freshness.Figures(
             freshness.probes(types),
             freshness.probes(types, freshness.VISIBLE),
             freshness.read(report_dir),
         ),
     }
+
+
+def outcome(exit_code: int, verdict: dict[str, Any]) -> str:
+    """``PASSED``, or ``FAILED (why)``: the causes the verdict names, else the exit code."""
+    if exit_code == 0:
+        return "PASSED"
+    if exit_code == 124:
+        return "FAILED (timed out)"
+    why = causes(verdict)
+    return f"FAILED ({'; '.join(why)})" if why else f"FAILED (locust exit {exit_code})"
 
 
 def format_summary(
@@ -102,10 +93,10 @@ def format_summary(
         )
     for count, what in rep["failures"][:5]:
         lines.append(f"  {count} x {what[:150]}")
-    violations = rep["verdict"].get("violations")
-    if violations:
-        lines += [f"THRESHOLD BROKEN: {v}" for v in violations]
-    outcome = {0: "PASSED", 1: "FAILED (thresholds)", 124: "FAILED (timed out)"}
-    verdict = outcome.get(exit_code, f"FAILED (locust exit {exit_code})")
-    lines.append(f"{verdict}; reports: {report_dir} (report.html, locust_*.csv, stages.csv, *.log)")
+    for crash in rep["verdict"].get("exceptions") or []:
+        at = f" (at {crash['where']})" if crash.get("where") else ""
+        lines.append(f"EXCEPTION IN USERS: {crash['count']} x {crash['type']}: "
+                     f"{str(crash['message'])[:150]}{at}")  # fmt: skip
+    lines += [f"THRESHOLD BROKEN: {v}" for v in rep["verdict"].get("violations") or []]
+    lines.append(f"{outcome(exit_code, rep['verdict'])}; reports: {report_dir} ({REPORTS})")
     return "\n".join(lines)

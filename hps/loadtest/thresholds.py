@@ -1,9 +1,9 @@
 """Pass/fail limits per request type, checked when the load test ends.
 
 A thresholds file is JSON: request type -> limits. The request type is Locust's
-``"<type> <name>"`` (e.g. ``"grpc lookup"``, ``"kafka freshness"``, ``"admin GET /readyz"``),
-``"Aggregated"`` for all requests together, or ``"*"`` for every type that ran (a type's own
-limits override those of ``"*"``)::
+``"<type> <name>"``, one of :data:`REQUEST_TYPES` (e.g. ``"grpc lookup"``, ``"kafka
+freshness"``, ``"GET /readyz"``), ``"Aggregated"`` for all requests together, or ``"*"`` for
+every type that ran (a type's own limits override those of ``"*"``)::
 
     {"*": {"max_fail_ratio": 0.0},
      "grpc lookup": {"p99_ms": 2000, "min_rps": 5},
@@ -11,10 +11,11 @@ limits override those of ``"*"``)::
 
 Limits: ``max_fail_ratio`` (failures / requests), ``p50_ms``, ``p95_ms``, ``p99_ms`` (upper
 bounds), ``min_rps`` (a floor on throughput: a collapse fails the run) and
-``min_requests`` (the type must have run at least that often; a type named with it that
-never ran fails too). A run without a single request always fails. Options add to or
-override the file: ``--threshold "grpc lookup:p99_ms=500,max_fail_ratio=0"`` (repeatable,
-``;``-separated).
+``min_requests`` (the type must have run at least that often). A type named in the
+thresholds that never ran fails, whatever its limits; a name that is no request type is
+refused when the thresholds are loaded (:func:`load_thresholds`), before anything runs. A
+run without a single request always fails. Options add to or override the file:
+``--threshold "grpc lookup:p99_ms=500,max_fail_ratio=0"`` (repeatable, ``;``-separated).
 """
 
 from __future__ import annotations
@@ -26,10 +27,26 @@ from pathlib import Path
 from typing import Protocol
 
 from hps.errors import ConfigError
+from hps.loadtest.freshness import PROBES, VISIBLE, WARMUP
 
 LIMITS = ("max_fail_ratio", "p50_ms", "p95_ms", "p99_ms", "min_rps", "min_requests")
 ALL = "*"
 AGGREGATED = "Aggregated"
+REQUEST_TYPES = (
+    "grpc lookup",
+    "http lookup",
+    "grpc ctr",
+    "grpc bad request",
+    "kafka publish",
+    PROBES,
+    VISIBLE,
+    PROBES + WARMUP,
+    VISIBLE + WARMUP,
+    "GET /readyz",
+    "GET /v1/models",
+    "GET /v1/models/{model}/tables/{table}",
+)
+"""Every request type the users of :mod:`hps.loadtest.users` report (docs/loadtest.md)."""
 
 Thresholds = dict[str, dict[str, float]]
 
@@ -79,8 +96,19 @@ def _check_limits(where: str, limits: object) -> dict[str, float]:
     return out
 
 
+def _check_type(where: str, rtype: str) -> str:
+    if rtype not in (*REQUEST_TYPES, AGGREGATED, ALL):
+        raise ConfigError(
+            f"{where}: unknown request type {rtype!r}; known: {', '.join(REQUEST_TYPES)}, "
+            f"{AGGREGATED!r} (all of them) and {ALL!r} (each that ran)"
+        )
+    return rtype
+
+
 def load_thresholds(path: str | Path | None, specs: Iterable[str] = ()) -> Thresholds:
-    """The file's thresholds (if any), then each ``TYPE:limit=value,...`` spec on top."""
+    """The file's thresholds (if any), then each ``TYPE:limit=value,...`` spec on top.
+
+    Raises :class:`ConfigError` naming the entry for an unknown request type or limit."""
     result: Thresholds = {}
     if path:
         try:
@@ -90,6 +118,7 @@ def load_thresholds(path: str | Path | None, specs: Iterable[str] = ()) -> Thres
         if not isinstance(doc, dict):
             raise ConfigError(f"thresholds file {path}: expected a JSON object")
         for rtype, limits in doc.items():
+            _check_type(f"thresholds file {path}", rtype)
             result[rtype] = _check_limits(f"{path}: {rtype!r}", limits)
     for spec in (s for group in specs for s in group.split(";") if s.strip()):
         rtype, sep, body = spec.rpartition(":")
@@ -99,7 +128,7 @@ def load_thresholds(path: str | Path | None, specs: Iterable[str] = ()) -> Thres
         if any(len(p) != 2 for p in pairs):
             raise ConfigError(f"--threshold {spec!r}: expected limit=value pairs after ':'")
         limits = _check_limits(f"--threshold {spec!r}", {k.strip(): v for k, v in pairs})
-        result.setdefault(rtype.strip(), {}).update(limits)
+        result.setdefault(_check_type(f"--threshold {spec!r}", rtype.strip()), {}).update(limits)
     return result
 
 
@@ -110,7 +139,8 @@ def entry_type(entry: Entry) -> str:
 def evaluate(
     thresholds: Thresholds, entries: Iterable[Entry], total: Entry | None = None
 ) -> list[Violation]:
-    """Every limit broken by the entries (``total``: Locust's aggregated entry)."""
+    """Every limit broken by the entries (``total``: Locust's aggregated entry), and a
+    ``min_requests`` violation for each type the thresholds name that never ran."""
     by_type = {entry_type(e): e for e in entries}
     if total is not None:
         by_type[AGGREGATED] = total
@@ -125,8 +155,9 @@ def evaluate(
         }  # fmt: skip
         out += _entry_violations(rtype, entry, limits)
     for rtype, limits in thresholds.items():
-        if rtype not in by_type and rtype != ALL and "min_requests" in limits:
-            out.append(Violation(rtype, "min_requests", limits["min_requests"], 0))
+        if rtype not in by_type and rtype != ALL:  # named, never ran: nothing was tested
+            bound = max(1.0, limits.get("min_requests", 1.0))
+            out.append(Violation(rtype, "min_requests", bound, 0))
     return out
 
 

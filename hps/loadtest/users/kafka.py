@@ -1,5 +1,12 @@
 """Users that publish to the ps.json's update topics: bulk updates and freshness probes.
 
+Their publisher's blocking calls (metadata, a full local queue, delivery) run off the gevent
+loop (:class:`hps.loadtest.users.publisher.OffLoopPublisher`), so they never stall the
+readers. ``kafka publish`` is one bulk batch from ``publish()`` to the broker's
+acknowledgement of all of it; a delivery error, or no acknowledgement within
+:data:`~hps.loadtest.users.publisher.ACK_TIMEOUT_S`, is its failure. A probe whose update the
+broker refuses fails with the delivery error.
+
 Bulk updates touch only BULK-class keys and the probes only FRESH-class keys
 (:func:`hps.loadtest.keys.key_class`), so the readers' verified keys never change.
 
@@ -36,6 +43,7 @@ from hps.loadtest.freshness import WARMUP, visible_after
 from hps.loadtest.keys import served
 from hps.loadtest.requests import WrongAnswer
 from hps.loadtest.steps import stage_at, updates_on
+from hps.loadtest.users.publisher import OffLoopPublisher
 from hps.loadtest.users.shared import STATE, fire, report
 
 POLL_S = 0.02  # a probe starts a lookup this often until one returns the new vectors
@@ -54,13 +62,15 @@ class KafkaUser(User):
         o = self.environment.parsed_options
         assert o is not None
         self.work = STATE.work()
-        self.publisher = Publisher(o.brokers)
+        self.rng = np.random.default_rng()
+        self.publisher = OffLoopPublisher(Publisher(o.brokers))
         # topics and their metadata now: else each table's first publish waits for them
         self.publisher.prepare(self.work.name, [t.spec.table for t in self.work.tables])
-        self.rng = np.random.default_rng()
 
     def on_stop(self) -> None:
-        self.publisher.close(timeout_s=10.0)
+        publisher = getattr(self, "publisher", None)
+        if publisher is not None:
+            publisher.close()
 
 
 class Updater(KafkaUser):
@@ -79,7 +89,7 @@ class Updater(KafkaUser):
         vectors = self.rng.standard_normal((keys.size, t.spec.dim), dtype=np.float32)
 
         def call() -> int:
-            self.publisher.publish(self.work.name, t.spec.table, keys, vectors)
+            self.publisher.publish_acked(self.work.name, t.spec.table, keys, vectors)
             return int(vectors.nbytes)
 
         fire(self.environment, "kafka", "publish", call)
@@ -132,6 +142,13 @@ class Prober(KafkaUser):
                 served_at.append(time.perf_counter())
                 seen.set()
 
+        def delivered() -> None:
+            try:
+                self.publisher.deliver(o.freshness_timeout)
+            except Exception as exc:  # the broker refused the update: the probe fails
+                errors.append(exc)
+                seen.set()
+
         lookups = Group()
         phase = WARMUP if STATE.elapsed() < o.freshness_warmup else ""
         start = time.perf_counter()
@@ -141,6 +158,8 @@ class Prober(KafkaUser):
             self.publisher.publish(self.work.name, t.spec.table, keys, vectors)
         except Exception as exc:
             failure = exc
+        else:
+            lookups.spawn(delivered)
         deadline = start + o.freshness_timeout
         while failure is None and not seen.is_set():
             if time.perf_counter() > deadline:

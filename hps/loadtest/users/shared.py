@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from locust.env import Environment
 
@@ -23,6 +23,7 @@ class RunState:
     thresholds: Thresholds | None = None
     recorder: StageRecorder | None = None
     started: float | None = None  # monotonic time of the load shape's first tick
+    exception_types: dict[str, str] = field(default_factory=dict)  # traceback -> type name
 
     def work(self) -> Workload:
         if self.workload is None:

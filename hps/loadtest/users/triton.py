@@ -1,15 +1,18 @@
 """Users that talk to Triton: HPS lookups over gRPC and HTTP, the CTR model, bad requests.
 
 Every answer is checked: a wrong vector or score is a failure (:class:`WrongAnswer`), and so
-is a malformed request that Triton does not refuse with a client error.
+is a malformed request that Triton does not refuse as malformed (INVALID_ARGUMENT).
 """
 
 from __future__ import annotations
 
+from types import ModuleType
+from typing import Any
+
 import numpy as np
 from locust import User, constant, task
 
-from hps.loadtest.requests import WrongAnswer
+from hps.loadtest.requests import WrongAnswer, check_refused
 from hps.loadtest.users.shared import STATE, fire
 from hps.loadtest.workload import Workload
 
@@ -72,24 +75,39 @@ class CtrReader(TritonUser):
 
 
 class BadRequester(TritonUser):
-    """A few malformed requests: each must be refused with a client error, nothing else."""
+    """A few malformed requests: each must be refused as malformed, with gRPC
+    ``INVALID_ARGUMENT`` (:func:`hps.loadtest.requests.check_refused`), nothing else: a
+    server error is no refusal. tritonclient's own error is read, not its translation to
+    ``hps.errors`` (which counts server errors as ``RequestError`` too)."""
 
     wait_time = constant(0.5)
 
     @task
     def bad(self) -> None:
-        from hps.errors import RequestError, UnknownTableError
+        from tritonclient.utils import InferenceServerException
 
         bad = self.work.bad_requests()
         what, inputs = bad[int(self.rng.integers(0, len(bad)))]
+        tensors = _tensors(self.client.module, inputs)
 
         def call() -> int:
             try:
-                self.client.infer(self.work.name, inputs)
-            except UnknownTableError as exc:
-                raise WrongAnswer(f"{what}: refused as unknown model: {exc}") from None
-            except RequestError:
+                self.client.client.infer(self.work.name, tensors)
+            except InferenceServerException as exc:
+                check_refused(what, str(exc.status() or ""), str(exc.message() or ""))
                 return 0  # refused as it should be
             raise WrongAnswer(f"{what}: Triton accepted a malformed request")
 
         fire(self.environment, "grpc", "bad request", call)
+
+
+def _tensors(module: ModuleType, inputs: dict[str, np.ndarray]) -> list[Any]:
+    """tritonclient's ``InferInput`` of each array (``module``: tritonclient.grpc or .http)."""
+    from tritonclient.utils import np_to_triton_dtype
+
+    out = []
+    for name, array in inputs.items():
+        tensor = module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array)
+        out.append(tensor)
+    return out

@@ -166,7 +166,7 @@ def _descendants(pid: int) -> list[int]:
 def test_sigterm_stops_locust_and_the_stack(demo: Path, tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "hps.cli", "loadtest", "--config", str(demo), "--no-admin",
            "--report-dir", str(tmp_path), "--run-time", "120", "--users", "2",
-           "--samples", "32", "--mix", "grpc=1", "--updates", "0"]  # fmt: skip
+           "--samples", "32", "--mix", "grpc=1"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     lines = []

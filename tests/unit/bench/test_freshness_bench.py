@@ -56,7 +56,6 @@ def test_cores_of_both_runs_and_what_the_updates_took(tmp_path: Path) -> None:
 def test_the_line_gives_the_probes_after_the_warm_up_and_those_of_it_apart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import csv
     import subprocess
 
     from hps.bench import freshness
@@ -66,12 +65,13 @@ def test_the_line_gives_the_probes_after_the_warm_up_and_those_of_it_apart(
         report.mkdir(parents=True)
         stage = {"rps": 100.0, "p50_ms": 50.0, "p99_ms": 120.0, "failures": 0, "requests": 9}
         (report / "verdict.json").write_text(json.dumps({"stages": [stage]}))
-        with open(report / "locust_stats.csv", "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["Type", "Name", "Request Count", "Failure Count", "Requests/s",
-                        "50%", "95%", "99%"])  # fmt: skip
-            w.writerow(["kafka", "freshness", "48", "0", "1", "90", "150", "200"])
-            w.writerow(["kafka", "freshness (warm-up)", "12", "0", "1", "100", "400", "520"])
+        types = {
+            "kafka freshness": {"requests": 48, "failures": 0, "rps": 1.0,
+                                "p50_ms": 90.0, "p95_ms": 150.0, "p99_ms": 200.0},
+            "kafka freshness (warm-up)": {"requests": 12, "failures": 0, "rps": 1.0,
+                                          "p50_ms": 100.0, "p95_ms": 400.0, "p99_ms": 520.0},
+        }  # fmt: skip
+        (report / "stats.json").write_text(json.dumps({"types": types, "errors": []}))
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(subprocess, "run", fake_loadtest)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +76,71 @@ def test_the_stack_tells_its_l1s_through_the_journal_unless_told_otherwise() -> 
     kept = effective_doc(own, l2=None, instances=2, updates=True)
     assert kept["update_source"]["hps_l1_refresh"] == "listener"  # the ps.json's choice
     assert "update_source" not in effective_doc(doc, l2=None, instances=2, updates=False)
+
+
+class _Started(Exception):
+    """Raised by the stand-in for start_stack: how it was called."""
+
+
+def _start(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
+    calls: list[dict[str, object]] = []
+
+    def start_stack(config: object, run_dir: object, **kw: object) -> None:
+        calls.append(kw)
+        raise _Started
+
+    monkeypatch.setattr("hps.loadtest.stack.start_stack", start_stack)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("updates", "kafka"), [(["--updates", "0"], True), (["--updates", "500"], True), ([], False)]
+)
+def test_an_explicit_updates_0_starts_kafka_without_bulk_updates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, updates: list[str], kafka: bool
+) -> None:
+    """hps bench freshness's read-only run: the broker and the prober as in its other run."""
+    calls = _start(monkeypatch)
+    with pytest.raises(_Started):
+        main(["loadtest", "--config", "ps.json", "--report-dir", str(tmp_path), *updates])
+    assert calls[0]["updates"] is kafka
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--threshold", "grpc lookups:p99_ms=5"], "--threshold 'grpc lookups:p99_ms=5': "
+         "unknown request type 'grpc lookups'"),
+        (["--thresholds", "TYPO"], "unknown request type 'kafka  freshness'"),
+        (["--mix", ""], "--mix '' leaves no reader"),
+        (["--mix", "grpc=0,bad=0"], "leaves no reader"),
+        (["--max-growth-mb", "10", "--triton-grpc", "h:1", "--triton-http", "h:2"],
+         "--max-growth-mb samples the serving processes this command starts"),
+        (["--max-growth-mb", "10", "--run-time", "20", "--warmup", "15"],
+         "needs two memory samples after the warm-up"),
+    ],
+)  # fmt: skip
+def test_bad_options_are_refused_before_anything_starts(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    message: str,
+) -> None:
+    calls = _start(monkeypatch)
+    typo = tmp_path / "typo.json"
+    typo.write_text(json.dumps({"grpc lookup": {"p99_ms": 1}, "kafka  freshness": {"p99_ms": 1}}))
+    argv = [str(typo) if a == "TYPO" else a for a in argv]
+    code = main(["loadtest", "--config", "ps.json", "--report-dir", str(tmp_path), *argv])
+    assert code == 2 and calls == []
+    assert message in capsys.readouterr().err
+
+
+def test_locust_gets_the_probes_keys_and_timeout(tmp_path: Path) -> None:
+    run = LocustRun(config=Path("ps.json"), report_dir=tmp_path, triton_grpc="h:1",
+                    triton_http="h:2", freshness_keys=3, freshness_timeout_s=2.5)  # fmt: skip
+    cmd = locust_command(run)
+    assert cmd[cmd.index("--freshness-keys") + 1] == "3"
+    assert cmd[cmd.index("--freshness-timeout") + 1] == "2.5"
+    with pytest.raises(ConfigError, match="no reader of positive weight"):
+        locust_command(LocustRun(Path("ps.json"), tmp_path, "h:1", "h:2", mix="grpc=0"))

@@ -3,7 +3,7 @@ visible) and the serving processes' metric."""
 
 from __future__ import annotations
 
-import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -12,14 +12,17 @@ from hps.loadtest import freshness
 from hps.loadtest.summary import format_summary, read_report
 
 INF = float("inf")
-COLUMNS = ["Type", "Name", "Request Count", "Failure Count", "Requests/s", "50%", "95%", "99%"]
+COLUMNS = ["requests", "failures", "rps", "p50_ms", "p95_ms", "p99_ms"]
 
 
 def _stats(report: Path, rows: list[list[str]]) -> None:
-    with open(report / "locust_stats.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(COLUMNS)
-        w.writerows(rows)
+    """The run's final statistics (stats.json), a row per type: type, name, then COLUMNS."""
+    types = {
+        f"{r[0]} {r[1]}": {k: int(v) if k in ("requests", "failures") else float(v)
+                           for k, v in zip(COLUMNS, r[2:], strict=True)}
+        for r in rows
+    }  # fmt: skip
+    (report / "stats.json").write_text(json.dumps({"types": types, "errors": []}))
 
 
 def test_the_window_keeps_the_runs_observations_of_the_model() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hps.loadtest.requests import LookupRequest, WrongAnswer
+from hps.loadtest.requests import LookupRequest, WrongAnswer, check_refused
 
 
 def _request() -> tuple[LookupRequest, np.ndarray]:
@@ -39,3 +39,18 @@ def test_an_unplanted_row_is_not_checked() -> None:
     req, answer = _request()
     answer[6 + 0] += 1.0  # table 1's row 0 holds no known key
     req.check(answer)
+
+
+@pytest.mark.parametrize("status", ["StatusCode.INVALID_ARGUMENT", "400"])
+def test_a_client_error_is_a_refusal(status: str) -> None:
+    check_refused("negative count", status, "bad NUMKEYS")
+
+
+@pytest.mark.parametrize(
+    "status",
+    ["StatusCode.INTERNAL", "500", "StatusCode.UNKNOWN", "StatusCode.DEADLINE_EXCEEDED",
+     "StatusCode.RESOURCE_EXHAUSTED", "StatusCode.UNAVAILABLE", "StatusCode.NOT_FOUND", ""],
+)  # fmt: skip
+def test_a_server_error_is_no_refusal_of_a_malformed_request(status: str) -> None:
+    with pytest.raises(WrongAnswer, match="negative count: refused with .*, not as a malformed"):
+        check_refused("negative count", status, "stub crashed")

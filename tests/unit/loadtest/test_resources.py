@@ -46,3 +46,24 @@ def test_sampler_sums_the_tree_and_its_shm(tmp_path: Path) -> None:
                 os.kill(pid, signal.SIGTERM)
         parent.wait()
         (SHM / name).unlink()
+
+
+def test_a_memory_bound_that_could_not_be_checked_fails() -> None:
+    from hps.loadtest.resources import growth_failure
+
+    assert growth_failure(None, None) is None and growth_failure((1.0, 0.0), 10) is None
+    assert growth_failure((12.0, 0.0), 10) == "memory grew more than 10 MB after warm-up"
+    assert "fewer than two memory samples after the warm-up" in str(growth_failure(None, 10))
+
+
+def test_memory_bound_options_that_cannot_be_checked_are_refused() -> None:
+    from hps.errors import ConfigError
+    from hps.loadtest.resources import check_growth_options
+
+    kw = {"run_time_s": 60.0, "warmup_s": 12.0, "interval_s": 5.0}
+    check_growth_options(None, remote=True, **kw)
+    check_growth_options(100.0, remote=False, **kw)
+    with pytest.raises(ConfigError, match="not with --triton-grpc"):
+        check_growth_options(100.0, remote=True, **kw)
+    with pytest.raises(ConfigError, match="--warmup 55 s \\+ 2 x --sample-interval 5 s exceed"):
+        check_growth_options(100.0, remote=False, **{**kw, "warmup_s": 55.0})

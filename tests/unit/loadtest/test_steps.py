@@ -53,3 +53,13 @@ def test_update_phases_compare_reads_with_and_without_updates() -> None:
     assert got["without"]["p99_ms"] == 10.0 and got["with"]["p99_ms"] == 20.0
     assert got["with"]["rps"] == pytest.approx(10, rel=0.05)
     assert rec.compare_updates(0) == {}
+
+
+def test_reads_finishing_after_the_plan_count_in_the_last_stage(tmp_path: Path) -> None:
+    rec = StageRecorder(stages("spike", 8, 10), {"grpc lookup"})  # ends at 4, 6, 10 s
+    rec.record(1.0, "grpc lookup", 5.0, False)
+    rec.record(9.5, "grpc lookup", 5.0, False)
+    rec.record(10.4, "grpc lookup", 900.0, True)  # started before the end, answered after
+    rows = rec.write(tmp_path / "stages.csv")
+    assert [r["requests"] for r in rows] == [1, 0, 2]
+    assert rows[2]["failures"] == 1 and rows[2]["seconds"] == pytest.approx(4.4)

@@ -90,3 +90,41 @@ def test_violations() -> None:
     assert [str(v) for v in evaluate({}, [], nothing)] == [
         "Aggregated: min_requests 0 (must be >= 1)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("doc", "specs", "named"),
+    [
+        ({"grpc lookups": {"p99_ms": 1}}, [], "'grpc lookups'"),
+        ({"kafka  freshness": {"p99_ms": 1}}, [], "'kafka  freshness'"),
+        (None, ["admin GET /readyz:max_fail_ratio=0.5"], "'admin GET /readyz'"),
+    ],
+)
+def test_a_name_that_is_no_request_type_is_refused_when_loaded(
+    tmp_path: Path, doc: dict[str, object] | None, specs: list[str], named: str
+) -> None:
+    path = None
+    if doc is not None:
+        path = tmp_path / "t.json"
+        path.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match=f"unknown request type {named}"):
+        load_thresholds(path, specs)
+
+
+def test_a_named_type_that_never_ran_fails_whatever_its_limits() -> None:
+    ran = Entry("grpc", "lookup", [10.0] * 10)
+    total = Entry(None, "Aggregated", ran.times)
+    th = load_thresholds(None, ["kafka freshness:p99_ms=1000", "GET /readyz:max_fail_ratio=0.5"])
+    got = [str(v) for v in evaluate(th, [ran], total)]
+    assert got == [
+        "kafka freshness: min_requests 0 (must be >= 1)",
+        "GET /readyz: min_requests 0 (must be >= 1)",
+    ]
+    # "*" names no type: it only applies to those that ran
+    assert not evaluate(load_thresholds(None, ["*:max_fail_ratio=0"]), [ran], total)
+
+
+@pytest.mark.parametrize("name", ["ci-thresholds.json", "soak-thresholds.json"])
+def test_the_shipped_threshold_files_load(name: str) -> None:
+    th = load_thresholds(Path(__file__).resolve().parents[3] / "loadtests" / name)
+    assert th["*"] == {"max_fail_ratio": 0.0} and "kafka freshness" in th
