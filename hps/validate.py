@@ -99,7 +99,8 @@ class RequestLimits:
     Built once per model (:meth:`of`). :meth:`counts` checks one lookup (flat keys and
     keys per table, what :meth:`hps.LookupSession.lookup_request` takes); :meth:`check`
     bounds the keys of all rows of a batched Triton request together, from shapes and
-    ``NUMKEYS`` only, before any key is looked up.
+    ``NUMKEYS`` only, before any key is looked up, and :meth:`rows` checks each of its
+    rows, all at once.
     """
 
     model: str
@@ -114,18 +115,33 @@ class RequestLimits:
         model = tables[0].model if tables else ""
         return cls(model, tuple(t.name for t in tables), per_table, dims)
 
-    def rows(self, keys: np.ndarray, numkeys: np.ndarray) -> None:
+    def rows(self, keys: np.ndarray, numkeys: np.ndarray) -> int:
         """Check every row of a batched request (``keys`` ``[rows, n]``, ``numkeys``
-        ``[rows, tables]``) with :meth:`counts`, and that their answers are as long (one
-        ``OUTPUT0`` tensor holds them), before any row is looked up."""
-        widths = {
-            int(np.dot(self.counts(k, c), self.dims)) for k, c in zip(keys, numkeys, strict=True)
-        }
-        if len(widths) > 1:
+        ``[rows, tables]`` of integers) as :meth:`counts` checks one lookup, and that their
+        answers are as long (one ``OUTPUT0`` tensor holds them), before any row is looked
+        up; that length (floats per row). The first bad row is refused as :meth:`counts`
+        would refuse it; the limits are :meth:`check`'s, for all rows together, checked
+        first."""
+        model, tables = self.model, len(self.names)
+        if numkeys.shape[1] != tables:
+            raise ShapeError(f"{model}: {numkeys.shape[1]} key counts for {tables} tables")
+        counts = numkeys.astype(np.int64)
+        negative = np.any(counts < 0, axis=1)
+        sums, sent = counts.sum(axis=1), keys.shape[1]
+        bad = negative | (sums != sent)
+        if bad.any():
+            row = int(np.argmax(bad))
+            if negative[row]:
+                raise ShapeError(f"{model}: negative key count in {counts[row].tolist()}")
+            got = int(sums[row])
+            raise ShapeError(f"{model}: key counts add up to {got} but {sent} keys were sent")
+        widths = counts @ self.dims
+        if (widths != widths[0]).any():
             raise ShapeError(
-                f"{self.model}: the {keys.shape[0]} rows of this request give vectors of "
-                f"different lengths {sorted(widths)}; send one request per row"
+                f"{model}: the {keys.shape[0]} rows of this request give vectors of "
+                f"different lengths {sorted(set(widths.tolist()))}; send one request per row"
             )
+        return int(widths[0])
 
     def counts(self, keys: Keys, num_keys: npt.ArrayLike) -> list[int]:
         """The keys per table of one lookup of ``keys``, checked: integers, one per table,

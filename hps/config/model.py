@@ -70,6 +70,21 @@ class ModelConfig(Frozen):
     hps_keep_versions: int = Field(
         default=2, ge=1, description="model versions kept for rollback, the live one included"
     )
+    hps_max_queue_size: int = Field(
+        default=0,
+        ge=0,
+        le=INT32_MAX,
+        description="requests of each Triton model that may wait for a free instance; more "
+        "are refused at once (0: no limit)",
+    )
+    hps_queue_timeout_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=3600.0,
+        allow_inf_nan=False,
+        description="seconds a request may wait for a free instance before it is refused "
+        "unlooked-up (0: no limit)",
+    )
     version: int = Field(
         default=1, ge=1, exclude=True, description="the model version this entry describes"
     )

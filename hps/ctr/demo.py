@@ -2,13 +2,17 @@
 
 The folder holds what a HugeCTR training job would have handed over: one sparse-model
 folder per table (``tables/<name>/key`` + ``emb_vector``), the dense weights
-(``dense.npz``, :mod:`hps.ctr.network`) and a ps.json serving them with an in-process hash
-map as L2 and RocksDB (``rocksdb/``) as L3, no Redis, no Kafka. Table ``i`` holds the
-keys ``0 .. rows_i - 1``; vector ``k`` of table ``i`` is reproducible from the seed.
+(``dense.npz``, :mod:`hps.ctr.network`) and a ps.json serving them with RocksDB
+(``rocksdb/``) as L3, no Redis, no Kafka. Its L2 type is left to the serving default: an
+in-process hash map for one instance, the node's ``multi_process_hash_map`` for several
+(:func:`hps.triton.serving.serving_config`), in a segment named after the folder, so that
+two demos served at once keep apart. Table ``i`` holds the keys ``0 .. rows_i - 1``;
+vector ``k`` of table ``i`` is reproducible from the seed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -40,6 +44,10 @@ def demo_config(
 ) -> dict[str, Any]:
     """The ps.json of a demo folder (absolute paths, so it works from anywhere)."""
     names = [f"C{i + 1}" for i in range(len(sizes))]
+    volatile: dict[str, Any] = {"initial_cache_rate": 1.0}  # the type: serving's default
+    if instances > 1:  # a shared L2 (multi_process_hash_map) of this folder's own
+        digest = hashlib.sha256(str(directory).encode()).hexdigest()[:12]
+        volatile["shared_memory_name"] = f"hps_demo_{digest}"
     return {
         "supportlonglong": True,
         "models": [
@@ -60,7 +68,7 @@ def demo_config(
                 "hps_instances": instances,
             }
         ],
-        "volatile_db": {"type": "hash_map", "initial_cache_rate": 1.0},
+        "volatile_db": volatile,
         "persistent_db": {"type": "rocks_db", "path": str(directory / "rocksdb")},
         "update_source": {"type": "null"},
     }

@@ -8,11 +8,11 @@ Each ps.json model becomes a Triton model of the same name with HugeCTR's HPS in
 (``hps_embedding``), as HugeCTR's HPS backend named them; a model whose ``dense_file`` is
 an ``.npz`` of :mod:`hps.ctr.network` also gets ``<model>_ctr`` (``hps_ctr``). The copies
 get the config.pbtxt parameters filled in (ps.json path, model name, where relative paths
-start), ``hps_instances`` as instance count and the ps.json model's ``max_batch_size`` as
-Triton's (the most rows a request may have). A model whose L1 is configured on the GPU
-(``hps_cache.device: cupy``) gets ``KIND_GPU`` instances spread over its
-``deployed_device_list`` (:attr:`hps.config.ModelConfig.instance_gpus`), the others
-``KIND_CPU`` ones.
+start), ``hps_instances`` as instance count, the ps.json model's ``max_batch_size`` as
+Triton's (the most rows a request may have) and its queue policy (:class:`QueuePolicy`).
+A model whose L1 is configured on the GPU (``hps_cache.device: cupy``) gets ``KIND_GPU``
+instances spread over its ``deployed_device_list``
+(:attr:`hps.config.ModelConfig.instance_gpus`), the others ``KIND_CPU`` ones.
 
 The templates are the one source of the models; the ``model_repository/`` at the top of a
 checkout is what :func:`write_demo_repository` writes from them for the demo (``hps
@@ -22,6 +22,7 @@ repository``, ``make model-repository``), and a test keeps the checked-in copy e
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import py_compile
 import re
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
-from hps.config import PSConfig, parse_config
+from hps.config import ModelConfig, PSConfig, parse_config
 from hps.errors import ConfigError
 from hps.loading.imports import node_file
 from hps.topology import topology
@@ -113,6 +114,48 @@ def check_gpu_instances(config: PSConfig) -> None:
 _INSTANCE_GROUP = re.compile(r"^instance_group\s*\[.*\]\s*$", re.M)
 
 
+@dataclass(frozen=True)
+class QueuePolicy:
+    """How long Triton's queue of a model may grow: at most ``max_queue_size`` requests
+    wait for a free instance (0: no limit), none longer than ``timeout_us`` microseconds
+    (0: no limit); Triton refuses the others, ``UNAVAILABLE``, unlooked-up.
+
+    Without either limit (the default) a model keeps Triton's default scheduler. With one,
+    it gets the dynamic batcher for the policy alone (:func:`dynamic_batching`), which
+    Triton 2.51 (24.10) pays for: see docs/serving.md, "Overload"."""
+
+    max_queue_size: int = 0
+    timeout_us: int = 0
+
+    @classmethod
+    def of(cls, model: ModelConfig) -> QueuePolicy:
+        """The ps.json model's ``hps_max_queue_size`` and ``hps_queue_timeout_s``."""
+        return cls(model.hps_max_queue_size, math.ceil(model.hps_queue_timeout_s * 1e6))
+
+    @property
+    def bounded(self) -> bool:
+        return bool(self.max_queue_size or self.timeout_us)
+
+
+def dynamic_batching(queue: QueuePolicy) -> str:
+    """The ``dynamic_batching`` block of a model with a bounded queue. A preferred batch of
+    one request and no delay: Triton never adds a request to a batch that holds one, so
+    each ``execute()`` still gets one request, as without a batcher; a client may ask for
+    a shorter wait than ``timeout_us`` (``allow_timeout_override``)."""
+    return (
+        "dynamic_batching {\n"
+        "  preferred_batch_size: [ 1 ]\n"
+        "  max_queue_delay_microseconds: 0\n"
+        "  default_queue_policy {\n"
+        "    timeout_action: REJECT\n"
+        f"    default_timeout_microseconds: {queue.timeout_us}\n"
+        "    allow_timeout_override: true\n"
+        f"    max_queue_size: {queue.max_queue_size}\n"
+        "  }\n"
+        "}\n"
+    )
+
+
 def render_config(
     text: str,
     name: str,
@@ -120,7 +163,11 @@ def render_config(
     params: dict[str, str],
     max_batch_size: int = 0,
     gpus: tuple[int, ...] = (),
+    queue: QueuePolicy = QueuePolicy(),
 ) -> str:
+    """``text``, a template's config.pbtxt, for the Triton model ``name``: its instances,
+    parameters, queue policy and, where given, its ``max_batch_size`` (else the
+    template's)."""
     text = re.sub(r'^name:\s*"[^"]*"', f'name: "{name}"', text, count=1, flags=re.M)
     if max_batch_size:
         text = re.sub(
@@ -130,7 +177,10 @@ def render_config(
             count=1,
             flags=re.M,
         )
-    text, n = _INSTANCE_GROUP.subn(instance_group(instances, gpus), text, count=1)
+    scheduling = instance_group(instances, gpus)
+    if queue.bounded:
+        scheduling = dynamic_batching(queue) + scheduling
+    text, n = _INSTANCE_GROUP.subn(lambda _: scheduling, text, count=1)
     if n != 1:
         raise ConfigError("config.pbtxt template has no one-line instance_group")
     for key, value in params.items():
@@ -197,14 +247,15 @@ class ServedModel:
     instances: int
     max_batch_size: int = 0
     gpus: tuple[int, ...] = ()  # KIND_GPU instances over these; (): KIND_CPU
+    queue: QueuePolicy = QueuePolicy()
 
 
 def served_models(config: PSConfig) -> list[ServedModel]:
     out = []
     for m in config.models:
-        batch, gpus = m.max_batch_size, m.instance_gpus
+        batch, gpus, queue = m.max_batch_size, m.instance_gpus, QueuePolicy.of(m)
         for name, template in zip(m.triton_names, ("hps_embedding", "hps_ctr"), strict=False):
-            out.append(ServedModel(name, template, m.model, m.hps_instances, batch, gpus))
+            out.append(ServedModel(name, template, m.model, m.hps_instances, batch, gpus, queue))
     return out
 
 
@@ -216,6 +267,7 @@ def copy_template(
     params: dict[str, str],
     max_batch_size: int = 0,
     gpus: tuple[int, ...] = (),
+    queue: QueuePolicy = QueuePolicy(),
 ) -> None:
     src = templates_dir() / template
     target = dest / name
@@ -223,7 +275,8 @@ def copy_template(
         shutil.rmtree(target)
     shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__"))
     cfg = target / "config.pbtxt"
-    cfg.write_text(render_config(cfg.read_text(), name, instances, params, max_batch_size, gpus))
+    text = render_config(cfg.read_text(), name, instances, params, max_batch_size, gpus, queue)
+    cfg.write_text(text)
 
 
 def prepare_repository(
@@ -266,6 +319,7 @@ def prepare_repository(
             params,
             served.max_batch_size,
             served.gpus,
+            served.queue,
         )
         write_versions(model_dir, registry.served(served.hps_model), precompile=not relative)
         names.append(served.triton_name)
@@ -285,7 +339,8 @@ def write_demo_repository(dest: str | Path = DEMO_REPOSITORY) -> list[str]:
 
     dest = Path(dest).resolve()
     ps_path = dest.parent / DEMO_CONFIG
-    # hps demo's defaults; only the model's name, instances and max_batch_size reach the files
+    # hps demo's defaults; only the model's name, instances, max_batch_size and queue policy
+    # reach the files
     config = parse_config(demo_config(ps_path.parent, table_sizes(26, 100_000), 16), str(ps_path))
     names = prepare_repository(config, dest, relative=True)
     for stale in dest.iterdir():

@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from hps.cache.xp import array_module, use_device
+from hps.cache.xp import use_device
 from hps.redact import scrub
 from hps.triton.instance_ready import InstanceReady
 from hps.triton.model.metrics import MetricsExporter
-from hps.triton.model.request import error_reply
+from hps.triton.model.request import c_order, error_reply
 from hps.types import Array
 
 log = logging.getLogger(__name__)
@@ -64,10 +64,9 @@ def input_array(request: Any, name: str) -> np.ndarray:
 
 
 def output_tensor(name: str, array: Array) -> Any:
-    """An output tensor of ``array``'s memory: a CuPy array (a GPU instance's answer)
-    stays on its GPU, for the model that reads it next."""
-    xp = array_module(array)
-    return pb_utils.Tensor.from_dlpack(name, xp.ascontiguousarray(array))
+    """An output tensor of ``array``'s memory (:func:`c_order`): a CuPy array (a GPU
+    instance's answer) stays on its GPU, for the model that reads it next."""
+    return pb_utils.Tensor.from_dlpack(name, c_order(array))
 
 
 def error_response(exc: BaseException) -> Any:
@@ -77,6 +76,16 @@ def error_response(exc: BaseException) -> Any:
     return pb_utils.InferenceResponse(
         output_tensors=[], error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code))
     )
+
+
+CANCELLED = "request cancelled (its client gave up or its deadline passed) before its lookup"
+
+
+def cancelled_response() -> Any:
+    """The answer to a request cancelled while it waited: a CANCELLED error (which no client
+    reads any more), nothing looked up."""
+    error = pb_utils.TritonError(CANCELLED, pb_utils.TritonError.CANCELLED)
+    return pb_utils.InferenceResponse(output_tensors=[], error=error)
 
 
 def model_parameters(args: dict[str, str]) -> dict[str, str]:
@@ -92,7 +101,9 @@ class ModelProcess:
     ``hps_model`` (the ps.json model; default: the Triton model's name), ``base_dir``
     (where relative paths in ps.json start; default: the ps.json's folder) and
     ``metrics_interval_s`` (how often counters reach Triton's /metrics; 0: every batch).
-    ``ctr``: this is an instance of the model's CTR twin (``<model>_ctr``).
+    ``ctr``: this is an instance of the model's CTR twin (``<model>_ctr``). ``cancellable``:
+    the model has Triton's dynamic batcher (a bounded queue), which marks requests whose
+    clients gave up.
 
     A ``KIND_GPU`` instance keeps its L1 on the GPU Triton placed it on, and ``on_gpu`` is
     true: its answers may stay there (:meth:`hps.lookup.LookupSession.lookup_request`),
@@ -177,6 +188,10 @@ class ModelProcess:
             self.l2_watch.start()
             if self.journal is not None:  # the control plane's /readyz reads it there
                 self.journal.report(self.l2_problem)
+        # Only Triton's dynamic batcher (a model with a bounded queue: hps_max_queue_size,
+        # hps_queue_timeout_s) marks a waiting request cancelled; without it no request
+        # ever read as cancelled (Triton 2.51), and each check is a round trip to the server
+        self.cancellable = "dynamic_batching" in json.loads(args["model_config"])
         interval = float(params.get("metrics_interval_s") or 1.0)
         self.metrics = MetricsExporter(
             pb_utils,
@@ -196,10 +211,18 @@ class ModelProcess:
         A request that asks for ``LOOKUP_START_NS`` (a model that declares it) also gets the
         wall-clock time at which this instance began its lookup, one per row.
 
-        Each request succeeds or fails on its own; latency and errors reach the metrics.
+        Each request succeeds or fails on its own; latency and errors reach the metrics. On
+        a model whose queue is bounded (``cancellable``), a request cancelled while it
+        waited (a gRPC client's deadline passed, the client went away) is not computed: it
+        is answered :func:`cancelled_response` and counted as an error of code
+        ``CANCELLED``.
         """
         responses = []
         for request in requests:
+            if self.cancellable and request.is_cancelled():
+                responses.append(cancelled_response())
+                self.metrics.error("CANCELLED")
+                continue
             start = time.perf_counter()
             started_ns = time.time_ns()
             try:

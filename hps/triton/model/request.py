@@ -6,7 +6,8 @@ turn an exception into a per-request Triton error with :func:`error_reply`.
 
 HugeCTR's client sends ``KEYS`` as ``[1, n]`` and ``NUMKEYS`` as ``[1, tables]`` (Triton's
 batch dimension first) and reads ``OUTPUT0`` as ``[1, n x dim]``. A request with batch
-size ``B > 1`` is ``B`` such lookups, one per row; its rows must come out equally long.
+size ``B > 1`` answers ``B`` such lookups, one per row, with one lookup of all their keys
+(:func:`table_major`); its rows must come out equally long.
 
 Limits (docs/security.md): the keys of one table over all rows of a request may not exceed
 the table's ``max_batch_size x maxnum_catfeature_query_per_table_per_sample``, checked from
@@ -35,7 +36,15 @@ from hps.errors import (
 from hps.types import Array, Keys
 from hps.validate import RequestLimits
 
-__all__ = ["CTRBatch", "RequestLimits", "error_reply", "lookup_hps_request", "parse_ctr_request"]
+__all__ = [
+    "CTRBatch",
+    "RequestLimits",
+    "c_order",
+    "error_reply",
+    "lookup_hps_request",
+    "parse_ctr_request",
+    "table_major",
+]
 
 Lookup = Callable[[Keys, npt.NDArray[np.integer]], Array]
 
@@ -58,15 +67,16 @@ def _check(name: str, array: np.ndarray, triton_type: str) -> None:
 
 
 def lookup_hps_request(
-    keys: np.ndarray, numkeys: np.ndarray, lookup: Lookup, limits: RequestLimits | None = None
+    keys: np.ndarray, numkeys: np.ndarray, lookup: Lookup, limits: RequestLimits
 ) -> Array:
     """Answer one HPS-interface request: ``OUTPUT0`` of shape ``[batch, n x dim]``, where
     ``lookup`` answers it (a GPU instance's lookup may answer on its GPU).
 
     ``lookup(flat_keys, counts_per_table)`` is ``LookupSession.lookup_request`` bound to a
-    model; it checks each row's counts (:meth:`RequestLimits.counts`) and raises typed
+    model; it checks a lookup's counts (:meth:`RequestLimits.counts`) and raises typed
     errors. ``limits`` (the model's) bound the keys of all rows together
-    (:meth:`RequestLimits.check`).
+    (:meth:`RequestLimits.check`) and check every row of a batched request
+    (:meth:`RequestLimits.rows`) before its one lookup: a refused request looks nothing up.
     """
     _check("KEYS", keys, "INT64")
     _check("NUMKEYS", numkeys, "INT32")
@@ -74,19 +84,67 @@ def lookup_hps_request(
         raise ShapeError(f"KEYS has batch size {keys.shape[0]} but NUMKEYS has {numkeys.shape[0]}")
     if keys.shape[0] == 0:
         raise ShapeError("KEYS and NUMKEYS have no rows (batch size 0); send at least one")
-    if limits is not None:
-        limits.check(keys, numkeys)
+    limits.check(keys, numkeys)
     if keys.shape[0] == 1:
         return lookup(keys[0], numkeys[0]).reshape(1, -1)
-    if limits is not None:
-        limits.rows(keys, numkeys)  # a bad row refuses the request before any lookup
-    rows = [lookup(k, c) for k, c in zip(keys, numkeys, strict=True)]
-    if len({r.size for r in rows}) > 1:
-        raise ShapeError(
-            f"the {len(rows)} rows of this request give vectors of different lengths "
-            f"{sorted({r.size for r in rows})}; send one request per row"
-        )
-    return array_module(rows[0]).stack(rows)  # on the GPU, if the lookup answered there
+    width = limits.rows(keys, numkeys)
+    flat, totals, unit, index = table_major(keys, numkeys, limits.dims)
+    out = lookup(flat, totals)  # on the GPU, if the lookup answered there
+    xp = array_module(out)
+    return out.reshape(-1, unit)[xp.asarray(index)].reshape(keys.shape[0], width)
+
+
+def _starts(sizes: npt.NDArray[np.int64], axis: int | None = None) -> npt.NDArray[np.int64]:
+    """Where each of ``sizes`` starts when they are laid end to end (along ``axis``)."""
+    ends = np.cumsum(sizes, axis=axis)
+    return ends - (sizes if axis is not None else sizes.reshape(-1))
+
+
+def _table_major_index(
+    counts: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
+) -> npt.NDArray[np.intp]:
+    """For a request of ``counts[row, table]`` items of ``sizes[table]`` units each, laid
+    row after row (each row table after table): where each of its units is once the same
+    items are laid table after table (each table row after row)."""
+    units = counts * sizes  # [rows, tables]
+    moved = _starts(units.sum(axis=0)) + _starts(units, axis=0)  # where each segment goes
+    per_segment = units.reshape(-1)
+    shift = np.repeat(moved.reshape(-1) - _starts(per_segment), per_segment)
+    return (shift + np.arange(shift.size)).astype(np.intp, copy=False)
+
+
+def table_major(
+    keys: np.ndarray, numkeys: np.ndarray, dims: npt.NDArray[np.int64]
+) -> tuple[Keys, npt.NDArray[np.int64], int, npt.NDArray[np.intp]]:
+    """The rows of a checked batched request (``keys`` ``[rows, n]``, ``numkeys``
+    ``[rows, tables]``, each row's counts adding up to ``n``; ``dims``: each table's vector
+    size) as one lookup: ``(flat_keys, keys_per_table, unit, index)``.
+
+    ``flat_keys`` holds the keys table after table, each table's row after row;
+    ``keys_per_table`` is ``numkeys`` summed over the rows. Viewed as blocks of ``unit``
+    floats (the tables' common divisor), the lookup's answer ``out`` puts the request's
+    answer in request order at ``out.reshape(-1, unit)[index]``.
+    """
+    counts = numkeys.astype(np.int64)
+    moves = _table_major_index(counts, np.ones_like(dims))
+    flat = np.empty(keys.size, dtype=keys.dtype)
+    flat[moves] = keys.reshape(-1)
+    unit = int(np.gcd.reduce(dims))
+    sizes = dims // unit
+    index = moves if bool((sizes == 1).all()) else _table_major_index(counts, sizes)
+    return flat, counts.sum(axis=0), unit, index
+
+
+def c_order(array: Array) -> Array:
+    """``array`` as Triton's stub takes an output (``Tensor.from_dlpack``): C-contiguous,
+    with the strides of C order also where it holds nothing. NumPy gives some empty arrays
+    strides of 0 (``np.stack`` of empty rows: ``(0, 0)``), which the stub refuses as "not
+    contiguous"; a ``(B, 0)`` answer must look like the ``(1, 0)`` one a request of one row
+    without keys gets."""
+    xp = array_module(array)
+    if array.size:
+        return xp.ascontiguousarray(array)
+    return xp.empty(0, dtype=array.dtype).reshape(array.shape)
 
 
 @dataclass(frozen=True)

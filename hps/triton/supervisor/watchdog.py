@@ -5,10 +5,14 @@ a crash in an extension module, a stray SIGKILL): every request then fails with 
 process '<instance>' is not healthy.`` while the server's and the model's readiness stay
 true. The watchdog sends each served model a tiny real inference (one key of its first
 table; a CTR model: one sample with key 0 in each table) every ``interval`` seconds and,
-when a model answers with that error, or when ``max_timeouts`` probes in a row time out,
-reloads it through the model-control API with the admin key: unload (the model's
-readiness, and with ``--strict-readiness`` the server's, turns false), then load (new
-stubs). Other errors (a model an operator unloaded on purpose, say) are left alone.
+when a model answers with that error, or when it is stuck (:class:`Stall`: ``max_timeouts``
+probes or more in a row failed, timed out or were refused by its queue, over at least
+``max_timeouts x timeout`` seconds in which it executed nothing), reloads it through the
+model-control API with the admin key: unload (the model's readiness, and with
+``--strict-readiness`` the server's, turns false), then load (new stubs). Other errors (a
+model an operator unloaded on purpose, say) are left alone. A probe waits in the model's
+queue like any request, so a model that is merely overloaded fails probes too; but it
+keeps executing requests, which Triton counts (:func:`executions`), and is left to serve.
 Given the server's PID, the watchdog also looks at its stub processes every
 :data:`STUB_POLL_S` seconds and probes a model at once when one of its stubs disappears,
 so detection takes a fraction of a second rather than up to ``interval``.
@@ -25,13 +29,14 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from http.client import HTTPException
 from pathlib import Path
 
 import numpy as np
 
 from hps.config import PSConfig
 from hps.errors import BackendUnavailable, HPSError
-from hps.triton.client import ModelControl
+from hps.triton.client import Client, ModelControl
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +78,51 @@ def stub_pids(server_pid: int) -> dict[str, set[int]]:
     return stubs
 
 
+def executions(client: Client, model: str) -> int | None:
+    """How many batches (one request each: docs/serving.md, "Overload") the instances of
+    ``model`` have executed, all versions together, from Triton's statistics API (an HTTP
+    ``client``); None when Triton does not say."""
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        stats = client.client.get_inference_statistics(model)
+    except (InferenceServerException, OSError, HTTPException):
+        return None
+    return sum(int(s.get("execution_count", 0)) for s in stats.get("model_stats", []))
+
+
+@dataclass
+class Stall:
+    """A model's failed probes in a row, and whether it is stuck rather than overloaded.
+
+    Stuck: at least ``probes`` probes in a row have failed, for at least ``window`` seconds
+    (from the start of the first), and the model executed nothing meanwhile. Progress, or
+    a change of the count (a reload resets it), starts a stall afresh; a count Triton did
+    not give (None) shows no progress.
+    """
+
+    window: float
+    probes: int
+    failures: int = 0
+    since: float | None = None  # when the first failed probe of the stall was sent
+    executions: int | None = None  # the model's execution count at the last failed probe
+
+    def failed(self, sent: float, now: float, executions: int | None) -> bool:
+        """Record a probe sent at ``sent`` that failed at ``now``, the model's execution
+        count then being ``executions``; whether the model is stuck."""
+        moved = executions is not None and executions != self.executions
+        if self.since is None or (moved and self.executions is not None):
+            self.since, self.failures = sent, 0
+        self.failures += 1
+        if executions is not None:
+            self.executions = executions
+        return self.failures >= self.probes and now - self.since >= self.window
+
+    def answered(self) -> None:
+        """A probe was answered: the model is not stuck."""
+        self.failures, self.since, self.executions = 0, None, None
+
+
 def probe_inputs(config: PSConfig) -> dict[str, Inputs]:
     """A tiny valid request for every Triton model ``hps serve`` makes of ``config``."""
     from hps.ctr.network import DenseNetwork
@@ -96,7 +146,10 @@ def probe_inputs(config: PSConfig) -> dict[str, Inputs]:
 
 
 class Watchdog:
-    """Probes ``probes`` on a Triton server every ``interval`` s in a daemon thread."""
+    """Probes ``probes`` on a Triton server every ``interval`` s in a daemon thread; reloads
+    a model whose stub is dead, or which is stuck (:class:`Stall`: ``max_timeouts`` probes
+    in a row failing, each waiting at most ``timeout``, over ``max_timeouts x timeout``
+    seconds in which nothing executed)."""
 
     def __init__(
         self,
@@ -117,7 +170,7 @@ class Watchdog:
         self.max_timeouts = max_timeouts
         self.server_pid = server_pid
         self.recoveries: list[Recovery] = []
-        self._timeouts = dict.fromkeys(probes, 0)
+        self._stalls = {model: Stall(timeout * max_timeouts, max_timeouts) for model in probes}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hps-watchdog", daemon=True)
 
@@ -131,8 +184,6 @@ class Watchdog:
             self._thread.join(timeout=self.timeout + 130.0)
 
     def _run(self) -> None:
-        from hps.triton.client import Client
-
         tick = STUB_POLL_S if self.server_pid else self.interval
         with Client(self.http_url, network_timeout=self.timeout) as client:
             known = self._stubs()
@@ -156,22 +207,24 @@ class Watchdog:
     def _stubs(self) -> dict[str, set[int]]:
         return stub_pids(self.server_pid) if self.server_pid else {}
 
-    def check(self, client: object, model: str) -> Recovery | None:
-        """Probe ``model`` once; reload it if its stub is dead. The reload, if any."""
-        from hps.triton.client import Client
-
-        assert isinstance(client, Client)
+    def check(self, client: Client, model: str) -> Recovery | None:
+        """Probe ``model`` once; reload it if its stub is dead or it is stuck. The reload,
+        if any."""
+        stall = self._stalls[model]
+        sent = time.monotonic()
         try:
             client.infer(model, self.probes[model])
-            self._timeouts[model] = 0
+            stall.answered()
             return None
-        except BackendUnavailable as exc:
+        except BackendUnavailable as exc:  # timed out, refused by the queue, unreachable
             if UNHEALTHY in str(exc):
                 return self.reload(model, str(exc))
-            self._timeouts[model] += 1
-            if self._timeouts[model] < self.max_timeouts:
+            if not stall.failed(sent, time.monotonic(), executions(client, model)):
+                log.debug("watchdog: probe of %s failed, the model is executing: %s", model, exc)
                 return None
-            return self.reload(model, f"{self.max_timeouts} probes in a row failed: {exc}")
+            return self.reload(
+                model, f"probes failed for {stall.window:.0f}s, nothing executed: {exc}"
+            )
         except HPSError as exc:
             if UNHEALTHY in str(exc):
                 return self.reload(model, str(exc))
@@ -191,7 +244,7 @@ class Watchdog:
             log.error("reloading %s failed: %s", model, exc)
             return None
         recovery = Recovery(model, reason, time.monotonic() - start)
-        self._timeouts[model] = 0
+        self._stalls[model].answered()
         self.recoveries.append(recovery)
         log.warning("model %s reloaded in %.1fs", model, recovery.seconds)
         return recovery

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -41,3 +42,26 @@ def test_demo_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert "using existing" in capsys.readouterr().out
     doc = json.loads((tmp_path / "d" / "ps.json").read_text())
     assert len(doc["models"][0]["sparse_files"]) == 2
+
+
+@pytest.mark.parametrize(("instances", "l2"), [(1, "hash_map"), (2, "multi_process_hash_map")])
+def test_the_demo_leaves_its_l2_to_the_serving_default(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, instances: int, l2: str
+) -> None:
+    """`hps demo --instances N && hps serve` starts quietly: one instance keeps its L2 in
+    process, several share the node's, in a segment of the demo folder's own (two demos
+    served at once do not meet in one)."""
+    from hps.triton.serving import serving_config
+
+    paths = [
+        create_demo(tmp_path / name, num_tables=2, max_rows=1000, dim=4, instances=instances)
+        for name in ("one", "two")
+    ]
+    assert all("type" not in json.loads(p.read_text())["volatile_db"] for p in paths)
+    with caplog.at_level(logging.WARNING):
+        configs = [serving_config(p) for p in paths]
+    assert [c.volatile_db.type for c in configs] == [l2, l2]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    names = {c.volatile_db.shared_memory_name for c in configs}
+    if instances > 1:
+        assert len(names) == 2 and all(n.startswith("hps_demo_") for n in names)

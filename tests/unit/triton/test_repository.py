@@ -11,6 +11,7 @@ from hps.cache.xp import usable_cupy
 from hps.config import load_config, parse_config
 from hps.errors import ConfigError
 from hps.triton.repository import (
+    QueuePolicy,
     check_gpu_instances,
     prepare_repository,
     render_config,
@@ -101,6 +102,75 @@ def test_prepare_repository_with_a_ctr_model(tmp_path: Path) -> None:
         assert f'string_value: "{(tmp_path / "ps.json").resolve()}"' in text
         assert 'key: "metrics_interval_s", value: { string_value: "0" }' in text
         assert (tmp_path / "repo" / name / "1" / "model.py").is_file()
+
+
+TEMPLATES = ("hps_embedding", "hps_ctr", "hps_floor")
+BATCHER = """
+dynamic_batching {
+  preferred_batch_size: [ 1 ]
+  max_queue_delay_microseconds: 0
+  default_queue_policy {
+    timeout_action: REJECT
+    default_timeout_microseconds: %d
+    allow_timeout_override: true
+    max_queue_size: %d
+  }
+}
+instance_group [ { count: 3, kind: KIND_CPU } ]
+"""
+
+
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_a_model_gets_the_dynamic_batcher_only_for_a_bounded_queue(template: str) -> None:
+    """Its queue policy, with one request per execute(): a preferred batch of 1 request
+    and no delay (Triton then never puts two requests into one batch); unbounded (the
+    default), Triton's default scheduler as before."""
+    text = (templates_dir() / template / "config.pbtxt").read_text()
+    assert "\ndynamic_batching" not in text
+    assert "\ndynamic_batching" not in render_config(text, "m", 3, {})
+    out = render_config(text, "m", 3, {}, queue=QueuePolicy(7, 250_000))
+    assert BATCHER % (250_000, 7) in out and out.count("dynamic_batching {") == 1
+    assert out.count("{") == out.count("}")
+
+
+def test_a_models_queue_settings_reach_both_of_its_triton_models(tmp_path: Path) -> None:
+    doc = json.loads(write_ps(tmp_path, "dense.npz", 3).read_text())
+    assert [s.queue for s in served_models(parse_config(doc, "ps.json"))] == [QueuePolicy()] * 2
+    assert not QueuePolicy().bounded
+    for size, seconds, want in (
+        (5, 0.25, (250_000, 5)),
+        (0, 1.0, (1_000_000, 0)),  # a bound on the time only
+        (64, 0.0, (0, 64)),  # on the size only
+        (0, 0.0, None),  # no bound (the default): no dynamic batcher
+    ):
+        model = doc["models"][0]
+        model.update(hps_max_queue_size=size, hps_queue_timeout_s=seconds)
+        config = parse_config(doc, str(tmp_path / "ps.json"))
+        assert prepare_repository(config, tmp_path / "repo") == ["wdl", "wdl_ctr"]
+        for name in ("wdl", "wdl_ctr"):
+            text = (tmp_path / "repo" / name / "config.pbtxt").read_text()
+            if want is None:
+                assert "\ndynamic_batching" not in text and "count: 3" in text
+            else:
+                assert BATCHER % want in text
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("hps_max_queue_size", -1),
+        ("hps_max_queue_size", 2**31),
+        ("hps_max_queue_size", 1.5),
+        ("hps_queue_timeout_s", -0.1),
+        ("hps_queue_timeout_s", float("inf")),
+        ("hps_queue_timeout_s", float("nan")),
+        ("hps_queue_timeout_s", 3601),
+    ],
+)
+def test_queue_settings_out_of_range_are_refused(key: str, value: float) -> None:
+    doc = {"models": [{"model": "m", "embedding_vecsize_per_table": [8], key: value}]}
+    with pytest.raises(ConfigError, match=rf"models\[0\]\.{key}"):
+        parse_config(doc, "ps.json")
 
 
 def test_hugectr_dense_files_get_no_ctr_model(tmp_path: Path) -> None:

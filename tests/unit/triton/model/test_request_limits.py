@@ -30,7 +30,6 @@ def model(tmp_path_factory: pytest.TempPathFactory):
 def test_keys_of_all_rows_count_against_the_limit(model) -> None:
     lookup, limits = model
     keys = np.zeros((2, 20), I64)  # 20 keys per row of t0: under 32, but 40 in all
-    lookup_hps_request(keys, np.array([[20, 0], [20, 0]], I32), lookup)  # no limits given
     with pytest.raises(BatchTooLargeError, match=r"demo.t0: 40 keys over the 2 rows .* of 32"):
         lookup_hps_request(keys, np.array([[20, 0], [20, 0]], I32), lookup, limits)
     out = lookup_hps_request(keys[:, :16], np.array([[16, 0], [16, 0]], I32), lookup, limits)
