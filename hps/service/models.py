@@ -185,7 +185,7 @@ def remove(state: AdminState, model: str, purge: bool) -> JSON:
         raise UnknownTableError(f"unknown model {model!r}; served: {served}")
     if model in served and len(served) == 1:
         raise ConflictError(f"model {model!r} is the last one this node serves: add another first")
-    kept = [v.version for v in registry.versions(model) if v.state != "retired"]
+    kept = [v.version for v in registry.versions(model) if v.state != "retired" or v.rows_left]
     if model not in served:  # removed before: its rows, if asked
         if not purge or not kept:
             return {**answer, "changed": False, "unloaded": [], "purged": []}

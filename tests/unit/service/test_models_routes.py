@@ -23,6 +23,7 @@ from hps.service.state import AdminState
 from hps.service.triton_admin import TritonAdmin
 from hps.triton.repository import repository_dir
 from hps.triton.serving import prepare_tables, serving_config
+from hps.versions import VersionRegistry
 from hps.versions.models import add_model, mark_removed
 from tests.unit.commands.conftest import KEYS, write_tables
 
@@ -188,5 +189,10 @@ def test_the_control_plane_follows_models_added_and_removed_elsewhere(
     r = client.delete("/v1/models/extra", params={"purge": "true"})
     assert r.status_code == 200 and r.json()["purged"] == [1] and r.json()["changed"], r.text
     assert client.delete("/v1/models/extra", params={"purge": True}).json()["changed"] is False
+    # a version whose rows a drop left (L3 held meanwhile) is purged again
+    VersionRegistry(state.config).set_state("extra", 1, "retired", rows_left=True)
+    r = client.delete("/v1/models/extra", params={"purge": True})
+    assert r.status_code == 200 and r.json()["purged"] == [1] and r.json()["changed"], r.text
+    assert VersionRegistry(state.config).rows_left("extra") == []
     r = client.post("/v1/models", json=extra(tmp_path / "extra"))  # purged: may come back
     assert r.status_code == 409 and "no model repository" in r.json()["detail"]
