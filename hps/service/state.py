@@ -173,9 +173,12 @@ class AdminState:
         from hps.service import direct, uploads
 
         def work(job: Job) -> JSON:
-            if validate:  # resumed: the files are read again before anything is written
-                uploads.validate(source)
-            return direct.import_table(self, job, source)
+            # One open for both passes: what is loaded is what was validated, whatever
+            # replaces the paths meanwhile.
+            with source.opened() as files:
+                if validate:  # the files are read again before anything is written
+                    uploads.validate(files)
+                return direct.import_table(self, job, files)
 
         return work
 

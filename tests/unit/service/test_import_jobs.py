@@ -4,6 +4,7 @@ version it writes after a restart, and what a failed upload leaves (real RocksDB
 from __future__ import annotations
 
 import io
+import os
 import threading
 import time
 from pathlib import Path
@@ -98,3 +99,38 @@ def test_a_failed_staging_copy_leaves_no_folder(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="No space"):
         uploads.stage(folder, "sparse", io.BytesIO(b"k" * 16), Broken(b"v" * 16))
     assert not folder.exists()
+
+
+def test_a_job_loads_the_files_it_validated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files renamed over the path after the job validated them are not what it loads: it
+    reads the files it opened (a NaN put there meanwhile never reaches L3)."""
+    validate = uploads.validate
+    calls: list[int] = []
+    folder = tmp_path / "s" / "data"
+    keys = np.arange(1, 11, dtype=np.int64)
+
+    def then_replaced(*args: Any) -> Any:
+        done = validate(*args)
+        calls.append(1)
+        if len(calls) == 2:  # the job's own reading: swap the files before its load
+            bad = rows(keys, 4)
+            bad[0, 0] = np.nan
+            write_sparse_model(tmp_path / "other", keys, bad)
+            for name in ("key", "emb_vector"):
+                os.replace(tmp_path / "other" / name, folder / name)
+        return done
+
+    monkeypatch.setattr(uploads, "validate", then_replaced)
+    state = _state(tmp_path)
+    write_sparse_model(folder, keys, rows(keys, 4))
+    with TestClient(create_app(state)) as client:
+        answer = client.post("/v1/models/demo/tables/t0/import", headers=AUTH,
+                             data={"format": "sparse", "path": str(folder)})  # fmt: skip
+        assert answer.status_code == 202, answer.text
+        view = _ended(client, answer.json()["job"])
+        assert view["state"] == "done", view
+        got = client.post("/v1/models/demo/tables/t0/lookup", headers=AUTH,
+                          json={"keys": keys[:2].tolist()}).json()  # fmt: skip
+    assert [r["vector"] for r in got["results"]] == rows(keys[:2], 4).tolist()
