@@ -59,9 +59,15 @@ test: $(STAMP) test-tools
 # benchmark even where a test failed (the target fails at the end then). GPU_PYTHON: an
 # interpreter with CuPy and what these need: numpy, numba, pydantic, rocksdict, pytest,
 # hypothesis (no servers, no Kafka or Redis clients). The NVRTC wheel's test is left out:
-# there CuPy compiles the same source with the GPU's own NVRTC.
+# there CuPy compiles the same source with the GPU's own NVRTC. It stops first unless CuPy
+# sees a working GPU (else every test would run on NumPy alone and pass). There the tests
+# run on each array module (tests/unit/cache/conftest.py), the kernels' included: the
+# many-table launch (test_many.py, test_row_formats.py) and the rows kept on the GPU,
+# filled and pooled there (test_rows_on_gpu.py), on the GPU's shared device.
 GPU_PYTHON ?= $(BIN)/python
 gpu-check:
+	@$(GPU_PYTHON) -c "from hps.cache.xp import usable_cupy; import sys; \
+	  sys.exit(usable_cupy() is None and 'gpu-check: CuPy sees no working GPU')"
 	@failed=0; \
 	$(GPU_PYTHON) -m pytest -q -p no:cacheprovider tests/unit/cache tests/unit/test_index.py \
 	  tests/unit/ctr --ignore=tests/unit/cache/test_kernel_nvrtc.py || failed=1; \

@@ -6,7 +6,11 @@
   model's configured size (:func:`hps.cache.calibrate.calibrate`: synthetic caches of its
   tables, a few repetitions, the median each; for a CTR instance with the rows left on the
   GPU, as it serves them) and the faster one is chosen; a tie goes to NumPy, which takes no
-  GPU memory.
+  GPU memory. When NumPy wins, what the CuPy side took goes back: the GPU's shared device,
+  if the calibration created it (its staging buffers: no cache uses it), and the blocks of
+  CuPy's memory pool the synthetic caches freed. If the CuPy side fails (NVRTC cannot
+  compile the kernels, the driver or the GPU's memory fails), NumPy serves: a warning with
+  the error, reason ``gpu_failed``, and the same release.
 
 The choice is an :class:`L1Device`. :func:`hps.build.build_session` logs its
 :meth:`L1Device.message` (one line per model) and keeps it in
@@ -16,19 +20,23 @@ The choice is an :class:`L1Device`. :func:`hps.build.build_session` logs its
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
 from hps.cache.calibrate import calibrate, request_keys
-from hps.cache.xp import usable_cupy
+from hps.cache.device import forget_gpu_devices, gpu_device_ids
+from hps.cache.xp import device_scope, usable_cupy
 from hps.config import ModelConfig
 from hps.errors import ConfigError
 from hps.types import ArrayModule
 
-Reason = Literal["configured", "no_gpu", "calibrated"]
+log = logging.getLogger(__name__)
+
+Reason = Literal["configured", "no_gpu", "calibrated", "gpu_failed"]
 # seconds of one request's L1 probe on an array module (tests inject fake ones)
 Measure = Callable[[ArrayModule], float]
 
@@ -39,10 +47,11 @@ class L1Device:
 
     model: str
     device: Literal["numpy", "cupy"]
-    reason: Reason  # as configured; auto without a GPU; auto, by the two medians
+    reason: Reason  # as configured; auto without a GPU; by the two medians; the GPU failed
     keys: int = 0  # keys of the timed request (calibrated only)
     cupy_s: float | None = None  # median seconds of the request's probe on each path
     numpy_s: float | None = None
+    failure: str = ""  # why the CuPy side failed (gpu_failed only)
 
     def message(self) -> str:
         """The start-up log line."""
@@ -51,6 +60,8 @@ class L1Device:
             return f"{head} is {self.device}"
         if self.reason == "no_gpu":
             return f"{head} is auto and there is no GPU (no usable CuPy and GPU): no calibration"
+        if self.reason == "gpu_failed":
+            return f"{head} is auto and the GPU path failed to calibrate ({self.failure})"
         faster = "the GPU" if self.device == "cupy" else "the CPU"
         return (
             f"{head} is auto and {faster} was faster for a request of {self.keys:,} keys "
@@ -97,8 +108,34 @@ def choose_l1_device(
         )
 
     timed = measure if measure is not None else calibrated
-    cupy_s, numpy_s = timed(cp), timed(np)
+    before = gpu_device_ids()
+    found = _timed(model, timed, cp)  # returned: a failed calibration's frames are gone
+    if found.device == "numpy":
+        _give_back(cp, device_id, before)
+    return found, cp if found.device == "cupy" else np
+
+
+def _timed(model: ModelConfig, timed: Measure, cp: ArrayModule) -> L1Device:
+    """Both paths timed, the faster chosen (a tie: NumPy); NumPy if the CuPy side fails."""
+    try:
+        cupy_s = timed(cp)
+    except Exception as exc:  # NVRTC, the driver, out of memory ...: the CPU serves
+        log.warning("model %s: L1 on the GPU failed to calibrate", model.model, exc_info=True)
+        return L1Device(model.model, "numpy", "gpu_failed", failure=f"{type(exc).__name__}: {exc}")
+    numpy_s = timed(np)
     choice: Literal["numpy", "cupy"] = "cupy" if cupy_s < numpy_s else "numpy"
-    keys = sum(request_keys(model))
-    found = L1Device(model.model, choice, "calibrated", keys, cupy_s, numpy_s)
-    return found, cp if choice == "cupy" else np
+    return L1Device(model.model, choice, "calibrated", sum(request_keys(model)), cupy_s, numpy_s)
+
+
+def _give_back(cp: ArrayModule, device_id: int | None, before: Collection[int]) -> None:
+    """What the CuPy calibration took, NumPy serving: the shared devices it created (GPUs
+    not in ``before``; a device that was there serves another model's caches and keeps its
+    buffers) and the free blocks of CuPy's memory pool on GPU ``device_id`` (the synthetic
+    caches' arrays; blocks other arrays freed go too, CuPy allocates them again when asked).
+    A failure here is logged: the GPU may be what failed."""
+    try:
+        forget_gpu_devices(before)
+        with device_scope(cp, device_id):
+            cp.get_default_memory_pool().free_all_blocks()
+    except Exception:
+        log.warning("L1: could not give back the GPU memory of a calibration", exc_info=True)

@@ -15,25 +15,42 @@ Where the answer leaves the process the caller's buffer is the response buffer (
 pipeline's host answers), so the rows cross the bus once, at its pinned speed, and no host
 copy follows.
 
-:class:`CupyDevice` is the real one. A launch on its stream first waits for what the current
-stream (where the cache's own array operations run: inserts, evictions) has queued, and the
-host waits for the stream before a query returns, so neither sees the other half done. Tests put an
-emulated device behind the same interface (host memory, the kernels' CUDA source compiled
-for the CPU: tests/unit/cache/test_kernel_cuda_source.py), so the host path runs there too.
+:class:`CupyDevice` is the real one. Everything it allocates, copies and launches runs under
+its GPU's scope (``cupy.cuda.Device(gpu)``), whatever GPU the calling thread has current, so
+a caller placed on another GPU (a ``KIND_CPU`` instance, a calibration) still gets buffers,
+kernels and pooled rows on the cache's GPU. Its copies and launches go to its own stream,
+created blocking; the caches' own array operations (inserts, evictions, the write kernels of
+:mod:`hps.cache.gpu_rows`) run on CuPy's current stream, which must be CUDA's legacy default
+stream. That is what orders the two: a blocking stream and the legacy default stream each
+wait for what the other has queued, whichever thread queued it, so a launch on the device's
+stream sees every write released before it, a write waits for a probe queued before it, and
+a staging buffer (allocated from CuPy's pool on the default stream) is free before the
+device's stream first writes it. The host waits for the stream before a query returns.
+CuPy's per-thread default stream (``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``) or another
+stream made current around cache operations would break that ordering: a device refuses to
+start under the first and a launch refuses under either (:class:`hps.errors.ConfigError`).
+
+Tests put an emulated device behind the same interface (host memory, the kernels' CUDA source
+compiled for the CPU, copies and launches queued until the host waits:
+tests/unit/cache/test_kernel_cuda_source.py), so the host path runs there too; a stand-in
+for CuPy (tests/unit/cache/fake_cupy.py) checks the scope and the stream mode of this one.
 """
 
 from __future__ import annotations
 
 import abc
+import contextlib
 import functools
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 
+from hps.errors import ConfigError
 from hps.types import Array, ArrayModule
 
 if TYPE_CHECKING:
@@ -135,6 +152,19 @@ class Device(abc.ABC):
     def _response_back(self) -> None:
         self._response_out = False  # no lock: a finalizer may run inside response()
 
+    def release(self) -> None:
+        """Free every staging buffer (a later call grows them again), the response buffer
+        too unless an answer in it is still referenced."""
+        with self.lock, self._response_lock:
+            self._pinned.clear()
+            self._buffers.clear()
+            if not self._response_out:
+                self._response = None
+
+    def scope(self) -> AbstractContextManager[object]:
+        """A context in which ``xp`` allocates on this device (its GPU made current)."""
+        return contextlib.nullcontext()
+
     def held(self) -> Staging:
         """Bytes its staging buffers hold now (pinned host, device), the response buffer
         with the pinned ones."""
@@ -189,9 +219,13 @@ def _module() -> cupy.RawModule:
     return cupy.RawModule(code=kernel_source(), options=NVRTC_OPTIONS)
 
 
+PER_THREAD_STREAM = "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM"
+
+
 class CupyDevice(Device):
-    """A :class:`Device` on GPU ``gpu`` (its stream is created on first use; its buffers are
-    allocated under the calling cache's device scope, which is that GPU)."""
+    """A :class:`Device` on GPU ``gpu``: its buffers, copies and launches under that GPU's
+    scope, its stream created on first use, the legacy default stream required (the module
+    docstring; a :class:`hps.errors.ConfigError` at start otherwise)."""
 
     def __init__(self, gpu: int) -> None:
         import cupy
@@ -199,14 +233,31 @@ class CupyDevice(Device):
         super().__init__()
         self.xp = cupy
         self.gpu = gpu
+        self._on_gpu = cupy.cuda.Device(gpu)  # a reusable context (CuPy keeps a stack per thread)
         self._stream: cupy.cuda.Stream | None = None
+        with self._on_gpu:
+            self._check_stream()
         props = cupy.cuda.runtime.getDeviceProperties(gpu)
         self.resident_threads = props["multiProcessorCount"] * props["maxThreadsPerMultiProcessor"]
+
+    def scope(self) -> AbstractContextManager[object]:
+        return self._on_gpu
+
+    def _check_stream(self) -> None:
+        """ConfigError unless the current stream (of the current GPU) is CUDA's legacy default
+        stream, which orders the cache's writes with the device's stream (module docstring)."""
+        ptr = int(self.xp.cuda.get_current_stream().ptr)
+        if ptr != 0:
+            raise ConfigError(
+                f"L1 on GPU {self.gpu}: the current CUDA stream is {ptr:#x}, not the legacy "
+                f"default stream its ordering relies on: unset {PER_THREAD_STREAM} (CuPy's "
+                "per-thread default stream) and run no L1 operation under another stream"
+            )
 
     @property
     def stream(self) -> cupy.cuda.Stream:
         if self._stream is None:
-            with self.xp.cuda.Device(self.gpu):
+            with self._on_gpu:
                 self._stream = self.xp.cuda.Stream(non_blocking=False)
         return self._stream
 
@@ -219,31 +270,35 @@ class CupyDevice(Device):
         return np.ndarray((nbytes,), dtype=np.uint8, buffer=memory)
 
     def _alloc_device(self, nbytes: int) -> Array:
-        return self.xp.empty(nbytes, dtype=self.xp.uint8)  # 256-byte aligned
+        with self._on_gpu:
+            return self.xp.empty(nbytes, dtype=self.xp.uint8)  # 256-byte aligned
 
     def to_device(self, dst: Array, src: np.ndarray) -> None:
         rt = self.xp.cuda.runtime
-        rt.memcpyAsync(address(dst), address(src), src.nbytes, rt.memcpyHostToDevice,
-                       self.stream.ptr)  # fmt: skip
+        with self._on_gpu:
+            rt.memcpyAsync(address(dst), address(src), src.nbytes, rt.memcpyHostToDevice,
+                           self.stream.ptr)  # fmt: skip
 
     def to_host(self, dst: np.ndarray, src: Array) -> None:
         rt = self.xp.cuda.runtime
-        rt.memcpyAsync(address(dst), address(src), dst.nbytes, rt.memcpyDeviceToHost,
-                       self.stream.ptr)  # fmt: skip
+        with self._on_gpu:
+            rt.memcpyAsync(address(dst), address(src), dst.nbytes, rt.memcpyDeviceToHost,
+                           self.stream.ptr)  # fmt: skip
 
     def zero(self, dst: Array) -> None:
-        self.xp.cuda.runtime.memsetAsync(address(dst), 0, dst.nbytes, self.stream.ptr)
+        with self._on_gpu:
+            self.xp.cuda.runtime.memsetAsync(address(dst), 0, dst.nbytes, self.stream.ptr)
 
     def launch(self, name: str, blocks: int, threads: int, args: KernelArgs, *,
                own_stream: bool = True) -> None:  # fmt: skip
-        kernel = _module().get_function(name)
-        if not own_stream:
-            kernel((blocks,), (threads,), args)
-            return
-        # after whatever the current stream has queued (the cache's writes), in any stream mode
-        self.stream.wait_event(self.xp.cuda.get_current_stream().record())
-        with self.stream:
-            kernel((blocks,), (threads,), args)
+        with self._on_gpu:
+            self._check_stream()  # ordered with the cache's writes by the legacy stream only
+            kernel = _module().get_function(name)  # CuPy loads the module once per GPU
+            if not own_stream:
+                kernel((blocks,), (threads,), args)
+                return
+            with self.stream:
+                kernel((blocks,), (threads,), args)
 
     def synchronize(self) -> None:
         self.stream.synchronize()
@@ -265,6 +320,21 @@ def gpu_device(device_id: int | None) -> CupyDevice:
         if device is None:
             device = _gpu_devices[device_id] = CupyDevice(device_id)
         return device
+
+
+def gpu_device_ids() -> frozenset[int]:
+    """The GPUs the process has a :class:`CupyDevice` on now."""
+    with _gpu_devices_lock:
+        return frozenset(_gpu_devices)
+
+
+def forget_gpu_devices(keep: Collection[int]) -> None:
+    """Drop the process's devices on GPUs other than ``keep``, and with them their stream and
+    staging buffers: a calibration on CuPy that lost to NumPy forgets the devices it created
+    (no cache uses them), :func:`hps.cache.auto.choose_l1_device`."""
+    with _gpu_devices_lock:
+        for gpu in set(_gpu_devices) - set(keep):
+            _gpu_devices.pop(gpu).release()
 
 
 def held_staging() -> Staging:

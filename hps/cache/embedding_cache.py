@@ -99,17 +99,17 @@ class EmbeddingCache:
             ("queries", "hits", "misses", "inserts", "evictions", "rejected", "updates"), 0
         )
         window = WINDOW_PER_ROW * capacity if frequency_window is None else frequency_window
-        with self._scope:
+        with self._scope:  # every array of the cache on its GPU, whichever one is current
             self._rows = RowStore(capacity, dim, xp, fmt)
             self.policy: Policy = make_policy(policy, capacity, self._rows.ticks, xp, window)
+            self._log = WriteLog(xp, log_limit(capacity))
+            self._no_keys = xp.zeros(0, dtype=xp.int64)
         self._placement = Placement(self._rows, self.policy, xp, self.max_pinned, self._stats)
         self._tick = 0
         self._lock = threading.RLock()
-        self._log = WriteLog(xp, log_limit(capacity))
         self._kernel = kernels.kernel_for(xp, device_id)
         if isinstance(self._kernel, GpuProbe):  # lookups and writes as kernels too
             self._rows.ops = RowKernels(self._kernel.device)
-        self._no_keys = xp.zeros(0, dtype=xp.int64)
         self._desc = kernels.CacheDescriptor()
 
     def _count(self, hits: int, misses: int) -> None:

@@ -87,14 +87,16 @@ def pool_rows(
     """Sum the rows of each sample within each table, on ``device``: ``rows`` is a request's
     flat float32 buffer there (table after table, ``num_keys[t]`` rows of ``dims[t]``),
     ``offsets`` (host) each table's CSR offsets ``[tables, batch + 1]``. Returns the pooled
-    ``[batch, sum(dims)]`` on the device, written by one ``pool_rows`` launch, as
-    :func:`hps.ctr.network.pool_embeddings` pools on the host."""
+    ``[batch, sum(dims)]`` on the device (allocated under its scope, whatever GPU is
+    current), written by one ``pool_rows`` launch, as :func:`hps.ctr.network.pool_embeddings`
+    pools on the host."""
     n_tables, batch = offsets.shape[0], offsets.shape[1] - 1
     dim = np.asarray(dims, dtype=np.int64)
     sizes = np.asarray(num_keys, dtype=np.int64) * dim
     tables = np.stack([np.cumsum(sizes) - sizes, dim, np.cumsum(dim) - dim], axis=1)
     width = int(dim.sum())
-    out: Array = device.xp.empty((batch, width), dtype=np.float32)
+    with device.scope():
+        out: Array = device.xp.empty((batch, width), dtype=np.float32)
     if batch == 0 or width == 0:
         return out
     with device.lock:

@@ -4,7 +4,8 @@ On CuPy, :class:`hps.cache.rows.RowStore` hands its lookups, its overwrites of r
 (an upsert's resident keys, ``EmbeddingCache.update``: the Kafka refresh) and its placement
 of new keys (miss fill, warm-up) to these kernels (:mod:`hps.cache.cuda_write`) instead of
 the probe rounds of :class:`hps.index.KeyIndex`, a few array operations each. They run on
-the current stream, as the cache's other array operations, so they are ordered with them.
+the current stream, as the cache's other array operations, so they are ordered with them
+(and, that stream being CUDA's legacy default one, with the device's: :mod:`hps.cache.device`).
 What to write where (victims, admission, the pinned set) is still decided by
 :class:`hps.cache.placement.Placement`; the kernels only execute it, with the same result.
 Evictions still remove keys with ``KeyIndex.remove``.

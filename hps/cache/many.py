@@ -151,7 +151,8 @@ def query_tables_into(
             ours, bounds.tolist(), result.tolist(), strict=True
         ):
             misses = miss_pos[lo : lo + n_miss]
-            cache._after_probe(keys[lo:hi], misses, n_hit)
+            with cache._scope:  # its policy's arrays on its GPU, whichever one is current
+                cache._after_probe(keys[lo:hi], misses, n_hit)
             answers.append((misses, n_hit))
     finally:
         for lock in reversed(locks):

@@ -4,6 +4,10 @@ Weights live in one ``.npz`` file (the model's ``dense_file`` in ps.json) holdin
 ``num_dense`` (a scalar) and ``w0, b0, w1, b1, ...``: ReLU between layers, a sigmoid on the
 last one, which has one output (the click probability). The same code runs on NumPy or
 CuPy (``xp``); the network is tiny next to the embedding lookup.
+
+On CuPy the network runs on the GPU the pooled rows are on (L1's GPU, which need not be the
+current one: a ``KIND_CPU`` instance keeps L1 on its ``deployed_device_list[0]`` without
+making it current), under that GPU's scope, with its weights copied there on first use.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from hps.cache.xp import array_module, gpu_of, select_xp, to_host
+from hps.cache.xp import array_module, device_scope, gpu_of, select_xp, to_host
 from hps.config import ModelConfig
 from hps.errors import ConfigError, InvalidValueError, ShapeError
 from hps.types import ArrayModule, Vectors
@@ -77,21 +81,42 @@ class DenseNetwork:
         if not host or host[-1][0].shape[1] != 1:
             raise ConfigError(f"dense_file {path}: the last layer must have one output")
         self.xp = select_xp(device)
-        self.layers = [(xp_f32(self.xp, w), xp_f32(self.xp, b)) for w, b in host]
+        self._host = host
+        self._layers: dict[int | None, list[tuple[Array, Array]]] = {}  # per GPU (None: NumPy)
         self.input_width = host[0][0].shape[0]
+
+    def layers(self, gpu: int | None) -> list[tuple[Array, Array]]:
+        """The weights on GPU ``gpu`` (under its scope; ``None``: NumPy), placed on first use."""
+        placed = self._layers.get(gpu)
+        if placed is None:
+            xp = np if gpu is None else self.xp
+            with device_scope(xp, gpu):
+                placed = [(xp_f32(xp, w), xp_f32(xp, b)) for w, b in self._host]
+            self._layers[gpu] = placed
+        return placed
 
     def __call__(self, dense: Array, pooled: Vectors) -> Array:
         """Click probabilities ``[batch]`` (host) of ``dense [batch, num_dense]`` and the
-        pooled embeddings, on either side (copied to the network's device if not there)."""
+        pooled embeddings, on either side: on CuPy on the GPU of ``pooled`` (else the
+        current one), to which the rest is copied (the module docstring)."""
         xp = self.xp
-        emb = to_host(pooled) if xp is np else xp.asarray(pooled)
+        if xp is np:
+            return self._forward(np, None, dense, to_host(pooled))
+        on_gpu = isinstance(pooled, xp.ndarray)
+        gpu = gpu_of(pooled) if on_gpu else int(xp.cuda.runtime.getDevice())
+        with device_scope(xp, gpu):
+            return self._forward(xp, gpu, dense, xp.asarray(pooled))
+
+    def _forward(self, xp: ArrayModule, gpu: int | None, dense: Array, emb: Vectors) -> Array:
+        """The network on ``xp`` (under GPU ``gpu``'s scope on CuPy)."""
+        layers = self.layers(gpu)
         x = xp.concatenate([xp.asarray(dense), emb], axis=1)
         if x.shape[1] != self.input_width:
             raise ShapeError(f"the network takes {self.input_width} inputs, got {x.shape[1]}")
         with np.errstate(all="ignore"):  # an overflow is refused below, by its result
-            for i, (w, b) in enumerate(self.layers):
+            for i, (w, b) in enumerate(layers):
                 x = x @ w + b
-                if i < len(self.layers) - 1:
+                if i < len(layers) - 1:
                     x = xp.maximum(x, 0)
             out = np.asarray(to_host(1.0 / (1.0 + xp.exp(-x[:, 0]))), dtype=np.float32)
         bad = ~np.isfinite(out)

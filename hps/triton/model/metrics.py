@@ -31,8 +31,8 @@ crashed the server. Sum over ``process`` for a model's totals. Families:
   ran ahead). Observed by the update thread into a
   :class:`hps.updates.metrics.BufferedRecorder` and sent from here.
 - ``hps_l1_device{device,reason}``: 1 for the array module this process's L1 caches run on
-  (``numpy`` or ``cupy``) and why (``configured``, ``no_gpu``, ``calibrated``:
-  :mod:`hps.cache.auto`); ``hps_l1_calibration_seconds{path}``: the medians that
+  (``numpy`` or ``cupy``) and why (``configured``, ``no_gpu``, ``calibrated``,
+  ``gpu_failed``: :mod:`hps.cache.auto`); ``hps_l1_calibration_seconds{path}``: the medians that
   ``hps_cache.device: auto`` compared (``path`` ``cupy``, ``numpy``), when it calibrated.
   Set once, at start-up.
 - ``hps_l1_staging_bytes{memory}``: the bytes of the GPU host path's staging buffers this

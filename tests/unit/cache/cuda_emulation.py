@@ -10,9 +10,15 @@ or a partial mask stops the process with a message instead of answering.
 
 :class:`EmulatedDevice` is a :class:`hps.cache.device.Device` over host memory whose launches
 call these builds (a small grid: the kernels loop grid-stride, so any grid must give the same
-result), so the whole host path (staging, layouts, copies) runs too. Copies and launches are
-synchronous here: what this cannot show (asynchrony, NVRTC's dialect, real warp scheduling)
-tests/unit/cache/test_kernel_nvrtc.py and the GPU runs of the L1 tests cover.
+result), so the whole host path (staging, layouts, copies) runs too. Its stream is a queue,
+as a GPU's: copies, fills and launches on it run in order only when the host waits
+(``synchronize``), reading their sources then, and a copy into pinned host memory fills its
+destination with 0xA5 until then, so a host read before the wait, or a pinned buffer
+refilled while its copy is queued, gives wrong answers. A copy into pageable memory waits,
+as the driver's does; a launch on the current stream (the write kernels) runs at once, after
+what the queue holds, as the legacy default stream waits for a blocking stream. What this
+cannot show (NVRTC's dialect, real warp scheduling) tests/unit/cache/test_kernel_nvrtc.py
+and the GPU runs of the L1 tests cover.
 """
 
 from __future__ import annotations
@@ -21,16 +27,19 @@ import ctypes
 import re
 import shutil
 import subprocess
+import threading
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from hps.cache.device import Device, KernelArgs
+from hps.cache.device import Device, KernelArgs, gpu_device
 from hps.cache.embedding_cache import EmbeddingCache
 from hps.cache.gpu_rows import RowKernels
 from hps.cache.kernels_cupy import GpuProbe, kernel_source
 from hps.index import aligned_full
-from hps.types import Array
+from hps.types import Array, ArrayModule
 
 PRELUDE = r"""
 #include <atomic>
@@ -198,9 +207,13 @@ def _c_value(arg: Array | np.generic) -> object:
     return _C_TYPES[arg.dtype](arg.item())
 
 
+GARBAGE = 0xA5  # what a pinned destination holds while its copy is queued
+
+
 class EmulatedDevice(Device):
     """A :class:`Device` over host memory running the CPU build ``lib``: at most ``blocks``
-    blocks of ``threads`` threads per launch. Counts its launches and allocations."""
+    blocks of ``threads`` threads per launch, its stream a queue run at ``synchronize``
+    (the module docstring). Counts its launches (as queued) and allocations."""
 
     xp = np
 
@@ -209,33 +222,74 @@ class EmulatedDevice(Device):
         self.lib, self.blocks, self.threads = lib, blocks, threads
         self.launches: list[str] = []
         self.allocations = 0
+        self._queue: list[Callable[[], None]] = []
+        self._stream = threading.Lock()  # the queue's: one thread queues or runs it at a time
+        self._pinned_memory: list[weakref.ref[np.ndarray]] = []
 
     def _alloc_pinned(self, nbytes: int) -> np.ndarray:
         self.allocations += 1
-        return aligned_full(np, nbytes, 0xA5, np.uint8)  # garbage that shows if read
+        buf = aligned_full(np, nbytes, GARBAGE, np.uint8)  # garbage that shows if read
+        alive = [r for r in self._pinned_memory if r() is not None]
+        self._pinned_memory = [*alive, weakref.ref(buf)]
+        return buf
 
     def _alloc_device(self, nbytes: int) -> Array:
         self.allocations += 1
         return aligned_full(np, nbytes, 0x5A, np.uint8)
 
+    def _is_pinned(self, a: np.ndarray) -> bool:
+        """Whether ``a`` lies in one of the pinned buffers still alive."""
+        at = a.ctypes.data
+        alive = [b for b in (r() for r in self._pinned_memory) if b is not None]
+        return any(b.ctypes.data <= at < b.ctypes.data + b.nbytes for b in alive)
+
+    def _enqueue(self, step: Callable[[], None], garbage: np.ndarray | None = None) -> None:
+        """Queue ``step``, ``garbage`` (a host destination) filled with 0xA5 until it runs."""
+        with self._stream:
+            if garbage is not None:
+                garbage.view(np.uint8).fill(GARBAGE)
+            self._queue.append(step)
+
     def to_device(self, dst: Array, src: np.ndarray) -> None:
-        np.copyto(dst, src)
+        self._enqueue(lambda: np.copyto(dst, src))
 
     def to_host(self, dst: np.ndarray, src: Array) -> None:
-        np.copyto(dst, src)
+        if not self._is_pinned(dst):  # pageable: the driver stages the copy and waits
+            self.synchronize()
+            np.copyto(dst, src)
+            return
+        self._enqueue(lambda: np.copyto(dst, src), garbage=dst)
 
     def zero(self, dst: Array) -> None:
-        dst.fill(0)
+        self._enqueue(lambda: dst.fill(0))
 
     def launch(self, name: str, blocks: int, threads: int, args: KernelArgs, *,
                own_stream: bool = True) -> None:  # fmt: skip
         self.launches.append(name)
         launch = getattr(self.lib, f"launch_{name}")
-        launch(ctypes.c_int64(min(blocks, self.blocks)), ctypes.c_int(self.threads),
-               *map(_c_value, args))  # fmt: skip
+        queued = (list(map(_c_value, args)), args)  # the values now, the arrays kept alive
+
+        def run() -> None:
+            launch(ctypes.c_int64(min(blocks, self.blocks)), ctypes.c_int(self.threads),
+                   *queued[0])  # fmt: skip
+
+        if own_stream:
+            self._enqueue(run)
+            return
+        with self._stream:  # the current stream: after what the device's stream holds, at once
+            self._drain()
+            run()
 
     def synchronize(self) -> None:
-        """Launches and copies are synchronous here."""
+        """Run what the stream holds, in order."""
+        with self._stream:
+            self._drain()
+
+    def _drain(self) -> None:
+        """Run the queue (the stream's lock held)."""
+        queue, self._queue = self._queue, []
+        for step in queue:
+            step()
 
 
 def on_emulated_gpu(cache: EmbeddingCache, lib: ctypes.CDLL, tile: int | None = None,
@@ -246,3 +300,28 @@ def on_emulated_gpu(cache: EmbeddingCache, lib: ctypes.CDLL, tile: int | None = 
     cache._kernel = GpuProbe(device, tile)
     cache._rows.ops = RowKernels(device, tile)
     return device
+
+
+class GpuCaches:
+    """Caches that run the GPU kernels, on the machine's GPU or an emulated one: on CuPy
+    (``lib`` None) the current GPU's shared device (:func:`hps.cache.device.gpu_device`), on
+    NumPy an :class:`EmulatedDevice` running ``lib``. The tests of the GPU paths take one
+    per usable array module (conftest's ``gpu``), so ``make gpu-check`` runs them on a GPU."""
+
+    def __init__(self, xp: ArrayModule, lib: ctypes.CDLL | None) -> None:
+        self.xp, self.lib = xp, lib
+
+    def device(self) -> Device:
+        """A new emulated device, or the GPU's shared one."""
+        return gpu_device(None) if self.lib is None else EmulatedDevice(self.lib)
+
+    def cache(self, dim: int, capacity: int, device: Device, **kwargs: object) -> EmbeddingCache:
+        """A cache of ``dim`` x ``capacity`` (``EmbeddingCache``'s ``kwargs``) on ``device``."""
+        if self.lib is None:
+            cache = EmbeddingCache(dim, capacity, xp=self.xp, **kwargs)  # type: ignore[arg-type]
+            assert isinstance(cache._kernel, GpuProbe) and cache._kernel.device is device
+            return cache
+        assert isinstance(device, EmulatedDevice)
+        cache = EmbeddingCache(dim, capacity, **kwargs)  # type: ignore[arg-type]
+        on_emulated_gpu(cache, self.lib, device=device)
+        return cache

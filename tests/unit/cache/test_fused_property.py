@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from hps.cache.embedding_cache import EmbeddingCache
 from hps.cache.kernels import kernel_for
+from hps.cache.xp import to_host
 from hps.index import EMPTY, TOMBSTONE
 from hps.rowformat import FORMATS, ROW_DTYPES
 
@@ -38,14 +39,17 @@ def _pair(
 
 
 def _same_state(a: EmbeddingCache, b: EmbeddingCache) -> None:
-    assert a.stats() == b.stats()
-    np.testing.assert_array_equal(a._rows.ticks, b._rows.ticks)
-    np.testing.assert_array_equal(a._rows.pinned, b._rows.pinned)
-    for name in ("counts",):
-        if hasattr(a.policy, name):
-            np.testing.assert_array_equal(getattr(a.policy, name), getattr(b.policy, name))
+    """The same stats, ticks, pinned rows, counts and sketch (caches on any array module:
+    a GPU cache may have a NumPy twin)."""
+    stats = [{**cache.stats(), "device": ""} for cache in (a, b)]
+    assert stats[0] == stats[1]
+    pairs = [(a._rows.ticks, b._rows.ticks), (a._rows.pinned, b._rows.pinned)]
+    if hasattr(a.policy, "counts"):
+        pairs.append((a.policy.counts, b.policy.counts))
     if hasattr(a.policy, "sketch"):
-        np.testing.assert_array_equal(a.policy.sketch.table, b.policy.sketch.table)
+        pairs.append((a.policy.sketch.table, b.policy.sketch.table))
+    for x, y in pairs:
+        np.testing.assert_array_equal(to_host(x), to_host(y))
 
 
 keys_st = st.lists(

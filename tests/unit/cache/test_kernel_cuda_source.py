@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from hps.cache.embedding_cache import EmbeddingCache
 from hps.index import TOMBSTONE
 from hps.rowformat import FORMATS, ROW_DTYPES, RowFormat
-from tests.unit.cache.cuda_emulation import on_emulated_gpu
+from tests.unit.cache.cuda_emulation import GARBAGE, EmulatedDevice, on_emulated_gpu
 from tests.unit.cache.test_fused_property import (
     CACHE_CASES,
     SETTINGS,
@@ -38,7 +38,7 @@ from tests.unit.cache.test_fused_property import (
     keys_st,
     match_the_reference,
 )
-from tests.unit.cache.test_many import match_many, twins
+from tests.unit.cache.test_many import DIMS, match_many, twins
 
 TILES = (8, 16, 32)
 
@@ -68,11 +68,13 @@ def test_the_cuda_source_matches_the_reference(
 @SETTINGS
 @given(
     policy=st.sampled_from(["lru", "lfu", "frequency"]),
-    dims=st.lists(st.integers(1, 9), min_size=1, max_size=4),
+    dims=st.lists(DIMS, min_size=1, max_size=4),
     capacity=st.integers(1, 120),
     resident=st.lists(st.integers(-50, 400), max_size=200),
     rounds=st.lists(st.lists(keys_st, min_size=4, max_size=4), min_size=1, max_size=3),
     row_dtypes=st.lists(st.sampled_from(ROW_DTYPES), min_size=4, max_size=4),
+    on_device=st.booleans(),
+    first=st.integers(0, 3),
 )
 def test_the_many_table_kernel_matches_the_reference(
     cuda_lib: ctypes.CDLL,
@@ -82,16 +84,21 @@ def test_the_many_table_kernel_matches_the_reference(
     resident: list[int],
     rounds: list[list[list[int]]],
     row_dtypes: list[str],
+    on_device: bool,
+    first: int,
 ) -> None:
-    """One launch per request over caches of different dims and formats (with gaps between
-    their rows in the output), against the NumPy reference per table."""
+    """One launch per request over caches of different dims (every tile width: the launch
+    takes each table's from its dim) and formats, with gaps between their rows in the
+    output, which starts unaligned unless ``first`` is 0, a host buffer or (``on_device``)
+    the device's own, against the NumPy reference per table. The write kernels' tile is
+    forced (``_tile``)."""
     many, single = twins(policy, dims, capacity, row_dtypes)
     device = on_emulated_gpu(many[0], cuda_lib, _tile(capacity))
     for cache in many[1:]:
         on_emulated_gpu(cache, cuda_lib, _tile(capacity), device)
     for cache in single:
         cache._kernel = None
-    match_many(many, single, resident, rounds)
+    match_many(many, single, resident, rounds, on_device=on_device, first=first)
     probed = [n == 1 or any(r[: len(dims)]) for n, r in enumerate(rounds)]  # some keys
     assert device.launches.count("probe_gather_tables") == sum(probed)
     assert "probe_gather" not in device.launches
@@ -228,3 +235,25 @@ def test_staging_buffers_are_reused_and_grown(cuda_lib: ctypes.CDLL) -> None:
     for n in (1, 299, 300):
         gpu.query_into(np.arange(n, dtype=np.int64), np.empty((n, 8), np.float32))
     assert device.allocations == grown
+
+
+def test_the_emulated_stream_runs_when_the_host_waits(cuda_lib: ctypes.CDLL) -> None:
+    """What makes a missing wait fail these tests: copies and launches queue until
+    ``synchronize``; a pinned destination holds 0xA5 until then; a copy reads its pinned
+    source when it runs (a buffer refilled meanwhile is what arrives); a copy into pageable
+    memory waits for what is queued before it, as the driver's does."""
+    device = EmulatedDevice(cuda_lib)
+    staged = device.pinned("in", 64)
+    staged[:] = 1
+    buf = device.buffer("in", 64)
+    device.to_device(buf, staged)
+    staged[:] = 2  # refilled while its copy is queued
+    back = device.pinned("out", 64)
+    device.to_host(back, buf)
+    assert (back == GARBAGE).all()
+    device.synchronize()
+    assert (back == 2).all()
+    pageable = np.full(64, 7, np.uint8)
+    device.zero(buf)
+    device.to_host(pageable, buf)
+    assert not pageable.any()

@@ -2,14 +2,14 @@
 
 The choice is tested with injected measurements (a stand-in for CuPy and fake medians); the
 calibration with a fake clock; the path without a GPU for real (with one, the same tests
-calibrate for real and check that the faster path was taken).
+calibrate for real and check that the faster path was taken); a CuPy side that fails, and
+what a calibration that lost to NumPy gives back, with the stand-in (fake_cupy).
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -18,12 +18,14 @@ import pytest
 from hps.build import build_session
 from hps.cache.auto import L1Device, choose_l1_device
 from hps.cache.calibrate import MAX_ROWS, calibrate, request_keys, synthetic_rows
+from hps.cache.device import gpu_device, gpu_device_ids
 from hps.cache.xp import usable_cupy
 from hps.config import ModelConfig
 from hps.errors import ConfigError
 from tests.helpers import make_config
+from tests.unit.cache import fake_cupy
 
-FAKE_CUPY: Any = SimpleNamespace(__name__="cupy")
+FAKE_CUPY: Any = fake_cupy.FakeCupy()
 
 
 def model(device: str = "auto", **extra: Any) -> ModelConfig:
@@ -132,3 +134,67 @@ def test_build_session_logs_and_keeps_the_choice(
             assert choice.reason == "no_gpu"
     finally:
         session.close()
+
+
+class CompileException(Exception):
+    """As NVRTC's, raised through CuPy."""
+
+
+def test_a_gpu_path_that_fails_to_calibrate_leaves_numpy_serving(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NVRTC (or the driver, or the GPU's memory) fails while the CuPy side is timed: the
+    instance starts on NumPy, with a warning and the reason in the choice (and so in
+    ``hps_l1_device``), and the GPU memory the attempt took goes back."""
+    cp = fake_cupy.install(monkeypatch)
+
+    def measure(xp: Any) -> float:
+        if xp is np:
+            raise AssertionError("NumPy needs no timing once the GPU failed")
+        gpu_device(1).buffer("keys", 1 << 20)  # staging grown before the failure
+        raise CompileException("kernels.cu(12): error: identifier undefined")
+
+    with caplog.at_level(logging.WARNING, logger="hps.cache.auto"):
+        choice, xp = choose_l1_device(model(), device_id=1, cupy=lambda: cp, measure=measure)
+    assert xp is np
+    failure = "CompileException: kernels.cu(12): error: identifier undefined"
+    assert choice == L1Device("ctr", "numpy", "gpu_failed", failure=failure)
+    assert choice.message() == (
+        f"L1 of model ctr on numpy: hps_cache.device is auto and the GPU path failed to "
+        f"calibrate ({failure})"
+    )
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned and warned[0].exc_info and warned[0].exc_info[0] is CompileException
+    assert gpu_device_ids() == frozenset()  # the device it created, with its buffers
+    assert [e for e in cp.events if e.what == "pool:free"] == [fake_cupy.Event("pool:free", 1)]
+
+
+def test_a_calibration_that_numpy_wins_gives_the_gpu_memory_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The device the calibration created goes (its staging buffers with it), one that
+    another model's caches use stays, and CuPy's pool frees its blocks on that GPU; when
+    CuPy wins, all of it stays for serving."""
+    cp = fake_cupy.install(monkeypatch)
+    kept = gpu_device(0)  # another model's caches are on GPU 0 already
+    kept.buffer("keys", 4096)
+
+    def measure(cupy_s: float) -> Any:
+        def timed(xp: Any) -> float:
+            if xp is np:
+                return 0.001
+            for gpu in (0, 1):  # the calibration's request grows both GPUs' staging
+                gpu_device(gpu).buffer("out", 1 << 16)
+            return cupy_s
+
+        return timed
+
+    choice, xp = choose_l1_device(model(), device_id=1, cupy=lambda: cp, measure=measure(0.002))
+    assert xp is np and choice.reason == "calibrated"
+    assert gpu_device_ids() == {0} and gpu_device(0) is kept
+    assert kept.held().device == 4096 + (1 << 16)
+    assert [e for e in cp.events if e.what == "pool:free"] == [fake_cupy.Event("pool:free", 1)]
+    cp.events.clear()
+    choice, xp = choose_l1_device(model(), device_id=1, cupy=lambda: cp, measure=measure(0.0005))
+    assert xp is cp and gpu_device_ids() == {0, 1}
+    assert not [e for e in cp.events if e.what == "pool:free"]

@@ -17,8 +17,8 @@ import pytest
 from hps.cache.device import MIN_BUFFER, CupyDevice, Device, address, grown
 from hps.cache.kernels_cupy import tables_layout
 from hps.cache.xp import available_xps
-from tests.unit.cache.cuda_emulation import EmulatedDevice
-from tests.unit.cache.test_rows_on_gpu import CopyCounter, _device, _session
+from tests.unit.cache.cuda_emulation import EmulatedDevice, GpuCaches
+from tests.unit.cache.test_rows_on_gpu import DIMS, CopyCounter, _device, _session
 
 
 def _buffer(device: Device) -> int:
@@ -72,25 +72,25 @@ def test_the_buffer_grows_to_powers_of_two(device: Device) -> None:
 
 
 def test_host_answers_come_back_once_into_the_response_buffer(
-    cuda_lib: ctypes.CDLL, tmp_path: Path
+    gpu: GpuCaches, tmp_path: Path
 ) -> None:
     """A lookup answered on the host by caches on a GPU: the rows cross once, into the
     response buffer; an answer still held is never overwritten by the next one."""
-    gpu, host = _session(tmp_path, cuda_lib, 40), _session(tmp_path, None, 40)
-    device = _device(gpu)
+    on_gpu, host = _session(tmp_path, gpu, 40), _session(tmp_path, None, 40)
+    device = _device(on_gpu)
     copies = CopyCounter(device)
     keys = np.array([0, 2, 5, 2, 4, 6, 8, 1, 2], dtype=np.int64)
     counts = np.array([3, 4, 2], dtype=np.int32)
     try:
         want = host.lookup_request("demo", keys, counts)
-        first = gpu.lookup_request("demo", keys, counts)
+        first = on_gpu.lookup_request("demo", keys, counts)
         np.testing.assert_array_equal(first, want)
         assert address(first) == _buffer(device)
-        rows = 4 * (3 * 4 + 4 * 8)  # both cached tables' rows, adjacent: one copy
+        rows = 4 * (3 * DIMS[0] + 4 * DIMS[1])  # both cached tables' rows, adjacent: one copy
         assert copies.to_host[0] == rows
         assert copies.to_host[1:] == [tables_layout(keys.size, 2, 0).out_bytes]  # misses, tallies
         kept = first.copy()
-        second = gpu.lookup_request("demo", keys[::-1].copy(), counts[::-1].copy())
+        second = on_gpu.lookup_request("demo", keys[::-1].copy(), counts[::-1].copy())
         assert not np.shares_memory(first, second)
         np.testing.assert_array_equal(first, kept)
         np.testing.assert_array_equal(
@@ -98,7 +98,8 @@ def test_host_answers_come_back_once_into_the_response_buffer(
         )
         del first, second
         gc.collect()
-        assert address(gpu.lookup_request("demo", keys, counts)) == _buffer(device)
+        assert address(on_gpu.lookup_request("demo", keys, counts)) == _buffer(device)
     finally:
-        gpu.close()
+        copies.close()
+        on_gpu.close()
         host.close()

@@ -158,11 +158,13 @@ def test_pinned_rows_are_stored_rows(xp: ModuleType, fmt: RowFormat) -> None:
     same_bits(out, fmt.decode(stored, 3))
 
 
-def test_the_many_table_call_reads_mixed_formats_in_one_call() -> None:
-    dims = [4, 3, 7, 64, 5]
-    fmts = [FORMATS[n] for n in ("float32", "float16", "int8", "int8", "float16")]
-    many = [EmbeddingCache(d, 64, fmt=f) for d, f in zip(dims, fmts, strict=True)]
-    single = [EmbeddingCache(d, 64, fmt=f) for d, f in zip(dims, fmts, strict=True)]
+def test_the_many_table_call_reads_mixed_formats_in_one_call(xp: ModuleType) -> None:
+    """On NumPy the CPU kernel; on CuPy (a GPU lent: ``make gpu-check``) one launch on the
+    GPU's shared device; tiles of 8, 16 and 32 lanes."""
+    dims = [4, 3, 7, 64, 5, 257]
+    fmts = [FORMATS[n] for n in ("float32", "float16", "int8", "int8", "float16", "float32")]
+    many = [EmbeddingCache(d, 64, xp=xp, fmt=f) for d, f in zip(dims, fmts, strict=True)]
+    single = [EmbeddingCache(d, 64, xp=xp, fmt=f) for d, f in zip(dims, fmts, strict=True)]
     keys = np.arange(40, dtype=np.int64)
     stored = [
         awkward_rows(f, 40, d, seed=t) for t, (d, f) in enumerate(zip(dims, fmts, strict=True))

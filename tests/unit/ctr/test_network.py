@@ -96,3 +96,30 @@ def test_bad_weight_files(tmp_path: Path) -> None:
     np.savez(tmp_path / "two.npz", num_dense=np.array(1), w0=np.ones((2, 2)), b0=np.ones(2))
     with pytest.raises(ConfigError, match="one output"):
         DenseNetwork(tmp_path / "two.npz")
+
+
+def test_the_network_runs_on_the_gpu_of_the_pooled_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CTR instance whose L1 is on GPU 1 but whose current GPU is 0 (``KIND_CPU``): the
+    weights are placed on GPU 1 when rows from there first come, and the network runs there,
+    as on NumPy. Checked with a stand-in for CuPy that records each array's GPU."""
+    from hps.ctr import network
+    from tests.unit.cache import fake_cupy
+
+    cp = fake_cupy.install(monkeypatch)
+    monkeypatch.setattr(network, "select_xp", lambda device: cp)
+    path = tmp_path / "w.npz"
+    make_weights(path, num_dense=3, emb_width=5, hidden=(4,), seed=1)
+    net = DenseNetwork(path, "cupy")
+    assert cp.events == []  # nothing placed before the rows' GPU is known
+    rng = np.random.default_rng(0)
+    dense = rng.standard_normal((6, 3)).astype(np.float32)
+    pooled = rng.standard_normal((6, 5)).astype(np.float32)
+    with cp.cuda.Device(1):
+        on_gpu = cp.asarray(pooled)
+    cp.events.clear()
+    got = net(dense, on_gpu)
+    assert cp.gpus_of("array:") == {1} and cp.current == 0
+    assert {w.gpu for layer in net.layers(1) for w in layer} == {1}
+    np.testing.assert_allclose(got, DenseNetwork(path, "numpy")(dense, pooled), rtol=1e-6)
