@@ -149,12 +149,16 @@ def int64(text: str) -> int:
     return value
 
 
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
 def fraction(text: str) -> float:
     """A share: a number from 0 to 1 (``0.25``)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text!r}") from None
+    value = _float(text)
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"must be from 0 to 1, not {value:g}")
     return value
@@ -162,10 +166,7 @@ def fraction(text: str) -> float:
 
 def non_negative_float(text: str) -> float:
     """A finite amount, 0 or more."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    value = _float(text)
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number, 0 or more, not {text}")
     return value
