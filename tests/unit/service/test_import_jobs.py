@@ -49,16 +49,18 @@ def test_a_server_path_is_read_again_when_its_job_runs(
     """The folder may change while the job waits: what is written is what is validated
     then (a NaN written meanwhile fails the job; nothing of it reaches L3)."""
     gate = threading.Event()
-    validate = uploads.validate
-    calls: list[int] = []
+    import_work = AdminState._import_work
 
-    def after_the_gate(*args: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 2:  # the job's own reading, once its turn has come
+    def after_the_gate(self: AdminState, source: Any, validate: bool) -> Any:
+        work = import_work(self, source, validate)
+
+        def gated(job: Job) -> Any:  # the job's turn comes once the folder is rewritten
             assert gate.wait(HANG_S)
-        return validate(*args)
+            return work(job)
 
-    monkeypatch.setattr(uploads, "validate", after_the_gate)
+        return gated
+
+    monkeypatch.setattr(AdminState, "_import_work", after_the_gate)
     state = _state(tmp_path)
     folder = tmp_path / "s" / "data"  # under the path roots (the state folder)
     keys = np.arange(1, 11, dtype=np.int64)
