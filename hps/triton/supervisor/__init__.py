@@ -9,6 +9,8 @@
 - :mod:`hps.triton.supervisor.serve_lock`: one ``hps serve`` per state dir;
 - :mod:`hps.triton.supervisor.lifecycle`: children that die with their parent, and what a
   dead predecessor left, cleaned up;
+- :mod:`hps.triton.supervisor.orphan_guard`: a process that kills Triton and the gate if
+  they outlive ``hps serve`` by its grace;
 - :mod:`hps.triton.supervisor.output`: what ``hps serve`` shows of Triton's output;
 - :mod:`hps.triton.supervisor.watchdog`: reloads a model whose stub died.
 

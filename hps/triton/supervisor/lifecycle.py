@@ -3,7 +3,8 @@
 - The server dies with the process that started it: :func:`die_with_parent` runs in the
   child before ``exec`` and asks the kernel (``prctl(PR_SET_PDEATHSIG)``) to send it
   SIGTERM when its parent goes, SIGKILL included. Triton then exits, and its Python
-  stubs, which watch their parent, follow. (The kernel's "parent" is the thread that
+  stubs, which watch their parent, follow; should that shutdown hang, the guard of
+  :mod:`hps.triton.supervisor.orphan_guard` kills them. (The kernel's "parent" is the thread that
   forked: start servers from a thread that lives as long as they should.)
 - The Python backend's shared-memory regions are named with a prefix of our own,
   ``hpspb_<pid>_<token>_`` (:func:`shm_prefix`, passed as ``shm-region-prefix-name``),

@@ -32,6 +32,7 @@ from hps.triton.supervisor.lifecycle import (
     shm_prefix,
     spawn_child,
 )
+from hps.triton.supervisor.orphan_guard import OrphanGuard
 from hps.triton.supervisor.output import TritonOutput
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,8 @@ class TritonServer:
     start (models can then be loaded and unloaded through the model-control API).
     Triton's model-repository, shared-memory, trace and logging APIs are restricted to
     requests carrying ``admin_key`` (random unless given; see hps.triton.admin_key). The
-    server dies with the thread that started it (hps.triton.supervisor.lifecycle).
+    server dies with the thread that started it (hps.triton.supervisor.lifecycle), within
+    the grace of a guard process (hps.triton.supervisor.orphan_guard).
 
     With a ``body_limit``, the request-size gate (hps.triton.supervisor.gate) listens on
     ``host`` at the HTTP and gRPC ports and Triton behind it on loopback ports of its own;
@@ -79,6 +81,7 @@ class TritonServer:
     gate: RequestGate | None = field(default=None, init=False)
     shm_prefix: str = field(default_factory=shm_prefix, init=False)
     _workdir: Path | None = field(default=None, init=False)
+    _guard: OrphanGuard | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.admin_key = self.admin_key or secrets.token_urlsafe(24)
@@ -146,7 +149,9 @@ class TritonServer:
         env = server_env(install)
         if relay is not None:
             env["PYTHONUNBUFFERED"] = "1"  # the stubs' prints reach the pipe as they come
+        self._guard = OrphanGuard().start()  # Triton and the gate end even if we are killed
         self.proc = spawn_child(cmd, self.log_file, env, pipe=relay is not None)
+        self._guard.watch(self.proc.pid)  # its group: Triton and its stubs
         if relay is not None:
             relay.attach(self.proc)
         try:
@@ -163,6 +168,8 @@ class TritonServer:
                     log_file=self.log_file,
                     summarize=self.output is not None and not self.output.verbose,
                 ).start()
+                if self.gate.proc is not None:
+                    self._guard.watch(self.gate.proc.pid)
             self.wait_ready(timeout)
         except BaseException:
             self.stop()
@@ -252,6 +259,9 @@ class TritonServer:
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            guard.stop()  # after the groups it watched are gone
         return problems
 
     def _stop_gate(self) -> list[str]:

@@ -79,6 +79,18 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def described(pids: list[int]) -> list[str]:
+    """The processes of ``pids`` that exist (zombies too): PID, parent, state, command."""
+    out = []
+    for pid in pids:
+        try:
+            fields = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out.append(f"{pid} (parent {fields[1]}) {fields[0]} {cmdline(pid)[:100]}")
+    return out
+
+
 def triton_of(serve_pid: int) -> int:
     return next(p for p in children(serve_pid) if "tritonserver" in cmdline(p))
 
@@ -196,15 +208,17 @@ def test_dead_stub_reload_then_sigkill_and_successor(site: Path) -> None:
         nginx = [p for p in children(proc.pid) if "nginx" in cmdline(p)]
         assert len(nginx) == 1, "the request-size gate runs beside Triton"
         gate = [*nginx, *children(nginx[0])]
+        guard = [p for p in children(proc.pid) if "orphan_guard" in cmdline(p)]
+        assert len(guard) == 1, "a guard ends Triton and the gate should they outlive us"
         proc.kill()  # SIGKILL of hps serve: Triton, its stubs and the gate must follow
         proc.wait()
-        ours = [triton, *stubs, *gate]
+        ours = [triton, *stubs, *gate, *guard]
         orphaned = time.monotonic()
         # Hang guard: Triton's own shutdown takes up to 6-7 s (docs/security.md, Shutdown).
         while time.monotonic() - orphaned < 60 and any(map(pid_alive, ours)):
             time.sleep(0.2)
-        print(f"Triton, its stubs and the gate gone {time.monotonic() - orphaned:.1f} s later")
-        assert not any(map(pid_alive, ours)), "orphans outlived hps serve"
+        print(f"Triton, its stubs, the gate and the guard gone {time.monotonic() - orphaned:.1f} s")
+        assert not any(map(pid_alive, ours)), f"orphans outlived hps serve: {described(ours)}"
     finally:
         stop(proc)
     left = [p for p in (site / "tmp").iterdir()]
