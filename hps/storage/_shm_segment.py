@@ -223,8 +223,11 @@ class Segment:
         h[HeaderWord.READY] = 1
 
     def current(self) -> bool:
-        """Whether ``path`` still names this segment (cheap: a ``stat`` and an 8-byte read)."""
-        return path_identity(self.path) == self.identity
+        """Whether ``path`` still names this segment, and its lock files the ones held (a
+        process that followed a removed segment while its lock files were still there, then
+        removed too, must join the new ones: never two writers on two ``.lock`` files).
+        Cheap: three ``stat`` calls and an 8-byte read."""
+        return path_identity(self.path) == self.identity and self._locks.at_paths()
 
     def close(self) -> None:
         """Detach; the last user removes the files when ``auto_remove`` is set, and only

@@ -79,13 +79,19 @@ def shm_prefix() -> str:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: a zombie (ended, not yet reaped by its parent or by
+    init, however slow that is) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's process: alive
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no /proc to tell: it exists
+        return True
+    return stat.rsplit(")", 1)[-1].split()[:1] not in (["Z"], ["X"])
 
 
 def mapped_shm() -> set[str]:

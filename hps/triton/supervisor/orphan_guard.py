@@ -30,13 +30,29 @@ log = logging.getLogger(__name__)
 
 
 def _alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` runs (zombies, ended but not yet reaped by
+    init, do not count)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        names = os.listdir("/proc")
+    except OSError:  # no /proc to tell: the group exists
+        return True
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def guard(grace: float = GRACE_S) -> int:

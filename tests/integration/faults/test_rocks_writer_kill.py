@@ -25,14 +25,15 @@ from tests.integration.faults.rocks_writer import KEYS, SPEC, batch, expected
 pytestmark = pytest.mark.integration
 
 KILLS = 6
-TOTAL = 600  # batches in the stream
+TOTAL = 600  # batches in the stream (at least)
+ENDLESS = 10**6  # the stream of a writer that is to be killed
 WRITER = Path(__file__).with_name("rocks_writer.py")
 
 
-def _start(db: Path, start: int) -> subprocess.Popen[str]:
+def _start(db: Path, start: int, end: int = TOTAL) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])}
     proc = subprocess.Popen(
-        [sys.executable, str(WRITER), str(db), str(start), str(TOTAL)],
+        [sys.executable, str(WRITER), str(db), str(start), str(end)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -55,7 +56,7 @@ def _check(db: Path, acked: int) -> None:
     """Every batch < acked is in; batch ``acked`` (in flight at the kill) may be, per key."""
     keys, values, found = _read_all(db)
     before, after = expected(acked), expected(acked + 1)
-    inflight = set(batch(acked).keys.tolist()) if acked < TOTAL else set()
+    inflight = set(batch(acked).keys.tolist())
     for k in keys.tolist():
         options = [before.get(k)] + ([after.get(k)] if k in inflight else [])
         got = values[k] if found[k] else None
@@ -71,7 +72,7 @@ def test_sigkilled_rocksdb_writer_loses_no_applied_update(tmp_path: Path) -> Non
     rng = np.random.default_rng(11)
     acked, kills = 0, []
     for _ in range(KILLS):
-        proc = _start(db, acked)
+        proc = _start(db, acked, ENDLESS)  # it cannot finish before its kill, however slow we are
         # Killed after a random number of acknowledged batches, plus a random delay, so the
         # kill lands mid-stream however fast the machine is (often mid-write).
         after = int(rng.integers(5, 60))
@@ -82,15 +83,16 @@ def test_sigkilled_rocksdb_writer_loses_no_applied_update(tmp_path: Path) -> Non
             last = int(line.split()[1])
             if last - acked + 1 == after:
                 killer.start()
-        assert proc.wait(10) == -signal.SIGKILL, "the writer finished before its kill"
+        assert proc.wait(10) == -signal.SIGKILL, proc.stderr.read() if proc.stderr else ""
         killer.join()
         acked = last + 1
         kills.append(acked)
         _check(db, acked)
-    proc = _start(db, acked)  # the replay from the first unacknowledged batch
+    total = max(TOTAL, acked)
+    proc = _start(db, acked, total)  # the replay from the first unacknowledged batch
     assert proc.wait(120) == 0
     keys, values, found = _read_all(db)
-    final = expected(TOTAL)
+    final = expected(total)
     assert found.sum() == len(final)
     np.testing.assert_array_equal(values[found], np.stack([final[k] for k in keys[found].tolist()]))
     print(f"\nRocksDB writer SIGKILLed {KILLS} times after batches {kills}: nothing lost")

@@ -8,7 +8,6 @@ plane publishes, and what the consumer applied shows in its lookup route and tab
 from __future__ import annotations
 
 import io
-import time
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +91,13 @@ def test_import_and_delete_go_through_kafka(
                 30,
                 "the delete applied to L2 and L3",
             )
-            time.sleep(0.5)  # the consumer commits after applying
+            wait_for(  # the consumer commits after applying, at its next empty poll
+                lambda: (
+                    set(client.get(f"/v1/models/{table}").json()["consumer_lag"].values()) == {0}
+                ),
+                30,
+                "the consumer's commit",
+            )
             report = client.get(f"/v1/models/{table}").json()
             assert report["rows"] == {"l2": keys.size - 3, "l3": keys.size - 3}
             assert report["last_update_version"] == r.json()["version"]

@@ -96,10 +96,11 @@ def _end_offsets(brokers: str, topic: str) -> dict[int, int]:
     c = Consumer({"bootstrap.servers": brokers, "group.id": "counter", "enable.auto.commit": False})
     c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
     ends: dict[int, int] = {}
-    idle = 0
-    while idle < 5:
+    idle, deadline = 0, time.monotonic() + 30
+    while idle < 5:  # quiet polls count once every partition (each has a marker) was seen
         msgs = c.consume(500, 0.3)
-        idle = 0 if msgs else idle + 1
+        assert time.monotonic() < deadline, f"only partitions {sorted(ends)} read"
+        idle = 0 if msgs or len(ends) < PARTITIONS else idle + 1
         for m in msgs:
             ends[m.partition()] = max(ends.get(m.partition(), 0), m.offset() + 1)
     c.close()

@@ -284,7 +284,10 @@ def test_a_failed_reload_fails_every_request_that_shared_it() -> None:
     threads = [threading.Thread(target=call) for _ in range(5)]
     for t in threads:
         t.start()
-    time.sleep(0.05)
+    deadline = time.monotonic() + HANG_S  # all five in: one load running, one queued
+    while sum(r.joined for r in queue._queues.get("m", [])) < 5:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
     gate.set()
     for t in threads:
         t.join(HANG_S)

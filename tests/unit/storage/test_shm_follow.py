@@ -78,6 +78,26 @@ def test_a_removed_segment_is_noticed_and_followed(name: str) -> None:
     b.close()
 
 
+def test_lock_files_removed_after_a_holder_followed_are_followed_too(name: str) -> None:
+    """``rm /dev/shm/<name>*`` removes the segment, then its lock files: a process that
+    follows in between opens the new segment with the old lock files; once those go, it
+    follows again, so every user locks one ``.lock`` file."""
+    a, b = _open(name), _open(name)
+    os.unlink(a.path)
+    assert a.follow()  # a new segment, with the lock files still at their paths
+    for suffix in (".lock", ".users"):
+        os.unlink(a.path + suffix)
+    assert b.follow()  # the new segment, with new lock files
+    assert not a.current(), "a holds lock files no longer at their paths"
+    assert a.follow() and a.current() and b.current()
+    assert a.identity == b.identity
+    assert a._seg._locks.at_paths() and b._seg._locks.at_paths()  # noqa: SLF001
+    a.insert(SPEC.name, KEYS[:10], _rows(3)[:10])
+    assert b.size(SPEC.name) == 10
+    a.close()
+    b.close()
+
+
 def test_operations_follow_the_name_on_their_own(name: str) -> None:
     a = SharedHashMapStore(name, SIZE, identity_check_s=0.0)
     a.open_table(SPEC)

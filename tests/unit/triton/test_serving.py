@@ -17,6 +17,7 @@ from hps.loading.loader import Loader
 from hps.storage.rocks_db import RocksDBStore
 from hps.tiers import Tiers
 from hps.triton.serving import fill_l2, only_model, prepare_tables, serving_config
+from tests.helpers import unique_name
 
 
 def write_ps(tmp_path: Path, *, instances: int = 1, volatile: dict | None = None) -> Path:
@@ -127,7 +128,7 @@ def test_fill_l2_per_initial_cache_rate(tmp_path: Path) -> None:
 
 def test_shared_l2_is_filled_once_per_node(tmp_path: Path) -> None:
     volatile = {
-        "shared_memory_name": f"hps_unit_{tmp_path.name}",
+        "shared_memory_name": unique_name("hps_unit"),
         "shared_memory_size": 1 << 26,
         "allocation_rate": 1 << 20,
     }

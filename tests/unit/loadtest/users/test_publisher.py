@@ -64,8 +64,9 @@ def _ticks_while(call: object) -> int:
 
 def test_blocking_calls_leave_the_other_users_running() -> None:
     pub = OffLoopPublisher(_Blocking())
-    assert _ticks_while(lambda: pub.prepare("m", ["a", "b"])) >= 10  # 0 if it blocked the loop
-    assert _ticks_while(lambda: pub.close()) >= 3
+    # 0 if it blocked the loop; how many more depends on how busy the machine is
+    assert _ticks_while(lambda: pub.prepare("m", ["a", "b"])) >= 1
+    assert _ticks_while(lambda: pub.close()) >= 1
     assert pub.publisher.calls == ["prepare", "flush"]  # type: ignore[attr-defined]
 
 

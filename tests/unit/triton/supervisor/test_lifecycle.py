@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,29 @@ def test_clean_stale_removes_what_dead_owners_left(tmp_path: Path) -> None:
     finally:
         stale.unlink(missing_ok=True)
         live.unlink(missing_ok=True)
+
+
+def wait_zombie(pid: int) -> None:
+    """Wait until our child ``pid`` has ended (left unreaped: a zombie)."""
+    deadline = time.monotonic() + 30  # hang guard
+    while (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline, "the child never ended"
+        time.sleep(0.01)
+
+
+def test_a_zombie_owner_is_dead(tmp_path: Path) -> None:
+    """An owner that ended but is not reaped yet (an orphan waits for init) is dead: what
+    it left is removed."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        wait_zombie(proc.pid)
+        assert lifecycle.pid_alive(os.getpid()) and not lifecycle.pid_alive(proc.pid)
+        left = tmp_path / "hps-repo-zombie"
+        left.mkdir()
+        (left / OWNER_FILE).write_text(str(proc.pid))
+        assert left in lifecycle.clean_stale(tmp_path) and not left.exists()
+    finally:
+        proc.wait()
 
 
 def test_a_port_in_use_is_named() -> None:

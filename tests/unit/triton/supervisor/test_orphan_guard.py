@@ -12,6 +12,9 @@ import textwrap
 import time
 from pathlib import Path
 
+from hps.triton.supervisor import orphan_guard
+from tests.unit.triton.supervisor.test_lifecycle import wait_zombie
+
 HANG_S = 30.0  # hang guards only
 
 # A parent: starts the guard (grace 0.5 s), a child in a group of its own that ignores
@@ -86,6 +89,17 @@ def test_a_parent_that_stops_the_guard_leaves_its_groups_alone() -> None:
         assert _running(child), "a stopped guard killed a group"
     finally:
         _kill(child)
+
+
+def test_a_group_of_zombies_has_ended() -> None:
+    """Ended processes init has not reaped yet are not waited for, nor reported killed."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    try:
+        wait_zombie(child.pid)
+        assert not orphan_guard._alive(child.pid)
+        assert orphan_guard._alive(os.getpgid(0))  # ours, running
+    finally:
+        child.wait()
 
 
 def _kill(pid: int) -> None:
