@@ -151,7 +151,7 @@ class VersionRegistry:
             v.version for v in self.versions(model)
             if v.state in ("ready", "live") and v.version != live
         ]  # fmt: skip
-        return sorted([live, *sorted(others)[len(others) - keep + 1 :]])
+        return sorted([live, *sorted(others)[max(0, len(others) - (keep - 1)) :]])
 
     def _keep(self, model: str) -> int:
         """``hps_keep_versions`` of the ps.json's entry, else of the live version's."""

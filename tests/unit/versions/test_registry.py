@@ -72,6 +72,18 @@ def test_keep_versions_bounds_what_is_kept(config: PSConfig) -> None:
     assert registry.served("demo") == [3, 4]
 
 
+@pytest.mark.parametrize("keep", [1, 2, 3, 4, 5, 6, 7])
+def test_every_keep_count_keeps_that_many_versions(tmp_path: Path, keep: int) -> None:
+    """The live one and the highest others, ``hps_keep_versions`` in all (or all there are)."""
+    entry = make_config(tmp_path).model("demo").model_dump(mode="json")
+    registry = VersionRegistry(make_config(tmp_path, models=[{**entry, "hps_keep_versions": keep}]))
+    for n in (2, 3, 4):
+        add(registry, n)
+    assert registry.kept("demo", live=3) == sorted({3, *[4, 2, 1][: keep - 1]})
+    registry.set_live("demo", 3)
+    assert registry.beyond_kept("demo") == [v for v in (1, 2, 4) if v not in registry.kept("demo")]
+
+
 def test_what_triton_serves_stays_recorded_when_a_later_import_changes_what_is_kept(
     config: PSConfig,
 ) -> None:
