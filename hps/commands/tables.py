@@ -13,6 +13,7 @@ import numpy as np
 from hps.cli import int64
 
 if TYPE_CHECKING:
+    from hps.config import PSConfig
     from hps.lookup import LookupSession
     from hps.tiers import AccessMode
 
@@ -136,13 +137,27 @@ def _import(args: argparse.Namespace) -> int:
     from hps.validate import table_or_raise
 
     config = load_config(args.config)
+    live = _live_versions(config)
     sources: list[TableSource]
     if args.table is None:
         if args.sparse or args.npy:
             raise RequestError("--sparse/--npy need --table")
+        moved = [f"{m} (version {n} is live)" for m, n in live.items() if n != 1]
+        if moved:  # its files may be a retrain by now: version 1 is a snapshot kept as it was
+            raise RequestError(
+                f"{', '.join(moved)}: the ps.json's files are version 1's, kept for rollback "
+                "as imported; import a retrained model as a new version (--model M "
+                "--version N), or one table into the live version (--table)"
+            )
         sources = sparse_sources(config)
     else:
-        spec = table_or_raise({t.name: t for t in config.tables}, args.table)
+        from hps.versions import VersionRegistry
+
+        registry = VersionRegistry(config)
+        tables = {  # the live version's tables, named as in the ps.json (model.table)
+            t.qualified: t for m, n in live.items() for t in registry.model_at(m, n).tables
+        }
+        spec = table_or_raise(tables, args.table)
         if args.sparse:
             sources = [sparse_source(spec, args.sparse)]
         elif args.npy:
@@ -157,6 +172,22 @@ def _import(args: argparse.Namespace) -> int:
         state = f"{rows} rows" if rows is not None else "unchanged (L3 holds these files)"
         print(f"{source.spec.name}: {state}")
     return 0
+
+
+def _live_versions(config: PSConfig) -> dict[str, int]:
+    """Each ps.json model's live version (1 where nothing else was activated); a model with
+    none (its record broken by hand) is a RequestError."""
+    from hps.errors import RequestError, UnknownTableError
+    from hps.versions import VersionRegistry
+
+    registry = VersionRegistry(config)
+    live: dict[str, int] = {}
+    for m in config.models:
+        try:
+            live[m.model] = registry.live(m.model)
+        except UnknownTableError as exc:
+            raise RequestError(f"{exc}: see hps versions list") from None
+    return live
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -11,7 +11,8 @@ from hps.cli import main
 from hps.commands.versions import report_lines
 from hps.triton.serving import serving_config
 from hps.versions import VersionRegistry
-from tests.unit.commands.conftest import write_tables
+from tests.helpers import rows
+from tests.unit.commands.conftest import KEYS, write_tables
 
 
 def hps(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -204,3 +205,47 @@ def test_report_lines() -> None:
     assert two.split()[:3] == ["m", "12", "retired"] and two.endswith("l2 -  l3 -")
     report["versions"][1]["rows_left"] = True  # a retire whose drop failed
     assert report_lines(report)[1].endswith("l2 -  l3 -  rows left: retire it again")
+
+
+def test_plain_imports_leave_a_kept_version_1_alone_and_a_table_goes_to_the_live_one(
+    ps_json: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With version 2 live, the ps.json's files (retrained in place, say) are not imported
+    over version 1, the snapshot kept for rollback; ``--table`` writes the live version."""
+    config = str(ps_json)
+    assert hps(capsys, "import", "--config", config, "--quiet")[0] == 0  # version 1
+    v2 = write_tables(tmp_path / "v2", seed=5)
+    args = ["--model", "demo", "--version", "2", "--sparse-files", *v2, "--quiet"]
+    assert hps(capsys, "import", "--config", config, *args)[0] == 0
+    VersionRegistry(serving_config(ps_json)).set_live("demo", 2)  # as an activation records
+    write_tables(tmp_path / "v1", seed=9)  # the ps.json's files retrained in place
+
+    code, out, err = hps(capsys, "import", "--config", config, "--quiet")
+    assert code == 2 and out == ""
+    assert "demo (version 2 is live): the ps.json's files are version 1's" in err
+    assert _t0_rows(ps_json, 1) == rows(KEYS[:2], 4, 0)[:, 0].tolist()  # untouched
+
+    write_tables(tmp_path / "one", seed=33)
+    table = ["--table", "demo.t0", "--sparse", str(tmp_path / "one" / "t0"), "--quiet"]
+    code, out, err = hps(capsys, "import", "--config", config, *table)
+    assert code == 0, err
+    assert out == "demo.t0@2: 40 rows\n"
+    assert _t0_rows(ps_json, 2) == rows(KEYS[:2], 4, 33)[:, 0].tolist()
+    assert _t0_rows(ps_json, 1) == rows(KEYS[:2], 4, 0)[:, 0].tolist()
+
+
+def _t0_rows(ps_json: Path, version: int) -> list[float]:
+    """The first element of keys 0 and 1 of table t0 of ``version``, read from L3."""
+    from hps.tiers import Tiers
+
+    config = serving_config(ps_json)
+    spec = config.model("demo").at_version(version).tables[0]
+    tiers = Tiers.open(config, l3_mode="read_only", l2=False)
+    try:
+        tiers.open_tables([spec])
+        assert tiers.persistent is not None
+        values, found = tiers.persistent.fetch(spec.name, KEYS[:2])
+        assert found.all()
+        return [float(v) for v in values[:, 0]]
+    finally:
+        tiers.close()
