@@ -120,6 +120,19 @@ class Applier:
             self._first.pop(name, None)
         return gone
 
+    def drop(self, names: Sequence[str]) -> list[str]:
+        """Drop the tables ``names`` in this applier's tiers (rows, per-key versions,
+        watermarks) and forget them; the ones it held."""
+        dropped = []
+        for name in names:
+            route = self._routes.pop(name, None)
+            spec = route.spec if route is not None else self._later.pop(name, None)
+            self._first.pop(name, None)
+            if spec is not None:
+                self._tiers.drop_table(spec, reopen=False)
+                dropped.append(name)
+        return dropped
+
     def _open(self, spec: TableSpec) -> VersionedRows | None:
         l2, l3 = self._takes(spec)
         route = self._tiers.versioned(spec, l2=l2, l3=l3)

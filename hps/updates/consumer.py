@@ -38,8 +38,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from hps.config import UpdateSourceConfig
-from hps.errors import BackendError, FormatError, RequestError
-from hps.types import UpdateBatch
+from hps.errors import BackendError, ConfigError, FormatError, RequestError, UnknownTableError
+from hps.types import TableSpec, UpdateBatch
 from hps.updates import metrics
 from hps.updates.applier import Applier
 from hps.updates.deadletter import DeadLetters
@@ -261,6 +261,7 @@ class UpdateConsumer:
                         metrics.STALE_ROWS.labels(applied.table).inc(applied.stale)
                     self.rows_applied += applied.keys.size + applied.deleted.size
                 metrics.BATCH_SECONDS.observe(time.perf_counter() - start)
+                self._retired_meanwhile(updates)
                 return True
             except BackendError as exc:
                 metrics.FAILURES.inc()
@@ -274,6 +275,31 @@ class UpdateConsumer:
                 if stop.wait(delay):
                     log.warning("stopping with an unapplied batch; it will be redelivered")
                     return False
+
+    def _retired_meanwhile(self, updates: list[UpdateBatch]) -> None:
+        """Drop again the tables this batch wrote of versions retired since it was routed:
+        on a tier without a writer lock the retire's drop may have run before the batch
+        landed, and nothing else would ever drop what it wrote. (Retire records the state
+        before it drops: a batch that landed after the drop is seen here.) Costs one
+        ``stat`` unless the record changed."""
+        watch = self.router.watch
+        registry = watch.registry
+        if registry is None or not watch.stale():
+            return
+        by_version: dict[tuple[str, int], set[str]] = {}
+        for u in updates:
+            model, _, version = TableSpec.parse_name(u.table)
+            by_version.setdefault((model, version), set()).add(u.table)
+        for (model, version), names in sorted(by_version.items()):
+            try:
+                retired = registry.get(model, version).state == "retired"
+            except (ConfigError, UnknownTableError):  # unreadable or forgotten just now
+                continue
+            if retired:
+                dropped = self.applier.drop(sorted(names))
+                log.warning("model %s version %d was retired while a batch for it was in "
+                            "flight: dropped again what it wrote (%s)", model, version,
+                            ", ".join(dropped))  # fmt: skip
 
     def _record_applied(self, updates: list[UpdateBatch]) -> None:
         """Per message (not per key): publish timestamp -> L2/L3 hold it (and, in a serving

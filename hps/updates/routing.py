@@ -139,6 +139,10 @@ class VersionWatch:
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
+    def stale(self) -> bool:
+        """Whether the record's file changed since the last read (one ``stat``)."""
+        return self.registry is not None and self._stat() != self._stamp
+
     def refresh(self) -> bool:
         """Re-read the record if its file changed since the last read; whether it did."""
         if self.registry is None:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from hps.config import PSConfig, UpdateSourceConfig
+from hps.errors import UnknownTableError
 from hps.storage.hash_map import HashMapStore
 from hps.tiers import Tiers
 from hps.updates import codec
@@ -133,3 +134,31 @@ def test_a_version_that_refuses_a_message_does_not_take_it_from_the_others(
     assert [o for o, _ in dead.sent] == [0, 1]
     assert all(r.startswith("ShapeError: demo.t0@2: vectors of dim 4") for _, r in dead.sent)
     assert consumer.source.stored == [0, 1]  # type: ignore[attr-defined]
+
+
+def test_a_batch_that_lands_after_its_version_was_retired_is_dropped_again(
+    config: PSConfig,
+) -> None:
+    """A retire that drops a version while a batch routed to it is in flight (a tier without
+    a writer lock): what the batch then writes there is dropped again, not left for ever."""
+    registry = VersionRegistry(config)
+    registry.begin(config.model("demo"), 2)
+    registry.set_state("demo", 2, "ready")
+    consumer, _, tiers = consumer_for(config, [upsert([1], 0)])  # untagged: versions 1 and 2
+    apply = consumer.applier.apply
+    v2 = config.model("demo").at_version(2).tables[0]
+
+    def retired_first(*args: object, **kw: object) -> object:  # as `hps versions retire 2`
+        registry.set_state("demo", 2, "retired", rows_left=True)
+        tiers.drop_table(v2, reopen=False)
+        registry.set_state("demo", 2, "retired")
+        return apply(*args, **kw)  # type: ignore[arg-type]
+
+    consumer.applier.apply = retired_first  # type: ignore[method-assign]
+    consumer.run_once(threading.Event())
+    assert found(tiers, "demo.t0", [1]) == [True]
+    assert tiers.persistent is not None and tiers.volatile is not None
+    for store in (tiers.persistent, tiers.volatile):
+        with pytest.raises(UnknownTableError):
+            store.size(v2.name)  # no rows, no table: nothing left for a later import to mix
+    assert v2.name not in consumer.applier.tables
