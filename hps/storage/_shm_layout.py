@@ -37,7 +37,7 @@ VERSION = 1
 PAGE = 4096
 MIN_EXTENT = 64 * 1024
 MAX_EXTENT = 16 * 1024 * 1024
-MAX_TABLES = 64
+MAX_TABLES = 256  # tables of every model version a node holds: 26 tables x 3 versions = 78
 ENTRY_META = 192  # bytes of int64 fields and the name at the start of a table entry
 NAME_BYTES = 128
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")

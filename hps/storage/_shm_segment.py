@@ -191,6 +191,7 @@ class Segment:
             int(h[HeaderWord.N_EXT]),
         )
         self.row_ext_cap, self.dir_len = int(h[HeaderWord.ROW_EXT_CAP]), int(h[HeaderWord.DIR_LEN])
+        self.max_tables = int(h[HeaderWord.MAX_TABLES])  # as created (64 before 256 was)
         self.tables_off, self.entry_bytes = (
             int(h[HeaderWord.TABLES_OFF]),
             int(h[HeaderWord.ENTRY_BYTES]),
@@ -323,7 +324,7 @@ class Segment:
         """After a writer died mid-update: clear the tables it was changing, rebuild the
         free extents from the others. Call under the write lock."""
         held = [np.empty(0, dtype=np.int64)]
-        for slot in range(MAX_TABLES):
+        for slot in range(self.max_tables):
             entry = EntryView(self, slot)
             if not entry.meta[EntryWord.STATE]:
                 continue
@@ -371,7 +372,7 @@ class Segment:
 
     def find(self, name: str) -> int:
         """The slot of table ``name``, or -1. Call under a lock."""
-        for slot in range(MAX_TABLES):
+        for slot in range(self.max_tables):
             entry = EntryView(self, slot)
             if entry.meta[EntryWord.STATE] and entry.name == name:
                 return slot
@@ -388,10 +389,14 @@ class Segment:
                 raise refused(spec, f"shared memory {self.path}", entry.fmt, entry.dim)
             return slot
         free = next(
-            (s for s in range(MAX_TABLES) if not EntryView(self, s).meta[EntryWord.STATE]), -1
+            (s for s in range(self.max_tables) if not EntryView(self, s).meta[EntryWord.STATE]),
+            -1,
         )
         if free < 0:
-            raise BackendError(f"{self.path}: all {MAX_TABLES} table entries are in use")
+            raise BackendError(
+                f"{self.path}: all {self.max_tables} table entries are in use (each table "
+                "of each model version served, kept or being activated takes one)"
+            )
         if len(name.encode()) > NAME_BYTES:
             raise ConfigError(f"table name {name!r} is longer than {NAME_BYTES} bytes")
         EntryView(self, free).claim(name, spec.dim, spec.fmt, rows_per_ext)

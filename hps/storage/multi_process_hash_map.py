@@ -49,7 +49,6 @@ from hps.errors import BackendError, BackendUnavailable, ConfigError
 from hps.rowformat import Stored
 from hps.storage._shm_index import MAX_LOAD
 from hps.storage._shm_layout import (
-    MAX_TABLES,
     EntryView,
     EntryWord,
     HeaderWord,
@@ -429,7 +428,7 @@ class SharedHashMapStore(EmbeddingStore):
     @staticmethod
     def _largest_table(seg: Segment) -> ShmTable | None:
         best: ShmTable | None = None
-        for slot in range(MAX_TABLES):
+        for slot in range(seg.max_tables):
             if EntryView(seg, slot).meta[EntryWord.STATE]:
                 t = ShmTable(seg, slot)
                 if best is None or t.extents > best.extents:

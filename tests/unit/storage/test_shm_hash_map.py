@@ -393,6 +393,24 @@ def test_registry_full(opener: Opener) -> None:
         store.open_table(TableSpec("m", "one_more", 1))
 
 
+def test_a_segment_keeps_the_table_count_it_was_created_with(
+    opener: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment created when 64 entries were the bound is read with 64 (its layout), not
+    with today's larger bound."""
+    from hps.storage import _shm_segment
+
+    monkeypatch.setattr(_shm_segment, "MAX_TABLES", 64)
+    old = opener()  # created with 64 entries
+    monkeypatch.undo()
+    store = opener()  # opens the same segment
+    assert store._seg.max_tables == old._seg.max_tables == 64  # noqa: SLF001
+    for i in range(64):
+        store.open_table(TableSpec("m", f"t{i}", 1))
+    with pytest.raises(BackendError, match="all 64 table entries are in use"):
+        store.open_table(TableSpec("m", "one_more", 1))
+
+
 def test_a_writer_death_clears_only_the_tables_it_was_changing(opener: Opener) -> None:
     store = opener()
     a, b = TableSpec("m", "a", 4), TableSpec("m", "b", 4)
