@@ -15,6 +15,7 @@ Triton's part (writing the model's folder and loading it, unloading it) is
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict
 from typing import cast
 
@@ -22,7 +23,9 @@ from hps.config import ModelConfig, PSConfig
 from hps.errors import ConfigError, UnknownTableError
 from hps.types import JSON
 from hps.versions.registry import VersionRegistry
-from hps.versions.rollout import drop_versions, import_version
+from hps.versions.rollout import _abandoned, drop_versions, import_version
+
+log = logging.getLogger(__name__)
 
 
 def served_config(config: PSConfig) -> PSConfig:
@@ -42,8 +45,33 @@ def served_config(config: PSConfig) -> PSConfig:
 
 
 def _served_names(config: PSConfig, registry: VersionRegistry) -> set[str]:
+    """The ps.json's models not removed, and those added at runtime that have a live
+    version (one whose first import is under way, or died, is not served)."""
     names = {m.model for m in config.models if not registry.removed(m.model)}
-    return names | set(registry.runtime_models())
+    return names | {n for n in registry.runtime_models() if _has_live(registry, n)}
+
+
+def _has_live(registry: VersionRegistry, model: str) -> bool:
+    return any(v.state == "live" for v in registry.versions(model))
+
+
+def _clear_a_died_add(config: PSConfig, registry: VersionRegistry, name: str) -> None:
+    """A model added at runtime whose first import died (the process killed) is left
+    ``loading`` with no live version: drop what it wrote and record it retired, so that
+    the name can be added again. One whose import runs is a ConfigError."""
+    if name not in registry.runtime_models() or _has_live(registry, name):
+        return
+    pending = [v for v in registry.versions(name) if v.state != "retired" or v.rows_left]
+    if any(v.state != "loading" or not _abandoned(config, name, v.version) for v in pending):
+        raise ConfigError(f"model {name!r} is being added (its first version is importing)")
+    if pending:
+        drop_versions(config, [v.model_config() for v in pending])
+        for v in pending:
+            registry.set_state(name, v.version, "retired")
+        log.warning(
+            "model %s: dropped the rows of an add that died (version %s)",
+            name, ", ".join(str(v.version) for v in pending),
+        )  # fmt: skip
 
 
 def add_model(config: PSConfig, entry: ModelConfig, *, progress: bool = False) -> int:
@@ -52,6 +80,7 @@ def add_model(config: PSConfig, entry: ModelConfig, *, progress: bool = False) -
     Its tables must name their sparse files; a served model's name is a ConfigError."""
     registry = VersionRegistry(config)
     name = entry.model
+    _clear_a_died_add(config, registry, name)
     with registry.editing() as doc:
         if name in _served_names(config, registry):
             raise ConfigError(f"model {name!r} is served already; import a new version of it")

@@ -110,3 +110,47 @@ def test_a_purge_drops_the_rows_a_failed_retire_left(config: PSConfig, tmp_path:
     assert purge(config, "extra") == [1]
     assert l3_count(config, entry(tmp_path)) == 0
     assert VersionRegistry(config).rows_left("extra") == []
+
+
+DIES_IN_ADD = """
+import os, sys
+import hps.versions.rollout as rollout
+from hps.config import ModelConfig, PSConfig
+from hps.versions.models import add_model
+
+config = PSConfig.model_validate_json(sys.argv[1])
+entry = ModelConfig.model_validate_json(sys.argv[2])
+real = rollout.import_tables
+
+def dying(*args, **kw):  # the process is killed once the first table is written
+    real(*args, **kw)
+    os._exit(9)
+
+rollout.import_tables = dying
+add_model(config, entry)
+"""
+
+
+def test_a_model_whose_add_died_can_be_added_again(config: PSConfig, tmp_path: Path) -> None:
+    """A control plane killed while it imported a new model's first version: the name is
+    neither served nor stuck; adding it again drops what was written and serves it."""
+    import subprocess
+    import sys
+
+    extra = entry(tmp_path)
+    died = subprocess.run(
+        [sys.executable, "-c", DIES_IN_ADD, config.model_dump_json(), extra.model_dump_json()],
+        cwd=Path(__file__).resolve().parents[3],
+    )
+    assert died.returncode == 9
+    registry = VersionRegistry(config)
+    assert [(v.version, v.state) for v in registry.versions("extra")] == [(1, "loading")]
+    assert [m.model for m in served_config(config).models] == ["demo"]
+    assert add_model(config, entry(tmp_path, "other")) == 1  # other adds are not blocked
+    assert add_model(config, entry(tmp_path, value=5.0)) == 2  # numbers are never reused
+    assert [(v.version, v.state) for v in registry.versions("extra")] == [
+        (1, "retired"),
+        (2, "live"),
+    ]
+    assert l3_count(config, extra) == 0  # what the add that died wrote
+    assert l3_count(config, served_config(config).model("extra")) == KEYS.size
