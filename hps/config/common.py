@@ -12,7 +12,11 @@ from pydantic import BaseModel, ConfigDict
 
 from hps.errors import ConfigError
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
+NAME_RE = re.compile(r"^[A-Za-z0-9_\-]+$(?!\n)")
+r"""A model, table or variable name, whole (with ``.match``). ``$`` alone also matches before
+a final newline (``"evil\n"`` would pass): ``(?!\n)`` keeps it to the end. The same
+pattern reads alike as JSON Schema (ECMA 262: its ``$`` is the end), where the
+control plane's OpenAPI publishes it; ``\A``/``\Z`` would not."""
 SIDE_TABLE_MARK = "__hps_"
 """What HPS's own side tables append to a table's name (``<table>__hps_version``, ...):
 no configured table name may contain it."""

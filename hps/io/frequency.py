@@ -7,13 +7,29 @@ log (a keyset-format file of int64 keys with repeats).
 from __future__ import annotations
 
 import os
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
 from hps.errors import FormatError
+from hps.io.table_files import int64_keys
 from hps.types import Keys
+
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a zip's first entry, or an empty zip
+_DAMAGED: tuple[type[Exception], ...] = (
+    OSError,  # cannot be read
+    ValueError,  # an array's .npy header, pickled data
+    EOFError,  # an array's data cut short
+    KeyError,  # a member the directory names but cannot be found
+    zipfile.BadZipFile,  # no zip directory, a bad CRC
+    zlib.error,  # compressed data that does not inflate
+    NotImplementedError,  # a compression method zipfile lacks
+    RuntimeError,  # an encrypted member
+)
+"""What reading a damaged ``.npz`` raises (numpy and :mod:`zipfile`): a FormatError."""
 
 
 def write_frequency_file(path: str | Path, keys: npt.ArrayLike, counts: npt.ArrayLike) -> None:
@@ -27,19 +43,37 @@ def write_frequency_file(path: str | Path, keys: npt.ArrayLike, counts: npt.Arra
 
 
 def read_frequency_file(path: str | Path) -> tuple[Keys, np.ndarray]:
-    """``(keys, counts)`` of a frequency file; FormatError names what is wrong."""
+    """``(keys, counts)`` of a frequency file; FormatError names what is wrong: not an
+    ``.npz`` (a plain ``.npy`` array, anything else), a damaged archive, missing arrays."""
     try:
-        with np.load(path, allow_pickle=False) as data:
-            if "keys" not in data or "counts" not in data:
-                raise FormatError(f"{path}: a frequency file needs arrays 'keys' and 'counts'")
-            keys, counts = data["keys"], data["counts"]
-    except (OSError, ValueError) as exc:
-        raise FormatError(f"{path}: not a frequency file (.npz with keys, counts): {exc}") from None
+        with open(path, "rb") as f:
+            magic = f.read(len(np.lib.format.MAGIC_PREFIX))
+            if not magic.startswith(_ZIP_MAGIC):
+                what = (
+                    "a plain .npy array"
+                    if magic == np.lib.format.MAGIC_PREFIX
+                    else "not a zip archive"
+                )
+                raise FormatError(f"{path}: not a frequency file (.npz with keys, counts): {what}")
+            f.seek(0)
+            data = np.load(f, allow_pickle=False)
+            if not isinstance(data, np.lib.npyio.NpzFile):  # np.load decides by the same magic
+                raise FormatError(f"{path}: not a frequency file (.npz with keys, counts)")
+            with data:
+                if "keys" not in data or "counts" not in data:
+                    raise FormatError(f"{path}: a frequency file needs arrays 'keys' and 'counts'")
+                keys, counts = data["keys"], data["counts"]
+    except _DAMAGED as exc:
+        raise FormatError(
+            f"{path}: not a frequency file (.npz with keys, counts): {type(exc).__name__}: {exc}"
+        ) from None
+    if not isinstance(keys, np.ndarray) or not isinstance(counts, np.ndarray):  # raw bytes
+        raise FormatError(f"{path}: 'keys' and 'counts' must be .npy arrays in the .npz")
     if keys.ndim != 1 or counts.shape != keys.shape:
         raise FormatError(f"{path}: keys {keys.shape} and counts {counts.shape} must be 1-D, equal")
     if keys.dtype.kind not in "iu" or counts.dtype.kind not in "iuf":
         raise FormatError(f"{path}: keys must be integers and counts numbers")
-    return keys.astype(np.int64), counts
+    return int64_keys(keys, path, 0), counts
 
 
 def count_access_log(path: str | Path, chunk_keys: int = 1 << 22) -> tuple[Keys, np.ndarray]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -31,12 +32,29 @@ def _open(path: Path) -> tuple[BinaryIO, Stat, tuple[int, ...], np.dtype[np.gene
     if fortran:
         f.close()
         raise FormatError(f"{path}: Fortran-ordered arrays are not supported")
+    if any(n < 0 for n in shape):
+        f.close()
+        raise FormatError(f"{path}: the header's shape {shape} has a negative length")
     return f, st, shape, dtype
+
+
+def _check_size(column: Column, shape: tuple[int, ...]) -> None:
+    """FormatError unless the file (as opened: ``fstat``) is exactly its header and the
+    data the header declares: a header that promises more rows than the file holds (or
+    fewer) is refused before anything is read or allocated."""
+    want = column.offset + math.prod(shape) * column.dtype.itemsize
+    size = column.opened[2]
+    if size != want:
+        raise FormatError(
+            f"{column.path}: the header declares {column.dtype}{shape}, so {want} bytes "
+            f"({column.offset} of header), but the file has {size} bytes"
+        )
 
 
 def open_npy_pair(keys_path: str | Path, vectors_path: str | Path, dim: int) -> TableFiles:
     """The pair opened, its headers checked (FormatError): 1-D integer keys, float
-    vectors ``(n, dim)``, as many of each."""
+    vectors ``(n, dim)``, as many of each, no negative length, and each file exactly the
+    size its header declares."""
     kpath, vpath = Path(keys_path), Path(vectors_path)
     with ExitStack() as opened:
         kf, kst, kshape, kdtype = _open(kpath)
@@ -51,6 +69,8 @@ def open_npy_pair(keys_path: str | Path, vectors_path: str | Path, dim: int) -> 
             raise FormatError(f"{kpath}: {kshape[0]} keys but {vshape[0]} vectors")
         keys = Column(kpath, kf, kf.tell(), kdtype, 1, FormatError, kst)
         vectors = Column(vpath, vf, vf.tell(), vdtype, dim, FormatError, vst)
+        _check_size(keys, kshape)
+        _check_size(vectors, vshape)
         opened.pop_all()
     return TableFiles(keys, vectors, int(kshape[0]))
 

@@ -150,8 +150,9 @@ class TableFiles:
 
 def int64_keys(k: np.ndarray, path: str | Path, first_row: int) -> Keys:
     """``k`` as int64; FormatError for an unsigned key beyond int64 (a cast would wrap it
-    into another, negative key)."""
-    if k.dtype == np.uint64 and k.size:
+    into another, negative key). Any byte order: ``>u8`` as ``<u8``; narrower integers and
+    signed ones of 8 bytes always fit."""
+    if k.dtype.kind == "u" and k.dtype.itemsize >= 8 and k.size:
         above = np.flatnonzero(k > np.iinfo(np.int64).max)
         if above.size:
             row = int(above[0])
