@@ -96,7 +96,7 @@ class Segment:
         directory: str | None = None,
     ) -> None:
         name = name.lstrip("/")
-        if not NAME_RE.match(name) or name.startswith("."):
+        if not NAME_RE.fullmatch(name) or name.startswith("."):
             raise ConfigError(
                 f"volatile_db.shared_memory_name: {name!r} must match {NAME_RE.pattern}"
             )

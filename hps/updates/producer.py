@@ -273,7 +273,12 @@ def _keys(keys: Keys, table: str) -> np.ndarray:
         raise DTypeError(f"keys must be integers, got {k.dtype}")
     if k.ndim != 1:
         raise ShapeError(f"keys must be 1-D, got shape {k.shape}")
-    if k.dtype == np.uint64 and k.size and k.max() > np.iinfo(np.int64).max:
+    if (
+        k.dtype.kind == "u"
+        and k.dtype.itemsize >= 8
+        and k.size
+        and k.max() > np.iinfo(np.int64).max
+    ):
         raise InvalidValueError("keys must fit in int64")
     k = k.astype(np.int64, copy=False)
     check_not_reserved(table, k)

@@ -452,8 +452,9 @@ def test_lifecycle_auto_remove_and_persistence(opener: Opener) -> None:
 
 
 def test_config_errors(tmp_path: Any) -> None:
-    with pytest.raises(ConfigError, match="shared_memory_name"):
-        SharedHashMapStore("a/b", 8 * MiB)
+    for bad in ("a/b", "name\n"):
+        with pytest.raises(ConfigError, match="shared_memory_name"):
+            SharedHashMapStore(bad, 8 * MiB)
     with pytest.raises(ConfigError, match="too small"):
         SharedHashMapStore(unique_name("hps_test_shm"), 100 * 1024)
     name = unique_name("hps_test_shm")

@@ -45,6 +45,16 @@ def test_reserved_keys_are_refused_before_anything_is_queued(
     publisher.close(timeout_s=1.0)  # nothing was queued: nothing to wait for
 
 
+@pytest.mark.parametrize("dtype", ["<u8", ">u8"])
+def test_unsigned_keys_beyond_int64_are_refused_in_either_byte_order(
+    publisher: Publisher, dtype: str
+) -> None:
+    keys = np.array([1, 2**63 + 5], dtype=dtype)  # a cast would wrap it into a negative key
+    with pytest.raises(InvalidValueError, match="keys must fit in int64"):
+        publisher.publish("m", "t", keys, np.ones((2, 2), np.float32))
+    publisher.close(timeout_s=1.0)
+
+
 def test_a_closed_publisher_has_released_its_driver_and_refuses_to_publish(
     publisher: Publisher,
 ) -> None:
