@@ -21,8 +21,8 @@ from pathlib import Path
 
 from hps.config import ModelConfig, PSConfig, load_config
 from hps.ctr.network import check_dense_inputs
-from hps.errors import UnknownTableError
-from hps.loading.imports import import_lock, import_tables, sparse_sources
+from hps.errors import ConfigError, UnknownTableError
+from hps.loading.imports import ImportRecord, import_lock, import_tables, sparse_sources
 from hps.loading.loader import Loader
 from hps.lookup import LookupSession
 from hps.startup import fill_table_from_l3
@@ -140,9 +140,20 @@ def fill_l2(session: LookupSession, config: PSConfig, model: ModelConfig) -> int
         loader = Loader(tiers, "fill", share, l3=False)
         sources = {s.spec.name: s for s in sparse_sources(config, [model.model])}
         tables = list(sources)
+        record = ImportRecord(topo.state_dir) if topo.state_dir is not None else None
 
         def fill(table: str) -> int:
-            return loader.load(sources[table])
+            source = sources[table]
+            # Without L3 the files are this version's only copy: files changed since its
+            # import (a retrain written over them) would be served as this version.
+            if record is not None and table in record.tables and not record.current(source):
+                raise ConfigError(
+                    f"{table}: its files {[str(f) for f in source.files]} changed since model "
+                    f"{model.model} version {model.version} was imported from them, and this "
+                    "node keeps no other copy of its rows (no L3): import the new files as "
+                    "a new version, or give L3 a path to keep versions in"
+                )
+            return loader.load(source)
 
     if topo.l2 == "process":
         return sum(fill(t) for t in tables)

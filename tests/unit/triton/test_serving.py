@@ -151,3 +151,49 @@ def test_config_errors_name_the_file(tmp_path: Path) -> None:
     path.write_text('{"models": [{"model": "m"}]}')
     with pytest.raises(ConfigError, match=r"ps.json: models\[0\].embedding_vecsize_per_table"):
         serving_config(path)
+
+
+def test_a_version_without_l3_is_not_refilled_from_files_changed_since_its_import(
+    tmp_path: Path,
+) -> None:
+    """No L3, a shared-memory L2: a version's rows live only there and in its files; a
+    retrain written over those files is refused at the refill, not served as the version."""
+    from hps.versions import VersionRegistry
+    from hps.versions.rollout import import_version, version_entry
+
+    name = unique_name("hps_unit")
+    volatile = {"type": "multi_process_hash_map", "shared_memory_name": name,
+                "shared_memory_size": 1 << 26, "allocation_rate": 1 << 20}  # fmt: skip
+    path = write_ps(tmp_path, volatile=volatile)
+    doc = json.loads(path.read_text())
+    doc["persistent_db"] = {"type": "disabled"}
+    path.write_text(json.dumps(doc))
+    config = serving_config(path, tmp_path)
+    prepare_tables(config)
+    latest = tmp_path / "latest"
+
+    def retrain(seed: int) -> list[str]:
+        rng = np.random.default_rng(seed)
+        for t in ("t0", "t1"):
+            keys = np.arange(40, dtype=np.int64)
+            write_sparse_model(latest / t, keys, rng.random((40, 4), np.float32))
+        return [str(latest / "t0"), str(latest / "t1")]
+
+    import_version(config, version_entry(config, "m", sparse_files=retrain(7)), 2)
+    import_version(config, version_entry(config, "m", sparse_files=retrain(9)), 3)  # same folder
+    registry = VersionRegistry(config)
+    try:
+        for version, refused in ((3, False), (2, True)):
+            served = only_model(registry.config_at("m", version), "m")
+            session = build_session(served, with_cache=False)
+            try:
+                if refused:
+                    with pytest.raises(ConfigError, match=r"m\.t0@2: its files .* changed since"):
+                        fill_l2(session, served, served.model("m"))
+                else:
+                    assert fill_l2(session, served, served.model("m")) == 80  # its own files
+            finally:
+                session.close()
+    finally:
+        for p in Path("/dev/shm").glob(name + "*"):
+            p.unlink()
