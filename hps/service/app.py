@@ -73,6 +73,7 @@ class Metrics:
         closed.labels("evicted").set_function(lambda: float(guard.evicted))
         closed.labels("refused").set_function(lambda: float(guard.refused))
         closed.labels("read_timeout").set_function(lambda: float(guard.timed_out))
+        closed.labels("stalled").set_function(lambda: float(guard.stalled))
 
 
 # A client chooses its request's method: any other is counted as "other", so that requests
@@ -155,7 +156,7 @@ def create_app(state: AdminState, guard: ConnectionGuard | None = None) -> FastA
 
     @app.exception_handler(TooLarge)
     async def too_large(request: Request, exc: TooLarge) -> JSONResponse:
-        return _error(413, "TooLarge", "request body too large")
+        return _error(413, "TooLarge", str(exc) or "request body too large")
 
     # inside `count`: refusals are counted too
     app.add_middleware(TokenAndBodyLimits, token=state.token, jobs=state.jobs)

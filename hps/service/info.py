@@ -1,13 +1,24 @@
-"""What ``GET /v1/models`` and ``GET /v1/models/{model}/tables/{table}`` report."""
+"""What ``GET /v1/models`` and ``GET /v1/models/{model}/tables/{table}`` report.
+
+Row counts are the stores' own by default: RocksDB's is an estimate (``estimate-num-keys``,
+from metadata), named in ``rows_estimated``. An exact count, asked for with ``exact``
+(here and by ``GET /v1/models/{model}/versions``), scans L3's keys (about 0.7 s per
+million rows) on one of the few threads every sync route shares: at most
+:data:`MAX_EXACT_COUNTS` run at once in the process (:func:`counting_exactly`), past that
+a request is refused (429) rather than queued.
+"""
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
 from hps.config import ModelConfig
-from hps.errors import HPSError
+from hps.errors import HPSError, QueueFullError
 from hps.service.state import AdminState, topology_view
 from hps.service.version_report import estimated, table_rows
 from hps.tiers import Tiers
@@ -17,6 +28,29 @@ from hps.updates.metrics import Buckets, merged, summary
 log = logging.getLogger(__name__)
 
 KAFKA_TIMEOUT_S = 3.0
+MAX_EXACT_COUNTS = 2  # exact row counts (L3 key scans) running at once in this process
+EXACT_RETRY_S = 5
+_exact_counts = threading.BoundedSemaphore(MAX_EXACT_COUNTS)
+
+
+@contextmanager
+def counting_exactly(reader: Tiers, exact: bool) -> Iterator[None]:
+    """Held while a report counts rows exactly where a tier of ``reader`` counts by scanning
+    (RocksDB; the other stores count cheaply and always exactly, and take no place): at
+    most :data:`MAX_EXACT_COUNTS` at once, else QueueFullError (429, Retry-After)."""
+    if not exact or not estimated(reader, exact=False):
+        yield
+        return
+    if not _exact_counts.acquire(blocking=False):
+        raise QueueFullError(
+            f"{MAX_EXACT_COUNTS} exact row counts are running (exact=true: each scans L3's "
+            f"keys): retry in {EXACT_RETRY_S} s, or leave exact out for RocksDB's estimate",
+            retry_after_s=EXACT_RETRY_S,
+        )
+    try:
+        yield
+    finally:
+        _exact_counts.release()
 
 
 @dataclass(frozen=True)
@@ -103,9 +137,9 @@ def table_info(
 ) -> JSON:
     """One table's report; ``reader`` (caught up) and ``lags`` are fetched once per request.
 
-    ``exact``: count the rows of every tier exactly. A listing of all tables does not: a
-    store whose exact count is a scan (RocksDB: about 0.7 s per million rows) reports its
-    estimate there, and ``rows_estimated`` names those tiers."""
+    ``exact``: count the rows of every tier exactly; else a store whose exact count is a
+    scan (RocksDB: about 0.7 s per million rows) reports its estimate, and
+    ``rows_estimated`` names those tiers. A listing of all tables never counts exactly."""
     from hps.cache import cache_capacity
 
     model = state.config.model(spec.model)
@@ -139,11 +173,13 @@ def table_info(
     }
 
 
-def one_table(state: AdminState, spec: TableSpec) -> JSON:
+def one_table(state: AdminState, spec: TableSpec, exact: bool = False) -> JSON:
+    """One table's report; ``exact``: count the rows of every tier exactly (bounded:
+    :func:`counting_exactly`), else L3's is RocksDB's estimate."""
     hits, fresh, why = triton_metrics(state)
     lags = consumer_lags(state, [spec])
-    with state.reading() as reader:
-        return table_info(state, spec, hits, reader, lags, exact=True, fresh=(fresh, why))
+    with state.reading() as reader, counting_exactly(reader, exact):
+        return table_info(state, spec, hits, reader, lags, exact=exact, fresh=(fresh, why))
 
 
 def _models(state: AdminState, live: list[ModelConfig]) -> tuple[list[JSON], str | None]:

@@ -5,12 +5,19 @@
   unauthenticated upload is refused without spooling it, a body over its limit gets 413 as
   soon as the limit is crossed, and an import past the queue's limits (count or staged
   bytes, :mod:`hps.service.jobs`) gets 429 with ``Retry-After`` before its upload is read.
+  The JSON bodies of the routes that take lists of keys are limited to what their most
+  keys take (:data:`KEY_JSON_BYTES` a key): a lookup of 30 million keys is refused before
+  its 57 MiB are parsed (seconds on the event loop, and hundreds of MB), not after.
 - :class:`ConnectionGuard` (uvicorn's HTTP protocol): at most ``max_connections`` open
   connections, kept below the process's file-descriptor limit so that ``accept`` never runs
   out of descriptors. A new connection past the bound closes the oldest *idle* one (no
   request in progress: a client that connected and sent nothing, or a kept-alive one), so
   a flood of half-open connections can never keep ``/healthz`` and ``/readyz`` from being
   answered; a connection idle for ``read_timeout_s`` (no complete request header) is closed.
+  One whose client reads none of its answers (bytes unsent, none read: e.g. pipelined
+  requests never read, which keep it busy for ever) is closed after ``read_timeout_s``
+  too, and first to make room when no connection is idle, so that such clients cannot
+  hold every connection either.
 - :class:`RateLimitFilter`: a logging filter that lets one record of a kind through per
   interval, counting the rest (accept errors, "Too many open files", invalid requests).
 """
@@ -21,6 +28,7 @@ import asyncio
 import errno
 import json
 import logging
+import re
 import resource
 import time
 from collections import OrderedDict
@@ -32,14 +40,28 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from hps.errors import HPSError, QueueFullError
 from hps.service.auth import check_bearer
+from hps.service.schemas import MAX_LOOKUP_KEYS, MAX_WRITE_KEYS
 
 if TYPE_CHECKING:
     from hps.service.jobs import JobRegistry
 
 log = logging.getLogger(__name__)
 
-MAX_JSON_BYTES = 64 * 1024**2
+MAX_JSON_BYTES = 64 * 1024**2  # a JSON body of a route not in ROUTE_JSON_LIMITS
 MAX_UPLOAD_BYTES = 64 * 1024**3
+# Room for one int64 key in a JSON list: 20 characters (a sign and 19 digits), a separator
+# and a pretty-printer's line break and indentation.
+KEY_JSON_BYTES = 32
+LOOKUP_JSON_BYTES = 1024**2  # MAX_LOOKUP_KEYS (10,000) keys take at most 320,000 bytes
+WRITE_KEYS_JSON_BYTES = 32 * 1024**2  # MAX_WRITE_KEYS (1,000,000) take at most 32,000,000
+_MODEL = r"/v1/models/[^/]+"
+_TABLE = _MODEL + r"/tables/[^/]+"
+# (method, path, limit, what a 413 says of it): the routes whose bodies are lists of keys
+ROUTE_JSON_LIMITS: tuple[tuple[str, re.Pattern[str], int, str], ...] = (
+    ("POST", re.compile(_TABLE + "/lookup"), LOOKUP_JSON_BYTES, f"{MAX_LOOKUP_KEYS:,} keys"),
+    ("DELETE", re.compile(_TABLE + "/keys"), WRITE_KEYS_JSON_BYTES, f"{MAX_WRITE_KEYS:,} keys"),
+    ("POST", re.compile(_MODEL + "/warmup"), WRITE_KEYS_JSON_BYTES, f"{MAX_WRITE_KEYS:,} keys"),
+)
 MUTATING_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 MESSAGES = {
     401: "missing or wrong bearer token",
@@ -62,7 +84,14 @@ LOG_INTERVAL_S = 10.0
 
 
 class TooLarge(Exception):
-    pass
+    """A body crossed its limit while read; its text is the 413's detail."""
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= scale:
+            return f"{n / scale:.4g} {unit}"
+    return f"{n:,} bytes"
 
 
 async def _answer(
@@ -80,7 +109,9 @@ async def _answer(
 
 class TokenAndBodyLimits:
     """Token check for every POST/PUT/PATCH/DELETE, body limits (uploads: ``upload_limit``,
-    at most the job queue's staged bytes) and the job queue's admission of imports."""
+    at most the job queue's staged bytes; the key-list routes: :data:`ROUTE_JSON_LIMITS`;
+    other JSON bodies: ``json_limit``) and the job queue's admission of imports. A 413's
+    detail names the limit."""
 
     def __init__(
         self,
@@ -108,15 +139,13 @@ class TokenAndBodyLimits:
                 await _answer(send, refused)
                 return
         is_import = scope["method"] == "POST" and scope["path"].endswith("/import")
-        limit = self.upload_limit if scope["path"].endswith("/import") else self.json_limit
-        if is_import and self.jobs is not None:
-            limit = min(limit, self.jobs.max_staged_bytes)
+        limit, refusal = self.body_limit(scope["method"], scope["path"])
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
-            await _answer(send, 413)
+            await _answer(send, 413, refusal)
             return
         if not is_import or self.jobs is None:
-            await self._limited(scope, receive, send, limit)
+            await self._limited(scope, receive, send, limit, refusal)
             return
         try:  # a place in the job queue before the upload is read
             res = self.jobs.reserve(int(length) if length is not None and length.isdigit() else 0)
@@ -127,9 +156,28 @@ class TokenAndBodyLimits:
             await _answer(send, 503, str(exc))
             return
         with self.jobs.holding(res):
-            await self._limited(scope, receive, send, limit)
+            await self._limited(scope, receive, send, limit, refusal)
 
-    async def _limited(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+    def body_limit(self, method: str, path: str) -> tuple[int, str]:
+        """The most bytes a request's body may take, and the 413's detail past it."""
+        if path.endswith("/import"):
+            limit = self.upload_limit
+            if method == "POST" and self.jobs is not None:
+                limit = min(limit, self.jobs.max_staged_bytes)
+            return limit, f"request body too large: an upload takes at most {_size(limit)}"
+        for route_method, pattern, route_limit, keys in ROUTE_JSON_LIMITS:
+            if method == route_method and pattern.fullmatch(path):
+                limit = min(route_limit, self.json_limit)
+                return limit, (
+                    f"request body too large: this route takes at most {keys}, "
+                    f"its JSON body at most {_size(limit)}"
+                )
+        limit = self.json_limit
+        return limit, f"request body too large: a JSON body takes at most {_size(limit)}"
+
+    async def _limited(
+        self, scope: Scope, receive: Receive, send: Send, limit: int, refusal: str
+    ) -> None:
         seen = 0
         started = False
 
@@ -139,7 +187,7 @@ class TokenAndBodyLimits:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise TooLarge
+                    raise TooLarge(refusal)
             return message
 
         async def watched(message: Message) -> None:
@@ -151,7 +199,7 @@ class TokenAndBodyLimits:
             await self.app(scope, counted, watched)
         except TooLarge:
             if not started:
-                await _answer(send, 413)
+                await _answer(send, 413, refusal)
 
 
 # -- connections ---------------------------------------------------------------------------
@@ -168,23 +216,52 @@ def fd_bound(max_connections: int, backlog: int = BACKLOG) -> int:
 
 
 class ConnectionGuard:
-    """Bounds the open connections of one uvicorn server; closes idle ones past the bound
-    and after ``read_timeout_s``. ``protocol()`` is the HTTP protocol class to serve with."""
+    """Bounds the open connections of one uvicorn server. ``protocol()`` is the HTTP
+    protocol class to serve with.
+
+    A connection is *idle* with no request in progress and nothing left to send, *busy*
+    with a request in progress, and *stalled* when bytes of its answers wait unsent, their
+    count unchanged, for ``read_timeout_s``. Bytes wait in the transport
+    (``get_write_buffer_size``) only when the kernel's socket buffer is full, so an
+    unchanged count means the client read nothing meanwhile; past the transport's
+    high-water mark uvicorn's next write waits for the client to read (its
+    ``flow.write_paused``, ``flow.drain()``), so a client that pipelines requests and never
+    reads keeps its connection busy for ever. Closed:
+
+    - past ``max_connections``, to make room: the oldest idle one, else the one whose
+      unsent bytes waited longest, else the new one (``evicted``, ``refused``);
+    - idle for ``read_timeout_s`` (``timed_out``);
+    - stalled (``stalled``): a client reading a large answer slowly, some of it between two
+      looks (:data:`SWEEP_S`), is not.
+
+    A connection closed with bytes unsent is aborted (``transport.abort``): ``close`` would
+    wait, holding its descriptor, for a client that never reads them."""
 
     def __init__(self, max_connections: int, read_timeout_s: float = READ_TIMEOUT_S) -> None:
         self.max_connections = max_connections
         self.read_timeout_s = read_timeout_s
-        # open connections, oldest first -> monotonic time since which it is idle (None: busy)
+        # open connections, oldest first -> monotonic time since which it is idle (None: busy
+        # or sending)
         self._open: OrderedDict[H11Protocol, float | None] = OrderedDict()
+        # connections with bytes unsent at the last look -> (since when that count is
+        # unchanged, the count)
+        self._unsent: dict[H11Protocol, tuple[float, int]] = {}
         self._sweeper: asyncio.TimerHandle | None = None
         self._logged = 0.0
-        self.evicted = 0  # idle connections closed to make room
-        self.refused = 0  # new connections closed: every open one was busy
+        self.evicted = 0  # idle (else stalled-looking) connections closed to make room
+        self.refused = 0  # new connections closed: every open one was busy, none sending
         self.timed_out = 0  # idle past read_timeout_s
+        self.stalled = 0  # bytes unsent, none read, past read_timeout_s
 
     @property
     def open(self) -> int:
         return len(self._open)
+
+    @property
+    def sending(self) -> int:
+        """Open connections with bytes of their answers unsent at the last look (their
+        client reads slower than they are written, or not at all)."""
+        return len(self._unsent)
 
     def protocol(self) -> type[H11Protocol]:
         guard = self
@@ -195,7 +272,7 @@ class ConnectionGuard:
                 guard.opened(self)
 
             def connection_lost(self, exc: Exception | None) -> None:
-                guard._open.pop(self, None)
+                guard._forget(self)
                 super().connection_lost(exc)
 
         return GuardedH11Protocol
@@ -205,13 +282,17 @@ class ConnectionGuard:
         cycle = conn.cycle
         return cycle is not None and not cycle.response_complete
 
+    @staticmethod
+    def _unsent_bytes(conn: H11Protocol) -> int:
+        return conn.transport.get_write_buffer_size()
+
     def opened(self, conn: H11Protocol) -> None:
         self._open[conn] = time.monotonic()
         if self._sweeper is None:
             self._sweeper = conn.loop.call_later(SWEEP_S, self._sweep, conn.loop)
         if len(self._open) <= self.max_connections:
             return
-        victim = next((c for c in self._open if c is not conn and not self._busy(c)), conn)
+        victim = self._victim(conn)
         if victim is conn:
             self.refused += 1
         else:
@@ -221,22 +302,64 @@ class ConnectionGuard:
         if now - self._logged >= LOG_INTERVAL_S:
             self._logged = now
             log.warning(
-                "%d connections open (the limit): closing the oldest idle ones "
-                "(%d closed, %d refused so far)",
+                "%d connections open (the limit): closing the oldest idle ones, else those "
+                "whose answers go unread (%d closed, %d refused so far)",
                 self.max_connections,
                 self.evicted,
                 self.refused,
             )
 
-    def _close(self, conn: H11Protocol) -> None:
+    def _victim(self, new: H11Protocol) -> H11Protocol:
+        """The connection to close for ``new``: the oldest idle one, else the one whose
+        unsent bytes waited longest, else ``new`` itself."""
+        sending = []
+        for c in self._open:
+            if c is new:
+                continue
+            if self._unsent_bytes(c):
+                sending.append(c)
+            elif not self._busy(c):
+                return c
+        if not sending:
+            return new
+        now = time.monotonic()
+        return min(sending, key=lambda c: self._unsent.get(c, (now, 0))[0])
+
+    def _forget(self, conn: H11Protocol) -> None:
         self._open.pop(conn, None)
-        conn.transport.close()
+        self._unsent.pop(conn, None)
+
+    def _close(self, conn: H11Protocol) -> None:
+        unsent = self._unsent_bytes(conn)
+        self._forget(conn)
+        if unsent:
+            conn.transport.abort()  # close() would wait for the client to read them
+        else:
+            conn.transport.close()
+
+    def _stalled(self, conn: H11Protocol, unsent: int, now: float) -> bool:
+        """``unsent`` bytes, the same count as at the last looks, for longer than the
+        timeout; a count that changed starts the wait again."""
+        seen = self._unsent.get(conn)
+        if seen is None or seen[1] != unsent:
+            self._unsent[conn] = (now, unsent)
+            return False
+        return now - seen[0] > self.read_timeout_s
 
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Close connections idle (no request in progress) for longer than the timeout."""
+        """Close connections idle (no request in progress, nothing to send), or stalled
+        (bytes unsent, none read), for longer than the timeout."""
         now = time.monotonic()
         expired = []
+        stalled = []
         for conn, since in self._open.items():
+            unsent = self._unsent_bytes(conn)
+            if unsent:
+                self._open[conn] = None
+                if self._stalled(conn, unsent, now):
+                    stalled.append(conn)
+                continue
+            self._unsent.pop(conn, None)
             if self._busy(conn):
                 self._open[conn] = None
             elif since is None:
@@ -246,6 +369,17 @@ class ConnectionGuard:
         for conn in expired:
             self.timed_out += 1
             self._close(conn)
+        for conn in stalled:
+            self.stalled += 1
+            self._close(conn)
+        if stalled and now - self._logged >= LOG_INTERVAL_S:
+            self._logged = now
+            log.warning(
+                "closed %d connections whose answers went unread for %.0f s (%d so far)",
+                len(stalled),
+                self.read_timeout_s,
+                self.stalled,
+            )
         self._sweeper = loop.call_later(SWEEP_S, self._sweep, loop) if self._open else None
 
 

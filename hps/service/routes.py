@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import numpy as np
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
 from hps.redact import redact_mapping
 from hps.service import health, info, ops
-from hps.service.schemas import READ, WRITE, LookupBody, errors
+from hps.service.schemas import EXACT_BUSY, READ, WRITE, LookupBody, errors
 from hps.service.state import AdminState
 from hps.types import JSON
 
@@ -21,8 +23,9 @@ def _state(request: Request) -> AdminState:
 
 
 @router.get("/healthz", tags=["health"])
-def healthz() -> dict[str, str]:
-    """The process lives (no dependency is checked)."""
+async def healthz() -> dict[str, str]:
+    """The process lives (no dependency is checked). Answered on the event loop, not on
+    one of the worker threads the sync routes share (busy ones cannot delay it)."""
     return {"status": "ok"}
 
 
@@ -50,11 +53,20 @@ def models(request: Request) -> JSON:
     return redact_mapping(info.models_info(_state(request)))  # e.g. a broker's error text
 
 
-@router.get("/v1/models/{model}/tables/{table}", tags=["models"], responses=READ)
-def table(model: str, table: str, request: Request) -> JSON:
-    """One table: dims, rows per tier, L1 capacity and policy, hit rates, lag, last version."""
+@router.get("/v1/models/{model}/tables/{table}", tags=["models"], responses=READ | EXACT_BUSY)
+def table(
+    model: str,
+    table: str,
+    request: Request,
+    exact: Annotated[
+        bool, Query(description="count L3's rows exactly (a key scan; else RocksDB's estimate)")
+    ] = False,
+) -> JSON:
+    """One table: dims, rows per tier (``rows_estimated`` names the tiers whose count is the
+    store's estimate: L3 unless ``exact``), L1 capacity and policy, hit rates, lag, last
+    version. At most a few exact counts run at once; past them: 429."""
     state = _state(request)
-    return redact_mapping(info.one_table(state, state.spec(model, table)))
+    return redact_mapping(info.one_table(state, state.spec(model, table), exact))
 
 
 @router.post("/v1/models/{model}/tables/{table}/lookup", tags=["debug"], responses=WRITE)

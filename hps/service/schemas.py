@@ -166,6 +166,14 @@ def errors(*codes: int) -> dict[int | str, dict[str, object]]:
 
 
 READ = errors(404, 413, 422, 502, 503)
+EXACT_BUSY: dict[int | str, dict[str, Any]] = {
+    429: {
+        "model": Error,
+        "description": "the bound of exact row counts running at once is reached: retry after "
+        "the Retry-After header's seconds, or leave exact out (hps.service.info.MAX_EXACT_COUNTS)",
+    }
+}
+"""What a read with ``exact=true`` may answer besides :data:`READ`."""
 WRITE = errors(400, 401, 403, 404, 413, 422, 429, 502, 503)
 VERSION_WRITE = errors(400, 401, 403, 404, 409, 413, 422, 429, 502, 503)
 MODEL_WRITE = VERSION_WRITE

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Path, Query, Request
 
 from hps.service import versions
 from hps.service.mutations import Auth
-from hps.service.schemas import MAX_VERSION, READ, VERSION_WRITE, VersionImportBody
+from hps.service.schemas import EXACT_BUSY, MAX_VERSION, READ, VERSION_WRITE, VersionImportBody
 from hps.service.state import AdminState
 from hps.types import JSON
 
@@ -25,7 +25,7 @@ def _state(request: Request) -> AdminState:
     return state
 
 
-@router.get("/v1/models/{model}/versions", responses=READ)
+@router.get("/v1/models/{model}/versions", responses=READ | EXACT_BUSY)
 def list_versions(
     model: str,
     request: Request,
@@ -74,6 +74,7 @@ def activate(model: str, version: VersionParam, request: Request, _: Auth) -> JS
 @router.delete("/v1/models/{model}/versions/{version}", responses=VERSION_WRITE)
 def retire(model: str, version: VersionParam, request: Request, _: Auth) -> JSON:
     """Retire a version: its rows dropped in every tier, its number never reused. The live
-    version, a served one (kept below the live one) or one still loading: 409. When the
+    version, a served one (kept below the live one) or one an import is writing: 409 (one
+    whose import died is retired). When the
     drop fails (502/503) the version stays retired with ``rows_left``: retire it again."""
     return versions.retire(_state(request), model, version)

@@ -10,9 +10,15 @@ with the control plane's checks first, so that what the state of a version forbi
   it starts, before anything is written. A job that fails leaves nothing of the version.
 - activate: unknown version -> 404; loading or retired -> 409; no model repository of
   ``hps serve`` to write the version folders into -> 409.
-- retire: unknown -> 404; live, served (kept for rollback below the live one) or still
-  loading -> 409; retired already -> 200, nothing to do, unless its rows were left (a drop
-  that failed): they are dropped now.
+- retire: unknown -> 404; live, served (kept for rollback below the live one) or loading
+  while an import holds it -> 409; loading but abandoned (its import died: no import holds
+  its marker) -> retired, its rows dropped, as ``hps versions retire`` does; retired
+  already -> 200, nothing to do, unless its rows were left (a drop that failed): they are
+  dropped now.
+
+The checks run before the node's lock of version changes is taken; the core checks again
+under it, and what it refuses then (another activation or retire, of this process or
+another, changed the version meanwhile) is the same 409, not a 500.
 
 Imports, activations and retires of this control plane never overlap with its other writes
 of L2/L3 (:attr:`AdminState.writes`); activations and retires run one at a time.
@@ -26,9 +32,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from hps.config import ModelConfig
-from hps.errors import ConflictError, RequestError
+from hps.errors import ConfigError, ConflictError, RequestError
 from hps.loading.loader import TableSource, sparse_source
 from hps.service import uploads
+from hps.service.info import counting_exactly
 from hps.service.job_records import Job, Work
 from hps.service.paths import ServerPaths
 from hps.service.state import AdminState
@@ -40,9 +47,10 @@ IMPORT_JOB = "import_version"
 
 
 def listing(state: AdminState, model: str, exact: bool) -> JSON:
-    """Every version of ``model`` with its rows and bytes per tier."""
+    """Every version of ``model`` with its rows and bytes per tier (``exact``: L3's counted
+    exactly, bounded as :func:`hps.service.info.counting_exactly` says)."""
     state.config.model(model)  # an unknown model: 404
-    with state.reading() as reader:
+    with state.reading() as reader, counting_exactly(reader, exact):  # 429 past the bound
         return versions_report(state.config, model, reader, exact)
 
 
@@ -169,7 +177,10 @@ def activate(state: AdminState, model: str, version: int) -> JSON:
             for v in registry.versions(model)
         )
         with state.writes if retiring else contextlib.nullcontext():
-            done = activate_on(state.config, model, version, control, Path(repository))
+            try:
+                done = activate_on(state.config, model, version, control, Path(repository))
+            except ConfigError as exc:  # e.g. retired meanwhile (the core's check, locked)
+                raise ConflictError(str(exc)) from None
         # Triton unloads the versions no longer served after the load returns (a rollback);
         # until they are gone its strict readiness is false: answer once it is back
         state.wait_loaded(model)
@@ -179,6 +190,7 @@ def activate(state: AdminState, model: str, version: int) -> JSON:
 
 def retire(state: AdminState, model: str, version: int) -> JSON:
     """Drop ``version``'s rows in every tier and record it retired."""
+    from hps.versions.rollout import _abandoned
     from hps.versions.rollout import retire as retire_version
 
     state.config.model(model)
@@ -189,7 +201,7 @@ def retire(state: AdminState, model: str, version: int) -> JSON:
         return {**answer, "changed": False}
     if info.state == "live":
         raise ConflictError(f"model {model!r} version {version} is live: activate another first")
-    if info.state == "loading":
+    if info.state == "loading" and not _abandoned(state.config, model, version):
         raise ConflictError(f"model {model!r} version {version} is loading (an import writes it)")
     if info.state != "retired" and version in registry.served(model):
         raise ConflictError(
@@ -197,6 +209,9 @@ def retire(state: AdminState, model: str, version: int) -> JSON:
             "one): activate a version below it first"
         )
     with state.versions_lock, state.writes:
-        retire_version(state.config, model, version)
+        try:
+            retire_version(state.config, model, version)
+        except ConfigError as exc:  # e.g. made live meanwhile (the core's check, locked)
+            raise ConflictError(str(exc)) from None
     state.reset_reader()
     return {**answer, "changed": True}

@@ -35,7 +35,7 @@ def test_ready_models_and_lookup(client: Any, stack: Stack) -> None:
     # the listing takes RocksDB's estimate (exact after an import: nothing overwritten)
     assert listed["a"]["rows"] == {"l2": 400, "l3": 400}
     assert listed["a"]["rows_estimated"] == ["l3"]
-    emb_a = client.get("/v1/models/emb/tables/a").json()
+    emb_a = client.get("/v1/models/emb/tables/a?exact=true").json()
     assert emb_a["dim"] == 4 and emb_a["rows"] == {"l2": 400, "l3": 400}
     assert emb_a["rows_estimated"] == []
     assert emb_a["l1"]["instances"] == 2 and emb_a["l1"]["policy"] == "lru"
@@ -62,7 +62,7 @@ def test_delete_reaches_every_instance(client: Any, stack: Stack) -> None:
         np.testing.assert_allclose(rows[5:], vectors[5:7])
     found = client.post("/v1/models/emb/tables/a/lookup", json={"keys": gone.tolist()[:2]})
     assert [x["found_in"] for x in found.json()["results"]] == ["default", "default"]
-    assert client.get("/v1/models/emb/tables/a").json()["rows"] == {"l2": 395, "l3": 395}
+    assert client.get("/v1/models/emb/tables/a?exact=true").json()["rows"] == {"l2": 395, "l3": 395}
 
 
 def test_killed_stub_turns_readiness_red_until_reload(client: Any, stack: Stack) -> None:

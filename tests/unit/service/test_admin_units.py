@@ -3,6 +3,7 @@ its Triton view following a new admin key."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -136,6 +137,63 @@ def test_token_and_body_limits_refuse_before_reading_and_limit_bodies() -> None:
     assert client.post("/x/import", content=b"x" * 900, headers=auth).json() == {"bytes": 900}
     assert client.post("/x/import", content=b"x" * 1001, headers=auth).status_code == 413
     assert client.get("/echo").status_code == 405  # reads need no token
+
+
+def test_the_key_list_routes_limit_their_json_bodies_to_what_their_keys_take() -> None:
+    """Refused (413, naming the limit) before the body is read or parsed; the most keys a
+    route takes, written by a pretty-printer, fit."""
+    import json
+
+    from hps.service.limits import LOOKUP_JSON_BYTES, MAX_JSON_BYTES, WRITE_KEYS_JSON_BYTES
+    from hps.service.schemas import MAX_LOOKUP_KEYS, MAX_WRITE_KEYS
+
+    inner = FastAPI()
+    seen: list[int] = []
+
+    @inner.api_route("/v1/models/{m}/tables/{t}/lookup", methods=["POST"])
+    @inner.api_route("/v1/models/{m}/tables/{t}/keys", methods=["DELETE"])
+    @inner.api_route("/v1/models/{m}/warmup", methods=["POST"])
+    @inner.api_route("/v1/models/{m}/versions", methods=["POST"])
+    async def echo(request: Request) -> dict[str, int]:
+        body = await request.body()
+        seen.append(len(body))
+        return {"bytes": len(body)}
+
+    @inner.exception_handler(TooLarge)
+    async def too_large(request: Request, exc: TooLarge) -> object:
+        return JSONResponse({"error": "TooLarge", "detail": str(exc)}, status_code=413)
+
+    client = TestClient(TokenAndBodyLimits(inner, token="tok"))
+    auth = {"Authorization": "Bearer tok", "Content-Type": "application/json"}
+    lookup = "/v1/models/m/tables/t/lookup"
+    most = json.dumps({"keys": [-(2**63)] * MAX_LOOKUP_KEYS}, indent=4).encode()
+    assert len(most) < LOOKUP_JSON_BYTES
+    assert client.post(lookup, content=most, headers=auth).json() == {"bytes": len(most)}
+    r = client.post(lookup, content=b" " * (LOOKUP_JSON_BYTES + 1), headers=auth)
+    assert r.status_code == 413 and seen == [len(most)]  # not read
+    assert r.json()["detail"] == (
+        "request body too large: this route takes at most 10,000 keys, its JSON body at most 1 MiB"
+    )
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: refused once past the limit
+        for _ in range(LOOKUP_JSON_BYTES // 65536 + 1):
+            yield b" " * 65536
+
+    r = client.post(lookup, content=chunked(), headers=auth)
+    assert r.status_code == 413 and "its JSON body at most 1 MiB" in r.json()["detail"]
+
+    most = json.dumps({"keys": [-(2**63)] * MAX_WRITE_KEYS}, indent=4).encode()
+    assert len(most) < WRITE_KEYS_JSON_BYTES
+    for method, path in (("DELETE", "/v1/models/m/tables/t/keys"), ("POST", "/v1/models/m/warmup")):
+        r = client.request(method, path, content=most, headers=auth)
+        assert r.json() == {"bytes": len(most)}, r.text
+        big = {**auth, "Content-Length": str(WRITE_KEYS_JSON_BYTES + 1)}
+        r = client.request(method, path, content=b"", headers=big)
+        assert r.status_code == 413 and "at most 1,000,000 keys" in r.json()["detail"]
+    # other JSON bodies: the general limit
+    big = {**auth, "Content-Length": str(MAX_JSON_BYTES + 1)}
+    r = client.post("/v1/models/m/versions", content=b"", headers=big)
+    assert r.json()["detail"] == "request body too large: a JSON body takes at most 64 MiB"
 
 
 def test_triton_admin_follows_a_new_key_file(

@@ -9,11 +9,13 @@ import socket
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from fastapi import FastAPI
+import uvicorn
+from fastapi import FastAPI, Response
 from fastapi.testclient import TestClient
 
 from hps.errors import QueueFullError
@@ -324,22 +326,13 @@ def test_rate_limited_log_filter() -> None:
     )
 
 
-@pytest.fixture
-def guarded_server() -> Iterator[tuple[str, ConnectionGuard]]:
-    """Real uvicorn on a free port with a connection guard of 50 and a 1 s read timeout."""
+@contextmanager
+def _serving(app: FastAPI, guard: ConnectionGuard) -> Iterator[tuple[str, uvicorn.Server]]:
+    """``app`` under real uvicorn on a free port, its connections guarded by ``guard``."""
     import asyncio
-
-    import uvicorn
 
     from hps.net import free_port
 
-    app = FastAPI()
-
-    @app.get("/healthz")
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
-
-    guard = ConnectionGuard(50, read_timeout_s=1.0)
     port = free_port()
     config = uvicorn.Config(app, port=port, http=guard.protocol(), log_level="warning")
     server = uvicorn.Server(config)
@@ -349,10 +342,28 @@ def guarded_server() -> Iterator[tuple[str, ConnectionGuard]]:
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.01)
     try:
-        yield f"127.0.0.1:{port}", guard
+        yield f"127.0.0.1:{port}", server
     finally:
         server.should_exit = True
         thread.join(HANG_S)
+
+
+def _health_app() -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+@pytest.fixture
+def guarded_server() -> Iterator[tuple[str, ConnectionGuard]]:
+    """Real uvicorn on a free port with a connection guard of 50 and a 1 s read timeout."""
+    guard = ConnectionGuard(50, read_timeout_s=1.0)
+    with _serving(_health_app(), guard) as (address, _):
+        yield address, guard
 
 
 def test_guard_keeps_health_answering_under_idle_connections(
@@ -372,4 +383,85 @@ def test_guard_keeps_health_answering_under_idle_connections(
         assert guard.open == 0 and guard.timed_out > 0
     finally:
         for s in idle:
+            s.close()
+
+
+BIG = 256 * 1024  # an answer past the transport's 64 KiB high-water mark
+
+
+def _unread_pipeline(address: str, requests: int) -> socket.socket:
+    """A client that pipelines ``requests`` large answers and reads none of them."""
+    host, port = address.split(":")
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    s.connect((host, int(port)))
+    s.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n" * requests)
+    return s
+
+
+def _wait(cond: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + HANG_S
+    while not cond():
+        assert time.monotonic() < deadline, "hang guard"
+        time.sleep(0.05)
+
+
+def test_guard_closes_connections_whose_answers_go_unread() -> None:
+    """Clients that pipeline requests and never read the answers keep their connections
+    busy (uvicorn waits for the client to read): the guard makes room by closing one when
+    every connection is like that, and closes them all after the read timeout, their
+    descriptors released (aborted: a close would wait for the unread answers)."""
+    app = _health_app()
+
+    @app.get("/big")
+    async def big() -> Response:
+        return Response(b"x" * BIG, media_type="application/octet-stream")
+
+    guard = ConnectionGuard(8, read_timeout_s=3.0)
+    with _serving(app, guard) as (address, server):
+        stuck = [_unread_pipeline(address, 20) for _ in range(8)]
+        try:
+            _wait(lambda: guard.open == 8 and guard.sending == 8)
+            # every connection busy: the new one closes the one stalled longest
+            with urllib.request.urlopen(f"http://{address}/healthz", timeout=HANG_S) as r:
+                assert r.status == 200
+            assert (guard.evicted, guard.refused) == (1, 0)
+            _wait(lambda: guard.open == 0)  # the other 7: nothing read for 3 s
+            assert guard.stalled == 7 and guard.timed_out == 0
+            # uvicorn saw each connection lost: their descriptors are closed
+            _wait(lambda: not server.server_state.connections)
+            with urllib.request.urlopen(f"http://{address}/healthz", timeout=HANG_S) as r:
+                assert r.status == 200
+        finally:
+            for s in stuck:
+                s.close()
+
+
+def test_guard_keeps_a_slow_reader_of_a_large_answer() -> None:
+    """Bytes left to send longer than the read timeout, while the client reads some of them
+    between two looks, are no stall."""
+    app = _health_app()
+    size = 16 * 1024**2  # past what the kernel's socket buffers take (4 MiB each here)
+
+    @app.get("/big")
+    async def big() -> Response:
+        return Response(b"x" * size, media_type="application/octet-stream")
+
+    guard = ConnectionGuard(8, read_timeout_s=1.0)
+    with _serving(app, guard) as (address, _):
+        host, port = address.split(":")
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 * 1024)
+        s.connect((host, int(port)))
+        try:
+            s.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            _wait(lambda: guard.sending == 1)
+            first, last, got = time.monotonic(), 0.0, 0
+            while chunk := s.recv(256 * 1024):  # a few MiB/s: seconds to read it all
+                got += len(chunk)
+                last = time.monotonic() if guard.sending else last
+                time.sleep(0.05)
+            assert got > size and guard.stalled == 0
+            assert last - first > 2.0  # sending past the read timeout, answered in full
+        finally:
             s.close()

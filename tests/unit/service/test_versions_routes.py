@@ -5,8 +5,9 @@ Activation through a running `hps serve` is tests/integration/service/test_versi
 from __future__ import annotations
 
 import json
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -189,3 +190,81 @@ def test_a_retired_version_whose_rows_were_left_is_listed_so_and_retired_again(
     listed = client.get("/v1/models/demo/versions").json()["versions"]
     assert listed[1]["rows_left"] is False
     assert VersionRegistry(state.config).rows_left("demo") == []
+
+
+class _ChangedMeanwhile:
+    """A versions lock that, as it is taken, lets ``change`` run first: what another
+    activation or retire (this process's or another's) does between a route's checks and
+    the lock it then waits for."""
+
+    def __init__(self, change: Callable[[], None]) -> None:
+        self.change = change
+        self.lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        self.change()
+        self.lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+def test_a_version_changed_between_the_checks_and_the_lock_is_a_409(
+    admin: tuple[TestClient, AdminState], tmp_path: Path
+) -> None:
+    client, state = admin
+    assert import_v(client, {"version": 2, "sparse_files": write_tables(tmp_path / "v2", 5)})
+    registry = VersionRegistry(state.config)
+    # a retire of 2 passes its checks (2 is ready), then 2 is activated before it locks
+    state.versions_lock = _ChangedMeanwhile(lambda: registry.set_live("demo", 2))  # type: ignore[assignment]
+    r = client.delete("/v1/models/demo/versions/2")
+    assert r.status_code == 409 and "is live" in r.json()["detail"], r.text
+    assert registry.get("demo", 2).state == "live"
+
+    # a rollback to 1 passes its checks (1 is ready), then 1 is retired before it locks
+    state.repository = tmp_path / "repository"
+    state.repository.mkdir()
+    state.versions_lock = _ChangedMeanwhile(  # type: ignore[assignment]
+        lambda: registry.set_state("demo", 1, "retired")
+    )
+    r = client.post("/v1/models/demo/versions/1/activate")
+    assert r.status_code == 409 and "is retired, not ready" in r.json()["detail"], r.text
+
+
+def _l3_rows_of_v2(state: AdminState) -> int:
+    """Table t0's rows of version 2 in L3 (a reader of its own: the version is not declared
+    by the control plane's reader while loading or retired)."""
+    from hps.tiers import Tiers
+
+    spec = state.config.model("demo").at_version(2).tables[0]
+    tiers = Tiers.open(state.config, l3_mode="read_write", l2=False)
+    try:
+        assert tiers.persistent is not None
+        tiers.open_tables([spec])
+        _, found = tiers.persistent.fetch(spec.name, KEYS)
+        return int(found.sum())
+    finally:
+        tiers.close()
+
+
+def test_a_loading_version_is_retired_once_its_import_died(
+    admin: tuple[TestClient, AdminState], tmp_path: Path
+) -> None:
+    """Refused while an import holds it; once none does (its importer died), retired and its
+    rows dropped, as ``hps versions retire`` does."""
+    from hps.versions.rollout import _importing
+
+    client, state = admin
+    assert import_v(client, {"version": 2, "sparse_files": write_tables(tmp_path / "v2", 5)})
+    registry = VersionRegistry(state.config)
+    registry.set_state("demo", 2, "loading")  # rows written, `ready` never recorded
+    assert _l3_rows_of_v2(state) == len(KEYS)
+    with _importing(state.config, "demo", 2):  # an import still writes it
+        r = client.delete("/v1/models/demo/versions/2")
+        assert r.status_code == 409 and "is loading" in r.json()["detail"], r.text
+    assert registry.get("demo", 2).state == "loading"
+    r = client.delete("/v1/models/demo/versions/2")  # nobody imports it any more
+    assert r.status_code == 200, r.text
+    assert r.json() == {"model": "demo", "version": 2, "state": "retired", "changed": True}
+    assert registry.get("demo", 2).state == "retired" and registry.rows_left("demo") == []
+    assert _l3_rows_of_v2(state) == 0
