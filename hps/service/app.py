@@ -21,7 +21,8 @@ from starlette.exceptions import HTTPException
 
 from hps.errors import HPSError, QueueFullError, http_status
 from hps.redact import redact_mapping
-from hps.service.limits import ConnectionGuard, TokenAndBodyLimits, TooLarge
+from hps.service.connections import ConnectionGuard
+from hps.service.limits import TokenAndBodyLimits, TooLarge
 from hps.service.state import AdminState
 
 log = logging.getLogger(__name__)

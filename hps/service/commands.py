@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hps.cli import port
 
-# defaults of the limits (hps.service.limits, hps.service.jobs hold the same: a test checks);
+# defaults of the limits (hps.service.connections, hps.service.jobs hold the same: a test checks);
 # not imported from there: the CLI loads without the `admin` extra (uvicorn, starlette)
 MAX_CONNECTIONS = 1024
 READ_TIMEOUT_S = 10.0
@@ -91,8 +91,8 @@ def _admin(args: argparse.Namespace) -> int:
     from hps.redact import protect
     from hps.service.app import create_app
     from hps.service.auth import resolve_token
+    from hps.service.connections import BACKLOG, ConnectionGuard, fd_bound, limit_repeated_logs
     from hps.service.jobs import JobRegistry
-    from hps.service.limits import BACKLOG, ConnectionGuard, fd_bound, limit_repeated_logs
     from hps.service.state import AdminState
     from hps.service.triton_admin import TritonAdmin
     from hps.triton.serving import serving_config

@@ -48,3 +48,14 @@ def test_the_port_is_a_tcp_port(capsys: pytest.CaptureFixture[str], port: str) -
         main(["admin", "--config", "ps.json", "--port", port])
     assert exc.value.code == 2
     assert f"argument --port: not a TCP port: {port}" in capsys.readouterr().err
+
+
+def test_the_cli_defaults_are_those_of_the_limits() -> None:
+    """The CLI keeps its own copies (it loads without the admin extra): they must agree."""
+    from hps.service import commands, connections, jobs
+
+    assert (commands.MAX_CONNECTIONS, commands.READ_TIMEOUT_S) == (
+        connections.MAX_CONNECTIONS,
+        connections.READ_TIMEOUT_S,
+    )
+    assert (commands.MAX_JOBS, commands.MAX_STAGED_BYTES) == (jobs.MAX_JOBS, jobs.MAX_STAGED_BYTES)

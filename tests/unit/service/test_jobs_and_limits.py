@@ -19,9 +19,10 @@ from fastapi import FastAPI, Response
 from fastapi.testclient import TestClient
 
 from hps.errors import QueueFullError
+from hps.service.connections import ConnectionGuard, RateLimitFilter
 from hps.service.job_records import Job
 from hps.service.jobs import JobRegistry
-from hps.service.limits import ConnectionGuard, RateLimitFilter, TokenAndBodyLimits
+from hps.service.limits import TokenAndBodyLimits
 from hps.service.triton_admin import ReloadQueue
 from hps.types import JSON
 
