@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from hps.config import PSConfig
     from hps.lookup import LookupSession
     from hps.tiers import AccessMode
+    from hps.types import TableSpec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -84,10 +85,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _session(config_path: str, l3_mode: AccessMode = "read_write") -> LookupSession:
+    """A session over each model's live version (version 1 unless another was activated)."""
     from hps.build import build_session
     from hps.config import load_config
+    from hps.versions import VersionRegistry
 
-    return build_session(load_config(config_path), with_cache=False, l3_mode=l3_mode)
+    config = load_config(config_path)
+    registry = VersionRegistry(config)
+    models = [
+        m if n == 1 else registry.model_at(m.model, n)
+        for m, n in zip(config.models, _live_versions(config).values(), strict=True)
+    ]
+    live = config.model_copy(update={"models": models})
+    return build_session(live, with_cache=False, l3_mode=l3_mode)
+
+
+def _table(session: LookupSession, name: str) -> TableSpec:
+    """The session's table called ``name`` (``<model>.<table>``, at its live version)."""
+    from hps.validate import table_or_raise
+
+    return table_or_raise({s.qualified: s for s in session.tables.values()}, name)
 
 
 def positive_version(text: str) -> int:
@@ -193,20 +210,19 @@ def _live_versions(config: PSConfig) -> dict[str, int]:
 def _export(args: argparse.Namespace) -> int:
     from hps.errors import RequestError
     from hps.io.sparse_model import SparseModelWriter
-    from hps.validate import table_or_raise
 
     session = _session(args.config, "read_only")
     try:
         tiers = session.tiers
         if tiers.primary is None:
             raise RequestError("export needs an L3 or an L2; both are disabled")
-        spec = table_or_raise(session.tables, args.table)
+        spec = _table(session, args.table)
         fmt = spec.fmt
         dtype = fmt.dtype if args.raw else np.dtype(np.float32)
         # one path: each dumped chunk is written as stored (--raw) or decoded to float32
         chunks = (
             (keys, rows if args.raw else fmt.decode(rows, spec.dim))
-            for keys, rows in tiers.dump(args.table)
+            for keys, rows in tiers.dump(spec.name)
         )
         rows = 0
         if args.sparse:
@@ -233,7 +249,7 @@ def _lookup(args: argparse.Namespace) -> int:
     session = _session(args.config, "read_only")
     try:
         keys = np.asarray(args.keys, dtype=np.int64)
-        vectors = session.lookup(args.table, keys)
+        vectors = session.lookup(_table(session, args.table).name, keys)
         for key, vec in zip(keys.tolist(), vectors.tolist(), strict=True):
             if args.json:
                 print(json.dumps({"key": key, "vector": vec}))

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hps.cli import main
@@ -232,6 +234,14 @@ def test_plain_imports_leave_a_kept_version_1_alone_and_a_table_goes_to_the_live
     assert out == "demo.t0@2: 40 rows\n"
     assert _t0_rows(ps_json, 2) == rows(KEYS[:2], 4, 33)[:, 0].tolist()
     assert _t0_rows(ps_json, 1) == rows(KEYS[:2], 4, 0)[:, 0].tolist()
+
+    code, out, err = hps(capsys, "lookup", "--config", config, "--table", "demo.t0", "1", "--json")
+    assert code == 0, err  # the live version's row
+    assert json.loads(out)["vector"] == pytest.approx(rows(KEYS[1:2], 4, 33)[0].tolist())
+    npy = [str(tmp_path / "k.npy"), str(tmp_path / "v.npy")]
+    assert hps(capsys, "export", "--config", config, "--table", "demo.t0", "--npy", *npy)[0] == 0
+    exported = dict(zip(np.load(npy[0]).tolist(), np.load(npy[1]), strict=True))
+    np.testing.assert_array_equal(exported[1], rows(KEYS[1:2], 4, 33)[0])
 
 
 def _t0_rows(ps_json: Path, version: int) -> list[float]:
