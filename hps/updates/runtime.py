@@ -220,10 +220,22 @@ def _announcers(config: PSConfig) -> list[Listener]:
 
 def consumed_config(config: PSConfig) -> PSConfig:
     """The ps.json as ``hps consume`` applies it: the models the node serves, those added
-    at runtime included and those removed left out (:func:`hps.versions.models.served_config`)."""
+    at runtime included and those removed left out (:func:`hps.versions.models.served_config`),
+    each ps.json model's version 1 as recorded once versions were used (its tables as they
+    were imported: a ps.json edited since for a retrain in another row format or dimension
+    describes a later version, not the rows version 1 holds)."""
+    from hps.versions import VersionRegistry
     from hps.versions.models import served_config
 
-    return served_config(config)
+    served = served_config(config)
+    registry = VersionRegistry(served)
+    models = []
+    for m in served.models:
+        first = next((v for v in registry.versions(m.model) if v.version == 1), None)
+        if m.version == 1 and first is not None and first.state in ("ready", "live"):
+            m = first.model_config()
+        models.append(m)
+    return served.model_copy(update={"models": models})
 
 
 class UpdateThread:

@@ -155,3 +155,50 @@ def test_a_shared_l2_consumer_with_a_record_of_its_own_is_told() -> None:
     with_l3 = parse_config({**doc, "persistent_db": {"type": "rocks_db", "path": "/l3/db"}},
                            "/etc/hps/ps.json")  # fmt: skip
     assert unshared_version_record(with_l3, own) is None
+
+
+def test_the_consumer_opens_version_1_as_recorded_not_as_the_ps_json_says_now(
+    tmp_path: Path,
+) -> None:
+    """A retrain stored in another row format is imported as version 3 from a ps.json
+    edited for it: `hps consume` still opens version 1's tables as they were imported
+    (float32, as L3 holds them), not as the edited entry says (float16)."""
+    import json
+
+    from hps.config import load_config
+    from hps.io.sparse_model import write_sparse_model
+    from hps.triton.serving import prepare_tables, serving_config
+    from hps.versions import VersionRegistry
+    from hps.versions.rollout import import_version, version_entry
+    from tests.helpers import rows
+
+    keys = np.arange(50, dtype=np.int64)
+
+    def tables(folder: Path, seed: int) -> list[str]:
+        out = []
+        for name, dim in (("t0", 4), ("t1", 8)):
+            write_sparse_model(folder / name, keys, rows(keys, dim, seed))
+            out.append(str(folder / name))
+        return out
+
+    doc = make_config(tmp_path).model("demo").model_dump(mode="json")
+    doc["sparse_files"] = tables(tmp_path / "v1", 0)
+    ps = {"models": [doc], "volatile_db": {"type": "hash_map"},
+          "persistent_db": {"type": "rocks_db", "path": str(tmp_path / "rocksdb")},
+          "update_source": {"type": "kafka", "brokers": "127.0.0.1:1"}}  # fmt: skip
+    path = tmp_path / "ps.json"
+    path.write_text(json.dumps(ps))
+    config = serving_config(path)
+    prepare_tables(config)
+    v2 = version_entry(config, "demo", sparse_files=tables(tmp_path / "v2", 7))
+    import_version(config, v2, 2)
+    doc["hps_row_dtype"] = "float16"  # the next retrain is stored as float16
+    path.write_text(json.dumps(ps))
+    config = serving_config(path)
+    v3 = version_entry(config, "demo", sparse_files=tables(tmp_path / "v3", 9))
+    import_version(config, v3, 3)
+    VersionRegistry(config).set_live("demo", 3)
+
+    consumed = runtime.consumed_config(load_config(path))
+    assert {t.row_dtype for t in consumed.model("demo").tables} == {"float32"}
+    build_session(consumed, with_cache=False).close()  # opens: L3 holds them as float32
