@@ -26,6 +26,11 @@ def write_tables(folder: Path, seed: int) -> list[str]:
 
 @pytest.fixture
 def ps_json(tmp_path: Path) -> Path:
+    return write_ps_json(tmp_path)
+
+
+def write_ps_json(tmp_path: Path) -> Path:
+    """The ps.json (hash-map L2, RocksDB L3 in ``tmp_path``) and its version 1 files."""
     doc = {
         "models": [
             {

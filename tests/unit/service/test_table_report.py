@@ -3,7 +3,6 @@ counts (429 past it), and ``/healthz`` answering while every worker thread is bu
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,7 @@ from hps.service.app import create_app
 from hps.service.state import AdminState
 from hps.service.triton_admin import TritonAdmin
 from hps.triton.serving import prepare_tables, serving_config
-from tests.unit.commands.conftest import KEYS, write_tables
+from tests.unit.commands.conftest import KEYS, write_ps_json
 
 TOKEN = "report-token"
 HANG_S = 30.0  # hang guards only
@@ -25,24 +24,7 @@ HANG_S = 30.0  # hang guards only
 @pytest.fixture
 def admin(tmp_path: Path) -> Iterator[tuple[TestClient, AdminState]]:
     """The control plane over a node whose version 1 (40 rows a table) is in RocksDB."""
-    doc = {
-        "models": [
-            {
-                "model": "demo",
-                "sparse_files": write_tables(tmp_path / "v1", seed=0),
-                "embedding_table_names": ["t0", "t1"],
-                "embedding_vecsize_per_table": [4, 8],
-                "maxnum_catfeature_query_per_table_per_sample": [2, 2],
-                "default_value_for_each_table": [0.0, 0.0],
-                "max_batch_size": 16,
-                "gpucache": False,
-            }
-        ],
-        "volatile_db": {"type": "hash_map"},
-        "persistent_db": {"type": "rocks_db", "path": str(tmp_path / "rocksdb")},
-    }
-    (tmp_path / "ps.json").write_text(json.dumps(doc))
-    config = serving_config(tmp_path / "ps.json")
+    config = serving_config(write_ps_json(tmp_path))
     prepare_tables(config)
     state = AdminState(config, TOKEN, TritonAdmin("127.0.0.1:1"), state_dir=tmp_path / "admin")
     with TestClient(create_app(state)) as client:

@@ -21,31 +21,14 @@ from hps.service.triton_admin import TritonAdmin
 from hps.triton.serving import prepare_tables, serving_config
 from hps.versions import VersionRegistry
 from tests.helpers import rows
-from tests.unit.commands.conftest import KEYS, write_tables
+from tests.unit.commands.conftest import KEYS, write_ps_json, write_tables
 
 TOKEN = "versions-token"
 
 
 @pytest.fixture
 def admin(tmp_path: Path) -> Iterator[tuple[TestClient, AdminState]]:
-    doc = {
-        "models": [
-            {
-                "model": "demo",
-                "sparse_files": write_tables(tmp_path / "v1", seed=0),
-                "embedding_table_names": ["t0", "t1"],
-                "embedding_vecsize_per_table": [4, 8],
-                "maxnum_catfeature_query_per_table_per_sample": [2, 2],
-                "default_value_for_each_table": [0.0, 0.0],
-                "max_batch_size": 16,
-                "gpucache": False,
-            }
-        ],
-        "volatile_db": {"type": "hash_map"},
-        "persistent_db": {"type": "rocks_db", "path": str(tmp_path / "rocksdb")},
-    }
-    (tmp_path / "ps.json").write_text(json.dumps(doc))
-    config = serving_config(tmp_path / "ps.json")
+    config = serving_config(write_ps_json(tmp_path))
     prepare_tables(config)  # version 1, as hps serve imports it
     state = AdminState(config, TOKEN, TritonAdmin("127.0.0.1:1"), state_dir=tmp_path / "admin")
     with TestClient(create_app(state)) as client:
