@@ -47,6 +47,12 @@ def add_rollout(actions: argparse._SubParsersAction) -> None:
                    help="the version's sparse files, as paths on the pods (default: the "
                    "ps.json's)")  # fmt: skip
     p.add_argument("--dense-file", help="the version's dense weights, as a path on the pods")
+    p.add_argument("--row-dtype", nargs="+", metavar="DTYPE",
+                   help="the version's row formats, one for every table or one per table "
+                   "(default: the ps.json's)")  # fmt: skip
+    p.add_argument("--dims", nargs="+", type=int, metavar="DIM",
+                   help="the version's vector sizes, one for every table or one per table "
+                   "(default: the ps.json's)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per pod")
     p.set_defaults(func=_rollout)
 
@@ -119,15 +125,23 @@ def roll_out(pod: ControlPlane, model: str, version: int, body: JSON, timeout: f
     }
 
 
+def import_body(args: argparse.Namespace) -> JSON:
+    """The body of each pod's ``POST /v1/models/{model}/versions`` (less the version): the
+    options given."""
+    given = {
+        "sparse_files": args.sparse_files,
+        "dense_file": args.dense_file,
+        "row_dtype": args.row_dtype,
+        "dims": args.dims,
+    }
+    return {key: value for key, value in given.items() if value}
+
+
 def _rollout(args: argparse.Namespace) -> int:
     from hps.service.auth import resolve_token
 
     token = resolve_token(args.token_file)
-    body: JSON = {}
-    if args.sparse_files:
-        body["sparse_files"] = list(args.sparse_files)
-    if args.dense_file:
-        body["dense_file"] = args.dense_file
+    body = import_body(args)
     for i, url in enumerate(args.admin):
         pod = ControlPlane(url, token, timeout=args.timeout)
         try:

@@ -26,8 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Without --table: every model's sparse_files. With --table: one table "
         "from --sparse DIR or --npy KEYS VECTORS. With --model M --version N: version N of "
         "model M, beside the live one (its own namespace in every tier; nothing served "
-        "changes), from --sparse-files (default: the ps.json entry's) and --dense-file; then "
-        "`hps versions activate` makes it live.",
+        "changes), from --sparse-files (default: the ps.json entry's) and --dense-file, in "
+        "--row-dtype and --dims (default: the ps.json entry's, which describes version 1: "
+        "leave it as version 1 was imported); then `hps versions activate` makes it live.",
     )
     p.add_argument("--config", required=True, help="ps.json")
     p.add_argument("--table", help="<model>.<table>")
@@ -52,6 +53,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --version: one HugeCTR sparse-model folder per table, in table order",
     )
     p.add_argument("--dense-file", metavar="F", help="with --version: the dense weights")
+    p.add_argument(
+        "--row-dtype",
+        nargs="+",
+        metavar="DTYPE",
+        help="with --version: how every tier stores the version's rows (float32, float16, "
+        "int8), one for every table or one per table (default: the ps.json entry's "
+        "hps_row_dtype, which describes version 1)",
+    )
+    p.add_argument(
+        "--dims",
+        nargs="+",
+        type=int,
+        metavar="DIM",
+        help="with --version: the version's vector sizes, one for every table or one per "
+        "table (default: the ps.json entry's embedding_vecsize_per_table); a CTR model's "
+        "--dense-file must take them",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_import)
 
@@ -113,6 +131,9 @@ def positive_version(text: str) -> int:
     return positive(text)
 
 
+VERSION_OPTIONS = ("--model", "--sparse-files", "--dense-file", "--row-dtype", "--dims")
+
+
 def _version_args(args: argparse.Namespace) -> bool:
     """Whether this is ``hps import --version``; RequestError for a mix that means nothing."""
     from hps.errors import RequestError
@@ -121,6 +142,8 @@ def _version_args(args: argparse.Namespace) -> bool:
         "--model": args.model,
         "--sparse-files": args.sparse_files,
         "--dense-file": args.dense_file,
+        "--row-dtype": args.row_dtype,
+        "--dims": args.dims,
         "--table": args.table,
         "--sparse": args.sparse,
         "--npy": args.npy,
@@ -128,7 +151,7 @@ def _version_args(args: argparse.Namespace) -> bool:
     }
     used = [flag for flag, value in given.items() if value is not None]
     if args.version is None:
-        versioned = [f for f in used if f in ("--model", "--sparse-files", "--dense-file")]
+        versioned = [f for f in used if f in VERSION_OPTIONS]
         if versioned:
             raise RequestError(f"{' and '.join(versioned)}: only with --version N")
         return False

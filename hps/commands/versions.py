@@ -195,7 +195,12 @@ def import_version(args: argparse.Namespace) -> int:
 
     config = _config(args.config)
     entry = version_entry(
-        config, args.model, sparse_files=args.sparse_files, dense_file=args.dense_file
+        config,
+        args.model,
+        sparse_files=args.sparse_files,
+        dense_file=args.dense_file,
+        row_dtype=args.row_dtype,
+        dims=args.dims,
     )
     rows = import_core(config, entry, args.version, progress=not args.quiet)
     for table, n in rows.items():

@@ -50,11 +50,13 @@ def xp_f32(xp: ArrayModule, a: np.ndarray) -> Array:
 
 def check_dense_inputs(model: ModelConfig) -> None:
     """ConfigError unless ``model``'s CTR weights take ``maxnum_des_feature_per_sample``
-    dense features: the request-size gate sizes ``DES`` by that key, the network by its own."""
+    dense features (the request-size gate sizes ``DES`` by that key, the network by its own)
+    and, beside them, the tables' pooled rows: ``embedding_vecsize_per_table`` summed."""
     try:
         with np.load(model.dense_file) as f:
             n = int(f["num_dense"])
-    except (OSError, KeyError, ValueError) as exc:
+            inputs = int(f["w0"].shape[0])
+    except (OSError, KeyError, ValueError, IndexError) as exc:
         raise ConfigError(
             f"model {model.model}: dense_file {model.dense_file}: not CTR weights of hps demo "
             f"({exc})"
@@ -64,6 +66,13 @@ def check_dense_inputs(model: ModelConfig) -> None:
             f"model {model.model}: dense_file {model.dense_file} takes {n} dense features but "
             f"maxnum_des_feature_per_sample is {model.maxnum_des_feature_per_sample}: set it "
             f"to {n} (the request-size gate sizes DES by it)"
+        )
+    dims = model.embedding_vecsize_per_table
+    if inputs - n != sum(dims):
+        raise ConfigError(
+            f"model {model.model}: dense_file {model.dense_file} takes {inputs - n} embedding "
+            f"inputs beside its {n} dense features, but the tables' dimensions {dims} add up "
+            f"to {sum(dims)}: give weights trained for these dimensions"
         )
 
 

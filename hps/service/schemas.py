@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, model_validator
 
 from hps.config import ModelConfig
 from hps.config.common import NAME_RE
+from hps.rowformat import RowDtype
 from hps.service.paths import MAX_PATH_CHARS
+
+T = TypeVar("T")
 
 
 # The document states the bounds +-(2**63 - 1024): JSON-schema tools read bounds as doubles,
@@ -82,6 +85,8 @@ class WarmupFrequency(_Warmup):
 
 WarmupBody = WarmupKeys | WarmupKeyset | WarmupFrequency
 
+Dim = Annotated[StrictInt, Field(ge=1)]
+PerTable = Field(min_length=1, max_length=1024)  # one for every table, or one per table
 MAX_VERSION = 2**31 - 1  # Triton's model versions are int64; this is plenty
 Version = Annotated[
     int,
@@ -104,6 +109,27 @@ class VersionImportBody(_Body):
         description="the version's dense weights (default: the ps.json entry's dense_file)"
         + _UNDER_ROOTS,
     )
+    row_dtype: RowDtype | Annotated[list[RowDtype], PerTable] | None = Field(
+        default=None,
+        description="how every tier stores the version's rows: one format for every table, "
+        "or a list of one for every table or one per table (default: the ps.json entry's "
+        "hps_row_dtype, which describes version 1); another count of tables: 400",
+    )
+    dims: Dim | Annotated[list[Dim], PerTable] | None = Field(
+        default=None,
+        description="the version's vector sizes: one for every table, or a list of one for "
+        "every table or one per table (default: the ps.json entry's "
+        "embedding_vecsize_per_table); another count of tables, or a CTR model's dense_file "
+        "that does not take them: 400",
+    )
+
+    def listed(self) -> tuple[list[RowDtype] | None, list[int] | None]:
+        """``row_dtype`` and ``dims`` as lists (None: not given)."""
+        return _listed(self.row_dtype), _listed(self.dims)
+
+
+def _listed(value: T | list[T] | None) -> list[T] | None:
+    return value if value is None or isinstance(value, list) else [value]
 
 
 def _entry_schema(schema: dict[str, Any]) -> None:

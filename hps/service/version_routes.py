@@ -44,12 +44,16 @@ def list_versions(
 def import_version(model: str, body: VersionImportBody, request: Request, _: Auth) -> JSON:
     """Import a new version beside the live one, as a job (progress at ``/v1/jobs/{id}``).
 
-    ``sparse_files`` (one server-side folder per table) and ``dense_file`` default to the
-    ps.json entry's; client-named paths must lie under the path roots (else 400 ``path not
-    allowed or not found``). The version becomes ``ready``; nothing served changes until it
-    is activated. A number used before (even retired) is a 409."""
+    ``sparse_files`` (one server-side folder per table), ``dense_file``, ``row_dtype`` and
+    ``dims`` default to the ps.json entry's; client-named paths must lie under the path
+    roots (else 400 ``path not allowed or not found``); row formats or dimensions that are
+    not one for every table or one per table, or dense weights that do not take the
+    dimensions, are a 400. The version becomes ``ready``; nothing served changes until it
+    is activated. A number used before (even retired) is a 409, and so is a first versioned
+    import whose ps.json entry does not describe the rows version 1 holds (an entry edited
+    for the retrain: give the new formats and dimensions here instead)."""
     state = _state(request)
-    job = versions.submit_import(state, model, body.version, body.sparse_files, body.dense_file)
+    job = versions.submit_import(state, model, body)
     return {
         "job": job.id,
         "model": model,

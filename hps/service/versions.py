@@ -4,10 +4,13 @@ A few calls into the core each (:mod:`hps.versions`, :func:`hps.triton.activatio
 with the control plane's checks first, so that what the state of a version forbids is a
 :class:`hps.errors.ConflictError` (409) and changes nothing:
 
-- import: the number is taken (any state, retired too) -> 409; the node keeps no version
-  record (no state folder) -> 400; client-named files are confined (:mod:`hps.service.paths`).
-  The files' sizes and dimensions are checked before the job is queued, their values when
-  it starts, before anything is written. A job that fails leaves nothing of the version.
+- import: the number is taken (any state, retired too) -> 409; the model's first versioned
+  import while its ps.json entry does not describe the rows version 1 holds (edited for the
+  retrain) -> 409; the node keeps no version record (no state folder) -> 400; client-named
+  files are confined (:mod:`hps.service.paths`); row formats, dimensions or dense weights
+  that do not fit the model -> 400. The files' sizes and dimensions (the version's) are
+  checked before the job is queued, their values when it starts, before anything is
+  written. A job that fails leaves nothing of the version.
 - activate: unknown version -> 404; loading or retired -> 409; no model repository of
   ``hps serve`` to write the version folders into -> 409.
 - retire: unknown -> 404; live, served (kept for rollback below the live one) or loading
@@ -38,6 +41,7 @@ from hps.service import uploads
 from hps.service.info import counting_exactly
 from hps.service.job_records import Job, Work
 from hps.service.paths import ServerPaths
+from hps.service.schemas import VersionImportBody
 from hps.service.state import AdminState
 from hps.service.version_report import versions_report
 from hps.types import JSON
@@ -64,24 +68,30 @@ def _registry(state: AdminState) -> VersionRegistry:
     return registry
 
 
-def _entry(
-    state: AdminState, model: str, sparse_files: list[str] | None, dense_file: str | None
-) -> ModelConfig:
-    """The new version's entry: the ps.json's, with the client's files (confined)."""
+def _entry(state: AdminState, model: str, body: VersionImportBody) -> ModelConfig:
+    """The new version's entry: the ps.json's, with the client's files (confined), row
+    formats and dimensions (400 where they do not fit the model)."""
     from hps.versions.rollout import version_entry
 
     base = state.config.model(model)
     paths = ServerPaths.of(state)
     sparse = None
-    if sparse_files is not None:
-        if len(sparse_files) != len(base.tables):
+    if body.sparse_files is not None:
+        if len(body.sparse_files) != len(base.tables):
             raise RequestError(
                 f"model {model!r} has {len(base.tables)} tables ({base.table_names}) but "
-                f"{len(sparse_files)} sparse files were given"
+                f"{len(body.sparse_files)} sparse files were given"
             )
-        sparse = [str(paths.folder(p, uploads.names("sparse"))) for p in sparse_files]
-    dense = str(paths.file(dense_file)) if dense_file is not None else None
-    return version_entry(state.config, model, sparse_files=sparse, dense_file=dense)
+        sparse = [str(paths.folder(p, uploads.names("sparse"))) for p in body.sparse_files]
+    dense = str(paths.file(body.dense_file)) if body.dense_file is not None else None
+    row_dtype, dims = body.listed()
+    try:
+        return version_entry(
+            state.config, model, sparse_files=sparse, dense_file=dense, row_dtype=row_dtype,
+            dims=dims,
+        )  # fmt: skip
+    except ConfigError as exc:  # the body's values do not fit the model
+        raise RequestError(str(exc)) from None
 
 
 def _sources(entry: ModelConfig, version: int) -> list[TableSource]:
@@ -92,32 +102,40 @@ def _sources(entry: ModelConfig, version: int) -> list[TableSource]:
     return [sparse_source(s, p) for s, p in zip(at.tables, at.sparse_files, strict=True)]
 
 
-def submit_import(
-    state: AdminState,
-    model: str,
-    version: int,
-    sparse_files: list[str] | None,
-    dense_file: str | None,
-) -> Job:
-    """Queue the import of ``version`` of ``model`` (202; progress at ``/v1/jobs/{id}``)."""
+def submit_import(state: AdminState, model: str, body: VersionImportBody) -> Job:
+    """Queue the import of ``body.version`` of ``model`` (202; progress at
+    ``/v1/jobs/{id}``). A model not recorded yet whose ps.json entry does not describe the
+    rows the node holds of version 1 (edited for this retrain) is a 409: its first record
+    would record version 1 so (:meth:`VersionRegistry.check_unrecorded`)."""
     state.config.model(model)
     registry = _registry(state)
+    version = body.version
     taken = {v.version: v.state for v in registry.versions(model)}
     if version in taken:
         raise ConflictError(
             f"model {model!r} version {version} exists ({taken[version]}): "
             "import under a new number"
         )
-    entry = _entry(state, model, sparse_files, dense_file)
+    try:
+        registry.check_unrecorded(model)
+    except ConfigError as exc:
+        raise ConflictError(str(exc)) from None
+    entry = _entry(state, model, body)
     sources = _sources(entry, version)
-    params = {
-        "model": model,
-        "version": str(version),
-        "sparse_files": json.dumps(sparse_files) if sparse_files is not None else "",
-        "dense_file": dense_file or "",
-    }
-    job = Job(IMPORT_JOB, f"{model}@{version}", sum(s.rows for s in sources), params=params)
+    job = Job(IMPORT_JOB, f"{model}@{version}", sum(s.rows for s in sources),
+              params=_params(model, body))  # fmt: skip
     return state.jobs.submit(job, _import_work(state, entry, version, sources))
+
+
+def _params(model: str, body: VersionImportBody) -> dict[str, str]:
+    """The job's record of ``body`` (:func:`resume_import` reads it back; "": not given)."""
+    given = body.model_dump(exclude={"version", "dense_file"})
+    return {
+        "model": model,
+        "version": str(body.version),
+        "dense_file": body.dense_file or "",
+        **{key: "" if value is None else json.dumps(value) for key, value in given.items()},
+    }
 
 
 def _import_work(
@@ -140,13 +158,15 @@ def _import_work(
 def resume_import(state: AdminState, job: Job) -> Work:
     """The work of a version import found queued at start (checked again)."""
     p = job.params
-    model, version = p["model"], int(p["version"])
-    sparse = json.loads(p["sparse_files"]) if p.get("sparse_files") else None
+    model = p["model"]
+    given = {key: json.loads(p[key]) for key in ("sparse_files", "row_dtype", "dims") if p.get(key)}
+    body = VersionImportBody(version=int(p["version"]), dense_file=p.get("dense_file") or None,
+                             **given)  # fmt: skip
     taken = {v.version for v in _registry(state).versions(model)}
-    if version in taken:
-        raise ConflictError(f"model {model!r} version {version} exists")
-    entry = _entry(state, model, sparse, p.get("dense_file") or None)
-    return _import_work(state, entry, version, _sources(entry, version))
+    if body.version in taken:
+        raise ConflictError(f"model {model!r} version {body.version} exists")
+    entry = _entry(state, model, body)
+    return _import_work(state, entry, body.version, _sources(entry, body.version))
 
 
 def activate(state: AdminState, model: str, version: int) -> JSON:

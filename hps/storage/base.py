@@ -105,6 +105,14 @@ class EmbeddingStore(ABC):
     @abstractmethod
     def open_table(self, spec: TableSpec) -> None: ...
 
+    def stored_format(self, spec: TableSpec) -> tuple[RowFormat, int] | None:
+        """The row format and dimension this store holds ``spec``'s rows in, read without
+        declaring the table or writing anything (as :meth:`open_table` would compare them);
+        None where it holds none of them. This default knows of none: a store whose rows
+        live and die with the processes that hold it (in-process, shared memory) keeps no
+        record another process could read without attaching it."""
+        return None
+
     @abstractmethod
     @abstractmethod
     def drop_table(self, table: str) -> None:

@@ -122,19 +122,33 @@ class RedisStore(EmbeddingStore):
         meta = meta_name(spec.name)
         record = json.dumps({"row_dtype": spec.row_dtype, "dim": spec.dim}).encode()
         with translated(f"open_table {spec.name}"):
-            pipe = self._r.pipeline(transaction=False)
-            pipe.execute_command("GET", meta)
-            for h in t.hashes:
-                pipe.execute_command("HRANDFIELD", h, 1, "WITHVALUES")
-            replies = pipe.execute()
-            stored = self._recorded(spec, replies[0], replies[1:])
-            fresh = replies[0] is None and self._same(spec, stored)  # new, or from before records
+            recorded, stored = self._read_format(spec, t.hashes)
+            fresh = not recorded and self._same(spec, stored)  # new, or from before records
             if fresh and not self._r.execute_command("SET", meta, record, "NX"):  # another won
                 stored = self._recorded(spec, self._r.execute_command("GET", meta), [])
         if not self._same(spec, stored):
             assert stored is not None
             raise refused(spec, "Redis", *stored)
         self._tables[spec.name] = t
+
+    def stored_format(self, spec: TableSpec) -> tuple[RowFormat, int] | None:
+        """The table's ``hps_tm`` record, else the float32 width of a sampled row (rows
+        from before records), else None."""
+        hashes = [hash_name(spec.name, p) for p in range(self._partitions)]
+        with translated(f"stored_format {spec.name}"):
+            return self._read_format(spec, hashes)[1]
+
+    def _read_format(
+        self, spec: TableSpec, hashes: list[bytes]
+    ) -> tuple[bool, tuple[RowFormat, int] | None]:
+        """Whether the table's format is recorded, and the format and dimension its rows
+        are held in (:meth:`_recorded`): one pipeline, nothing written."""
+        pipe = self._r.pipeline(transaction=False)
+        pipe.execute_command("GET", meta_name(spec.name))
+        for h in hashes:
+            pipe.execute_command("HRANDFIELD", h, 1, "WITHVALUES")
+        replies = pipe.execute()
+        return replies[0] is not None, self._recorded(spec, replies[0], replies[1:])
 
     @staticmethod
     def _same(spec: TableSpec, stored: tuple[RowFormat, int] | None) -> bool:

@@ -43,7 +43,7 @@ import rocksdict as rd
 from hps.config import PersistentDBConfig, VolatileDBConfig
 from hps.dedup import in_stored_order, stored_order
 from hps.errors import BackendError
-from hps.rowformat import Stored
+from hps.rowformat import RowFormat, Stored
 from hps.storage import rocks_rows
 from hps.storage.base import AccessMode, EmbeddingStore, check_rows, refused
 from hps.storage.keybytes import key_bytes
@@ -157,6 +157,10 @@ class RocksDBStore(EmbeddingStore):
         self._specs[spec.name] = spec
         if cf is not None:
             self._cfs[spec.name] = cf
+
+    def stored_format(self, spec: TableSpec) -> tuple[RowFormat, int] | None:
+        """The table's format record (:func:`hps.storage.rocks_open.recorded_format`)."""
+        return recorded_format(self._db, spec, spec.name in self._existing)
 
     def drop_table(self, table: str) -> None:
         """Delete the table's rows and its recorded format (read_write only).

@@ -95,6 +95,11 @@ class RowStore:
         :class:`hps.errors.ConfigError` (re-import it with ``hps import --force``)."""
         self._store.open_table(spec)
 
+    def stored_format(self, spec: TableSpec) -> tuple[RowFormat, int] | None:
+        """The format and dimension this tier holds ``spec``'s rows in, read without
+        declaring it (:meth:`hps.storage.base.EmbeddingStore.stored_format`); None: none."""
+        return self._store.stored_format(spec)
+
     def drop_table(self, table: str) -> None:
         """Delete the table's rows and its recorded format and dimension (open or not); open
         it again before use."""

@@ -3,6 +3,8 @@ model version, imported beside the live one, activated and rolled back without a
 
 - :mod:`hps.versions.registry`: the node's record (versions, states, the live one).
 - :mod:`hps.versions.rollout`: import, activate, retire.
+- :mod:`hps.versions.held`: version 1's ps.json entry checked against the rows the node
+  holds before it is first recorded.
 """
 
 from hps.versions.registry import VersionInfo, VersionRegistry, VersionState

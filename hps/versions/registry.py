@@ -9,8 +9,11 @@ versions Triton loads), each serving instance (the entry of its version), ``hps 
 (which version an untagged update goes to), the control plane and the CLI.
 
 A model with no record is at version 1, live, described by the ps.json entry itself: a
-node that never used versions reads as it always did. A node without a state folder (no
-L3 and an in-process L2) keeps nothing across restarts, and has version 1 only.
+node that never used versions reads as it always did. Its first record (the first versioned
+import) records version 1 from that entry, once the tiers are found to hold version 1's rows
+as it says (:mod:`hps.versions.held`: a ps.json edited for the retrain is refused). A node
+without a state folder (no L3 and an in-process L2) keeps nothing across restarts, and has
+version 1 only.
 
 States: ``loading`` (an import is writing it), ``ready`` (complete, not served by default),
 ``live`` (what ``/v2/models/<model>/infer`` answers with; exactly one), ``retired`` (nothing
@@ -117,6 +120,15 @@ class VersionRegistry:
         :mod:`hps.versions.models`)."""
         rec = self._record(model)
         return rec is not None and bool(rec.get("removed"))
+
+    def recorded_models(self) -> list[str]:
+        """Every model the record names (removed ones too)."""
+        return sorted(name for name, rec in self._read().items() if isinstance(rec, dict))
+
+    def runtime(self, model: str) -> bool:
+        """Whether ``model`` was added at runtime (:mod:`hps.versions.models`)."""
+        rec = self._record(model)
+        return rec is not None and bool(rec.get("runtime"))
 
     def runtime_models(self) -> list[str]:
         """Models added at runtime (not in the ps.json) and not removed."""
@@ -240,6 +252,7 @@ class VersionRegistry:
         """Apply ``change`` to the model's versions (a dict it may edit in place); it returns
         the new live version or None to keep it. ``served``: what Triton now serves."""
         with self.editing() as doc:
+            self.check_unrecorded(model)
             current = {v.version: v for v in self.versions(model)}
             new_live = change(current)
             if new_live is not None:
@@ -253,6 +266,16 @@ class VersionRegistry:
             if served is not None:
                 rec["served"] = cast(JSON, sorted(served))
             doc[model] = rec
+
+    def check_unrecorded(self, model: str) -> None:
+        """While ``model`` has no record: a ConfigError where its ps.json entry, which its
+        first record records version 1 from, does not describe the rows the node holds of
+        version 1 (:func:`hps.versions.held.check_held`: a ps.json edited for a retrain in
+        another row format or dimension). Nothing to check once it is recorded."""
+        if self._record(model) is None:
+            from hps.versions.held import check_held
+
+            check_held(self.config, self.config.model(model))
 
     def begin(self, model: ModelConfig, version: int) -> None:
         """Record ``version`` of ``model`` as ``loading`` from its entry; a number already

@@ -19,11 +19,13 @@ from __future__ import annotations
 import fcntl
 import logging
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import TypeVar
 
 from hps.config import ModelConfig, PSConfig
+from hps.ctr.network import check_dense_inputs
 from hps.errors import BackendError, ConfigError
 from hps.loading.imports import (
     ImportRecord,
@@ -32,11 +34,13 @@ from hps.loading.imports import (
     node_file,
     sparse_sources,
 )
+from hps.rowformat import ROW_DTYPES
 from hps.tiers import Tiers
 from hps.topology import topology
 from hps.versions.registry import VersionRegistry
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 VERSIONS_DIR = ".hps-versions"  # node folder: <model>/<n>/ holds a version's dense files
 
@@ -47,10 +51,18 @@ def version_entry(
     *,
     sparse_files: list[str] | None = None,
     dense_file: str | None = None,
+    row_dtype: Sequence[str] | None = None,
+    dims: Sequence[int] | None = None,
     base: ModelConfig | None = None,
 ) -> ModelConfig:
     """A new version's entry: ``base`` (the ps.json's entry of ``model``) with these files
-    (paths made absolute); the number of sparse files must match the tables."""
+    (paths made absolute), row formats (``row_dtype``, as ``hps_row_dtype`` names them) and
+    dimensions (``dims``), each one for every table or one per table, so that a retrain in
+    another format or dimension needs no edit of the ps.json (whose entry describes version
+    1). A ConfigError for a count that is not the tables', an unknown row format, a
+    dimension below 1, and CTR dense weights that do not take the version's dimensions
+    (:func:`hps.ctr.network.check_dense_inputs`, when ``dense_file`` or ``dims`` is given).
+    The version's sparse files are checked against its dimensions when it is imported."""
     entry = base or config.model(model)
     update: dict[str, object] = {}
     if sparse_files is not None:
@@ -62,7 +74,47 @@ def version_entry(
         update["sparse_files"] = [str(Path(p).resolve()) for p in sparse_files]
     if dense_file is not None:
         update["dense_file"] = str(Path(dense_file).resolve())
-    return entry.model_copy(update=update)
+    if row_dtype is not None:
+        # the formats named replace fp8_quant's (HugeCTR's int8 rows), which would contradict them
+        update.update(hps_row_dtype=_row_dtypes(entry, row_dtype), fp8_quant=False)
+    if dims is not None:
+        update["embedding_vecsize_per_table"] = _dims(entry, dims)
+    new = entry.model_copy(update=update)
+    if new.serves_ctr and (dense_file is not None or dims is not None):
+        check_dense_inputs(new)
+    return new
+
+
+def _row_dtypes(entry: ModelConfig, row_dtype: Sequence[str]) -> list[str]:
+    """Each table's row format; ConfigError for an unknown one or a wrong count."""
+    for name in row_dtype:
+        if name not in ROW_DTYPES:
+            raise ConfigError(
+                f"model {entry.model!r}: unknown row format {name!r}: one of "
+                f"{', '.join(ROW_DTYPES)}"
+            )
+    return _per_table(entry, "row formats", row_dtype)
+
+
+def _dims(entry: ModelConfig, dims: Sequence[int]) -> list[int]:
+    """Each table's dimension; ConfigError for one below 1 or a wrong count."""
+    for dim in dims:
+        if dim < 1:
+            raise ConfigError(
+                f"model {entry.model!r}: a table's dimension is a positive integer, not {dim}"
+            )
+    return _per_table(entry, "dimensions", dims)
+
+
+def _per_table(entry: ModelConfig, what: str, values: Sequence[T]) -> list[T]:
+    """``values`` for each table of ``entry``: one for every table, or one per table."""
+    n = len(entry.tables)
+    if len(values) not in (1, n):
+        raise ConfigError(
+            f"model {entry.model!r} has {n} tables ({', '.join(entry.table_names)}) but "
+            f"{len(values)} {what} were given: give one for every table or one per table"
+        )
+    return list(values) * n if len(values) == 1 else list(values)
 
 
 def _snapshot(

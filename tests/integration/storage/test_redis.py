@@ -283,3 +283,50 @@ def test_rows_from_before_formats_are_float32(address: str) -> None:
     assert json.loads(store.client.get(meta_name(spec.name))) == {"row_dtype": "float32", "dim": 4}
     store.close()
     again.close()
+
+
+def test_the_stored_format_is_read_without_writing(address: str) -> None:
+    """What an import's first record of version 1 checks (hps.versions.held): the
+    recorded format, else the width of rows from before records, else none; nothing is
+    recorded by asking."""
+    from hps.rowformat import FORMATS
+
+    store = make_store(address, num_partitions=2)
+    spec = TableSpec(model=unique_name(), table="t", dim=4, row_dtype="float16")
+    assert store.stored_format(spec) is None
+    assert store.client.get(meta_name(spec.name)) is None
+    store.open_table(spec)
+    other = TableSpec(model=spec.model, table="t", dim=8)
+    assert store.stored_format(other) == (FORMATS["float16"], 4)
+    old = new_table(store, dim=4)
+    store.insert(old.name, np.arange(10), rows(np.arange(10), 4))
+    store.client.delete(meta_name(old.name))  # as an older HPS left it
+    assert store.stored_format(TableSpec(model=old.model, table="t", dim=6, row_dtype="int8")) == (
+        FORMATS["float32"],
+        4,
+    )
+    assert store.client.get(meta_name(old.name)) is None
+    store.close()
+
+
+def test_a_first_versioned_import_checks_a_redis_l2(redis_address: str, tmp_path: Path) -> None:
+    """A node without L3: version 1's entry is checked against the Redis L2's records."""
+    from hps.config import parse_config
+    from hps.versions.held import check_held
+
+    store = make_store(redis_address)
+    spec = new_table(store, dim=4)  # version 1 of model spec.model, float32
+    doc = {
+        "models": [{"model": spec.model, "embedding_table_names": ["t"],
+                    "embedding_vecsize_per_table": [4], "hps_row_dtype": "float16"}],
+        "volatile_db": {"type": "redis_cluster", "address": redis_address},
+        "persistent_db": {"type": "disabled"},
+    }  # fmt: skip
+    config = parse_config(doc, str(tmp_path / "ps.json"))
+    with pytest.raises(ConfigError, match=r"table t is held in L2 \(redis_cluster\) as float32 "
+                       "rows of dimension 4 but configured as float16"):  # fmt: skip
+        check_held(config, config.model(spec.model))
+    doc["models"][0]["hps_row_dtype"] = "float32"  # as it was imported
+    restored = parse_config(doc, str(tmp_path / "ps.json"))
+    check_held(restored, restored.model(spec.model))
+    store.close()

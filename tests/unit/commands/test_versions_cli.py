@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 from hps.cli import main
 from hps.commands.versions import report_lines
+from hps.io.sparse_model import write_sparse_model
 from hps.triton.serving import serving_config
 from hps.versions import VersionRegistry
 from tests.helpers import rows
@@ -30,6 +32,8 @@ def hps(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
         (["--model", "demo"], "--model: only with --version N"),
         (["--sparse-files", "a", "b"], "--sparse-files: only with --version N"),
         (["--dense-file", "d.npz", "--table", "demo.t0"], "--dense-file: only with --version"),
+        (["--row-dtype", "float16"], "--row-dtype: only with --version N"),
+        (["--dims", "4", "8"], "--dims: only with --version N"),
         (
             ["--version", "2", "--model", "demo", "--table", "demo.t0", "--npy", "k", "v"],
             "not with --table, --npy",
@@ -259,3 +263,80 @@ def _t0_rows(ps_json: Path, version: int) -> list[float]:
         return [float(v) for v in values[:, 0]]
     finally:
         tiers.close()
+
+
+def _version_2(capsys: pytest.CaptureFixture[str], config: str, *args: str) -> tuple[int, str, str]:
+    return hps(capsys, "import", "--config", config, "--model", "demo", "--version", "2",
+               "--quiet", *args)  # fmt: skip
+
+
+def test_a_ps_json_edited_for_the_retrain_is_refused_and_row_dtype_says_it_instead(
+    ps_json: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first versioned import records version 1 from the ps.json entry: edited to
+    float16 while L3 holds version 1 as float32, it is refused, nothing recorded or
+    written. The entry as imported, `--row-dtype float16` makes version 2 float16; served
+    live, `hps lookup` answers its float16 rows, and version 1 stays float32."""
+    config = str(ps_json)
+    assert hps(capsys, "import", "--config", config, "--quiet")[0] == 0  # version 1, float32
+    v2 = []
+    for name, dim in (("t0", 4), ("t1", 8)):  # values float16 rounds
+        write_sparse_model(tmp_path / "v2" / name, KEYS, rows(KEYS, dim) + 0.1)
+        v2.append(str(tmp_path / "v2" / name))
+    doc = json.loads(ps_json.read_text())
+    doc["models"][0]["hps_row_dtype"] = "float16"
+    ps_json.write_text(json.dumps(doc))
+
+    code, out, err = _version_2(capsys, config, "--sparse-files", *v2)
+    assert code == 2 and out == ""
+    assert "table t0 is held in L3 (rocks_db) as float32 rows of dimension 4 but configured " \
+        "as float16 rows of dimension 4" in err  # fmt: skip
+    assert "restore the entry version 1 was imported from" in err and "--row-dtype" in err
+    assert not (tmp_path / "rocksdb.hps-versions.json").exists()  # nothing recorded
+    assert [c for c in column_families(ps_json) if "@" in c] == []  # no rows written
+
+    del doc["models"][0]["hps_row_dtype"]  # restored
+    ps_json.write_text(json.dumps(doc))
+    code, out, err = _version_2(capsys, config, "--sparse-files", *v2, "--row-dtype", "float16")
+    assert code == 0, err
+    registry = VersionRegistry(serving_config(ps_json))
+    assert [t.row_dtype for t in registry.model_at("demo", 2).tables] == ["float16"] * 2
+    registry.set_live("demo", 2)  # as an activation records it
+    code, out, err = hps(capsys, "lookup", "--config", config, "--table", "demo.t0", "1", "--json")
+    assert code == 0, err
+    want = (rows(KEYS[1:2], 4) + 0.1).astype(np.float16).astype(np.float32)[0]
+    assert json.loads(out)["vector"] == want.tolist() != (rows(KEYS[1:2], 4) + 0.1)[0].tolist()
+    assert _t0_rows(ps_json, 1) == rows(KEYS[:2], 4, 0)[:, 0].tolist()  # float32, as imported
+
+
+def column_families(ps_json: Path) -> list[str]:
+    import rocksdict as rd
+
+    return rd.Rdict.list_cf(str(ps_json.parent / "rocksdb"), rd.Options(raw_mode=True))
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--row-dtype", "float16", "int8", "float16"], "2 tables (t0, t1) but 3 row formats"),
+        (["--row-dtype", "float8"], "unknown row format 'float8': one of float32, float16, int8"),
+        (["--dims", "0"], "a table's dimension is a positive integer, not 0"),
+        (["--dims", "4", "8", "8"], "2 tables (t0, t1) but 3 dimensions were given"),
+        (["--dims", "6"], "x dim 6"),  # the sparse files hold dims 4 and 8
+    ],
+)
+def test_bad_row_formats_and_dims_are_refused(
+    ps_json: Path, capsys: pytest.CaptureFixture[str], args: list[str], says: str
+) -> None:
+    code, out, err = _version_2(capsys, str(ps_json), *args)
+    assert code == 2 and says in err and out == ""
+    assert [v.version for v in VersionRegistry(serving_config(ps_json)).versions("demo")] == [1]
+
+
+def test_a_rollout_sends_the_version_s_formats_and_dims() -> None:
+    from hps.commands.rollout import import_body
+
+    args = argparse.Namespace(sparse_files=["/m/v2/t0", "/m/v2/t1"], dense_file=None,
+                              row_dtype=["float16"], dims=[8, 16])  # fmt: skip
+    assert import_body(args) == {"sparse_files": ["/m/v2/t0", "/m/v2/t1"],
+                                 "row_dtype": ["float16"], "dims": [8, 16]}  # fmt: skip

@@ -90,6 +90,22 @@ def test_the_dense_width_of_the_weights_must_be_the_ps_json_s(tmp_path: Path) ->
         check_dense_inputs(ModelConfig.model_validate(doc))  # the default, 26
 
 
+def test_the_embedding_width_of_the_weights_must_be_the_tables_dims(tmp_path: Path) -> None:
+    """The network takes the pooled rows of every table beside the dense features: weights
+    for other dimensions fail every request (a ShapeError), so the entry is refused."""
+    from hps.config import ModelConfig
+    from hps.ctr.network import check_dense_inputs
+
+    make_weights(tmp_path / "w.npz", num_dense=3, emb_width=12, hidden=(4,))
+    doc = {"model": "m", "dense_file": str(tmp_path / "w.npz"), "maxnum_des_feature_per_sample": 3}
+    check_dense_inputs(ModelConfig.model_validate({**doc, "embedding_vecsize_per_table": [4, 8]}))
+    with pytest.raises(ConfigError, match=r"takes 12 embedding inputs beside its 3 dense "
+                       r"features, but the tables' dimensions \[4, 4\] add up to 8"):  # fmt: skip
+        check_dense_inputs(
+            ModelConfig.model_validate({**doc, "embedding_vecsize_per_table": [4, 4]})
+        )
+
+
 def test_bad_weight_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not CTR weights"):
         DenseNetwork(tmp_path / "missing.npz")

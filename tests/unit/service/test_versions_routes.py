@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from hps.io.sparse_model import write_sparse_model
 from hps.service.app import create_app
 from hps.service.state import AdminState
 from hps.service.triton_admin import TritonAdmin
@@ -251,3 +252,90 @@ def test_a_loading_version_is_retired_once_its_import_died(
     assert r.json() == {"model": "demo", "version": 2, "state": "retired", "changed": True}
     assert registry.get("demo", 2).state == "retired" and registry.rows_left("demo") == []
     assert _l3_rows_of_v2(state) == 0
+
+
+def _tables_float16_rounds(folder: Path) -> list[str]:
+    """Version files whose values float16 rounds (version 1's do not differ by it)."""
+    paths = []
+    for name, dim in (("t0", 4), ("t1", 8)):
+        write_sparse_model(folder / name, KEYS, rows(KEYS, dim) + 0.1)
+        paths.append(str(folder / name))
+    return paths
+
+
+def test_a_version_in_its_own_row_format_and_the_body_s_errors(
+    admin: tuple[TestClient, AdminState], tmp_path: Path
+) -> None:
+    client, state = admin
+    v2 = _tables_float16_rounds(tmp_path / "v2")
+    body = {"version": 2, "sparse_files": v2}
+    for bad, status, says in [
+        ({**body, "row_dtype": "float8"}, 422, "'float32', 'float16' or 'int8'"),
+        ({**body, "row_dtype": []}, 422, "row_dtype"),
+        ({**body, "dims": 0}, 422, "greater than or equal to 1"),
+        ({**body, "dims": [4, True]}, 422, "dims"),
+        ({**body, "row_dtype": ["float16"] * 3}, 400, "2 tables (t0, t1) but 3 row formats"),
+        ({**body, "dims": [4, 8, 8]}, 400, "2 tables (t0, t1) but 3 dimensions were given"),
+        ({**body, "dims": [6]}, 422, "x dim 6"),  # the files hold dims 4 and 8
+    ]:
+        r = client.post("/v1/models/demo/versions", json=bad)
+        assert r.status_code == status and says in json.dumps(r.json()), (bad, r.text)
+    assert [v.version for v in VersionRegistry(state.config).versions("demo")] == [1]
+
+    job = import_v(client, {**body, "row_dtype": "float16"})
+    assert job["state"] == "done", job
+    registry = VersionRegistry(state.config)
+    assert [t.row_dtype for t in registry.model_at("demo", 2).tables] == ["float16"] * 2
+    registry.set_live("demo", 2)  # as an activation records it
+    want = (rows(KEYS[:3], 4) + 0.1).astype(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(lookup_t0(client), want)
+    assert not np.array_equal(want, rows(KEYS[:3], 4) + 0.1)
+    registry.set_live("demo", 1)  # rolled back: version 1's float32 rows
+    np.testing.assert_array_equal(lookup_t0(client), rows(KEYS[:3], 4, 0))
+
+
+def test_a_queued_version_import_resumed_at_start_keeps_its_row_formats_and_dims(
+    admin: tuple[TestClient, AdminState], tmp_path: Path
+) -> None:
+    from hps.service.job_records import Job
+    from hps.service.versions import IMPORT_JOB, resume_import
+
+    client, state = admin
+    body = {"version": 2, "sparse_files": write_tables(tmp_path / "v2", 5), "dims": [4, 8],
+            "row_dtype": ["int8", "float16"]}  # fmt: skip
+    r = client.post("/v1/models/demo/versions", json=body)
+    assert r.status_code == 202, r.text
+    assert wait_job(client, r.json()["job"])["state"] == "done"
+    params = state.jobs.get(r.json()["job"]).params  # what a restart reads back
+    job = Job(IMPORT_JOB, "demo@3", 80, params={**params, "version": "3"})
+    resume_import(state, job)(job)
+    tables = VersionRegistry(state.config).model_at("demo", 3).tables
+    assert [(t.row_dtype, t.dim) for t in tables] == [("int8", 4), ("float16", 8)]
+
+
+def test_a_ps_json_edited_for_the_retrain_is_a_409_at_the_first_versioned_import(
+    tmp_path: Path,
+) -> None:
+    """Version 1 would be recorded from the edited entry (float16) while L3 holds it as
+    float32: refused before a job is queued, nothing recorded or written."""
+    import rocksdict as rd
+
+    path = write_ps_json(tmp_path)
+    prepare_tables(serving_config(path))  # version 1, float32
+    doc = json.loads(path.read_text())
+    doc["models"][0]["hps_row_dtype"] = "float16"
+    path.write_text(json.dumps(doc))
+    state = AdminState(serving_config(path), TOKEN, TritonAdmin("127.0.0.1:1"),
+                       state_dir=tmp_path / "admin")  # fmt: skip
+    with TestClient(create_app(state)) as client:
+        client.headers["Authorization"] = f"Bearer {TOKEN}"
+        body = {"version": 2, "sparse_files": write_tables(tmp_path / "v2", 5)}
+        r = client.post("/v1/models/demo/versions", json=body)
+    assert r.status_code == 409, r.text
+    detail = r.json()["detail"]
+    assert "table t0 is held in L3 (rocks_db) as float32 rows of dimension 4 but configured " \
+        "as float16 rows of dimension 4" in detail  # fmt: skip
+    assert "restore the entry version 1 was imported from" in detail and "row_dtype" in detail
+    assert not (tmp_path / "rocksdb.hps-versions.json").exists()  # nothing recorded
+    cfs = rd.Rdict.list_cf(str(tmp_path / "rocksdb"), rd.Options(raw_mode=True))
+    assert [c for c in cfs if "@" in c] == []  # nothing written

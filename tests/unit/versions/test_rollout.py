@@ -10,6 +10,7 @@ import pytest
 from hps.config import PSConfig
 from hps.errors import BackendError, ConfigError, SparseModelError
 from hps.io.sparse_model import write_sparse_model
+from hps.loading.imports import sparse_sources
 from hps.tiers import Tiers
 from hps.triton.serving import prepare_tables
 from hps.versions import VersionRegistry
@@ -225,3 +226,135 @@ def test_a_retire_whose_drop_fails_is_recorded_and_done_again(
     retire(config, "demo", 2)  # retired already, rows left: dropped now
     assert not VersionRegistry(config).get("demo", 2).rows_left
     assert "demo.t0@2" not in column_families(config)
+
+
+def edited(config: PSConfig, **change: object) -> PSConfig:
+    """``config`` with the model entry changed as a retrain's edit of the ps.json would."""
+    doc = config.model("demo").model_dump(mode="json")
+    return make_config(Path(config.persistent_db.path).parent, models=[{**doc, **change}])
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"hps_row_dtype": "float16"}, "as float32 rows of dimension 4 but configured as float16"),
+        (
+            {"embedding_vecsize_per_table": [4, 6]},
+            "table t1 is held in L3 (rocks_db) as float32 rows of dimension 8 but configured "
+            "as float32 rows of dimension 6",
+        ),
+    ],
+)
+def test_a_ps_json_edited_before_the_first_versioned_import_is_refused(
+    config: PSConfig, tmp_path: Path, change: dict[str, object], says: str
+) -> None:
+    """Version 1 would be recorded from the edited entry, in a format or dimension its rows
+    are not in: refused, with nothing recorded or written. The entry restored, the new
+    version's format comes with the import instead."""
+    prepare_tables(config)  # version 1, float32, dims 4 and 8
+    retrain = edited(config, **change)
+    entry = version_entry(retrain, "demo", sparse_files=tables(tmp_path / "v2", seed=7))
+    with pytest.raises(ConfigError, match="restore the entry version 1 was imported from") as exc:
+        import_version(retrain, entry, 2)
+    assert "model 'demo'" in str(exc.value) and says in str(exc.value)
+    registry = VersionRegistry(retrain)
+    assert registry.path is not None and not registry.path.exists()  # nothing recorded
+    assert [c for c in column_families(config) if "@" in c] == []  # no rows of version 2
+    with pytest.raises(ConfigError, match="restore the entry"):
+        registry.set_live("demo", 1)  # any first record is checked, not only an import's
+
+    entry = version_entry(config, "demo", sparse_files=tables(tmp_path / "v2", seed=7),
+                          row_dtype=["float16"])  # fmt: skip
+    import_version(config, entry, 2)
+    assert {t.row_dtype for t in registry.model_at("demo", 1).tables} == {"float32"}
+    assert {t.row_dtype for t in registry.model_at("demo", 2).tables} == {"float16"}
+
+
+def test_only_what_the_node_holds_is_checked_at_the_first_record(config: PSConfig) -> None:
+    """No L3 yet, or a table L3 never held: nothing to disagree with. A table it holds in
+    another format is named, and only that one."""
+    from hps.loading.imports import import_tables
+    from hps.topology import topology
+
+    VersionRegistry(edited(config, hps_row_dtype="float16")).check_unrecorded("demo")  # no L3
+    import_tables(config, topology(config), sparse_sources(config)[:1])  # t0 only
+    VersionRegistry(edited(config, embedding_vecsize_per_table=[4, 6])).check_unrecorded("demo")
+    with pytest.raises(ConfigError, match="table t0 is held") as exc:
+        VersionRegistry(edited(config, hps_row_dtype="float16")).check_unrecorded("demo")
+    assert "table t1" not in str(exc.value)
+
+
+def test_a_version_in_its_own_row_formats_and_dims_beside_version_1(
+    config: PSConfig, tmp_path: Path
+) -> None:
+    """Version 2 in float16 / int8 rows of dimension 6 (given with the import, the ps.json
+    untouched): each version's session serves its own rows, version 1's as float32."""
+    from hps.build import build_session
+    from hps.ctr.network import make_weights
+
+    prepare_tables(config)
+    v2 = []
+    for name in ("t0", "t1"):
+        write_sparse_model(tmp_path / "v2" / name, KEYS, rows(KEYS, 6) + 0.1)  # not float16's
+        v2.append(str(tmp_path / "v2" / name))
+    make_weights(tmp_path / "v2" / "dense.npz", num_dense=26, emb_width=12)
+    entry = version_entry(config, "demo", sparse_files=v2, row_dtype=["float16", "int8"],
+                          dims=[6], dense_file=str(tmp_path / "v2" / "dense.npz"))  # fmt: skip
+    assert import_version(config, entry, 2) == {"demo.t0@2": 50, "demo.t1@2": 50}
+    registry = VersionRegistry(config)
+    assert [(t.row_dtype, t.dim) for t in registry.model_at("demo", 2).tables] == [
+        ("float16", 6),
+        ("int8", 6),
+    ]
+    assert l3_rows(config, 1, KEYS[:3]).dtype == np.float32
+
+    def t0(version: int) -> np.ndarray:
+        session = build_session(registry.config_at("demo", version), with_cache=False)
+        try:
+            return np.asarray(session.lookup(f"demo.t0{'' if version == 1 else '@2'}", KEYS[:3]))
+        finally:
+            session.close()
+
+    np.testing.assert_array_equal(t0(1), rows(KEYS[:3], 4))
+    want = (rows(KEYS[:3], 6) + 0.1).astype(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(t0(2), want)
+    assert not np.array_equal(want, rows(KEYS[:3], 6) + 0.1)  # float16 rows, not float32
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"row_dtype": ["float16"] * 3}, r"2 tables \(t0, t1\) but 3 row formats were given"),
+        ({"row_dtype": ["float8"]}, "unknown row format 'float8': one of float32, float16, int8"),
+        ({"dims": [0]}, "a table's dimension is a positive integer, not 0"),
+        ({"dims": [4, 8, 8]}, r"2 tables \(t0, t1\) but 3 dimensions were given"),
+    ],
+)
+def test_bad_row_formats_and_dims_are_refused(
+    config: PSConfig, options: dict[str, list[object]], says: str
+) -> None:
+    with pytest.raises(ConfigError, match=says):
+        version_entry(config, "demo", **options)  # type: ignore[arg-type]
+
+
+def test_the_sparse_files_and_dense_weights_must_take_the_version_s_dims(
+    config: PSConfig, tmp_path: Path
+) -> None:
+    from hps.ctr.network import make_weights
+
+    prepare_tables(config)
+    make_weights(tmp_path / "ctr12.npz", num_dense=26, emb_width=12)  # dims 4 + 8, or 6 + 6
+    make_weights(tmp_path / "ctr16.npz", num_dense=26, emb_width=16)
+    entry = version_entry(config, "demo", sparse_files=tables(tmp_path / "v2", 7), dims=[6],
+                          dense_file=str(tmp_path / "ctr12.npz"))  # fmt: skip
+    with pytest.raises(SparseModelError, match="expected 50 rows x dim 6"):
+        import_version(config, entry, 2)  # files of dims 4 and 8
+    assert [v.version for v in VersionRegistry(config).versions("demo")] == [1]
+
+    version_entry(config, "demo", dense_file=str(tmp_path / "ctr12.npz"))
+    version_entry(config, "demo", dense_file=str(tmp_path / "ctr16.npz"), dims=[8])
+    with pytest.raises(ConfigError, match=r"takes 12 embedding inputs beside its 26 dense "
+                       r"features, but the tables' dimensions \[8, 8\] add up to 16"):  # fmt: skip
+        version_entry(config, "demo", dense_file=str(tmp_path / "ctr12.npz"), dims=[8])
+    with pytest.raises(ConfigError, match="not CTR weights"):
+        version_entry(config, "demo", dims=[8])  # the ps.json's dense_file, for dims 4 and 8
