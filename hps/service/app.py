@@ -118,8 +118,16 @@ def create_app(state: AdminState, guard: ConnectionGuard | None = None) -> FastA
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        from hps.updates.shared_record import RecordPublisher
+
         state.jobs.reopen()  # a no-op unless a previous lifespan closed it (tests)
+        # a Redis L2 may be fed by a consumer of its own, which routes by the nodes' records
+        shared = RecordPublisher(state.base) if state.topology.l2 == "server" else None
+        if shared is not None:
+            shared.start()
         yield
+        if shared is not None:
+            shared.close()
         state.close()
 
     app = FastAPI(

@@ -24,6 +24,10 @@ Reply: TypeAlias = Any
 """An item of a Redis reply: what redis-py returns depends on the command and the protocol."""
 
 
+NODE_RECORDS = b"hps_vr{nodes}"
+"""The hash of the serving nodes' version records, a field per node (one hash slot)."""
+
+
 def partition_of(keys: Keys, num_partitions: int) -> np.ndarray:
     """Partition index of each key (vectorised; stable across processes and releases)."""
     mixed = keys.view(np.uint64) * GOLDEN  # Fibonacci hashing; wraps modulo 2**64

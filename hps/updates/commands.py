@@ -53,6 +53,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="/healthz on the metrics port answers 503 once the consumer loop's last pass is "
         f"older than this (default {DEFAULT_MAX_LOOP_AGE_S:g})",
     )
+    p.add_argument(
+        "--versions-from-l2",
+        action="store_true",
+        help="for a consumer that feeds a shared Redis L2 with no L3 of its own: route updates "
+        "by the model versions the serving nodes publish in Redis (docs/versions.md)",
+    )
     p.set_defaults(func=_consume)
 
     p = sub.add_parser(
@@ -117,11 +123,18 @@ def _consume(args: argparse.Namespace) -> int:
     from hps.updates.consumer import MAX_BACKOFF_S
     from hps.updates.heartbeat import Heartbeat, serve_metrics
     from hps.updates.kafka import check_update_source
-    from hps.updates.runtime import build_service, consumed_config
+    from hps.updates.runtime import build_service, consumed_config, unshared_version_record
+    from hps.updates.shared_record import RecordFollower, follow
+    from hps.versions import VersionRegistry
 
     protect()  # from here on no log record holds a registered secret
     config = load_config(args.config)
     protect(config)  # the volatile_db password, the Kafka client's secrets
+    follower: RecordFollower | None = None
+    if args.versions_from_l2:  # the record read below is the serving nodes' merged
+        follower = follow(config)
+    elif (unshared := unshared_version_record(config, VersionRegistry(config).path)) is not None:
+        log.warning("%s", unshared)
     config = consumed_config(config)  # the models as served: those added at runtime too
     check_update_source(config)  # a bad Kafka setting is a config error before any work
     overrides = {"brokers": args.brokers, "hps_group_id": args.group_id}
@@ -162,6 +175,8 @@ def _consume(args: argparse.Namespace) -> int:
         )
     finally:
         heartbeat.close()
+        if follower is not None:
+            follower.close()
         if server is not None:
             server.shutdown()
             server.server_close()

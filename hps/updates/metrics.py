@@ -51,6 +51,11 @@ BATCH_SECONDS = Histogram(
     "Time to apply one batch to L2 and L3 (durably)",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
 )
+RECORD_NODES = Gauge(
+    "hps_updates_version_record_nodes",
+    "Serving nodes whose version records this consumer merged at its last sync "
+    "(hps consume --versions-from-l2)",
+)
 L1_REFRESHED = Counter(
     "hps_updates_l1_refreshed_keys_total", "Keys whose L1 rows an update refreshed", ["table"]
 )

@@ -172,8 +172,6 @@ def build_service(
     if (l2_watch := watch_shared_l2(session, config, role="consumer")) is not None:
         heartbeat.watch(l2_watch)
     assert router.watch.registry is not None
-    if (unshared := unshared_version_record(config, router.watch.registry.path)) is not None:
-        log.warning("%s", unshared)
     catchup = Catchup(
         router,
         Rollouts(record_path(router.watch.registry, us.hps_group_id)),
@@ -202,7 +200,8 @@ def unshared_version_record(config: PSConfig, record: Path | None) -> str | None
         f"this consumer keeps its version record in {record}, which no serving node writes "
         "unless it runs on this host with this ps.json: its shared L2 then takes updates for "
         "version 1 of each model only, and a version rolled out on the serving nodes gets "
-        "none in it (docs/versions.md, 'A shared L2 fed by its own consumer')"
+        "none in it; give --versions-from-l2 to follow the records the serving nodes "
+        "publish (docs/versions.md, 'A shared L2 fed by its own consumer')"
     )
 
 

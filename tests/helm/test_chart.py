@@ -234,6 +234,20 @@ def test_the_l2_updaters_metrics_are_scraped() -> None:
     assert "metrics" in {p["name"] for s in serving for p in s["spec"]["ports"]}
 
 
+def test_the_l2_updater_routes_by_the_versions_the_pods_publish() -> None:
+    """Its command follows the pods' version records, and its record's folder (the
+    temporary one: /etc/hps is read-only) is a writable volume."""
+    (d,) = [
+        d
+        for d in of_kind(manifests("everything"), "Deployment")
+        if "l2-updater" in d["metadata"]["name"]
+    ]
+    (container,) = d["spec"]["template"]["spec"]["containers"]
+    assert "--versions-from-l2" in container["command"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert not mounts["/tmp"].get("readOnly") and mounts["/etc/hps"]["readOnly"]
+
+
 def test_the_l2_updater_has_a_placement_of_its_own() -> None:
     """The serving pods' GPU nodeSelector and tolerations do not pin the CPU-only consumer."""
     values = profile_values("everything")

@@ -1,0 +1,334 @@
+"""Version records shared through a Redis L2, for the one consumer that feeds it for every node.
+
+Each serving node keeps its version record beside its L3 (:mod:`hps.versions.registry`) and
+its own ``hps consume`` routes updates into that L3 by it. A Redis L2 that every node shares
+and one consumer with no L3 feeds (``hps consume --versions-from-l2``: the Helm chart's
+l2-updater) has no record of its own, so:
+
+- each node's control plane publishes its record (:func:`node_record`: every model it knows,
+  each version's state, import start and entry) into one Redis hash
+  (:mod:`hps.tiers.node_records`), a field per node, every :data:`PUBLISH_S` and within a
+  second of a change (:class:`RecordPublisher`);
+- that consumer merges the nodes' records (:func:`merge`) into its own record file, which
+  every part of ``hps consume`` reads as a node's record (:class:`RecordFollower`), every
+  :data:`FOLLOW_S`.
+
+The merge gives the shared L2's version ``n`` what ``n`` gets in some node's L3. An untagged
+message goes to the union over nodes of what each routes it to (its live version and the
+ready ones above it): those versions are merged ``live``. Any other version takes the most
+advanced state a node gives it (ready > loading > retired): a tagged message is applied once
+some node has it ready, and replayed to it when the first node makes it ready (from the
+earliest import start of the nodes'). A model is removed when every node that names it
+removed it. A node whose publish time has not moved for :data:`STALE_S` (the consumer's
+clock) is left out; with no node left, the last merge stands. Records older than
+:data:`FORGET_S` (their own clock) are deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, replace
+from typing import cast
+
+from hps.config import PSConfig
+from hps.errors import ConfigError, HPSError
+from hps.tiers.node_records import NodeRecords
+from hps.topology import topology
+from hps.types import JSON
+from hps.updates import metrics
+from hps.updates.routing import Point, start_ms, targets
+from hps.versions.registry import VersionInfo, VersionRegistry, VersionState
+
+log = logging.getLogger(__name__)
+
+PUBLISH_S = 5.0
+FOLLOW_S = 2.0
+STALE_S = 60.0
+FORGET_S = 86400.0
+_RANK: dict[VersionState, int] = {"retired": 0, "loading": 1, "ready": 2, "live": 3}
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """One model as one node records it."""
+
+    versions: dict[int, VersionInfo]
+    removed: bool
+    runtime: bool
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """What one node publishes: when, and its models."""
+
+    at: float  # unix time of the publish (the node's clock)
+    models: dict[str, ModelRecord]
+
+    def encode(self) -> str:
+        models = {
+            m: {"versions": [asdict(v) for v in r.versions.values()], "removed": r.removed,
+                "runtime": r.runtime}
+            for m, r in self.models.items()
+        }  # fmt: skip
+        return json.dumps({"at": self.at, "models": models})
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> NodeRecord:
+        """ValueError when ``raw`` is not a record (written by another release, damaged)."""
+        try:
+            doc = json.loads(raw)
+            models = {
+                str(m): ModelRecord(
+                    {int(v["version"]): _info(v) for v in r["versions"]},
+                    bool(r["removed"]),
+                    bool(r["runtime"]),
+                )
+                for m, r in doc["models"].items()
+            }
+            return cls(float(doc["at"]), models)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise ValueError(f"not a version record: {exc!r}") from None
+
+
+def _info(v: dict[str, object]) -> VersionInfo:
+    state = v["state"]
+    if state not in _RANK or not isinstance(v["entry"], dict):
+        raise ValueError(f"bad version {v.get('version')!r}")
+    created = v["created"]
+    if not isinstance(created, int | float):
+        raise ValueError(f"bad import start {created!r}")
+    return VersionInfo(
+        int(cast(int, v["version"])), cast(VersionState, state), float(created), v["entry"]
+    )
+
+
+def node_name(registry: VersionRegistry) -> str:
+    """This node's field in the hash: its host (a pod's name) and where its record is."""
+    return f"{socket.gethostname()}:{registry.path}"
+
+
+def node_record(registry: VersionRegistry) -> NodeRecord:
+    """The node's record: each model of its ps.json or record, as :meth:`versions` reads it
+    (a model never versioned: version 1, live, its ps.json entry)."""
+    names = {m.model for m in registry.config.models} | set(registry.recorded_models())
+    models = {
+        m: ModelRecord(
+            {v.version: v for v in registry.versions(m)}, registry.removed(m), registry.runtime(m)
+        )
+        for m in sorted(names)
+    }
+    return NodeRecord(time.time(), models)
+
+
+def merge(nodes: Iterable[NodeRecord]) -> dict[str, JSON]:
+    """The nodes' records as one record document (the registry's file format)."""
+    by_model: dict[str, list[ModelRecord]] = {}
+    for node in nodes:
+        for model, rec in node.models.items():
+            by_model.setdefault(model, []).append(rec)
+    out: dict[str, JSON] = {}
+    for model, recs in sorted(by_model.items()):
+        serving = [r.versions for r in recs if not r.removed]
+        held_by = serving or [r.versions for r in recs]
+        untagged: set[int] = set()
+        for versions in serving:
+            points = {n: Point(v.state, start_ms(v.created)) for n, v in versions.items()}
+            untagged.update(targets(model, points, None, 0))
+        merged: dict[str, JSON] = {}
+        for n in sorted({n for versions in held_by for n in versions}):
+            held = [versions[n] for versions in held_by if n in versions]
+            best = max(held, key=lambda v: _RANK[v.state])
+            starts = [v.created for v in held if v.state != "retired"] or [best.created]
+            state: VersionState = "live" if n in untagged else best.state
+            merged[str(n)] = asdict(replace(best, state=state, created=min(starts)))
+        out[model] = {
+            "versions": merged,
+            "removed": not serving,
+            "runtime": any(r.runtime for r in recs),
+        }
+    return out
+
+
+def shared_l2_registry(config: PSConfig) -> VersionRegistry:
+    """The registry of a node with a Redis L2 (ConfigError for another node)."""
+    if topology(config).l2 != "server":
+        raise ConfigError(
+            f"{config.source}: version records are shared through a Redis L2; "
+            f"volatile_db.type is {config.volatile_db.type!r}"
+        )
+    registry = VersionRegistry(config)
+    if registry.path is None:  # a Redis L2 gives the node a state folder: never here
+        raise ConfigError(f"{config.source}: the node keeps no version record")
+    return registry
+
+
+class _Every:
+    """Calls ``tick`` every ``every`` seconds on a daemon thread until :meth:`close`; a
+    failure is logged (once until it recovers) and the next tick tries again."""
+
+    def __init__(self, what: str, every: float, tick: Callable[[], object]) -> None:
+        self.what = what
+        self.every = every
+        self.tick = tick
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=what, daemon=True)
+        self._failing = False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                self.tick()
+            except HPSError as exc:
+                if not self._failing:
+                    log.warning("%s: %s; trying again every %gs", self.what, exc, self.every)
+                self._failing = True
+                continue
+            if self._failing:
+                log.info("%s: working again", self.what)
+            self._failing = False
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+
+class RecordPublisher:
+    """Publishes the node's record (:meth:`start`: from a thread of its own): when its file
+    changes (checked every second), and every :data:`PUBLISH_S`."""
+
+    def __init__(self, config: PSConfig) -> None:
+        self.registry = shared_l2_registry(config)
+        self.records = NodeRecords(config.volatile_db)
+        self.loop = _Every("publishing this node's version record to Redis", 1.0, self.tick)
+        self.node = node_name(self.registry)
+        self._stamp: object = object()
+        self._last = 0.0
+
+    def _stat(self) -> object:
+        assert self.registry.path is not None
+        try:
+            st = os.stat(self.registry.path)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def tick(self) -> None:
+        stamp = self._stat()
+        if stamp == self._stamp and time.monotonic() - self._last < PUBLISH_S:
+            return
+        self.publish()
+        self._stamp = stamp
+
+    def start(self) -> None:
+        self.loop.start()
+
+    def close(self) -> None:
+        self.loop.close()
+        self.records.close()
+
+    def publish(self) -> None:
+        record = node_record(self.registry).encode()
+        self.records.put(self.node, record)
+        self._last = time.monotonic()
+
+
+class RecordFollower:
+    """Keeps this node's record (the file its :class:`VersionRegistry` reads) the merge of
+    the fresh records the nodes publish (:meth:`sync`; :meth:`start`: every
+    :data:`FOLLOW_S` from a thread of its own)."""
+
+    def __init__(self, config: PSConfig, *, stale_s: float = STALE_S) -> None:
+        self.registry = shared_l2_registry(config)
+        self.records = NodeRecords(config.volatile_db)
+        self.loop = _Every("following the nodes' version records in Redis", FOLLOW_S, self.sync)
+        self.stale_s = stale_s
+        self._alone = False  # no fresh record at the last sync (logged)
+        self.nodes = 0  # the nodes merged by the last sync
+        self._seen: dict[bytes, tuple[float, float]] = {}  # node: (its at, our clock then)
+        self._written: dict[str, JSON] | None = None
+        self._bad: set[bytes] = set()  # nodes whose record was not one, logged
+
+    def start(self) -> None:
+        self.loop.start()
+
+    def close(self) -> None:
+        self.loop.close()
+        self.records.close()
+
+    def sync(self) -> bool:
+        """Merge the fresh records into this node's record; whether that changed it."""
+        raw = self.records.all()
+        fresh = self._fresh(raw)
+        self.nodes = len(fresh)
+        metrics.RECORD_NODES.set(len(fresh))
+        if not fresh:
+            if not self._alone:  # once until a node publishes again
+                log.warning("no serving node published its version record in the last %gs: "
+                            "routing by the last one", self.stale_s)  # fmt: skip
+            self._alone = True
+            return False
+        self._alone = False
+        doc = merge(fresh)
+        if doc == self._written:
+            return False
+        with self.registry.editing() as current:
+            current.clear()
+            current.update(doc)
+        first = self._written is None
+        self._written = doc
+        log.log(logging.INFO if first else logging.DEBUG,
+                "version record merged from %d nodes", len(fresh))  # fmt: skip
+        return True
+
+    def _fresh(self, raw: dict[bytes, bytes]) -> list[NodeRecord]:
+        now_wall, now = time.time(), time.monotonic()
+        fresh, forget = [], []
+        for node, value in sorted(raw.items()):
+            try:
+                record = NodeRecord.decode(value)
+            except ValueError as exc:
+                if node not in self._bad:
+                    log.warning("node %r: %s; left out", node.decode(errors="replace"), exc)
+                    self._bad.add(node)
+                continue
+            self._bad.discard(node)
+            if now_wall - record.at > FORGET_S:
+                forget.append(node)
+                continue
+            seen = self._seen.get(node)
+            if seen is None or seen[0] != record.at:
+                self._seen[node] = (record.at, now)
+            elif now - seen[1] > self.stale_s:
+                continue
+            fresh.append(record)
+        self.records.forget(forget)
+        return fresh
+
+
+def follow(config: PSConfig) -> RecordFollower:
+    """``hps consume --versions-from-l2``: a follower, synced once, then every
+    :data:`FOLLOW_S`. A consumer with an L3 of its own is refused: its L3's versions are
+    those its node records."""
+    if config.persistent_db.type != "disabled":
+        raise ConfigError(
+            f"{config.source}: --versions-from-l2 is for a consumer that feeds a shared Redis "
+            "L2 with no L3 of its own (persistent_db is set: its versions are those its node "
+            "records)"
+        )
+    follower = RecordFollower(config)
+    try:
+        follower.sync()
+    except HPSError as exc:  # Redis is down: route by the last merge until it is back
+        log.warning("version records not read yet (%s); trying again every %gs", exc, FOLLOW_S)
+    follower.start()
+    return follower
