@@ -125,12 +125,15 @@ class Applier:
         watermarks) and forget them; the ones it held."""
         dropped = []
         for name in names:
-            route = self._routes.pop(name, None)
-            spec = route.spec if route is not None else self._later.pop(name, None)
+            route = self._routes.get(name)
+            spec = route.spec if route is not None else self._later.get(name)
+            if spec is None:
+                continue
+            self._tiers.drop_table(spec, reopen=False)  # a failure keeps it held: to retry
+            self._routes.pop(name, None)
+            self._later.pop(name, None)
             self._first.pop(name, None)
-            if spec is not None:
-                self._tiers.drop_table(spec, reopen=False)
-                dropped.append(name)
+            dropped.append(name)
         return dropped
 
     def _open(self, spec: TableSpec) -> VersionedRows | None:

@@ -153,7 +153,7 @@ def _consume(args: argparse.Namespace) -> int:
     heartbeat = Heartbeat(args.heartbeat_file)
     server = None
     try:
-        consumer = build_service(config, session, heartbeat)
+        consumer = build_service(config, session, heartbeat, versions_from_l2=follower is not None)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         if args.metrics_port is not None:

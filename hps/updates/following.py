@@ -50,11 +50,14 @@ class Subscriber(Protocol):
 class ModelFollower:
     """Keeps ``source``'s subscription and ``applier``'s tables to ``router``'s models."""
 
-    def __init__(self, router: Router, source: Subscriber, applier: Applier) -> None:
+    def __init__(
+        self, router: Router, source: Subscriber, applier: Applier, *, drop_retired: bool = False
+    ) -> None:
         self.router = router
         self.source = source
         self.applier = applier
-        self.pending = False  # a change not yet followed (a failed subscription)
+        self.drop_retired = drop_retired
+        self.pending = False  # a change not yet followed (a failed subscription or drop)
 
     def follow(self, *, new_reading: bool = True) -> None:
         """Follow the router's current reading of the record (``new_reading``: one it had
@@ -65,10 +68,37 @@ class ModelFollower:
                 f"{m}: " + ", ".join(f"{n} {p.state}" for n, p in sorted(points.items()))
                 for m, points in sorted(watch.points.items())
             ) or "no model")  # fmt: skip
-        self.pending = True
         gone_models = watch.removed
         if dropped := self.applier.forget(set(gone_models)):
             log.info("stopped applying updates to %s (model removed)", ", ".join(dropped))
+        subscribed = self._subscribe()
+        self.pending = not (subscribed and (not self.drop_retired or self._drop_retired()))
+
+    def _drop_retired(self) -> bool:
+        """Drop the tables this consumer wrote of versions now recorded retired; whether
+        that succeeded. With ``drop_retired`` (``hps consume --versions-from-l2``): the
+        retire that dropped them ran on a serving node, which this consumer learns of only
+        when the node's record reaches it, so a batch may have landed after that drop."""
+        watch = self.router.watch
+        names = [
+            spec.name
+            for model, points in sorted(watch.points.items())
+            for n, point in sorted(points.items())
+            if point.state == "retired"
+            for spec in watch.tables(model, n)
+        ]
+        try:
+            dropped = self.applier.drop(names)
+        except BackendError as exc:
+            log.warning("tables of retired versions not dropped (%s); trying again", exc)
+            return False
+        if dropped:
+            log.info("dropped what this consumer wrote into retired versions: %s",
+                     ", ".join(dropped))  # fmt: skip
+        return True
+
+    def _subscribe(self) -> bool:
+        """Subscribe to the router's topics; whether that succeeded."""
         wanted = self.router.topics()
         before = list(self.source.topics)
         if wanted != before:
@@ -78,7 +108,7 @@ class ModelFollower:
                 self.source.subscribe(wanted)
             except BackendError as exc:
                 log.warning("subscription not changed (%s); trying again", exc)
-                return
+                return False
             for topic, partition in parts:  # no stale lag series for topics left
                 with contextlib.suppress(KeyError):
                     metrics.CONSUMER_LAG.remove(topic, str(partition))
@@ -88,7 +118,7 @@ class ModelFollower:
                 ", ".join(sorted(set(wanted) - set(before))) or "none",
                 ", ".join(gone) or "none",
             )
-        self.pending = False
+        return True
 
     def drop_removed(self, updates: list[UpdateBatch]) -> list[UpdateBatch]:
         """``updates`` less those of models recorded removed, or of model versions recorded

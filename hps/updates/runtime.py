@@ -143,12 +143,18 @@ def check_enabled(config: PSConfig) -> None:
 
 
 def build_service(
-    config: PSConfig, session: LookupSession, heartbeat: Heartbeat | None = None
+    config: PSConfig,
+    session: LookupSession,
+    heartbeat: Heartbeat | None = None,
+    *,
+    versions_from_l2: bool = False,
 ) -> UpdateConsumer:
     """The ``hps consume`` loop over ``session`` (built without L1), in the consumer group.
 
     It follows the node's served models (:mod:`hps.updates.following`): build ``session``
-    from the ps.json as served (:func:`consumed_config`)."""
+    from the ps.json as served (:func:`consumed_config`). ``versions_from_l2``: the record
+    is the serving nodes' merged (:mod:`hps.updates.shared_record`), whose retires drop
+    rows elsewhere: this consumer drops what it wrote of the versions retired."""
     check_enabled(config)
     us = config.update_source
     applier = build_applier(config, session, shared_only=True, listeners=_announcers(config))
@@ -182,7 +188,8 @@ def build_service(
     )
     return UpdateConsumer(
         source, applier, us, dead_letters=dead, heartbeat=heartbeat, router=router,
-        catchup=catchup, follower=ModelFollower(router, source, applier),
+        catchup=catchup,
+        follower=ModelFollower(router, source, applier, drop_retired=versions_from_l2),
     )  # fmt: skip
 
 

@@ -172,7 +172,8 @@ def test_the_shared_l2_takes_the_updates_of_the_versions_the_nodes_keep(
     tmp_path: Path, redis_address: str, kafka_broker: TansuBroker
 ) -> None:
     """A node with version 2 live: untagged updates reach version 2's rows in Redis, not
-    version 1's. A second node mid-rollout (1 live, 2 ready): they reach both."""
+    version 1's. A second node mid-rollout (1 live, 2 ready): they reach both. Once both
+    retired version 1, the consumer drops what it wrote there."""
     doc = update_doc(tmp_path, kafka_broker.bootstrap,
                      volatile={"type": "redis", "address": redis_address})  # fmt: skip
     a, b = node_config(tmp_path, "a", doc), node_config(tmp_path, "b", doc)
@@ -206,6 +207,13 @@ def test_the_shared_l2_takes_the_updates_of_the_versions_the_nodes_keep(
             pub.flush()
             wait_for(lambda: holds(v1, second, 2) and holds(v2, second, 2), 60,
                      "both versions updated")  # fmt: skip
-        assert not store.fetch(v1.name, first)[1].any()  # version 1 never took the first
+            assert not store.fetch(v1.name, first)[1].any()  # version 1 never took the first
+            for node in (a, b):  # each retires 1; their drops ran before the consumer knew
+                activate(node, 2)
+                VersionRegistry(node).set_state(model.model, 1, "retired")
+                RecordPublisher(node).publish()
+            wait_for(lambda: not store.fetch(v1.name, second)[1].any(), 30,
+                     "the consumer dropped what it wrote into retired version 1")  # fmt: skip
+        assert holds(v2, second, 2)
     finally:
         store.close()

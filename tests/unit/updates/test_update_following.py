@@ -90,7 +90,11 @@ class FailingOnce(HashMapStore):
 
 
 def following(
-    config: PSConfig, failures: int = 0, l3: HashMapStore | None = None
+    config: PSConfig,
+    failures: int = 0,
+    l3: HashMapStore | None = None,
+    *,
+    drop_retired: bool = False,
 ) -> tuple[UpdateConsumer, Subscribing, Tiers]:
     tiers = Tiers(HashMapStore(), l3 or HashMapStore())
     applier = Applier({s.name: s for s in config.model("demo").tables}, tiers)
@@ -103,7 +107,7 @@ def following(
         UpdateSourceConfig(type="kafka", failure_backoff_ms=1, max_batch_size=1000),
         dead_letters=FakeDead(),  # type: ignore[arg-type]
         router=router,
-        follower=ModelFollower(router, source, applier),
+        follower=ModelFollower(router, source, applier, drop_retired=drop_retired),
     )
     return consumer, source, tiers
 
@@ -217,3 +221,42 @@ def test_hps_consume_starts_with_the_models_as_served(config: PSConfig, tmp_path
     assert [m.model for m in consumed_config(config).models] == ["demo", "extra"]
     mark_removed(config, "demo")
     assert [m.model for m in consumed_config(config).models] == ["extra"]
+
+
+class FailingDrop(HashMapStore):
+    """An L3 whose next ``failures`` table drops fail (a tier away)."""
+
+    failures = 0
+
+    def drop_table(self, table: str) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise BackendUnavailable("l3 away")
+        super().drop_table(table)
+
+
+def test_a_consumer_of_the_nodes_records_drops_what_it_wrote_into_a_retired_version(
+    config: PSConfig,
+) -> None:
+    """With the serving nodes' merged record (hps consume --versions-from-l2) the retire's
+    drop ran elsewhere, maybe before this consumer's last batch: it drops its own tables of
+    the version once it reads it retired, again before the next poll if that failed."""
+    registry = VersionRegistry(config)
+    registry.begin(config.model("demo"), 2)
+    registry.set_state("demo", 2, "ready")
+    l3 = FailingDrop()
+    consumer, source, tiers = following(config, l3=l3, drop_retired=True)
+    source.queue.append(upsert("demo", "t0", [1], 4, 0))
+    consumer.run_once(threading.Event())
+    assert found(tiers, "demo.t0@2", [1]) == [True]
+    l3.failures = 1
+    registry.set_state("demo", 2, "retired")  # the node dropped its rows; these are ours
+    consumer.run_once(threading.Event())
+    assert consumer.follower is not None and consumer.follower.pending
+    assert found(tiers, "demo.t0@2", [1]) == [True]
+    consumer.run_once(threading.Event())  # the record is unchanged: the drop is still owed
+    assert not consumer.follower.pending
+    with pytest.raises(UnknownTableError):  # dropped, not declared again
+        found(tiers, "demo.t0@2", [1])
+    assert found(tiers, "demo.t0", [1]) == [True]
+    assert "demo.t0@2" not in consumer.applier.tables
