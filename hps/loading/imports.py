@@ -170,6 +170,11 @@ def sparse_sources(config: PSConfig, models: list[str] | None = None) -> list[Ta
     ]
 
 
+def holds_a_database(path: str) -> bool:
+    """Whether L3's folder holds a database (an empty folder, a fresh volume: not yet)."""
+    return (Path(path) / "CURRENT").exists()
+
+
 def import_tables(
     config: PSConfig,
     topo: Topology,
@@ -177,18 +182,20 @@ def import_tables(
     *,
     force: bool = False,
     progress: bool = False,
+    keep_l2_rows: bool = False,
 ) -> dict[str, int]:
     """Import what is new or changed (everything with ``force``); rows imported per table.
 
     A missing L3 is created (empty if there is nothing to import), so readers can open it.
     A table stored in another format or dimension is refused (ConfigError), unless
     ``force``: then it is dropped in every tier and imported in its configured format.
+    ``keep_l2_rows``: a shared L2 (Redis) gets only the rows it lacks (L2Action ``absent``).
     """
     sources = sparse_sources(config) if sources is None else sources
     state = topo.state_dir
     if state is None:
         return {}  # no L3 and no shared L2: every serving process loads its own L2
-    fresh = topo.l3 and not Path(config.persistent_db.path).exists()
+    fresh = topo.l3 and not holds_a_database(config.persistent_db.path)
     if not force and not fresh and all(map(ImportRecord(state).current, sources)):
         return {}  # nothing to do: no lock taken, nothing written
     if topo.l3 and not fresh and l3_read_only(config):
@@ -196,7 +203,7 @@ def import_tables(
         return {}
     with import_lock(state), ExitStack() as files:
         record = ImportRecord(state)
-        fresh = topo.l3 and not Path(config.persistent_db.path).exists()
+        fresh = topo.l3 and not holds_a_database(config.persistent_db.path)
         todo = [s for s in sources if force or fresh or not record.current(s)]
         # opened once, before anything is read: every pass reads (and the record stamps)
         # the same files, whatever replaces them meanwhile
@@ -224,6 +231,8 @@ def import_tables(
                     s.files[0],
                 )
         action = l2_action(topo, own=False)
+        if keep_l2_rows and action == "fill":
+            action = "absent"
         writer = Tiers.open(config, l3_mode="read_write", l2=action != "skip")
         try:
             writer.open_tables((s.spec for s in todo), replace=force)

@@ -42,10 +42,13 @@ log = logging.getLogger(__name__)
 
 Chunks = Iterator[tuple[Keys, Vectors]]
 
-L2Action = Literal["skip", "invalidate", "fill"]
+L2Action = Literal["skip", "invalidate", "fill", "absent"]
 """``skip``: leave L2 alone (another process's in-process L2); ``invalidate``: remove the
 table's keys (a node's shared L2, refilled by its serving processes); ``fill``: insert the
-first ``l2_share`` of the rows and, when L3 is written too, remove the rest (stale)."""
+first ``l2_share`` of the rows and, when L3 is written too, remove the rest (stale);
+``absent``: insert those of the first ``l2_share`` that L2 lacks and leave the rest (a
+model version that another node imported into a shared L2 before, and whose rows updates
+may have reached since)."""
 
 SAMPLE_ROWS = 64
 KEY_SCAN_ROWS = 1 << 20  # keys per chunk of a pass over the keys alone (8 MiB)
@@ -219,7 +222,7 @@ class Loader:
         write_l3 = self.l3 and self.tiers.persistent is not None
         l2 = self.tiers.volatile if self.l2 != "skip" else None
         share = self.l2_share if self.tiers.persistent is not None else 1.0
-        to_l2 = int(round(share * source.rows)) if self.l2 == "fill" else 0
+        to_l2 = int(round(share * source.rows)) if self.l2 in ("fill", "absent") else 0
         bar = Progress(f"import {spec.name}", source.rows, enabled=self.progress)
         done = in_l2 = 0
         for keys, vectors in source.chunks():
@@ -231,9 +234,10 @@ class Loader:
             if l2 is not None:
                 n = max(0, min(keys.size, to_l2 - done))
                 if n:
-                    l2.insert(spec.name, keys[:n], rows[:n])
+                    write = l2.insert_absent if self.l2 == "absent" else l2.insert
+                    write(spec.name, keys[:n], rows[:n])
                     in_l2 += n
-                if n < keys.size and write_l3:
+                if n < keys.size and write_l3 and self.l2 == "fill":
                     l2.remove(spec.name, keys[n:])
                 if not write_l3 and n == 0:
                     break  # filling L2 only, and its share is in

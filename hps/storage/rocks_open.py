@@ -124,7 +124,8 @@ class Opened:
 def open_db(path: str, opts: rd.Options, cache: rd.Cache, mode: str) -> Opened:
     """Open the database at ``path`` in ``mode`` (``read_write``, ``read_only`` or
     ``secondary``) with every column family it has; BackendError when it cannot be."""
-    if mode != "read_write" and not os.path.exists(os.path.join(path, "CURRENT")):
+    held = os.path.exists(os.path.join(path, "CURRENT"))  # an empty folder holds none yet
+    if mode != "read_write" and not held:
         raise BackendError(f"rocks_db: no database at {path!r} to open {mode}; run hps import")
     access = rd.AccessType.read_write()
     secondary_dir = None
@@ -138,7 +139,7 @@ def open_db(path: str, opts: rd.Options, cache: rd.Cache, mode: str) -> Opened:
         view = read_only_view(path)
     opened = Opened(cast(rd.Rdict, None), set(), secondary_dir, view)
     try:
-        existing = rd.Rdict.list_cf(path, opts) if os.path.exists(path) else ["default"]
+        existing = rd.Rdict.list_cf(path, opts) if held else ["default"]
         opened.db = rd.Rdict(
             view or path,
             opts,

@@ -57,6 +57,7 @@ class ModelFollower:
         self.source = source
         self.applier = applier
         self.drop_retired = drop_retired
+        self._drop_failed = False  # the last drop of retired versions' tables failed (logged)
         self.pending = False  # a change not yet followed (a failed subscription or drop)
 
     def follow(self, *, new_reading: bool = True) -> None:
@@ -68,11 +69,12 @@ class ModelFollower:
                 f"{m}: " + ", ".join(f"{n} {p.state}" for n, p in sorted(points.items()))
                 for m, points in sorted(watch.points.items())
             ) or "no model")  # fmt: skip
-        gone_models = watch.removed
-        if dropped := self.applier.forget(set(gone_models)):
+        dropped_all = not self.drop_retired or self._drop_retired()
+        # (what a failed drop left is forgotten once it is dropped: the next try needs it)
+        if dropped_all and (dropped := self.applier.forget(set(watch.removed))):
             log.info("stopped applying updates to %s (model removed)", ", ".join(dropped))
         subscribed = self._subscribe()
-        self.pending = not (subscribed and (not self.drop_retired or self._drop_retired()))
+        self.pending = not (subscribed and dropped_all)
 
     def _drop_retired(self) -> bool:
         """Drop the tables this consumer wrote of versions now recorded retired; whether
@@ -87,11 +89,25 @@ class ModelFollower:
             if point.state == "retired"
             for spec in watch.tables(model, n)
         ]
+        registry = watch.registry
+        # a purged model's versions are all retired (unreadable just now: the next reading)
+        with contextlib.suppress(ConfigError, UnknownTableError):
+            names += [
+                spec.name
+                for model in sorted(watch.removed)
+                for info in ([] if registry is None else registry.versions(model))
+                if info.state == "retired"
+                for spec in info.model_config().tables
+            ]
         try:
             dropped = self.applier.drop(names)
         except BackendError as exc:
-            log.warning("tables of retired versions not dropped (%s); trying again", exc)
+            if not self._drop_failed:  # once until it succeeds
+                log.warning("tables of retired versions not dropped (%s); trying again before "
+                            "each poll", exc)  # fmt: skip
+            self._drop_failed = True
             return False
+        self._drop_failed = False
         if dropped:
             log.info("dropped what this consumer wrote into retired versions: %s",
                      ", ".join(dropped))  # fmt: skip

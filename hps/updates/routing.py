@@ -155,7 +155,9 @@ class VersionWatch:
             if self.follow:
                 models, removed = served_models(self.registry, {*self.models, *self.removed})
             infos = {m: {v.version: v for v in self.registry.versions(m)} for m in models}
-        except ConfigError as exc:  # e.g. hand-edited into bad JSON: keep the last reading
+        except (ConfigError, UnknownTableError) as exc:
+            # hand-edited into bad JSON, or replaced between two reads of this pass (a model
+            # gone): keep the last reading; the next poll reads it again
             log.warning("model versions not re-read: %s", exc)
             return False
         self.models, self.removed = models, removed

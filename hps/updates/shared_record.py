@@ -19,15 +19,18 @@ ready ones above it): those versions are merged ``live``. Any other version take
 advanced state a node gives it (ready > loading > retired): a tagged message is applied once
 some node has it ready, and replayed to it when the first node makes it ready (from the
 earliest import start of the nodes'). A model is removed when every node that names it
-removed it. A node whose publish time has not moved for :data:`STALE_S` (the consumer's
-clock) is left out; with no node left, the last merge stands. Records older than
-:data:`FORGET_S` (their own clock) are deleted.
+removed it. A node that has not published for :data:`STALE_S` is left out (long enough for
+a control plane's restart: the versions only it serves keep their updates meanwhile); with
+no node left, the last merge stands. Records older than :data:`FORGET_S` are deleted. A
+record that is not one (damaged, or of a release whose entries this one cannot read) is left
+out, with a warning.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -49,8 +52,10 @@ log = logging.getLogger(__name__)
 
 PUBLISH_S = 5.0
 FOLLOW_S = 2.0
-STALE_S = 60.0
+STALE_S = 3600.0
 FORGET_S = 86400.0
+MERGED = "hps:merged-from-nodes"
+"""The key marking a record as a merge (its value: the nodes merged): never a model name."""
 _RANK: dict[VersionState, int] = {"retired": 0, "loading": 1, "ready": 2, "live": 3}
 
 
@@ -69,6 +74,7 @@ class NodeRecord:
 
     at: float  # unix time of the publish (the node's clock)
     models: dict[str, ModelRecord]
+    node: str = ""  # its field in the hash (set when read)
 
     def encode(self) -> str:
         models = {
@@ -91,21 +97,26 @@ class NodeRecord:
                 )
                 for m, r in doc["models"].items()
             }
-            return cls(float(doc["at"]), models)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise ValueError(f"not a version record: {exc!r}") from None
+            at = doc["at"]
+            if not isinstance(at, int | float) or not math.isfinite(at):
+                raise ValueError(f"bad publish time {at!r}")
+            return cls(float(at), models)
+        except (ValueError, TypeError, KeyError, AttributeError, HPSError) as exc:
+            raise ValueError(f"not a version record: {exc}") from None
 
 
 def _info(v: dict[str, object]) -> VersionInfo:
-    state = v["state"]
-    if state not in _RANK or not isinstance(v["entry"], dict):
-        raise ValueError(f"bad version {v.get('version')!r}")
-    created = v["created"]
-    if not isinstance(created, int | float):
+    """One version, checked as far as this release reads it (its entry validated)."""
+    state, version, created, entry = v["state"], v["version"], v["created"], v["entry"]
+    if state not in _RANK or not isinstance(version, int) or version < 1:
+        raise ValueError(f"bad version {version!r} ({state!r})")
+    if not isinstance(created, int | float) or not math.isfinite(created) or created < 0:
         raise ValueError(f"bad import start {created!r}")
-    return VersionInfo(
-        int(cast(int, v["version"])), cast(VersionState, state), float(created), v["entry"]
-    )
+    if not isinstance(entry, dict):
+        raise ValueError(f"version {version}: bad entry")
+    info = VersionInfo(version, cast(VersionState, state), float(created), entry)
+    info.model_config()  # pydantic's ValidationError is a ValueError
+    return info
 
 
 def node_name(registry: VersionRegistry) -> str:
@@ -187,9 +198,10 @@ class _Every:
         while not self._stop.wait(self.every):
             try:
                 self.tick()
-            except HPSError as exc:
+            except Exception as exc:  # a dead thread would freeze what it keeps: log, go on
                 if not self._failing:
-                    log.warning("%s: %s; trying again every %gs", self.what, exc, self.every)
+                    log.warning("%s: %s; trying again every %gs", self.what, exc, self.every,
+                                exc_info=not isinstance(exc, HPSError))  # fmt: skip
                 self._failing = True
                 continue
             if self._failing:
@@ -210,6 +222,7 @@ class RecordPublisher:
         self.registry = shared_l2_registry(config)
         self.records = NodeRecords(config.volatile_db)
         self.loop = _Every("publishing this node's version record to Redis", 1.0, self.tick)
+        self._pruned = False
         self.node = node_name(self.registry)
         self._stamp: object = object()
         self._last = 0.0
@@ -237,9 +250,24 @@ class RecordPublisher:
         self.records.close()
 
     def publish(self) -> None:
-        record = node_record(self.registry).encode()
-        self.records.put(self.node, record)
+        record = node_record(self.registry)
+        self.records.put(self.node, record.encode())
         self._last = time.monotonic()
+        if not self._pruned:  # with no consumer following them, nothing else would
+            self.records.forget(forgotten(self.records.all(), record.at))
+            self._pruned = True
+
+
+def forgotten(raw: dict[bytes, bytes], now: float) -> list[bytes]:
+    """The nodes whose records are older than :data:`FORGET_S`, or not records."""
+    out = []
+    for node, value in raw.items():
+        try:
+            if now - NodeRecord.decode(value).at > FORGET_S:
+                out.append(node)
+        except ValueError:
+            continue  # damaged or of another release: left to the consumer to report
+    return out
 
 
 class RecordFollower:
@@ -254,9 +282,25 @@ class RecordFollower:
         self.stale_s = stale_s
         self._alone = False  # no fresh record at the last sync (logged)
         self.nodes = 0  # the nodes merged by the last sync
-        self._seen: dict[bytes, tuple[float, float]] = {}  # node: (its at, our clock then)
-        self._written: dict[str, JSON] | None = None
+        self._written: JSON | None = None
         self._bad: set[bytes] = set()  # nodes whose record was not one, logged
+        self._refuse_a_nodes_own_record()
+
+    def _refuse_a_nodes_own_record(self) -> None:
+        """A ConfigError when the record this consumer would keep the merge in is a serving
+        node's own (a node with this ps.json and no L3 on this host): the merge would
+        overwrite what that node recorded."""
+        assert self.registry.path is not None
+        try:
+            doc = json.loads(self.registry.path.read_text())
+        except (OSError, ValueError):
+            return  # none yet (or unreadable: the merge replaces it)
+        if isinstance(doc, dict) and doc and MERGED not in doc:
+            raise ConfigError(
+                f"{self.registry.path} is the version record of a serving node on this host "
+                "(it shares this ps.json): --versions-from-l2 would overwrite it with the "
+                "nodes' merge; give this consumer a ps.json of its own (another file name)"
+            )
 
     def start(self) -> None:
         self.loop.start()
@@ -272,18 +316,23 @@ class RecordFollower:
         self.nodes = len(fresh)
         metrics.RECORD_NODES.set(len(fresh))
         if not fresh:
-            if not self._alone:  # once until a node publishes again
+            if self._alone:  # said once until a node publishes again
+                return False
+            self._alone = True
+            if self._written is None:  # a first start beside the nodes: not a problem yet
+                log.info("no serving node has published its version record yet: routing by "
+                         "this node's record until one does")  # fmt: skip
+            else:
                 log.warning("no serving node published its version record in the last %gs: "
                             "routing by the last one", self.stale_s)  # fmt: skip
-            self._alone = True
             return False
         self._alone = False
-        doc = merge(fresh)
+        doc: JSON = {**merge(fresh), MERGED: [r.node for r in fresh]}
         if doc == self._written:
             return False
         with self.registry.editing() as current:
             current.clear()
-            current.update(doc)
+            current.update(cast(dict[str, JSON], doc))  # the marker's value is a list
         first = self._written is None
         self._written = doc
         log.log(logging.INFO if first else logging.DEBUG,
@@ -291,27 +340,22 @@ class RecordFollower:
         return True
 
     def _fresh(self, raw: dict[bytes, bytes]) -> list[NodeRecord]:
-        now_wall, now = time.time(), time.monotonic()
-        fresh, forget = [], []
+        """The records published in the last ``stale_s`` (the nodes' clocks: the bound is
+        far beyond their skew); those older than :data:`FORGET_S` are deleted."""
+        now = time.time()
+        fresh = []
         for node, value in sorted(raw.items()):
             try:
-                record = NodeRecord.decode(value)
+                record = replace(NodeRecord.decode(value), node=node.decode(errors="replace"))
             except ValueError as exc:
                 if node not in self._bad:
                     log.warning("node %r: %s; left out", node.decode(errors="replace"), exc)
                     self._bad.add(node)
                 continue
             self._bad.discard(node)
-            if now_wall - record.at > FORGET_S:
-                forget.append(node)
-                continue
-            seen = self._seen.get(node)
-            if seen is None or seen[0] != record.at:
-                self._seen[node] = (record.at, now)
-            elif now - seen[1] > self.stale_s:
-                continue
-            fresh.append(record)
-        self.records.forget(forget)
+            if now - record.at <= self.stale_s:
+                fresh.append(record)
+        self.records.forget(forgotten(raw, now))
         return fresh
 
 

@@ -169,8 +169,10 @@ def _import(
         served = config.model_copy(
             update={"models": [at if m.model == model else m for m in config.models]}
         )
+        # Every node imports the version into a shared L2 (Redis): the first one's rows, and
+        # the updates they took since, are not overwritten by the next ones' snapshots.
         rows = import_tables(served, topology(served), sparse_sources(served, [model]),
-                             progress=progress)  # fmt: skip
+                             progress=progress, keep_l2_rows=True)  # fmt: skip
     except BaseException:
         for dest in copies:
             Path(dest).unlink(missing_ok=True)

@@ -20,6 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from hps.config import PSConfig, parse_config
+from hps.io.sparse_model import write_sparse_model
 from hps.net import free_port
 from hps.service.app import create_app
 from hps.service.state import AdminState
@@ -36,6 +37,7 @@ from hps.updates.shared_record import (
     node_name,
 )
 from hps.versions import VersionRegistry
+from hps.versions.rollout import import_version, version_entry
 from tests.fixtures.kafka import update_doc, wait_for
 from tests.helpers import rows
 
@@ -101,10 +103,12 @@ def test_the_follower_merges_the_fresh_records_of_the_nodes(tmp_path: Path, addr
         records = follower.records
         records.put("damaged", "{not json")
         records.put("long gone", NodeRecord(time.time() - 2 * FORGET_S, {}).encode())
+        records.put("gone a while", NodeRecord(time.time() - 5, {}).encode())  # stale at once
         follower.sync()
         assert follower.nodes == 2  # the damaged one left out, the old one deleted
         assert set(records.all()) == {
-            b"damaged", node_name(pub_a.registry).encode(), node_name(pub_b.registry).encode()
+            b"damaged", b"gone a while", node_name(pub_a.registry).encode(),
+            node_name(pub_b.registry).encode()
         }  # fmt: skip
 
         activate(a, 1)  # a rolls back; it stops publishing (its control plane died)
@@ -215,5 +219,34 @@ def test_the_shared_l2_takes_the_updates_of_the_versions_the_nodes_keep(
             wait_for(lambda: not store.fetch(v1.name, second)[1].any(), 30,
                      "the consumer dropped what it wrote into retired version 1")  # fmt: skip
         assert holds(v2, second, 2)
+    finally:
+        store.close()
+
+
+def test_a_second_nodes_import_of_a_version_keeps_what_the_shared_l2_holds(
+    tmp_path: Path, redis_address: str
+) -> None:
+    """Node a imports version 2 and an update reaches its rows in Redis; node b's import of
+    the same version then fills only what Redis lacks: the update is not reverted."""
+    doc = update_doc(tmp_path, "127.0.0.1:1", volatile={"type": "redis", "address": redis_address})
+    a, b = node_config(tmp_path, "a", doc), node_config(tmp_path, "b", doc)
+    keys = np.arange(100, dtype=np.int64)
+    files = []
+    for table, dim in (("t0", 4), ("t1", 8)):
+        write_sparse_model(tmp_path / "v2" / table, keys, rows(keys, dim, seed=3))
+        files.append(str(tmp_path / "v2" / table))
+    import_version(a, version_entry(a, a.models[0].model, sparse_files=files), 2)
+    spec = a.models[0].at_version(2).tables[0]
+    store = RedisStore.from_config(a.volatile_db)
+    try:
+        store.open_table(spec)
+        assert np.array_equal(np.asarray(store.fetch(spec.name, keys)[0]), rows(keys, 4, seed=3))
+        store.insert(spec.name, keys[:5], rows(keys[:5], 4, seed=9))  # an update since
+        store.remove(spec.name, keys[90:])  # evicted since
+        import_version(b, version_entry(b, b.models[0].model, sparse_files=files), 2)
+        got, found = store.fetch(spec.name, keys)
+        assert found.all()
+        assert np.array_equal(np.asarray(got)[:5], rows(keys[:5], 4, seed=9))
+        assert np.array_equal(np.asarray(got)[5:], rows(keys[5:], 4, seed=3))
     finally:
         store.close()

@@ -135,3 +135,11 @@ def test_the_record_is_written_after_a_synced_write_and_synced_itself(
     start = events.index("record")
     assert events[start - 1] == "insert durable=True"  # the load's last write: synced
     assert events[start:] == ["record", "fsync", "fsync", "record on disk: True"]  # file, folder
+
+
+def test_an_empty_l3_folder_is_a_new_database(config: PSConfig) -> None:
+    """A fresh volume mounted where L3 goes: imported into, not opened read-only as a
+    database that is not there."""
+    Path(config.persistent_db.path).mkdir(parents=True)
+    assert import_tables(config, topology(config)) == {"demo.t0": KEYS.size}
+    np.testing.assert_array_equal(l3_rows(config), rows(KEYS, 4))

@@ -12,7 +12,15 @@ from hypothesis import strategies as st
 from hps.config import parse_config
 from hps.errors import ConfigError, UnknownTableError
 from hps.updates.routing import Point, start_ms, targets
-from hps.updates.shared_record import ModelRecord, NodeRecord, follow, merge, node_record
+from hps.updates.shared_record import (
+    ModelRecord,
+    NodeRecord,
+    RecordFollower,
+    _Every,
+    follow,
+    merge,
+    node_record,
+)
 from hps.versions import VersionInfo, VersionRegistry, VersionState
 
 ENTRY = {"model": "m", "embedding_table_names": ["t"], "embedding_vecsize_per_table": [4]}
@@ -83,8 +91,17 @@ def test_a_model_is_removed_when_every_node_naming_it_removed_it() -> None:
 def test_a_record_survives_its_encoding_and_a_damaged_one_is_refused() -> None:
     record = node("ready", "live", runtime=True)
     assert NodeRecord.decode(record.encode()) == record
-    for bad in (b"", b"{}", b'{"at": 1, "models": {"m": {"versions": [{"version": 1}]}}}',
-                record.encode().replace('"live"', '"dead"'), b"[1]"):  # fmt: skip
+    newer = record.encode().replace('"model": "m"', '"model": "m", "hps_from_the_future": 1')
+    bad_records = [
+        b"", b"{}", b'{"at": 1, "models": {"m": {"versions": [{"version": 1}]}}}', b"[1]",
+        record.encode().replace('"live"', '"dead"'),  # a state this release does not know
+        record.encode().replace('"created": 101.0', '"created": NaN'),
+        record.encode().replace('"created": 101.0', '"created": Infinity'),
+        record.encode().replace('"version": 1', '"version": 0'),
+        record.encode().replace('"at": 1.0', '"at": NaN'),
+        newer,  # an entry of a later release, with a field this one cannot read
+    ]  # fmt: skip
+    for bad in bad_records:
         with pytest.raises(ValueError, match="not a version record"):
             NodeRecord.decode(bad)
 
@@ -152,3 +169,38 @@ def test_only_a_consumer_without_an_l3_follows_the_nodes_records(tmp_path: Path)
     doc.update(volatile_db={"type": "hash_map"}, persistent_db={"type": "disabled"})
     with pytest.raises(ConfigError, match="shared through a Redis L2"):
         follow(parse_config(doc, str(tmp_path / "ps.json")))
+
+
+def test_a_consumer_does_not_merge_over_a_serving_nodes_own_record(tmp_path: Path) -> None:
+    """A serving node with this ps.json and no L3 on the same host keeps its record where
+    the consumer would keep the merge: refused rather than overwritten."""
+    doc = {"models": [ENTRY], "volatile_db": {"type": "redis", "address": "127.0.0.1:1"},
+           "persistent_db": {"type": "disabled"}}  # fmt: skip
+    config = parse_config(doc, str(tmp_path / "ps.json"))
+    registry = VersionRegistry(config)
+    assert registry.path is not None
+    registry.path.write_text('{"hps:merged-from-nodes": ["a"], "m": {"versions": {}}}')
+    RecordFollower(config).close()  # a merge of before: taken over
+    registry.path.write_text('{"m": {"versions": {}}}')
+    with pytest.raises(ConfigError, match="version record of a serving node on this host"):
+        RecordFollower(config)
+
+
+def test_the_loop_outlives_an_unexpected_error() -> None:
+    import threading
+
+    calls: list[int] = []
+    done = threading.Event()
+
+    def tick() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ZeroDivisionError("a bug, not a backend")
+        done.set()
+
+    loop = _Every("test loop", 0.01, tick)
+    loop.start()
+    try:
+        assert done.wait(10)
+    finally:
+        loop.close()

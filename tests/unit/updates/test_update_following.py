@@ -260,3 +260,28 @@ def test_a_consumer_of_the_nodes_records_drops_what_it_wrote_into_a_retired_vers
         found(tiers, "demo.t0@2", [1])
     assert found(tiers, "demo.t0", [1]) == [True]
     assert "demo.t0@2" not in consumer.applier.tables
+
+
+def test_a_consumer_of_the_nodes_records_drops_what_it_wrote_of_a_purged_model(
+    config: PSConfig, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A purge (every version retired, the model removed) on the serving node dropped the
+    rows there; the consumer drops its own, once, and warns once while it cannot."""
+    add_model(config, extra(tmp_path))
+    l3 = FailingDrop()
+    consumer, source, tiers = following(config, l3=l3, drop_retired=True)
+    source.queue.append(upsert("extra", "t", [1, 2], 2, 0))
+    consumer.run_once(threading.Event())
+    assert found(tiers, "extra.t", [1, 2]) == [True, True]
+    l3.failures = 3
+    mark_removed(config, "extra")
+    purge(config, "extra")
+    for _ in range(3):  # the drop fails three times: one warning
+        consumer.run_once(threading.Event())
+    warned = [r for r in caplog.records if "not dropped" in r.getMessage()]
+    assert len(warned) == 1 and consumer.follower is not None and consumer.follower.pending
+    consumer.run_once(threading.Event())
+    assert not consumer.follower.pending
+    with pytest.raises(UnknownTableError):
+        found(tiers, "extra.t", [1])
+    assert "extra.t" not in consumer.applier.tables

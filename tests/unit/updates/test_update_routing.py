@@ -79,6 +79,25 @@ def test_the_watch_rereads_the_record_only_when_its_file_changes(config: PSConfi
     assert [s.name for s in watch.tables("demo", 2)] == ["demo.t0@2", "demo.t1@2"]
 
 
+def test_a_record_replaced_between_two_reads_keeps_the_last_reading(
+    config: PSConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One pass reads the record once per model: a model gone between two reads (the
+    record replaced meanwhile) keeps the last reading until the next poll reads it again."""
+    registry = VersionRegistry(config)
+    watch = VersionWatch(registry, ["demo"])
+    registry.begin(config.model("demo"), 2)
+    real = registry.versions
+
+    def gone(model: str) -> object:
+        raise UnknownTableError(f"unknown model {model!r}")
+
+    monkeypatch.setattr(registry, "versions", gone)
+    assert not watch.refresh() and set(watch.points["demo"]) == {1}
+    monkeypatch.setattr(registry, "versions", real)
+    assert watch.refresh() and set(watch.points["demo"]) == {1, 2}
+
+
 def test_the_router_gives_each_version_its_own_tables(config: PSConfig) -> None:
     registry = VersionRegistry(config)
     base = {s.name: s for s in config.model("demo").tables}

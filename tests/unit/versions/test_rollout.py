@@ -270,18 +270,70 @@ def test_a_ps_json_edited_before_the_first_versioned_import_is_refused(
     assert {t.row_dtype for t in registry.model_at("demo", 2).tables} == {"float16"}
 
 
+def test_a_table_added_to_the_ps_json_entry_is_refused(config: PSConfig, tmp_path: Path) -> None:
+    """A retrain with one more table, its ps.json entry edited for it: version 1 would be
+    recorded with a table it never had (a rollback to it serving default values for it).
+    Refused, naming the table, with nothing recorded or written."""
+    prepare_tables(config)  # version 1: t0 and t1
+    paths = tables(tmp_path / "v2", seed=7)
+    write_sparse_model(tmp_path / "v2" / "t2", KEYS, rows(KEYS, 4, 7))
+    retrain = edited(
+        config,
+        embedding_table_names=["t0", "t1", "t2"],
+        embedding_vecsize_per_table=[4, 8, 4],
+        maxnum_catfeature_query_per_table_per_sample=[2, 3, 2],
+        default_value_for_each_table=[0.5, -1.0, 0.0],
+        sparse_files=[*config.model("demo").sparse_files, str(tmp_path / "v2" / "t2")],
+    )
+    entry = version_entry(retrain, "demo", sparse_files=[*paths, str(tmp_path / "v2" / "t2")])
+    with pytest.raises(ConfigError, match="restore the entry version 1 was imported from") as exc:
+        import_version(retrain, entry, 2)
+    said = str(exc.value)
+    assert "table t2 is not held by L3 (rocks_db)" in said
+    assert "version 1 has no such table" in said and "A retrain edits no part of the entry" in said
+    assert "table t0" not in said and "table t1" not in said
+    registry = VersionRegistry(retrain)
+    assert registry.path is not None and not registry.path.exists()  # nothing recorded
+    assert [c for c in column_families(config) if "@" in c or "t2" in c] == []
+    with pytest.raises(ConfigError, match="table t2 is not held by L3"):
+        registry.set_live("demo", 1)
+
+
+def test_an_l3_folder_without_a_database_holds_nothing(config: PSConfig) -> None:
+    """persistent_db.path made (an empty volume, before the first import) but holding no
+    database: nothing to disagree with, not a 'no database' BackendError; the first
+    record is written."""
+    Path(config.persistent_db.path).mkdir()
+    VersionRegistry(edited(config, hps_row_dtype="float16")).check_unrecorded("demo")
+    registry = VersionRegistry(config)
+    registry.begin(config.model("demo"), 2)
+    assert [(v.version, v.state) for v in registry.versions("demo")] == [
+        (1, "live"),
+        (2, "loading"),
+    ]
+
+
 def test_only_what_the_node_holds_is_checked_at_the_first_record(config: PSConfig) -> None:
-    """No L3 yet, or a table L3 never held: nothing to disagree with. A table it holds in
-    another format is named, and only that one."""
+    """No L3 yet: nothing to disagree with. L3 holding some of the model's tables: one it
+    does not hold is named, as is one it holds in another format (and only those); a model
+    none of whose tables L3 holds (never imported) passes."""
     from hps.loading.imports import import_tables
     from hps.topology import topology
 
     VersionRegistry(edited(config, hps_row_dtype="float16")).check_unrecorded("demo")  # no L3
     import_tables(config, topology(config), sparse_sources(config)[:1])  # t0 only
-    VersionRegistry(edited(config, embedding_vecsize_per_table=[4, 6])).check_unrecorded("demo")
+    with pytest.raises(ConfigError, match="table t1 is not held by L3") as exc:
+        VersionRegistry(edited(config, embedding_vecsize_per_table=[4, 6])).check_unrecorded("demo")
+    assert "table t0" not in str(exc.value)
     with pytest.raises(ConfigError, match="table t0 is held") as exc:
         VersionRegistry(edited(config, hps_row_dtype="float16")).check_unrecorded("demo")
-    assert "table t1" not in str(exc.value)
+    assert "table t1 is held" not in str(exc.value) and "table t1 is not held" in str(exc.value)
+    doc = config.model("demo").model_dump(mode="json")
+    two = make_config(
+        Path(config.persistent_db.path).parent,
+        models=[doc, {**doc, "model": "other", "hps_row_dtype": "float16"}],
+    )
+    VersionRegistry(two).check_unrecorded("other")  # none of its tables in L3
 
 
 def test_a_version_in_its_own_row_formats_and_dims_beside_version_1(
