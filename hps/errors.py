@@ -18,6 +18,7 @@ boundary, so callers never see them::
     │   └── DecodeError           a Kafka payload that cannot be decoded
     │       └── VersionError      an update version too far ahead of the consumer's clock at receipt
     └── BackendError              a storage tier failed
+        ├── ClientLost            a Kafka client hit a fatal error: only a new one goes on
         ├── DamagedRowsError      some keys' rows sit in damaged blocks (the rest were read)
         ├── FillError             a fill of L2 from L3 stopped part-way
         └── BackendUnavailable    the tier cannot be reached right now (retriable)
@@ -122,6 +123,11 @@ class BackendError(HPSError):
     """A storage tier failed."""
 
     status = 502
+
+
+class ClientLost(BackendError):
+    """A Kafka client hit one of librdkafka's fatal errors: it will fail every call from
+    now on, so whoever holds it makes a new one (or, a process of its own, exits)."""
 
 
 class DamagedRowsError(BackendError):

@@ -5,11 +5,14 @@ It reads every partition of its tables' topics with no consumer group and no com
 the beginning (its L2 starts empty, so it must see every retained update), or, for a model
 version imported later, from the first message stamped at or after that version's import
 start (:func:`hps.updates.routing.start_ms`). It applies what goes to its own version only
-(:class:`hps.updates.routing.Router` with ``own``).
+(:class:`hps.updates.routing.Router` with ``own``). A client that hits a fatal error
+(:class:`hps.errors.ClientLost`) is replaced by a new one, which reads every partition
+again from there (the per-key update versions make that change nothing).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -18,6 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hps.config import PSConfig
+from hps.errors import ClientLost
 from hps.updates.applier import Applied
 from hps.updates.consumer import UpdateConsumer
 from hps.updates.freshness import L1Refresher
@@ -60,18 +64,31 @@ def start_background_applier(
         config, session, shared_only=False, listeners=[refresh], recorder=recorder
     )
     router = version_router(config, applier.tables, own=True)
-    source = MessageSource(
-        us.brokers,
-        topics_of(applier.tables),
-        mode="replay",
-        group_id=f"{us.hps_group_id}-embedded-{uuid.uuid4().hex[:8]}",
-        config=us.kafka_settings,
-        start_ms=router.own_starts(),
+
+    def new_source() -> MessageSource:
+        return MessageSource(
+            us.brokers,
+            topics_of(applier.tables),
+            mode="replay",
+            group_id=f"{us.hps_group_id}-embedded-{uuid.uuid4().hex[:8]}",
+            config=us.kafka_settings,
+            start_ms=router.own_starts(),
+        )
+
+    consumer = UpdateConsumer(
+        new_source(), applier, us, recorder=recorder, serving=True, router=router
     )
-    consumer = UpdateConsumer(source, applier, us, recorder=recorder, serving=True, router=router)
 
     def step(stop: threading.Event) -> None:
-        consumer.run_once(stop)  # a failed batch is read again (UpdateConsumer.run_once)
+        try:
+            consumer.run_once(stop)  # a failed batch is read again (UpdateConsumer.run_once)
+        except ClientLost:  # for good: a new client reads again from the start (idempotent)
+            with contextlib.suppress(Exception):  # whatever a broken client says on closing
+                consumer.source.close()
+            consumer.source = new_source()
+            raise
         timed_pass2(recorder, refresher)
 
-    return UpdateThread("hps-embedded-applier", step, refresher, close=source.close)
+    return UpdateThread(
+        "hps-embedded-applier", step, refresher, close=lambda: consumer.source.close()
+    )

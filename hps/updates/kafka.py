@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, cast
 
-from hps.errors import BackendError, BackendUnavailable, ConfigError, DecodeError
+from hps.errors import BackendError, BackendUnavailable, ClientLost, ConfigError, DecodeError
 from hps.redact import REDACTED, is_secret_name, scrub
 from hps.updates.codec import parse_topic
 
@@ -109,7 +109,8 @@ def _translate(exc: BaseException, what: str) -> BackendError:
         "REQUEST_TIMED_OUT",
         "_MSG_TIMED_OUT",
     }
-    cls = BackendUnavailable if retriable else BackendError
+    fatal = err is not None and bool(err.fatal())
+    cls = ClientLost if fatal else BackendUnavailable if retriable else BackendError
     return cls(scrub(f"kafka: {what}: {name}: {text}"))
 
 

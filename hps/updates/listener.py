@@ -10,6 +10,7 @@ served). A serving instance of model version v refreshes for the messages that g
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hps.config import PSConfig
-from hps.errors import FormatError, HPSError, RequestError
+from hps.errors import ClientLost, FormatError, HPSError, RequestError
 from hps.rowformat import Stored
 from hps.tiers import encode_rows
 from hps.types import Keys
@@ -61,23 +62,35 @@ def start_l1_listener(
     served = Served(recorder or PrometheusRecorder())
     tables = {name: spec for name, spec in session.tables.items() if refresher.tracks(name)}
     router = version_router(config, tables, own=True)
-    # The service's group id lets ``committed`` read how far hps consume has applied.
-    source = MessageSource(
-        us.brokers,
-        topics_of(tables),
-        mode="tail",
-        group_id=us.hps_group_id,
-        config=us.kafka_settings,
-    )
 
+    def new_source() -> MessageSource:
+        # The service's group id lets ``committed`` read how far hps consume has applied.
+        return MessageSource(
+            us.brokers,
+            topics_of(tables),
+            mode="tail",
+            group_id=us.hps_group_id,
+            config=us.kafka_settings,
+        )
+
+    source = new_source()
     last_check = 0.0
     previous_ns: int | None = None  # when the committed offsets were last read
 
     def step(stop: threading.Event) -> None:
-        nonlocal last_check, previous_ns
+        nonlocal source, last_check, previous_ns
         router.refresh()
-        msg = source.poll(LISTENER_POLL_S)
-        msgs = [msg, *source.drain(255)] if msg is not None else []
+        try:
+            msg = source.poll(LISTENER_POLL_S)
+            msgs = [msg, *source.drain(255)] if msg is not None else []
+        except ClientLost:
+            # For good: a new client tails from now on, and what this one missed may be in
+            # L1: its rows come from L2/L3 again.
+            with contextlib.suppress(Exception):  # whatever a broken client says on closing
+                source.close()
+            source = new_source()
+            refresher.drop_all()
+            raise
         try:
             refresh_from(msgs, router, refresher, us.hps_max_version_ahead_s, served)
         except Exception:

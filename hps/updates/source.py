@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
 
-from hps.errors import BackendError, ConfigError
+from hps.errors import BackendError, ClientLost, ConfigError
 from hps.updates.kafka import (
     CONSUMER_DEFAULTS,
     Setting,
@@ -218,7 +218,7 @@ class MessageSource:
         if err is None:
             return False
         if err.fatal():
-            raise BackendError(f"kafka: fatal consumer error: {err.name()}: {err.str()}")
+            raise ClientLost(f"kafka: fatal consumer error: {err.name()}: {err.str()}")
         now = time.monotonic()
         if now - self._last_error_log > 10:
             self._last_error_log = now

@@ -202,3 +202,46 @@ def test_the_consumer_opens_version_1_as_recorded_not_as_the_ps_json_says_now(
     consumed = runtime.consumed_config(load_config(path))
     assert {t.row_dtype for t in consumed.model("demo").tables} == {"float32"}
     build_session(consumed, with_cache=False).close()  # opens: L3 holds them as float32
+
+
+def test_the_listener_replaces_a_lost_client_and_drops_l1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client with a fatal error fails every call: a new one tails from then on, and L1
+    (which may have missed what the lost one did not hand out) is read again from L2."""
+    from hps.errors import ClientLost
+
+    class Lost(_Source):
+        def poll(self, timeout_s: float) -> Msg | None:
+            if len(_Source.made) == 1:
+                raise ClientLost("kafka: fatal consumer error: _FENCED: fenced")
+            return super().poll(timeout_s)
+
+    monkeypatch.setattr(runtime, "RETRY_S", 0.0)
+    monkeypatch.setattr(listener_mod, "MessageSource", Lost)
+    cfg = make_config(
+        tmp_path,
+        models=[{"model": "m", "embedding_table_names": ["t"], "embedding_vecsize_per_table": [2],
+                 "gpucache": True, "hps_cache": {"capacity": 100, "device": "numpy"}}],
+        update_source={"type": "kafka_message_queue", "brokers": "127.0.0.1:1"},
+    )  # fmt: skip
+    l2 = HashMapStore()
+    session = build_session(cfg, tiers=Tiers(l2, None))
+    cache = session.caches[SPEC.name]
+    keys = np.arange(1, 11, dtype=np.int64)
+    l2.insert(SPEC.name, keys, np.ones((keys.size, 2), np.float32))
+    session.lookup(SPEC.name, keys)
+    _Source.made.clear()
+    thread = listener_mod.start_l1_listener(session, cfg)
+    try:
+        _wait(lambda: len(_Source.made) == 2, "a new client")
+        first, second = _Source.made
+        assert first.closed and not cache.resident(keys).any()
+        session.lookup(SPEC.name, keys[1:2])  # resident again, from L2
+        second.queue.append(upsert([2], 7.0, 0))
+        _wait(lambda: session.lookup(SPEC.name, keys[1:2])[0, 0] == 7.0, "key 2 refreshed")
+        assert thread.is_alive() and thread.errors == 1 and isinstance(thread.error, ClientLost)
+    finally:
+        thread.stop()
+        session.close()
+    assert second.closed
