@@ -29,7 +29,6 @@ longer exist, so applying it would leave rows behind that nothing drops.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -130,14 +129,7 @@ class VersionWatch:
         return cls(None, versions, versions)
 
     def _stat(self) -> object:
-        path = None if self.registry is None else self.registry.path
-        if path is None:
-            return None
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
+        return None if self.registry is None else self.registry.stamp()
 
     def stale(self) -> bool:
         """Whether the record's file changed since the last read (one ``stat``)."""

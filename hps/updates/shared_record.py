@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import socket
 import threading
 import time
@@ -227,16 +226,8 @@ class RecordPublisher:
         self._stamp: object = object()
         self._last = 0.0
 
-    def _stat(self) -> object:
-        assert self.registry.path is not None
-        try:
-            st = os.stat(self.registry.path)
-        except FileNotFoundError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
-
     def tick(self) -> None:
-        stamp = self._stat()
+        stamp = self.registry.stamp()
         if stamp == self._stamp and time.monotonic() - self._last < PUBLISH_S:
             return
         self.publish()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -120,6 +121,17 @@ class VersionRegistry:
         :mod:`hps.versions.models`)."""
         rec = self._record(model)
         return rec is not None and bool(rec.get("removed"))
+
+    def stamp(self) -> tuple[int, int, int] | None:
+        """The record file's identity, time and size (None: no file): it changed when this
+        did (a write replaces the file)."""
+        if self.path is None:
+            return None
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def recorded_models(self) -> list[str]:
         """Every model the record names (removed ones too)."""
