@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -57,10 +58,16 @@ def record_path(registry: VersionRegistry, group_id: str) -> Path | None:
 class Rollouts:
     """Versions that owe a replay: seen ``loading`` (and recorded in ``path``), or seen
     appearing ready between two readings of the record (a model added at runtime too);
-    ``due`` once ready or live. A removed model owes nothing."""
+    ``due`` once ready or live. A removed model owes nothing.
 
-    def __init__(self, path: Path | None) -> None:
+    ``recent_s``: at the first reading, the ready and live versions whose import began in
+    the last ``recent_s`` owe one too, for a consumer whose ``path`` may be lost (the
+    chart's l2-updater keeps it in an emptyDir: moved to another node while a version was
+    imported, it would not know that version was ever loading)."""
+
+    def __init__(self, path: Path | None, *, recent_s: float = 0.0) -> None:
         self.path = path
+        self.recent_s = recent_s
         self.owed: set[Key] = self._load()
         self.due: set[Key] = set()
         self._seen: dict[str, set[int]] | None = None  # versions at the last reading
@@ -93,6 +100,7 @@ class Rollouts:
     def observe(self, points: Mapping[str, Mapping[int, Point]]) -> None:
         """Take a new reading of the record."""
         before = set(self.owed)
+        since_ms = (time.time() - self.recent_s) * 1000 if self._seen is None else math.inf
         for model, versions in points.items():
             seen = None if self._seen is None else self._seen.get(model, set())
             for n, p in versions.items():
@@ -100,7 +108,9 @@ class Rollouts:
                 if p.state == "loading":
                     self.owed.add(key)
                 elif p.state in ("ready", "live") and (
-                    key in self.owed or (seen is not None and n not in seen)
+                    key in self.owed
+                    or (seen is not None and n not in seen)
+                    or (self.recent_s > 0 and p.start_ms > 0 and p.start_ms >= since_ms)
                 ):
                     self.owed.add(key)
                     self.due.add(key)

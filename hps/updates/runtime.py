@@ -56,6 +56,10 @@ log = logging.getLogger(__name__)
 
 RETRY_S = 1.0
 REPEAT_LOG_EVERY = 60  # failures in a row between two log lines of a failing update thread
+REPLAY_RECENT_S = 3600.0
+"""``hps consume --versions-from-l2`` replays at its start to the versions imported in the
+last hour (:class:`hps.updates.replay.Rollouts` ``recent_s``): its record of owed replays
+lives in a folder a move of its pod loses."""
 
 
 def update_tiers(config: PSConfig, tiers: Tiers, *, shared_only: bool) -> Tiers:
@@ -180,7 +184,10 @@ def build_service(
     assert router.watch.registry is not None
     catchup = Catchup(
         router,
-        Rollouts(record_path(router.watch.registry, us.hps_group_id)),
+        Rollouts(
+            record_path(router.watch.registry, us.hps_group_id),
+            recent_s=REPLAY_RECENT_S if versions_from_l2 else 0.0,
+        ),  # fmt: skip
         Replayer(us.brokers, us.hps_group_id, kafka_conf),
         applier.accept,
         max_rows=us.max_batch_size,

@@ -207,6 +207,24 @@ def test_versions_present_at_the_first_reading_owe_nothing(config: PSConfig) -> 
     assert not rollouts.due
 
 
+def test_a_consumer_that_may_have_lost_its_record_replays_recent_versions() -> None:
+    """``recent_s``: at the first reading, versions imported within it owe a replay (the
+    record of those seen loading may be gone with the consumer's pod); older ones, version
+    1 of before versions, and later readings add nothing."""
+    now_ms = int(time.time() * 1000)
+    points = {"m": {1: Point("ready", 0), 2: Point("live", now_ms - 600_000),
+                    3: Point("ready", now_ms - 7_200_000), 4: Point("loading", now_ms)}}  # fmt: skip
+    rollouts = Rollouts(None, recent_s=3600)
+    rollouts.observe(points)
+    assert rollouts.due == {("m", 2)} and rollouts.owed == {("m", 2), ("m", 4)}
+    rollouts.done(("m", 2))
+    rollouts.observe(points)  # a later reading: nothing new
+    assert not rollouts.due
+    default = Rollouts(None)
+    default.observe(points)
+    assert not default.due
+
+
 def test_an_unreadable_owed_record_is_ignored_with_a_warning(config: PSConfig) -> None:
     path = record_path(VersionRegistry(config), "g")
     assert path is not None
