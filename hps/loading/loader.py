@@ -237,7 +237,7 @@ class Loader:
                     write = l2.insert_absent if self.l2 == "absent" else l2.insert
                     write(spec.name, keys[:n], rows[:n])
                     in_l2 += n
-                if n < keys.size and write_l3 and self.l2 == "fill":
+                if n < keys.size and write_l3 and self.l2 != "absent":
                     l2.remove(spec.name, keys[n:])
                 if not write_l3 and n == 0:
                     break  # filling L2 only, and its share is in

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from hps.config import ModelConfig
 from hps.config.common import NAME_RE
@@ -85,7 +85,7 @@ class WarmupFrequency(_Warmup):
 
 WarmupBody = WarmupKeys | WarmupKeyset | WarmupFrequency
 
-Dim = Annotated[StrictInt, Field(ge=1)]
+Dim = Annotated[int, BeforeValidator(_json_integer), Field(ge=1, json_schema_extra={"minimum": 1})]
 PerTable = Field(min_length=1, max_length=1024)  # one for every table, or one per table
 MAX_VERSION = 2**31 - 1  # Triton's model versions are int64; this is plenty
 Version = Annotated[

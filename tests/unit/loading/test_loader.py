@@ -122,6 +122,29 @@ def test_loader_fills_a_share_of_l2_and_removes_stale_rows(tmp_path: Path) -> No
     tiers.close()
 
 
+def test_each_l2_action_of_a_load_with_l3(tmp_path: Path) -> None:
+    """``invalidate`` removes every row of the table from L2, ``absent`` adds only the rows
+    L2 lacks (of its share) and removes nothing, ``fill`` overwrites its share."""
+    config = two_tables(tmp_path)
+    spec = config.tables[0]
+    keys = np.arange(100, dtype=np.int64)
+    source = sparse_source(spec, tmp_path / "t0.model")
+    for action, share, kept, present in (("invalidate", 1.0, 0, 0), ("absent", 0.5, 10, 60),
+                                         ("fill", 0.5, 0, 50)):  # fmt: skip
+        l2 = HashMapStore()
+        tiers = Tiers(l2, Tiers.open(config, l2=False).persistent)
+        tiers.open_tables([spec])
+        l2.insert(spec.name, keys[:10], rows(keys[:10], 4, seed=9))  # updated since
+        l2.insert(spec.name, keys[90:], rows(keys[90:], 4, seed=9))
+        try:
+            Loader(tiers, action, share).load(source)  # type: ignore[arg-type]
+            values, found = l2.fetch(spec.name, keys)
+            assert int(found.sum()) == present, action
+            assert np.array_equal(values[:10], rows(keys[:10], 4, seed=9)) == bool(kept), action
+        finally:
+            tiers.close()
+
+
 def test_npy_source(tmp_path: Path) -> None:
     config = two_tables(tmp_path)
     spec = config.tables[0]

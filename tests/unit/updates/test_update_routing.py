@@ -212,8 +212,14 @@ def test_a_consumer_that_may_have_lost_its_record_replays_recent_versions() -> N
     record of those seen loading may be gone with the consumer's pod); older ones, version
     1 of before versions, and later readings add nothing."""
     now_ms = int(time.time() * 1000)
-    points = {"m": {1: Point("ready", 0), 2: Point("live", now_ms - 600_000),
-                    3: Point("ready", now_ms - 7_200_000), 4: Point("loading", now_ms)}}  # fmt: skip
+    points = {
+        "m": {
+            1: Point("ready", 0),
+            2: Point("live", now_ms - 600_000),
+            3: Point("ready", now_ms - 7_200_000),
+            4: Point("loading", now_ms),
+        }
+    }
     rollouts = Rollouts(None, recent_s=3600)
     rollouts.observe(points)
     assert rollouts.due == {("m", 2)} and rollouts.owed == {("m", 2), ("m", 4)}
