@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from hps.build import build_session
+from hps.config import PSConfig
 from hps.errors import BackendUnavailable
+from hps.lookup import LookupSession
 from hps.storage.hash_map import HashMapStore
 from hps.tiers import Tiers
 from hps.updates import listener as listener_mod
@@ -88,6 +90,23 @@ class _Source:
         self.closed = True
 
 
+def _listened(tmp_path: Path) -> tuple[PSConfig, LookupSession, np.ndarray]:
+    """A one-table model whose L1 (a NumPy cache) holds keys 1-10 (all 1.0), read from an
+    in-process L2, and the ps.json that gives it a listener's update source."""
+    cfg = make_config(
+        tmp_path,
+        models=[{"model": "m", "embedding_table_names": ["t"], "embedding_vecsize_per_table": [2],
+                 "gpucache": True, "hps_cache": {"capacity": 100, "device": "numpy"}}],
+        update_source={"type": "kafka_message_queue", "brokers": "127.0.0.1:1"},
+    )  # fmt: skip
+    l2 = HashMapStore()
+    session = build_session(cfg, tiers=Tiers(l2, None))
+    keys = np.arange(1, 11, dtype=np.int64)
+    l2.insert(SPEC.name, keys, np.ones((keys.size, 2), np.float32))
+    session.lookup(SPEC.name, keys)
+    return cfg, session, keys
+
+
 def test_the_listener_drops_l1_when_a_poll_fails_to_reach_it_and_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -104,18 +123,8 @@ def test_the_listener_drops_l1_when_a_poll_fails_to_reach_it_and_goes_on(
         real(*args, **kwargs)
 
     monkeypatch.setattr(listener_mod, "refresh_from", refresh_once_failing)
-    cfg = make_config(
-        tmp_path,
-        models=[{"model": "m", "embedding_table_names": ["t"], "embedding_vecsize_per_table": [2],
-                 "gpucache": True, "hps_cache": {"capacity": 100, "device": "numpy"}}],
-        update_source={"type": "kafka_message_queue", "brokers": "127.0.0.1:1"},
-    )  # fmt: skip
-    l2 = HashMapStore()
-    session = build_session(cfg, tiers=Tiers(l2, None))
+    cfg, session, keys = _listened(tmp_path)
     cache = session.caches[SPEC.name]
-    keys = np.arange(1, 11, dtype=np.int64)
-    l2.insert(SPEC.name, keys, np.ones((keys.size, 2), np.float32))
-    session.lookup(SPEC.name, keys)
     assert cache.resident(keys).all()
     _Source.made.clear()
     thread = listener_mod.start_l1_listener(session, cfg)
@@ -219,18 +228,8 @@ def test_the_listener_replaces_a_lost_client_and_drops_l1(
 
     monkeypatch.setattr(runtime, "RETRY_S", 0.0)
     monkeypatch.setattr(listener_mod, "MessageSource", Lost)
-    cfg = make_config(
-        tmp_path,
-        models=[{"model": "m", "embedding_table_names": ["t"], "embedding_vecsize_per_table": [2],
-                 "gpucache": True, "hps_cache": {"capacity": 100, "device": "numpy"}}],
-        update_source={"type": "kafka_message_queue", "brokers": "127.0.0.1:1"},
-    )  # fmt: skip
-    l2 = HashMapStore()
-    session = build_session(cfg, tiers=Tiers(l2, None))
+    cfg, session, keys = _listened(tmp_path)
     cache = session.caches[SPEC.name]
-    keys = np.arange(1, 11, dtype=np.int64)
-    l2.insert(SPEC.name, keys, np.ones((keys.size, 2), np.float32))
-    session.lookup(SPEC.name, keys)
     _Source.made.clear()
     thread = listener_mod.start_l1_listener(session, cfg)
     try:
