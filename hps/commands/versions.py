@@ -127,6 +127,8 @@ def report_lines(report: dict[str, Any]) -> list[str]:
                 tiers.append(f"{tier} {about}{rows} rows {_size(nbytes)}")
         served = "served" if v["served"] else "      "
         left = "  rows left: retire it again" if v.get("rows_left") else ""
+        if v.get("shared_rows_left"):
+            left += "  shared L2 rows kept: another node holds it"
         lines.append(
             f"{report['model']} {v['version']:>4}  {v['state']:<7}  {served}  "
             f"created {when:<19}  {'  '.join(tiers)}{left}"

@@ -99,6 +99,7 @@ def version_view(
         "version": info.version,
         "state": info.state,
         "rows_left": info.rows_left,  # retired, its rows not dropped yet
+        "shared_rows_left": info.shared_rows_left,  # retired, kept in a shared L2 for others
         "created": info.created or None,  # None: version 1 of a model never versioned
         "served": info.version in served,
         "tables": len(info.model_config().tables),

@@ -33,7 +33,9 @@ def list_versions(
 ) -> JSON:
     """Every version of the model, oldest first: number, state (``loading``, ``ready``,
     ``live``, ``retired``), ``rows_left`` (retired, its rows not dropped yet: a drop that
-    failed, done again by a retire of it or the next activation), created (unix time; null
+    failed, done again by a retire of it or the next activation), ``shared_rows_left``
+    (retired, its rows in a shared Redis L2 kept while another node holds it: dropped by
+    the control plane once none does), created (unix time; null
     for a version 1 never recorded), whether Triton serves it, rows and bytes per tier
     (null where a tier cannot tell); with the live version, the served ones and
     ``hps_keep_versions``."""

@@ -5,8 +5,8 @@ its own ``hps consume`` routes updates into that L3 by it. A Redis L2 that every
 and one consumer with no L3 feeds (``hps consume --versions-from-l2``: the Helm chart's
 l2-updater) has no record of its own, so:
 
-- each node's control plane publishes its record (:func:`node_record`: every model it knows,
-  each version's state, import start and entry) into one Redis hash
+- each node's control plane publishes its record (:mod:`hps.versions.node_record`: every
+  model it knows, each version's state, import start and entry) into one Redis hash
   (:mod:`hps.tiers.node_records`), a field per node, every :data:`PUBLISH_S` and within a
   second of a change (:class:`RecordPublisher`);
 - that consumer merges the nodes' records (:func:`merge`) into its own record file, which
@@ -19,9 +19,9 @@ ready ones above it): those versions are merged ``live``. Any other version take
 advanced state a node gives it (ready > loading > retired): a tagged message is applied once
 some node has it ready, and replayed to it when the first node makes it ready (from the
 earliest import start of the nodes'). A model is removed when every node that names it
-removed it. A node that has not published for :data:`STALE_S` is left out (long enough for
+removed it. A node that has not published for ``STALE_S`` is left out (long enough for
 a control plane's restart: the versions only it serves keep their updates meanwhile); with
-no node left, the last merge stands. Records older than :data:`FORGET_S` are deleted. A
+no node left, the last merge stands. Records older than ``FORGET_S`` are deleted. A
 record that is not one (damaged, or of a release whose entries this one cannot read) is left
 out, with a warning.
 """
@@ -30,12 +30,10 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from typing import cast
 
 from hps.config import PSConfig
@@ -45,95 +43,24 @@ from hps.topology import topology
 from hps.types import JSON
 from hps.updates import metrics
 from hps.updates.routing import Point, start_ms, targets
-from hps.versions.registry import VersionInfo, VersionRegistry, VersionState
+from hps.versions.node_record import (
+    STALE_S,
+    ModelRecord,
+    NodeRecord,
+    forgotten,
+    node_name,
+    node_record,
+)
+from hps.versions.registry import VersionRegistry, VersionState
+from hps.versions.shared_rows import release
 
 log = logging.getLogger(__name__)
 
 PUBLISH_S = 5.0
 FOLLOW_S = 2.0
-STALE_S = 3600.0
-FORGET_S = 86400.0
 MERGED = "hps:merged-from-nodes"
 """The key marking a record as a merge (its value: the nodes merged): never a model name."""
 _RANK: dict[VersionState, int] = {"retired": 0, "loading": 1, "ready": 2, "live": 3}
-
-
-@dataclass(frozen=True)
-class ModelRecord:
-    """One model as one node records it."""
-
-    versions: dict[int, VersionInfo]
-    removed: bool
-    runtime: bool
-
-
-@dataclass(frozen=True)
-class NodeRecord:
-    """What one node publishes: when, and its models."""
-
-    at: float  # unix time of the publish (the node's clock)
-    models: dict[str, ModelRecord]
-    node: str = ""  # its field in the hash (set when read)
-
-    def encode(self) -> str:
-        models = {
-            m: {"versions": [asdict(v) for v in r.versions.values()], "removed": r.removed,
-                "runtime": r.runtime}
-            for m, r in self.models.items()
-        }  # fmt: skip
-        return json.dumps({"at": self.at, "models": models})
-
-    @classmethod
-    def decode(cls, raw: bytes | str) -> NodeRecord:
-        """ValueError when ``raw`` is not a record (written by another release, damaged)."""
-        try:
-            doc = json.loads(raw)
-            models = {
-                str(m): ModelRecord(
-                    {int(v["version"]): _info(v) for v in r["versions"]},
-                    bool(r["removed"]),
-                    bool(r["runtime"]),
-                )
-                for m, r in doc["models"].items()
-            }
-            at = doc["at"]
-            if not isinstance(at, int | float) or not math.isfinite(at):
-                raise ValueError(f"bad publish time {at!r}")
-            return cls(float(at), models)
-        except (ValueError, TypeError, KeyError, AttributeError, HPSError) as exc:
-            raise ValueError(f"not a version record: {exc}") from None
-
-
-def _info(v: dict[str, object]) -> VersionInfo:
-    """One version, checked as far as this release reads it (its entry validated)."""
-    state, version, created, entry = v["state"], v["version"], v["created"], v["entry"]
-    if state not in _RANK or not isinstance(version, int) or version < 1:
-        raise ValueError(f"bad version {version!r} ({state!r})")
-    if not isinstance(created, int | float) or not math.isfinite(created) or created < 0:
-        raise ValueError(f"bad import start {created!r}")
-    if not isinstance(entry, dict):
-        raise ValueError(f"version {version}: bad entry")
-    info = VersionInfo(version, cast(VersionState, state), float(created), entry)
-    info.model_config()  # pydantic's ValidationError is a ValueError
-    return info
-
-
-def node_name(registry: VersionRegistry) -> str:
-    """This node's field in the hash: its host (a pod's name) and where its record is."""
-    return f"{socket.gethostname()}:{registry.path}"
-
-
-def node_record(registry: VersionRegistry) -> NodeRecord:
-    """The node's record: each model of its ps.json or record, as :meth:`versions` reads it
-    (a model never versioned: version 1, live, its ps.json entry)."""
-    names = {m.model for m in registry.config.models} | set(registry.recorded_models())
-    models = {
-        m: ModelRecord(
-            {v.version: v for v in registry.versions(m)}, registry.removed(m), registry.runtime(m)
-        )
-        for m in sorted(names)
-    }
-    return NodeRecord(time.time(), models)
 
 
 def merge(nodes: Iterable[NodeRecord]) -> dict[str, JSON]:
@@ -215,7 +142,8 @@ class _Every:
 
 class RecordPublisher:
     """Publishes the node's record (:meth:`start`: from a thread of its own): when its file
-    changes (checked every second), and every :data:`PUBLISH_S`."""
+    changes (checked every second), and every :data:`PUBLISH_S`; each time, drops the shared
+    rows no node holds any more (:mod:`hps.versions.shared_rows`)."""
 
     def __init__(self, config: PSConfig) -> None:
         self.registry = shared_l2_registry(config)
@@ -241,24 +169,15 @@ class RecordPublisher:
         self.records.close()
 
     def publish(self) -> None:
+        """Publish the record; then drop the shared L2's rows of versions this node retired
+        while another held them, that none holds any more (:func:`release`)."""
         record = node_record(self.registry)
         self.records.put(self.node, record.encode())
         self._last = time.monotonic()
         if not self._pruned:  # with no consumer following them, nothing else would
             self.records.forget(forgotten(self.records.all(), record.at))
             self._pruned = True
-
-
-def forgotten(raw: dict[bytes, bytes], now: float) -> list[bytes]:
-    """The nodes whose records are older than :data:`FORGET_S`, or not records."""
-    out = []
-    for node, value in raw.items():
-        try:
-            if now - NodeRecord.decode(value).at > FORGET_S:
-                out.append(node)
-        except ValueError:
-            continue  # damaged or of another release: left to the consumer to report
-    return out
+        release(self.registry.config)
 
 
 class RecordFollower:
@@ -332,12 +251,12 @@ class RecordFollower:
 
     def _fresh(self, raw: dict[bytes, bytes]) -> list[NodeRecord]:
         """The records published in the last ``stale_s`` (the nodes' clocks: the bound is
-        far beyond their skew); those older than :data:`FORGET_S` are deleted."""
+        far beyond their skew); those older than ``FORGET_S`` are deleted."""
         now = time.time()
         fresh = []
         for node, value in sorted(raw.items()):
             try:
-                record = replace(NodeRecord.decode(value), node=node.decode(errors="replace"))
+                record = NodeRecord.decode(value, node.decode(errors="replace"))
             except ValueError as exc:
                 if node not in self._bad:
                     log.warning("node %r: %s; left out", node.decode(errors="replace"), exc)

@@ -5,6 +5,9 @@ model version, imported beside the live one, activated and rolled back without a
 - :mod:`hps.versions.rollout`: import, activate, retire.
 - :mod:`hps.versions.held`: version 1's ps.json entry checked against the rows the node
   holds before it is first recorded.
+- :mod:`hps.versions.node_record`: the record a node publishes into a shared Redis L2, and
+  which other nodes hold a version; :mod:`hps.versions.shared_rows`: a version's rows in
+  that L2 kept while another node holds it.
 """
 
 from hps.versions.registry import VersionInfo, VersionRegistry, VersionState

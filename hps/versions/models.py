@@ -65,9 +65,10 @@ def _clear_a_died_add(config: PSConfig, registry: VersionRegistry, name: str) ->
     if any(v.state != "loading" or not _abandoned(config, name, v.version) for v in pending):
         raise ConfigError(f"model {name!r} is being added (its first version is importing)")
     if pending:
-        drop_versions(config, [v.model_config() for v in pending])
+        kept = drop_versions(config, [v.model_config() for v in pending])
         for v in pending:
-            registry.set_state(name, v.version, "retired")
+            registry.set_state(name, v.version, "retired",
+                               shared_rows_left=(name, v.version) in kept)  # fmt: skip
         log.warning(
             "model %s: dropped the rows of an add that died (version %s)",
             name, ", ".join(str(v.version) for v in pending),
@@ -140,12 +141,15 @@ def purge(config: PSConfig, model: str) -> list[int]:
     if not registry.removed(model):
         raise ConfigError(f"model {model!r} is served: remove it before purging it")
     infos = [v for v in registry.versions(model) if v.state != "retired" or v.rows_left]
-    drop_versions(config, [v.model_config() for v in infos])
+    kept = drop_versions(config, [v.model_config() for v in infos])
+    dropped = {v.version for v in infos}
     with registry.editing() as doc:
         rec = cast(JSON, doc.get(model) or {})
         versions = cast(dict[str, JSON], rec.get("versions", {}))
-        for v in versions.values():
+        for n, v in versions.items():
             cast(JSON, v)["state"] = "retired"
             cast(JSON, v)["rows_left"] = False
+            if int(n) in dropped:  # one retired before keeps its shared rows' flag
+                cast(JSON, v)["shared_rows_left"] = (model, int(n)) in kept
         doc[model] = rec
     return [v.version for v in infos]

@@ -20,7 +20,9 @@ States: ``loading`` (an import is writing it), ``ready`` (complete, not served b
 serves it or writes it any more, its rows are dropped; the number is never reused). A
 version is recorded retired before its rows are dropped, with ``rows_left`` until the drop
 has succeeded: a drop that failed (L3 held by ``hps consume``) or never ran (a crash) is
-done again by the next retire of it, the next activation of its model, or a purge.
+done again by the next retire of it, the next activation of its model, or a purge. Its rows
+in a Redis L2 that other nodes share and still hold it in are kept, with
+``shared_rows_left`` (:mod:`hps.versions.shared_rows`).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class VersionInfo:
     created: float  # unix time the import began
     entry: JSON  # the ps.json model entry it was imported from (paths absolute)
     rows_left: bool = False  # retired, its rows not dropped yet (see the module docstring)
+    shared_rows_left: bool = False  # retired, its rows kept in a shared L2 another node holds
 
     def model_config(self) -> ModelConfig:
         """The entry as a ModelConfig whose tables are in this version's namespace."""
@@ -110,6 +113,7 @@ class VersionRegistry:
                     float(cast(float, v["created"])),
                     cast(JSON, v["entry"]),
                     bool(v.get("rows_left", False)),
+                    bool(v.get("shared_rows_left", False)),
                 )
                 for n, v in raw.items()
             ),
@@ -202,6 +206,13 @@ class VersionRegistry:
     def rows_left(self, model: str) -> list[int]:
         """Retired versions whose rows are still to be dropped."""
         return [v.version for v in self.versions(model) if v.rows_left]
+
+    def shared_rows_left(self) -> list[tuple[str, VersionInfo]]:
+        """``(model, version)`` of every retired version whose rows in a shared L2 are kept
+        for another node (:mod:`hps.versions.shared_rows`)."""
+        return [
+            (m, v) for m in self.recorded_models() for v in self.versions(m) if v.shared_rows_left
+        ]
 
     def beyond_kept(self, model: str) -> list[int]:
         """Ready versions no longer kept (what an activation retires)."""
@@ -308,16 +319,25 @@ class VersionRegistry:
         self._edit(model.model, change)
 
     def set_state(
-        self, model: str, version: int, state: VersionState, *, rows_left: bool = False
+        self,
+        model: str,
+        version: int,
+        state: VersionState,
+        *,
+        rows_left: bool = False,
+        shared_rows_left: bool = False,
     ) -> None:
         """``loading`` -> ``ready`` when an import completes, or -> ``retired`` (with
-        ``rows_left`` until its rows are dropped)."""
+        ``rows_left`` until its rows are dropped, ``shared_rows_left`` while those of a shared
+        L2 are kept for another node: :mod:`hps.versions.shared_rows`)."""
 
         def change(current: dict[int, VersionInfo]) -> None:
             v = self._known(model, current, version)
             if v.state == "live" and state != "live":
                 raise ConfigError(f"model {model!r} version {version} is live: activate another")
-            current[version] = replace(v, state=state, rows_left=rows_left)
+            current[version] = replace(
+                v, state=state, rows_left=rows_left, shared_rows_left=shared_rows_left
+            )
 
         self._edit(model, change)
 

@@ -38,6 +38,7 @@ from hps.rowformat import ROW_DTYPES
 from hps.tiers import Tiers
 from hps.topology import topology
 from hps.versions.registry import VersionRegistry
+from hps.versions.shared_rows import holding
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -219,21 +220,31 @@ def _abandoned(config: PSConfig, model: str, version: int) -> bool:
         return True
 
 
-def drop_versions(config: PSConfig, entries: list[ModelConfig]) -> None:
+def drop_versions(config: PSConfig, entries: list[ModelConfig]) -> set[tuple[str, int]]:
     """Drop the tables of ``entries`` (model entries at their version) in every tier, under
     the node's import lock (no import writes L3 meanwhile), and their import records: an
-    import of the same number after a failed one imports every table again."""
+    import of the same number after a failed one imports every table again. The
+    ``(model, version)`` whose rows in a shared Redis L2 are kept, another node holding
+    them (:mod:`hps.versions.shared_rows`), are returned."""
     state = topology(config).state_dir
     with import_lock(state) if state is not None else nullcontext():
+        held = holding(config, entries)
         tiers = Tiers.open(config, l3_mode="read_write")
         try:
             for entry in entries:
+                nodes = held.get((entry.model, entry.version))
+                if nodes:
+                    held_by = ", ".join(nodes)
+                    log.info("model %s version %d: its rows in the shared L2 kept (%s holding "
+                             "it)", entry.model, entry.version, held_by)  # fmt: skip
+                keep_l2 = tiers.subset(l2=False) if nodes else tiers
                 for spec in entry.tables:
-                    tiers.drop_table(spec, reopen=False)
+                    keep_l2.drop_table(spec, reopen=False)
         finally:
             tiers.close()
         if state is not None:
             ImportRecord(state).forget(s.name for entry in entries for s in entry.tables)
+    return set(held)
 
 
 def retire(config: PSConfig, model: str, version: int) -> None:
@@ -269,12 +280,13 @@ def retire_held(config: PSConfig, model: str, version: int) -> None:
         )
     registry.set_state(model, version, "retired", rows_left=True)  # first: nothing serves it
     try:
-        drop_versions(config, [info.model_config()])
+        kept = drop_versions(config, [info.model_config()])
     except Exception as exc:
         raise BackendError(
             f"model {model!r} version {version} is retired but its rows could not be dropped "
             f"({exc}); they are dropped by the next retire of it (hps versions retire), "
             "activation of the model or purge"
         ) from exc
-    registry.set_state(model, version, "retired")
-    log.info("model %s: version %d retired, its rows dropped", model, version)
+    registry.set_state(model, version, "retired", shared_rows_left=bool(kept))
+    log.info("model %s: version %d retired, its rows dropped%s", model, version,
+             " (in the shared L2 once no other node holds it)" if kept else "")  # fmt: skip

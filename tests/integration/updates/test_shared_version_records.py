@@ -26,18 +26,14 @@ from hps.service.app import create_app
 from hps.service.state import AdminState
 from hps.service.triton_admin import TritonAdmin
 from hps.storage.redis_cluster import RedisStore
+from hps.storage.rocks_db import RocksDBStore
 from hps.testing.kafka import TansuBroker
 from hps.tiers.node_records import NodeRecords
 from hps.updates import Publisher
-from hps.updates.shared_record import (
-    FORGET_S,
-    NodeRecord,
-    RecordFollower,
-    RecordPublisher,
-    node_name,
-)
+from hps.updates.shared_record import RecordFollower, RecordPublisher
 from hps.versions import VersionRegistry
-from hps.versions.rollout import import_version, version_entry
+from hps.versions.node_record import FORGET_S, NodeRecord, node_name
+from hps.versions.rollout import import_version, retire, version_entry
 from tests.fixtures.kafka import update_doc, wait_for
 from tests.helpers import rows
 
@@ -249,4 +245,59 @@ def test_a_second_nodes_import_of_a_version_keeps_what_the_shared_l2_holds(
         assert np.array_equal(np.asarray(got)[:5], rows(keys[:5], 4, seed=9))
         assert np.array_equal(np.asarray(got)[5:], rows(keys[5:], 4, seed=3))
     finally:
+        store.close()
+
+
+def test_a_retire_keeps_the_shared_rows_of_a_version_another_node_holds(
+    tmp_path: Path, address: str
+) -> None:
+    """Nodes a and b both hold version 2. a retires it: its L3's rows go, Redis's stay for
+    b. b retires it: no node holds it any more, Redis's go. a's next publish clears its
+    record of the kept rows."""
+    doc = update_doc(tmp_path, "127.0.0.1:1", volatile={"type": "redis", "address": address})
+    a, b = node_config(tmp_path, "a", doc), node_config(tmp_path, "b", doc)
+    keys = np.arange(50, dtype=np.int64)
+    files = []
+    for table, dim in (("t0", 4), ("t1", 8)):
+        write_sparse_model(tmp_path / "v2" / table, keys, rows(keys, dim, seed=3))
+        files.append(str(tmp_path / "v2" / table))
+    model = a.models[0].model
+    for node in (a, b):
+        import_version(node, version_entry(node, model, sparse_files=files), 2)
+    spec = a.models[0].at_version(2).tables[0]
+    pub_a, pub_b = RecordPublisher(a), RecordPublisher(b)
+    store = RedisStore.from_config(a.volatile_db)
+
+    def in_l3(node: PSConfig) -> bool:
+        l3 = RocksDBStore(str(node.persistent_db.path), mode="read_only")
+        try:
+            return spec.name in l3.column_families
+        finally:
+            l3.close()
+
+    def in_redis() -> bool:
+        store.open_table(spec)
+        return bool(store.fetch(spec.name, keys)[1].all())
+
+    try:
+        pub_a.publish()
+        pub_b.publish()
+        retire(a, model, 2)
+        info = VersionRegistry(a).get(model, 2)
+        assert (info.state, info.shared_rows_left) == ("retired", True)
+        assert not in_l3(a) and in_l3(b)  # a's own copy dropped
+        assert in_redis()  # b's lookups of version 2 still hit Redis
+        pub_a.publish()  # b still holds it: nothing released
+        assert in_redis() and VersionRegistry(a).get(model, 2).shared_rows_left
+
+        retire(b, model, 2)  # a's record says retired: b is the last, Redis's rows go
+        assert not VersionRegistry(b).get(model, 2).shared_rows_left and not in_l3(b)
+        assert not in_redis()
+        store.insert(spec.name, keys[:1], rows(keys[:1], 4, seed=5))  # (dropped again below)
+        pub_b.publish()
+        pub_a.publish()  # nobody holds it: a drops what is left and clears its flag
+        assert not in_redis() and not VersionRegistry(a).get(model, 2).shared_rows_left
+    finally:
+        for part in (pub_a, pub_b):
+            part.close()
         store.close()

@@ -12,16 +12,9 @@ from hypothesis import strategies as st
 from hps.config import parse_config
 from hps.errors import ConfigError, UnknownTableError
 from hps.updates.routing import Point, start_ms, targets
-from hps.updates.shared_record import (
-    ModelRecord,
-    NodeRecord,
-    RecordFollower,
-    _Every,
-    follow,
-    merge,
-    node_record,
-)
+from hps.updates.shared_record import RecordFollower, _Every, follow, merge
 from hps.versions import VersionInfo, VersionRegistry, VersionState
+from hps.versions.node_record import ModelRecord, NodeRecord, node_record
 
 ENTRY = {"model": "m", "embedding_table_names": ["t"], "embedding_vecsize_per_table": [4]}
 

@@ -1,0 +1,140 @@
+"""A node's version record as it publishes it into a shared Redis L2 (one field per node of
+the hash :mod:`hps.tiers.node_records`), and what the other nodes' records say.
+
+Two readers: the consumer that feeds the shared L2 merges them (:mod:`hps.updates.shared_record`),
+and a node that drops a version's rows leaves the shared L2's while another node holds that
+version (:mod:`hps.versions.shared_rows`). A record published more than :data:`STALE_S` ago
+(wall clock) is left out by both; one older than :data:`FORGET_S` is deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import cast, get_args
+
+from hps.errors import HPSError
+from hps.versions.registry import VersionInfo, VersionRegistry, VersionState
+
+STALE_S = 3600.0
+FORGET_S = 86400.0
+HOLDING: frozenset[VersionState] = frozenset({"loading", "ready", "live"})
+"""States in which a node holds a version's rows (imports them, or may serve them)."""
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """One model as one node records it."""
+
+    versions: dict[int, VersionInfo]
+    removed: bool
+    runtime: bool
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """What one node publishes: when, and its models."""
+
+    at: float  # unix time of the publish (the node's clock)
+    models: dict[str, ModelRecord]
+    node: str = ""  # its field in the hash (set when read)
+
+    def encode(self) -> str:
+        models = {
+            m: {"versions": [asdict(v) for v in r.versions.values()], "removed": r.removed,
+                "runtime": r.runtime}
+            for m, r in self.models.items()
+        }  # fmt: skip
+        return json.dumps({"at": self.at, "models": models})
+
+    @classmethod
+    def decode(cls, raw: bytes | str, node: str = "") -> NodeRecord:
+        """ValueError when ``raw`` is not a record (written by another release, damaged)."""
+        try:
+            doc = json.loads(raw)
+            models = {
+                str(m): ModelRecord(
+                    {int(v["version"]): _info(v) for v in r["versions"]},
+                    bool(r["removed"]),
+                    bool(r["runtime"]),
+                )
+                for m, r in doc["models"].items()
+            }
+            at = doc["at"]
+            if not isinstance(at, int | float) or not math.isfinite(at):
+                raise ValueError(f"bad publish time {at!r}")
+            return cls(float(at), models, node)
+        except (ValueError, TypeError, KeyError, AttributeError, HPSError) as exc:
+            raise ValueError(f"not a version record: {exc}") from None
+
+    def holds(self, model: str, version: int) -> bool:
+        """Whether this node holds ``version`` of ``model``: a model it serves (not removed)
+        with that version in a :data:`HOLDING` state."""
+        rec = self.models.get(model)
+        info = None if rec is None or rec.removed else rec.versions.get(version)
+        return info is not None and info.state in HOLDING
+
+
+def _info(v: dict[str, object]) -> VersionInfo:
+    """One version, checked as far as this release reads it (its entry validated)."""
+    state, version, created, entry = v["state"], v["version"], v["created"], v["entry"]
+    if state not in get_args(VersionState) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"bad version {version!r} ({state!r})")
+    if not isinstance(created, int | float) or not math.isfinite(created) or created < 0:
+        raise ValueError(f"bad import start {created!r}")
+    if not isinstance(entry, dict):
+        raise ValueError(f"version {version}: bad entry")
+    info = VersionInfo(version, cast(VersionState, state), float(created), entry)
+    info.model_config()  # pydantic's ValidationError is a ValueError
+    return info
+
+
+def node_name(registry: VersionRegistry) -> str:
+    """This node's field in the hash: its host (a pod's name) and where its record is."""
+    return f"{socket.gethostname()}:{registry.path}"
+
+
+def node_record(registry: VersionRegistry) -> NodeRecord:
+    """The node's record: each model of its ps.json or record, as :meth:`versions` reads it
+    (a model never versioned: version 1, live, its ps.json entry)."""
+    names = {m.model for m in registry.config.models} | set(registry.recorded_models())
+    models = {
+        m: ModelRecord(
+            {v.version: v for v in registry.versions(m)}, registry.removed(m), registry.runtime(m)
+        )
+        for m in sorted(names)
+    }
+    return NodeRecord(time.time(), models)
+
+
+def forgotten(raw: dict[bytes, bytes], now: float) -> list[bytes]:
+    """The nodes whose records are older than :data:`FORGET_S`, or not records."""
+    out = []
+    for node, value in raw.items():
+        try:
+            if now - NodeRecord.decode(value).at > FORGET_S:
+                out.append(node)
+        except ValueError:
+            continue  # damaged or of another release: left to the consumer to report
+    return out
+
+
+def holders(
+    raw: dict[bytes, bytes], model: str, version: int, *, besides: str, now: float
+) -> list[str]:
+    """The nodes other than ``besides`` whose records, published in the last :data:`STALE_S`,
+    hold ``version`` of ``model`` (records that are not ones are left out)."""
+    return sorted(r.node for r in _readable(raw) if r.node != besides
+                  and now - r.at <= STALE_S and r.holds(model, version))  # fmt: skip
+
+
+def _readable(raw: dict[bytes, bytes]) -> Iterable[NodeRecord]:
+    for node, value in raw.items():
+        try:
+            yield NodeRecord.decode(value, node.decode(errors="replace"))
+        except ValueError:
+            continue

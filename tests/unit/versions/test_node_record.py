@@ -1,0 +1,39 @@
+"""What the other nodes' published records say (hps.versions.node_record): which of them
+hold a version, so that its rows in a shared L2 are kept for them."""
+
+from __future__ import annotations
+
+from hps.versions import VersionInfo, VersionState
+from hps.versions.node_record import STALE_S, ModelRecord, NodeRecord, holders
+
+ENTRY = {"model": "m", "embedding_table_names": ["t"], "embedding_vecsize_per_table": [4]}
+NOW = 1_000_000.0
+
+
+def published(at: float, *states: VersionState, removed: bool = False) -> bytes:
+    """A record of model m published at ``at``: version i+1 in ``states[i]``."""
+    versions = {n: VersionInfo(n, s, 1.0, ENTRY) for n, s in enumerate(states, 1)}
+    return NodeRecord(at, {"m": ModelRecord(versions, removed, False)}).encode().encode()
+
+
+def test_a_node_holds_a_version_it_imports_serves_or_keeps() -> None:
+    raw = {
+        b"importing": published(NOW, "live", "loading"),
+        b"ready": published(NOW, "live", "ready"),
+        b"live": published(NOW, "ready", "live"),
+        b"retired": published(NOW, "live", "retired"),
+        b"never heard of it": published(NOW, "live"),
+    }
+    assert holders(raw, "m", 2, besides="", now=NOW) == ["importing", "live", "ready"]
+    assert holders(raw, "other model", 1, besides="", now=NOW) == []
+
+
+def test_this_node_a_removed_model_a_stale_or_damaged_record_hold_nothing() -> None:
+    raw = {
+        b"me": published(NOW, "live", "live"),
+        b"removed": published(NOW, "live", "ready", removed=True),
+        b"gone": published(NOW - STALE_S - 1, "live", "ready"),
+        b"damaged": b"{not json",
+        b"recent": published(NOW - STALE_S + 1, "live", "ready"),
+    }
+    assert holders(raw, "m", 2, besides="me", now=NOW) == ["recent"]
