@@ -124,6 +124,7 @@ class TableSource:
         lo = 0
         with self.opened() as src:
             for chunk, vectors in src.chunks():
+                _check_finite(vectors, self.files[-1], lo)
                 try:
                     _, vectors = as_rows(self.spec, chunk, vectors)
                 except Exception as exc:
@@ -135,6 +136,16 @@ class TableSource:
                 keys[lo : lo + chunk.size] = chunk
                 lo += chunk.size
         return _duplicates(keys)
+
+
+def _check_finite(vectors: np.ndarray, path: Path, first_row: int) -> None:
+    """FormatError naming the vectors file and the first row with a NaN or an infinity."""
+    if vectors.dtype.kind != "f" or vectors.ndim == 0 or not len(vectors):
+        return
+    finite = np.isfinite(vectors).reshape(len(vectors), -1).all(axis=1)
+    if not finite.all():
+        row = first_row + int(np.argmin(finite))
+        raise FormatError(f"{path}: row {row} holds NaN or infinity")
 
 
 def _last_rows(files: TableFiles, keys: Keys, at: np.ndarray) -> np.ndarray:

@@ -69,7 +69,7 @@ def test_bad_rows_are_found_before_anything_is_written(tmp_path: Path) -> None:
     bad = rows(np.arange(10), 8)
     bad[3, 1] = np.nan
     write_sparse_model(tmp_path / "t1.model", np.arange(10, dtype=np.int64), bad)
-    with pytest.raises(FormatError, match="NaN"):
+    with pytest.raises(FormatError, match=r"t1.model/emb_vector: row 3 holds NaN"):
         import_tables(config, topology(config))
     assert not Path(config.persistent_db.path).exists()
 
