@@ -9,6 +9,16 @@ int64 little-endian, its value the stored row's raw bytes (the table's row forma
 the table's row format and dimension (JSON); ``open_table`` refuses a table stored with
 another (``ConfigError``), and rows written before it was recorded are float32.
 
+A handle keeps the record it opened a table with, and every call checks that Redis still
+holds it (:meth:`RedisStore._check_record`): a fetch reads ``hps_tm`` in the pipeline of its
+first chunk (no extra round trip); ``insert``, ``insert_absent`` and ``remove`` read it before
+they write anything, ``dump`` before it reads (one ``GET`` each). A record that exists and
+differs (another process dropped the table and created it again in another format or
+dimension, ``hps import --force``, after this handle opened it) is a ``BackendError`` that
+says to reload the process: rows of two formats of the same byte size (float16 and int8 of
+dim 8) would otherwise be read, or written, in the wrong one. A missing record is no error:
+a dropped table reads as empty, and a reader may open a table before its writer creates it.
+
 With a finite ``overflow_margin`` (rows per partition, as in HugeCTR) each partition also has
 a sorted set ``hps_ts{<model>.<table>/p<i>}`` (same slot) scoring every key by the time of its
 last write (``evict_oldest``) or of its last write or read (``evict_least_used``). After an
@@ -67,6 +77,8 @@ class _Table:
     spec: TableSpec
     hashes: list[bytes]
     stamps: list[bytes]
+    meta: bytes  # the name of its format record (``hps_tm{...}``)
+    record: bytes  # the record this handle opened it with (what it writes when first)
 
 
 class RedisStore(EmbeddingStore):
@@ -114,13 +126,15 @@ class RedisStore(EmbeddingStore):
     def open_table(self, spec: TableSpec) -> None:
         """Declare a table; rows already stored in another format or dimension are a
         ConfigError. The first to open a table records its format and dimension."""
+        meta = meta_name(spec.name)
+        record = json.dumps({"row_dtype": spec.row_dtype, "dim": spec.dim}).encode()
         t = _Table(
             spec,
             [hash_name(spec.name, p) for p in range(self._partitions)],
             [stamp_name(spec.name, p) for p in range(self._partitions)],
+            meta,
+            record,
         )
-        meta = meta_name(spec.name)
-        record = json.dumps({"row_dtype": spec.row_dtype, "dim": spec.dim}).encode()
         with translated(f"open_table {spec.name}"):
             recorded, stored = self._read_format(spec, t.hashes)
             fresh = not recorded and self._same(spec, stored)  # new, or from before records
@@ -176,6 +190,36 @@ class RedisStore(EmbeddingStore):
             return LEGACY_FORMAT, spec.dim
         return LEGACY_FORMAT, max(widths - {LEGACY_FORMAT.row_bytes(spec.dim)}) // 4
 
+    def _check_record(self, t: _Table, raw: Reply, what: str) -> None:
+        """Refuse a call on a table whose format record ``raw`` (the reply to a GET of
+        ``hps_tm``) is no longer the one this handle opened it with: another process
+        dropped it and created it again in another format or dimension. None (no record:
+        dropped, not created again; or not created yet) and an equal record pass; so does a
+        record of the same format and dimension written otherwise."""
+        if isinstance(raw, Exception):
+            raise raw  # in a pipeline read with raise_on_error=False: translated above
+        if raw is None or raw == t.record:
+            return
+        spec = t.spec
+        now = self._recorded(spec, raw, [])
+        if self._same(spec, now):
+            return
+        assert now is not None
+        raise BackendError(
+            f"Redis: {what} refused: this process opened table {spec.name} as "
+            f"{spec.row_dtype} rows of dimension {spec.dim}, but Redis now records it as "
+            f"{now[0].name} rows of dimension {now[1]} (the table was dropped and created "
+            "again since, e.g. by `hps import --force`); reload this process (`hps reload` "
+            "for a served model, a restart for others)"
+        )
+
+    def _check_now(self, t: _Table, what: str) -> None:
+        """:meth:`_check_record` with a GET of its own (one round trip): what a write does
+        before it writes anything, and a dump before it reads."""
+        with translated(what):
+            raw = self._r.execute_command("GET", t.meta)
+        self._check_record(t, raw, what)
+
     def drop_table(self, table: str) -> None:
         """Delete the table's partitions, their timestamps and its recorded format."""
         names = [meta_name(table)]
@@ -222,10 +266,13 @@ class RedisStore(EmbeddingStore):
         deadline = time.monotonic() + self._timeout_s
         for start, order, groups, fields in self._chunks(keys):
             _within(deadline, self._timeout_s, f"fetch {table}")
+            first = start == 0  # its pipeline reads the format record too
             with translated(f"fetch {table}"):
                 pipe = self._r.pipeline(transaction=False)
                 for p, lo, hi in groups:
                     pipe.execute_command("HMGET", t.hashes[p], *fields[lo:hi])
+                if first:
+                    pipe.execute_command("GET", t.meta)
                 if self._touch:
                     self._stamp(pipe, t, groups, fields, b"XX")
                 # the touch is best effort: a Redis at maxmemory refuses the ZADD (a write)
@@ -234,6 +281,8 @@ class RedisStore(EmbeddingStore):
                 for reply in replies[: len(groups)]:
                     if isinstance(reply, Exception):
                         raise reply
+                if first:
+                    self._check_record(t, replies[len(groups)], f"fetch {table}")
             flat = list(chain.from_iterable(replies[: len(groups)]))
             got = unsort(flat, order, len(groups))
             if got.count(None):
@@ -268,6 +317,7 @@ class RedisStore(EmbeddingStore):
 
     def _insert(self, table: str, keys: Keys, values: Stored, absent_only: bool) -> None:
         t = self._table(table)
+        self._check_now(t, f"insert {table}")
         row = f"V{t.spec.fmt.row_bytes(t.spec.dim)}"
         for start, order, groups, fields in self._chunks(keys):
             rows = values[start : start + self._batch].view(row).ravel()[order].tolist()
@@ -299,6 +349,7 @@ class RedisStore(EmbeddingStore):
 
     def _remove(self, table: str, keys: Keys) -> None:
         t = self._table(table)
+        self._check_now(t, f"remove {table}")
         for _, _, groups, fields in self._chunks(keys):
             with translated(f"remove {table}"):
                 pipe = self._r.pipeline(transaction=False)
@@ -323,6 +374,7 @@ class RedisStore(EmbeddingStore):
     def dump(self, table: str, chunk_rows: int = 1 << 16) -> Iterator[tuple[Keys, Stored]]:
         """Yield (keys, stored rows) chunks of the whole table (HSCAN of each partition)."""
         t = self._table(table)
+        self._check_now(t, f"dump {table}")
         fmt = t.spec.fmt
         for h in t.hashes:
             cursor = 0

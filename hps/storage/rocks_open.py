@@ -9,7 +9,9 @@
 - Each table's row format and dimension are recorded in the database's ``default`` column
   family under ``hps.table/<model>.<table>`` (JSON, :func:`format_record`) when the table is
   created, and read back (:func:`recorded_format`) when it is opened; a table created before
-  formats were recorded holds float32 rows.
+  formats were recorded holds float32 rows. A secondary reads the records of its open tables
+  again after each catch-up (:func:`changed_formats`): a table the writer dropped and created
+  again in another format is refused from then on (:func:`format_changed`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import contextlib
 import json
 import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import cast
 
@@ -210,8 +213,7 @@ def recorded_format(db: rd.Rdict, spec: TableSpec, exists: bool) -> tuple[RowFor
     try:
         raw = db.get(meta_key(spec.name))
         if raw is not None:
-            doc = json.loads(cast("bytes", raw))
-            return FORMATS[doc["row_dtype"]], int(doc["dim"])
+            return _parsed(cast("bytes", raw))
         if not exists:
             return None
         first = next(iter(db.get_column_family(spec.name).values()), None)
@@ -224,3 +226,48 @@ def recorded_format(db: rd.Rdict, spec: TableSpec, exists: bool) -> tuple[RowFor
     if length in (row, row + rocks_rows.VERSION_BYTES):  # format 1 or 2 of this dim
         return LEGACY_FORMAT, spec.dim
     return LEGACY_FORMAT, (length - rocks_rows.VERSION_BYTES) // 4  # format 2 of another
+
+
+def _parsed(raw: bytes) -> tuple[RowFormat, int]:
+    """The format and dimension a format record holds (raises on one it cannot read)."""
+    doc = json.loads(raw)
+    return FORMATS[doc["row_dtype"]], int(doc["dim"])
+
+
+def changed_formats(db: rd.Rdict, specs: Iterable[TableSpec]) -> dict[str, str]:
+    """The tables among ``specs`` whose format record the database now holds with another
+    format or dimension than their spec's (one MultiGet), each with what it records, in
+    words ("int8 rows of dimension 8"; a record this release cannot read is one too). A
+    table without a record is not among them (dropped and not created again, or not
+    created yet: it reads as empty), nor one whose record is the spec's."""
+    wanted = list(specs)
+    if not wanted:
+        return {}
+    try:
+        raws = cast("list[bytes | None]", db.get([meta_key(s.name) for s in wanted]))
+    except Exception as exc:
+        raise BackendError(f"rocks_db: cannot read the tables' format records: {exc}") from exc
+    changed: dict[str, str] = {}
+    for spec, raw in zip(wanted, raws, strict=True):
+        if raw is None or raw == format_record(spec):
+            continue
+        try:
+            fmt, dim = _parsed(raw)
+        except (ValueError, KeyError, TypeError) as exc:  # written by another release?
+            changed[spec.name] = f"a record it cannot read ({type(exc).__name__}: {exc})"
+            continue
+        if fmt is not spec.fmt or dim != spec.dim:
+            changed[spec.name] = f"{fmt.name} rows of dimension {dim}"
+    return changed
+
+
+def format_changed(path: str, what: str, spec: TableSpec, held: str) -> BackendError:
+    """The error of a call on a table that this process opened as ``spec`` and the database
+    now records as ``held`` (:func:`changed_formats`)."""
+    return BackendError(
+        f"rocks_db {path}: {what} refused: this process opened table {spec.name} as "
+        f"{spec.row_dtype} rows of dimension {spec.dim}, but the database now records it as "
+        f"{held} (the table was dropped and created again since, e.g. by `hps import "
+        "--force`); reload this process (`hps reload` for a served model, a restart for "
+        "others)"
+    )

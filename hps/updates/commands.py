@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hps.types import Keys, Vectors
+    from hps.config import PSConfig
+    from hps.types import Keys, TableSpec, Vectors
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--npy", nargs=2, metavar=("KEYS", "VECTORS"), help=".npy key/vector pair")
     p.add_argument("--config", help="ps.json: brokers, Kafka settings and the table's dim")
     p.add_argument("--brokers", help="bootstrap servers (default: the config's)")
-    p.add_argument("--dim", type=int, help="vector size (default: the config's)")
+    p.add_argument(
+        "--dim", type=int, help="vector size (default: the config's, of the version it goes to)"
+    )
     p.add_argument("--version", type=int, help="update version (default: time.time_ns())")
     p.add_argument(
         "--model-version",
@@ -199,6 +202,24 @@ def _consume_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _published_table(config: PSConfig, model: str, table: str, version: int | None) -> TableSpec:
+    """The table as ``version`` of ``model`` has it (default: the live version's): a
+    version may have other dims than the ps.json's entry (docs/versions.md)."""
+    from hps.errors import ConfigError, UnknownTableError
+    from hps.versions import VersionRegistry
+
+    registry = VersionRegistry(config)
+    try:
+        at = version if version is not None else registry.live(model)
+        entry = registry.model_at(model, at)
+    except UnknownTableError as exc:
+        raise ConfigError(f"{config.source}: {exc}") from None
+    spec = next((t for t in entry.tables if t.table == table), None)
+    if spec is None:
+        raise ConfigError(f"{config.source}: model {model!r} version {at} has no table {table!r}")
+    return spec
+
+
 def _publish(args: argparse.Namespace) -> int:
     from hps.errors import ConfigError, RequestError
     from hps.io.npy import npy_rows, read_npy_pair
@@ -221,9 +242,7 @@ def _publish(args: argparse.Namespace) -> int:
         check_settings(
             config.update_source.kafka_settings, f"{config.source}: update_source.hps_kafka_config"
         )
-        spec = {t.name: t for t in config.tables}.get(args.table)
-        if spec is None:
-            raise ConfigError(f"{args.config}: no table {args.table!r}")
+        spec = _published_table(config, model, table, args.model_version)
         if not brokers and not config.update_source.enabled:  # its brokers are a default
             raise ConfigError(
                 f"{args.config}: update_source.type is 'null' (no Kafka): give --brokers, or "

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hps.cli import main
+from hps.config import parse_config
+from hps.versions import VersionRegistry
 from tests.unit.test_plan import ps_json
 
 
@@ -25,3 +29,43 @@ def test_no_kafka_in_the_config_and_no_brokers_is_refused_at_once(
     err = capsys.readouterr().err
     assert code == 2 and time.monotonic() - start < 10
     assert f"{config}: update_source.type is 'null' (no Kafka): give --brokers" in err
+
+
+def test_the_vectors_are_checked_against_the_dims_of_the_version_they_go_to(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Version 2, live, was imported with dims 8 and 32 (version 1's ps.json entry: 16 and
+    32): an untagged publish takes version 2's dim, one tagged for version 1 version 1's."""
+
+    class Reached(Exception):
+        pass
+
+    def publisher(*args: object, **kwargs: object) -> None:
+        raise Reached(kwargs.get("version"))
+
+    monkeypatch.setattr("hps.updates.producer.Publisher.__init__", publisher)
+    path = ps_json(tmp_path)
+    config = parse_config(json.loads(path.read_text()), str(path))
+    entry = config.models[0]
+    registry = VersionRegistry(config)
+    registry.begin(entry.model_copy(update={"embedding_vecsize_per_table": [8, 32]}), 2)
+    registry.set_state("m", 2, "ready")
+    registry.set_live("m", 2)
+    np.save(tmp_path / "k.npy", np.arange(3, dtype=np.int64))
+    for dim in (8, 16):
+        np.save(tmp_path / f"v{dim}.npy", np.ones((3, dim), np.float32))
+
+    def publish(dim: int, *tag: str) -> int:
+        return main(["publish", "--config", str(path), "--table", "m.t0", "--brokers", "x:9",
+                     "--npy", str(tmp_path / "k.npy"), str(tmp_path / f"v{dim}.npy"), "--quiet",
+                     *tag])  # fmt: skip
+
+    with pytest.raises(Reached):
+        publish(8)
+    with pytest.raises(Reached, match="1"):
+        publish(16, "--model-version", "1")
+    assert publish(16) == 2
+    assert "vectors must be float (n, 8), got float32(3, 16)" in capsys.readouterr().err
+    assert main(["publish", "--config", str(path), "--table", "m.t9", "--brokers", "x:1",
+                 "--npy", str(tmp_path / "k.npy"), str(tmp_path / "v8.npy")]) == 2  # fmt: skip
+    assert "model 'm' version 2 has no table 't9'" in capsys.readouterr().err
