@@ -212,10 +212,19 @@ def check_rows(spec: TableSpec, keys: Keys, values: Stored) -> None:
 def refused(spec: TableSpec, where: str, fmt: RowFormat, dim: int) -> ConfigError:
     """The error for a table whose rows ``where`` holds in format ``fmt`` and dimension
     ``dim`` that differ from ``spec``'s."""
-    return ConfigError(
+    what = (
         f"table {spec.name}: {where} holds {fmt.name} rows of dimension {dim}, but the table "
-        f"is configured as {spec.row_dtype} rows of dimension {spec.dim}: re-import it with "
-        "`hps import --force` (which drops the stored rows) or configure it as stored"
+        f"is configured as {spec.row_dtype} rows of dimension {spec.dim}"
+    )
+    if spec.version > 1:  # a version is never imported again, its number never reused
+        return ConfigError(
+            f"{what}: model version {spec.version} was imported so (by another node sharing "
+            "this tier, or before): import it with the same dims and row formats, or under a "
+            "new number"
+        )
+    return ConfigError(
+        f"{what}: re-import it with `hps import --force` (which drops the stored rows) or "
+        "configure it as stored"
     )
 
 

@@ -37,6 +37,7 @@ from hps.loading.imports import (
 from hps.rowformat import ROW_DTYPES
 from hps.tiers import Tiers
 from hps.topology import topology
+from hps.types import TableSpec
 from hps.versions.registry import VersionRegistry
 from hps.versions.shared_rows import holding
 
@@ -226,7 +227,8 @@ def drop_versions(config: PSConfig, entries: list[ModelConfig]) -> set[tuple[str
     import of the same number after a failed one imports every table again. The
     ``(model, version)`` whose rows in a shared Redis L2 are kept, another node holding
     them (:mod:`hps.versions.shared_rows`), are returned."""
-    state = topology(config).state_dir
+    topo = topology(config)
+    state = topo.state_dir
     with import_lock(state) if state is not None else nullcontext():
         held = holding(config, entries)
         tiers = Tiers.open(config, l3_mode="read_write")
@@ -237,14 +239,26 @@ def drop_versions(config: PSConfig, entries: list[ModelConfig]) -> set[tuple[str
                     held_by = ", ".join(nodes)
                     log.info("model %s version %d: its rows in the shared L2 kept (%s holding "
                              "it)", entry.model, entry.version, held_by)  # fmt: skip
-                keep_l2 = tiers.subset(l2=False) if nodes else tiers
                 for spec in entry.tables:
-                    keep_l2.drop_table(spec, reopen=False)
+                    keep_l2 = nodes or (topo.l2 == "server" and _not_as_here(tiers, spec))
+                    (tiers.subset(l2=False) if keep_l2 else tiers).drop_table(spec, reopen=False)
         finally:
             tiers.close()
         if state is not None:
             ImportRecord(state).forget(s.name for entry in entries for s in entry.tables)
     return set(held)
+
+
+def _not_as_here(tiers: Tiers, spec: TableSpec) -> bool:
+    """Whether the shared L2 holds ``spec``'s table in another format or dimension: rows
+    another node imported under this version number (this node's import of it was refused),
+    not this node's to drop."""
+    stored = tiers.volatile.stored_format(spec) if tiers.volatile is not None else None
+    if stored is None or (stored[0] is spec.fmt and stored[1] == spec.dim):
+        return False
+    log.warning("%s: the shared L2 holds it as %s rows of dimension %d, another node's "
+                "version: kept", spec.name, stored[0].name, stored[1])  # fmt: skip
+    return True
 
 
 def retire(config: PSConfig, model: str, version: int) -> None:

@@ -20,6 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from hps.config import PSConfig, parse_config
+from hps.errors import ConfigError
 from hps.io.sparse_model import write_sparse_model
 from hps.net import free_port
 from hps.service.app import create_app
@@ -300,4 +301,34 @@ def test_a_retire_keeps_the_shared_rows_of_a_version_another_node_holds(
     finally:
         for part in (pub_a, pub_b):
             part.close()
+        store.close()
+
+
+def test_a_nodes_refused_import_of_a_version_leaves_another_nodes_rows(
+    tmp_path: Path, redis_address: str
+) -> None:
+    """a imports version 2 in other dims than b asks for, and publishes no record: b's
+    import is refused (saying why) and its clean-up leaves a's rows in Redis."""
+    doc = update_doc(tmp_path, "127.0.0.1:1", volatile={"type": "redis", "address": redis_address})
+    a, b = node_config(tmp_path, "a", doc), node_config(tmp_path, "b", doc)
+    keys = np.arange(30, dtype=np.int64)
+    files = {}
+    for dims in ((4, 8), (16, 32)):
+        for table, dim in zip(("t0", "t1"), dims, strict=True):
+            write_sparse_model(tmp_path / f"d{dim}" / table, keys, rows(keys, dim, seed=dim))
+        files[dims] = [str(tmp_path / f"d{d}" / t) for t, d in zip(("t0", "t1"), dims, strict=True)]
+    model = a.models[0].model
+    entry_a = version_entry(a, model, sparse_files=files[16, 32], dims=[16, 32])
+    import_version(a, entry_a, 2)
+    with pytest.raises(ConfigError, match="import it with the same dims and row formats"):
+        import_version(b, version_entry(b, model, sparse_files=files[4, 8]), 2)
+    store = RedisStore.from_config(a.volatile_db)
+    try:
+        for spec in entry_a.at_version(2).tables:
+            store.open_table(spec)
+            values, found = store.fetch(spec.name, keys)
+            assert found.all() and np.array_equal(
+                np.asarray(values), rows(keys, spec.dim, spec.dim)
+            )
+    finally:
         store.close()
