@@ -103,10 +103,12 @@ def roll_out(pod: ControlPlane, model: str, version: int, body: JSON, timeout: f
     start = time.monotonic()
     deadline = start + timeout
     listed = pod.versions(model).get("versions")
-    known = {int(v["version"]) for v in listed} if isinstance(listed, list) else set()
+    known = {int(v["version"]): v for v in listed} if isinstance(listed, list) else {}
     imported = version not in known
     if imported:
         pod.import_version(model, {"version": version, **body}, deadline)
+    else:
+        check_held_as_asked(pod, known[version], body)
     mid = time.monotonic()
     done = pod.call("POST", f"/v1/models/{model}/versions/{version}/activate")
     live = pod.versions(model).get("live")
@@ -123,6 +125,22 @@ def roll_out(pod: ControlPlane, model: str, version: int, body: JSON, timeout: f
         "served": done.get("served"),
         "ok": True,
     }
+
+
+def check_held_as_asked(pod: ControlPlane, held: JSON, body: JSON) -> None:
+    """A RequestError when the pod holds the version in other dims or row formats than
+    ``body`` asks for (one value: every table): it is activated as held, never imported
+    again, so a rollout given other ones would otherwise serve what it did not ask for."""
+    for field, key in (("dims", "dims"), ("row_dtype", "row_dtypes")):
+        asked, has = body.get(field), held.get(key)
+        if not isinstance(asked, list) or not asked or not isinstance(has, list):
+            continue
+        want = list(asked) * len(has) if len(asked) == 1 else list(asked)
+        if want != has:
+            raise RequestError(
+                f"{pod.url} holds version {held.get('version')} with {key} {has}, not the "
+                f"{want} asked for: roll it out as held, or import under a new number"
+            )
 
 
 def import_body(args: argparse.Namespace) -> JSON:

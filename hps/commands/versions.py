@@ -110,6 +110,13 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shape(version: dict[str, Any]) -> str:
+    """``dims 16/32 float16``: the tables' dims and row formats (one when all share it)."""
+    dims, dtypes = version.get("dims") or [], version.get("row_dtypes") or []
+    formats = dtypes[:1] if len(set(dtypes)) == 1 else dtypes
+    return f"dims {'/'.join(map(str, dims))} {'/'.join(formats)}"
+
+
 def report_lines(report: dict[str, Any]) -> list[str]:
     """The report as ``hps versions list`` prints it: one line per version."""
     estimated = set(report["rows_estimated"])
@@ -131,7 +138,7 @@ def report_lines(report: dict[str, Any]) -> list[str]:
             left += "  shared L2 rows kept: another node holds it"
         lines.append(
             f"{report['model']} {v['version']:>4}  {v['state']:<7}  {served}  "
-            f"created {when:<19}  {'  '.join(tiers)}{left}"
+            f"created {when:<19}  {'  '.join(tiers)}  {_shape(v)}{left}"
         )
     return lines
 

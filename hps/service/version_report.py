@@ -93,7 +93,8 @@ def version_view(
     config: PSConfig, info: VersionInfo, tiers: Tiers | None, served: list[int], exact: bool
 ) -> JSON:
     """One version: number, state, created, served, its tables' rows and bytes per tier."""
-    specs = info.model_config().tables if info.state in ("ready", "live") else []
+    tables = info.model_config().tables
+    specs = tables if info.state in ("ready", "live") else []
     rows, nbytes = _tier_totals(config, tiers, specs, exact)
     return {
         "version": info.version,
@@ -102,7 +103,9 @@ def version_view(
         "shared_rows_left": info.shared_rows_left,  # retired, kept in a shared L2 for others
         "created": info.created or None,  # None: version 1 of a model never versioned
         "served": info.version in served,
-        "tables": len(info.model_config().tables),
+        "tables": len(tables),
+        "dims": [t.dim for t in tables],  # per table, in the entry's order
+        "row_dtypes": [t.row_dtype for t in tables],
         "rows": rows,
         "bytes": nbytes,
     }

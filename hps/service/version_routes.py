@@ -36,7 +36,8 @@ def list_versions(
     failed, done again by a retire of it or the next activation), ``shared_rows_left``
     (retired, its rows in a shared Redis L2 kept while another node holds it: dropped by
     the control plane once none does), created (unix time; null
-    for a version 1 never recorded), whether Triton serves it, rows and bytes per tier
+    for a version 1 never recorded), whether Triton serves it, its tables' ``dims`` and
+    ``row_dtypes``, rows and bytes per tier
     (null where a tier cannot tell); with the live version, the served ones and
     ``hps_keep_versions``."""
     return versions.listing(_state(request), model, exact)

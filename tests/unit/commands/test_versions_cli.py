@@ -178,6 +178,8 @@ def test_report_lines() -> None:
                 "served": True,
                 "rows": {"l2": 10, "l3": 2048},
                 "bytes": {"l2": 500, "l3": 3 * 1024**2},
+                "dims": [16, 32],
+                "row_dtypes": ["float32", "float32"],
             },
             {
                 "version": 12,
@@ -186,6 +188,8 @@ def test_report_lines() -> None:
                 "served": False,
                 "rows": {"l2": None, "l3": None},
                 "bytes": {"l2": None, "l3": None},
+                "dims": [8, 32],
+                "row_dtypes": ["float16", "int8"],
             },
         ],
     }
@@ -207,10 +211,14 @@ def test_report_lines() -> None:
         "rows",
         "(3.0",
         "MiB)",
+        "dims",
+        "16/32",
+        "float32",
     ]
-    assert two.split()[:3] == ["m", "12", "retired"] and two.endswith("l2 -  l3 -")
+    assert two.split()[:3] == ["m", "12", "retired"]
+    assert two.endswith("l2 -  l3 -  dims 8/32 float16/int8")
     report["versions"][1]["rows_left"] = True  # a retire whose drop failed
-    assert report_lines(report)[1].endswith("l2 -  l3 -  rows left: retire it again")
+    assert report_lines(report)[1].endswith("int8  rows left: retire it again")
 
 
 def test_plain_imports_leave_a_kept_version_1_alone_and_a_table_goes_to_the_live_one(
@@ -340,3 +348,20 @@ def test_a_rollout_sends_the_version_s_formats_and_dims() -> None:
                               row_dtype=["float16"], dims=[8, 16])  # fmt: skip
     assert import_body(args) == {"sparse_files": ["/m/v2/t0", "/m/v2/t1"],
                                  "row_dtype": ["float16"], "dims": [8, 16]}  # fmt: skip
+
+
+def test_a_rollout_refuses_a_version_a_pod_holds_in_other_dims_or_formats() -> None:
+    """A version a pod holds is activated as held, never imported again: a rollout asking
+    for other dims or formats says so rather than serving what it did not ask for."""
+    from hps.commands.rollout import ControlPlane, check_held_as_asked
+    from hps.errors import RequestError
+
+    pod = ControlPlane("http://pod-0:8000", None, 1.0)
+    held = {"version": 2, "dims": [8, 16], "row_dtypes": ["float16", "float16"]}
+    check_held_as_asked(pod, held, {"dims": [8, 16], "row_dtype": ["float16"]})  # as held
+    check_held_as_asked(pod, held, {"sparse_files": ["/m/t0", "/m/t1"]})  # none asked
+    with pytest.raises(RequestError, match=r"pod-0:8000 holds version 2 with dims \[8, 16\], "
+                       r"not the \[8, 8\] asked for"):  # fmt: skip
+        check_held_as_asked(pod, held, {"dims": [8]})
+    with pytest.raises(RequestError, match="row_dtypes"):
+        check_held_as_asked(pod, held, {"row_dtype": ["float16", "int8"]})
