@@ -25,9 +25,14 @@ Several processes may share one database: at most one opens it read-write; the o
 writer through :meth:`RocksDBStore.catch_up` (Triton runs each model instance in its own
 process), and opens again when a column family it holds is dropped or one it declared is
 created. Dropping a version 1 table empties its column family in place rather than dropping
-it (:meth:`RocksDBStore.drop_table`: its name comes back). A reader writes nothing beside a
-database it may not write (a read-only volume): it opens it through a temporary view of
-links (:func:`hps.storage.rocks_open.read_only_view`).
+it (:meth:`RocksDBStore.drop_table`: its name comes back). A secondary reads the format
+records of its open tables again after each catch-up that replayed something: a table the
+writer dropped and created again in another format or dimension (``hps import --force``)
+has its reads refused from then on (a ``BackendError`` saying to reload the process), where
+they would decode the new rows in the old format (float16 and int8 rows of dim 8 are the
+same size). A ``read_only`` store reads a snapshot: records and rows of one moment. A reader
+writes nothing beside a database it may not write (a read-only volume): it opens it through
+a temporary view of links (:func:`hps.storage.rocks_open.read_only_view`).
 """
 
 from __future__ import annotations
@@ -58,7 +63,9 @@ from hps.storage.rocks_damage import (
 from hps.storage.rocks_open import (
     WriterFiles,
     cf_options,
+    changed_formats,
     db_options,
+    format_changed,
     format_record,
     manifest_changed,
     meta_key,
@@ -102,6 +109,8 @@ class RocksDBStore(EmbeddingStore):
         self.max_batch_size = max_batch_size
         self._specs: dict[str, TableSpec] = {}
         self._cfs: dict[str, rd.Rdict] = {}
+        # secondary: open tables the writer has since recorded in another format (catch_up)
+        self._changed: dict[str, str] = {}
         opts = db_options(
             create=mode == "read_write",
             num_threads=num_threads,
@@ -137,7 +146,11 @@ class RocksDBStore(EmbeddingStore):
     def open_table(self, spec: TableSpec) -> None:
         """Declare a table (created if new and writable); a table stored with another format
         or dimension is a ConfigError."""
-        if spec.name in self._cfs and self._specs.get(spec.name) == spec:
+        if (
+            spec.name in self._cfs
+            and self._specs.get(spec.name) == spec
+            and spec.name not in self._changed
+        ):
             return
         stored = recorded_format(self._db, spec, spec.name in self._existing)
         if stored is not None and (stored[0] is not spec.fmt or stored[1] != spec.dim):
@@ -155,6 +168,7 @@ class RocksDBStore(EmbeddingStore):
         except Exception as exc:
             raise BackendError(f"rocks_db: cannot open table {spec.name}: {exc}") from exc
         self._specs[spec.name] = spec
+        self._changed.pop(spec.name, None)  # opened as the database records it now
         if cf is not None:
             self._cfs[spec.name] = cf
 
@@ -211,7 +225,10 @@ class RocksDBStore(EmbeddingStore):
         SST files). When the MANIFEST changed, the column families are listed: one this
         instance holds that the writer dropped (a model version retired) has it opened
         again, without it, so that the dropped table's deleted files are not held open (their
-        disk space pinned) until the process ends."""
+        disk space pinned) until the process ends. Then it reads the format record of every
+        open table (one MultiGet): a table the writer dropped and created again in another
+        format or dimension has its reads refused until it is opened again as recorded
+        (:func:`hps.storage.rocks_open.changed_formats`)."""
         if self.mode != "secondary":
             return
         files = writer_files(self.path)
@@ -229,6 +246,7 @@ class RocksDBStore(EmbeddingStore):
         else:
             if manifest_changed(self._caught_up_to, files):
                 self._follow_tables()
+        self._changed = changed_formats(self._db, self._specs.values())
         self._caught_up_to = files  # as they were before it: a later write changes them
         self.catch_ups += 1
         self._damaged.clear()  # the writer may have rewritten them: read them again
@@ -297,7 +315,7 @@ class RocksDBStore(EmbeddingStore):
     def _read(self, table: str, keys: Keys) -> tuple[Stored, Mask, np.ndarray, Mask, Mask, str]:
         """Rows, found, versions, has_version, damaged, and the first damage's message
         (empty: none)."""
-        spec = table_or_raise(self._specs, table)
+        spec = self._unchanged(table, "fetch")
         n = keys.size
         values = np.zeros((n, spec.width), dtype=spec.fmt.dtype)
         found = np.zeros(n, dtype=bool)
@@ -326,6 +344,15 @@ class RocksDBStore(EmbeddingStore):
                 self._damaged.remember(table, keys[rows[bad]], first)
         why = self._damaged.why(table) if damaged.any() else ""
         return values, found, versions, has_version, damaged, why
+
+    def _unchanged(self, table: str, what: str) -> TableSpec:
+        """The spec of an open table, unless the writer recorded it in another format since
+        (a secondary's :meth:`catch_up`): then a BackendError saying to reload."""
+        spec = table_or_raise(self._specs, table)
+        held = self._changed.get(table)
+        if held is not None:
+            raise format_changed(self.path, f"{what} {table}", spec, held)
+        return spec
 
     def _write(self, table: str, batch: rd.WriteBatch, durable: bool) -> None:
         try:
@@ -408,7 +435,7 @@ class RocksDBStore(EmbeddingStore):
 
     def dump(self, table: str, chunk_rows: int = 1 << 18) -> Iterator[tuple[Keys, Stored]]:
         """Yield (keys, stored rows) chunks of the whole table."""
-        spec = table_or_raise(self._specs, table)
+        spec = self._unchanged(table, "dump")
         cf = self._cf(table)
         if cf is None:
             return

@@ -330,3 +330,105 @@ def test_a_first_versioned_import_checks_a_redis_l2(redis_address: str, tmp_path
     restored = parse_config(doc, str(tmp_path / "ps.json"))
     check_held(restored, restored.model(spec.model))
     store.close()
+
+
+# -- a table dropped and created again by another process -----------------------------------
+
+F16_AGAIN_AS_I8 = (
+    "float16 rows of dimension 8, but Redis now records it as int8 rows of dimension 8"
+)
+
+
+def near_one(n: int, dim: int = 8) -> np.ndarray:
+    """Vectors near 1 (what the audit served as inf and 1712 from a stale float16 handle)."""
+    return 1 + np.linspace(0, 0.01, n * dim, dtype=np.float32).reshape(n, dim)
+
+
+@pytest.mark.parametrize("policy", ["none", "evict_least_used"])
+def test_a_handle_refuses_a_table_created_again_in_another_format(
+    address: str, policy: str
+) -> None:
+    """float16 and int8 rows of dim 8 are both 16 bytes: a handle that opened the table as
+    float16 before another process re-created it as int8 (``hps import --force``) must
+    neither read the int8 rows as float16 nor write float16 rows among them."""
+    cfg: dict[str, Any] = {"num_partitions": 4, "max_batch_size": 16}  # a fetch of chunks
+    if policy != "none":  # a fetch then also stamps its keys (ZADD) in its pipelines
+        cfg.update(overflow_margin=10_000, overflow_policy=policy)
+    model = unique_name()
+    f16 = TableSpec(model=model, table="t", dim=8, row_dtype="float16")
+    i8 = TableSpec(model=model, table="t", dim=8, row_dtype="int8")
+    keys = np.arange(1, 41, dtype=np.int64)
+    vals = near_one(keys.size)
+    stale, importer = make_store(address, **cfg), make_store(address, **cfg)
+    stale.open_table(f16)
+    stale.insert(f16.name, keys, f16.fmt.encode(vals))
+    importer.drop_table(i8.name)  # hps import --force
+    importer.open_table(i8)
+    new_rows = i8.fmt.encode(vals * 2)
+    importer.insert(i8.name, keys, new_rows)
+
+    calls = {
+        "fetch": lambda: stale.fetch(f16.name, keys),
+        "insert": lambda: stale.insert(f16.name, keys[:5], f16.fmt.encode(vals[:5])),
+        "insert_absent": lambda: stale.insert_absent(f16.name, keys + 100, f16.fmt.encode(vals)),
+        "remove": lambda: stale.remove(f16.name, keys[:5]),
+        "dump": lambda: list(stale.dump(f16.name)),
+    }
+    for name, call in calls.items():
+        with pytest.raises(BackendError, match=F16_AGAIN_AS_I8) as info:
+            call()
+        assert not isinstance(info.value, BackendUnavailable), name
+        assert f"table {f16.name}" in str(info.value) and "hps reload" in str(info.value)
+    assert stale.breaker.stats().trips == 0 and stale.breaker.state == "closed"
+
+    assert importer.size(i8.name) == keys.size  # nothing written, nothing removed
+    fresh = make_store(address, **cfg)
+    fresh.open_table(i8)
+    for reader in (importer, fresh):
+        got, found = reader.fetch(i8.name, np.concatenate([keys, keys + 100]))
+        assert found.tolist() == [True] * keys.size + [False] * keys.size
+        np.testing.assert_array_equal(got[: keys.size], new_rows)
+    np.testing.assert_allclose(i8.fmt.decode(got[: keys.size], 8), vals * 2, rtol=0.01)
+    for store in (stale, importer, fresh):
+        store.close()
+
+
+def test_a_handle_goes_on_when_the_table_comes_back_in_its_format(address: str) -> None:
+    """A table dropped reads as empty (no record is no error); created again in the same
+    format and dimension, a handle that opened it before reads and writes it as before."""
+    spec = TableSpec(model=unique_name(), table="t", dim=8, row_dtype="float16")
+    keys = np.arange(20, dtype=np.int64)
+    vals = near_one(keys.size)
+    old, other = make_store(address, num_partitions=4), make_store(address, num_partitions=4)
+    old.open_table(spec)
+    old.insert(spec.name, keys, spec.fmt.encode(vals))
+    other.drop_table(spec.name)
+    assert not old.fetch(spec.name, keys)[1].any()  # dropped, not created again: empty
+    other.open_table(spec)
+    other.insert(spec.name, keys[:10], spec.fmt.encode(vals[:10] * 3))
+    got, found = old.fetch(spec.name, keys)
+    assert found.tolist() == [True] * 10 + [False] * 10
+    np.testing.assert_array_equal(got[:10], spec.fmt.encode(vals[:10] * 3))
+    old.insert(spec.name, keys[10:], spec.fmt.encode(vals[10:]))
+    np.testing.assert_array_equal(other.fetch(spec.name, keys)[0][10:], spec.fmt.encode(vals[10:]))
+    old.close()
+    other.close()
+
+
+def test_a_reader_that_opened_a_table_before_its_writer_goes_on(address: str) -> None:
+    """A reader that opened a table before any writer (and so recorded it) reads what a
+    writer then imports in that format, also after the writer dropped it first."""
+    spec = TableSpec(model=unique_name(), table="t", dim=4, row_dtype="int8")
+    keys = np.arange(30, dtype=np.int64)
+    reader, writer = make_store(address, num_partitions=2), make_store(address, num_partitions=2)
+    reader.open_table(spec)
+    assert not reader.fetch(spec.name, keys)[1].any()
+    writer.drop_table(spec.name)  # an import with --force: the record the reader wrote goes
+    writer.open_table(spec)
+    encoded = spec.fmt.encode(rows(keys, 4))
+    writer.insert(spec.name, keys, encoded)
+    got, found = reader.fetch(spec.name, keys)
+    assert found.all()
+    np.testing.assert_array_equal(got, encoded)
+    reader.close()
+    writer.close()

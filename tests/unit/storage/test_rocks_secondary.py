@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hps.errors import BackendError, ConfigError
 from hps.storage import rocks_open
 from hps.storage.rocks_db import RocksDBStore
 from hps.storage.rocks_open import INFO_LOGS_KEPT
@@ -232,3 +233,86 @@ print("ok")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120, cwd=Path(__file__).parents[3])  # fmt: skip
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+F16 = TableSpec("m", "f", 8, row_dtype="float16")
+I8 = TableSpec("m", "f", 8, row_dtype="int8")  # rows of 16 bytes too, scale and offset after
+NEAR_ONE = 1 + np.linspace(0, 0.01, 10 * 8, dtype=np.float32).reshape(10, 8)
+
+
+def test_a_secondary_refuses_a_table_created_again_in_another_format(tmp_path: Path) -> None:
+    """The writer drops a float16 table and creates it again as int8 of the same dim
+    (``hps import --force``): after its next catch-up a secondary that opened it as
+    float16 refuses to read it (it decoded the int8 rows as float16: inf, 1712) until the
+    table is opened again as recorded; a new secondary reads the int8 rows."""
+    path = str(tmp_path / "db")
+    keys = np.arange(10, dtype=np.int64)
+    writer = RocksDBStore(path)
+    writer.open_table(F16)
+    writer.insert(F16.name, keys, F16.fmt.encode(NEAR_ONE), durable=True)
+    reader = RocksDBStore(path, mode="secondary")
+    reader.open_table(F16)
+    np.testing.assert_array_equal(reader.fetch(F16.name, keys)[0], F16.fmt.encode(NEAR_ONE))
+    writer.drop_table(F16.name)
+    writer.open_table(I8)
+    new_rows = I8.fmt.encode(NEAR_ONE * 2)
+    writer.insert(I8.name, keys, new_rows, durable=True)
+    reader.catch_up()
+    calls = (
+        lambda: reader.fetch(F16.name, keys),
+        lambda: reader.fetch_versions(F16.name, keys),
+        lambda: list(reader.dump(F16.name)),
+    )
+    for call in calls:
+        with pytest.raises(BackendError, match=(
+            r"(fetch|dump) m\.f refused: this process opened table m\.f as float16 rows of "
+            r"dimension 8, but the database now records it as int8 rows of dimension 8 .*"
+            r"hps reload"
+        )):  # fmt: skip
+            call()
+    with pytest.raises(ConfigError, match="holds int8 rows of dimension 8"):
+        reader.open_table(F16)  # as configured before: refused as at any open
+    reader.open_table(I8)  # a reload with the new configuration
+    values, found = reader.fetch(I8.name, keys)
+    assert found.all()
+    np.testing.assert_array_equal(values, new_rows)
+    late = RocksDBStore(path, mode="secondary")
+    late.open_table(I8)
+    np.testing.assert_array_equal(late.fetch(I8.name, keys)[0], new_rows)
+    for store in (late, reader, writer):
+        store.close()
+
+
+def test_a_secondary_goes_on_when_a_table_comes_back_in_its_format(tmp_path: Path) -> None:
+    """Dropped, a table is no error; created again in its format, a secondary that
+    opened it before reads the new rows; one that opened a table before the writer created
+    it reads it once created, in its format, and refuses it in another."""
+    path = str(tmp_path / "db")
+    keys = np.arange(10, dtype=np.int64)
+    writer = RocksDBStore(path)
+    writer.open_table(F16)
+    writer.insert(F16.name, keys, F16.fmt.encode(NEAR_ONE), durable=True)
+    reader = RocksDBStore(path, mode="secondary")
+    reader.open_table(F16)
+    early = TableSpec("m", "early", 8, row_dtype="float16")
+    other = TableSpec("m", "other", 4)
+    reader.open_table(early)  # declared before the writer creates them
+    reader.open_table(other)
+    writer.drop_table(F16.name)
+    reader.catch_up()
+    reader.fetch(F16.name, keys)  # no record is no error (the rows, old or none, are float16)
+    writer.open_table(F16)
+    writer.insert(F16.name, keys[:5], F16.fmt.encode(NEAR_ONE[:5] * 3), durable=True)
+    writer.open_table(early)
+    writer.insert(early.name, keys, F16.fmt.encode(NEAR_ONE), durable=True)
+    writer.open_table(TableSpec("m", "other", 8, row_dtype="int8"))
+    writer.insert("m.other", keys, I8.fmt.encode(NEAR_ONE), durable=True)
+    reader.catch_up()
+    values, found = reader.fetch(F16.name, keys)
+    assert found.tolist() == [True] * 5 + [False] * 5
+    np.testing.assert_array_equal(values[:5], F16.fmt.encode(NEAR_ONE[:5] * 3))
+    np.testing.assert_array_equal(reader.fetch(early.name, keys)[0], F16.fmt.encode(NEAR_ONE))
+    with pytest.raises(BackendError, match="m.other as float32 rows of dimension 4, but .* int8"):
+        reader.fetch(other.name, keys)
+    reader.close()
+    writer.close()
