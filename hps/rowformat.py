@@ -25,6 +25,9 @@ int8 is row-wise affine: ``x̂ = code · scale + offset`` with ``offset = min(ro
 ``scale = (max(row) − min(row)) / 255``; a constant row is stored exactly (scale 0). The
 bound holds up to float32 rounding of the decode (a few ulp of the row's largest value), for
 rows whose step is a normal float32 (max − min ≥ 3·10⁻³⁶); narrower rows stay within their range.
+Encoding a decoded int8 row gives back the stored row (an ``hps export`` imported again, a
+table moved between tiers as float32): a row on an int8 grid keeps the scale it was decoded
+with, which the one computed from its decoded maximum can miss by an ulp or two.
 """
 
 from __future__ import annotations
@@ -150,17 +153,63 @@ class _Int8(RowFormat):
         scale = ((hi - lo) / INT8_STEPS).astype(np.float32)  # float64 first: no overflow
         step = scale.astype(np.float64)
         inv = np.divide(1.0, step, out=np.zeros_like(step), where=step > 0)
-        codes = np.rint((values - lo[:, None]) * inv[:, None])
+        steps = (values - lo[:, None]) * inv[:, None]
+        codes = np.rint(steps)
         out[:, :dim] = np.clip(codes, 0, INT8_STEPS)
+        grid = _on_grid(steps, codes) & (step > 0)
+        if grid.any():
+            scale[grid] = _decoded_with(values[grid], out[grid, :dim], lo[grid], scale[grid])
         tail = out[:, dim:].view(np.float32)  # (n, 2): scale, offset
         tail[:, 0] = scale
-        tail[:, 1] = lo
+        tail[:, 1] = lo + 0.0  # -0.0 as 0.0: what decoding it gives back
         return out
 
     def decode(self, stored: Stored, dim: int) -> Floats:
         codes: npt.NDArray[np.uint8] = np.ascontiguousarray(stored, dtype=np.uint8)
         tail = codes[:, dim : dim + INT8_EXTRA].copy().view(np.float32)
         return codes[:, :dim] * tail[:, :1] + tail[:, 1:2]
+
+
+Floats64 = npt.NDArray[np.float64]
+GRID_SLACK = 1e-3
+"""A row whose every value is this close (in steps) to a code may be a decoded int8 row; a
+nearby scale is taken only where it decodes the row exactly, so a row that merely looks so
+(rows of dimension 1 or 2 always do) loses nothing."""
+NEAR_ULPS = (1, -1, 2, -2, 3, -3, 4, -4)
+
+
+def _on_grid(
+    steps: npt.NDArray[np.float64], codes: npt.NDArray[np.float64]
+) -> npt.NDArray[np.bool_]:
+    """Rows whose every value is within :data:`GRID_SLACK` steps of its code, narrowed
+    column by column: past the first few columns hardly a row of another kind is left."""
+    rows = np.arange(len(steps))
+    for j in range(steps.shape[1]):
+        rows = rows[np.abs(steps[rows, j] - codes[rows, j]) < GRID_SLACK]
+        if not rows.size:
+            break
+    grid = np.zeros(len(steps), np.bool_)
+    grid[rows] = True
+    return grid
+
+
+def _decoded_with(
+    values: Floats, codes: npt.NDArray[np.uint8], lo: npt.NDArray[np.float64], scale: Floats
+) -> Floats:
+    """For rows on an int8 grid: the scale within :data:`NEAR_ULPS` of ``scale`` whose decode
+    (as :meth:`_Int8.decode` computes it) gives ``values`` back exactly, else ``scale``."""
+    offset = lo.astype(np.float32)[:, None]
+    exact = (codes * scale[:, None] + offset == values).all(axis=1)
+    out = scale.copy()
+    with np.errstate(over="ignore", invalid="ignore"):  # a scale near float32's top: inf
+        for ulps in NEAR_ULPS:
+            if exact.all():
+                break
+            near = (scale.view(np.int32) + np.int32(ulps)).view(np.float32)
+            hit = ~exact & (codes * near[:, None] + offset == values).all(axis=1)
+            out[hit] = near[hit]
+            exact |= hit
+    return out
 
 
 FORMATS: dict[str, RowFormat] = {
