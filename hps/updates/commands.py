@@ -115,6 +115,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, help="ps.json (where the versions are kept)")
     p.add_argument("--table", required=True, help="<model>.<table>")
     p.add_argument(
+        "--model-version",
+        type=int,
+        metavar="N",
+        help="the model version whose rows to repair (default: the live one)",
+    )
+    p.add_argument(
         "--above",
         type=int,
         help="reset versions above this one (nanoseconds since the epoch, like Publisher's "
@@ -202,9 +208,10 @@ def _consume_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _published_table(config: PSConfig, model: str, table: str, version: int | None) -> TableSpec:
+def _table_at(config: PSConfig, model: str, table: str, version: int | None) -> TableSpec:
     """The table as ``version`` of ``model`` has it (default: the live version's): a
-    version may have other dims than the ps.json's entry (docs/versions.md)."""
+    version has a namespace of its own, and may have other dims than the ps.json's entry
+    (docs/versions.md)."""
     from hps.errors import ConfigError, UnknownTableError
     from hps.versions import VersionRegistry
 
@@ -213,7 +220,7 @@ def _published_table(config: PSConfig, model: str, table: str, version: int | No
         at = version if version is not None else registry.live(model)
         entry = registry.model_at(model, at)
     except UnknownTableError as exc:
-        raise ConfigError(f"{config.source}: {exc}") from None
+        raise ConfigError(f"{config.source}: no table {model}.{table}: {exc}") from None
     spec = next((t for t in entry.tables if t.table == table), None)
     if spec is None:
         raise ConfigError(f"{config.source}: model {model!r} version {at} has no table {table!r}")
@@ -242,7 +249,7 @@ def _publish(args: argparse.Namespace) -> int:
         check_settings(
             config.update_source.kafka_settings, f"{config.source}: update_source.hps_kafka_config"
         )
-        spec = _published_table(config, model, table, args.model_version)
+        spec = _table_at(config, model, table, args.model_version)
         if not brokers and not config.update_source.enabled:  # its brokers are a default
             raise ConfigError(
                 f"{args.config}: update_source.type is 'null' (no Kafka): give --brokers, or "
@@ -292,6 +299,7 @@ def _repair_versions(args: argparse.Namespace) -> int:
     import time
 
     from hps.config import load_config
+    from hps.errors import RequestError
     from hps.redact import protect
     from hps.tiers import Tiers
     from hps.updates.runtime import versioned_table
@@ -308,12 +316,16 @@ def _repair_versions(args: argparse.Namespace) -> int:
     own_l2 = topology(config).l2 == "process"
     tiers = Tiers.open(config, l3_mode="read_write", l2=not own_l2)
     try:
-        route = versioned_table(config, tiers, args.table)
+        model, sep, table = args.table.partition(".")
+        if not sep or not model or not table:
+            raise RequestError(f"--table must be <model>.<table>, got {args.table!r}")
+        spec = _table_at(config, model, table, args.model_version)
+        route = versioned_table(config, tiers, spec)
         reset = route.reset_above(above)
     finally:
         tiers.close()
     print(
-        f"{args.table}: reset {reset} keys whose update version was above {above} "
+        f"{spec.name}: reset {reset} keys whose update version was above {above} "
         f"(in {route.tiers[0].level}); their next update applies"
     )
     return 0

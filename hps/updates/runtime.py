@@ -102,19 +102,16 @@ def build_applier(
     return applier
 
 
-def versioned_table(config: PSConfig, tiers: Tiers, table: str) -> VersionedRows:
-    """``table``'s rows and update versions where ``hps consume`` keeps them (the same tiers
+def versioned_table(config: PSConfig, tiers: Tiers, spec: TableSpec) -> VersionedRows:
+    """The table's rows and update versions where ``hps consume`` keeps them (the same tiers
     and ``update_filters`` as :func:`build_applier`): what ``hps repair-versions`` resets."""
-    spec = {t.name: t for t in config.tables}.get(table)
-    if spec is None:
-        raise ConfigError(f"{config.source}: no table {table!r} (give <model>.<table>)")
     route = update_tiers(config, tiers, shared_only=True).versioned(
         spec,
         l2=model_filter(config.volatile_db.update_filters)(spec.model),
         l3=model_filter(config.persistent_db.update_filters)(spec.model),
     )
     if route is None:
-        raise ConfigError(f"{config.source}: no tier takes the updates of {table}")
+        raise ConfigError(f"{config.source}: no tier takes the updates of {spec.name}")
     return route
 
 

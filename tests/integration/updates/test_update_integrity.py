@@ -37,6 +37,7 @@ from hps.updates import Publisher, codec
 from hps.updates.kafka import ensure_topics
 from hps.updates.partition import partition_of
 from hps.updates.runtime import build_service
+from hps.versions import VersionRegistry
 from tests.fixtures.kafka import running, update_doc, wait_for
 from tests.helpers import rows
 
@@ -164,6 +165,18 @@ def test_repair_versions_unpins_keys_of_an_old_database(
     assert again.returncode == 0 and "reset 0 keys" in again.stdout, again.stderr
     unknown = hps_command("repair-versions", "--config", str(config), "--table", "no.such")
     assert unknown.returncode != 0 and "no.such" in unknown.stderr
+
+    for other in cfg.models[0].tables[1:]:  # version 1 held whole, as its record says
+        pinned_database(Path(doc["persistent_db"]["path"]), other, 0)
+    registry = VersionRegistry(cfg)  # version 2, ready beside live 1: its own namespace
+    registry.begin(cfg.models[0], 2)
+    registry.set_state(model, 2, "ready")
+    at_2 = cfg.models[0].at_version(2).tables[0]
+    pinned_database(Path(doc["persistent_db"]["path"]), at_2, 2**64 - 1)
+    args = ("repair-versions", "--config", str(config), "--table", spec.name)
+    done = hps_command(*args, "--model-version", "2")
+    assert done.returncode == 0 and f"{at_2.name}: reset {KEYS.size} keys" in done.stdout
+    assert "has no version 3" in hps_command(*args, "--model-version", "3").stderr
 
     session = build_session(cfg, with_cache=False)
     try:
