@@ -144,8 +144,14 @@ def load_workload(
     verify_per_table: int = 4,
     seed: int = 0,
 ) -> Workload:
-    """Read the keys of a model's tables (sparse files first, else L3, opened read-only)."""
-    mc = config.model(model) if model else config.models[0]
+    """Read the keys of a model's tables (sparse files first, else L3, opened read-only), as
+    its live version has them (its files, dims and dense network): what an unversioned
+    request is answered with."""
+    from hps.versions import VersionRegistry
+
+    registry = VersionRegistry(config)
+    name = model or config.models[0].model
+    mc = registry.model_at(name, registry.live(name))
     rng = np.random.default_rng(seed)
     specs = mc.tables
     limit = min((s.max_keys_per_request or 1 << 30) for s in specs) // max(1, keys_per_sample)

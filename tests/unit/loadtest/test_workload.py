@@ -11,9 +11,11 @@ from hps.config import load_config
 from hps.ctr.demo import table_sizes
 from hps.ctr.network import pool_embeddings
 from hps.errors import ConfigError
+from hps.io.sparse_model import write_sparse_model
 from hps.loadtest.keys import FRESH, key_class
 from hps.loadtest.requests import WrongAnswer
 from hps.loadtest.workload import load_workload
+from hps.versions import VersionRegistry
 from tests.unit.loadtest.conftest import vectors_of
 
 
@@ -66,3 +68,28 @@ def test_limits_are_checked(demo: Path) -> None:
         load_workload(config, samples=(10, 1025), keys_per_sample=4)
     names = [name for name, _ in load_workload(config, samples=(8, 8)).bad_requests()]
     assert names == ["counts exceed keys", "negative count", "too many keys", "wrong dtype"]
+
+
+def test_the_live_versions_tables_are_load_tested(demo: Path, tmp_path: Path) -> None:
+    """With version 2 live (files of its own), the known keys are checked against version
+    2's vectors, read from its files, in its namespace."""
+    config = load_config(demo)
+    entry = config.models[0]
+    files = []
+    for i, rows in enumerate(table_sizes(3, 3000)):
+        keys = np.arange(rows, dtype=np.int64)
+        write_sparse_model(tmp_path / f"v2_{i}", keys, vectors_of(i, keys) + 10.0)
+        files.append(str(tmp_path / f"v2_{i}"))
+    local = config.model_copy(  # a state folder of its own: the module's demo stays unversioned
+        update={
+            "persistent_db": config.persistent_db.model_copy(update={"path": str(tmp_path / "l3")})
+        }
+    )
+    registry = VersionRegistry(local)
+    registry.begin(entry.model_copy(update={"sparse_files": files}), 2)
+    registry.set_state(entry.model, 2, "ready")
+    registry.set_live(entry.model, 2)
+    w = load_workload(local, samples=(8, 8))
+    assert [t.spec.name for t in w.tables] == [s.name for s in entry.at_version(2).tables]
+    for i, t in enumerate(w.tables):
+        assert np.array_equal(t.verify_vectors, vectors_of(i, t.verify_keys) + 10.0)
