@@ -15,6 +15,10 @@ T = TypeVar("T")
 CTR_SUFFIX = "_ctr"  # the Triton model of a model's CTR network: <model>_ctr
 
 INT32_MAX = 2**31 - 1  # Triton's max_batch_size and shape dimensions are int32
+MAX_DIM = 1 << 16
+"""The largest vector size of a table (256 KiB float32 rows): far above any embedding's,
+low enough that a typo (or a dims list missing a comma) is refused before a tier sizes
+rows by it."""
 FLOAT32_MAX = 3.4028234663852886e38
 QueryCount = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]
 Float32Value = Annotated[float, Field(allow_inf_nan=False, ge=-FLOAT32_MAX, le=FLOAT32_MAX)]
@@ -141,6 +145,8 @@ class ModelConfig(Frozen):
     def _dims(cls, v: list[int]) -> list[int]:
         if not v or any(d <= 0 for d in v):
             raise ValueError("needs one positive vector size per table")
+        if big := [d for d in v if d > MAX_DIM]:
+            raise ValueError(f"vector sizes are at most {MAX_DIM}, not {big[0]}")
         return v
 
     @model_validator(mode="after")

@@ -8,6 +8,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from hps.config import ModelConfig
 from hps.config.common import NAME_RE
+from hps.config.model import MAX_DIM
 from hps.rowformat import RowDtype
 from hps.service.paths import MAX_PATH_CHARS
 
@@ -85,7 +86,11 @@ class WarmupFrequency(_Warmup):
 
 WarmupBody = WarmupKeys | WarmupKeyset | WarmupFrequency
 
-Dim = Annotated[int, BeforeValidator(_json_integer), Field(ge=1, json_schema_extra={"minimum": 1})]
+Dim = Annotated[
+    int,
+    BeforeValidator(_json_integer),
+    Field(ge=1, le=MAX_DIM, json_schema_extra={"minimum": 1, "maximum": MAX_DIM}),
+]
 PerTable = Field(min_length=1, max_length=1024)  # one for every table, or one per table
 MAX_VERSION = 2**31 - 1  # Triton's model versions are int64; this is plenty
 Version = Annotated[

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from hps.config import ModelConfig, PSConfig
+from hps.config.model import MAX_DIM
 from hps.ctr.network import check_dense_inputs
 from hps.errors import BackendError, ConfigError
 from hps.loading.imports import (
@@ -99,11 +100,12 @@ def _row_dtypes(entry: ModelConfig, row_dtype: Sequence[str]) -> list[str]:
 
 
 def _dims(entry: ModelConfig, dims: Sequence[int]) -> list[int]:
-    """Each table's dimension; ConfigError for one below 1 or a wrong count."""
+    """Each table's dimension; ConfigError for one below 1, above MAX_DIM or a wrong count."""
     for dim in dims:
-        if dim < 1:
+        if not 1 <= dim <= MAX_DIM:
             raise ConfigError(
-                f"model {entry.model!r}: a table's dimension is a positive integer, not {dim}"
+                f"model {entry.model!r}: a table's dimension is a positive integer up to "
+                f"{MAX_DIM}, not {dim}"
             )
     return _per_table(entry, "dimensions", dims)
 

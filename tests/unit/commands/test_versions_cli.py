@@ -328,7 +328,7 @@ def column_families(ps_json: Path) -> list[str]:
     [
         (["--row-dtype", "float16", "int8", "float16"], "2 tables (t0, t1) but 3 row formats"),
         (["--row-dtype", "float8"], "unknown row format 'float8': one of float32, float16, int8"),
-        (["--dims", "0"], "a table's dimension is a positive integer, not 0"),
+        (["--dims", "0"], "a table's dimension is a positive integer up to 65536, not 0"),
         (["--dims", "4", "8", "8"], "2 tables (t0, t1) but 3 dimensions were given"),
         (["--dims", "6"], "x dim 6"),  # the sparse files hold dims 4 and 8
     ],

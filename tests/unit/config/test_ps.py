@@ -157,6 +157,10 @@ BIG = 2**31  # past Triton's int32
         ),
         ({"models": [{"model": "m"}]}, "models[0].embedding_vecsize_per_table: Field required"),
         (
+            {"models": [{"model": "m", "embedding_vecsize_per_table": [8, 163264]}]},
+            "vector sizes are at most 65536, not 163264",
+        ),
+        (
             {"update_source": {"type": "kafka", "brokerz": "x"}},
             "update_source.brokerz: unknown key",
         ),

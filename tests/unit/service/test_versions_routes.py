@@ -273,6 +273,7 @@ def test_a_version_in_its_own_row_format_and_the_body_s_errors(
         ({**body, "row_dtype": "float8"}, 422, "'float32', 'float16' or 'int8'"),
         ({**body, "row_dtype": []}, 422, "row_dtype"),
         ({**body, "dims": 0}, 422, "greater than or equal to 1"),
+        ({**body, "dims": [4, 65537]}, 422, "less than or equal to 65536"),
         ({**body, "dims": [4, True]}, 422, "dims"),
         ({**body, "row_dtype": ["float16"] * 3}, 400, "2 tables (t0, t1) but 3 row formats"),
         ({**body, "dims": [4, 8, 8]}, 400, "2 tables (t0, t1) but 3 dimensions were given"),

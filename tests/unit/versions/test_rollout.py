@@ -378,7 +378,8 @@ def test_a_version_in_its_own_row_formats_and_dims_beside_version_1(
     [
         ({"row_dtype": ["float16"] * 3}, r"2 tables \(t0, t1\) but 3 row formats were given"),
         ({"row_dtype": ["float8"]}, "unknown row format 'float8': one of float32, float16, int8"),
-        ({"dims": [0]}, "a table's dimension is a positive integer, not 0"),
+        ({"dims": [0]}, "a table's dimension is a positive integer up to 65536, not 0"),
+        ({"dims": [4_000_000_000_000]}, "up to 65536, not 4000000000000"),
         ({"dims": [4, 8, 8]}, r"2 tables \(t0, t1\) but 3 dimensions were given"),
     ],
 )
