@@ -32,12 +32,21 @@ COMMAND_MODULES = [
 ]
 
 
+SERVICES = {"serve", "consume", "admin", "loadtest"}
+"""Commands that run until stopped, whose log (INFO and above) says what they do; the
+others log warnings and errors only (``--verbose``: everything)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hps", description="Hierarchical inference parameter server for embeddings."
     )
     parser.add_argument(
-        "-v", "--verbose", action="store_true", help="debug logging (an OS error's traceback too)"
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="debug logging (an OS error's traceback too); without it, commands other than "
+        "serve, consume, admin and loadtest log warnings and errors only",
     )
     # Not required=True: argparse checks required arguments before unknown ones, and
     # `hps --bogus` would be told that COMMAND is missing; _dispatch asks for it instead.
@@ -63,8 +72,9 @@ def _dispatch(argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         parser.error("the following arguments are required: COMMAND")
+    quiet = args.command not in SERVICES  # what it did is on stdout: only problems logged
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose else logging.WARNING if quiet else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:

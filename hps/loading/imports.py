@@ -216,7 +216,7 @@ def import_tables(
             finally:
                 reader.close()
             for s in held:
-                log.info("%s: L3 already holds %s", s.spec.name, s.files[0].parent)
+                log.info("%s: L3 already holds %s", s.spec.name, s.where)
                 record.mark(s)
             todo = [s for s in todo if s not in held]
         if not todo and not fresh:
@@ -243,7 +243,7 @@ def import_tables(
         imported: dict[str, int] = {}
         try:
             for s in todo:
-                log.info("%s: importing %s", s.spec.name, s.files[0].parent)
+                log.info("%s: importing %s", s.spec.name, s.where)
                 imported[s.spec.name] = loader.load(s)  # durable when it returns
                 _check_loaded(s)
                 record.mark(s)

@@ -83,6 +83,13 @@ class TableSource:
                 )
             yield replace(self, handles=files)
 
+    @property
+    def where(self) -> str:
+        """The files, as a log line names them: the sparse-model folder, or the .npy pair."""
+        if self.kind == "sparse":
+            return str(self.files[0].parent)
+        return " + ".join(str(f) for f in self.files)
+
     def _open(self) -> TableFiles:
         if self.kind == "sparse":
             return open_sparse_model(self.files[0].parent, self.spec.dim)

@@ -133,7 +133,7 @@ def clean_stale(tmp: str | Path | None = None) -> list[Path]:
                 shutil.rmtree(folder, ignore_errors=True)
                 removed.append(folder)
     for path in removed:
-        log.info("removed %s, left by a dead HPS server", path)
+        log.info("removed %s, left by an hps process that has ended", path)
     return removed
 
 

@@ -58,7 +58,7 @@ def serve(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace, state_dir: Path, verbose: bool) -> int:
     for path in clean_stale():
-        print(f"removed {path}, left by a dead hps serve", file=sys.stderr)
+        print(f"removed {path}, left by an hps process that has ended", file=sys.stderr)
     config = serving_config(args.config)
     from hps.redact import protect
     from hps.updates.kafka import check_update_source

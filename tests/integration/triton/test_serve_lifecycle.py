@@ -242,7 +242,7 @@ def test_dead_stub_reload_then_sigkill_and_successor(site: Path) -> None:
         assert regions(f"hpspb_{proc.pid}_") == []
         successor.send_signal(signal.SIGTERM)
         assert successor.wait(timeout=60) == 0
-        assert "left by a dead hps serve" in successor.stderr.read()
+        assert "left by an hps process that has ended" in successor.stderr.read()
     finally:
         stop(successor)
 
