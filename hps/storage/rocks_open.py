@@ -129,7 +129,12 @@ def open_db(path: str, opts: rd.Options, cache: rd.Cache, mode: str) -> Opened:
     ``secondary``) with every column family it has; BackendError when it cannot be."""
     held = os.path.exists(os.path.join(path, "CURRENT"))  # an empty folder holds none yet
     if mode != "read_write" and not held:
-        raise BackendError(f"rocks_db: no database at {path!r} to open {mode}; run hps import")
+        where = (
+            "" if os.path.isabs(path) else f" (relative to the current directory, {os.getcwd()})"
+        )
+        raise BackendError(
+            f"rocks_db: no database at {path!r}{where} to open {mode}; run hps import"
+        )
     access = rd.AccessType.read_write()
     secondary_dir = None
     if mode == "read_only":
