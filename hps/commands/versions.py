@@ -113,6 +113,7 @@ def _list(args: argparse.Namespace) -> int:
 def _shape(version: dict[str, Any]) -> str:
     """``dims 16/32 float16``: the tables' dims and row formats (one when all share it)."""
     dims, dtypes = version.get("dims") or [], version.get("row_dtypes") or []
+    dims = dims[:1] if len(set(dims)) == 1 else dims
     formats = dtypes[:1] if len(set(dtypes)) == 1 else dtypes
     return f"dims {'/'.join(map(str, dims))} {'/'.join(formats)}"
 

@@ -17,12 +17,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="create a small synthetic CTR model to serve (if absent)")
     p.add_argument("--dir", default="demo", help="folder of the demo model (default: demo)")
     p.add_argument("--tables", type=positive_int, default=26, help="embedding tables (default: 26)")
-    p.add_argument("--rows", type=positive_int, default=100_000, help="rows of the largest table")
+    p.add_argument(
+        "--rows",
+        type=positive_int,
+        default=100_000,
+        help="rows of the largest table (default: 100000)",
+    )
     p.add_argument(
         "--dim", type=positive_int, default=16, help="embedding vector size (default: 16)"
     )
     p.add_argument(
-        "--instances", type=positive_int, default=1, help="Triton instances of the model"
+        "--instances",
+        type=positive_int,
+        default=1,
+        help="Triton instances of the model (default: 1)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="of the vectors and dense weights (default: 0); another seed gives a stand-in "
+        "for a retrain of the same keys, e.g. a model version to import (docs/versions.md)",
     )
     p.add_argument("--force", action="store_true", help="overwrite an existing demo")
     p.set_defaults(func=_demo)
@@ -131,6 +146,7 @@ def _demo(args: argparse.Namespace) -> int:
         max_rows=args.rows,
         dim=args.dim,
         instances=args.instances,
+        seed=args.seed,
         force=args.force,
     )
     print(f"{'using existing' if existed else 'created'} demo model: {path}")
