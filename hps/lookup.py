@@ -160,7 +160,7 @@ class LookupSession:
         uniq = np.unique(as_keys(keys))
         uniq = uniq[cache.resident(uniq)]
         since = cache.version
-        fresh, found = self.pipeline.fetch_rows(spec, uniq, before_l3)
+        fresh, found = self.pipeline.fetch_rows(spec, uniq, before_l3, counted=False)
         cache.update(uniq[found], fresh[found], since=since)
         cache.evict(uniq[~found])
 
@@ -193,7 +193,7 @@ class LookupSession:
         if cache is None:
             return 0
         uniq = np.unique(as_keys(keys))
-        rows, found = self.pipeline.fetch_rows(spec, uniq)
+        rows, found = self.pipeline.fetch_rows(spec, uniq, counted=False)
         cache.pin(uniq[found], rows[found])
         return int(found.sum())
 

@@ -227,20 +227,27 @@ class LookupPipeline:
         return self.decode(spec, stored, found)
 
     def fetch_rows(
-        self, spec: TableSpec, keys: Keys, before_l3: Callable[[], None] | None = None
+        self,
+        spec: TableSpec,
+        keys: Keys,
+        before_l3: Callable[[], None] | None = None,
+        *,
+        counted: bool = True,
     ) -> tuple[Stored, Mask]:
         """Stored rows of distinct ``keys`` from L2, then L3, and where each was found,
-        counted (keys found nowhere count as defaults; their rows are unspecified). L3 hits
-        go to L2 as they are, in the background (``backfill_l2``). ``before_l3``: see
-        :meth:`hps.tiers.Tiers.fetch`."""
-        tally = self.counts[spec.name]
+        counted unless ``counted`` is False (a warm-up, a prefetch, a refresh: not a request's
+        keys, which the hit rates are of); keys found nowhere count as defaults, their rows
+        unspecified. L3 hits go to L2 as they are, in the background (``backfill_l2``).
+        ``before_l3``: see :meth:`hps.tiers.Tiers.fetch`."""
         got = self.tiers.fetch(spec, keys, before_l3=before_l3)
         stored, level = got.values, got.level
         in_l3 = level == IN_L3
-        tally["l2"] += int(np.count_nonzero(level == IN_L2))
-        tally["l3"] += int(np.count_nonzero(in_l3))
         found = got.found
-        tally["default"] += int(keys.size - np.count_nonzero(found))
+        if counted:
+            tally = self.counts[spec.name]
+            tally["l2"] += int(np.count_nonzero(level == IN_L2))
+            tally["l3"] += int(np.count_nonzero(in_l3))
+            tally["default"] += int(keys.size - np.count_nonzero(found))
         if self.backfill_l2 and in_l3.any():
             self.background(self.tiers.backfill, spec.name, keys[in_l3], stored[in_l3])
         return stored, found
@@ -274,7 +281,7 @@ class LookupPipeline:
             return 0
         keys = keys[~cache.resident(keys)]
         since = cache.version
-        stored, found = self.fetch_rows(spec, keys)
+        stored, found = self.fetch_rows(spec, keys, counted=False)
         # force: keys asked for ahead of use must not be turned away by admission.
         cache.insert(keys[found], stored[found], since=since, force=True)
         return int(found.sum())

@@ -44,6 +44,28 @@ def test_levels_and_defaults_in_request_order(session: LookupSession) -> None:
     assert (counts["l2"], counts["l3"], counts["default"], counts["keys"]) == (2, 2, 1, 6)
 
 
+def test_hit_rates_count_requests_not_warm_ups_prefetches_or_refreshes(tmp_path: Path) -> None:
+    model = {"model": "demo", "embedding_table_names": ["t0"], "embedding_vecsize_per_table": [4],
+             "max_batch_size": 16, "gpucache": True, "gpucacheper": 1.0,
+             "hps_cache": {"device": "numpy"}}  # fmt: skip
+    s = build_session(make_config(tmp_path, models=[model]))
+    try:
+        keys = np.arange(1, 9, dtype=np.int64)
+        assert s.tiers.persistent is not None
+        s.tiers.persistent.insert("demo.t0", keys, rows(keys, 4))
+        assert s.warm_up("demo.t0", keys[:4], pin=True) == 4
+        assert s.prefetch("demo.t0", keys[4:6]) == 2
+        s.refresh("demo.t0", keys[:2])
+        s.drain()
+        counts = s.stats()["tables"]["demo.t0"]
+        assert (counts["l1"], counts["l2"], counts["l3"], counts["default"]) == (0, 0, 0, 0)
+        np.testing.assert_array_equal(s.lookup("demo.t0", keys), rows(keys, 4))
+        counts = s.stats()["tables"]["demo.t0"]
+        assert (counts["l1"], counts["l2"] + counts["l3"], counts["keys"]) == (6, 2, 8)
+    finally:
+        s.close()
+
+
 def test_multi_table_request(session: LookupSession) -> None:
     k0, k1 = np.array([5, 6], np.int64), np.array([7, 8, 9], np.int64)
     session.insert("demo.t0", k0, rows(k0, 4))
