@@ -24,6 +24,8 @@ STALE_S = 3600.0
 FORGET_S = 86400.0
 HOLDING: frozenset[VersionState] = frozenset({"loading", "ready", "live"})
 """States in which a node holds a version's rows (imports them, or may serve them)."""
+IMPORTED: frozenset[VersionState] = frozenset({"ready", "live"})
+"""States in which a node holds a version's rows whole (its import done)."""
 
 
 @dataclass(frozen=True)
@@ -71,12 +73,12 @@ class NodeRecord:
         except (ValueError, TypeError, KeyError, AttributeError, HPSError) as exc:
             raise ValueError(f"not a version record: {exc}") from None
 
-    def holds(self, model: str, version: int) -> bool:
+    def holds(self, model: str, version: int, states: frozenset[VersionState] = HOLDING) -> bool:
         """Whether this node holds ``version`` of ``model``: a model it serves (not removed)
-        with that version in a :data:`HOLDING` state."""
+        with that version in one of ``states``."""
         rec = self.models.get(model)
         info = None if rec is None or rec.removed else rec.versions.get(version)
-        return info is not None and info.state in HOLDING
+        return info is not None and info.state in states
 
 
 def _info(v: dict[str, object]) -> VersionInfo:
@@ -124,12 +126,19 @@ def forgotten(raw: dict[bytes, bytes], now: float) -> list[bytes]:
 
 
 def holders(
-    raw: dict[bytes, bytes], model: str, version: int, *, besides: str, now: float
+    raw: dict[bytes, bytes],
+    model: str,
+    version: int,
+    *,
+    besides: str,
+    now: float,
+    states: frozenset[VersionState] = HOLDING,
 ) -> list[str]:
     """The nodes other than ``besides`` whose records, published in the last :data:`STALE_S`,
-    hold ``version`` of ``model`` (records that are not ones are left out)."""
+    hold ``version`` of ``model`` in one of ``states`` (records that are not ones are left
+    out)."""
     return sorted(r.node for r in _readable(raw) if r.node != besides
-                  and now - r.at <= STALE_S and r.holds(model, version))  # fmt: skip
+                  and now - r.at <= STALE_S and r.holds(model, version, states))  # fmt: skip
 
 
 def _readable(raw: dict[bytes, bytes]) -> Iterable[NodeRecord]:

@@ -39,7 +39,8 @@ from hps.rowformat import ROW_DTYPES
 from hps.tiers import Tiers
 from hps.topology import topology
 from hps.types import TableSpec
-from hps.versions.registry import VersionRegistry
+from hps.versions.node_record import HOLDING, IMPORTED
+from hps.versions.registry import VersionRegistry, VersionState
 from hps.versions.shared_rows import holding
 
 log = logging.getLogger(__name__)
@@ -173,15 +174,18 @@ def _import(
         served = config.model_copy(
             update={"models": [at if m.model == model else m for m in config.models]}
         )
-        # Every node imports the version into a shared L2 (Redis): the first one's rows, and
-        # the updates they took since, are not overwritten by the next ones' snapshots.
+        # Every node imports the version into a shared L2 (Redis): the rows of a node that
+        # imported it whole, and the updates they took since, are not overwritten by the
+        # next ones' snapshots; rows nobody holds whole (a failed import's) are.
+        whole = bool(holding(config, [at], IMPORTED))
         rows = import_tables(served, topology(served), sparse_sources(served, [model]),
-                             progress=progress, keep_l2_rows=True)  # fmt: skip
+                             progress=progress, keep_l2_rows=whole)  # fmt: skip
     except BaseException:
         for dest in copies:
             Path(dest).unlink(missing_ok=True)
         try:
-            drop_versions(config, [at])
+            # forgotten below, so nothing would drop rows kept for a node still importing
+            drop_versions(config, [at], IMPORTED)
         except Exception as exc:  # noqa: BLE001 - the import's own error is the one to raise
             # Its rows stay: recorded `loading` and abandoned, it is retired by hand (which
             # drops them) rather than forgotten with rows a later import would mix with.
@@ -223,16 +227,18 @@ def _abandoned(config: PSConfig, model: str, version: int) -> bool:
         return True
 
 
-def drop_versions(config: PSConfig, entries: list[ModelConfig]) -> set[tuple[str, int]]:
+def drop_versions(
+    config: PSConfig, entries: list[ModelConfig], held_as: frozenset[VersionState] = HOLDING
+) -> set[tuple[str, int]]:
     """Drop the tables of ``entries`` (model entries at their version) in every tier, under
     the node's import lock (no import writes L3 meanwhile), and their import records: an
     import of the same number after a failed one imports every table again. The
     ``(model, version)`` whose rows in a shared Redis L2 are kept, another node holding
-    them (:mod:`hps.versions.shared_rows`), are returned."""
+    them in a state of ``held_as`` (:mod:`hps.versions.shared_rows`), are returned."""
     topo = topology(config)
     state = topo.state_dir
     with import_lock(state) if state is not None else nullcontext():
-        held = holding(config, entries)
+        held = holding(config, entries, held_as)
         tiers = Tiers.open(config, l3_mode="read_write")
         try:
             for entry in entries:

@@ -22,16 +22,19 @@ from hps.tiers import Tiers
 from hps.tiers.node_records import NodeRecords
 from hps.tiers.rows import RowStore
 from hps.topology import topology
-from hps.versions.node_record import holders, node_name
-from hps.versions.registry import VersionRegistry
+from hps.versions.node_record import HOLDING, holders, node_name
+from hps.versions.registry import VersionRegistry, VersionState
 
 log = logging.getLogger(__name__)
 
 
-def holding(config: PSConfig, entries: list[ModelConfig]) -> dict[tuple[str, int], list[str]]:
+def holding(
+    config: PSConfig, entries: list[ModelConfig], states: frozenset[VersionState] = HOLDING
+) -> dict[tuple[str, int], list[str]]:
     """``(model, version)`` of the ``entries`` (model entries at their version) that another
-    node holds in a shared Redis L2, with those nodes; empty without a Redis L2. Redis
-    unreachable: :class:`hps.errors.BackendError` (the drop would fail there too)."""
+    node holds in a shared Redis L2 (in one of ``states``), with those nodes; empty without a
+    Redis L2. Redis unreachable: :class:`hps.errors.BackendError` (the drop would fail
+    there too)."""
     if topology(config).l2 != "server" or not entries:
         return {}
     records = NodeRecords(config.volatile_db)
@@ -42,7 +45,7 @@ def holding(config: PSConfig, entries: list[ModelConfig]) -> dict[tuple[str, int
     me, now = node_name(VersionRegistry(config)), time.time()
     out = {}
     for entry in entries:
-        nodes = holders(raw, entry.model, entry.version, besides=me, now=now)
+        nodes = holders(raw, entry.model, entry.version, besides=me, now=now, states=states)
         if nodes:
             out[(entry.model, entry.version)] = nodes
     return out

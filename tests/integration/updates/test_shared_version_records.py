@@ -224,7 +224,8 @@ def test_a_second_nodes_import_of_a_version_keeps_what_the_shared_l2_holds(
     tmp_path: Path, redis_address: str
 ) -> None:
     """Node a imports version 2 and an update reaches its rows in Redis; node b's import of
-    the same version then fills only what Redis lacks: the update is not reverted."""
+    the same version then fills only what Redis lacks: the update is not reverted. Rows no
+    node holds whole (a failed import's) are overwritten."""
     doc = update_doc(tmp_path, "127.0.0.1:1", volatile={"type": "redis", "address": redis_address})
     a, b = node_config(tmp_path, "a", doc), node_config(tmp_path, "b", doc)
     keys = np.arange(100, dtype=np.int64)
@@ -240,11 +241,22 @@ def test_a_second_nodes_import_of_a_version_keeps_what_the_shared_l2_holds(
         assert np.array_equal(np.asarray(store.fetch(spec.name, keys)[0]), rows(keys, 4, seed=3))
         store.insert(spec.name, keys[:5], rows(keys[:5], 4, seed=9))  # an update since
         store.remove(spec.name, keys[90:])  # evicted since
+        publisher = RecordPublisher(a)
+        publisher.publish()  # a holds version 2 whole
+        publisher.close()
         import_version(b, version_entry(b, b.models[0].model, sparse_files=files), 2)
         got, found = store.fetch(spec.name, keys)
         assert found.all()
         assert np.array_equal(np.asarray(got)[:5], rows(keys[:5], 4, seed=9))
         assert np.array_equal(np.asarray(got)[5:], rows(keys[5:], 4, seed=3))
+
+        c = node_config(tmp_path, "c", doc)  # version 3: rows left by an import that failed
+        spec_3 = c.models[0].at_version(3).tables[0]
+        store.open_table(spec_3)
+        store.insert(spec_3.name, keys, rows(keys, 4, seed=7))
+        import_version(c, version_entry(c, c.models[0].model, sparse_files=files), 3)
+        got, found = store.fetch(spec_3.name, keys)
+        assert found.all() and np.array_equal(np.asarray(got), rows(keys, 4, seed=3))
     finally:
         store.close()
 
