@@ -10,15 +10,17 @@ version (:mod:`hps.versions.shared_rows`). A record published more than :data:`S
 from __future__ import annotations
 
 import json
+import logging
 import math
 import socket
 import time
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import cast, get_args
 
 from hps.errors import HPSError
 from hps.versions.registry import VersionInfo, VersionRegistry, VersionState
+
+log = logging.getLogger(__name__)
 
 STALE_S = 3600.0
 FORGET_S = 86400.0
@@ -135,15 +137,40 @@ def holders(
     states: frozenset[VersionState] = HOLDING,
 ) -> list[str]:
     """The nodes other than ``besides`` whose records, published in the last :data:`STALE_S`,
-    hold ``version`` of ``model`` in one of ``states`` (records that are not ones are left
-    out)."""
-    return sorted(r.node for r in _readable(raw) if r.node != besides
-                  and now - r.at <= STALE_S and r.holds(model, version, states))  # fmt: skip
-
-
-def _readable(raw: dict[bytes, bytes]) -> Iterable[NodeRecord]:
-    for node, value in raw.items():
-        try:
-            yield NodeRecord.decode(value, node.decode(errors="replace"))
-        except ValueError:
+    hold ``version`` of ``model`` in one of ``states``. Only what a record says of that
+    version is read: one whose entries this release would refuse (another release's) still
+    says what it holds; one that is no record at all (damaged) is left out, with a
+    warning."""
+    out = []
+    for field, value in raw.items():
+        node = field.decode(errors="replace")
+        if node == besides:
             continue
+        try:
+            at, held = _states(value, model, version)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            if node not in _UNREAD:  # once per node and process
+                log.warning("node %r: %s is not a version record; left out", node, exc)
+                _UNREAD.add(node)
+            continue
+        if now - at <= STALE_S and held in states:
+            out.append(node)
+    return sorted(out)
+
+
+_UNREAD: set[str] = set()  # nodes whose records were not ones, warned of
+
+
+def _states(raw: bytes, model: str, version: int) -> tuple[float, str | None]:
+    """A record's publish time and the state it gives ``version`` of ``model`` (None: not
+    held, or the model removed), read without validating its entries: a record of a
+    release whose entries this one would refuse still says what it holds."""
+    doc = json.loads(raw)
+    at = doc["at"]
+    if not isinstance(at, int | float) or not math.isfinite(at):
+        raise ValueError(f"bad publish time {at!r}")
+    rec = doc["models"].get(model)
+    if rec is None or rec["removed"]:
+        return float(at), None
+    states = [v["state"] for v in rec["versions"] if v["version"] == version]
+    return float(at), str(states[0]) if states else None

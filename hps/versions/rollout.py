@@ -38,10 +38,9 @@ from hps.loading.imports import (
 from hps.rowformat import ROW_DTYPES
 from hps.tiers import Tiers
 from hps.topology import topology
-from hps.types import TableSpec
 from hps.versions.node_record import HOLDING, IMPORTED
 from hps.versions.registry import VersionRegistry, VersionState
-from hps.versions.shared_rows import holding
+from hps.versions.shared_rows import holding, not_as_here
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -248,25 +247,13 @@ def drop_versions(
                     log.info("model %s version %d: its rows in the shared L2 kept (%s holding "
                              "it)", entry.model, entry.version, held_by)  # fmt: skip
                 for spec in entry.tables:
-                    keep_l2 = nodes or (topo.l2 == "server" and _not_as_here(tiers, spec))
+                    keep_l2 = nodes or (topo.l2 == "server" and not_as_here(tiers, spec))
                     (tiers.subset(l2=False) if keep_l2 else tiers).drop_table(spec, reopen=False)
         finally:
             tiers.close()
         if state is not None:
             ImportRecord(state).forget(s.name for entry in entries for s in entry.tables)
     return set(held)
-
-
-def _not_as_here(tiers: Tiers, spec: TableSpec) -> bool:
-    """Whether the shared L2 holds ``spec``'s table in another format or dimension: rows
-    another node imported under this version number (this node's import of it was refused),
-    not this node's to drop."""
-    stored = tiers.volatile.stored_format(spec) if tiers.volatile is not None else None
-    if stored is None or (stored[0] is spec.fmt and stored[1] == spec.dim):
-        return False
-    log.warning("%s: the shared L2 holds it as %s rows of dimension %d, another node's "
-                "version: kept", spec.name, stored[0].name, stored[1])  # fmt: skip
-    return True
 
 
 def retire(config: PSConfig, model: str, version: int) -> None:

@@ -18,10 +18,12 @@ import logging
 import time
 
 from hps.config import ModelConfig, PSConfig
+from hps.errors import HPSError
 from hps.tiers import Tiers
 from hps.tiers.node_records import NodeRecords
 from hps.tiers.rows import RowStore
 from hps.topology import topology
+from hps.types import TableSpec
 from hps.versions.node_record import HOLDING, holders, node_name
 from hps.versions.registry import VersionRegistry, VersionState
 
@@ -37,12 +39,7 @@ def holding(
     there too)."""
     if topology(config).l2 != "server" or not entries:
         return {}
-    records = NodeRecords(config.volatile_db)
-    try:
-        raw = records.all()
-    finally:
-        records.close()
-    me, now = node_name(VersionRegistry(config)), time.time()
+    raw, me, now = _records(config), node_name(VersionRegistry(config)), time.time()
     out = {}
     for entry in entries:
         nodes = holders(raw, entry.model, entry.version, besides=me, now=now, states=states)
@@ -51,28 +48,63 @@ def holding(
     return out
 
 
+def _records(config: PSConfig) -> dict[bytes, bytes]:
+    records = NodeRecords(config.volatile_db)
+    try:
+        return records.all()
+    finally:
+        records.close()
+
+
+def not_as_here(tiers: Tiers, spec: TableSpec) -> bool:
+    """Whether the shared L2 holds ``spec``'s table in another format or dimension: rows
+    another node imported under this version number (this node's import of it was refused),
+    not this node's to drop."""
+    stored = tiers.volatile.stored_format(spec) if tiers.volatile is not None else None
+    if stored is None or (stored[0] is spec.fmt and stored[1] == spec.dim):
+        return False
+    log.warning("%s: the shared L2 holds it as %s rows of dimension %d, another node's "
+                "version: kept", spec.name, stored[0].name, stored[1])  # fmt: skip
+    return True
+
+
 def release(config: PSConfig) -> list[tuple[str, int]]:
     """Drop the shared L2's rows of the versions recorded ``shared_rows_left`` that no other
-    node holds any more, and record them dropped; the ``(model, version)`` released."""
+    node holds any more (their tables another node imported in another format left as they
+    are), and record them dropped; the ``(model, version)`` released. A version that cannot
+    be (its recorded entry unreadable, a drop refused) is logged once and left for the next
+    call; the others go on. Redis unreachable: :class:`hps.errors.BackendError`."""
     registry = VersionRegistry(config)
     left = registry.shared_rows_left()
     if not left:
         return []
-    entries = [v.model_config() for _, v in left]
-    held = holding(config, entries)
-    free = [(e, v) for e, (_, v) in zip(entries, left, strict=True)
-            if (e.model, e.version) not in held]  # fmt: skip
-    if not free:
-        return []
-    l2 = Tiers(RowStore.open(config.volatile_db, "L2"), None)
+    raw, me, now = _records(config), node_name(registry), time.time()
+    released: list[tuple[str, int]] = []
+    l2: Tiers | None = None
     try:
-        for entry, _ in free:
-            for spec in entry.tables:
-                l2.drop_table(spec, reopen=False)
+        for model, info in left:
+            if holders(raw, model, info.version, besides=me, now=now):
+                continue
+            try:
+                l2 = l2 or Tiers(RowStore.open(config.volatile_db, "L2"), None)
+                for spec in info.model_config().tables:
+                    if not not_as_here(l2, spec):
+                        l2.drop_table(spec, reopen=False)
+                registry.set_state(model, info.version, "retired", rows_left=info.rows_left)
+            except (HPSError, ValueError) as exc:  # ValueError: an entry pydantic refuses
+                if (model, info.version) not in _FAILED:
+                    log.warning("model %s version %d: its rows in the shared L2 not dropped "
+                                "yet: %s", model, info.version, exc)  # fmt: skip
+                    _FAILED.add((model, info.version))
+                continue
+            _FAILED.discard((model, info.version))
+            released.append((model, info.version))
+            log.info("model %s version %d: no other node holds it any more; its rows in the "
+                     "shared L2 dropped", model, info.version)  # fmt: skip
     finally:
-        l2.close()
-    for entry, info in free:
-        registry.set_state(entry.model, entry.version, "retired", rows_left=info.rows_left)
-        log.info("model %s version %d: no other node holds it any more; its rows in the "
-                 "shared L2 dropped", entry.model, entry.version)  # fmt: skip
-    return [(e.model, e.version) for e, _ in free]
+        if l2 is not None:
+            l2.close()
+    return released
+
+
+_FAILED: set[tuple[str, int]] = set()  # versions whose release failed, warned of

@@ -35,6 +35,7 @@ from hps.updates.shared_record import RecordFollower, RecordPublisher
 from hps.versions import VersionRegistry
 from hps.versions.node_record import FORGET_S, NodeRecord, node_name
 from hps.versions.rollout import import_version, retire, version_entry
+from hps.versions.shared_rows import release
 from tests.fixtures.kafka import update_doc, wait_for
 from tests.helpers import rows
 
@@ -342,5 +343,33 @@ def test_a_nodes_refused_import_of_a_version_leaves_another_nodes_rows(
             assert found.all() and np.array_equal(
                 np.asarray(values), rows(keys, spec.dim, spec.dim)
             )
+    finally:
+        store.close()
+
+
+def test_a_version_whose_rows_cannot_be_released_holds_up_no_other(
+    tmp_path: Path, redis_address: str
+) -> None:
+    """Versions 2 and 3 wait for their shared rows to be dropped; version 2's recorded
+    entry is one this release refuses: version 3's rows are dropped all the same."""
+    doc = update_doc(tmp_path, "127.0.0.1:1", volatile={"type": "redis", "address": redis_address})
+    a = node_config(tmp_path, "a", doc)
+    model = a.models[0]
+    registry = VersionRegistry(a)
+    store = RedisStore.from_config(a.volatile_db)
+    keys = np.arange(10, dtype=np.int64)
+    try:
+        for n in (2, 3):
+            registry.begin(model, n)
+            registry.set_state(model.model, n, "retired", shared_rows_left=True)
+            spec = model.at_version(n).tables[0]
+            store.open_table(spec)
+            store.insert(spec.name, keys, rows(keys, 4))
+        with registry.editing() as record:  # as a later release might have written it
+            record[model.model]["versions"]["2"]["entry"]["hps_a_later_option"] = 1  # type: ignore[index]
+        assert release(a) == [(model.model, 3)]
+        assert [v.version for _, v in registry.shared_rows_left()] == [2]
+        v2, v3 = (model.at_version(n).tables[0].name for n in (2, 3))
+        assert store.fetch(v2, keys)[1].all() and not store.fetch(v3, keys)[1].any()
     finally:
         store.close()

@@ -3,8 +3,10 @@ hold a version, so that its rows in a shared L2 are kept for them."""
 
 from __future__ import annotations
 
+import json
+
 from hps.versions import VersionInfo, VersionState
-from hps.versions.node_record import STALE_S, ModelRecord, NodeRecord, holders
+from hps.versions.node_record import IMPORTED, STALE_S, ModelRecord, NodeRecord, holders
 
 ENTRY = {"model": "m", "embedding_table_names": ["t"], "embedding_vecsize_per_table": [4]}
 NOW = 1_000_000.0
@@ -37,3 +39,16 @@ def test_this_node_a_removed_model_a_stale_or_damaged_record_hold_nothing() -> N
         b"recent": published(NOW - STALE_S + 1, "live", "ready"),
     }
     assert holders(raw, "m", 2, besides="me", now=NOW) == ["recent"]
+
+
+def test_a_record_of_another_release_still_says_what_it_holds() -> None:
+    """Entries this release would refuse (a key it does not know) do not hide what the
+    record holds; a record that is no record at all is left out."""
+    doc = json.loads(published(NOW, "live", "ready"))
+    for v in doc["models"]["m"]["versions"]:
+        v["entry"]["hps_a_later_option"] = True
+        v["a_later_field"] = 1
+    raw = {b"newer": json.dumps(doc).encode(), b"junk": b"[1, 2]"}
+    assert holders(raw, "m", 2, besides="", now=NOW) == ["newer"]
+    assert holders(raw, "m", 2, besides="", now=NOW, states=IMPORTED) == ["newer"]
+    assert holders(raw, "m", 1, besides="", now=NOW, states=frozenset({"loading"})) == []
