@@ -188,7 +188,8 @@ def remove(state: AdminState, model: str, purge: bool) -> JSON:
     kept = [v.version for v in registry.versions(model) if v.state != "retired" or v.rows_left]
     if model not in served:  # removed before: its rows, if asked
         if not purge or not kept:
-            return {**answer, "changed": False, "unloaded": [], "purged": []}
+            return {**answer, "changed": False, "unloaded": [], "purged": [],
+                    "shared_rows_kept": _shared_rows_kept(state, model)}  # fmt: skip
         with state.versions_lock, state.writes:
             state.reset_reader()
             try:
@@ -196,7 +197,8 @@ def remove(state: AdminState, model: str, purge: bool) -> JSON:
             except ConfigError as exc:  # added again meanwhile (another process)
                 raise ConflictError(str(exc)) from None
         state.reset_reader()
-        return {**answer, "changed": True, "unloaded": [], "purged": purged}
+        return {**answer, "changed": True, "unloaded": [], "purged": purged,
+                "shared_rows_kept": _shared_rows_kept(state, model)}  # fmt: skip
     repository = _repository(state)
     with state.versions_lock:
         state.wait_loaded(model)  # not while a reload of it runs
@@ -208,4 +210,11 @@ def remove(state: AdminState, model: str, purge: bool) -> JSON:
             except ConfigError as exc:  # e.g. removed meanwhile by another process
                 raise ConflictError(str(exc)) from None
     state.reset_reader()
-    return {**answer, "changed": True, "unloaded": names, "purged": kept if purge else []}
+    return {**answer, "changed": True, "unloaded": names, "purged": kept if purge else [],
+            "shared_rows_kept": _shared_rows_kept(state, model)}  # fmt: skip
+
+
+def _shared_rows_kept(state: AdminState, model: str) -> list[int]:
+    """The versions of ``model`` whose rows a shared Redis L2 keeps for another node
+    (dropped by this node's control plane once none holds them: docs/versions.md)."""
+    return [v.version for v in registry_of(state).versions(model) if v.shared_rows_left]

@@ -159,7 +159,8 @@ def _added_removed_purged(plane: Node, other: Node) -> None:
     status, done = other.call("DELETE", "/v1/models/extra")  # through the other one
     assert status == 200, done
     assert done == {
-        "model": "extra", "served": False, "changed": True, "unloaded": ["extra"], "purged": []
+        "model": "extra", "served": False, "changed": True, "unloaded": ["extra"], "purged": [],
+        "shared_rows_kept": [],
     }  # fmt: skip
     assert not served(plane.triton, "extra") and served(plane.triton, "demo")
     np.testing.assert_array_equal(plane.infer()[1], expected(1))

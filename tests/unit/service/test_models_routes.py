@@ -184,7 +184,8 @@ def test_the_control_plane_follows_models_added_and_removed_elsewhere(
     r = client.delete("/v1/models/extra")  # removed already: nothing to do without purge
     assert r.status_code == 200, r.text
     assert r.json() == {
-        "model": "extra", "served": False, "changed": False, "unloaded": [], "purged": []
+        "model": "extra", "served": False, "changed": False, "unloaded": [], "purged": [],
+        "shared_rows_kept": [],
     }  # fmt: skip
     r = client.delete("/v1/models/extra", params={"purge": "true"})
     assert r.status_code == 200 and r.json()["purged"] == [1] and r.json()["changed"], r.text
