@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
-from typing import cast
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, cast
 
 from hps.config import VolatileDBConfig
-from hps.storage.redis_conn import Client, connect, translated
 from hps.storage.redis_layout import NODE_RECORDS
+
+if TYPE_CHECKING:
+    from hps.storage.redis_conn import Client
 
 
 class NodeRecords:
@@ -18,27 +22,32 @@ class NodeRecords:
         self.cfg = cfg
         self._client: Client | None = None
 
-    def _redis(self) -> Client:
-        if self._client is None:
-            self._client, _ = connect(self.cfg)
-        return self._client
+    @contextmanager
+    def _redis(self, what: str) -> Iterator[Client]:
+        # imported here: redis-py is the Redis extra's, and every node imports this module
+        from hps.storage.redis_conn import connect, translated
+
+        with translated(what):
+            if self._client is None:
+                self._client, _ = connect(self.cfg)
+            yield self._client
 
     def put(self, node: str, document: str) -> None:
-        with translated("publishing a version record"):
-            self._redis().hset(NODE_RECORDS, node, document)
+        with self._redis("publishing a version record") as r:
+            r.hset(NODE_RECORDS, node, document)
 
     def get(self, node: str) -> bytes | None:
-        with translated("reading a version record"):
-            return cast(bytes | None, self._redis().hget(NODE_RECORDS, node))
+        with self._redis("reading a version record") as r:
+            return cast(bytes | None, r.hget(NODE_RECORDS, node))
 
     def all(self) -> dict[bytes, bytes]:
-        with translated("reading the nodes' version records"):
-            return cast(dict[bytes, bytes], self._redis().hgetall(NODE_RECORDS))
+        with self._redis("reading the nodes' version records") as r:
+            return cast(dict[bytes, bytes], r.hgetall(NODE_RECORDS))
 
     def forget(self, nodes: list[bytes]) -> None:
         if nodes:
-            with translated("forgetting old version records"):
-                self._redis().hdel(NODE_RECORDS, *nodes)
+            with self._redis("forgetting old version records") as r:
+                r.hdel(NODE_RECORDS, *nodes)
 
     def close(self) -> None:
         if self._client is not None:

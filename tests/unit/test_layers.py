@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import hps
@@ -146,3 +148,15 @@ def test_only_the_model_package_imports_triton_python_backend_utils() -> None:
     }
     assert importers, "the model process must import it (the check would be vacuous)"
     assert sorted(m for m in importers if not _within(m, {MODEL})) == []
+
+
+def test_serving_without_the_redis_extra_imports_no_redis() -> None:
+    """The serve extra has no redis-py: what `hps serve`, imports and versions load must not
+    import it before a Redis L2 is configured (the wheel test's `hps serve` once died so)."""
+    code = (
+        "import sys; sys.modules['redis'] = None\n"
+        "import hps.triton.supervisor.serve, hps.versions.rollout, hps.versions.models\n"
+        "import hps.loading.imports, hps.commands.versions\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -100,11 +100,10 @@ def test_warmup_fills_l1_of_the_new_instances(client: Any, stack: Stack) -> None
         if sum(delta.values()) >= 15 or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    # the 10 warmed keys come from L1; the L2 count also holds the warm-up's own reads (of
-    # the keys not yet resident: the instance keeps its L1, a readiness check may have
-    # loaded one)
-    l2 = delta.pop("l2")
-    assert delta == {"l1": 10, "l3": 0, "default": 0} and 5 < l2 <= 15, (delta, l2)
+    # the 10 warmed keys come from L1, the 5 others from L2 (one may be resident already:
+    # a readiness check's); the warm-up's own reads count as no hits
+    assert delta["l1"] >= 10 and delta["l1"] + delta["l2"] == 15, delta
+    assert delta["l3"] == delta["default"] == 0, delta
     # the hottest keys of a frequency file (under the ps.json's folder, a path root)
     freq = stack.root / "freq.npz"
     write_frequency_file(freq, keys, np.arange(keys.size))
