@@ -190,11 +190,18 @@ def _activate(args: argparse.Namespace) -> int:
 
 
 def _retire(args: argparse.Namespace) -> int:
+    from hps.versions import VersionRegistry
     from hps.versions.rollout import retire
 
     config = _config(args.config)
     retire(config, args.model, args.version)
-    print(f"{args.model}: version {args.version} retired (its rows dropped in every tier)")
+    kept = VersionRegistry(config).get(args.model, args.version).shared_rows_left
+    where = (
+        "dropped but in the shared L2, kept while another node holds it"
+        if kept
+        else "dropped in every tier"
+    )
+    print(f"{args.model}: version {args.version} retired (its rows {where})")
     return 0
 
 
