@@ -3,7 +3,10 @@
 Semantics (docs/updates.md):
 
 - A batch is one message waited for up to ``poll_timeout_ms``, plus messages already fetched
-  until it holds ``max_batch_size`` rows (keys); it may end a few messages over.
+  until it holds ``max_batch_size`` rows (keys), ``max_batch_size`` messages or
+  :data:`MAX_BATCH_BYTES` of payload; it may end a few messages over. (Messages without
+  rows, a backlog of HugeCTR beacons or of dead letters, would otherwise make one batch of
+  millions: its memory unbounded, its heartbeat stale, nothing stored till its end.)
 - It is applied to L3 and L2 (:class:`hps.updates.applier.Applier`, durably), and only then
   are its offsets stored; stored offsets are committed after at most ``max_commit_interval``
   batches, whenever a poll finds nothing, on a rebalance and on shutdown. A crash replays at
@@ -60,6 +63,7 @@ log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 5.0
 LAG_INTERVAL_S = 1.0
 DRAIN_CHUNK = 256
+MAX_BATCH_BYTES = 64 << 20
 
 
 class Source(Protocol):
@@ -164,16 +168,21 @@ class UpdateConsumer:
         updates: list[UpdateBatch] = []
         bad: list[tuple[Message, str]] = []
         rows = self._decode(first, updates, bad, time.time_ns())
+        size = len(first.value() or b"")
         limit = self.settings.max_batch_size
-        while rows < limit:
+        while rows < limit and len(msgs) < limit and size < MAX_BATCH_BYTES:
             per_msg = max(1, rows // len(msgs))  # drain about as many as still fit
-            more = self.source.drain(max(1, min(DRAIN_CHUNK, (limit - rows) // per_msg)))
+            per_bytes = max(1, size // len(msgs))
+            fit = min(DRAIN_CHUNK, (limit - rows) // per_msg, limit - len(msgs),
+                      (MAX_BATCH_BYTES - size) // per_bytes)  # fmt: skip
+            more = self.source.drain(max(1, fit))
             if not more:
                 break
             msgs.extend(more)
             receipt_ns = time.time_ns()
             for m in more:
                 rows += self._decode(m, updates, bad, receipt_ns)
+                size += len(m.value() or b"")
         self.recorder.stage("batch", time.perf_counter() - started - self._decode_s)
         self.recorder.stage("decode", self._decode_s)
         if not self._apply(updates, bad, stop, served=lambda: self._record_applied(updates)):

@@ -1,8 +1,11 @@
 """The dead-letter topic: messages that cannot be decoded, with the reason in a header.
 
 Each dead letter keeps the original key and payload and adds the headers ``hps_reason``,
-``hps_topic``, ``hps_partition``, ``hps_offset`` and ``hps_timestamp_ms``. The consumer
-flushes dead letters before committing past them, so none is lost.
+``hps_topic``, ``hps_partition``, ``hps_offset`` and ``hps_timestamp_ms``. A payload over
+:data:`MAX_PAYLOAD_BYTES` is left out (header ``hps_payload_bytes``: its size; the message
+stays in its topic at that offset until the topic's retention): a letter a producer or a
+broker would refuse for its size would block the partition for good. The consumer flushes
+dead letters before committing past them, so none is lost.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ if TYPE_CHECKING:
     from confluent_kafka import KafkaError, Message
 
 log = logging.getLogger(__name__)
+
+MAX_PAYLOAD_BYTES = 900_000
+"""The largest payload a dead letter carries: under Kafka's 1 MB default limits (the
+producer's ``message.max.bytes``, a broker's ``message.max.bytes``) with room for headers."""
 
 
 class DeadLetters:
@@ -55,12 +62,17 @@ class DeadLetters:
             ("hps_offset", str(msg.offset()).encode()),
             ("hps_timestamp_ms", str(ts).encode()),
         ]
+        payload = msg.value()
+        if payload is not None and len(payload) > MAX_PAYLOAD_BYTES:
+            headers.append(("hps_payload_bytes", str(len(payload)).encode()))
+            payload = None
         log.warning("dead letter %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), reason)
         while True:
             try:
-                self._producer.produce(
-                    self.topic, msg.value(), msg.key(), headers=headers, on_delivery=self._report
-                )
+                with translated(f"sending a dead letter to {self.topic}"):
+                    self._producer.produce(
+                        self.topic, payload, msg.key(), headers=headers, on_delivery=self._report
+                    )
                 break
             except BufferError:
                 self._producer.poll(0.05)

@@ -176,3 +176,32 @@ def test_publish_cli_pushes_a_sparse_model(tmp_path: Path, kafka_broker: TansuBr
         np.testing.assert_array_equal(session.lookup(f"{model}.t1", keys), rows(keys, 8, seed=4))
     finally:
         session.close()
+
+
+def test_a_dead_letter_too_large_to_send_whole_goes_without_its_payload(
+    tmp_path: Path, kafka_broker: TansuBroker
+) -> None:
+    """A malformed message of almost 1 MB (the broker takes it) would be a dead letter over
+    the producer's 1 MB limit with its headers: it goes without its payload, its size in a
+    header, and the message after it is applied (the consumer had died on it, every start)."""
+    cfg = update_config(tmp_path, kafka_broker.bootstrap)
+    model = cfg.models[0].model
+    session = build_session(cfg, with_cache=False)
+    n = (999_876 - 24) // (8 + 5 * 4)
+    big = codec.encode(np.arange(n, dtype=np.int64), rows(np.arange(n), 5), 1)  # wrong dim
+    good = np.arange(5, dtype=np.int64)
+    try:
+        with running(build_service(cfg, session)) as svc:
+            with Publisher(kafka_broker.bootstrap, max_message_bytes=2_000_000) as pub:
+                pub.produce_raw(codec.topic_name(model, "t0"), big, partition=0)
+                pub.publish(model, "t0", good, rows(good, 4, seed=3))
+            wait_for(lambda: svc.rows_applied >= good.size, 60, "the message after it applied")
+            (letter,) = _read_topic(
+                kafka_broker.bootstrap, cfg.update_source.hps_dead_letter_topic, 1
+            )
+        headers = dict(letter.headers())
+        assert letter.value() is None and headers["hps_payload_bytes"] == str(len(big)).encode()
+        assert headers["hps_reason"].decode().startswith("ShapeError")
+        np.testing.assert_array_equal(session.lookup(f"{model}.t0", good), rows(good, 4, seed=3))
+    finally:
+        session.close()

@@ -139,6 +139,22 @@ def test_batches_stop_at_max_batch_size_rows() -> None:
     assert consumer.run_once(stop) == 0
 
 
+def test_batches_of_messages_without_rows_stop_at_max_batch_size_messages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HugeCTR beacons and junk add no rows: a backlog of them is cut into batches of
+    max_batch_size messages (it was one batch of them all), and of MAX_BATCH_BYTES."""
+    beacon = codec.encode_hugectr(np.zeros(0, np.int64), np.zeros((0, 2), np.float32))
+    msgs = [Msg(beacon if i % 2 else b"junk", i) for i in range(60)]
+    consumer, source, dead, *_ = make(msgs)
+    stop = threading.Event()
+    assert [consumer.run_once(stop) for _ in range(4)] == [25, 25, 10, 0]
+    assert source.stored == list(range(60)) and len(dead.sent) == 30
+    monkeypatch.setattr("hps.updates.consumer.MAX_BATCH_BYTES", 3 * len(b"junk"))
+    consumer, *_ = make([Msg(b"junk", i) for i in range(10)])
+    assert consumer.run_once(stop) == 3
+
+
 def test_bad_messages_are_dead_lettered_and_the_rest_applied() -> None:
     bad_dim = Msg(codec.encode(np.array([3]), np.ones((1, 5), np.float32), 1), 1)
     nan = Msg(codec.encode(np.array([4]), np.full((1, 2), np.nan, np.float32), 1), 2)
