@@ -32,6 +32,7 @@ from hps.updates.routing import Router
 from hps.updates.runtime import (
     UpdateThread,
     check_enabled,
+    consumed_models,
     timed_pass2,
     topics_of,
     version_router,
@@ -60,7 +61,12 @@ def start_l1_listener(
     us = config.update_source
     refresher = L1Refresher(session)
     served = Served(recorder or PrometheusRecorder())
-    tables = {name: spec for name, spec in session.tables.items() if refresher.tracks(name)}
+    consumed = consumed_models(config)
+    tables = {
+        name: spec
+        for name, spec in session.tables.items()
+        if refresher.tracks(name) and consumed(spec.model)
+    }
     router = version_router(config, tables, own=True)
 
     def new_source() -> MessageSource:

@@ -119,6 +119,17 @@ def topics_of(tables: Mapping[str, TableSpec]) -> list[str]:
     return sorted(codec.topic_name(s.model, s.table) for s in tables.values())
 
 
+def consumed_models(config: PSConfig) -> Callable[[str], bool]:
+    """Whether ``hps consume`` applies a model's updates to a tier the serving processes
+    read (a shared L2, or L3), by ``update_filters``: what their L1 listeners follow, so
+    that L1 never serves an update L2 and L3 never took."""
+    shared_l2 = topology(config).l2 not in (None, "process")
+    l2 = model_filter(config.volatile_db.update_filters)
+    l3 = model_filter(config.persistent_db.update_filters)
+    l3_on = config.persistent_db.type != "disabled"
+    return lambda model: (shared_l2 and l2(model)) or (l3_on and l3(model))
+
+
 def version_router(
     config: PSConfig,
     tables: Mapping[str, TableSpec],
@@ -334,4 +345,7 @@ def start_updates(
         return start_background_applier(session, config, recorder)
     if not session.caches or topo.l1_refresh == "journal":  # journal: its follower refreshes
         return None
+    consumed = consumed_models(config)
+    if not any(consumed(session.tables[name].model) for name in session.caches):
+        return None  # no cached table takes updates (update_filters)
     return start_l1_listener(session, config, recorder)

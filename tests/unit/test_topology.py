@@ -68,6 +68,30 @@ def test_journal_mode_starts_no_listener(tmp_path: Path) -> None:
         session.close()
 
 
+def test_no_listener_follows_a_model_update_filters_leave_out(tmp_path: Path) -> None:
+    """L1 follows what hps consume applies: a model no tier takes updates of (its
+    update_filters) starts no listener, whose L1 would serve updates L2 and L3 never took."""
+    from hps.build import build_session
+    from hps.updates.runtime import consumed_models, start_updates
+
+    config = make_config(
+        tmp_path,
+        models=[MODEL],
+        volatile_db={"type": "disabled"},
+        persistent_db={"type": "rocks_db", "path": str(tmp_path / "l3"),
+                       "update_filters": ["^other$"]},
+        update_source=KAFKA,
+    )  # fmt: skip
+    assert not consumed_models(config)("demo") and consumed_models(config)("other")
+    build_session(config, l3_mode="read_write").close()  # the database exists
+    session = build_session(config, l3_mode="secondary")
+    try:
+        assert session.caches  # a listener would start for these
+        assert start_updates(session, config) is None
+    finally:
+        session.close()
+
+
 def test_journal_mode_refuses_a_journal_it_cannot_open(tmp_path: Path) -> None:
     config = _config(tmp_path, {"type": "disabled"}, hps_l1_refresh="journal")
     journal_dir(Path(config.persistent_db.path)).write_text("not a folder")
