@@ -6,8 +6,10 @@
   starts empty must see every retained update); with ``start_ms``, a topic's partitions from
   the first message stamped at or after its time (a model version imported later: only
   what was published since its import began, :mod:`hps.updates.routing`).
-- ``tail``: every partition from the end, no commits (L1 freshness listeners). With the
-  service's ``group.id`` it can still read the group's committed offsets (``committed``).
+- ``tail``: every partition from the group's committed offset (``group.id``: the
+  service's; what ``hps consume`` has not applied yet is read too), from the beginning
+  where the group committed nothing (as the group reads it); no commits (L1 freshness
+  listeners). It reads the group's committed offsets (``committed``).
 
 ``replay`` and ``tail`` look for partitions added to their topics as often as the client
 refreshes its metadata, and read them from their beginning.
@@ -82,8 +84,16 @@ class MessageSource:
                 from confluent_kafka import TopicPartition
 
                 parts = [TopicPartition(t, p) for t in self.topics for p in range(counts[t])]
+                applied = self._committed_of(parts) if mode == "tail" else {}
                 for tp in parts:
-                    tp.offset = OFFSET_BEGINNING if mode == "replay" else self._end(tp)
+                    if mode == "replay":
+                        tp.offset = OFFSET_BEGINNING
+                        continue
+                    # a message the group has not applied yet may still change a row L1
+                    # loads from L2/L3 meanwhile: a listener reads from there (from the
+                    # beginning where it committed nothing: auto.offset.reset, earliest)
+                    done = applied.get((tp.topic, tp.partition))
+                    tp.offset = OFFSET_BEGINNING if done is None else min(done, self._end(tp))
                 if mode == "replay" and start_ms:
                     self._from_times(parts, start_ms)
                 self._fixed = parts
@@ -108,6 +118,13 @@ class MessageSource:
             offset = found.get((tp.topic, tp.partition))
             if offset is not None:  # -1: nothing stamped since: the end
                 tp.offset = offset if offset >= 0 else self._end(tp)
+
+    def _committed_of(self, parts: list[TopicPartition]) -> dict[TopicPartitionKey, int]:
+        from confluent_kafka import TopicPartition
+
+        asked = [TopicPartition(tp.topic, tp.partition) for tp in parts]
+        got = self._consumer.committed(asked, timeout=10.0) if asked else []
+        return {(tp.topic, tp.partition): tp.offset for tp in got if tp.offset >= 0}
 
     def _end(self, tp: TopicPartition) -> int:
         # An explicit offset rather than OFFSET_END: the source is positioned on return, so

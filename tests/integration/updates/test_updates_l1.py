@@ -107,3 +107,46 @@ def test_listener_refreshes_l1_of_a_shared_deployment(
         serving.close()
         writer.close()
     assert handle.error is None
+
+
+@pytest.mark.parametrize("committed_before", [False, True])
+def test_a_listener_started_while_hps_consume_lags_reads_what_it_has_not_applied(
+    tmp_path: Path, kafka_broker: TansuBroker, committed_before: bool
+) -> None:
+    """An update published before the serving process (re)starts, applied after it has
+    cached the old row from L3: its listener reads from the group's committed offsets (from
+    the beginning where there are none), so L1 does not keep the old row (it did, for good:
+    the listener began at the topics' end)."""
+    cfg = update_config(
+        tmp_path, kafka_broker.bootstrap, volatile={"type": "disabled"}, gpucache=True
+    )
+    model = cfg.models[0].model
+    table = f"{model}.t1"
+    writer = build_session(cfg, with_cache=False)
+    keys = np.arange(200, 264, dtype=np.int64)
+    writer.insert(table, keys, rows(keys, 8, seed=1), durable=True)
+    serving = build_session(cfg, l3_mode="secondary")
+    handle = None
+    try:
+        with Publisher(kafka_broker.bootstrap) as pub:
+            if committed_before:  # the group applied and committed something earlier
+                with running(build_service(cfg, writer)) as svc:
+                    pub.publish(model, "t0", keys[:4], rows(keys[:4], 4, seed=2))
+                    wait_for(lambda: svc.rows_applied >= 4, 30, "the earlier update applied")
+            pub.publish(model, "t1", keys, rows(keys, 8, seed=9))  # hps consume is down
+        handle = start_updates(serving, cfg)  # the serving process starts
+        assert handle is not None
+        np.testing.assert_array_equal(serving.lookup(table, keys), rows(keys, 8, seed=1))
+        with running(build_service(cfg, writer)) as svc:  # hps consume is back
+            wait_for(lambda: svc.rows_applied >= keys.size, 30, "the consumer to apply")
+            wait_for(
+                lambda: np.array_equal(serving.lookup(table, keys), rows(keys, 8, seed=9)),
+                20,
+                "L1 to serve the update",
+            )
+    finally:
+        if handle is not None:
+            handle.stop()
+        serving.close()
+        writer.close()
+    assert handle.error is None
