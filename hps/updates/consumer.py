@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from hps.config import UpdateSourceConfig
@@ -77,7 +77,9 @@ class Source(Protocol):
     def store(self, msgs: Sequence[Message]) -> None: ...
     def rewind(self, msgs: Sequence[Message]) -> None: ...
     def commit(self, *, asynchronous: bool) -> None: ...
-    def lag(self) -> dict[tuple[str, int], int]: ...
+    def lag(
+        self, unapplied: Mapping[tuple[str, int], int] | None = None
+    ) -> dict[tuple[str, int], int]: ...
     def positions(self) -> dict[tuple[str, int], int]: ...
     def close(self) -> None: ...
 
@@ -185,7 +187,8 @@ class UpdateConsumer:
                 size += len(m.value() or b"")
         self.recorder.stage("batch", time.perf_counter() - started - self._decode_s)
         self.recorder.stage("decode", self._decode_s)
-        if not self._apply(updates, bad, stop, served=lambda: self._record_applied(updates)):
+        served = lambda: self._record_applied(updates)  # noqa: E731
+        if not self._apply(updates, bad, stop, served=served, inflight=msgs):
             return 0  # stopped while a tier was down: nothing stored, redelivered later
         self.source.store(msgs)
         self.batches += 1
@@ -242,9 +245,12 @@ class UpdateConsumer:
         bad: list[tuple[Message, str]],
         stop: threading.Event,
         served: Callable[[], None] | None = None,
+        inflight: Sequence[Message] = (),
     ) -> bool:
         """Apply with retries; ``served()`` runs once, when L2/L3 (and L1) serve the rows,
-        before the batch is synced (:meth:`hps.updates.applier.Applier.apply`)."""
+        before the batch is synced (:meth:`hps.updates.applier.Applier.apply`). While a
+        tier fails, the lag goes on being exported, counting ``inflight`` (the batch's
+        messages) as not applied."""
         attempt = 0
         pending_dead = list(bad)
         recorded = False
@@ -281,6 +287,7 @@ class UpdateConsumer:
                 )
                 attempt += 1
                 self.heartbeat.beat()  # waiting out a tier is not a stall
+                self._export_lag(inflight)  # it grows meanwhile: the gauge must show it
                 if stop.wait(delay):
                     log.warning("stopping with an unapplied batch; it will be redelivered")
                     return False
@@ -356,10 +363,16 @@ class UpdateConsumer:
         if self.batches:
             self._commit(asynchronous=False)
 
-    def _export_lag(self) -> None:
+    def _export_lag(self, inflight: Sequence[Message] = ()) -> None:
+        """Messages behind each partition's end, from the first of ``inflight`` (a batch not
+        applied yet) where it has one, else from the consumer's position."""
         now = time.monotonic()
         if now - self._last_lag < LAG_INTERVAL_S:
             return
         self._last_lag = now
-        for (topic, partition), lag in self.source.lag().items():
+        first: dict[tuple[str, int], int] = {}
+        for m in inflight:
+            key = (m.topic() or "", m.partition() or 0)
+            first[key] = min(first.get(key, m.offset() or 0), m.offset() or 0)
+        for (topic, partition), lag in self.source.lag(first).items():
             metrics.CONSUMER_LAG.labels(topic, str(partition)).set(lag)

@@ -297,8 +297,12 @@ class MessageSource:
             got = self._consumer.committed(parts, timeout=timeout_s)
         return {(tp.topic, tp.partition): tp.offset for tp in got if tp.offset >= 0}
 
-    def lag(self) -> dict[TopicPartitionKey, int]:
-        """Messages behind the high watermark, per assigned partition (cached watermarks)."""
+    def lag(
+        self, unapplied: Mapping[TopicPartitionKey, int] | None = None
+    ) -> dict[TopicPartitionKey, int]:
+        """Messages behind the high watermark, per assigned partition (cached watermarks),
+        from the position, or from ``unapplied``'s offset where it gives one below it (a
+        batch read but not applied yet)."""
         out: dict[TopicPartitionKey, int] = {}
         try:
             held = self._held()
@@ -308,8 +312,10 @@ class MessageSource:
                 positions = self._consumer.position(held)
                 for tp in positions:
                     _, high = self._consumer.get_watermark_offsets(tp, cached=True)
-                    if high >= 0 and tp.offset >= 0:
-                        out[(tp.topic, tp.partition)] = max(0, high - tp.offset)
+                    key = (tp.topic, tp.partition)
+                    at = min(tp.offset, (unapplied or {}).get(key, tp.offset))
+                    if high >= 0 and at >= 0:
+                        out[key] = max(0, high - at)
         except BackendError as exc:
             log.debug("lag unavailable: %s", exc)
         return out

@@ -57,14 +57,18 @@ class FakeSource:
         self.stored: list[int] = []
         self.commits = 0
         self.topics = [TOPIC]
+        self.position = 0  # the offset after the last message handed out
+        self.high = max((m.offset() + 1 for m in msgs), default=0)
 
     def poll(self, timeout_s: float) -> Msg | None:
-        return self.queue.popleft() if self.queue else None
+        out = self.drain(1)
+        return out[0] if out else None
 
     def drain(self, n: int) -> list[Msg]:
         out = []
         while self.queue and len(out) < n:
             out.append(self.queue.popleft())
+            self.position = out[-1].offset() + 1
         return out
 
     def store(self, msgs: list[Msg]) -> None:
@@ -72,12 +76,16 @@ class FakeSource:
 
     def rewind(self, msgs: list[Msg]) -> None:
         self.queue.extendleft(reversed(msgs))
+        self.position = msgs[0].offset()
 
     def commit(self, *, asynchronous: bool) -> None:
         self.commits += 1
 
-    def lag(self) -> dict[tuple[str, int], int]:
-        return {(TOPIC, 0): len(self.queue)}
+    def lag(
+        self, unapplied: dict[tuple[str, int], int] | None = None
+    ) -> dict[tuple[str, int], int]:
+        at = min(self.position, (unapplied or {}).get((TOPIC, 0), self.position))
+        return {(TOPIC, 0): self.high - at}
 
     def close(self) -> None:
         pass
@@ -254,6 +262,21 @@ def test_a_failing_tier_is_retried_and_nothing_is_skipped() -> None:
     assert consumer.run_once(threading.Event()) == 1
     assert l2.fetch(SPEC.name, np.array([1, 2]))[1].all()
     assert source.stored == [0]
+
+
+def test_the_lag_counts_the_batch_a_failing_tier_holds_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a tier fails, the lag gauge is exported and counts the unapplied batch (it
+    read 0 through the outage: exported only after stored batches, from the position)."""
+    from hps.updates import metrics
+
+    monkeypatch.setattr("hps.updates.consumer.LAG_INTERVAL_S", 0.0)
+    msgs = [upsert([i], 1, i) for i in range(3)]
+    consumer, *_ = make(msgs, l2=FlakyStore(failures=2), max_batch_size=2)
+    seen: list[float] = []
+    gauge = metrics.CONSUMER_LAG.labels(TOPIC, "0")
+    monkeypatch.setattr(gauge, "set", seen.append)
+    consumer.run_once(threading.Event())  # offsets 0 and 1: two failures, then applied
+    assert seen[:2] == [3, 3] and seen[-1] == 1  # the batch counted till it is applied
 
 
 def test_stop_during_backoff_stores_nothing() -> None:
