@@ -72,6 +72,8 @@ class Source(Protocol):
 
     @property
     def topics(self) -> list[str]: ...
+    @property
+    def commit_failed(self) -> bool: ...
     def poll(self, timeout_s: float) -> Message | None: ...
     def drain(self, max_messages: int) -> list[Message]: ...
     def store(self, msgs: Sequence[Message]) -> None: ...
@@ -346,7 +348,7 @@ class UpdateConsumer:
             self.dead_letters.flush()
 
     def _idle(self) -> None:
-        if self._uncommitted:
+        if self._uncommitted or self.source.commit_failed:  # a failed one is sent again
             self._commit(asynchronous=True)
         self._export_lag()
 

@@ -94,8 +94,8 @@ def start_l1_listener(
             # L1: its rows come from L2/L3 again.
             with contextlib.suppress(Exception):  # whatever a broken client says on closing
                 source.close()
-            source = new_source()
             refresher.drop_all()
+            source = new_source()
             raise
         try:
             refresh_from(msgs, router, refresher, us.hps_max_version_ahead_s, served)

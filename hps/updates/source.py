@@ -36,7 +36,7 @@ from hps.updates.kafka import (
 )
 
 if TYPE_CHECKING:
-    from confluent_kafka import Consumer, Message, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,12 @@ class MessageSource:
         # its metadata (a group consumer learns of them then too, by a rebalance)
         refresh_ms = int(conf.get("topic.metadata.refresh.interval.ms", 300_000))
         self._partitions_every_s = refresh_ms / 1000 if refresh_ms > 0 else math.inf
+        self.commit_failed = False  # the last asynchronous commit's answer (group mode)
+        driver: dict[str, object] = {**with_driver_log(conf)}
+        if mode == "group":
+            driver["on_commit"] = self._on_commit
         with translated(f"consuming {len(self.topics)} topics"):
-            self._consumer = Consumer(with_driver_log(conf))
+            self._consumer = Consumer(driver)
             if mode == "group":
                 self._consumer.subscribe(
                     self.topics,
@@ -276,6 +280,14 @@ class MessageSource:
         with translated("rewinding"):
             for (topic, partition), offset in first.items():
                 self._consumer.seek(TopicPartition(topic, partition, offset))
+
+    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """The broker's answer to a commit (run inside poll): a failed asynchronous commit
+        is sent again by the loop's next idle poll (:attr:`commit_failed`)."""
+        failed = err is not None and err.name() != "_NO_OFFSET"
+        if failed and not self.commit_failed:
+            log.warning("commit failed: %s; sent again at the next idle poll", err)
+        self.commit_failed = failed
 
     def commit(self, *, asynchronous: bool) -> None:
         if self.mode != "group":

@@ -58,6 +58,7 @@ class FakeSource:
         self.commits = 0
         self.topics = [TOPIC]
         self.position = 0  # the offset after the last message handed out
+        self.commit_failed = False
         self.high = max((m.offset() + 1 for m in msgs), default=0)
 
     def poll(self, timeout_s: float) -> Msg | None:
@@ -300,6 +301,9 @@ def test_commits_every_max_commit_interval_batches_and_when_idle() -> None:
     assert source.commits == 3
     consumer.run_once(stop)  # idle, nothing new
     assert source.commits == 3
+    source.commit_failed = True  # the broker refused that asynchronous commit
+    consumer.run_once(stop)  # idle: sent again
+    assert source.commits == 4
 
 
 class FakeCache:
