@@ -15,6 +15,10 @@ T = TypeVar("T")
 CTR_SUFFIX = "_ctr"  # the Triton model of a model's CTR network: <model>_ctr
 
 INT32_MAX = 2**31 - 1  # Triton's max_batch_size and shape dimensions are int32
+MAX_TABLES = 4096
+"""The most tables a model may have (each per-table list of its entry at most as long):
+far above any model's, low enough that a list of millions (a control-plane body) is
+refused before it is validated item by item."""
 MAX_DIM = 1 << 16
 """The largest vector size of a table (256 KiB float32 rows): far above any embedding's,
 low enough that a typo (or a dims list missing a comma) is refused before a tier sizes
@@ -41,16 +45,18 @@ class CacheConfig(Frozen):
 
 class ModelConfig(Frozen):
     model: str
-    sparse_files: list[str] = []
+    sparse_files: list[str] = Field(default=[], max_length=MAX_TABLES)
     dense_file: str = ""
     network_file: str = ""
-    deployed_device_list: list[int] = [0]
+    deployed_device_list: list[int] = Field(default=[0], max_length=MAX_TABLES)
     max_batch_size: int = Field(default=64, ge=1, le=INT32_MAX)
-    embedding_table_names: list[str] = []
-    embedding_vecsize_per_table: list[StrictInt]  # `true` is not a dim of 1
-    maxnum_catfeature_query_per_table_per_sample: list[QueryCount] = []
+    embedding_table_names: list[str] = Field(default=[], max_length=MAX_TABLES)
+    embedding_vecsize_per_table: list[StrictInt] = Field(max_length=MAX_TABLES)  # not `true`
+    maxnum_catfeature_query_per_table_per_sample: list[QueryCount] = Field(
+        default=[], max_length=MAX_TABLES
+    )
     maxnum_des_feature_per_sample: int = Field(default=26, ge=0)
-    default_value_for_each_table: list[Float32Value] = [0.0]  # a float32 row's value
+    default_value_for_each_table: list[Float32Value] = Field(default=[0.0], max_length=MAX_TABLES)
     gpucache: bool = True
     gpucacheper: float = Field(default=0.2, ge=0.0, le=1.0)
     hit_rate_threshold: float = Field(default=0.9, ge=0.0, le=1.0)

@@ -26,6 +26,7 @@ from hps.service.limits import TokenAndBodyLimits, TooLarge
 from hps.service.state import AdminState
 
 log = logging.getLogger(__name__)
+MAX_VALIDATION_ERRORS = 20  # the most a 422 lists; past them it says how many more
 
 
 class Metrics:
@@ -153,7 +154,14 @@ def create_app(state: AdminState, guard: ConnectionGuard | None = None) -> FastA
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
+        errors = exc.errors()
+        detail: list[dict[str, object]] = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", "")}
+            for e in errors[:MAX_VALIDATION_ERRORS]
+        ]
+        if len(errors) > MAX_VALIDATION_ERRORS:  # a list of a million bad items: not echoed
+            more = len(errors) - MAX_VALIDATION_ERRORS
+            detail.append({"loc": [], "msg": f"and {more:,} more errors"})
         return _error(422, "ValidationError", detail)
 
     @app.exception_handler(HTTPException)

@@ -37,21 +37,26 @@ MAX_UPLOAD_BYTES = 64 * 1024**3
 KEY_JSON_BYTES = 32
 LOOKUP_JSON_BYTES = 1024**2  # MAX_LOOKUP_KEYS (10,000) keys take at most 320,000 bytes
 WRITE_KEYS_JSON_BYTES = 32 * 1024**2  # MAX_WRITE_KEYS (1,000,000) take at most 32,000,000
+MODEL_JSON_BYTES = 1024**2  # a model entry: MAX_TABLES tables' paths and sizes fit
 _MODEL = r"/v1/models/[^/]+"
 _TABLE = _MODEL + r"/tables/[^/]+"
-# (method, path, limit, what a 413 says of it): the routes whose bodies are lists of keys
+# (method, path, limit, what a 413 says of it): the routes whose bodies are lists of keys,
+# and the model entry of a model added at runtime
 ROUTE_JSON_LIMITS: tuple[tuple[str, re.Pattern[str], int, str], ...] = (
     ("POST", re.compile(_TABLE + "/lookup"), LOOKUP_JSON_BYTES, f"{MAX_LOOKUP_KEYS:,} keys"),
     ("DELETE", re.compile(_TABLE + "/keys"), WRITE_KEYS_JSON_BYTES, f"{MAX_WRITE_KEYS:,} keys"),
     ("POST", re.compile(_MODEL + "/warmup"), WRITE_KEYS_JSON_BYTES, f"{MAX_WRITE_KEYS:,} keys"),
+    ("POST", re.compile(r"/v1/models"), MODEL_JSON_BYTES, "one model entry"),
 )
 MUTATING_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 MESSAGES = {
     401: "missing or wrong bearer token",
     403: "mutations are disabled: no admin token is configured (--token-file, HPS_ADMIN_TOKEN)",
     413: "request body too large",
 }
 KINDS = {
+    400: "RequestError",
     401: "Unauthorized",
     403: "Forbidden",
     413: "TooLarge",
@@ -107,6 +112,11 @@ class TokenAndBodyLimits:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if _CONTROL.search(scope["path"]):
+            # a route's pattern ends in `$`, which matches before a final newline: the limits
+            # chosen below by the path would not be those of the route it reaches
+            await _answer(send, 400, "the request path holds a control character")
             return
         if scope["method"] in MUTATING_METHODS:
             headers = dict(scope.get("headers") or [])

@@ -190,10 +190,19 @@ def test_the_key_list_routes_limit_their_json_bodies_to_what_their_keys_take() -
         big = {**auth, "Content-Length": str(WRITE_KEYS_JSON_BYTES + 1)}
         r = client.request(method, path, content=b"", headers=big)
         assert r.status_code == 413 and "at most 1,000,000 keys" in r.json()["detail"]
+    # a model entry: 1 MiB (a list of millions of names took gigabytes to validate)
+    big = {**auth, "Content-Length": str(1024**2 + 1)}
+    r = client.post("/v1/models", content=b"", headers=big)
+    assert r.status_code == 413 and "at most one model entry" in r.json()["detail"]
     # other JSON bodies: the general limit
     big = {**auth, "Content-Length": str(MAX_JSON_BYTES + 1)}
     r = client.post("/v1/models/m/versions", content=b"", headers=big)
     assert r.json()["detail"] == "request body too large: a JSON body takes at most 64 MiB"
+    # a control character in the path: the limits above follow the path, Starlette's route
+    # patterns match before a final newline (/lookup%0A reached the lookup route, at 64 MiB)
+    r = client.post(lookup + "%0A", content=b" " * (LOOKUP_JSON_BYTES + 1), headers=auth)
+    assert r.status_code == 400 and "control character" in r.json()["detail"]
+    assert len(seen) == 3  # none of these read
 
 
 def test_triton_admin_follows_a_new_key_file(

@@ -95,10 +95,14 @@ def test_refusals_change_nothing(admin: tuple[TestClient, AdminState], tmp_path:
         ({**body, "embedding_vecsize_per_table": [3]}, 422, "wrong embedding_vecsize"),
         (demo, 409, "model 'demo' is served already"),
         (body, 409, "no model repository of hps serve"),  # hps serve wrote none here
+        ({**body, "embedding_table_names": ["t"] * 5000}, 422, "at most 4096 items"),
     ]:
         r = client.post("/v1/models", json=bad)
         assert r.status_code == status and says in json.dumps(r.json()), (bad, r.text)
         assert set(r.json()) == {"error", "detail"}
+    r = client.post("/v1/models", json={**body, "max_batch_size": "x", "sparse_files": [1] * 50})
+    assert r.status_code == 422 and len(r.json()["detail"]) == 21  # 51 errors: 20 listed
+    assert r.json()["detail"][-1]["msg"] == "and 31 more errors"
     r = client.delete("/v1/models/nope")
     assert r.status_code == 404 and "unknown model 'nope'" in r.json()["detail"]
     assert client.get("/v1/models/nope").status_code == 404
