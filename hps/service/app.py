@@ -21,8 +21,8 @@ from starlette.exceptions import HTTPException
 
 from hps.errors import HPSError, QueueFullError, http_status
 from hps.redact import redact_mapping
-from hps.service.connections import ConnectionGuard
-from hps.service.limits import TokenAndBodyLimits, TooLarge
+from hps.service.connections import READ_TIMEOUT_S, ConnectionGuard
+from hps.service.limits import BodyTimeout, TokenAndBodyLimits, TooLarge
 from hps.service.state import AdminState
 
 log = logging.getLogger(__name__)
@@ -175,8 +175,15 @@ def create_app(state: AdminState, guard: ConnectionGuard | None = None) -> FastA
     async def too_large(request: Request, exc: TooLarge) -> JSONResponse:
         return _error(413, "TooLarge", str(exc) or "request body too large")
 
+    @app.exception_handler(BodyTimeout)
+    async def body_timeout(request: Request, exc: BodyTimeout) -> JSONResponse:
+        return _error(408, "BodyTimeout", str(exc))
+
     # inside `count`: refusals are counted too
-    app.add_middleware(TokenAndBodyLimits, token=state.token, jobs=state.jobs)
+    read_timeout_s = guard.read_timeout_s if guard is not None else READ_TIMEOUT_S
+    app.add_middleware(
+        TokenAndBodyLimits, token=state.token, jobs=state.jobs, read_timeout_s=read_timeout_s
+    )
 
     @app.middleware("http")
     async def count(

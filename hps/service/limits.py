@@ -19,10 +19,12 @@ import logging
 import re
 from typing import TYPE_CHECKING
 
+import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hps.errors import HPSError, QueueFullError
 from hps.service.auth import check_bearer
+from hps.service.connections import READ_TIMEOUT_S
 from hps.service.schemas import MAX_LOOKUP_KEYS, MAX_WRITE_KEYS
 
 if TYPE_CHECKING:
@@ -58,6 +60,7 @@ MESSAGES = {
 KINDS = {
     400: "RequestError",
     401: "Unauthorized",
+    408: "BodyTimeout",
     403: "Forbidden",
     413: "TooLarge",
     429: "QueueFullError",
@@ -67,6 +70,10 @@ KINDS = {
 
 class TooLarge(Exception):
     """A body crossed its limit while read; its text is the 413's detail."""
+
+
+class BodyTimeout(Exception):
+    """A body that did not advance for the read timeout; its text is the 408's detail."""
 
 
 def _size(n: int) -> str:
@@ -101,12 +108,14 @@ class TokenAndBodyLimits:
         token: str | None,
         json_limit: int = MAX_JSON_BYTES,
         upload_limit: int = MAX_UPLOAD_BYTES,
+        read_timeout_s: float = READ_TIMEOUT_S,
         jobs: JobRegistry | None = None,
     ) -> None:
         self.app = app
         self.token = token
         self.json_limit = json_limit
         self.upload_limit = upload_limit
+        self.read_timeout_s = read_timeout_s
         self.jobs = jobs
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -167,10 +176,20 @@ class TokenAndBodyLimits:
     ) -> None:
         seen = 0
         started = False
+        body_done = False  # then a receive waits for a disconnect: no timeout
 
         async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, body_done
+            if body_done:
+                return await receive()
+            try:
+                with anyio.fail_after(self.read_timeout_s):
+                    message = await receive()
+            except TimeoutError:  # a trickle would hold a connection (and its slot) for ever
+                raise BodyTimeout(
+                    f"request body: nothing received for {self.read_timeout_s:g} s"
+                ) from None
+            body_done = message["type"] != "http.request" or not message.get("more_body")
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
@@ -187,3 +206,6 @@ class TokenAndBodyLimits:
         except TooLarge:
             if not started:
                 await _answer(send, 413, refusal)
+        except BodyTimeout as exc:
+            if not started:
+                await _answer(send, 408, str(exc))

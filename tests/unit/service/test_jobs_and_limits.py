@@ -15,14 +15,15 @@ from pathlib import Path
 
 import pytest
 import uvicorn
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
 from hps.errors import QueueFullError
 from hps.service.connections import ConnectionGuard, RateLimitFilter
 from hps.service.job_records import Job
 from hps.service.jobs import JobRegistry
-from hps.service.limits import TokenAndBodyLimits
+from hps.service.limits import BodyTimeout, TokenAndBodyLimits
 from hps.service.triton_admin import ReloadQueue
 from hps.types import JSON
 
@@ -466,3 +467,38 @@ def test_guard_keeps_a_slow_reader_of_a_large_answer() -> None:
             assert last - first > 2.0  # sending past the read timeout, answered in full
         finally:
             s.close()
+
+
+def test_a_body_that_stops_coming_is_answered_408_and_its_connection_closed() -> None:
+    """A client that sends part of a body and then nothing held its connection (and a slot
+    of --max-connections) for ever: past the read timeout it gets a 408 and is closed."""
+    guard = ConnectionGuard(4, read_timeout_s=0.5)
+    app = _health_app()
+
+    @app.post("/echo")
+    async def echo(request: Request) -> dict[str, int]:
+        return {"bytes": len(await request.body())}
+
+    @app.exception_handler(BodyTimeout)  # as create_app's
+    async def timed_out(request: Request, exc: BodyTimeout) -> JSONResponse:
+        return JSONResponse({"error": "BodyTimeout", "detail": str(exc)}, status_code=408)
+
+    limited = TokenAndBodyLimits(app, "tok", read_timeout_s=guard.read_timeout_s)
+    with _serving(limited, guard) as (address, _):  # type: ignore[arg-type]
+        host, port = address.split(":")
+        slow = []
+        for _ in range(4):
+            s = socket.create_connection((host, int(port)), timeout=HANG_S)
+            s.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok\r\n"
+                      b"Content-Length: 100\r\n\r\n" + b"x" * 10)  # fmt: skip
+            slow.append(s)
+        try:
+            for s in slow:
+                answer = s.recv(4096)
+                assert answer.startswith(b"HTTP/1.1 408") and b"nothing received" in answer
+                assert s.recv(4096) in (b"",)  # closed by the server
+            with urllib.request.urlopen(f"http://{address}/healthz", timeout=HANG_S) as r:
+                assert r.status == 200
+        finally:
+            for s in slow:
+                s.close()
