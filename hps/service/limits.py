@@ -40,6 +40,7 @@ KEY_JSON_BYTES = 32
 LOOKUP_JSON_BYTES = 1024**2  # MAX_LOOKUP_KEYS (10,000) keys take at most 320,000 bytes
 WRITE_KEYS_JSON_BYTES = 32 * 1024**2  # MAX_WRITE_KEYS (1,000,000) take at most 32,000,000
 MODEL_JSON_BYTES = 1024**2  # a model entry: MAX_TABLES tables' paths and sizes fit
+MIN_BODY_RATE = 64 * 1024  # bytes/s a body must come at, past the read timeout
 _MODEL = r"/v1/models/[^/]+"
 _TABLE = _MODEL + r"/tables/[^/]+"
 # (method, path, limit, what a 413 says of it): the routes whose bodies are lists of keys,
@@ -177,17 +178,22 @@ class TokenAndBodyLimits:
         seen = 0
         started = False
         body_done = False  # then a receive waits for a disconnect: no timeout
+        since = anyio.current_time()
 
         async def counted() -> Message:
             nonlocal seen, body_done
             if body_done:
                 return await receive()
+            # the body's deadline: the read timeout, and as long again as its bytes take at
+            # MIN_BODY_RATE (a trickle, each byte within the timeout, held its connection)
+            deadline = since + self.read_timeout_s + seen / MIN_BODY_RATE
             try:
-                with anyio.fail_after(self.read_timeout_s):
+                with anyio.fail_at(deadline):
                     message = await receive()
-            except TimeoutError:  # a trickle would hold a connection (and its slot) for ever
+            except TimeoutError:
                 raise BodyTimeout(
-                    f"request body: nothing received for {self.read_timeout_s:g} s"
+                    f"request body too slow: {seen:,} bytes in {self.read_timeout_s:g} s plus "
+                    f"1 s per {_size(MIN_BODY_RATE)} received"
                 ) from None
             body_done = message["type"] != "http.request" or not message.get("more_body")
             if message["type"] == "http.request":
