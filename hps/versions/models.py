@@ -7,7 +7,9 @@ that reads the ps.json as served (:func:`served_config`, called by
 (``DELETE /v1/models/{model}``) is flagged ``removed``: no process serves it any more, even if
 the ps.json names it; its rows stay until it is purged (``?purge=true``: every version's rows
 dropped in every tier, the versions recorded retired). A removed model's name can be added
-again once it is purged; its version numbers go on from the highest it had.
+again once it is purged; its version numbers go on from the highest it had. An add whose
+Triton load fails is undone that way (recorded removed, purged, its version's files on this
+node deleted: :func:`drop_version_files`), so that it can be submitted again.
 
 Triton's part (writing the model's folder and loading it, unloading it) is
 :mod:`hps.triton.models`.
@@ -15,15 +17,18 @@ Triton's part (writing the model's folder and loading it, unloading it) is
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import shutil
 from dataclasses import asdict
 from typing import cast
 
 from hps.config import ModelConfig, PSConfig
 from hps.errors import ConfigError, UnknownTableError
+from hps.topology import topology
 from hps.types import JSON
 from hps.versions.registry import VersionRegistry
-from hps.versions.rollout import _abandoned, drop_versions, import_version
+from hps.versions.rollout import _abandoned, _marker, drop_versions, import_version
 
 log = logging.getLogger(__name__)
 
@@ -120,13 +125,14 @@ def add_model(config: PSConfig, entry: ModelConfig, *, progress: bool = False) -
     return version
 
 
-def mark_removed(config: PSConfig, model: str) -> None:
+def mark_removed(config: PSConfig, model: str, *, check_last: bool = True) -> None:
     """Record ``model`` removed (no process serves it from now on); its rows stay. Removing
-    the last model the node serves is a ConfigError."""
+    the last model the node serves is a ConfigError, unless not ``check_last`` (a model
+    whose add failed at its Triton load: it never served, so nothing served is lost)."""
     registry = VersionRegistry(config)
     current = registry.versions(model)  # the ps.json's implicit version 1 made explicit
     with registry.editing() as doc:
-        if _served_names(config, registry) - {model} == set():
+        if check_last and _served_names(config, registry) - {model} == set():
             raise ConfigError(f"model {model!r} is the last one this node serves")
         rec = cast(JSON, doc.get(model) or {})
         rec.setdefault("versions", {str(v.version): asdict(v) for v in current})
@@ -153,3 +159,18 @@ def purge(config: PSConfig, model: str) -> list[int]:
                 cast(JSON, v)["shared_rows_left"] = (model, int(n)) in kept
         doc[model] = rec
     return [v.version for v in infos]
+
+
+def drop_version_files(config: PSConfig, model: str, version: int) -> None:
+    """Delete what ``version`` of ``model`` left on this node beside its rows (the marker of
+    its import, its copied dense and network files), and the model's folder there once
+    empty: for a version recorded removed whose add failed (it is never served again)."""
+    state = topology(config).state_dir
+    if state is None:
+        return
+    marker = _marker(config, model, version)
+    marker.unlink(missing_ok=True)
+    folder = marker.parent  # <node>.hps-versions/<model>
+    shutil.rmtree(folder / str(version), ignore_errors=True)
+    with contextlib.suppress(OSError):  # another version's files there: kept
+        folder.rmdir()
