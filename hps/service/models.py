@@ -175,6 +175,7 @@ def remove(state: AdminState, model: str, purge: bool) -> JSON:
     """Stop serving ``model``; with ``purge`` drop its rows in every tier."""
     from hps.service.triton_admin import LOAD_TIMEOUT_S
     from hps.triton.client import ModelControl
+    from hps.triton.models import left_loaded, unload
     from hps.triton.models import remove as remove_on
     from hps.versions.models import purge as purge_rows
 
@@ -186,9 +187,16 @@ def remove(state: AdminState, model: str, purge: bool) -> JSON:
     if model in served and len(served) == 1:
         raise ConflictError(f"model {model!r} is the last one this node serves: add another first")
     kept = [v.version for v in registry.versions(model) if v.state != "retired" or v.rows_left]
-    if model not in served:  # removed before: its rows, if asked
+    if model not in served:  # removed before: what its removal left undone, its rows if asked
+        repository = state.repository
+        left = left_loaded(repository, model) if repository is not None else []
+        if left:  # its unload failed: Triton may still serve it (before its rows go)
+            assert repository is not None
+            control = ModelControl(state.triton.url, state.triton.admin_key, timeout=LOAD_TIMEOUT_S)
+            with state.versions_lock:
+                unload(control, repository, left)
         if not purge or not kept:
-            return {**answer, "changed": False, "unloaded": [], "purged": [],
+            return {**answer, "changed": bool(left), "unloaded": left, "purged": [],
                     "shared_rows_kept": _shared_rows_kept(state, model)}  # fmt: skip
         with state.versions_lock, state.writes:
             state.reset_reader()
@@ -197,7 +205,7 @@ def remove(state: AdminState, model: str, purge: bool) -> JSON:
             except ConfigError as exc:  # added again meanwhile (another process)
                 raise ConflictError(str(exc)) from None
         state.reset_reader()
-        return {**answer, "changed": True, "unloaded": [], "purged": purged,
+        return {**answer, "changed": True, "unloaded": left, "purged": purged,
                 "shared_rows_kept": _shared_rows_kept(state, model)}  # fmt: skip
     repository = _repository(state)
     with state.versions_lock:

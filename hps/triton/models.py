@@ -13,7 +13,8 @@ Triton's part, over the repository ``hps serve`` keeps beside L3
   and the error raised is the load's.
 - :func:`remove`: record it removed (a restart will not serve it), unload its Triton models
   (requests in flight finish), delete their folders, and with ``purge`` drop its rows in
-  every tier.
+  every tier. An unload that failed leaves the folders (:func:`left_loaded`): removing the
+  model again unloads them (:func:`unload`) before anything else.
 """
 
 from __future__ import annotations
@@ -135,6 +136,22 @@ def remove(
     if not names:
         raise ConfigError(f"model {model!r} is not served here")
     mark_removed(served, model)
+    unload(control, repository, names)
+    if purge_rows:
+        purge(served, model)
+    return names
+
+
+def left_loaded(repository: Path, model: str) -> list[str]:
+    """The Triton models of ``model`` whose folders are still in the repository: a removal
+    recorded whose unload failed (Triton unreachable) left them, maybe still served."""
+    return [n for n in (model, f"{model}_ctr") if (repository / n).is_dir()]
+
+
+def unload(control: ModelControl, repository: Path, names: list[str]) -> None:
+    """Unload the Triton models ``names`` (requests in flight finish), then delete their
+    folders; BackendUnavailable when Triton cannot be told or does not unload them within
+    :data:`UNLOAD_TIMEOUT_S` (the folders stay: a later removal finishes it)."""
     for name in names:
         control.unload(name)
     deadline = time.monotonic() + UNLOAD_TIMEOUT_S
@@ -144,6 +161,3 @@ def remove(
         time.sleep(0.1)
     for name in names:
         shutil.rmtree(repository / name, ignore_errors=True)
-    if purge_rows:
-        purge(served, model)
-    return names

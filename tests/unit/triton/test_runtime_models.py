@@ -170,3 +170,18 @@ def test_a_cleanup_step_that_fails_does_not_stop_the_others_nor_hide_the_error(
     assert sorted(p.name for p in repo.iterdir()) == ["demo"]
     assert not (versions_dir(config) / "extra").exists()
     assert VersionRegistry(config).removed("extra")  # a DELETE ?purge=true drops its rows
+
+
+def test_a_removal_whose_unload_failed_is_finished_by_the_next(
+    config: PSConfig, repo: Path, tmp_path: Path
+) -> None:
+    """Triton unreachable at a removal: recorded removed, its folder left (it may still be
+    served); the next removal (DELETE again) unloads it before anything else."""
+    up = Up()
+    add_and_serve(config, entry(tmp_path), up, repo)  # type: ignore[arg-type]
+    with pytest.raises(BackendUnavailable):
+        triton_models.remove(config, "extra", Down(), repo, purge_rows=True)  # type: ignore[arg-type]
+    assert VersionRegistry(config).removed("extra") and up.ready == {"extra"}
+    assert triton_models.left_loaded(repo, "extra") == ["extra"]
+    triton_models.unload(up, repo, ["extra"])  # type: ignore[arg-type]
+    assert up.ready == set() and triton_models.left_loaded(repo, "extra") == []
