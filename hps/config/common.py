@@ -12,9 +12,10 @@ from pydantic import BaseModel, ConfigDict
 
 from hps.errors import ConfigError
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_\-]+$(?!\n)")
-r"""A model, table or variable name, whole (with ``.match``). ``$`` alone also matches before
-a final newline (``"evil\n"`` would pass): ``(?!\n)`` keeps it to the end. The same
+NAME_RE = re.compile(r"^[A-Za-z0-9_\-]{1,128}$(?!\n)")
+r"""A model, table or variable name, whole (with ``.match``), at most 128 characters (it
+names folders and files: a longer one failed on the file system's 255). ``$`` alone also
+matches before a final newline (``"evil\n"`` would pass): ``(?!\n)`` keeps it to the end. The same
 pattern reads alike as JSON Schema (ECMA 262: its ``$`` is the end), where the
 control plane's OpenAPI publishes it; ``\A``/``\Z`` would not."""
 SIDE_TABLE_MARK = "__hps_"

@@ -23,13 +23,13 @@ def test_names_with_a_newline_or_other_characters_do_not_match(name: str) -> Non
     assert not re.search(NAME_RE.pattern, name)  # as a JSON Schema validator applies it
 
 
-@pytest.mark.parametrize("name", ["m", "demo", "Wide_and-Deep_2", "0", "-_-"])
+@pytest.mark.parametrize("name", ["m", "demo", "Wide_and-Deep_2", "0", "-_-", "m" * 128])
 def test_ordinary_names_still_match(name: str) -> None:
     assert NAME_RE.match(name)
     assert parse_config({"models": [entry(name, name)]}).models[0].model == name
 
 
-@pytest.mark.parametrize("model", ["evil\n", "t\n"])
+@pytest.mark.parametrize("model", ["evil\n", "t\n", "m" * 129])
 def test_a_model_name_ending_in_a_newline_is_refused(model: str) -> None:
     with pytest.raises(ConfigError, match=r"models\[0\]\.model.*model name .* must match"):
         parse_config({"models": [entry(model=model)]})
