@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import re
 import resource
 import time
 from collections import OrderedDict
@@ -245,7 +246,8 @@ class RateLimitFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if not self.match(record):
             return True
-        key = (record.name, record.getMessage().split("\n", 1)[0][:200])
+        # numbers aside: "failed (after 0ms ...)" and "(after 3ms ...)" are one kind
+        key = (record.name, _DIGITS.sub("#", record.getMessage().split("\n", 1)[0][:200]))
         now = time.monotonic()
         last, dropped = self._seen.get(key, (float("-inf"), 0))
         if now - last < self.interval_s:
@@ -260,12 +262,18 @@ class RateLimitFilter(logging.Filter):
         return True
 
 
+_DIGITS = re.compile(r"\d+")
 LIMITED_LOGGERS = ("asyncio", "uvicorn.error", "uvicorn")
+DRIVER_LOGGER = "hps.updates.librdkafka"  # the Kafka clients' lines (hps.updates.kafka)
 
 
 def limit_repeated_logs(interval_s: float = LOG_INTERVAL_S) -> RateLimitFilter:
-    """Install one :class:`RateLimitFilter` on the loggers accept errors come from."""
+    """Install one :class:`RateLimitFilter` on the loggers accept errors come from, and one
+    for every line of the Kafka clients (a broker down: dozens of alike lines a read)."""
     flt = RateLimitFilter(interval_s=interval_s)
     for name in LIMITED_LOGGERS:
         logging.getLogger(name).addFilter(flt)
+    logging.getLogger(DRIVER_LOGGER).addFilter(
+        RateLimitFilter(lambda record: True, interval_s=interval_s)
+    )
     return flt

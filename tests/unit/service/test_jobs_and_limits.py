@@ -328,6 +328,30 @@ def test_rate_limited_log_filter() -> None:
     )
 
 
+def test_the_kafka_clients_lines_are_limited_whatever_their_numbers() -> None:
+    """A broker down: each lag read's clients log dozens of alike lines, numbers aside."""
+    from hps.service.connections import DRIVER_LOGGER, limit_repeated_logs
+
+    logger = logging.getLogger(DRIVER_LOGGER)
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler, before = Keep(), list(logger.filters)
+    logger.addHandler(handler)
+    try:
+        limit_repeated_logs(interval_s=3600)
+        for ms in range(60):
+            logger.error("FAIL [rdkafka#consumer-%d] 127.0.0.1:1/bootstrap: Connect to ipv4#"
+                         "127.0.0.1:1 failed: Connection refused (after %dms)", ms, ms)  # fmt: skip
+        assert len(records) == 1
+    finally:
+        logger.removeHandler(handler)
+        logger.filters[:] = before
+
+
 @contextmanager
 def _serving(app: FastAPI, guard: ConnectionGuard) -> Iterator[tuple[str, uvicorn.Server]]:
     """``app`` under real uvicorn on a free port, its connections guarded by ``guard``."""
