@@ -93,6 +93,7 @@ def _admin(args: argparse.Namespace) -> int:
     from hps.service.auth import resolve_token
     from hps.service.connections import BACKLOG, ConnectionGuard, fd_bound, limit_repeated_logs
     from hps.service.jobs import JobRegistry
+    from hps.service.paths import register_secret_file
     from hps.service.state import AdminState
     from hps.service.triton_admin import TritonAdmin
     from hps.triton.serving import serving_config
@@ -105,6 +106,8 @@ def _admin(args: argparse.Namespace) -> int:
     protect(config)
     check_update_source(config)  # a bad Kafka setting is a config error now, not a 500 later
     token = resolve_token(args.token_file)
+    if args.token_file:  # confined paths never name it (hps.service.paths)
+        register_secret_file(args.token_file)
     if token is None:
         print(NO_TOKEN, file=sys.stderr, flush=True)
     admin_key = admin_key_source(Path(args.config).resolve().parent)

@@ -60,17 +60,24 @@ def default_roots(config: PSConfig, state_dir: Path) -> list[Path]:
     return roots
 
 
-def _secret_files() -> set[Path]:
-    """The files the control plane's and Triton's secrets are read from, resolved."""
-    from hps.service.auth import TOKEN_FILE_ENV
-    from hps.triton.admin_key import KEY_FILE_ENV
+_REGISTERED: set[Path] = set()
 
-    out = set()
-    for env in (KEY_FILE_ENV, TOKEN_FILE_ENV):
-        named = os.environ.get(env, "").strip()
-        if named:
+
+def register_secret_file(path: str | Path) -> None:
+    """A file a secret is read from that no environment variable names (``hps admin
+    --token-file``): never a path a client may name."""
+    _REGISTERED.add(Path(path).resolve())
+
+
+def _secret_files() -> set[Path]:
+    """The files secrets are read from, resolved: those registered, and every file an
+    environment variable ``*_FILE`` names (the control plane's token, Triton's admin key,
+    the Redis and Kafka secrets as mounted Kubernetes or Compose secrets arrive)."""
+    out = set(_REGISTERED)
+    for env, named in os.environ.items():
+        if env.endswith("_FILE") and named.strip():
             try:
-                out.add(Path(named).resolve())
+                out.add(Path(named.strip()).resolve())
             except (OSError, ValueError, RuntimeError):
                 continue
     return out

@@ -12,7 +12,7 @@ import pytest
 
 from hps.config import load_config
 from hps.errors import ConfigError, RequestError
-from hps.service.paths import ServerPaths, default_roots
+from hps.service.paths import ServerPaths, default_roots, register_secret_file
 
 FILE = "a readable file under the path roots"
 FOLDER = "a folder under the path roots holding key and emb_vector"
@@ -122,6 +122,15 @@ def test_secrets_in_a_root_are_refused(
         assert _refused(paths, given) == _message(given)
     monkeypatch.delenv("HPS_ADMIN_TOKEN_FILE")
     assert paths.file(str(token)) == token.resolve()
+    # any *_FILE (a mounted secret: the Redis password's, the Kafka client's), and the
+    # token file `hps admin --token-file` names
+    redis_password = root / "data" / "redis.password"
+    redis_password.write_text("p" * 20)
+    monkeypatch.setenv("HPS_REDIS_PASSWORD_FILE", str(redis_password))
+    monkeypatch.setattr("hps.service.paths._REGISTERED", set())
+    register_secret_file(token)
+    for given in (str(redis_password), str(token)):
+        assert _refused(paths, given) == _message(given)
 
 
 def test_roots_from_the_config(tmp_path: Path) -> None:
