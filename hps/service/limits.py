@@ -59,10 +59,10 @@ MESSAGES = {
     413: "request body too large",
 }
 KINDS = {
-    400: "RequestError",
     401: "Unauthorized",
     408: "BodyTimeout",
     403: "Forbidden",
+    404: "HTTPError",
     413: "TooLarge",
     429: "QueueFullError",
     503: "BackendUnavailable",
@@ -123,11 +123,6 @@ class TokenAndBodyLimits:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if _CONTROL.search(scope["path"]):
-            # a route's pattern ends in `$`, which matches before a final newline: the limits
-            # chosen below by the path would not be those of the route it reaches
-            await _answer(send, 400, "the request path holds a control character")
-            return
         if scope["method"] in MUTATING_METHODS:
             headers = dict(scope.get("headers") or [])
             auth = headers.get(b"authorization", b"").decode("latin-1")
@@ -135,6 +130,11 @@ class TokenAndBodyLimits:
             if refused is not None:
                 await _answer(send, refused)
                 return
+        if _CONTROL.search(scope["path"]):
+            # no route's: a route's pattern ends in `$`, which matches before a final newline,
+            # and the limits chosen below by the path would not be those of the route it reached
+            await _answer(send, 404, "Not Found: the path holds a control character")
+            return
         is_import = scope["method"] == "POST" and scope["path"].endswith("/import")
         limit, refusal = self.body_limit(scope["method"], scope["path"])
         length = dict(scope.get("headers") or []).get(b"content-length")
