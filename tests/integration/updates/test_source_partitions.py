@@ -9,6 +9,7 @@ import uuid
 
 import numpy as np
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
 from hps.testing.kafka import TansuBroker
 from hps.updates import Publisher, codec
@@ -26,6 +27,12 @@ def test_a_partition_added_later_is_read_from_its_beginning(
     with Publisher(kafka_broker.bootstrap, num_partitions=2) as pub:
         pub.publish(model, "t", np.arange(64), np.ones((64, 2), np.float32))
         pub.flush(timeout_s=10)
+    group = Consumer({"bootstrap.servers": kafka_broker.bootstrap, "group.id": model})
+    try:  # the service's group has applied partition 0 to its end
+        _, end = group.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        group.commit(offsets=[TopicPartition(topic, 0, end)], asynchronous=False)
+    finally:
+        group.close()
     monkeypatch.setattr(source_mod, "ensure_topics", lambda *a, **k: {topic: 1})
     source = MessageSource(kafka_broker.bootstrap, [topic], mode="tail", group_id=model,
                            config={"topic.metadata.refresh.interval.ms": 100})  # fmt: skip
@@ -38,7 +45,8 @@ def test_a_partition_added_later_is_read_from_its_beginning(
             msg = source.poll(0.2)
             if msg is not None:
                 got.append(int(msg.partition() or 0))
-        assert got == [1]  # partition 0 is tailed from its end; 1 is read from its beginning
+        assert got == [1]  # partition 0 is tailed from where the group is (its end); the
+        # added partition is read from its beginning
         assert source.assignment == [(topic, 0), (topic, 1)]
     finally:
         source.close()
