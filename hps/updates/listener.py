@@ -2,10 +2,12 @@
 ``hps consume`` applies them to L2/L3 (:func:`start_l1_listener`; docs/updates.md,
 "Freshness").
 
-It reads every partition from its end, with no commits; with the service's group id it can
-read how far the group has committed (pass 2 of the refresh, and when a message counts as
-served). A serving instance of model version v refreshes for the messages that go to v only
-(:class:`hps.updates.routing.Router` with ``own``).
+It reads every partition from the service group's committed offset (what ``hps consume``
+has not applied yet: a row L1 loads from L2/L3 meanwhile would stay stale once it does; the
+beginning where the group committed nothing), with no commits of its own; with the group's
+id it reads how far the group has committed (pass 2 of the refresh, and when a message
+counts as served). A serving instance of model version v refreshes for the messages that
+go to v only (:class:`hps.updates.routing.Router` with ``own``).
 """
 
 from __future__ import annotations
@@ -90,8 +92,8 @@ def start_l1_listener(
             msg = source.poll(LISTENER_POLL_S)
             msgs = [msg, *source.drain(255)] if msg is not None else []
         except ClientLost:
-            # For good: a new client tails from now on, and what this one missed may be in
-            # L1: its rows come from L2/L3 again.
+            # For good: a new client reads on from the group's committed offsets, and what
+            # this one missed may be in L1: its rows come from L2/L3 again.
             with contextlib.suppress(Exception):  # whatever a broken client says on closing
                 source.close()
             refresher.drop_all()
