@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from hps.build import build_session
+from hps.config import PSConfig
+from hps.lookup import LookupSession
 from hps.testing.kafka import TansuBroker
 from hps.updates import Publisher
 from hps.updates.runtime import build_service, start_updates
@@ -62,19 +64,29 @@ def test_embedded_applier_updates_l2_and_resident_l1(
     assert handle.error is None and not handle.is_alive()
 
 
+KEYS = np.arange(200, 264, dtype=np.int64)
+
+
+def _shared_deployment(
+    tmp_path: Path, kafka_broker: TansuBroker
+) -> tuple[PSConfig, LookupSession, LookupSession]:
+    """No L2: ``hps consume``'s session (it writes L3, which holds t1's KEYS at seed 1) and a
+    serving one (an L3 secondary with L1s)."""
+    cfg = update_config(
+        tmp_path, kafka_broker.bootstrap, volatile={"type": "disabled"}, gpucache=True
+    )
+    writer = build_session(cfg, with_cache=False)
+    writer.insert(f"{cfg.models[0].model}.t1", KEYS, rows(KEYS, 8, seed=1), durable=True)
+    return cfg, writer, build_session(cfg, l3_mode="secondary")
+
+
 def test_listener_refreshes_l1_of_a_shared_deployment(
     tmp_path: Path, kafka_broker: TansuBroker
 ) -> None:
     """``hps consume`` writes L3; a serving session (L3 secondary + L1) listens for changes."""
-    cfg = update_config(
-        tmp_path, kafka_broker.bootstrap, volatile={"type": "disabled"}, gpucache=True
-    )
+    cfg, writer, serving = _shared_deployment(tmp_path, kafka_broker)
     model = cfg.models[0].model
-    table = f"{model}.t1"
-    writer = build_session(cfg, with_cache=False)
-    keys = np.arange(200, 264, dtype=np.int64)
-    writer.insert(table, keys, rows(keys, 8, seed=1), durable=True)
-    serving = build_session(cfg, l3_mode="secondary")
+    table, keys = f"{model}.t1", KEYS
     handle = None
     try:
         np.testing.assert_array_equal(serving.lookup(table, keys), rows(keys, 8, seed=1))
@@ -117,15 +129,9 @@ def test_a_listener_started_while_hps_consume_lags_reads_what_it_has_not_applied
     cached the old row from L3: its listener reads from the group's committed offsets (from
     the beginning where there are none), so L1 does not keep the old row (it did, for good:
     the listener began at the topics' end)."""
-    cfg = update_config(
-        tmp_path, kafka_broker.bootstrap, volatile={"type": "disabled"}, gpucache=True
-    )
+    cfg, writer, serving = _shared_deployment(tmp_path, kafka_broker)
     model = cfg.models[0].model
-    table = f"{model}.t1"
-    writer = build_session(cfg, with_cache=False)
-    keys = np.arange(200, 264, dtype=np.int64)
-    writer.insert(table, keys, rows(keys, 8, seed=1), durable=True)
-    serving = build_session(cfg, l3_mode="secondary")
+    table, keys = f"{model}.t1", KEYS
     handle = None
     try:
         with Publisher(kafka_broker.bootstrap) as pub:
