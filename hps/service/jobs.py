@@ -4,8 +4,10 @@
   uploads hold at most ``max_staged_bytes``; past either, a new one is refused with
   :class:`hps.errors.QueueFullError` (429 with ``Retry-After``). An upload is admitted
   *before* its body is read (:meth:`JobRegistry.reserve`, taken by the request middleware
-  with the request's ``Content-Length``): a refused upload is never spooled. The job
-  submitted by that request takes the reservation over (a context variable carries it).
+  with the request's ``Content-Length``): a refused upload is never spooled. A chunked
+  upload (no ``Content-Length``) reserves 0 and grows its reservation as its bytes arrive
+  (:meth:`JobRegistry.grow`), refused once they pass the budget. The job submitted by that
+  request takes the reservation over (a context variable carries it).
 - **Recorded.** With a folder (:meth:`JobRegistry.attach`, the control plane's state dir)
   every job is a JSON record there and staged uploads live in the state dir too; at start
   (:meth:`JobRegistry.recover`) queued jobs are resumed or marked ``interrupted``, running
@@ -179,6 +181,22 @@ class JobRegistry:
             res = Reservation(self, nbytes)
             self._reserved.add(res)
         return res
+
+    def grow(self, res: Reservation, nbytes: int) -> None:
+        """Raise ``res`` to ``nbytes`` (what a chunked upload has sent so far); QueueFullError
+        if the staged bytes pending would pass the limit."""
+        with self._lock:
+            if res.taken or nbytes <= res.nbytes:
+                return
+            count, staged = self._pending()
+            others = staged - res.nbytes
+            if others + nbytes > self.max_staged_bytes:
+                raise QueueFullError(
+                    f"pending jobs stage {others} bytes; this upload's {nbytes} bytes so far "
+                    f"pass the limit of {self.max_staged_bytes}; retry later",
+                    self._retry_after(count),
+                )
+            res.nbytes = nbytes
 
     @contextlib.contextmanager
     def holding(self, res: Reservation) -> Iterator[Reservation]:

@@ -4,7 +4,8 @@
 limits, and the job queue's admission of an import. All act before a body is read: an
 unauthenticated upload is refused without spooling it, a body over its limit gets 413 as
 soon as the limit is crossed, and an import past the queue's limits (count or staged
-bytes, :mod:`hps.service.jobs`) gets 429 with ``Retry-After`` before its upload is read.
+bytes, :mod:`hps.service.jobs`) gets 429 with ``Retry-After`` before its upload is read
+(a chunked upload, of no announced length, as soon as what it sent passes the budget).
 The JSON bodies of the routes that take lists of keys are limited to what their most keys
 take (:data:`KEY_JSON_BYTES` a key): a lookup of 30 million keys is refused before its
 57 MiB are parsed (seconds on the event loop, and hundreds of MB), not after.
@@ -28,7 +29,7 @@ from hps.service.connections import READ_TIMEOUT_S
 from hps.service.schemas import MAX_LOOKUP_KEYS, MAX_WRITE_KEYS
 
 if TYPE_CHECKING:
-    from hps.service.jobs import JobRegistry
+    from hps.service.jobs import JobRegistry, Reservation
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ class TokenAndBodyLimits:
             await _answer(send, 503, str(exc))
             return
         with self.jobs.holding(res):
-            await self._limited(scope, receive, send, limit, refusal)
+            await self._limited(scope, receive, send, limit, refusal, res)
 
     def body_limit(self, method: str, path: str) -> tuple[int, str]:
         """The most bytes a request's body may take, and the 413's detail past it."""
@@ -173,7 +174,13 @@ class TokenAndBodyLimits:
         return limit, f"request body too large: a JSON body takes at most {_size(limit)}"
 
     async def _limited(
-        self, scope: Scope, receive: Receive, send: Send, limit: int, refusal: str
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        limit: int,
+        refusal: str,
+        res: Reservation | None = None,
     ) -> None:
         seen = 0
         started = False
@@ -200,6 +207,8 @@ class TokenAndBodyLimits:
                 seen += len(message.get("body", b""))
                 if seen > limit:
                     raise TooLarge(refusal)
+                if res is not None and seen > res.nbytes and self.jobs is not None:
+                    self.jobs.grow(res, seen)  # a chunked upload: QueueFullError past the budget
             return message
 
         async def watched(message: Message) -> None:

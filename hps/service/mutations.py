@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, cast
+from typing import Annotated, cast
 
 import numpy as np
 from fastapi import APIRouter, Depends, Request
@@ -13,7 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from hps.errors import FormatError, RequestError
-from hps.service import direct, uploads
+from hps.service import direct, upload_form, uploads
 from hps.service.paths import MAX_PATH_CHARS, ServerPaths
 from hps.service.schemas import (
     MAX_WRITE_KEYS,
@@ -25,9 +25,6 @@ from hps.service.schemas import (
 )
 from hps.service.state import AdminState
 from hps.types import JSON
-
-if TYPE_CHECKING:
-    from starlette.datastructures import FormData, UploadFile
 
 # Declares the scheme in the OpenAPI document; TokenAndBodyLimits has checked the token.
 bearer = HTTPBearer(auto_error=False, description="the admin token (--token-file, HPS_ADMIN_TOKEN)")
@@ -82,6 +79,8 @@ def warmup(model: str, body: WarmupBody, request: Request, _: Auth) -> JSON:
     return direct.warmup_keys(state, model, dict.fromkeys(tables, keys))
 
 
+TEXT_FIELDS = frozenset({"format", "path"})
+FILE_FIELDS = frozenset({"keys", "vectors"})
 IMPORT_BODY = {
     "required": True,
     "content": {
@@ -115,31 +114,6 @@ IMPORT_BODY = {
 }
 
 
-async def _form(
-    request: Request,
-) -> tuple[uploads.Format, UploadFile | None, UploadFile | None, str | None, FormData]:
-    """(format, keys file, vectors file, path, form) of the multipart body; files spool to disk."""
-    from starlette.datastructures import UploadFile
-
-    form = await request.form(max_files=2, max_fields=4)
-    fmt = form.get("format")
-    if fmt not in ("sparse", "npy"):
-        raise FormatError("form field `format` must be `sparse` or `npy`")
-    unknown = set(form.keys()) - {"format", "keys", "vectors", "path"}
-    if unknown:
-        raise FormatError(f"unknown form fields {sorted(unknown)}")
-    files: list[UploadFile | None] = []
-    for name in ("keys", "vectors"):
-        f = form.get(name)
-        if f is not None and not isinstance(f, UploadFile):
-            raise FormatError(f"form field `{name}` must be a file part")
-        files.append(f)
-    path = form.get("path")
-    if path is not None and not isinstance(path, str):
-        raise FormatError("form field `path` must be text")
-    return cast(uploads.Format, fmt), files[0], files[1], path, form
-
-
 @router.post(
     "/v1/models/{model}/tables/{table}/import",
     status_code=202,
@@ -161,40 +135,32 @@ async def import_table(model: str, table: str, request: Request, _: Auth) -> JSO
     """
     state = _state(request)
     spec = state.spec(model, table)
-    format, keys, vectors, path, form = await _form(request)
+    staged = state.uploads_dir / uuid.uuid4().hex
+    form = await upload_form.receive(request, staged, TEXT_FIELDS, FILE_FIELDS)
     try:
-        folder, staged = await _source(state, format, keys, vectors, path)
-    finally:
-        await form.close()
-    try:
+        format, folder = _source(state, form, staged)
         src = uploads.source(folder, format, spec)
         total = await run_in_threadpool(uploads.validate, src)
     except BaseException:
-        if staged is not None:
-            shutil.rmtree(staged, ignore_errors=True)
+        shutil.rmtree(staged, ignore_errors=True)
         raise
-
     # recorded in the state dir (resumed after a restart); the staged folder goes when it ends
-    job = state.submit_import(src, format, folder, staged, total)
+    job = state.submit_import(src, format, folder, staged if form.files else None, total)
     return {"job": job.id, "rows": total, "status_url": f"/v1/jobs/{job.id}"}
 
 
-async def _source(
-    state: AdminState,
-    format: uploads.Format,
-    keys: UploadFile | None,
-    vectors: UploadFile | None,
-    path: str | None,
-) -> tuple[Path, Path | None]:
-    """The folder to import from, and the staging folder to remove afterwards (uploads)."""
-    staged = None
-    if path is not None and (keys is not None or vectors is not None):
+def _source(state: AdminState, form: upload_form.Form, staged: Path) -> tuple[uploads.Format, Path]:
+    """The import's format and the folder to import from: ``staged`` holding the uploaded
+    files under the format's names, or the server-side ``path`` (confined)."""
+    fmt = form.text.get("format")
+    if fmt not in ("sparse", "npy"):
+        raise FormatError("form field `format` must be `sparse` or `npy`")
+    format = cast(uploads.Format, fmt)
+    path = form.text.get("path")
+    if path is not None and form.files:
         raise RequestError("give either uploaded files (keys, vectors) or path, not both")
     if path is not None:
-        folder = ServerPaths.of(state).folder(path, uploads.names(format))  # confined
-    elif keys is not None and vectors is not None:
-        staged = state.state_dir / "uploads" / uuid.uuid4().hex
-        folder = await run_in_threadpool(uploads.stage, staged, format, keys.file, vectors.file)
-    else:
+        return format, ServerPaths.of(state).folder(path, uploads.names(format))
+    if set(form.files) != set(FILE_FIELDS):
         raise RequestError("give uploaded files keys and vectors, or a server-side path")
-    return folder, staged
+    return format, uploads.place(staged, format)

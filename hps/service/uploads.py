@@ -9,10 +9,9 @@ anything is written. The loader encodes the rows into the table's format as it w
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import Literal
 
 from hps.errors import RequestError
 from hps.io.sparse_model import KEY_FILE, VECTOR_FILE
@@ -21,7 +20,6 @@ from hps.types import TableSpec
 
 Format = Literal["sparse", "npy"]
 NPY_FILES = ("keys.npy", "vectors.npy")
-COPY_CHUNK = 1 << 20
 CHUNK_BYTES = 8 << 20  # vector bytes per write: bounds the memory of an import of any size
 
 
@@ -29,18 +27,11 @@ def names(fmt: Format) -> tuple[str, str]:
     return (KEY_FILE, VECTOR_FILE) if fmt == "sparse" else NPY_FILES
 
 
-def stage(folder: Path, fmt: Format, keys: BinaryIO, vectors: BinaryIO) -> Path:
-    """Copy two uploaded files (already spooled to disk) into ``folder``, in chunks; a copy
-    that fails (a full disk) leaves no folder behind."""
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
-        for name, src in zip(names(fmt), (keys, vectors), strict=True):
-            src.seek(0)
-            with open(folder / name, "wb") as dst:
-                shutil.copyfileobj(src, dst, COPY_CHUNK)
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
+def place(folder: Path, fmt: Format) -> Path:
+    """Name the uploaded files in ``folder`` (``keys``, ``vectors``: the form's fields) as
+    ``fmt``'s files; the folder."""
+    for field, name in zip(("keys", "vectors"), names(fmt), strict=True):
+        (folder / field).rename(folder / name)
     return folder
 
 

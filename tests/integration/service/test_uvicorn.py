@@ -22,8 +22,9 @@ UPLOAD_ROWS = 1_000_000
 UPLOAD_DIM = 128  # 512 MB of vectors
 # Peak private RSS growth of the admin process over the whole upload + import, for a 520 MB
 # request. What it holds: RocksDB's memtables (2 x 64 MiB write buffers), one 8 MiB chunk of
-# vectors in flight with its copies (validation, RocksDB's write batch), and the multipart
-# parser's 1 MiB spool; the upload itself streams to disk. Measured: about 240 MB.
+# vectors in flight with its copies (validation, RocksDB's write batch), and at most 1 MiB of
+# the upload gathered before a write; the upload itself streams to disk. Measured: about
+# 240 MB.
 MEMORY_BOUND_MB = 288
 
 

@@ -3,7 +3,6 @@ version it writes after a restart, and what a failed upload leaves (real RocksDB
 
 from __future__ import annotations
 
-import io
 import os
 import threading
 import time
@@ -88,19 +87,6 @@ def test_a_queued_import_is_not_resumed_into_another_version(tmp_path: Path) -> 
     registry.set_live("demo", 2)  # activated while the control plane was down
     with pytest.raises(ValueError, match="for version 1 of model 'demo'; version 2 is live"):
         state._resume_import(job)
-
-
-def test_a_failed_staging_copy_leaves_no_folder(tmp_path: Path) -> None:
-    class Broken(io.BytesIO):
-        def read(self, n: int = -1) -> bytes:
-            if self.tell() >= 4:
-                raise OSError(28, "No space left on device")
-            return super().read(4)
-
-    folder = tmp_path / "uploads" / "x"
-    with pytest.raises(OSError, match="No space"):
-        uploads.stage(folder, "sparse", io.BytesIO(b"k" * 16), Broken(b"v" * 16))
-    assert not folder.exists()
 
 
 def test_a_job_loads_the_files_it_validated(
