@@ -141,12 +141,18 @@ KAFKA = {
     "existingSecret": "k",
     "secretKeys": {"sasl.password": "pw"},
 }
+KAFKA_TLS = {
+    **KAFKA,
+    "config": {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.username": "u"},
+    "tls": {"existingSecret": "kafka-tls", "clientCertificate": True},
+}
 CASES: dict[str, Any] = {
     **{p: p for p in PROFILES},
     "pod-local L2": {"l2": {"mode": "pod"}},
     "redis without kafka": {"l2": REDIS},
     "embedded with kafka": {"kafka": KAFKA},
     "redis with kafka": {"l2": REDIS, "kafka": KAFKA},
+    "redis with kafka over TLS": {"l2": REDIS, "kafka": KAFKA_TLS},
     "admin token": {"admin": {"existingSecret": "a"}},
     "admin key pinned": {"admin": {"existingSecret": "a", "pinAdminKey": True}},
 }
@@ -254,3 +260,133 @@ def test_the_pod_l2_segment_fits_in_dev_shm(
     config = parse_config(json.loads(config_files(docs)["ps.json"]), "ps.json")
     assert topology(config).l2 == "node"
     assert config.volatile_db.shared_memory_size == segment
+
+
+@pytest.mark.parametrize("client", [False, True], ids=["ca", "client certificate"])
+@pytest.mark.parametrize("l2", [{}, REDIS], ids=["embedded", "redis"])
+def test_kafka_tls_files_are_mounted_where_the_config_names_them(
+    l2: dict[str, Any], client: bool
+) -> None:
+    """kafka.tls.existingSecret: every container whose ps.json reads Kafka mounts that
+    Secret read-only (group-readable), and its ssl.*.location settings name the Secret's
+    files there; the containers without Kafka mount nothing of it."""
+    kafka = {**KAFKA_TLS, "tls": {"existingSecret": "kafka-tls", "clientCertificate": client}}
+    docs = manifests({"l2": l2, "kafka": kafka})
+    specs = dict(pod_specs(docs))
+    want = {"ssl.ca.location": "ca.crt"}
+    if client:
+        want |= {"ssl.certificate.location": "tls.crt", "ssl.key.location": "tls.key"}
+    kafka_readers = []
+    for where, container, path in _config_readers(docs):
+        spec = specs[where.split("/")[0]]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        source = json.loads(mounted_file(docs, spec, container, path))["update_source"]
+        secrets = {
+            m["name"]: m
+            for m in container.get("volumeMounts", [])
+            if volumes[m["name"]].get("secret", {}).get("secretName") == "kafka-tls"
+        }
+        if source["type"] == "null":
+            assert not secrets, where
+            continue
+        kafka_readers.append(where)
+        settings = source["hps_kafka_config"]
+        assert {k for k in settings if k.endswith(".location")} == set(want), where
+        assert settings["security.protocol"] == "SASL_SSL", where  # kafka.config kept
+        for setting, key in want.items():
+            (mount,) = [
+                m
+                for m in secrets.values()
+                if settings[setting].startswith(m["mountPath"].rstrip("/") + "/")
+            ]
+            assert mount["readOnly"] is True, where
+            secret = volumes[mount["name"]]["secret"]
+            assert secret["defaultMode"] == 0o440, where
+            file = settings[setting][len(mount["mountPath"].rstrip("/")) + 1 :]
+            assert {"key": key, "path": file} in secret["items"], (where, setting)
+    assert {w.split("/")[-1] for w in kafka_readers} == (
+        {"triton", "control-plane", "updater"} if l2 else {"triton", "control-plane"}
+    )
+
+
+def test_model_files_are_relative_to_the_model_source() -> None:
+    """Every file a model names, hps_cache's frequency_file and warmup_keyset too, is read
+    under modelSource.mountPath unless absolute (the processes' cwd is /tmp, a scratch
+    volume); {model} and {table} stay for the serving process to fill in."""
+    model = {
+        "model": "m",
+        "sparse_files": ["tables/a", "/abs/b"],
+        "dense_file": "dense.npz",
+        "network_file": "/abs/net.json",
+        "embedding_table_names": ["a", "b"],
+        "embedding_vecsize_per_table": [4, 4],
+        "hps_cache": {
+            "policy": "frequency",
+            "frequency_file": "freq/{model}.{table}.npz",
+            "warmup_keyset": "/abs/{table}.keys",
+        },
+    }
+    other = {**model, "model": "n", "hps_cache": {"warmup_keyset": "keys/{model}-{table}"}}
+    docs = manifests({"models": [model, other], "modelSource": {"mountPath": "/data"}})
+    for name, text in config_files(docs).items():
+        config = parse_config(json.loads(text), name)
+        m, n = config.models
+        assert m.sparse_files == ["/data/tables/a", "/abs/b"], name
+        assert (m.dense_file, m.network_file) == ("/data/dense.npz", "/abs/net.json"), name
+        assert m.hps_cache.frequency_file == "/data/freq/{model}.{table}.npz", name
+        assert m.hps_cache.warmup_keyset == "/abs/{table}.keys", name
+        assert (n.hps_cache.frequency_file, n.hps_cache.warmup_keyset) == (
+            None,
+            "/data/keys/{model}-{table}",
+        ), name
+
+
+def _quantity(size: str | int) -> float:
+    units = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    number = re.match(r"[0-9.]+", str(size))
+    assert number
+    return float(number[0]) * units[str(size)[number.end() :]]
+
+
+@pytest.mark.parametrize(
+    ("values", "staged_gb"),
+    [
+        *[(p, None) for p in PROFILES],
+        ({}, 4.0),  # 40% of the default 10Gi
+        ({"l3": {"sizeLimit": "2Gi"}}, 0.8),
+        ({"l3": {"sizeLimit": ""}}, 4.0),  # unbounded: nothing to take 40% of
+        ({"persistence": {"enabled": True, "size": "100Gi"}}, 40.0),
+        ({"controlPlane": {"maxStagedGb": 9.5}}, 9.5),
+        ({"controlPlane": {"maxStagedGb": 16}, "l3": {"sizeLimit": "20G"}}, 16.0),
+        ({"controlPlane": {"maxStagedGb": 16}, "persistence": {"enabled": True}}, None),
+    ],
+)
+def test_the_control_planes_uploads_fit_on_the_l3_volume(
+    values: str | dict[str, Any], staged_gb: float | None
+) -> None:
+    """hps admin stages uploads under its --state-dir, on the L3 volume beside RocksDB: its
+    --max-staged-gb (hps's own default: 64 GiB) must be below that volume's size, or an
+    upload fills the volume (the pod evicted, L3 lost) instead of getting 413 / 429."""
+    import helm_python as helm
+
+    try:
+        workload = serving_workload(manifests(values))
+    except helm.HelmError as err:
+        assert staged_gb is None and "controlPlane.maxStagedGb (16 GiB)" in str(err)
+        assert "persistence.size (10Gi)" in str(err)
+        return
+    spec = workload["spec"]["template"]["spec"]
+    (admin,) = [c for c in spec["containers"] if c["name"] == "control-plane"]
+    args = build_parser().parse_args(admin["command"][1:])
+    (mount,) = [m for m in admin["volumeMounts"] if args.state_dir.startswith(m["mountPath"] + "/")]
+    assert mount["name"] == "l3"
+    volume = {v["name"]: v for v in spec["volumes"]}.get("l3")
+    if volume is None:  # persistence: the StatefulSet's claim
+        (claim,) = workload["spec"]["volumeClaimTemplates"]
+        size = claim["spec"]["resources"]["requests"]["storage"]
+    else:
+        size = volume["emptyDir"].get("sizeLimit", "")
+    if size != "":
+        assert args.max_staged_gb * 2**30 < _quantity(size)
+    if staged_gb is not None:
+        assert args.max_staged_gb == pytest.approx(staged_gb, abs=1e-3)

@@ -86,6 +86,16 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         ["/autoscaling/targetCPUUtilizationPercentage", "maximum"],
     ),
     ("bad secret name", {"admin": {"existingSecret": "Not_A_Name"}}, ["/admin/existingSecret"]),
+    (
+        "typo in Kafka TLS",
+        {"kafka": {"tls": {"caSecret": "ca"}}},
+        ["/kafka/tls", "'caSecret' not allowed"],
+    ),
+    (
+        "no room for uploads",
+        {"controlPlane": {"maxStagedGb": 0}},
+        ["/controlPlane/maxStagedGb", "exclusiveMinimum"],
+    ),
 ]
 
 # Refused while rendering, by the chart's own checks (templates/_validate.tpl).
@@ -112,6 +122,62 @@ BAD_RENDER: list[tuple[str, dict[str, Any], list[str]]] = [
         "secret keys without a secret",
         {"kafka": {"secretKeys": {"sasl.password": "pw"}}},
         ["kafka.secretKeys", "kafka.existingSecret"],
+    ),
+    (
+        "Kafka CA set in kafka.config beside the mounted one",
+        {
+            "kafka": {
+                "enabled": True,
+                "brokers": "k:9093",
+                "config": {"ssl.ca.location": "/etc/hps/kafka-ca/ca.crt"},
+                "tls": {"existingSecret": "kafka-tls"},
+            }
+        },
+        ["kafka.config.ssl.ca.location", "kafka.tls.existingSecret", "/hps-kafka-tls/ca.crt"],
+    ),
+    (
+        "Kafka client key set in kafka.config beside the mounted one",
+        {
+            "kafka": {
+                "enabled": True,
+                "brokers": "k:9093",
+                "config": {"ssl.key.location": "/keys/tls.key"},
+                "tls": {"existingSecret": "kafka-tls", "clientCertificate": True},
+            }
+        },
+        ["kafka.config.ssl.key.location", "/hps-kafka-tls/tls.key"],
+    ),
+    (
+        "Kafka client certificate without its Secret",
+        {"kafka": {"enabled": True, "brokers": "k:9093", "tls": {"clientCertificate": True}}},
+        ["kafka.tls.clientCertificate=true", "kafka.tls.existingSecret"],
+    ),
+    (
+        "Kafka CA file's content as its path",
+        {
+            "kafka": {
+                "enabled": True,
+                "brokers": "k:9093",
+                "existingSecret": "k",
+                "secretKeys": {"ssl.ca.location": "ca.crt"},
+            }
+        },
+        ["kafka.secretKeys.ssl.ca.location", "kafka.tls.existingSecret"],
+    ),
+    (
+        "uploads as large as the L3 emptyDir",
+        {"controlPlane": {"maxStagedGb": 10}},
+        ["controlPlane.maxStagedGb (10 GiB)", "l3.sizeLimit (10Gi)"],
+    ),
+    (
+        "uploads larger than the L3 emptyDir in bytes",
+        {"controlPlane": {"maxStagedGb": 2}, "l3": {"sizeLimit": 2 * 10**9}},
+        ["controlPlane.maxStagedGb (2 GiB)", "l3.sizeLimit (2000000000 bytes)"],
+    ),
+    (
+        "uploads larger than the L3 claim",
+        {"controlPlane": {"maxStagedGb": 64}, "persistence": {"enabled": True, "size": "50G"}},
+        ["controlPlane.maxStagedGb (64 GiB)", "persistence.size (50G)"],
     ),
     (
         "admin key pinned without its Secret",

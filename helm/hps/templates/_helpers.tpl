@@ -95,6 +95,27 @@ the namespace and the release; kafka.groupId replaces both (README: "Consumer gr
 {{- end -}}
 {{- end }}
 
+{{/* The L3 volume (RocksDB, and the control plane's staged uploads): the value that sizes
+it, l3.sizeLimit (the emptyDir) without persistence, persistence.size (the PVC) with it;
+hps.l3Bytes is that size in bytes, "" when unbounded (l3.sizeLimit ""). */}}
+{{- define "hps.l3SizeValue" -}}
+{{- ternary "persistence.size" "l3.sizeLimit" (eq (include "hps.stateful" .) "true") -}}
+{{- end }}
+{{- define "hps.l3Bytes" -}}
+{{- $size := ternary .Values.persistence.size .Values.l3.sizeLimit (eq (include "hps.stateful" .) "true") -}}
+{{- if and (not (kindIs "invalid" $size)) (toString $size) }}{{ include "hps.bytes" $size }}{{ end -}}
+{{- end }}
+
+{{/* hps admin --max-staged-gb: controlPlane.maxStagedGb, or by default 40% of the L3 volume
+where its uploads are staged (4 GiB of the default 10Gi; 4 when the volume is unbounded),
+rounded down to 1/1000 GiB. hps.validateStaged refuses one not below the volume's size. */}}
+{{- define "hps.maxStagedGb" -}}
+{{- $gb := .Values.controlPlane.maxStagedGb -}}
+{{- if not (kindIs "invalid" $gb) }}{{ $gb }}
+{{- else }}{{ with include "hps.l3Bytes" . }}{{ divf (floor (divf (mulf . 0.4 1000) 1073741824)) 1000 }}{{ else }}4{{ end }}
+{{- end -}}
+{{- end }}
+
 {{/* The distinct ports of host:port[,host:port...], as a JSON list (fromJsonArray). */}}
 {{- define "hps.addressPorts" -}}
 {{- $ports := list -}}
@@ -120,9 +141,32 @@ the namespace and the release; kafka.groupId replaces both (README: "Consumer gr
 {{- if and $v.kafka.enabled $v.kafka.existingSecret $v.kafka.secretKeys }}true{{ end }}
 {{- end }}
 
+{{/* Kafka TLS (kafka.tls.existingSecret): the librdkafka settings the chart sets in
+update_source.hps_kafka_config, each to a file of that Secret, as JSON (setting -> file
+name in the Secret; {} without it). hps.psConfig sets them, hps.secretMounts and
+hps.secretVolumes mount the files, hps.validate refuses a kafka.config that sets them too. */}}
+{{- define "hps.kafkaTLSDir" -}}/var/run/secrets/hps-kafka-tls{{- end }}
+{{- define "hps.kafkaTLSFiles" -}}
+{{- $t := .Values.kafka.tls -}}
+{{- $files := dict -}}
+{{- if $t.existingSecret -}}
+{{- $_ := set $files "ssl.ca.location" "ca.crt" -}}
+{{- if $t.clientCertificate -}}
+{{- $_ := set $files "ssl.certificate.location" "tls.crt" -}}
+{{- $_ := set $files "ssl.key.location" "tls.key" -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $files -}}
+{{- end }}
+{{/* Whether the release mounts kafka.tls.existingSecret: "true" or "". */}}
+{{- define "hps.kafkaTLS" -}}
+{{- if and .Values.kafka.enabled .Values.kafka.tls.existingSecret }}true{{ end }}
+{{- end }}
+
 {{/* Secrets reach the processes as files (mounted Secret volumes), never as environment
 values: each NAME that ps.json names gets NAME_FILE, the file's path (hps.config reads it).
-.redis / .kafka choose which; hps.secretMounts mounts the same ones. */}}
+.redis / .kafka choose which; hps.secretMounts mounts the same ones, and with .kafka the
+Kafka TLS files too (every container that talks to Kafka). */}}
 {{- define "hps.secretEnv" -}}
 {{- $v := .root.Values -}}
 {{- if and .redis (include "hps.redisSecret" .root) }}
@@ -144,9 +188,13 @@ values: each NAME that ps.json names gets NAME_FILE, the file's path (hps.config
 {{- if and .kafka (include "hps.kafkaSecret" .root) }}
 - {name: kafka-secrets, mountPath: /var/run/secrets/hps-kafka, readOnly: true}
 {{- end }}
+{{- if and .kafka (include "hps.kafkaTLS" .root) }}
+- {name: kafka-tls, mountPath: {{ include "hps.kafkaTLSDir" .root }}, readOnly: true}
+{{- end }}
 {{- end }}
 
-{{/* The Secret volumes hps.secretMounts mounts (one file per secret, group-readable). */}}
+{{/* The Secret volumes hps.secretMounts mounts (one file per secret, group-readable; the
+Kafka TLS Secret's files are those hps.kafkaTLSFiles names). */}}
 {{- define "hps.secretVolumes" -}}
 {{- $v := .Values -}}
 {{- if include "hps.redisSecret" . }}
@@ -165,6 +213,16 @@ values: each NAME that ps.json names gets NAME_FILE, the file's path (hps.config
     items:
       {{- range $setting, $key := $v.kafka.secretKeys }}
       - {key: {{ $key }}, path: {{ $setting }}}
+      {{- end }}
+{{- end }}
+{{- if include "hps.kafkaTLS" . }}
+- name: kafka-tls
+  secret:
+    secretName: {{ $v.kafka.tls.existingSecret }}
+    defaultMode: 0440
+    items:
+      {{- range $file := include "hps.kafkaTLSFiles" . | fromJson | values | sortAlpha }}
+      - {key: {{ $file }}, path: {{ $file }}}
       {{- end }}
 {{- end }}
 {{- end }}

@@ -178,7 +178,7 @@ spec:
       image: {{ $hpsImage }}
       imagePullPolicy: {{ $v.images.hps.pullPolicy }}
       workingDir: /tmp  # a volume: the root filesystem is read-only
-      command: [hps, admin, --config, /etc/hps/ps.json, --state-dir, /var/lib/hps/l3/hps-admin, --host, 0.0.0.0, --port, {{ $v.controlPlane.port | quote }}, --triton-url, {{ printf "127.0.0.1:%v" $v.triton.httpPort | quote }}{{ if $v.admin.existingSecret }}, --token-file, {{ include "hps.adminTokenFile" . }}{{ end }}]
+      command: [hps, admin, --config, /etc/hps/ps.json, --state-dir, /var/lib/hps/l3/hps-admin, --host, 0.0.0.0, --port, {{ $v.controlPlane.port | quote }}, --triton-url, {{ printf "127.0.0.1:%v" $v.triton.httpPort | quote }}, --max-staged-gb, {{ include "hps.maxStagedGb" . | quote }}{{ if $v.admin.existingSecret }}, --token-file, {{ include "hps.adminTokenFile" . }}{{ end }}]
       {{- include "hps.containerSecurity" . | nindent 6 }}
       env:
         {{- include "hps.adminKeyEnv" . | nindent 8 }}

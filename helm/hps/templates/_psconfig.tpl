@@ -17,14 +17,21 @@ written here.
 {{- $models := list -}}
 {{- range $v.models -}}
 {{- $m := deepCopy . -}}
+{{- /* Every file a model names, relative to modelSource.mountPath unless absolute (the
+serving processes' cwd is /tmp); {model} and {table} of hps_cache's stay as they are. */ -}}
 {{- $files := list -}}
 {{- range (default list .sparse_files) -}}
 {{- $files = append $files (ternary . (printf "%s/%s" $base .) (hasPrefix "/" .)) -}}
 {{- end -}}
 {{- if .sparse_files }}{{ $_ := set $m "sparse_files" $files }}{{ end -}}
-{{- range $key := list "dense_file" "network_file" -}}
-{{- $f := get $m $key -}}
-{{- if and $f (not (hasPrefix "/" $f)) }}{{ $_ := set $m $key (printf "%s/%s" $base $f) }}{{ end -}}
+{{- $cache := get $m "hps_cache" -}}
+{{- range $pair := list (list $m "dense_file") (list $m "network_file") (list $cache "frequency_file") (list $cache "warmup_keyset") -}}
+{{- $d := index $pair 0 -}}
+{{- $key := index $pair 1 -}}
+{{- if kindIs "map" $d -}}
+{{- $f := get $d $key -}}
+{{- if and $f (kindIs "string" $f) (not (hasPrefix "/" $f)) }}{{ $_ := set $d $key (printf "%s/%s" $base $f) }}{{ end -}}
+{{- end -}}
 {{- end -}}
 {{- $models = append $models $m -}}
 {{- end -}}
@@ -57,7 +64,11 @@ written here.
 {{- $us := dict "type" "null" -}}
 {{- if and $v.kafka.enabled (not (has $role (list "import" "test"))) -}}
 {{- $us = dict "type" "kafka_message_queue" "brokers" $v.kafka.brokers "hps_group_id" (include "hps.l2GroupId" .root) "hps_dead_letter_topic" $v.kafka.deadLetterTopic -}}
-{{- if $v.kafka.config }}{{ $_ := set $us "hps_kafka_config" (deepCopy $v.kafka.config) }}{{ end -}}
+{{- $kconf := deepCopy (default dict $v.kafka.config) -}}
+{{- range $setting, $file := include "hps.kafkaTLSFiles" .root | fromJson -}}
+{{- $_ := set $kconf $setting (printf "%s/%s" (include "hps.kafkaTLSDir" $.root) $file) -}}
+{{- end -}}
+{{- if $kconf }}{{ $_ := set $us "hps_kafka_config" $kconf }}{{ end -}}
 {{- if and $v.kafka.existingSecret $v.kafka.secretKeys -}}
 {{- $env := dict -}}
 {{- range $setting, $_k := $v.kafka.secretKeys }}{{ $_ := set $env $setting (include "hps.kafkaEnvName" $setting) }}{{ end -}}

@@ -16,6 +16,19 @@
 {{- if and $v.kafka.secretKeys (not $v.kafka.existingSecret) -}}
 {{- fail "kafka.secretKeys names keys of kafka.existingSecret, which is empty" -}}
 {{- end -}}
+{{- if and $v.kafka.tls.clientCertificate (not $v.kafka.tls.existingSecret) -}}
+{{- fail "kafka.tls.clientCertificate=true needs kafka.tls.existingSecret (a Secret with ca.crt, tls.crt and tls.key)" -}}
+{{- end -}}
+{{- range $setting, $_k := $v.kafka.secretKeys -}}
+{{- if hasSuffix ".location" $setting -}}
+{{- fail (printf "kafka.secretKeys.%s: a setting in secretKeys gets the content of the Secret's file, but %s takes a path; give TLS files with kafka.tls.existingSecret (mounted, the chart sets the paths)" $setting $setting) -}}
+{{- end -}}
+{{- end -}}
+{{- range $setting, $file := include "hps.kafkaTLSFiles" . | fromJson -}}
+{{- if hasKey (default dict $v.kafka.config) $setting -}}
+{{- fail (printf "kafka.config.%s cannot be set with kafka.tls.existingSecret: the chart sets it to %s/%s, the Secret's %s; leave it out of kafka.config" $setting (include "hps.kafkaTLSDir" $) $file $file) -}}
+{{- end -}}
+{{- end -}}
 {{- if and $v.admin.pinAdminKey (not $v.admin.existingSecret) -}}
 {{- fail "admin.pinAdminKey=true takes Triton's admin key from admin.existingSecret (key admin-key), which is empty" -}}
 {{- end -}}
@@ -27,6 +40,7 @@
 {{- fail (printf "l2.mode=embedded with kafka.enabled=true cannot serve model %q with hps_instances=%v: each Triton process applies updates to its own L2, and with more than one instance none of them writes the pod's L3 (all follow it read-only), so L3 would never receive updates; use hps_instances: 1, or l2.mode=redis (an updater sidecar writes each pod's L3)" .model .hps_instances) -}}
 {{- end -}}
 {{- end -}}
+{{- include "hps.validateStaged" . -}}
 {{- include "hps.validateShm" . -}}
 {{- include "hps.validatePorts" . -}}
 {{- include "hps.validatePaths" . -}}
@@ -44,6 +58,23 @@
 {{- $segment := include "hps.l2SegmentBytes" . | int64 -}}
 {{- if gt (add $segment $reserve) $shm -}}
 {{- fail (printf "l2.extra.shared_memory_size (%d bytes) and triton.pythonBackendShm (%v) do not fit in triton.shmSize (%v); raise triton.shmSize or leave shared_memory_size out (the chart then gives the segment what is left)" $segment $t.pythonBackendShm $t.shmSize) -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/* The control plane stages uploads on the L3 volume (--state-dir under /var/lib/hps/l3),
+beside RocksDB: its cap (hps.maxStagedGb) must stay below that volume's size (hps.l3Bytes;
+unbounded: nothing to compare). */}}
+{{- define "hps.validateStaged" -}}
+{{- $v := .Values -}}
+{{- with include "hps.l3Bytes" . -}}
+{{- $volume := float64 . -}}
+{{- $gb := include "hps.maxStagedGb" $ -}}
+{{- if ge (mulf $gb 1073741824) $volume -}}
+{{- $name := include "hps.l3SizeValue" $ -}}
+{{- $size := ternary $v.persistence.size $v.l3.sizeLimit (eq $name "persistence.size") -}}
+{{- $shown := ternary $size (printf "%d bytes" (int64 $volume)) (kindIs "string" $size) -}}
+{{- fail (printf "controlPlane.maxStagedGb (%v GiB) must be smaller than the L3 volume, %s (%v), on which the control plane stages uploads beside RocksDB: uploads filling it would get the pod evicted or L3 stopped instead of a 413/429; lower controlPlane.maxStagedGb (or leave it null: 40%% of the volume) or raise %s" $gb $name $shown $name) -}}
 {{- end -}}
 {{- end -}}
 {{- end }}
@@ -70,7 +101,7 @@ files: it may neither be nor contain nor lie under any of them. */}}
 {{- define "hps.validatePaths" -}}
 {{- $v := .Values -}}
 {{- $mount := clean $v.modelSource.mountPath | trimSuffix "/" -}}
-{{- $taken := list "/tmp" "/etc/hps" "/var/lib/hps/l3" "/dev/shm" (include "hps.adminKeyDir" .) "/var/run/secrets/hps" "/var/run/secrets/hps-redis" "/var/run/secrets/hps-redis-tls" "/var/run/secrets/hps-kafka" "/opt/hps" "/usr" "/bin" "/sbin" "/lib" "/lib64" "/proc" "/sys" -}}
+{{- $taken := list "/tmp" "/etc/hps" "/var/lib/hps/l3" "/dev/shm" (include "hps.adminKeyDir" .) "/var/run/secrets/hps" "/var/run/secrets/hps-redis" "/var/run/secrets/hps-redis-tls" "/var/run/secrets/hps-kafka" (include "hps.kafkaTLSDir" .) "/opt/hps" "/usr" "/bin" "/sbin" "/lib" "/lib64" "/proc" "/sys" -}}
 {{- range $taken -}}
 {{- if or (eq $mount .) (hasPrefix (printf "%s/" .) $mount) (hasPrefix (printf "%s/" $mount) .) -}}
 {{- fail (printf "modelSource.mountPath %s collides with %s, which the serving pod mounts or its images hold; choose a folder of its own, such as /models" $v.modelSource.mountPath .) -}}
