@@ -259,5 +259,8 @@ def _hide_values(text: str, settings: Mapping[str, Setting]) -> str:
     text = scrub(text, extra=secrets)
     for key, value in settings.items():
         if is_secret_name(key) and str(value) and str(value) in text:  # a short one
-            return f"invalid setting {key!r} (value {REDACTED})"
+            # the message is withheld whole; name the setting it is about where it says
+            named = [k for k in settings if "." in k and k in text]
+            what = f"setting {max(named, key=len)!r}" if named else "settings"
+            return f"invalid {what} (the message is withheld: it shows {key!r}'s {REDACTED} value)"
     return text

@@ -60,7 +60,14 @@ def test_secret_values_are_hidden_from_librdkafka_messages() -> None:
     )
     # a value too short to scrub from free text: the message then names the setting only
     short = _hide_values('"sasl.jaas.config" value pw is bad', settings)
-    assert short == "invalid setting 'sasl.jaas.config' (value <redacted>)"
+    assert short == (
+        "invalid setting 'sasl.jaas.config' (the message is withheld: it shows "
+        "'sasl.jaas.config''s <redacted> value)"
+    )
+    # one about another setting names that one, not the secret's
+    tls = {**settings, "ssl.ca.location": "/x/pw/ca.crt"}
+    other = _hide_values('"ssl.ca.location": no such file: /x/pw/ca.crt', tls)
+    assert other.startswith("invalid setting 'ssl.ca.location' (") and "pw" not in other
     assert _hide_values('Invalid value "x" for "acks"', settings) == 'Invalid value "x" for "acks"'
 
 
