@@ -147,7 +147,9 @@ class LookupSession:
         """Bring the L1 rows of ``keys`` up to date: with float32 ``values`` (encoded), or
         re-read from L2/L3 as stored (``before_l3``: see :meth:`hps.tiers.Tiers.fetch`).
 
-        Only resident keys change; keys no lower level holds any more leave L1.
+        Only resident keys change; keys no lower level holds any more leave L1. A key no
+        tier could answer for (L2 unreachable without an L3, a damaged L3 block) keeps its
+        L1 row: L1 may be the one level still serving it.
         """
         spec = table_or_raise(self.tables, table)
         cache = self.caches.get(table)
@@ -160,9 +162,12 @@ class LookupSession:
         uniq = np.unique(as_keys(keys))
         uniq = uniq[cache.resident(uniq)]
         since = cache.version
-        fresh, found = self.pipeline.fetch_rows(spec, uniq, before_l3, counted=False)
+        unread = np.zeros(uniq.size, dtype=bool)
+        fresh, found = self.pipeline.fetch_rows(
+            spec, uniq, before_l3, counted=False, unread_out=unread
+        )
         cache.update(uniq[found], fresh[found], since=since)
-        cache.evict(uniq[~found])
+        cache.evict(uniq[~found & ~unread])
 
     def update_rows(self, table: str, keys: Keys, rows: Stored) -> None:
         """Give the resident ``keys`` of L1 new rows already in the table's stored form (an

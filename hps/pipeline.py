@@ -233,13 +233,17 @@ class LookupPipeline:
         before_l3: Callable[[], None] | None = None,
         *,
         counted: bool = True,
+        unread_out: Mask | None = None,
     ) -> tuple[Stored, Mask]:
         """Stored rows of distinct ``keys`` from L2, then L3, and where each was found,
         counted unless ``counted`` is False (a warm-up, a prefetch, a refresh: not a request's
         keys, which the hit rates are of); keys found nowhere count as defaults, their rows
         unspecified. L3 hits go to L2 as they are, in the background (``backfill_l2``).
-        ``before_l3``: see :meth:`hps.tiers.Tiers.fetch`."""
+        ``before_l3``: see :meth:`hps.tiers.Tiers.fetch`; ``unread_out`` marks the keys no
+        tier could say anything of (:attr:`hps.tiers.Fetched.unread`)."""
         got = self.tiers.fetch(spec, keys, before_l3=before_l3)
+        if unread_out is not None:
+            unread_out[:] = got.unread
         stored, level = got.values, got.level
         in_l3 = level == IN_L3
         found = got.found

@@ -78,10 +78,13 @@ class TableCheck:
 @dataclass(frozen=True)
 class Fetched:
     """Stored rows of a batch of keys from L2/L3 (``(n, spec.width)`` of ``spec.fmt.dtype``):
-    ``values[i]`` is valid where ``level[i] != 0``."""
+    ``values[i]`` is valid where ``level[i] != 0``. ``unread`` marks keys not found because
+    no tier could say: L2 unreachable and no L3, or the key's L3 block damaged (a key not
+    found and not unread is absent from every tier)."""
 
     values: Stored
     level: npt.NDArray[np.int8]
+    unread: npt.NDArray[np.bool_]
 
     @property
     def found(self) -> npt.NDArray[np.bool_]:
@@ -195,10 +198,13 @@ class Tiers:
         :data:`SECONDARY_LAG_S` ago.
         """
         level = np.zeros(keys.size, dtype=np.int8)
+        unread = np.zeros(keys.size, dtype=bool)
         values: Stored | None = None
+        l2_answered = False
         if self.volatile is not None and keys.size:
             try:
                 values, found = self.volatile.fetch(spec.name, keys)
+                l2_answered = True
                 level[found] = IN_L2
                 if not values.flags.writeable:  # L3's hits and callers' defaults go into it
                     values = values.copy()
@@ -218,11 +224,14 @@ class Tiers:
                 v3, f3 = self.persistent.fetch(spec.name, keys[rest])
             except DamagedRowsError as exc:  # the other keys were read: serve them
                 v3, f3 = exc.values, exc.found
+                unread[rest[exc.damaged]] = True
                 self._damaged(spec.name, int(exc.damaged.sum()), exc)
             hit = rest[f3]
             values[hit] = v3[f3]
             level[hit] = IN_L3
-        return Fetched(values, level)
+        elif rest.size and self.volatile is not None and not l2_answered:
+            unread[rest] = True
+        return Fetched(values, level, unread)
 
     def _damaged(self, table: str, count: int, exc: DamagedRowsError) -> None:
         """Count keys L3 could not read and warn, at most every DAMAGE_LOG_INTERVAL_S."""
