@@ -74,3 +74,9 @@ def last_occurrence(keys: Keys, values: npt.NDArray[G]) -> tuple[Keys, npt.NDArr
         return keys, values
     last = keys.size - 1 - idx
     return keys[last], values[last]
+
+
+def first_occurrences(keys: Keys) -> Keys:
+    """The distinct keys in the order of their first occurrence (a hottest-first list)."""
+    _, first = np.unique(keys, return_index=True)
+    return keys[np.sort(first)]

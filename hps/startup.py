@@ -27,7 +27,7 @@ from typing import Literal
 import numpy as np
 
 from hps.cache.refresh import Refresher
-from hps.cache.warmup import WARMUP_CHUNK, plan_warm_up, prefill_wanted
+from hps.cache.warmup import WARMUP_CHUNK, load_slices, plan_warm_up, prefill_wanted
 from hps.config import ModelConfig, PSConfig
 from hps.errors import FillError, HPSError
 from hps.io.sparse_model import table_rows
@@ -155,8 +155,11 @@ def warm_up_keysets(session: LookupSession, model: str, files_json: str | None) 
         return loaded
     for table, path in json.loads(files_json).items():
         name = f"{model}.{table}"
-        keys = read_keyset(path)
-        loaded[name] = sum(session.warm_up(name, c) for c in _chunks(keys, WARMUP_CHUNK))
+        cache = session.caches.get(name)
+        if cache is None:
+            continue
+        slices = load_slices(read_keyset(path), cache.capacity, WARMUP_CHUNK)
+        loaded[name] = sum(session.warm_up(name, c) for c in slices)
         log.info("L1 %s: warmed up %d rows from %s", name, loaded[name], path)
     return loaded
 

@@ -12,6 +12,7 @@ from hps.cache.embedding_cache import EmbeddingCache, cache_nbytes
 from hps.cache.policies import POLICIES
 from hps.cache.xp import available_xps, select_xp
 from hps.config import CacheConfig, ModelConfig
+from hps.config.model import MAX_CACHE_ROWS
 from hps.errors import ConfigError
 from hps.types import ArrayModule, TableSpec
 
@@ -34,13 +35,14 @@ def cache_capacity(model_cfg: ModelConfig, table_rows: int) -> int:
     """Rows of L1 for a table of ``table_rows`` rows; 0 when the model has ``gpucache: false``.
 
     ``hps_cache.capacity`` when set, else ``ceil(gpucacheper x table_rows)``, at least
-    :data:`MIN_CAPACITY`.
+    :data:`MIN_CAPACITY` and at most :data:`hps.config.model.MAX_CACHE_ROWS`.
     """
     if not model_cfg.gpucache:
         return 0
     if model_cfg.hps_cache.capacity is not None:
         return model_cfg.hps_cache.capacity
-    return max(MIN_CAPACITY, math.ceil(model_cfg.gpucacheper * max(0, table_rows)))
+    rows = math.ceil(model_cfg.gpucacheper * max(0, table_rows))
+    return min(MAX_CACHE_ROWS, max(MIN_CAPACITY, rows))
 
 
 def build_cache(

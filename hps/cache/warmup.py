@@ -30,6 +30,7 @@ import numpy as np
 
 from hps.cache.placement import pinned_rows
 from hps.config import ModelConfig
+from hps.dedup import first_occurrences
 from hps.io.frequency import read_frequency_file
 from hps.io.keyset import read_keyset
 from hps.types import Keys
@@ -47,6 +48,15 @@ def hottest(keys: Keys, counts: np.ndarray, k: int) -> Keys:
         top = np.argpartition(-counts, k - 1)[:k]
         keys, counts = keys[top], counts[top]
     return keys[np.argsort(-counts, kind="stable")]
+
+
+def load_slices(keys: Keys, capacity: int, size: int) -> list[Keys]:
+    """The slices (at most ``size`` keys each) in which to load ``keys``, hottest first and
+    repeats allowed (a warm-up request's), into a cache of ``capacity`` rows: the first
+    ``capacity`` distinct keys, the coldest slice first, so that the hottest are loaded
+    last (the newest ticks) and no key of the request evicts a hotter one."""
+    fit = first_occurrences(keys)[: max(0, capacity)]
+    return [fit[lo : lo + size] for lo in range(0, fit.size, size)][::-1]
 
 
 @dataclass(frozen=True)
@@ -84,9 +94,8 @@ def plan_warm_up(
     if cfg.warmup_keyset:
         keys = read_keyset(_path(cfg.warmup_keyset, model.model, spec.table))
         keys = keys[~np.isin(keys, np.concatenate([pinned, rest]))]
-        _, first = np.unique(keys, return_index=True)
         room = capacity - pinned.size - rest.size
-        rest = np.concatenate([rest, keys[np.sort(first)][: max(0, room)]])
+        rest = np.concatenate([rest, first_occurrences(keys)[: max(0, room)]])
     if cfg.frequency_file or cfg.warmup_keyset or table_keys is None or not model.init_ec:
         return WarmUpPlan(pinned, rest)
     return WarmUpPlan(empty, np.unique(table_keys)[:capacity])

@@ -15,6 +15,8 @@ T = TypeVar("T")
 CTR_SUFFIX = "_ctr"  # the Triton model of a model's CTR network: <model>_ctr
 
 INT32_MAX = 2**31 - 1  # Triton's max_batch_size and shape dimensions are int32
+MAX_CACHE_ROWS = INT32_MAX
+"""The most rows of one table's L1: its index maps keys to int32 rows (-1: absent)."""
 MAX_TABLES = 4096
 """The most tables a model may have (each per-table list of its entry at most as long):
 far above any model's, low enough that a list of millions (a control-plane body) is
@@ -32,7 +34,9 @@ class CacheConfig(Frozen):
     """``hps_cache``: our L1 settings (an extension of ps.json)."""
 
     policy: Literal["lru", "lfu", "frequency"] = "lru"
-    capacity: int | None = Field(default=None, ge=1, description="rows; default gpucacheper x rows")
+    capacity: int | None = Field(
+        default=None, ge=1, le=MAX_CACHE_ROWS, description="rows; default gpucacheper x rows"
+    )
     device: Literal["auto", "numpy", "cupy"] = "auto"
     static_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
     frequency_file: str | None = None

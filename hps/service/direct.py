@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hps.dedup import first_occurrences
 from hps.errors import RequestError
 from hps.loading.loader import Loader, TableSource, l2_action
 from hps.service import ops
@@ -89,6 +90,6 @@ def warmup_keys(state: AdminState, model: str, keysets: dict[str, Keys]) -> JSON
     if not any(k.size for k in keysets.values()):
         raise RequestError(f"warm-up of model {model!r} found no keys: nothing was loaded")
     out: JSON = {}
-    for table, keys in keysets.items():  # the live version's table
-        out = _notify(state, j, "warmup", state.spec(model, table).name, np.unique(keys))
+    for table, keys in keysets.items():  # the live version's table; hottest first kept
+        out = _notify(state, j, "warmup", state.spec(model, table).name, first_occurrences(keys))
     return {"keys": {t: int(k.size) for t, k in keysets.items()}, **out}

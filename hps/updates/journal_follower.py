@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hps.cache.refresh import MAX_SLICE
+from hps.cache.warmup import WARMUP_CHUNK, load_slices
 from hps.errors import BackendError
 from hps.updates.journal import HEARTBEAT_S, POLL_S, Change, Journal
 
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-WARMUP_CHUNK = 1 << 16
 FOLLOW_S = 0.02  # how often the head's stat is compared: what an update waits here at most
 
 
@@ -190,8 +190,10 @@ class JournalFollower:
                 assert session.tiers.volatile is not None
                 session.tiers.volatile.remove(change.table, keys)
         if change.kind == "warmup":
-            for start in range(0, keys.size, WARMUP_CHUNK):
-                session.warm_up(change.table, keys[start : start + WARMUP_CHUNK])
+            cache = session.caches.get(change.table)
+            capacity = cache.capacity if cache is not None else 0
+            for part in load_slices(keys, capacity, WARMUP_CHUNK):
+                session.warm_up(change.table, part)
             return
         if change.kind == "delete":
             self._refresher.now(change.table, keys, None)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from hps.dedup import in_stored_order, last_occurrence, stored_order, unique_inverse
+from hps.dedup import (
+    first_occurrences,
+    in_stored_order,
+    last_occurrence,
+    stored_order,
+    unique_inverse,
+)
 from hps.storage.keybytes import key_bytes
 
 
@@ -49,3 +55,9 @@ def test_in_stored_order_means_distinct_and_ordered() -> None:
     assert not in_stored_order(np.array([1, 256], np.int64))
     assert not in_stored_order(np.array([1, 1], np.int64))
     assert in_stored_order(np.array([], np.int64))
+
+
+def test_first_occurrences_keep_the_order_of_a_hottest_first_list() -> None:
+    keys = np.array([9, 3, 9, 7, 3, 1], dtype=np.int64)
+    assert first_occurrences(keys).tolist() == [9, 3, 7, 1]
+    assert first_occurrences(np.empty(0, np.int64)).size == 0

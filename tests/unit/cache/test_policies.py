@@ -248,6 +248,10 @@ def test_cache_capacity_and_build_cache(tmp_path: object) -> None:
     assert cache_capacity(m, 10) == MIN_CAPACITY
     assert cache_capacity(n, 100_000) == 77
     assert cache_capacity(o, 100_000) == 0
+    assert cache_capacity(m, 5 * 2**31) == 2**31 - 1  # the index's rows are int32
+    with pytest.raises(ConfigError, match="less than or equal to 2147483647"):
+        parse_config({"models": [{"model": "p", "embedding_vecsize_per_table": [8],
+                                  "hps_cache": {"capacity": 3_000_000_000}}]})  # fmt: skip
     spec = TableSpec("m", "t", 8)
     cache = build_cache(spec, CacheConfig(policy="lfu", device="numpy"), 10)
     assert (cache.capacity, cache.dim, cache.policy.name, cache.xp) == (10, 8, "lfu", np)

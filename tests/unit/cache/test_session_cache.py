@@ -3,6 +3,7 @@ warm-up and refresh, over the embedded tiers (hash_map L2 + RocksDB L3)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hps import startup
 from hps.build import build_session
 from hps.cache import EmbeddingCache
 from hps.cache.refresh import Refresher
@@ -167,6 +169,27 @@ def test_warm_up_from_a_frequency_file_and_a_keyset(tmp_path: Path, stored: np.n
         assert set(cache.pinned_keys().tolist()) == set(stored[:10].tolist())
         assert cache.resident(stored[:40]).all()  # the 40 hottest fill the cache
         assert not cache.resident(stored[150:170]).any()  # no room left for the keyset
+    finally:
+        s.close()
+
+
+def test_a_warm_up_of_more_keys_than_fit_keeps_the_hottest(
+    tmp_path: Path, stored: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keyset of 150 keys, hottest first and not in key order, into 64 rows loaded in
+    slices of 16: the 64 hottest are resident, whatever the key order and the slicing."""
+    monkeypatch.setattr(startup, "WARMUP_CHUNK", 16)
+    order = np.random.default_rng(5).permutation(150)
+    hottest_first = stored[order]
+    keyset = tmp_path / "t0.keys"
+    write_keyset(keyset, np.concatenate([hottest_first[:3], hottest_first]))  # repeats too
+    s = open_session(tmp_path)
+    try:
+        loaded = startup.warm_up_keysets(s, "demo", json.dumps({"t0": str(keyset)}))
+        assert loaded == {TABLE: 64}
+        cache = cache_of(s)
+        assert cache.resident(hottest_first[:64]).all()
+        assert not cache.resident(hottest_first[64:]).any()
     finally:
         s.close()
 
