@@ -5,17 +5,23 @@ module); handlers import their heavy dependencies lazily so ``hps --help`` stays
 The argparse types every command shares are here (:func:`positive_int`, :func:`port`, ...):
 a number out of range is a usage error that names the option (status 2) before any work.
 An :class:`~hps.errors.HPSError` or an ``OSError`` (a path that cannot be read or written)
-ends a command with ``hps CMD: error: ...`` and status 2, without a traceback.
+ends a command with ``hps CMD: error: ...`` and status 2, without a traceback. Ctrl-C ends
+one with status 130; a command that starts servers, segments or folders wraps its work in
+:func:`sigterm_interrupts` so that SIGTERM does the same, after its ``finally`` clauses.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import math
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 
 from hps.errors import HPSError
 
@@ -88,6 +94,22 @@ def _dispatch(argv: list[str] | None) -> int:
         return _error(args.command, os_error_text(exc))
     except KeyboardInterrupt:
         return 130
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """While the block runs, SIGTERM raises ``KeyboardInterrupt`` as Ctrl-C does: the command
+    unwinds through its ``finally`` clauses, which stop what it started (servers, shared
+    memory, temporary folders), and ends with status 130 instead of dying where it stood.
+    Used by ``hps bench`` and ``hps loadtest``; a no-op outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _error(command: str, message: str) -> int:

@@ -1,6 +1,8 @@
 """Benchmarks: each measures our code and its baseline in the same run, one JSON line each.
 
-A bench module exposes ``add_arguments(parser)`` and ``run(args) -> Iterator[dict]``.
+A bench module exposes ``add_arguments(parser)`` and ``run(args) -> Iterator[dict]``, and
+may expose ``check_arguments(parser, args)``: what no option's type can check alone (one
+option against another), refused with ``parser.error`` (status 2) before any work starts.
 """
 
 BENCHES: dict[str, str] = {

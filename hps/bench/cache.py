@@ -49,16 +49,23 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
+from hps.bench.options import cache_share, listed, one_of
 from hps.cache.policies import POLICIES
-from hps.cli import fraction, non_negative_int, positive_int
+from hps.cli import fraction, non_negative_float, non_negative_int, positive_int
 from hps.rowformat import ROW_DTYPES
 from hps.types import JSON
+
+STREAMS = ("zipf", "drift")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=("hitrate", "throughput"), default="hitrate")
     parser.add_argument("--device", choices=("auto", "numpy", "cupy"), default="numpy")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--policies", type=listed(one_of(*POLICIES)), default=",".join(POLICIES),
+        help=f"cache policies to run ({', '.join(POLICIES)})",
+    )  # fmt: skip
     h = parser.add_argument_group("hitrate")
     h.add_argument("--keys", type=positive_int, default=1_000_000, help="distinct keys")
     h.add_argument(
@@ -68,12 +75,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stream length (0: max(4M, 60 x cache rows))",
     )
     h.add_argument("--batch", type=positive_int, default=8192, help="accesses per lookup batch")
-    h.add_argument("--alphas", default="0.9,1.1,1.3")
-    h.add_argument("--ratios", default="0.01,0.05,0.2", help="cache rows / distinct keys")
-    h.add_argument("--policies", default=",".join(POLICIES))
-    h.add_argument("--streams", default="zipf,drift")
+    h.add_argument(
+        "--alphas", type=listed(non_negative_float), default="0.9,1.1,1.3",
+        help="Zipf exponents of the key streams (0: uniform)",
+    )  # fmt: skip
+    h.add_argument(
+        "--ratios", type=listed(cache_share), default="0.01,0.05,0.2",
+        help="cache rows / distinct keys (above 0, at most 1)",
+    )  # fmt: skip
+    h.add_argument("--streams", type=listed(one_of(*STREAMS)), default=",".join(STREAMS),
+                   help="key streams (zipf, drift)")  # fmt: skip
     h.add_argument("--phases", type=positive_int, default=4, help="phases of the drifting stream")
-    h.add_argument("--drift-shift", type=float, default=0.01, help="hot-set move, x keys")
+    h.add_argument("--drift-shift", type=fraction, default=0.01, help="hot-set move, x keys (0-1)")
     h.add_argument(
         "--warmup", type=fraction, default=0.25, help="fraction left out of hit_rate (0-1)"
     )
@@ -82,7 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--batch-per-table", type=positive_int, default=1024)
     t.add_argument("--dim", type=positive_int, default=128)
     t.add_argument("--rows", type=positive_int, default=1 << 18, help="resident rows")
-    t.add_argument("--key-alpha", type=float, default=0.0, help="0: uniform keys, else Zipf")
+    t.add_argument(
+        "--key-alpha", type=non_negative_float, default=0.0, help="0: uniform keys, else Zipf"
+    )
     t.add_argument("--repeats", type=positive_int, default=30)
     t.add_argument(
         "--row-dtype",
@@ -90,6 +105,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="float32",
         help="row format of the cache (all: each); others are compared with float32",
     )
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Throughput: the insert op puts ``--tables`` x ``--batch-per-table`` new keys into a
+    full cache of ``--rows`` rows, each evicting a distinct row. Hit rate: each ratio leaves
+    the cache at least one row of ``--keys``."""
+    if args.mode == "throughput":
+        n = args.tables * args.batch_per_table
+        if n > args.rows:
+            parser.error(
+                f"--tables {args.tables} x --batch-per-table {args.batch_per_table} = {n} "
+                f"keys per batch exceeds --rows {args.rows} (the insert op evicts that many "
+                f"distinct rows of a full cache): lower them or raise --rows"
+            )
+    else:
+        for ratio in args.ratios:
+            if int(ratio * args.keys) < 1:
+                parser.error(
+                    f"--ratios {ratio:g} x --keys {args.keys} leaves the cache no row "
+                    f"(ratio x keys must be 1 or more)"
+                )
 
 
 def run(args: argparse.Namespace) -> Iterator[JSON]:

@@ -59,18 +59,18 @@ def replay(cache: EmbeddingCache, stream: np.ndarray, batch: int, skip: int) -> 
 
 def hitrate(args: argparse.Namespace) -> Iterator[JSON]:
     xp = select_xp(args.device)
-    policies = [p for p in args.policies.split(",") if p]
-    ratios = [float(r) for r in args.ratios.split(",") if r]
+    policies: list[str] = args.policies
+    ratios: list[float] = args.ratios
     n = args.keys
-    for alpha in (float(a) for a in args.alphas.split(",") if a):
+    for alpha in args.alphas:
         p = zipf_probabilities(n, alpha)
-        for kind in (s for s in args.streams.split(",") if s):
+        for kind in args.streams:
             drift = kind == "drift"
             phases = args.phases if drift else 1
             shift = int(args.drift_shift * n) if drift else 0
             streams: dict[int, np.ndarray] = {}
             for ratio in ratios:
-                capacity = max(1, int(ratio * n))
+                capacity = int(ratio * n)  # 1 or more (hps.bench.cache.check_arguments)
                 length = args.accesses or max(4_000_000, 60 * capacity)
                 if length not in streams:
                     rng = np.random.default_rng(args.seed)

@@ -53,7 +53,7 @@ def throughput(args: argparse.Namespace) -> Iterator[JSON]:
     batch = resident[pick]
     names = ROW_DTYPES if args.row_dtype == "all" else (args.row_dtype,)
     formats = [row_format(name) for name in names]
-    for policy in (p for p in args.policies.split(",") if p):
+    for policy in args.policies:
         caches: dict[str, EmbeddingCache] = {}
         for fmt in formats:
             cache = EmbeddingCache(dim, rows, xp=xp, policy=policy, fmt=fmt)

@@ -1,16 +1,20 @@
 """``hps bench <name> [options]``: run one benchmark, print one JSON object per line.
 
 Bench modules are imported only when run, so one bench's dependencies never break the CLI.
+SIGTERM stops a bench as Ctrl-C does (status 130): the bench's ``finally`` clauses stop the
+servers it started and remove its shared memory and temporary folders.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import sys
 
 from hps.bench import BENCHES
+from hps.cli import sigterm_interrupts
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,7 +34,14 @@ def _run(args: argparse.Namespace) -> int:
         prog=f"hps bench {args.bench}", description=(mod.__doc__ or "").strip()
     )
     mod.add_arguments(parser)
-    for row in mod.run(parser.parse_args(args.options)):
-        print(json.dumps(row), flush=True)
+    options = parser.parse_args(args.options)
+    check = getattr(mod, "check_arguments", None)
+    if check is not None:  # what one option cannot tell alone, refused before any work
+        check(parser, options)
+    # closing(): an interrupt while a row is printed still runs the bench's finally clauses
+    # now, not whenever the suspended generator is collected.
+    with sigterm_interrupts(), contextlib.closing(mod.run(options)) as rows:
+        for row in rows:
+            print(json.dumps(row), flush=True)
     sys.stdout.flush()
     return 0

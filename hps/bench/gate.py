@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hps.bench.flood import Flood, process_cpu_ms
+from hps.bench.options import listed, one_of, positive_float, zipf_exponent
+from hps.cli import positive_int
 from hps.types import JSON
 
 if TYPE_CHECKING:
@@ -38,20 +40,38 @@ if TYPE_CHECKING:
     from hps.triton.supervisor.server import TritonServer
 
 
+PATHS = ("gate", "direct")
+PROTOCOLS = ("grpc", "http")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tables", type=int, default=26)
-    parser.add_argument("--rows", type=int, default=100_000, help="rows of the largest table")
-    parser.add_argument("--dim", type=int, default=16)
-    parser.add_argument("--instances", type=int, default=2, help="instances of the model")
-    parser.add_argument("--batch", type=int, default=32, help="samples per neighbour request")
-    parser.add_argument("--alpha", type=float, default=1.2, help="Zipf exponent of the keys")
-    parser.add_argument("--requests", type=int, default=150, help="neighbour requests a round")
-    parser.add_argument("--rounds", type=int, default=9, help="alone/beside alternations")
-    parser.add_argument("--refusals", type=int, default=20, help="per protocol and path")
-    parser.add_argument("--flood-mb", type=float, default=8.0, help="size of a flood request")
-    parser.add_argument("--paths", default="gate,direct", help="neighbour rows: gate, direct")
-    parser.add_argument("--protocols", default="grpc,http", help="refusal_cpu rows")
-    parser.add_argument("--flood-protocols", default="grpc", help="of the neighbour rows' flood")
+    parser.add_argument("--tables", type=positive_int, default=26)
+    parser.add_argument(
+        "--rows", type=positive_int, default=100_000, help="rows of the largest table"
+    )
+    parser.add_argument("--dim", type=positive_int, default=16)
+    parser.add_argument("--instances", type=positive_int, default=2, help="instances of the model")
+    parser.add_argument(
+        "--batch", type=positive_int, default=32, help="samples per neighbour request"
+    )
+    parser.add_argument(
+        "--alpha", type=zipf_exponent, default=1.2, help="Zipf exponent of the keys (above 1)"
+    )
+    parser.add_argument(
+        "--requests", type=positive_int, default=150, help="neighbour requests a round"
+    )
+    parser.add_argument("--rounds", type=positive_int, default=9, help="alone/beside alternations")
+    parser.add_argument("--refusals", type=positive_int, default=20, help="per protocol and path")
+    parser.add_argument(
+        "--flood-mb", type=positive_float, default=8.0, help="size of a flood request"
+    )
+    protocols = listed(one_of(*PROTOCOLS))
+    parser.add_argument("--paths", type=listed(one_of(*PATHS)), default=",".join(PATHS),
+                        help="neighbour rows: gate, direct")  # fmt: skip
+    parser.add_argument("--protocols", type=protocols, default=",".join(PROTOCOLS),
+                        help="refusal_cpu rows: grpc, http")  # fmt: skip
+    parser.add_argument("--flood-protocols", type=protocols, default="grpc",
+                        help="of the neighbour rows' flood: grpc, http")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -80,14 +100,8 @@ def run(args: argparse.Namespace) -> Iterator[JSON]:
     from hps.triton.supervisor.gate import BodyLimit, RequestGate
     from hps.triton.supervisor.server import TritonServer
 
-    paths = [p for p in args.paths.split(",") if p]
-    protocols = [p for p in args.protocols.split(",") if p]
-    for name in paths:
-        if name not in ("gate", "direct"):
-            raise SystemExit(f"hps bench gate: --paths takes gate and direct, not {name!r}")
-    for name in protocols + args.flood_protocols.split(","):
-        if name not in ("grpc", "http"):
-            raise SystemExit(f"hps bench gate: a protocol is grpc or http, not {name!r}")
+    paths: list[str] = args.paths
+    protocols: list[str] = args.protocols
     with tempfile.TemporaryDirectory(prefix="hps-bench-gate-") as tmp:
         root = Path(tmp)
         ps = create_demo(
@@ -138,7 +152,7 @@ def _neighbour_row(args: argparse.Namespace, served: _Served, path: str, flood_k
 
     rng = np.random.default_rng(args.seed)
     grpc_url, http_url = served.urls(path)
-    flood_protocols = tuple(args.flood_protocols.split(","))
+    flood_protocols = tuple(args.flood_protocols)
     alone: list[float] = []
     beside: list[float] = []
     flood = Flood(grpc_url, http_url, served.model, served.tables, flood_keys, flood_protocols)

@@ -25,15 +25,21 @@ from pathlib import Path
 
 import numpy as np
 
+from hps.bench.options import positive_float
+from hps.cli import positive_int
 from hps.types import JSON
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tables", type=int, default=26, help="demo tables")
-    parser.add_argument("--rows", type=int, default=100_000, help="rows of the largest table")
-    parser.add_argument("--instances", type=int, default=2, help="Triton instances")
-    parser.add_argument("--readers", type=int, default=8, help="reader threads")
-    parser.add_argument("--settle", type=float, default=5.0, help="seconds read between steps")
+    parser.add_argument("--tables", type=positive_int, default=26, help="demo tables")
+    parser.add_argument(
+        "--rows", type=positive_int, default=100_000, help="rows of the largest table"
+    )
+    parser.add_argument("--instances", type=positive_int, default=2, help="Triton instances")
+    parser.add_argument("--readers", type=positive_int, default=8, help="reader threads")
+    parser.add_argument(
+        "--settle", type=positive_float, default=5.0, help="seconds read between steps"
+    )
 
 
 @dataclass
@@ -80,14 +86,37 @@ def _serve(ps: Path, http: int) -> subprocess.Popen[str]:
         sys.executable, "-m", "hps.cli", "serve", "--config", str(ps), "--http-port", str(http),
         "--grpc-port", str(free_port()), "--metrics-port", str(free_port()),
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ps.parent, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    return _until_ready(cmd, ps.parent, "hps serve")
+
+
+def _until_ready(cmd: list[str], cwd: Path, what: str) -> subprocess.Popen[str]:
+    """Start ``cmd`` in a process group of its own and wait for its ``ready:`` line.
+
+    Its own group: a terminal's Ctrl-C is this bench's, which stops it (:func:`_stop`) once
+    the readers are done, and a server that ignores SIGTERM is killed with its children. If
+    it never gets ready, or this process is interrupted meanwhile, it is stopped here."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            start_new_session=True)  # fmt: skip
     assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("ready:"):
-            threading.Thread(target=proc.stdout.read, daemon=True).start()  # drain
-            return proc
-    raise RuntimeError(f"hps serve exited ({proc.wait()}) before it was ready")
+    try:
+        for line in proc.stdout:
+            if line.startswith("ready:"):
+                threading.Thread(target=proc.stdout.read, daemon=True).start()  # drain
+                return proc
+    except BaseException:
+        _stop(proc)
+        raise
+    _stop(proc)
+    raise RuntimeError(f"{what} exited ({proc.returncode}) before it was ready")
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM the group of ``hps serve`` (it drains, then stops Triton), SIGKILL it after
+    a minute; a Ctrl-C or SIGTERM meanwhile waits until it is done."""
+    from hps.loadtest.runner import stop_group
+
+    stop_group(proc, grace_s=60)
 
 
 def _step(reads: Reads, name: str, old: str, new: str, t0: float, t1: float, settle: float) -> JSON:
@@ -136,7 +165,7 @@ def run(args: argparse.Namespace) -> Iterator[JSON]:
                 write_sparse_model(dest, keys, vectors + 1.0)
             files.append(str(dest))
         http = free_port()
-        proc = _serve(ps, http)
+        proc = _serve(ps, http)  # stopped by _serve if it does not get ready
         try:
             import_version(config, version_entry(config, "demo", sparse_files=files), 2)
             control = ModelControl(f"127.0.0.1:{http}", resolve_key(ps.parent), timeout=600)
@@ -162,5 +191,4 @@ def run(args: argparse.Namespace) -> Iterator[JSON]:
                 for t in threads:
                     t.join()
         finally:
-            proc.terminate()
-            proc.wait(60)
+            _stop(proc)

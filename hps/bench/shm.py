@@ -17,22 +17,25 @@ import multiprocessing.synchronize as mp_sync
 import time
 import uuid
 from collections.abc import Iterator
+from multiprocessing.process import BaseProcess
 
 import numpy as np
 
+from hps.bench.options import positive_float
+from hps.cli import positive_int
 from hps.storage.hash_map import HashMapStore
 from hps.storage.multi_process_hash_map import SharedHashMapStore
 from hps.types import JSON, TableSpec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=4096, help="keys per fetch / insert")
-    parser.add_argument("--repeats", type=int, default=50, help="timed batches per op")
-    parser.add_argument("--size", type=int, help="segment bytes (default: fits the rows)")
-    parser.add_argument("--readers", type=int, default=2, help="reader processes")
-    parser.add_argument("--seconds", type=float, default=3.0, help="per reader phase")
+    parser.add_argument("--rows", type=positive_int, default=1_000_000)
+    parser.add_argument("--dim", type=positive_int, default=64)
+    parser.add_argument("--batch", type=positive_int, default=4096, help="keys per fetch / insert")
+    parser.add_argument("--repeats", type=positive_int, default=50, help="timed batches per op")
+    parser.add_argument("--size", type=positive_int, help="segment bytes (default: fits the rows)")
+    parser.add_argument("--readers", type=positive_int, default=2, help="reader processes")
+    parser.add_argument("--seconds", type=positive_float, default=3.0, help="per reader phase")
     parser.add_argument("--seed", type=int, default=7)
 
 
@@ -114,17 +117,27 @@ def _readers(name: str, size: int, spec: TableSpec, keys: np.ndarray, args: argp
              shared_bytes: float) -> JSON:  # fmt: skip
     ctx = mp.get_context("spawn")
     rates = {}
-    for n in sorted({1, args.readers}):
-        start, out = ctx.Barrier(n + 1), ctx.Queue()
-        procs = [ctx.Process(target=_reader, args=(name, size, spec.dim, keys, args.batch,
-                                                   args.seconds, start, out))
-                 for _ in range(n)]  # fmt: skip
+    procs: list[BaseProcess] = []
+    try:
+        for n in sorted({1, args.readers}):
+            start, out = ctx.Barrier(n + 1, timeout=120), ctx.Queue()
+            procs = [ctx.Process(target=_reader, args=(name, size, spec.dim, keys, args.batch,
+                                                       args.seconds, start, out))
+                     for _ in range(n)]  # fmt: skip
+            for p in procs:
+                p.start()
+            start.wait()
+            rates[n] = sum(out.get(timeout=120 + args.seconds) for _ in procs)
+            for p in procs:
+                p.join()
+    except BaseException:
+        # Interrupted (Ctrl-C, SIGTERM) or a reader failed: stop the readers before the
+        # caller closes the segment, so that its close is the last and removes the files.
         for p in procs:
-            p.start()
-        start.wait()
-        rates[n] = sum(out.get(timeout=120 + args.seconds) for _ in procs)
+            p.terminate()
         for p in procs:
-            p.join()
+            p.join(30)
+        raise
     local_copy = HashMapStore.bytes_per_row(spec.fmt.row_bytes(spec.dim)) * args.rows
     return {"op": "fetch_processes", "processes": args.readers,
             "keys_per_s": round(rates[args.readers]), "one_process_keys_per_s": round(rates[1]),

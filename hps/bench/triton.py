@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hps.bench.options import zipf_exponent
 from hps.cli import non_negative_int, positive_int, positive_ints
 from hps.errors import BackendUnavailable
 from hps.types import JSON
@@ -45,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--dim", type=positive_int, default=16)
     parser.add_argument("--batch", type=positive_int, default=1024, help="samples per request")
-    parser.add_argument("--alpha", type=float, default=1.2, help="Zipf exponent of the keys")
+    parser.add_argument(
+        "--alpha", type=zipf_exponent, default=1.2, help="Zipf exponent of the keys (above 1)"
+    )
     parser.add_argument("--instances", type=positive_int, default=2, help="instances of each model")
     parser.add_argument(
         "--concurrency",

@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hps.bench.options import listed, one_of
+from hps.cli import positive_int
 from hps.config import PSConfig, parse_config
 from hps.types import JSON, UpdateBatch
 from hps.updates.source import MessageSource
@@ -50,16 +52,41 @@ if TYPE_CHECKING:
     from confluent_kafka import Message
 
 
+MODES = ("embedded", "shared")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--brokers", help="a running Kafka (default: start Tansu)")
-    parser.add_argument("--rows", type=int, default=400_000, help="updates in the apply phase")
-    parser.add_argument("--dim", type=int, default=32)
-    parser.add_argument("--publish-rows", type=int, default=4096, help="keys per publish()")
-    parser.add_argument("--key-space", type=int, default=1_000_000)
-    parser.add_argument("--samples", type=int, default=100, help="freshness samples per mode")
-    parser.add_argument("--sample-keys", type=int, default=64)
-    parser.add_argument("--modes", default="embedded,shared", help="freshness modes to run")
+    parser.add_argument(
+        "--rows", type=positive_int, default=400_000, help="updates in the apply phase"
+    )
+    parser.add_argument("--dim", type=positive_int, default=32)
+    parser.add_argument(
+        "--publish-rows", type=positive_int, default=4096, help="keys per publish()"
+    )
+    parser.add_argument(
+        "--key-space", type=positive_int, default=1_000_000,
+        help="keys drawn from (distinct within a publish(): at least --publish-rows)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--samples", type=positive_int, default=100, help="freshness samples per mode"
+    )
+    parser.add_argument("--sample-keys", type=positive_int, default=64)
+    parser.add_argument(
+        "--modes", type=listed(one_of(*MODES), empty=True), default=",".join(MODES),
+        help='freshness modes to run (embedded, shared; "": none, the apply phase only)',
+    )  # fmt: skip
     parser.add_argument("--dir", help="folder for RocksDB (a temporary one otherwise)")
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Each publish() draws its keys without repeats from ``--key-space`` keys."""
+    per_publish = min(args.publish_rows, args.rows)
+    if args.key_space < per_publish:
+        parser.error(
+            f"--key-space {args.key_space} is smaller than the {per_publish} distinct keys of "
+            f"one publish() (--publish-rows, or --rows if fewer)"
+        )
 
 
 def run(args: argparse.Namespace) -> Iterator[JSON]:
@@ -73,7 +100,7 @@ def run(args: argparse.Namespace) -> Iterator[JSON]:
         apply_row = _apply_phase(args, brokers, workdir)
         yield apply_row
         summary: JSON = dict(apply_row, phase="summary")
-        for mode in [m for m in args.modes.split(",") if m]:
+        for mode in args.modes:
             row = _freshness_phase(args, brokers, workdir, mode)
             yield row
             summary.setdefault("freshness_p50_ms", row["freshness_p50_ms"])

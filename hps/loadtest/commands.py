@@ -6,10 +6,12 @@ import argparse
 import importlib.util
 import json
 import os
-import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from hps.cli import positive_int, sigterm_interrupts
+from hps.loadtest.options import positive_float
 
 if TYPE_CHECKING:
     from hps.loadtest.resources import ResourceSampler
@@ -31,9 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="", help="ps.json model to load (default: the first)")
     p.add_argument("--report-dir", help="reports go here (default: loadtest-reports/<time>)")
     g = p.add_argument_group("load")
-    g.add_argument("--users", type=int, default=8, help="reader users (the shape's peak)")
-    g.add_argument("--spawn-rate", type=float, default=8.0, help="users started per second")
-    g.add_argument("--run-time", type=int, default=60, help="seconds (default: 60)")
+    g.add_argument("--users", type=positive_int, default=8,
+                   help="reader users (the shape's peak)")  # fmt: skip
+    g.add_argument("--spawn-rate", type=positive_float, default=8.0,
+                   help="users started per second")  # fmt: skip
+    g.add_argument("--run-time", type=positive_int, default=60, help="seconds (default: 60)")
     g.add_argument("--shape", choices=("steady", "ramp", "spike"), default="steady")
     g.add_argument("--ramp-steps", type=int, default=8)
     g.add_argument("--knee-p99-ms", type=float, default=500.0, help="p99 bound of the knee")
@@ -111,11 +115,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _loadtest(args: argparse.Namespace) -> int:
     # SIGTERM unwinds like Ctrl-C, so that the finally clauses stop Locust and the stack.
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
+    with sigterm_interrupts():
         return _run(args)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -132,7 +133,6 @@ def _run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("locust") is None:
         raise ConfigError("Locust is missing: pip install 'hps[load]'")
     report = Path(args.report_dir or f"loadtest-reports/{time.strftime('%Y%m%d-%H%M%S')}")
-    report.mkdir(parents=True, exist_ok=True)
     remote = bool(args.triton_grpc)
     if remote != bool(args.triton_http):
         raise ConfigError("give both --triton-grpc and --triton-http, or neither")
@@ -144,6 +144,7 @@ def _run(args: argparse.Namespace) -> int:
     reader_mix(args.mix, ctr=True)
     check_growth_options(args.max_growth_mb, remote=remote, run_time_s=args.run_time,
                          warmup_s=warmup, interval_s=args.sample_interval)  # fmt: skip
+    report.mkdir(parents=True, exist_ok=True)
     if not remote:
         from hps.loadtest.stack import start_stack
 

@@ -12,12 +12,19 @@ final statistics), ``stages.csv`` and ``verdict.json``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+from typing import Any
+
+log = logging.getLogger(__name__)
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 CLASSES = {
@@ -137,13 +144,44 @@ def run_locust(run: LocustRun) -> int:
             raise
 
 
-def stop_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
-    """SIGTERM the process group of ``proc``, SIGKILL it after ``grace_s``."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(grace_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+def stop_group(proc: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
+    """SIGTERM the process group of ``proc``, SIGKILL it after ``grace_s``; Ctrl-C or SIGTERM
+    meanwhile is held back until the group is gone (:func:`interrupts_deferred`)."""
+    with interrupts_deferred():
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            try:
+                proc.wait(grace_s)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold back SIGINT and SIGTERM while the block runs, then deliver them.
+
+    For clean-up that must finish: a second Ctrl-C while processes are being stopped would
+    otherwise cut the clean-up short and leave the rest running. A signal that arrives
+    meanwhile is logged and raised again once the block is done, to the handler that was
+    there before (``KeyboardInterrupt`` for Ctrl-C). A no-op outside the main thread, where
+    no signal handler runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        if signum not in held:
+            held.append(signum)
+        log.warning("%s held back until what was started is stopped", signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        for signum in held:
+            signal.raise_signal(signum)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from hps.errors import BackendUnavailable, ConfigError
+from hps.loadtest.runner import interrupts_deferred
 from hps.net import free_port
 
 if TYPE_CHECKING:
@@ -71,14 +72,18 @@ class Stack:
         return next((p.pid for n, p in self._procs if n == "hps serve"), None)
 
     def stop(self) -> None:
-        """Stop in reverse order: SIGTERM by PID, SIGKILL of its group after a grace period."""
-        for name, proc in reversed(self._procs):
-            _terminate(name, proc)
-        self._procs.clear()
-        for server in reversed(self._servers):
-            with contextlib.suppress(Exception):
-                server.stop()
-        self._servers.clear()
+        """Stop it all, whatever interrupts arrive meanwhile: SIGTERM to the process group of
+        every process (the last started first), then one grace period for all of them,
+        SIGKILL of each group still there after it, then the servers, in reverse order.
+        A Ctrl-C or SIGTERM meanwhile is held back until everything is stopped, then
+        raised (:func:`hps.loadtest.runner.interrupts_deferred`)."""
+        with interrupts_deferred():
+            _terminate(list(reversed(self._procs)))
+            self._procs.clear()
+            for server in reversed(self._servers):
+                with contextlib.suppress(Exception):
+                    server.stop()
+            self._servers.clear()
 
     def __enter__(self) -> Stack:
         return self
@@ -87,11 +92,17 @@ class Stack:
         self.stop()
 
 
-def _terminate(name: str, proc: subprocess.Popen[bytes], grace_s: float = 40.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+def _terminate(procs: list[tuple[str, subprocess.Popen[bytes]]], grace_s: float = 40.0) -> None:
+    """SIGTERM each running process's group, wait ``grace_s`` for all of them together,
+    SIGKILL the groups of those still running."""
+    for _, proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for name, proc in procs:
         try:
-            proc.wait(grace_s)
+            proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             log.warning("%s (pid %d) ignored SIGTERM; killing its process group", name, proc.pid)
             with contextlib.suppress(ProcessLookupError):

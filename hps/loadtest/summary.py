@@ -59,12 +59,14 @@ def format_summary(
     lines = []
     if started:
         lines.append("started: " + "; ".join(s.split(" (")[0] for s in started))
-    lines.append(f"{'request type':<40}{'reqs':>8}{'fail':>6}{'req/s':>9}"
-                 f"{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}")  # fmt: skip
+    # A space between every two columns: a figure wider than its column pushes the rest
+    # right but never runs into its neighbour.
+    lines.append(f"{'request type':<39} {'reqs':>9} {'fail':>8} {'req/s':>9} "
+                 f"{'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}")  # fmt: skip
     for name, t in rep["types"].items():
         lines.append(
-            f"{name[:39]:<40}{t['requests']:>8}{t['failures']:>6}{t['rps']:>9.1f}"
-            f"{t['p50_ms']:>9.0f}{t['p95_ms']:>9.0f}{t['p99_ms']:>9.0f}"
+            f"{name[:39]:<39} {t['requests']:>9} {t['failures']:>8} {t['rps']:>9.1f} "
+            f"{t['p50_ms']:>8.0f} {t['p95_ms']:>8.0f} {t['p99_ms']:>8.0f}"
         )
     fresh = rep["freshness"].line()
     if fresh:

@@ -11,7 +11,8 @@ every type that ran (a type's own limits override those of ``"*"``)::
 
 Limits: ``max_fail_ratio`` (failures / requests), ``p50_ms``, ``p95_ms``, ``p99_ms`` (upper
 bounds), ``min_rps`` (a floor on throughput: a collapse fails the run) and
-``min_requests`` (the type must have run at least that often). A type named in the
+``min_requests`` (the type must have run at least that often); each a finite number, 0 or
+more (NaN, infinity or ``true`` are refused). A type named in the
 thresholds that never ran fails, whatever its limits; a name that is no request type is
 refused when the thresholds are loaded (:func:`load_thresholds`), before anything runs. A
 run without a single request always fails. Options add to or override the file:
@@ -21,6 +22,7 @@ run without a single request always fails. Options add to or override the file:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,9 +90,14 @@ def _check_limits(where: str, limits: object) -> dict[str, float]:
         if key not in LIMITS:
             raise ConfigError(f"{where}: unknown limit {key!r}; known: {', '.join(LIMITS)}")
         try:
+            if isinstance(value, bool):  # JSON true is no bound
+                raise TypeError
             out[key] = float(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{where}: {key} must be a number, got {value!r}") from None
+        # NaN compares false both ways: as a bound it would switch the check off
+        if not math.isfinite(out[key]):
+            raise ConfigError(f"{where}: {key} must be a finite number, got {value!r}")
         if out[key] < 0:
             raise ConfigError(f"{where}: {key} must not be negative")
     return out

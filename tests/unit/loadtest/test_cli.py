@@ -136,6 +136,35 @@ def test_bad_options_are_refused_before_anything_starts(
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--run-time", "0"], "argument --run-time: must be a positive integer, not 0"),
+        (["--run-time", "-5"], "argument --run-time: must be a positive integer, not -5"),
+        (["--users", "0"], "argument --users: must be a positive integer, not 0"),
+        (["--users", "-1"], "argument --users: must be a positive integer, not -1"),
+        (["--spawn-rate", "0"], "argument --spawn-rate: must be a finite number above 0"),
+        (["--spawn-rate", "nan"], "argument --spawn-rate: must be a finite number above 0"),
+        (["--threshold", "*:max_fail_ratio=nan"], "max_fail_ratio must be a finite number"),
+    ],
+)
+def test_load_options_out_of_range_are_refused_before_the_stack_starts(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    message: str,
+) -> None:
+    calls = _start(monkeypatch)
+    report = tmp_path / "report"
+    try:
+        code = main(["loadtest", "--config", "ps.json", "--report-dir", str(report), *argv])
+    except SystemExit as exc:  # argparse's usage error
+        code = exc.code  # type: ignore[assignment]
+    assert code == 2 and calls == [] and not report.exists()  # nothing made, nothing started
+    assert message in capsys.readouterr().err
+
+
 def test_locust_gets_the_probes_keys_and_timeout(tmp_path: Path) -> None:
     run = LocustRun(config=Path("ps.json"), report_dir=tmp_path, triton_grpc="h:1",
                     triton_http="h:2", freshness_keys=3, freshness_timeout_s=2.5)  # fmt: skip

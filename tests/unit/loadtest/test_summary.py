@@ -63,6 +63,21 @@ def test_the_summary_shows_the_final_stats_not_lagging_csvs(tmp_path: Path) -> N
     assert out.splitlines()[-1].startswith("FAILED (thresholds); reports: ")
 
 
+def test_columns_stay_apart_at_six_digit_counts(tmp_path: Path) -> None:
+    """109756 requests, all failed: the counts must not run together (109756109756)."""
+    lookups = _Entry("grpc", "lookup", 109_756, 109_756, 1826.9, 2.0)
+    total = _Entry(None, "Aggregated", 123_456_789, 12_345_678, 123_456.7, 1000.0)
+    stats.write(tmp_path, stats.snapshot([lookups], total, []))
+    lines = format_summary(tmp_path, 1).splitlines()
+    header = next(x for x in lines if x.startswith("request type"))
+    assert header.split()[2:] == ["reqs", "fail", "req/s", "p50", "ms", "p95", "ms", "p99", "ms"]
+    row = next(x for x in lines if x.startswith("grpc lookup"))
+    assert row.split()[2:] == ["109756", "109756", "1826.9", "1", "2", "2"], row
+    agg = next(x for x in lines if x.startswith("Aggregated"))
+    assert agg.split()[1:] == ["123456789", "12345678", "123456.7", "500", "950", "990"]
+    assert len(header) == len(row)  # the widths fit the figures
+
+
 def test_without_final_stats_no_figures_are_made_up(tmp_path: Path) -> None:
     assert read_report(tmp_path)["types"] == {} and read_report(tmp_path)["failures"] == []
 

@@ -53,11 +53,24 @@ def test_file_and_options_merge(tmp_path: Path) -> None:
         ("grpc lookup:p99_ms=fast", "must be a number"),
         ("p99_ms=1", "expected TYPE:limit"),
         ("grpc lookup:p99_ms=-1", "must not be negative"),
+        # NaN compares false both ways: as a bound it would switch the check off
+        ("*:max_fail_ratio=nan", "max_fail_ratio must be a finite number, got 'nan'"),
+        ("grpc lookup:p99_ms=NaN", "p99_ms must be a finite number"),
+        ("grpc lookup:min_rps=inf", "min_rps must be a finite number"),
+        ("grpc lookup:p99_ms=1e400", "p99_ms must be a finite number"),
     ],
 )
 def test_bad_specs_name_the_problem(spec: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_thresholds(None, [spec])
+
+
+@pytest.mark.parametrize("bound", ["NaN", "Infinity", "true"])
+def test_a_file_bound_that_is_no_finite_number_is_refused(tmp_path: Path, bound: str) -> None:
+    f = tmp_path / "t.json"
+    f.write_text(f'{{"grpc lookup": {{"max_fail_ratio": {bound}}}}}')
+    with pytest.raises(ConfigError, match="max_fail_ratio must be a"):
+        load_thresholds(f)
 
 
 def test_bad_file(tmp_path: Path) -> None:
