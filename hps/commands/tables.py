@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -102,13 +103,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_lookup)
 
 
-def _session(config_path: str, l3_mode: AccessMode = "read_write") -> LookupSession:
+def _session(config: PSConfig, l3_mode: AccessMode = "read_write") -> LookupSession:
     """A session over each model's live version (version 1 unless another was activated)."""
     from hps.build import build_session
-    from hps.config import load_config
     from hps.versions import VersionRegistry
 
-    config = load_config(config_path)
     registry = VersionRegistry(config)
     models = [
         m if n == 1 else registry.model_at(m.model, n)
@@ -204,12 +203,25 @@ def _import(args: argparse.Namespace) -> int:
             sources = [npy_source(spec, *args.npy)]
         else:
             raise RequestError("--table needs --sparse DIR or --npy KEYS VECTORS")
-    done = import_tables(
-        config, topology(config), sources, force=args.force, progress=not args.quiet
-    )
+    topo = topology(config)
+    if topo.state_dir is None:  # import_tables would do nothing: say so, not "unchanged"
+        nowhere = (
+            f"no L3 (persistent_db disabled) and no shared L2 (volatile_db "
+            f"{config.volatile_db.type}): "
+            + (
+                "each serving process loads its own L2 from the sparse_files when it starts"
+                if topo.l2 == "process"
+                else "no tier stores tables outside the serving processes"
+            )
+        )
+        if args.table is not None:
+            raise RequestError(f"{args.table}: nothing to import into: {nowhere}")
+        print(f"nothing to import: {nowhere}")
+        return 0
+    done = import_tables(config, topo, sources, force=args.force, progress=not args.quiet)
     for source in sources:
         rows = done.get(source.spec.name)
-        state = f"{rows} rows" if rows is not None else "unchanged (L3 holds these files)"
+        state = f"{rows} rows" if rows is not None else "unchanged (already imported)"
         print(f"{source.spec.name}: {state}")
     return 0
 
@@ -231,45 +243,48 @@ def _live_versions(config: PSConfig) -> dict[str, int]:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from hps.config import load_config
     from hps.errors import RequestError
+    from hps.io.npy import NpyPairWriter
     from hps.io.sparse_model import SparseModelWriter
+    from hps.io.table_files import TableWriter
+    from hps.topology import topology
 
-    session = _session(args.config, "read_only")
+    config = load_config(args.config)
+    topo = topology(config)
+    if not topo.l3 and topo.l2 not in ("node", "server"):
+        raise RequestError(
+            "nothing to export from: no L3 (persistent_db disabled) and no shared L2 (Redis "
+            "or multi_process_hash_map), so no process but a serving one holds the tables"
+        )
+    if args.npy and Path(args.npy[0]).resolve() == Path(args.npy[1]).resolve():
+        raise RequestError(f"--npy {args.npy[0]} {args.npy[1]}: name two different files")
+    session = _session(config, "read_only")
     try:
-        tiers = session.tiers
-        if tiers.primary is None:
-            raise RequestError("export needs an L3 or an L2; both are disabled")
         spec = _table(session, args.table)
         fmt = spec.fmt
-        dtype = fmt.dtype if args.raw else np.dtype(np.float32)
-        # one path: each dumped chunk is written as stored (--raw) or decoded to float32
-        chunks = (
-            (keys, rows if args.raw else fmt.decode(rows, spec.dim))
-            for keys, rows in tiers.dump(spec.name)
+        dtype, width = (fmt.dtype, spec.width) if args.raw else (np.dtype(np.float32), spec.dim)
+        writer: TableWriter = (
+            SparseModelWriter(args.sparse, dtype)
+            if args.sparse
+            else NpyPairWriter(args.npy[0], args.npy[1], dtype, width)
         )
-        rows = 0
-        if args.sparse:
-            with SparseModelWriter(args.sparse, dtype) as w:
-                for keys, vecs in chunks:
-                    w.write(keys, vecs)
-                rows = w.rows
-        else:
-            parts = list(chunks)
-            width = spec.width if args.raw else spec.dim
-            keys = np.concatenate([k for k, _ in parts]) if parts else np.empty(0, np.int64)
-            vecs = np.concatenate([v for _, v in parts]) if parts else np.empty((0, width), dtype)
-            np.save(args.npy[0], np.asarray(keys, dtype=np.int64))
-            np.save(args.npy[1], np.asarray(vecs, dtype=dtype))
-            rows = keys.size
+        # one path: each dumped chunk written as stored (--raw) or decoded to float32; the
+        # files replace the paths only once complete
+        with writer:
+            for keys, rows in session.tiers.dump(spec.name):
+                writer.write(keys, rows if args.raw else fmt.decode(rows, spec.dim))
         form = f"stored {fmt.name} rows" if args.raw else "float32"
-        print(f"{args.table}: {rows} rows ({form})")
+        print(f"{args.table}: {writer.rows} rows ({form})")
         return 0
     finally:
         session.close()
 
 
 def _lookup(args: argparse.Namespace) -> int:
-    session = _session(args.config, "read_only")
+    from hps.config import load_config
+
+    session = _session(load_config(args.config), "read_only")
     try:
         keys = np.asarray(args.keys, dtype=np.int64)
         vectors = session.lookup(_table(session, args.table).name, keys)

@@ -1,14 +1,63 @@
-"""``volatile_db`` (L2) and ``persistent_db`` (L3) of the ps.json."""
+"""``volatile_db`` (L2) and ``persistent_db`` (L3) of the ps.json.
+
+**The shared L2's segment.** A ``multi_process_hash_map`` lives in the segment
+``/dev/shm/<shared_memory_name>``, which every process of a deployment on the host opens.
+Two deployments on one host (their own ps.json, their own L3) must not meet there, so a
+ps.json that names no segment gets one of its deployment's own: named after its L3's
+resolved path (:func:`shared_memory_name_for`, the one place that decides it;
+:meth:`VolatileDBConfig.for_deployment`, applied when a ps.json is read and again by
+``hps.triton.serving.serving_config`` once it resolved relative paths). That path is also
+the deployment's identity (:attr:`VolatileDBConfig.deployment`), which the segment records:
+a process of another deployment that opens it (the same name given by hand) is refused.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
 from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from hps.config.common import NO_LIMIT, Frozen, check_regexes, from_env, rename_deprecated
 
 OverflowPolicy = Literal["evict_random", "evict_least_used", "evict_oldest"]
+
+DEFAULT_L3_PATH = "/tmp/rocksdb"
+"""``persistent_db.path`` when the ps.json gives none (HugeCTR's default)."""
+SHM_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]+")
+"""What a ``shared_memory_name`` may hold (whole, after any leading ``/``)."""
+SHM_NAME_MAX = 200
+"""The longest ``shared_memory_name``: a file name (at most 255 bytes) with room for the
+suffixes of its lock files (``.lock``, ``.users``, ``.turn``)."""
+SHM_FILE_SUFFIXES = (".lock", ".users", ".turn")
+"""The files beside a segment; no segment name ends with one (it would be another's)."""
+
+
+def shared_memory_name_for(l3_path: str) -> str:
+    """The ``shared_memory_name`` of a deployment whose ps.json names none: ``hps_l2_`` and
+    12 hex digits of the SHA-256 of its L3's path (``persistent_db.path``, resolved: absolute,
+    symbolic links followed), so that every process of the deployment opens one segment and
+    two deployments with different L3 folders never share one."""
+    digest = hashlib.sha256(os.path.realpath(l3_path).encode()).hexdigest()
+    return f"hps_l2_{digest[:12]}"
+
+
+DEFAULT_SHM_NAME = shared_memory_name_for(DEFAULT_L3_PATH)
+"""The segment of a ``volatile_db`` read on its own (no ``persistent_db`` beside it)."""
+
+
+def shm_name_problem(name: str) -> str | None:
+    """What is wrong with ``name`` as a ``shared_memory_name`` (``None``: nothing)."""
+    bare = name.lstrip("/")
+    if len(bare) > SHM_NAME_MAX:
+        return f"is {len(bare)} characters long; at most {SHM_NAME_MAX}"
+    if not SHM_NAME_RE.fullmatch(bare) or bare.startswith("."):
+        return "may hold letters, digits, '_', '.' and '-' only, and not start with '.'"
+    if bare.endswith(SHM_FILE_SUFFIXES):
+        return f"ends with one of {list(SHM_FILE_SUFFIXES)}, which name a segment's lock files"
+    return None
 
 
 class _DatabaseConfig(Frozen):
@@ -49,7 +98,10 @@ class VolatileDBConfig(_DatabaseConfig):
     num_node_connections: int = Field(default=5, ge=1)
     allocation_rate: int = Field(default=256 * 1024 * 1024, ge=1)
     shared_memory_size: int = Field(default=16 * 1024**3, ge=1)
-    shared_memory_name: str = "hctr_mp_hash_map_database"
+    shared_memory_name: str = Field(
+        default=DEFAULT_SHM_NAME,
+        description="the segment; default: named after persistent_db.path (for_deployment)",
+    )
     shared_memory_auto_remove: bool = True
     max_batch_size: int = Field(default=65536, ge=1)
     enable_tls: bool = False
@@ -90,6 +142,39 @@ class VolatileDBConfig(_DatabaseConfig):
             )
         return self
 
+    _deployment: str = PrivateAttr(default="")
+    _name_derived: bool = PrivateAttr(default=False)
+
+    @field_validator("shared_memory_name")
+    @classmethod
+    def _segment_name(cls, v: str) -> str:
+        # The length always (no file has a longer name); the characters where the segment is
+        # opened (hps.storage._shm_segment): a ps.json of another L2 type may carry any.
+        if len(v.lstrip("/")) > SHM_NAME_MAX:
+            raise ValueError(f"{len(v.lstrip('/'))} characters long; at most {SHM_NAME_MAX}")
+        return v
+
+    def for_deployment(self, l3_path: str) -> VolatileDBConfig:
+        """This section as the deployment whose L3 is at ``l3_path`` opens it: the path,
+        resolved, is its :attr:`deployment`, and unless the ps.json names a segment
+        (``shared_memory_name``), the segment is named after it
+        (:func:`shared_memory_name_for`). Applying it again with another path renames a
+        derived name, never a configured one."""
+        path = os.path.realpath(l3_path)
+        derived = self._name_derived or "shared_memory_name" not in self.model_fields_set
+        name = {"shared_memory_name": shared_memory_name_for(path)} if derived else {}
+        bound = self.model_copy(update=name)
+        bound._deployment = path
+        bound._name_derived = derived
+        return bound
+
+    @property
+    def deployment(self) -> str:
+        """The resolved L3 path of the deployment this section was read for (see
+        :meth:`for_deployment`); ``""`` for a section read on its own. A
+        ``multi_process_hash_map`` segment records the first one and refuses others."""
+        return self._deployment
+
     @property
     def bounded(self) -> bool:
         """Whether ``overflow_margin`` limits the rows (anything below :data:`NO_LIMIT`)."""
@@ -99,7 +184,7 @@ class VolatileDBConfig(_DatabaseConfig):
 class PersistentDBConfig(_DatabaseConfig):
     _section = "persistent_db"
     type: Literal["disabled", "rocks_db", "rocksdb"] = "disabled"
-    path: str = "/tmp/rocksdb"
+    path: str = DEFAULT_L3_PATH
     num_threads: int = Field(default=16, ge=1)
     read_only: bool = False
     max_batch_size: int = Field(default=65536, ge=1)

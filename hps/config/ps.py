@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -50,6 +51,14 @@ class PSConfig(Frozen):
             )
         if not self.supportlonglong:
             raise ValueError("supportlonglong: HPS stores int64 keys; set it to true")
+        return self
+
+    @model_validator(mode="after")
+    def _l2_of_this_deployment(self) -> PSConfig:
+        # volatile_db as this deployment (its L3 path) opens it: its own segment name unless
+        # the file names one (hps.config.databases). Frozen: set once, here, as validation.
+        bound = self.volatile_db.for_deployment(self.persistent_db.path)
+        object.__setattr__(self, "volatile_db", bound)
         return self
 
     def model(self, name: str) -> ModelConfig:
@@ -120,4 +129,10 @@ def load_config(path: str | Path) -> PSConfig:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid JSON: nested too deeply") from None
+    except ValueError:  # the only other error of json.loads: an integer too long to convert
+        raise ConfigError(
+            f"{path}: invalid JSON: an integer of more than {sys.get_int_max_str_digits()} digits"
+        ) from None
     return parse_config(data, str(path))

@@ -5,14 +5,14 @@ folder per table (``tables/<name>/key`` + ``emb_vector``), the dense weights
 (``dense.npz``, :mod:`hps.ctr.network`) and a ps.json serving them with RocksDB
 (``rocksdb/``) as L3, no Redis, no Kafka. Its L2 type is left to the serving default: an
 in-process hash map for one instance, the node's ``multi_process_hash_map`` for several
-(:func:`hps.triton.serving.serving_config`), in a segment named after the folder, so that
+(:func:`hps.triton.serving.serving_config`), in the segment of the demo's own L3 folder
+(:func:`hps.config.databases.shared_memory_name_for`, every deployment's default), so that
 two demos served at once keep apart. Table ``i`` holds the keys ``0 .. rows_i - 1``;
 vector ``k`` of table ``i`` is reproducible from the seed.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -44,10 +44,8 @@ def demo_config(
 ) -> dict[str, Any]:
     """The ps.json of a demo folder (absolute paths, so it works from anywhere)."""
     names = [f"C{i + 1}" for i in range(len(sizes))]
-    volatile: dict[str, Any] = {"initial_cache_rate": 1.0}  # the type: serving's default
-    if instances > 1:  # a shared L2 (multi_process_hash_map) of this folder's own
-        digest = hashlib.sha256(str(directory).encode()).hexdigest()[:12]
-        volatile["shared_memory_name"] = f"hps_demo_{digest}"
+    # the type: serving's default; a shared L2's segment: its L3 folder's (the default)
+    volatile: dict[str, Any] = {"initial_cache_rate": 1.0}
     return {
         "supportlonglong": True,
         "models": [

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hps.errors import SparseModelError
-from hps.io.table_files import Column, TableFiles
+from hps.io.table_files import Column, TableFiles, TableWriter
 from hps.types import Keys, Vectors
 
 if TYPE_CHECKING:
@@ -91,39 +91,22 @@ def write_sparse_model(path: str | Path, keys: Keys, vectors: Vectors) -> None:
         w.write(keys, vectors)
 
 
-class SparseModelWriter:
-    """Append (keys, vectors) chunks to a new sparse-model folder.
+class SparseModelWriter(TableWriter):
+    """Write (keys, vectors) chunks as a sparse-model folder's ``key`` and ``emb_vector``
+    (the folder made if need be), which replace the folder's files only once complete
+    (:class:`hps.io.table_files.TableWriter`: a failure or an interrupt leaves them as
+    they were).
 
     ``dtype``: the element type ``emb_vector`` holds: float32 (HugeCTR's), or a table's
     stored element type for a raw export of its stored rows (``hps export --raw``).
     """
 
     def __init__(self, path: str | Path, dtype: npt.DTypeLike = "<f4") -> None:
-        self.dtype = np.dtype(dtype)
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
-        self._kf = open(self.path / KEY_FILE, "wb")
-        self._vf = open(self.path / VECTOR_FILE, "wb")
-        self.rows = 0
-
-    def write(self, keys: Keys, vectors: npt.NDArray[np.generic]) -> None:
-        keys = np.asarray(keys, dtype="<i8")
-        vectors = np.asarray(vectors, dtype=self.dtype)
-        if vectors.ndim != 2 or vectors.shape[0] != keys.size:
-            raise SparseModelError(f"{self.path}: {keys.size} keys but vectors {vectors.shape}")
-        self._kf.write(keys.tobytes())
-        self._vf.write(np.ascontiguousarray(vectors).tobytes())
-        self.rows += keys.size
-
-    def close(self) -> None:
-        self._kf.close()
-        self._vf.close()
-
-    def __enter__(self) -> SparseModelWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().__init__(
+            self.path / KEY_FILE, self.path / VECTOR_FILE, dtype, error=SparseModelError
+        )
 
 
 def table_rows(model: ModelConfig, index: int, persistent: CountsRows | None) -> int:

@@ -1,6 +1,6 @@
 """A table's two files, keys and vectors, opened once and read by offset.
 
-Every pass over one :class:`TableFiles` (validation, the load, a sample) reads the same
+Every pass over one :class:`TableFiles` (validation, the load, a digest) reads the same
 files: a path replaced meanwhile (a trainer publishing a retrain) is not seen, and the
 files' stamp is that of the opened ones (``fstat``). After a pass,
 :meth:`TableFiles.written` tells whether the opened files were written meanwhile (what was
@@ -12,18 +12,24 @@ naming the file and the row.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import BinaryIO
 
 import numpy as np
+import numpy.typing as npt
 
 from hps.errors import FormatError
+from hps.io.durable import replacing
 from hps.types import Keys, Vectors
 
 Stat = tuple[int, int, int, int]  # device, inode, size, mtime_ns
+DIGEST_READ = 1 << 23  # bytes per read of a content digest (8 MiB)
 
 
 def file_stat(st: os.stat_result) -> Stat:
@@ -79,6 +85,22 @@ class Column:
     def stamp(self) -> list[str | int]:
         return [str(self.path), self.opened[2], self.opened[3]]
 
+    def digest_into(self, digest: hashlib.blake2b) -> None:
+        """Feed the opened file's size and every byte (as opened: its size then) to
+        ``digest``, reading it sequentially from the start."""
+        size = self.opened[2]
+        digest.update(size.to_bytes(8, "little"))
+        at = 0
+        while at < size:
+            data = os.pread(self.file.fileno(), min(DIGEST_READ, size - at), at)
+            if not data:
+                raise self.error(
+                    f"{self.path}: ends at byte {at}, before its {size} bytes (truncated while "
+                    "it was read: rewritten in place?)"
+                )
+            digest.update(data)
+            at += len(data)
+
     def written(self) -> bool:
         """Whether the opened file was written (its size or time) since it was opened."""
         return file_stat(os.fstat(self.file.fileno())) != self.opened
@@ -103,16 +125,19 @@ class TableFiles:
         return int64_keys(self.keys.read(lo, n), self.keys.path, lo)
 
     def vector_chunk(self, lo: int, n: int) -> Vectors:
-        flat = self.vectors.read(lo, n)
-        return flat.reshape(n, self.vectors.width).astype(np.float32, copy=False)
-
-    def keys_at(self, at: np.ndarray) -> Keys:
-        """The keys of rows ``at`` (a sample: one read each)."""
-        return np.concatenate([self.key_chunk(int(i), 1) for i in at])
-
-    def vectors_at(self, at: np.ndarray) -> Vectors:
-        """The vectors of rows ``at`` (a sample: one read each)."""
-        return np.concatenate([self.vector_chunk(int(i), 1) for i in at])
+        """Rows ``lo`` to ``lo + n`` as float32; the format's error names the first row with
+        a finite value beyond float32's range (wider float files: a cast would make it
+        infinite)."""
+        vectors = self.vectors.read(lo, n).reshape(n, self.vectors.width)
+        if vectors.dtype.itemsize > 4:
+            beyond = np.isfinite(vectors) & (np.abs(vectors) > np.finfo(np.float32).max)
+            if beyond.any():
+                row = int(np.argmax(beyond.any(axis=1)))
+                value = vectors[row][beyond[row]][0]
+                raise self.vectors.error(
+                    f"{self.vectors.path}: row {lo + row} holds {value}, beyond float32's range"
+                )
+        return vectors.astype(np.float32, copy=False)
 
     def chunks(self, chunk_rows: int) -> Iterator[tuple[Keys, Vectors]]:
         """``(keys, vectors)`` chunks of ``chunk_rows`` rows, in file order."""
@@ -120,14 +145,17 @@ class TableFiles:
             n = min(chunk_rows, self.rows - lo)
             yield self.key_chunk(lo, n), self.vector_chunk(lo, n)
 
-    def key_chunks(self, chunk_rows: int) -> Iterator[tuple[int, Keys]]:
-        """``(first row, keys)`` chunks of the keys file alone."""
-        for lo in range(0, self.rows, chunk_rows):
-            yield lo, self.key_chunk(lo, min(chunk_rows, self.rows - lo))
-
     def stamp(self) -> list[str | int]:
         """Path, size and modification time of each file as opened (``fstat``)."""
         return self.keys.stamp() + self.vectors.stamp()
+
+    def digest(self) -> str:
+        """The content of both files as opened, as a BLAKE2b digest (hex): equal digests,
+        equal bytes (a .npy file's header too). One sequential read of each file."""
+        digest = hashlib.blake2b(digest_size=32)
+        self.keys.digest_into(digest)
+        self.vectors.digest_into(digest)
+        return digest.hexdigest()
 
     def written(self) -> list[Path]:
         """The files written since they were opened."""
@@ -161,3 +189,73 @@ def int64_keys(k: np.ndarray, path: str | Path, first_row: int) -> Keys:
                 f"({above.size} such keys in rows {first_row}-{first_row + k.size - 1})"
             )
     return k.astype(np.int64, copy=False)
+
+
+class TableWriter:
+    """Writes a table in chunks: int64 keys to ``keys_path``, 2-D vectors of ``dtype`` (of
+    ``width`` values each, when given) to ``vectors_path``. A context manager: the files
+    written are temporaries that replace the two paths only when the block ends without an
+    exception, synced (:func:`hps.io.durable.replacing`): a failure or an interrupt
+    meanwhile leaves the paths as they were. :attr:`rows` counts the rows written.
+
+    A format with headers writes them in :meth:`_begin` (before the first row) and
+    :meth:`_end` (after the last one, the count known)."""
+
+    def __init__(
+        self,
+        keys_path: Path,
+        vectors_path: Path,
+        dtype: npt.DTypeLike,
+        width: int | None = None,
+        error: type[FormatError] = FormatError,
+    ) -> None:
+        self.keys_path, self.vectors_path = keys_path, vectors_path
+        self.dtype = np.dtype(dtype)
+        self.width = width
+        self.error = error
+        self.rows = 0
+        self._files: tuple[BinaryIO, BinaryIO] | None = None
+        self._writing: AbstractContextManager[TableWriter] | None = None
+
+    def write(self, keys: Keys, vectors: npt.NDArray[np.generic]) -> None:
+        assert self._files is not None, "write inside the with block"
+        keys = np.asarray(keys, dtype="<i8")
+        vectors = np.asarray(vectors, dtype=self.dtype)
+        if (
+            vectors.ndim != 2
+            or vectors.shape[0] != keys.size
+            or self.width not in (None, vectors.shape[1])
+        ):
+            raise self.error(f"{self.vectors_path}: {keys.size} keys but vectors {vectors.shape}")
+        kf, vf = self._files
+        kf.write(keys.tobytes())
+        vf.write(np.ascontiguousarray(vectors).tobytes())
+        self.rows += keys.size
+
+    def _begin(self, keys: BinaryIO, vectors: BinaryIO) -> None:
+        """Before the first row: nothing (headerless files)."""
+
+    def _end(self, keys: BinaryIO, vectors: BinaryIO) -> None:
+        """After the last row: nothing (headerless files)."""
+
+    @contextmanager
+    def _replacing(self) -> Iterator[TableWriter]:
+        with replacing(self.keys_path, self.vectors_path) as (kf, vf):
+            self._files = kf, vf
+            try:
+                self._begin(kf, vf)
+                yield self
+                self._end(kf, vf)
+            finally:
+                self._files = None
+
+    def __enter__(self) -> TableWriter:
+        self._writing = self._replacing()
+        return self._writing.__enter__()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._writing is not None
+        writing, self._writing = self._writing, None
+        writing.__exit__(kind, exc, tb)

@@ -2,23 +2,32 @@
 
 :func:`import_tables` is what ``hps import`` and every serving process's start-up and reload
 run (HugeCTR imported at start-up too). Under the node's import lock (one process works,
-the others find the work done), a table is imported when its files are not the ones
-recorded as imported (paths, sizes, modification times, in a record beside L3) and L3 does
-not already hold them (a sample of rows with exactly the files' vectors: a retrained table,
-same keys with new vectors, is imported again). Every file of every table is validated
-before anything is written, and a table is recorded only once it is completely loaded
-and its rows are durable (the record itself is written durably). An import opens each
-table's files once, before validating them, and validates, loads and stamps those: files
-replaced meanwhile are imported as they were opened (and recorded so; the next import
-imports the new ones); files rewritten in place meanwhile fail the import of the table
-(FormatError), which is then not recorded.
+the others find the work done), a table is imported unless its rows are already imported,
+which is decided on the files' whole content, never on a sample (:func:`_unchanged`): the
+files recorded as imported (paths, sizes, modification times, in a record beside L3) are
+taken as they are; files that are not (a retrain written over them, a copy) are read once
+through for a digest of their content, and are unchanged only when it equals the digest
+recorded at their import (a retrained table, same keys with new vectors, is imported
+again); a table the record holds no digest for (recorded by an older release, or the
+record lost) is unchanged only when L3 holds exactly its rows (:func:`l3_holds`: a read of
+the files and of L3). Every file of every table is validated before anything is written,
+and a table is recorded only once it is completely loaded and its rows are durable (the
+record itself is written durably). Cost: a changed table's files are read once more
+than its import reads them (the digest), and where the record holds no digest, once more
+with every key fetched from L3.
+
+An import opens each table's files once, before validating them, and validates, digests,
+loads and stamps those: files replaced meanwhile are imported as they were opened (and
+recorded so; the next import imports the new ones); files rewritten in place meanwhile
+fail the import of the table (FormatError), which is then not recorded.
 
 Nothing is locked or written when there is nothing to import (every table's record is
 current), and an L3 that cannot be written (``persistent_db.read_only``, or a folder this
-process may not write: a read-only volume) is only checked: it must hold every table's
-files (a ConfigError names the first that it does not), and it is served as it is. The
-node's lock and records live beside L3 (:func:`node_file`); where that folder is read-only
-they live in the temporary directory instead, under a name derived from L3's path.
+process may not write: a read-only volume) is only checked: every table's files must be
+unchanged (the same decision; a ConfigError names the first that is not), and it is served
+as it is. The node's lock and records live beside L3 (:func:`node_file`); where that folder
+is read-only they live in the temporary directory instead, under a name derived from L3's
+path.
 
 A table's record includes its row format (``hps_row_dtype``), so a format change is seen at
 the next import or start-up: a tier that holds the table in another format or dimension
@@ -42,7 +51,7 @@ from pathlib import Path
 from hps.config import PSConfig
 from hps.errors import ConfigError, FormatError
 from hps.io.durable import replace_durably
-from hps.loading.loader import Loader, TableSource, l2_action, l3_matches, sparse_source
+from hps.loading.loader import Loader, TableSource, l2_action, l3_holds, sparse_source
 from hps.tiers import Tiers
 from hps.topology import Topology
 
@@ -86,19 +95,54 @@ def import_lock(state: Path) -> Iterator[None]:
 
 
 class ImportRecord:
-    """Which version of each table's files was imported completely (a JSON file)."""
+    """Which version of each table's files was imported completely (a JSON file): per table,
+    the files' stamp (:meth:`TableSource.stamp`) and the digest of their content
+    (:meth:`TableSource.digest`; absent from a record an older release wrote).
 
-    def __init__(self, state: Path) -> None:
+    A damaged record (not JSON, or not an object) is read as empty, with a warning naming
+    it: it holds nothing the tiers lack, so each table is then checked again
+    (:func:`_unchanged`) and the next import writes the record anew."""
+
+    def __init__(self, state: Path, *, quiet: bool = False) -> None:
         self.path = node_file(state, ".hps-import.json", writable=False)
-        self.tables: dict[str, list[str | int]] = (
-            json.loads(self.path.read_text()) if self.path.exists() else {}
-        )
+        self.tables: dict[str, object] = self._read(quiet)
+
+    def _read(self, quiet: bool) -> dict[str, object]:
+        try:
+            doc = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, RecursionError) as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        else:
+            if isinstance(doc, dict):
+                return doc
+            problem = f"a JSON {type(doc).__name__}, not an object"
+        if not quiet:
+            log.warning(
+                "%s: damaged import record (%s): read as empty, each table is checked again",
+                self.path,
+                problem,
+            )
+        return {}
+
+    def _entry(self, table: str) -> dict[str, object]:
+        entry = self.tables.get(table)
+        if isinstance(entry, list):  # an older release's: the stamp alone
+            return {"stamp": entry}
+        return entry if isinstance(entry, dict) else {}
 
     def current(self, source: TableSource) -> bool:
-        return self.tables.get(source.spec.name) == source.stamp()
+        """Whether the record names these very files (their stamp): nothing is read."""
+        return self._entry(source.spec.name).get("stamp") == source.stamp()
 
-    def mark(self, source: TableSource) -> None:
-        self.tables[source.spec.name] = source.stamp()
+    def digest(self, table: str) -> str | None:
+        """The digest of the content imported for ``table``, if the record holds one."""
+        digest = self._entry(table).get("digest")
+        return digest if isinstance(digest, str) else None
+
+    def mark(self, source: TableSource, digest: str) -> None:
+        self.tables[source.spec.name] = {"stamp": source.stamp(), "digest": digest}
         self._save()
 
     def forget(self, tables: Iterable[str]) -> None:
@@ -195,30 +239,27 @@ def import_tables(
     state = topo.state_dir
     if state is None:
         return {}  # no L3 and no shared L2: every serving process loads its own L2
+    record = ImportRecord(state)
     fresh = topo.l3 and not holds_a_database(config.persistent_db.path)
-    if not force and not fresh and all(map(ImportRecord(state).current, sources)):
+    if not force and not fresh and all(map(record.current, sources)):
         return {}  # nothing to do: no lock taken, nothing written
     if topo.l3 and not fresh and l3_read_only(config):
-        _check_read_only(config, sources, force)
+        _check_read_only(config, record, sources, force)
         return {}
     with import_lock(state), ExitStack() as files:
-        record = ImportRecord(state)
+        record = ImportRecord(state, quiet=True)  # as another process may have left it
         fresh = topo.l3 and not holds_a_database(config.persistent_db.path)
         todo = [s for s in sources if force or fresh or not record.current(s)]
         # opened once, before anything is read: every pass reads (and the record stamps)
         # the same files, whatever replaces them meanwhile
         todo = [files.enter_context(s.opened()) for s in todo]
-        if todo and topo.l3 and not fresh and not force:
-            reader = Tiers.open(config, l3_mode="read_only", l2=False)
-            reader.open_tables(s.spec for s in todo)
-            try:
-                held = [s for s in todo if l3_matches(reader, s)]
-            finally:
-                reader.close()
-            for s in held:
-                log.info("%s: L3 already holds %s", s.spec.name, s.where)
-                record.mark(s)
-            todo = [s for s in todo if s not in held]
+        digests = {s.spec.name: s.digest() for s in todo}
+        if todo and not fresh and not force:
+            unchanged = _unchanged(config, record, todo, digests)
+            for s in unchanged:
+                log.info("%s: %s unchanged: already imported", s.spec.name, s.where)
+                record.mark(s, digests[s.spec.name])
+            todo = [s for s in todo if s not in unchanged]
         if not todo and not fresh:
             return {}  # L3 may have a writer of its own (hps consume): open it only to import
         for s in todo:
@@ -246,11 +287,37 @@ def import_tables(
                 log.info("%s: importing %s", s.spec.name, s.where)
                 imported[s.spec.name] = loader.load(s)  # durable when it returns
                 _check_loaded(s)
-                record.mark(s)
+                record.mark(s, digests[s.spec.name])
                 FillRecord(state).forget(s.spec.name)  # L2 is filled again from here
         finally:
             writer.close()
     return imported
+
+
+def _unchanged(
+    config: PSConfig, record: ImportRecord, sources: list[TableSource], digests: dict[str, str]
+) -> list[TableSource]:
+    """The one decision whether a table's files (opened, not the ones the record stamps)
+    are already imported, on their whole content, never a sample: the record's digest of
+    the content imported equals theirs (``digests``, by table: needed where the record
+    holds one); where the record holds none (an older release's record, or none), L3 holds
+    exactly their rows (:func:`hps.loading.loader.l3_holds`), else they are not."""
+    unchanged: list[TableSource] = []
+    unknown: list[TableSource] = []
+    for s in sources:
+        recorded = record.digest(s.spec.name)
+        if recorded is None:
+            unknown.append(s)
+        elif recorded == digests[s.spec.name]:
+            unchanged.append(s)
+    if unknown and config.persistent_db.type != "disabled":
+        reader = Tiers.open(config, l3_mode="read_only", l2=False)
+        try:
+            reader.open_tables(s.spec for s in unknown)
+            unchanged += [s for s in unknown if l3_holds(reader, s)]
+        finally:
+            reader.close()
+    return unchanged
 
 
 def _check_loaded(source: TableSource) -> None:
@@ -275,21 +342,22 @@ def _check_loaded(source: TableSource) -> None:
         )
 
 
-def _check_read_only(config: PSConfig, sources: list[TableSource], force: bool) -> None:
-    """An L3 served as it is must already hold every table's files."""
+def _check_read_only(
+    config: PSConfig, record: ImportRecord, sources: list[TableSource], force: bool
+) -> None:
+    """An L3 served as it is must already hold every table's files (:func:`_unchanged`)."""
     path = config.persistent_db.path
     if force:
         raise ConfigError(f"persistent_db {path} is read-only: cannot import into it")
-    reader = Tiers.open(config, l3_mode="read_only", l2=False)
-    try:
-        reader.open_tables(s.spec for s in sources)
-        missing = [s for s in sources if s.rows and not l3_matches(reader, s)]
-    finally:
-        reader.close()
+    with ExitStack() as files:
+        changed = [files.enter_context(s.opened()) for s in sources if not record.current(s)]
+        digests = {s.spec.name: s.digest() for s in changed if record.digest(s.spec.name)}
+        unchanged = _unchanged(config, record, changed, digests)
+    missing = [s for s in changed if s.rows and s not in unchanged]
     if missing:
         s = missing[0]
         raise ConfigError(
             f"persistent_db {path} is read-only and does not hold {s.spec.name} as in "
-            f"{s.files[0].parent}: import it where L3 is writable, or serve L3's files"
+            f"{s.where}: import it where L3 is writable, or serve L3's files"
         )
     log.info("L3 %s is read-only and holds every table's files: served as it is", path)

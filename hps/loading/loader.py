@@ -11,7 +11,8 @@ the files open from before its validation to the end of its load
 (:meth:`TableSource.opened`), so the rows it writes are those it validated and stamped.
 
 Memory: the load holds a chunk; the validation also a sorted copy of every key (8 bytes per
-row) to count duplicates; :func:`l3_matches` a chunk of keys (one pass over the keys file).
+row) to count duplicates; :func:`l3_holds` a chunk (and the keys of differing rows awaiting
+a later occurrence: at most ``AWAITED_KEYS``).
 
 What happens to L2 (:data:`L2Action`) depends on whose L2 it is, which
 :func:`l2_action` reads from the :class:`hps.topology.Topology`.
@@ -50,15 +51,15 @@ first ``l2_share`` of the rows and, when L3 is written too, remove the rest (sta
 model version that another node imported into a shared L2 before, and whose rows updates
 may have reached since)."""
 
-SAMPLE_ROWS = 64
-KEY_SCAN_ROWS = 1 << 20  # keys per chunk of a pass over the keys alone (8 MiB)
+KEY_SCAN_ROWS = 1 << 20  # keys per chunk of the duplicate count's comparison (8 MiB)
+AWAITED_KEYS = 1 << 20  # differing rows l3_holds lets wait for a later occurrence (8 MiB)
 
 
 @dataclass(frozen=True)
 class TableSource:
     """One table's files: a HugeCTR sparse-model folder or a ``.npy`` key/vector pair.
 
-    Each pass (:meth:`chunks`, :meth:`validate`, :meth:`sample`) opens the files for its
+    Each pass (:meth:`chunks`, :meth:`validate`, :meth:`digest`) opens the files for its
     own length, unless the source is :meth:`opened`: then every pass reads the files as
     they were opened, whatever replaces their paths meanwhile, and :meth:`stamp` is theirs.
     """
@@ -109,18 +110,14 @@ class TableSource:
             out.append(f"row_dtype={self.spec.row_dtype}")
         return out
 
-    def sample(self, n: int = SAMPLE_ROWS) -> tuple[Keys, Vectors]:
-        """Up to ``n`` keys spread evenly over the files (with the last one), each with the
-        vector of its last occurrence in the files (the row an import leaves: a duplicated
-        key's later row overwrites the earlier). Reads the whole keys file, in chunks."""
-        if self.rows == 0:
-            return np.empty(0, np.int64), np.empty((0, self.spec.dim), np.float32)
+    def digest(self) -> str:
+        """What identifies this version of the files by content: a digest of every byte of
+        both (:meth:`hps.io.table_files.TableFiles.digest`: one sequential read of each),
+        with the row format they are imported in. Equal digests: an import leaves the same
+        rows."""
         with self.opened() as src:
-            files = src.handles
-            assert files is not None
-            at = np.unique(np.linspace(0, self.rows - 1, min(n, self.rows)).astype(np.int64))
-            keys = files.keys_at(at)
-            return keys, files.vectors_at(_last_rows(files, keys, at))
+            assert src.handles is not None
+            return f"blake2b:{src.handles.digest()}:{self.spec.row_dtype}"
 
     def validate(self) -> int:
         """Read the files once; raise on bad rows (FormatError), or on values the table's
@@ -153,19 +150,6 @@ def _check_finite(vectors: np.ndarray, path: Path, first_row: int) -> None:
     if not finite.all():
         row = first_row + int(np.argmin(finite))
         raise FormatError(f"{path}: row {row} holds NaN or infinity")
-
-
-def _last_rows(files: TableFiles, keys: Keys, at: np.ndarray) -> np.ndarray:
-    """For each of ``keys`` (read at rows ``at``), the row of its last occurrence in the
-    files: one pass over the keys file in chunks, a few NumPy operations each."""
-    wanted = np.unique(keys)
-    last = np.full(wanted.size, -1, np.int64)
-    np.maximum.at(last, np.searchsorted(wanted, keys), at)
-    for lo, chunk in files.key_chunks(KEY_SCAN_ROWS):
-        hit = np.flatnonzero(np.isin(chunk, wanted))
-        if hit.size:
-            np.maximum.at(last, np.searchsorted(wanted, chunk[hit]), lo + hit)
-    return last[np.searchsorted(wanted, keys)]
 
 
 def _duplicates(keys: np.ndarray) -> int:
@@ -201,19 +185,35 @@ def l2_action(topo: Topology, *, own: bool) -> L2Action:
     return "fill"
 
 
-def l3_matches(tiers: Tiers, source: TableSource) -> bool:
-    """Whether L3 holds the source's rows: a sample of keys, each with exactly the vector of
-    its last occurrence in the files (:meth:`TableSource.sample`), as the table's format
-    stores them (encoding is deterministic)."""
+def l3_holds(tiers: Tiers, source: TableSource) -> bool:
+    """Whether L3 holds exactly the rows an import of ``source`` leaves: every key, with the
+    vector of its last occurrence in the files as the table's format stores it (encoding
+    is deterministic). Every row is compared, never a sample: one read of the files and a
+    fetch of every key from L3, a chunk at a time, stopping at the first key L3 lacks. A
+    row that differs is forgiven only when its key occurs again later (a duplicate: the
+    last occurrence is the one imported); once more than ``AWAITED_KEYS`` keys await a
+    later occurrence the table is taken as not held (imported again: upserts of the same
+    rows change nothing). An empty table is never held (importing it creates it)."""
     if tiers.persistent is None or source.rows == 0:
         return False
-    keys, vectors = source.sample()
-    try:
-        want = encode_rows(source.spec, vectors)
-    except InvalidValueError:
-        return False  # not importable as configured: validate() says why
-    got, found = tiers.persistent.fetch(source.spec.name, keys)
-    return bool(found.all()) and bool(np.array_equal(got, want))
+    awaiting = np.empty(0, np.int64)  # keys whose latest occurrence so far differs from L3
+    for keys, vectors in source.chunks():
+        try:
+            want = encode_rows(source.spec, vectors)
+        except InvalidValueError:
+            return False  # not importable as configured: validate() says why
+        got, found = tiers.persistent.fetch(source.spec.name, keys)
+        if not found.all():
+            return False
+        same = (got == want).reshape(keys.size, -1).all(axis=1)
+        if same.all() and not awaiting.size:
+            continue
+        distinct, last = np.unique(keys[::-1], return_index=True)  # each key's last row here
+        last_same = same[::-1][last]
+        awaiting = np.union1d(np.setdiff1d(awaiting, distinct[last_same]), distinct[~last_same])
+        if awaiting.size > AWAITED_KEYS:
+            return False
+    return not awaiting.size
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 Bytes of a segment::
 
-    [0, 4096)              header: int64 words, see ``HeaderWord``
+    [0, 4096)              header: int64 words, see ``HeaderWord``; from byte
+                           DEPLOYMENT_TEXT, the deployment's L3 path (for messages)
     [FREE_OFF, ...)        free-extent stack: int32 extent ids
     [TABLES_OFF, ...)      MAX_TABLES table entries of ENTRY_BYTES each (see ``EntryView``)
     [DATA_OFF, SIZE)       N_EXT extents of EXTENT bytes: index buckets and row extents
@@ -17,7 +18,6 @@ formats were recorded has 0 there, float32.
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import tempfile
 from dataclasses import dataclass
@@ -40,7 +40,7 @@ MAX_EXTENT = 16 * 1024 * 1024
 MAX_TABLES = 256  # tables of every model version a node holds: 26 tables x 3 versions = 78
 ENTRY_META = 192  # bytes of int64 fields and the name at the start of a table entry
 NAME_BYTES = 128
-NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+DEPLOYMENT_TEXT = 1024  # byte of the header where the deployment's L3 path is kept
 FORMAT_CODES = {"float32": 0, "float16": 1, "int8": 2}  # stored in DIM's high 32 bits
 _FORMAT_SHIFT = 32
 _DIM_MASK = (1 << _FORMAT_SHIFT) - 1
@@ -70,6 +70,8 @@ class HeaderWord(IntEnum):
     REPAIRS = 18
     CREATED = 19  # a random id drawn when the segment is initialised (0: older segments)
     FILLED = 20  # how many times a process finished filling this segment from L3
+    DEPLOYMENT = 21  # a hash of the deployment's L3 path (0: none recorded; see Segment)
+    DEPLOYMENT_LEN = 22  # bytes of that path kept from byte DEPLOYMENT_TEXT
 
 
 class EntryWord(IntEnum):

@@ -1,11 +1,22 @@
 """The lock files of a ``multi_process_hash_map`` segment, and who may use them.
 
-Two lock files sit next to the segment. ``<name>.lock`` is the readers-writer lock
+Three lock files sit next to the segment. ``<name>.lock`` is the readers-writer lock
 (``flock`` LOCK_SH to read, LOCK_EX to write); the kernel drops it when a holder dies.
 ``<name>.users`` is held LOCK_SH by every attached store for its lifetime: whoever can turn
 it into LOCK_EX on close is the last user (crashed processes do not count) and removes the
-files when ``shared_memory_auto_remove`` is set. Plain files are used rather than
-``multiprocessing.shared_memory`` so that no resource tracker ever unlinks the segment.
+files when ``shared_memory_auto_remove`` is set.
+
+``<name>.turn`` is a turnstile in front of the main lock: ``flock`` grants LOCK_SH while
+readers hold it even to a writer's waiting LOCK_EX, so readers that keep overlapping would
+starve writers for good. A writer holds the turnstile (LOCK_EX) while it waits for the main
+lock; a reader passes through it (LOCK_SH, then unlock) before it takes the main lock, so
+the readers that come after a waiting writer wait for it. It decides the order only, never
+who may read or write (the main lock does): a turnstile file removed and made again while
+stores hold the old one weakens the order until they reopen, nothing else, and is not
+checked by :meth:`SegmentLocks.at_paths`. The kernel drops it too when a holder dies.
+
+Plain files are used rather than ``multiprocessing.shared_memory`` so that no resource
+tracker ever unlinks the segment.
 
 A store belongs to the process that opened it: a forked child opens its own. A forked
 child also closes its copies of the lock files' descriptors at once (:func:`_in_child`):
@@ -29,14 +40,18 @@ class SegmentLocks:
     """The lock files of the segment at ``path``, held open; one thread at a time inside."""
 
     def __init__(self, path: str) -> None:
-        self.paths = (path, path + ".lock", path + ".users")
+        self.paths = (path, path + ".lock", path + ".users", path + ".turn")
         self.thread = threading.Lock()  # one thread of this process in the segment at a time
         self.pid = os.getpid()
         self.users = self._join()
+        opened = [self.users]
         try:
             self.fd = os.open(self.paths[1], os.O_RDWR | os.O_CREAT, 0o600)
+            opened.append(self.fd)
+            self.turn = os.open(self.paths[3], os.O_RDWR | os.O_CREAT, 0o600)
         except BaseException:
-            os.close(self.users)
+            for fd in opened:
+                os.close(fd)
             raise
         self.closed = False
         _OPEN.add(self)
@@ -79,14 +94,37 @@ class SegmentLocks:
         fcntl.flock(self.users, fcntl.LOCK_SH)
         return alone
 
+    def shared(self) -> None:
+        """Take the main lock shared, after passing the turnstile (a writer waiting for the
+        main lock holds it: this reader then comes after that writer)."""
+        fcntl.flock(self.turn, fcntl.LOCK_SH)
+        fcntl.flock(self.turn, fcntl.LOCK_UN)
+        fcntl.flock(self.fd, fcntl.LOCK_SH)
+
+    def exclusive(self) -> None:
+        """Take the main lock exclusively, holding the turnstile while waiting for it (no
+        reader that comes meanwhile gets in first)."""
+        fcntl.flock(self.turn, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        finally:
+            fcntl.flock(self.turn, fcntl.LOCK_UN)
+
+    def unlock(self) -> None:
+        """Let go of the main lock."""
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
     @contextlib.contextmanager
     def held(self, op: int) -> Iterator[None]:
         """The main lock, ``fcntl.LOCK_SH`` or ``fcntl.LOCK_EX``, for the block."""
-        fcntl.flock(self.fd, op)
+        if op == fcntl.LOCK_EX:
+            self.exclusive()
+        else:
+            self.shared()
         try:
             yield
         finally:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            self.unlock()
 
     @property
     def forked(self) -> bool:
@@ -101,7 +139,8 @@ class SegmentLocks:
             )
 
     def remove_files(self) -> None:
-        """Unlink the segment and its lock files (the last user, under the main lock)."""
+        """Unlink the segment and its lock files, the turnstile's too (the last user,
+        under the main lock)."""
         for path in self.paths:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
@@ -112,6 +151,7 @@ class SegmentLocks:
             _OPEN.discard(self)
             os.close(self.fd)
             os.close(self.users)
+            os.close(self.turn)
 
 
 _OPEN: weakref.WeakSet[SegmentLocks] = weakref.WeakSet()
@@ -121,9 +161,9 @@ def _in_child() -> None:
     """After a fork, in the child: drop its copies of every store's lock descriptors (they
     are the parent's locks; closing them neither unlocks nor touches the parent's)."""
     for locks in list(_OPEN):
-        with contextlib.suppress(OSError):
-            os.close(locks.fd)
-            os.close(locks.users)
+        for fd in (locks.fd, locks.users, locks.turn):
+            with contextlib.suppress(OSError):
+                os.close(fd)
         locks.closed = True
     _OPEN.clear()
 

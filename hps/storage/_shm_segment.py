@@ -20,12 +20,25 @@ whether the name still points at the segment held (a ``stat`` and an 8-byte read
 mapping), so the store can follow the name (``SharedHashMapStore.follow``), and
 :meth:`Segment.close` never unlinks a file that is not the one it opened: the "last user"
 removes the files only while they are still its own.
+
+**Deployment.** A store may be told the deployment it serves (its L3's resolved path,
+:attr:`hps.config.VolatileDBConfig.deployment`). The first such store records it in the
+header (``HeaderWord.DEPLOYMENT``, and the path itself from byte ``DEPLOYMENT_TEXT`` for
+messages); a store of another deployment is refused (``ConfigError``): two deployments
+on one host that were given one ``shared_memory_name`` would serve each other's rows.
+
+**Ticks** (``evict_least_used``, ``evict_oldest``). Only a writer, under the exclusive lock,
+moves the tick (:meth:`Segment.next_tick`); readers stamp the rows they fetch with the tick
+as it is (:meth:`Segment.tick`). Readers run together, and a counter they all wrote could
+go backwards (two read-modify-writes interleaved), which would make the freshest rows look
+2^32 ticks old.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import logging
 import mmap
 import os
@@ -34,15 +47,17 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from hps.config.databases import shm_name_problem
 from hps.errors import BackendError, ConfigError, HPSError
 from hps.rowformat import RowFormat
 from hps.storage._shm_extents import Extents, commit
 from hps.storage._shm_layout import (
+    DEPLOYMENT_TEXT,
     MAGIC,
     MAX_EXTENT,
     MAX_TABLES,
     NAME_BYTES,
-    NAME_RE,
+    PAGE,
     VERSION,
     EntryView,
     EntryWord,
@@ -66,6 +81,17 @@ Identity = tuple[int, int, int]
 class SegmentClosed(Exception):
     """The segment was closed (replaced by a newer one) while a thread waited for it
     (internal: the store retries on the segment it holds now)."""
+
+
+class Untouched(Exception):
+    """Raised inside :meth:`Segment.writing` before the block changed anything (internal):
+    the segment is left clean, as after an ``HPSError``, not marked for repair."""
+
+
+def _deployment_hash(deployment: str) -> int:
+    """The header's record of a deployment: 63 bits of its path's SHA-256, never 0."""
+    digest = hashlib.sha256(deployment.encode()).digest()
+    return (int.from_bytes(digest[:8], "little") >> 1) | 1
 
 
 def path_identity(path: str) -> Identity | None:
@@ -94,12 +120,12 @@ class Segment:
         allocation_rate: int = MAX_EXTENT,
         auto_remove: bool = True,
         directory: str | None = None,
+        deployment: str | None = None,
     ) -> None:
+        if problem := shm_name_problem(name):
+            shown = repr(name) if len(name) <= 60 else f"{name[:60]!r}..."
+            raise ConfigError(f"volatile_db.shared_memory_name: {shown} {problem}")
         name = name.lstrip("/")
-        if not NAME_RE.fullmatch(name) or name.startswith("."):
-            raise ConfigError(
-                f"volatile_db.shared_memory_name: {name!r} must match {NAME_RE.pattern}"
-            )
         self.name = name
         self.auto_remove = auto_remove
         base = directory or default_directory()
@@ -116,6 +142,7 @@ class Segment:
                     if locks.at_paths():
                         self._locks = locks
                         self._map(size)
+                        self._claim(deployment)
                         if locks.only_user():
                             self.h[HeaderWord.ATTACHED] = 0  # left by crashed processes
                         self.h[HeaderWord.ATTACHED] += 1
@@ -140,15 +167,13 @@ class Segment:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             existing = os.fstat(fd).st_size
+            if 0 < existing < PAGE:  # before reading a header word it does not hold
+                raise BackendError(
+                    f"multi_process_hash_map: {self.path} holds {existing} bytes, less than "
+                    f"the {PAGE}-byte header of a shared hash map: it is not one; remove it"
+                )
             if existing == 0:
                 os.ftruncate(fd, size)
-            elif existing != size:
-                log.warning(
-                    "shared memory %s exists with %d bytes (configured %d): using it as is",
-                    self.path,
-                    existing,
-                    size,
-                )
             self._mm = mmap.mmap(fd, existing or size)
             self._fd = fd
             with contextlib.suppress(AttributeError, OSError):  # where shmem THP is "advise"
@@ -156,23 +181,72 @@ class Segment:
         except OSError as exc:
             os.close(fd)
             raise BackendError(f"multi_process_hash_map: cannot map {self.path}: {exc}") from exc
+        except BaseException:
+            os.close(fd)
+            raise
         self._views()
-        if existing == 0 or self.h[HeaderWord.READY] != 1:
-            if existing and self.h[HeaderWord.MAGIC] not in (0, MAGIC):
-                raise BackendError(f"{self.path} is not an HPS shared hash map; remove it")
-            geo = self._geo if existing == 0 else plan(existing, self._geo.extent)
+        h = self.h
+        if existing and int(h[HeaderWord.MAGIC]) not in (0, MAGIC):
+            raise BackendError(f"{self.path} is not an HPS shared hash map; remove it")
+        if existing == 0 or h[HeaderWord.READY] != 1:
+            geo = self._geo if existing == 0 else self._replan(existing)
             try:
                 self._init(geo)
             except NoSpace as exc:
                 if existing == 0:
                     os.unlink(self.path)
                 raise BackendError(f"multi_process_hash_map: {self.path}: {exc}") from None
-        elif self.h[HeaderWord.MAGIC] != MAGIC or self.h[HeaderWord.VERSION] != VERSION:
+        elif h[HeaderWord.MAGIC] != MAGIC or h[HeaderWord.VERSION] != VERSION:
             raise BackendError(
-                f"{self.path} has layout version {int(self.h[HeaderWord.VERSION])}, this HPS "
+                f"{self.path} has layout version {int(h[HeaderWord.VERSION])}, this HPS "
                 f"writes {VERSION}: stop its users and remove it"
             )
+        elif int(h[HeaderWord.SIZE]) > existing:
+            raise BackendError(
+                f"multi_process_hash_map: {self.path} holds {existing} bytes, but its header "
+                f"records {int(h[HeaderWord.SIZE])}: it was cut short; stop its users and "
+                "remove it"
+            )
         self._geometry()
+        if existing and existing != size:
+            log.warning("shared memory %s exists with %d bytes (configured %d): using it as is",
+                        self.path, existing, size)  # fmt: skip
+
+    def _replan(self, existing: int) -> Geometry:
+        """The layout of an existing file whose creator never finished its header (it died,
+        or the file is not a segment): as large as the file is."""
+        try:
+            return plan(existing, self._geo.extent)
+        except ConfigError:
+            raise BackendError(
+                f"multi_process_hash_map: {self.path} holds {existing} bytes and no finished "
+                "header: too small for a shared hash map (not one, or cut short); remove it"
+            ) from None
+
+    def _claim(self, deployment: str | None) -> None:
+        """Record ``deployment`` where none is recorded; refuse another deployment's segment
+        (see the module docstring). Call under the exclusive lock."""
+        if not deployment:
+            return
+        h, mine = self.h, _deployment_hash(deployment)
+        recorded = int(h[HeaderWord.DEPLOYMENT])
+        if recorded == 0:
+            raw = deployment.encode()[: PAGE - DEPLOYMENT_TEXT]
+            self.u8[DEPLOYMENT_TEXT : DEPLOYMENT_TEXT + len(raw)] = np.frombuffer(raw, np.uint8)
+            h[HeaderWord.DEPLOYMENT_LEN] = len(raw)
+            h[HeaderWord.DEPLOYMENT] = mine
+        elif recorded != mine:
+            raise ConfigError(
+                f"volatile_db.shared_memory_name: {self.path} is the L2 of the deployment whose "
+                f"L3 (persistent_db.path) is {self.deployment()!r}, not this one's "
+                f"({deployment!r}); two deployments must not share a segment: give this one "
+                "its own shared_memory_name, or none (the default is named after the L3 path)"
+            )
+
+    def deployment(self) -> str:
+        """The L3 path of the deployment recorded in the header (``""``: none yet)."""
+        n = min(max(0, int(self.h[HeaderWord.DEPLOYMENT_LEN])), PAGE - DEPLOYMENT_TEXT)
+        return bytes(self.u8[DEPLOYMENT_TEXT : DEPLOYMENT_TEXT + n]).decode(errors="replace")
 
     def _views(self) -> None:
         mm = self._mm
@@ -277,17 +351,17 @@ class Segment:
         with locks.thread:
             self._check_open()
             while True:
-                fcntl.flock(locks.fd, fcntl.LOCK_SH)
+                locks.shared()
                 if not self.h[HeaderWord.DIRTY]:
                     break
-                fcntl.flock(locks.fd, fcntl.LOCK_UN)
+                locks.unlock()
                 with locks.held(fcntl.LOCK_EX):
                     if self.h[HeaderWord.DIRTY]:
                         self.repair()
             try:
                 yield
             finally:
-                fcntl.flock(locks.fd, fcntl.LOCK_UN)
+                locks.unlock()
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
@@ -303,7 +377,7 @@ class Segment:
                 try:
                     yield
                 except BaseException as exc:
-                    if isinstance(exc, HPSError | NoSpace):
+                    if isinstance(exc, HPSError | NoSpace | Untouched):
                         self._clean()  # raised at a consistent point by design
                     raise
                 self._clean()
@@ -352,12 +426,17 @@ class Segment:
         return view
 
     def next_tick(self) -> int:
-        """A new tick for row stamps (uint32: see :data:`hps.storage.overflow.TICK_MASK`)."""
-        self.h[HeaderWord.TICK] += 1
-        return self.tick()
+        """The tick a writer stamps the rows it writes with (call under the write lock:
+        only writers move the counter, see the module docstring). It is newer than every
+        stamp so far, and the counter moves one past it, so that the rows readers stamp
+        until the next write (:meth:`tick`) count as used after these were written (uint32:
+        see :data:`hps.storage.overflow.TICK_MASK`)."""
+        self.h[HeaderWord.TICK] += 2
+        return (int(self.h[HeaderWord.TICK]) - 1) & TICK_MASK
 
     def tick(self) -> int:
-        """The latest tick handed out."""
+        """The tick now: what readers stamp the rows they fetch with (they never write the
+        counter), and what rows' ages are measured from."""
         return int(self.h[HeaderWord.TICK]) & TICK_MASK
 
     def filled(self) -> int:

@@ -3,20 +3,24 @@
 Triton runs each model instance in its own process; with ``hash_map`` each would hold its
 own copy of L2. This backend keeps a single copy in a POSIX shared-memory segment
 (``shared_memory_name`` under ``/dev/shm``, at most ``shared_memory_size`` bytes) that
-every process maps: whatever one process inserts, all others fetch. Rows are stored in the
-table's row format (:mod:`hps.rowformat`), which the table's entry records: a process that
-opens the table with another format or dimension is refused (``ConfigError``).
+every process maps: whatever one process inserts, all others fetch. A ps.json that names no
+segment gets its deployment's own, named after its L3 path
+(:func:`hps.config.databases.shared_memory_name_for`), and the segment records that path:
+a store of another deployment given the same name by hand is refused (``ConfigError``).
+Rows are stored in the table's row format (:mod:`hps.rowformat`), which the table's entry
+records: a process that opens the table with another format or dimension is refused
+(``ConfigError``).
 
 The segment is carved into fixed-size extents (see ``_shm_segment``); a table is a dense
 row arena of extents plus an extendible-hashing key index of bucket extents
 (``_shm_table``, ``_shm_index``), both growing one extent at a time. Reads take a shared
-``flock``, writes an exclusive one, so no process ever sees a half-written row; the kernel
-drops the lock of a process that dies, and a writer that dies mid-update leaves a dirty
-mark on the tables it was changing, whose rows the next process clears (L2 is a cache).
-When no extent is free,
-the table holding the most extents sheds rows by ``overflow_policy`` down to
-``overflow_resolution_target`` of its size; ``overflow_margin`` bounds each table's rows as
-in ``hash_map``.
+``flock``, writes an exclusive one, so no process ever sees a half-written row (a waiting
+writer holds a turnstile that readers pass first, so overlapping readers never starve it:
+``_shm_locks``); the kernel drops the lock of a process that dies, and a writer that dies
+mid-update leaves a dirty mark on the tables it was changing, whose rows the next process
+clears (L2 is a cache). When no extent is free, the table holding the most extents sheds
+rows by ``overflow_policy`` down to ``overflow_resolution_target`` of its size;
+``overflow_margin`` bounds each table's rows as in ``hash_map``.
 
 The store follows its name: when the files under ``/dev/shm`` are removed or replaced while
 it holds the segment, it notices (:meth:`SharedHashMapStore.follow`: the segment's identity,
@@ -44,6 +48,7 @@ from typing import TypeVar
 import numpy as np
 
 from hps.config import NO_LIMIT, PersistentDBConfig, VolatileDBConfig
+from hps.config.databases import DEFAULT_SHM_NAME
 from hps.dedup import last_occurrence
 from hps.errors import BackendError, BackendUnavailable, ConfigError
 from hps.rowformat import Stored
@@ -55,7 +60,7 @@ from hps.storage._shm_layout import (
     NoMemory,
     NoSpace,
 )
-from hps.storage._shm_segment import Identity, Segment, SegmentClosed
+from hps.storage._shm_segment import Identity, Segment, SegmentClosed, Untouched
 from hps.storage._shm_table import ShmTable, rows_per_extent
 from hps.storage.base import AccessMode, EmbeddingStore, check_rows
 from hps.storage.overflow import rows_to_keep
@@ -70,8 +75,9 @@ IDENTITY_CHECK_S = 1.0
 """How often (at most) an operation checks that the name still points at the held segment."""
 
 
-class _Stale(Exception):
-    """A table handle whose entry another process dropped (internal: opened again)."""
+class _Stale(Untouched):
+    """A table handle whose entry another process dropped (internal: opened again). Seen
+    before anything is written: a write lock it ends leaves the segment clean."""
 
 
 def _fresh(held: _Held, table: str) -> ShmTable:
@@ -108,7 +114,7 @@ class SharedHashMapStore(EmbeddingStore):
 
     def __init__(
         self,
-        shared_memory_name: str = "hctr_mp_hash_map_database",
+        shared_memory_name: str = DEFAULT_SHM_NAME,
         shared_memory_size: int = 16 * 1024**3,
         *,
         shared_memory_auto_remove: bool = True,
@@ -120,7 +126,11 @@ class SharedHashMapStore(EmbeddingStore):
         directory: str | None = None,
         seed: int | None = None,
         identity_check_s: float | None = IDENTITY_CHECK_S,
+        deployment: str | None = None,
     ) -> None:
+        """``deployment``: the resolved L3 path of the deployment this store serves
+        (:attr:`hps.config.VolatileDBConfig.deployment`); the segment records the first one
+        and refuses a store of another (``ConfigError``). ``None``: not checked."""
         self.max_batch_size = max_batch_size
         self.overflow_margin = overflow_margin
         self.overflow_policy = overflow_policy
@@ -134,6 +144,7 @@ class SharedHashMapStore(EmbeddingStore):
                 allocation_rate=allocation_rate,
                 auto_remove=shared_memory_auto_remove,
                 directory=directory,
+                deployment=deployment,
             )
 
         self._open_segment = open_segment
@@ -163,6 +174,7 @@ class SharedHashMapStore(EmbeddingStore):
             overflow_margin=cfg.overflow_margin,
             overflow_policy=cfg.overflow_policy,
             overflow_resolution_target=cfg.overflow_resolution_target,
+            deployment=cfg.deployment or None,
         )
 
     @property
@@ -323,9 +335,9 @@ class SharedHashMapStore(EmbeddingStore):
         return self._with(table, False, lambda t: self._fetch_chunk(t, keys))
 
     def _fetch_chunk(self, t: ShmTable, keys: Keys) -> tuple[Stored, Mask]:
-        # Readers race on the tick only; any recent tick is good enough for LRU.
+        # The tick as it is: readers share the lock and never move it (only writers do).
         touch = self.overflow_policy == "evict_least_used"
-        return t.fetch(keys, t.seg.next_tick() if touch else None)
+        return t.fetch(keys, t.seg.tick() if touch else None)
 
     def size(self, table: str) -> int:
         return self._with(table, False, lambda t: t.rows)

@@ -3,8 +3,9 @@
 - :func:`serving_config` reads the ps.json as served: relative paths resolved against the
   directory ``hps serve`` started in, ``multi_process_hash_map`` as the L2 when a model
   runs several instances and the file names no volatile_db type (one L2 per node, not one
-  per Triton process), and the models added or removed at runtime
-  (:mod:`hps.versions.models`).
+  per Triton process) in a segment named after the deployment's L3 path unless the file
+  names one (:meth:`hps.config.VolatileDBConfig.for_deployment`), and the models added or
+  removed at runtime (:mod:`hps.versions.models`).
 - :func:`prepare_tables` brings L3 (and a shared L2) up to date with the tables named by
   ``sparse_files`` (:func:`hps.loading.imports.import_tables`), which is also how a reload through
   Triton's model-control API picks up retrained tables.
@@ -60,16 +61,18 @@ def serving_config(path: str | Path, base_dir: str | Path | None = None) -> PSCo
         for m in config.models
     ]
     update: JSON = {"models": models}
+    l3_path = _absolute(config.persistent_db.path, base)
     if config.persistent_db.type != "disabled":
-        update["persistent_db"] = config.persistent_db.model_copy(
-            update={"path": _absolute(config.persistent_db.path, base)}
-        )
-    vdb = config.volatile_db
+        update["persistent_db"] = config.persistent_db.model_copy(update={"path": l3_path})
+    # this deployment's shared L2 segment: named after the L3 path as resolved here, which
+    # every process of the deployment resolves alike (hps.config.databases)
+    vdb = config.volatile_db.for_deployment(l3_path)
     several = any(m.hps_instances > 1 for m in config.models)
     if several and "type" not in vdb.model_fields_set:
-        update["volatile_db"] = vdb.model_copy(update={"type": SHARED_L2_DEFAULT})
+        vdb = vdb.model_copy(update={"type": SHARED_L2_DEFAULT})
     elif several and l2_placement(config) == "process":
         log.warning("volatile_db %s is per process: each instance holds its own L2", vdb.type)
+    update["volatile_db"] = vdb
     for m in models:
         if m.serves_ctr:
             check_dense_inputs(m)

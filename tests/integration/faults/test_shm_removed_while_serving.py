@@ -10,7 +10,7 @@ its round); it counts a round as *confirmed* once ``hps consume`` reports it app
 
 A *stale* answer: a row of an older round than the one confirmed before the request was
 sent (L3 held at least that round then). While the rounds flow, the segment's files under
-``/dev/shm`` (the segment, ``.lock``, ``.users``) are removed. Then, within a hang guard,
+``/dev/shm`` (the segment, ``.lock``, ``.users``, ``.turn``) are removed. Then, within a hang guard,
 every process is on the one new segment (its header counts as many users as the old one
 had and records a fill from L3) and both instances answer the confirmed round; after that
 point, over a checking window of further rounds, 0 stale answers. Keys no round touches
@@ -232,7 +232,7 @@ def test_removed_segment_files_while_updates_flow_leave_no_stale_answer(
         # -- the fault: the segment's files removed while rounds flow ----------------------
         removed_at = rounds.confirmed
         removed_t = time.monotonic()  # reported below, not asserted (a shared machine)
-        for suffix in ("", ".lock", ".users"):
+        for suffix in ("", ".lock", ".users", ".turn"):
             os.unlink(path + suffix)
 
         def one_segment() -> bool:
@@ -292,7 +292,7 @@ def test_removed_segment_files_while_updates_flow_leave_no_stale_answer(
             return [c.problem for c in journal.cursors() if c.model == model and c.age_s < 5]
 
         old = path_identity(path)
-        for suffix in ("", ".lock", ".users"):
+        for suffix in ("", ".lock", ".users", ".turn"):
             os.unlink(path + suffix)
         wait_for(
             lambda: (p := problems()) and len(p) == 2 and all(x and "hps consume" in x for x in p),
@@ -325,6 +325,6 @@ def test_removed_segment_files_while_updates_flow_leave_no_stale_answer(
         except subprocess.TimeoutExpired:
             serve.kill()
             serve.wait()
-        for suffix in ("", ".lock", ".users"):
+        for suffix in ("", ".lock", ".users", ".turn"):
             if os.path.exists(path + suffix):
                 os.unlink(path + suffix)

@@ -77,7 +77,7 @@ def workers() -> Iterator[Workers]:
     w = Workers(unique_name("hps_test_mp"))
     yield w
     w.kill_all()
-    for suffix in ("", ".lock", ".users"):
+    for suffix in ("", ".lock", ".users", ".turn"):
         path = f"/dev/shm/{w.name}{suffix}"
         if os.path.exists(path):
             os.unlink(path)
@@ -175,7 +175,7 @@ def test_auto_remove_when_the_last_user_leaves(workers: Workers) -> None:
     clean.stdin.write("close\n")
     clean.stdin.flush()
     assert clean.wait(timeout=30) == 0
-    assert not any(os.path.exists(path + s) for s in ("", ".lock", ".users"))
+    assert not any(os.path.exists(path + s) for s in ("", ".lock", ".users", ".turn"))
 
 
 def test_overflow_margin_evicts_for_every_process(workers: Workers) -> None:

@@ -68,7 +68,7 @@ class Proc:
 def name() -> Iterator[str]:
     n = unique_name("hps_follow_it")
     yield n
-    for suffix in ("", ".lock", ".users"):
+    for suffix in ("", ".lock", ".users", ".turn"):
         path = f"/dev/shm/{n}{suffix}"
         if os.path.exists(path):
             os.unlink(path)
@@ -86,7 +86,7 @@ def test_removed_files_leave_every_process_on_one_new_segment_with_l3s_rows(
         time.sleep(1)
         path = f"/dev/shm/{name}"
         before = path_identity(path)
-        for suffix in ("", ".lock", ".users"):
+        for suffix in ("", ".lock", ".users", ".turn"):
             os.unlink(path + suffix)
         w, r = json.loads(writer.line()), json.loads(reader.line())
         now = path_identity(path)

@@ -241,6 +241,24 @@ def test_invalid_json_and_missing_file(tmp_path: Path) -> None:
         load_config(p)
 
 
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("[" * 100_000, "nested too deeply"),
+        ('{"models": [{"model": "m", "max_batch_size": ' + "9" * 5000 + "}]}",
+         "an integer of more than 4300 digits"),
+    ],
+)  # fmt: skip
+def test_json_python_cannot_parse_is_a_config_error_naming_the_file(
+    tmp_path: Path, text: str, problem: str
+) -> None:
+    p = tmp_path / "ps.json"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as exc:
+        load_config(p)
+    assert str(exc.value) == f"{p}: invalid JSON: {problem}"
+
+
 def test_models_are_frozen() -> None:
     cfg = parse_config({"models": [{"model": "m", "embedding_vecsize_per_table": [8]}]})
     with pytest.raises(Exception, match="frozen"):

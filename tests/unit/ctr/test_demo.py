@@ -51,6 +51,7 @@ def test_the_demo_leaves_its_l2_to_the_serving_default(
     """`hps demo --instances N && hps serve` starts quietly: one instance keeps its L2 in
     process, several share the node's, in a segment of the demo folder's own (two demos
     served at once do not meet in one)."""
+    from hps.config.databases import shared_memory_name_for
     from hps.triton.serving import serving_config
 
     paths = [
@@ -62,6 +63,8 @@ def test_the_demo_leaves_its_l2_to_the_serving_default(
         configs = [serving_config(p) for p in paths]
     assert [c.volatile_db.type for c in configs] == [l2, l2]
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
-    names = {c.volatile_db.shared_memory_name for c in configs}
-    if instances > 1:
-        assert len(names) == 2 and all(n.startswith("hps_demo_") for n in names)
+    names = [c.volatile_db.shared_memory_name for c in configs]
+    # every deployment's default: named after its own L3 folder, the demo's rocksdb/
+    assert names == [shared_memory_name_for(str(p.parent / "rocksdb")) for p in paths]
+    assert len(set(names)) == 2
+    assert all("shared_memory_name" not in json.loads(p.read_text())["volatile_db"] for p in paths)

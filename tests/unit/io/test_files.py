@@ -11,7 +11,12 @@ import pytest
 from hps.errors import BatchTooLargeError, FormatError, SparseModelError
 from hps.io.keyset import read_keyset, write_keyset
 from hps.io.npy import read_npy_pair
-from hps.io.sparse_model import read_sparse_model, sparse_model_rows, write_sparse_model
+from hps.io.sparse_model import (
+    SparseModelWriter,
+    read_sparse_model,
+    sparse_model_rows,
+    write_sparse_model,
+)
 from tests.helpers import rows
 
 
@@ -90,3 +95,23 @@ def test_an_npy_pair_truncated_while_it_is_read_names_the_file_and_row(tmp_path:
     os.truncate(tmp_path / "k.npy", size - 8 * 5)  # keys of rows 5 to 9 gone
     with pytest.raises(FormatError, match=r"k.npy: ends in row 5, before its last row 7"):
         list(chunks)
+
+
+def test_a_sparse_model_written_over_replaces_it_only_once_complete(tmp_path: Path) -> None:
+    """An export to a folder that holds one: a failure or an interrupt on the way leaves the
+    old files whole (no truncated folder that reads as a smaller table); a complete write
+    replaces them."""
+    folder = tmp_path / "t.model"
+    keys = np.arange(100, dtype=np.int64)
+    write_sparse_model(folder, keys, rows(keys, 4))
+    for stop in (KeyboardInterrupt(), SparseModelError("damaged L3")):
+        with pytest.raises(type(stop)), SparseModelWriter(folder) as w:
+            w.write(keys[:10], rows(keys[:10], 4, seed=1))
+            raise stop
+        assert sorted(p.name for p in folder.iterdir()) == ["emb_vector", "key"]
+        ((got_keys, got),) = read_sparse_model(folder, 4)
+        np.testing.assert_array_equal(got, rows(keys, 4))
+    write_sparse_model(folder, keys[:10], rows(keys[:10], 4, seed=1))
+    assert sorted(p.name for p in folder.iterdir()) == ["emb_vector", "key"]
+    ((got_keys, got),) = read_sparse_model(folder, 4)
+    np.testing.assert_array_equal(got, rows(keys[:10], 4, seed=1))

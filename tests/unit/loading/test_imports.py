@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hps.config import PSConfig
-from hps.errors import FormatError
+from hps.errors import ConfigError, FormatError
 from hps.io.sparse_model import write_sparse_model
 from hps.loading import imports
 from hps.loading.imports import ImportRecord, import_tables
@@ -104,7 +104,7 @@ def test_files_rewritten_in_place_during_an_import_fail_it_unrecorded(
     state = topology(config).state_dir
     assert state is not None and "demo.t0" not in ImportRecord(state).tables
     monkeypatch.undo()
-    import_tables(config, topology(config))  # L3 is sampled: here it holds the files now
+    import_tables(config, topology(config))  # no record: L3 is read, and holds them now
     assert "demo.t0" in ImportRecord(state).tables
     np.testing.assert_array_equal(l3_rows(config), rows(KEYS, 4, seed=5))
 
@@ -143,3 +143,105 @@ def test_an_empty_l3_folder_is_a_new_database(config: PSConfig) -> None:
     Path(config.persistent_db.path).mkdir(parents=True)
     assert import_tables(config, topology(config)) == {"demo.t0": KEYS.size}
     np.testing.assert_array_equal(l3_rows(config), rows(KEYS, 4))
+
+
+# -- unchanged or not: decided on the whole content, never a sample -------------------------
+
+UNSAMPLED_ROW = 2  # a row the 64-row sample of 100 rows the import used to compare skipped
+
+
+def retrained(row: int = UNSAMPLED_ROW) -> np.ndarray:
+    """The table's vectors with one row retrained (incremental training)."""
+    vectors = rows(KEYS, 4)
+    vectors[row] += 1.0
+    return vectors
+
+
+def record_of(config: PSConfig) -> ImportRecord:
+    state = topology(config).state_dir
+    assert state is not None
+    return ImportRecord(state)
+
+
+def no_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    def load(self: Loader, source: TableSource) -> int:
+        raise AssertionError(f"{source.spec.name} imported again")
+
+    monkeypatch.setattr(imports.Loader, "load", load)
+
+
+def test_a_partly_retrained_table_is_imported_again(config: PSConfig, tmp_path: Path) -> None:
+    assert import_tables(config, topology(config)) == {"demo.t0": 100}
+    publish(tmp_path / "t0.model", retrained())
+    assert import_tables(config, topology(config)) == {"demo.t0": 100}
+    np.testing.assert_array_equal(l3_rows(config), retrained())
+    assert import_tables(config, topology(config)) == {}
+
+
+def test_files_of_the_same_content_are_unchanged_and_restamped(
+    config: PSConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New files (another stamp) of the content imported: not imported again; the record
+    takes their stamp, so the next import reads nothing."""
+    import_tables(config, topology(config))
+    publish(tmp_path / "t0.model", rows(KEYS, 4))
+    source = imports.sparse_sources(config)[0]
+    assert not record_of(config).current(source)
+    no_load(monkeypatch)
+    assert import_tables(config, topology(config)) == {}
+    assert record_of(config).current(source)
+
+
+def test_a_record_without_digests_is_decided_on_l3s_rows(
+    config: PSConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older release's record (stamps alone): files that changed are compared with L3
+    row by row; the same rows are recorded with their digest, others imported again."""
+    import_tables(config, topology(config))
+    record = record_of(config)
+    record.path.write_text('{"demo.t0": ["old", 1, 2, "stamp", 3, 4]}')
+    with monkeypatch.context() as patched:
+        no_load(patched)
+        assert import_tables(config, topology(config)) == {}  # L3 holds every row
+    assert record_of(config).digest("demo.t0") is not None
+    record.path.write_text('{"demo.t0": ["old", 1, 2, "stamp", 3, 4]}')
+    publish(tmp_path / "t0.model", retrained())
+    assert import_tables(config, topology(config)) == {"demo.t0": 100}
+    np.testing.assert_array_equal(l3_rows(config), retrained())
+
+
+def test_a_read_only_l3_is_refused_for_partly_retrained_files(
+    config: PSConfig, tmp_path: Path
+) -> None:
+    import_tables(config, topology(config))
+    read_only = config.model_copy(
+        update={"persistent_db": config.persistent_db.model_copy(update={"read_only": True})}
+    )
+    publish(tmp_path / "t0.model", rows(KEYS, 4))  # the same content: served
+    assert import_tables(read_only, topology(read_only)) == {}
+    publish(tmp_path / "t0.model", retrained())
+    with pytest.raises(ConfigError, match=r"read-only and does not hold demo\.t0"):
+        import_tables(read_only, topology(read_only))
+    record_of(config).path.unlink()  # a volume of L3 alone: L3's rows decide
+    with pytest.raises(ConfigError, match=r"read-only and does not hold demo\.t0"):
+        import_tables(read_only, topology(read_only))
+    publish(tmp_path / "t0.model", rows(KEYS, 4))
+    assert import_tables(read_only, topology(read_only)) == {}
+
+
+# -- a damaged record ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["", '{"demo.t0": [', "[1]", "null", "\udcff"])
+def test_a_damaged_record_is_read_as_empty_with_a_warning(
+    config: PSConfig, text: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Empty, cut short, not an object: the tables are checked again (L3 holds them: not
+    imported again) and the record is written anew."""
+    import_tables(config, topology(config))
+    record = record_of(config)
+    record.path.write_text(text, errors="surrogateescape")
+    assert import_tables(config, topology(config)) == {}
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and f"{record.path}: damaged import record" in warnings[0]
+    assert record_of(config).digest("demo.t0") is not None  # written anew

@@ -12,8 +12,9 @@ import pytest
 from hps.config import PSConfig
 from hps.errors import ConfigError, FormatError, InvalidValueError, SparseModelError
 from hps.io.sparse_model import SparseModelWriter, write_sparse_model
+from hps.loading import loader
 from hps.loading.imports import import_tables, sparse_sources
-from hps.loading.loader import Loader, l3_matches, npy_source, sparse_source
+from hps.loading.loader import Loader, TableSource, l3_holds, npy_source, sparse_source
 from hps.storage.hash_map import HashMapStore
 from hps.tiers import Tiers
 from hps.topology import topology
@@ -117,7 +118,7 @@ def test_loader_fills_a_share_of_l2_and_removes_stale_rows(tmp_path: Path) -> No
     source = sparse_source(spec, tmp_path / "t0.model")
     assert Loader(tiers, "fill", 0.25).load(source) == 100
     assert l2.size(spec.name) == 25  # the first quarter; the stale rest left L2
-    assert l3_matches(tiers, source)
+    assert l3_holds(tiers, source)
     assert Loader(tiers, "fill", 0.5, l3=False).load(source) == 50  # a serving process's fill
     tiers.close()
 
@@ -153,10 +154,7 @@ def test_npy_source(tmp_path: Path) -> None:
     np.save(tmp_path / "v.npy", rows(keys, 4))
     source = npy_source(spec, tmp_path / "k.npy", tmp_path / "v.npy")
     assert source.rows == 7 and source.validate() == 0
-    sample_keys, sample_values = source.sample(3)
-    np.testing.assert_array_equal(sample_keys, [0, 3, 6])
-    np.testing.assert_array_equal(sample_values, rows(keys, 4)[[0, 3, 6]])
-    assert json.dumps(source.stamp())
+    assert json.dumps(source.stamp()) and json.dumps(source.digest())
     assert [s.spec.name for s in sparse_sources(config)] == ["demo.t0", "demo.t1"]
 
 
@@ -177,10 +175,10 @@ def test_tables_are_imported_in_their_row_format(tmp_path: Path) -> None:
             got, found = tiers.persistent.fetch(spec.name, keys)
             assert found.all() and got.dtype == spec.fmt.dtype and got.shape[1] == spec.width
             np.testing.assert_array_equal(got, spec.fmt.encode(rows(keys, spec.dim)))
-            assert l3_matches(tiers, sparse_source(spec, tmp_path / f"{spec.table}.model"))
+            assert l3_holds(tiers, sparse_source(spec, tmp_path / f"{spec.table}.model"))
     finally:
         tiers.close()
-    (tmp_path / "rocksdb.hps-import.json").unlink()  # the record gone: L3 is sampled
+    (tmp_path / "rocksdb.hps-import.json").unlink()  # the record gone: L3 is read
     assert import_tables(config, topo) == {}
 
 
@@ -227,20 +225,67 @@ def test_a_format_change_is_refused_then_forced(tmp_path: Path) -> None:
         tiers.close()
 
 
-def test_l3_matches_a_file_whose_sampled_key_repeats_later(tmp_path: Path) -> None:
-    """L3 holds a duplicated key's last row; the sample compares that one, not the earlier
-    occurrence it read (here key 0, sampled at row 0, repeated at row 5000: unsampled)."""
-    config = two_tables(tmp_path)
-    keys = np.arange(10_000, dtype=np.int64)
-    keys[5000] = 0
-    vectors = np.arange(40_000, dtype=np.float32).reshape(10_000, 4)  # every row its own
-    write_sparse_model(tmp_path / "t0.model", keys, vectors)
-    import_tables(config, topology(config))
-    tiers = l3(config)
+def overwrite_l3(config: PSConfig, table: str, keys: np.ndarray, values: np.ndarray) -> None:
+    """What a Kafka update or the control plane does: rows of L3 changed in place."""
+    tiers = Tiers.open(config, l2=False)
     try:
-        assert l3_matches(tiers, sparse_source(config.tables[0], tmp_path / "t0.model"))
+        tiers.open_tables(config.tables)
+        assert tiers.persistent is not None
+        tiers.persistent.insert(table, keys, values)
     finally:
         tiers.close()
+
+
+def holds(config: PSConfig, folder: Path) -> bool:
+    tiers = l3(config)
+    try:
+        return l3_holds(tiers, sparse_source(config.tables[0], folder))
+    finally:
+        tiers.close()
+
+
+def test_l3_holds_the_last_occurrence_of_a_duplicated_key(tmp_path: Path) -> None:
+    """L3 holds a duplicated key's last row: an earlier occurrence that differs from it is
+    forgiven, across chunks too (key 0 at row 0 and again at row 290,000: the second chunk
+    of 262,144 rows)."""
+    config = two_tables(tmp_path)
+    n = 300_000
+    keys = np.arange(n, dtype=np.int64)
+    keys[290_000] = 0
+    vectors = np.arange(4 * n, dtype=np.float32).reshape(n, 4)  # every row its own
+    write_sparse_model(tmp_path / "t0.model", keys, vectors)
+    import_tables(config, topology(config))
+    assert holds(config, tmp_path / "t0.model")
+    overwrite_l3(config, "demo.t0", keys[:1], vectors[:1])  # key 0 as in its first row
+    assert not holds(config, tmp_path / "t0.model")
+
+
+def test_l3_holds_gives_up_on_too_many_keys_awaiting_a_later_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys 0-3 twice, in chunks of 4 rows: the first chunk's rows all differ from L3's
+    (their keys' last rows), the second undoes that; once more keys wait than
+    AWAITED_KEYS the table is taken as not held (and imported again: harmless)."""
+    config = two_tables(tmp_path)
+    keys = np.array([0, 1, 2, 3, 0, 1, 2, 3], dtype=np.int64)
+    write_sparse_model(tmp_path / "t0.model", keys, rows(np.arange(8), 4))
+    import_tables(config, topology(config))
+    chunks = TableSource.chunks
+    monkeypatch.setattr(TableSource, "chunks", lambda self: chunks(self, 4))
+    assert holds(config, tmp_path / "t0.model")
+    monkeypatch.setattr(loader, "AWAITED_KEYS", 3)
+    assert not holds(config, tmp_path / "t0.model")
+
+
+def test_l3_holds_compares_every_row_not_a_sample(tmp_path: Path) -> None:
+    """One row of 100,000 differing (a row that a sample of 64 would miss) is seen."""
+    config = two_tables(tmp_path)
+    keys = np.arange(100_000, dtype=np.int64)
+    write_sparse_model(tmp_path / "t0.model", keys, rows(keys, 4))
+    import_tables(config, topology(config))
+    assert holds(config, tmp_path / "t0.model")
+    overwrite_l3(config, "demo.t0", keys[777:778], rows(keys[777:778], 4, seed=5))
+    assert not holds(config, tmp_path / "t0.model")
 
 
 def test_validation_holds_about_8_bytes_per_key(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ def _rows(version: float) -> np.ndarray:
 def name() -> Iterator[str]:
     n = unique_name("hps_follow")
     yield n
-    for suffix in ("", ".lock", ".users"):
+    for suffix in ("", ".lock", ".users", ".turn"):
         path = f"/dev/shm/{n}{suffix}"
         if os.path.exists(path):
             os.unlink(path)
@@ -48,7 +48,7 @@ def _open(name: str, **kw: object) -> SharedHashMapStore:
 
 
 def _remove_files(store: SharedHashMapStore) -> None:
-    for suffix in ("", ".lock", ".users"):
+    for suffix in ("", ".lock", ".users", ".turn"):
         os.unlink(store.path + suffix)
 
 
@@ -85,7 +85,7 @@ def test_lock_files_removed_after_a_holder_followed_are_followed_too(name: str) 
     a, b = _open(name), _open(name)
     os.unlink(a.path)
     assert a.follow()  # a new segment, with the lock files still at their paths
-    for suffix in (".lock", ".users"):
+    for suffix in (".lock", ".users", ".turn"):
         os.unlink(a.path + suffix)
     assert b.follow()  # the new segment, with new lock files
     assert not a.current(), "a holds lock files no longer at their paths"
@@ -128,7 +128,7 @@ def test_the_last_user_of_an_old_segment_does_not_unlink_the_new_one(name: str) 
     new = _open(name)
     new.insert(SPEC.name, KEYS, _rows(4))
     old.close()  # the last user of the old segment, with auto-remove
-    for suffix in ("", ".lock", ".users"):
+    for suffix in ("", ".lock", ".users", ".turn"):
         assert os.path.exists(new.path + suffix), suffix
     reader = _open(name)
     assert reader.size(SPEC.name) == KEYS.size  # not 0 of 500

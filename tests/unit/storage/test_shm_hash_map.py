@@ -44,7 +44,7 @@ def opener() -> Iterator[Opener]:
     yield open_
     for s in opened:
         s.close()
-    for suffix in ("", ".lock", ".users"):
+    for suffix in ("", ".lock", ".users", ".turn"):
         path = f"/dev/shm/{name}{suffix}"
         if os.path.exists(path):
             os.unlink(path)
@@ -283,7 +283,7 @@ def test_a_writer_waiting_for_a_segment_being_closed_gets_segment_closed() -> No
         waiter.join(30)  # hang guard
         assert [type(e) for e in raised] == [SegmentClosed]
     finally:
-        for suffix in ("", ".lock", ".users"):
+        for suffix in ("", ".lock", ".users", ".turn"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f"/dev/shm/{name}{suffix}")
 
@@ -307,7 +307,8 @@ def test_two_stores_closing_together_leave_no_file() -> None:
             t.start()
         for t in threads:
             t.join(30)  # hang guard
-        left = [s for s in ("", ".lock", ".users") if os.path.exists(f"/dev/shm/{name}{s}")]
+        files = ("", ".lock", ".users", ".turn")
+        left = [s for s in files if os.path.exists(f"/dev/shm/{name}{s}")]
         for suffix in left:
             os.unlink(f"/dev/shm/{name}{suffix}")
         assert left == []
@@ -351,7 +352,7 @@ def test_a_store_opened_while_the_last_user_removes_the_files_joins_the_new_ones
         c.close()
     finally:
         b.close()
-    assert not any(os.path.exists(f"/dev/shm/{name}{s}") for s in ("", ".lock", ".users"))
+    assert not any(os.path.exists(f"/dev/shm/{name}{s}") for s in ("", ".lock", ".users", ".turn"))
 
 
 def test_a_full_folder_evicts_and_says_so(
@@ -491,7 +492,7 @@ def test_a_foreign_file_is_refused_and_left_alone() -> None:
         with open(path, "rb") as f:
             assert f.read(8) == b"not ours"
     finally:
-        for suffix in ("", ".lock", ".users"):
+        for suffix in ("", ".lock", ".users", ".turn"):
             os.unlink(path + suffix)
 
 
@@ -554,7 +555,7 @@ def test_a_writer_killed_with_the_lock_does_not_leave_it_held_by_its_idle_child(
         thread.join(30)
         for other in opened:
             other.close()
-        for suffix in ("", ".lock", ".users"):
+        for suffix in ("", ".lock", ".users", ".turn"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f"/dev/shm/{name}{suffix}")
 

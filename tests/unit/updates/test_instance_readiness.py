@@ -38,7 +38,7 @@ KEYS = np.arange(200, dtype=np.int64)
 def name() -> Iterator[str]:
     n = unique_name("hps_ready")
     yield n
-    for suffix in ("", ".lock", ".users"):
+    for suffix in ("", ".lock", ".users", ".turn"):
         path = f"/dev/shm/{n}{suffix}"
         if os.path.exists(path):
             os.unlink(path)
@@ -59,7 +59,7 @@ def _tiers(store: SharedHashMapStore, *, l2: bool = True) -> Tiers:
 
 
 def _remove_files(store: SharedHashMapStore) -> None:
-    for suffix in ("", ".lock", ".users"):
+    for suffix in ("", ".lock", ".users", ".turn"):
         os.unlink(store.path + suffix)
 
 
