@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from pathlib import PurePath
 from typing import ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
@@ -196,3 +197,13 @@ class PersistentDBConfig(_DatabaseConfig):
     hps_block_cache_mb: int = Field(
         default=64, ge=1, description="block cache of all tables together (MiB), per process"
     )
+
+    @model_validator(mode="after")
+    def _names_a_folder(self) -> PersistentDBConfig:
+        # L3's records, lock and model repository live beside it (<path>.hps-*): it needs a
+        # name of its own, which "", ".", ".." and "/" lack
+        if self.type != "disabled" and PurePath(self.path).name in ("", ".", ".."):
+            raise ValueError(
+                f"path {self.path!r} names no folder of its own; give one, e.g. /var/lib/hps/l3"
+            )
+        return self

@@ -329,3 +329,11 @@ def test_hugectrs_kafka_fields_reach_every_client() -> None:
     }
     mine = us.model_copy(update={"hps_kafka_config": {"topic.metadata.refresh.interval.ms": 7}})
     assert mine.kafka_settings["topic.metadata.refresh.interval.ms"] == 7  # hps_kafka_config wins
+
+
+@pytest.mark.parametrize("path", ["", ".", "..", "/"])
+def test_an_l3_path_naming_no_folder_of_its_own_is_refused(path: str) -> None:
+    model = {"model": "m", "embedding_vecsize_per_table": [4]}
+    with pytest.raises(ConfigError, match=f"persistent_db: .*path {path!r} names no folder"):
+        parse_config({"models": [model], "persistent_db": {"type": "rocks_db", "path": path}})
+    parse_config({"models": [model], "persistent_db": {"type": "disabled", "path": path}})
