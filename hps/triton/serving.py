@@ -148,8 +148,14 @@ def fill_l2(session: LookupSession, config: PSConfig, model: ModelConfig) -> int
         def fill(table: str) -> int:
             source = sources[table]
             # Without L3 the files are this version's only copy: files changed since its
-            # import (a retrain written over them) would be served as this version.
-            if record is not None and table in record.tables and not record.current(source):
+            # import (a retrain written over them) would be served as this version. Files
+            # merely copied (another stamp) hold the content recorded (the same digest).
+            if (
+                record is not None
+                and table in record.tables
+                and not record.current(source)
+                and record.digest(table) != source.digest()
+            ):
                 raise ConfigError(
                     f"{table}: its files {[str(f) for f in source.files]} changed since model "
                     f"{model.model} version {model.version} was imported from them, and this "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -194,6 +195,14 @@ def test_a_version_without_l3_is_not_refilled_from_files_changed_since_its_impor
                     assert fill_l2(session, served, served.model("m")) == 80  # its own files
             finally:
                 session.close()
+        for f in latest.glob("*/*"):  # copied, or touched: another stamp, the same content
+            os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
+        served = only_model(registry.config_at("m", 3), "m")
+        session = build_session(served, with_cache=False)
+        try:
+            assert fill_l2(session, served, served.model("m")) == 80
+        finally:
+            session.close()
     finally:
         for p in Path("/dev/shm").glob(name + "*"):
             p.unlink()
