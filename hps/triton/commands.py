@@ -53,7 +53,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--http-port", type=port, default=8000)
     p.add_argument("--grpc-port", type=port, default=8001)
     p.add_argument("--metrics-port", type=port, default=8002)
-    p.add_argument("--repository", help="where to write the model repository (default: temp)")
+    p.add_argument(
+        "--repository",
+        help="where to write the model repository (default: <L3 path>.hps-repository beside "
+        "L3; no L3: <ps.json minus .json>.hps-repository with a shared L2, else a temporary "
+        "folder; docs/serving.md)",
+    )
     p.add_argument(
         "--metrics-interval",
         type=non_negative_float,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import time
 import urllib.error
 import urllib.request
@@ -18,8 +19,14 @@ from typing import Any
 from hps.errors import BackendUnavailable, RequestError
 from hps.triton.admin_key import http_headers
 
+log = logging.getLogger(__name__)
+
 RELOAD_STAMP = "hps_reload_stamp"
 RELOAD_ONLY = {RELOAD_STAMP, "hps_warmup_keysets"}  # parameters a reload does not keep
+FAILED_LOAD_COST = (
+    "Triton 2.51 counts a model whose load failed as live until it exits: the next shutdown "
+    "of this tritonserver waits out its exit timeout and exits 1 (docs/security.md)"
+)
 
 
 class ModelControl:
@@ -57,7 +64,7 @@ class ModelControl:
 
     def load(self, model: str) -> None:
         """Load (or reload) ``model``; returns once Triton has it ready or raises."""
-        self._call("POST", f"/v2/repository/models/{model}/load")
+        self._load(model, None)
 
     def reload(self, model: str, parameters: dict[str, str] | None = None) -> None:
         """Load ``model`` again, with new instances, even when none of its files changed.
@@ -71,7 +78,17 @@ class ModelControl:
         extra = {RELOAD_STAMP: str(time.time_ns()), **(parameters or {})}
         params.update({k: {"string_value": v} for k, v in extra.items()})
         body = {"parameters": {"config": json.dumps({**config, "parameters": params})}}
-        self._call("POST", f"/v2/repository/models/{model}/load", body)
+        self._load(model, body)
+
+    def _load(self, model: str, body: Mapping[str, object] | None) -> None:
+        """A load; one that Triton answers with a failure (new instances that did not come
+        up: the old ones serve on) is logged with what it costs at shutdown, then raised."""
+        try:
+            self._call("POST", f"/v2/repository/models/{model}/load", body)
+        except RequestError as exc:
+            if "load failed" in str(exc):  # Triton's "load failed for model '...': ..."
+                log.warning("loading %s failed; %s", model, FAILED_LOAD_COST)
+            raise
 
     def unload(self, model: str) -> None:
         self._call("POST", f"/v2/repository/models/{model}/unload")

@@ -10,6 +10,21 @@ import numpy as np
 from hps.errors import RequestError, UnknownTableError
 from hps.triton.client.inference import Client, ctr_request
 
+INT64 = np.iinfo(np.int64)
+
+
+def parse_keys(keys: str) -> np.ndarray:
+    """``--keys``: comma-separated int64 keys; a RequestError (status 2) otherwise."""
+    try:
+        parsed = [int(k) for k in keys.split(",") if k.strip()]
+    except ValueError:
+        raise RequestError(f"--keys must be comma-separated integers, got {keys!r}") from None
+    if outside := [k for k in parsed if not INT64.min <= k <= INT64.max]:
+        raise RequestError(
+            f"--keys: {outside[0]} is outside the int64 range of keys ({INT64.min} .. {INT64.max})"
+        )
+    return np.array(parsed, dtype=np.int64)
+
 
 def query(
     url: str,
@@ -22,6 +37,7 @@ def query(
     samples: int = 2,
 ) -> Iterator[str]:
     """What ``hps query`` prints: one JSON object per key (or per sample of a CTR model)."""
+    key_array = None if keys is None else parse_keys(keys)  # before anything is sent
     with Client(url, grpc=grpc) as client:
         _, model_cfg = client.served_config(model, config)
         specs = model_cfg.tables
@@ -39,12 +55,8 @@ def query(
             for i, score in enumerate(scores.tolist()):
                 yield json.dumps({"sample": i, "keys": per_sample[i].tolist(), "score": score})
             return
-        if keys is None:
+        if key_array is None:
             raise RequestError("--keys is needed for an embedding model, e.g. --keys 1,2,3")
-        try:
-            key_array = np.array([int(k) for k in keys.split(",") if k.strip()], dtype=np.int64)
-        except ValueError:
-            raise RequestError(f"--keys must be comma-separated integers, got {keys!r}") from None
         names = [s.table for s in specs]
         index = names.index(table) if table in names else 0
         if table is not None and table not in names:

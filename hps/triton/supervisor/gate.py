@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hps.errors import BackendUnavailable, ConfigError
+from hps.triton.supervisor.address import client_host, host_port, resolve_host
 from hps.triton.supervisor.gate_log import GateLog
 from hps.triton.supervisor.lifecycle import check_ports, spawn_child
 
@@ -116,7 +117,6 @@ def render_config(gate: RequestGate) -> str:
         f'{{"error":"request of more than {lim.http:,} bytes refused by the request-size '
         'gate (the key limits of the served models: docs/security.md)"}'
     )
-    listen = f"[{gate.host}]" if ":" in gate.host else gate.host
     temp = " ".join(
         f"{k}_temp_path {d / k};" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
     )
@@ -139,7 +139,7 @@ http {{
     # failed a gRPC request in flight under load, "Stream removed"): keep connections.
     keepalive_requests 100000000;
     server {{
-        listen {listen}:{gate.grpc_port} http2;
+        listen {host_port(gate.host, gate.grpc_port)} http2;
         client_max_body_size {lim.grpc};
         client_body_buffer_size {lim.grpc + SPARE};
         grpc_buffer_size 1m;
@@ -162,7 +162,7 @@ http {{
         }}
     }}
     server {{
-        listen {listen}:{gate.http_port};
+        listen {host_port(gate.host, gate.http_port)};
         client_max_body_size {lim.http};
         client_body_buffer_size {lim.http + SPARE};  # whole bodies, in memory, before Triton
         proxy_http_version 1.1;
@@ -187,7 +187,8 @@ http {{
 class RequestGate:
     """nginx on ``host:http_port`` / ``host:grpc_port`` forwarding to Triton's loopback
     ``upstream_http`` / ``upstream_grpc``, refusing bodies over ``limit``; where it logs:
-    see the module's notes."""
+    see the module's notes. ``host`` becomes numeric (hps.triton.supervisor.address): ``::``
+    is IPv6-only to nginx, and is probed at ::1."""
 
     limit: BodyLimit
     workdir: Path
@@ -201,6 +202,9 @@ class RequestGate:
     workers: int = field(default_factory=lambda: max(1, min(4, (os.cpu_count() or 1) // 4)))
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
     summary: GateLog | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.host = resolve_host(self.host)
 
     @property
     def error_log(self) -> str:
@@ -249,9 +253,8 @@ class RequestGate:
         return "".join(f"\n  {line}" for line in lines[-START_FAILURE_LINES:])
 
     def _accepts(self, port: int) -> bool:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
         try:
-            with socket.create_connection((host, port), timeout=0.5):
+            with socket.create_connection((client_host(self.host), port), timeout=0.5):
                 return True
         except OSError:
             return False

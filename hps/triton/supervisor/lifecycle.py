@@ -32,6 +32,7 @@ from typing import IO
 
 from hps.errors import ConfigError
 from hps.tempdirs import TEMP_PREFIXES, owner
+from hps.triton.supervisor.address import is_ipv6, resolve_host
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +140,9 @@ def clean_stale(tmp: str | Path | None = None) -> list[Path]:
 
 def check_ports(host: str, ports: dict[str, int]) -> None:
     """Raise a ConfigError naming a port of ``ports`` given twice (0: any free one), a
-    ``host`` that does not resolve, or the first port that something listens on."""
+    ``host`` that does not resolve or cannot be served
+    (:func:`hps.triton.supervisor.address.resolve_host`, whose address is checked), or the
+    first port that something listens on."""
     named: dict[int, str] = {}
     for name, port in ports.items():
         if port and port in named:
@@ -147,20 +150,21 @@ def check_ports(host: str, ports: dict[str, int]) -> None:
                 f"the {named[port]} and {name} ports are both {port}: each needs its own"
             )
         named[port] = name
+    address = resolve_host(host)
     for name, port in ports.items():
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        with socket.socket(socket.AF_INET6 if is_ipv6(address) else socket.AF_INET) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if is_ipv6(address):  # as Triton and nginx bind it (hps.triton.supervisor.address)
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             try:
-                s.bind((host, port))
-            except socket.gaierror as exc:
-                raise ConfigError(f"--host {host} cannot be resolved: {exc.strerror}") from None
+                s.bind((address, port))
             except OSError as exc:
                 if exc.errno != errno.EADDRINUSE:
                     raise ConfigError(
-                        f"cannot listen on {host} port {port} ({name}): {exc.strerror or exc}"
+                        f"cannot listen on {address} port {port} ({name}): {exc.strerror or exc}"
                     ) from None
                 raise ConfigError(
-                    f"{name} port {port} on {host} is in use: another server (an earlier "
+                    f"{name} port {port} on {address} is in use: another server (an earlier "
                     "hps serve, hps admin or tritonserver?) listens there; stop it or choose "
                     "another port"
                 ) from None

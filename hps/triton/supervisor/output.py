@@ -14,6 +14,11 @@ Every line passes :func:`hps.redact.scrub` before it is shown or kept.
   instances reported (:class:`hps.triton.instance_ready.InstanceReady`, logged by the model
   process, parsed here). Once the server is ready (:meth:`TritonOutput.ready`), warnings
   and errors (Triton's and our models') are relayed; information is not.
+
+Either way the models Triton failed to load are noted (:attr:`TritonOutput.failed_loads`):
+Triton 2.51 then counts such a model as live until it exits, so its shutdown waits out the
+exit timeout and exits 1, which :meth:`hps.triton.supervisor.server.TritonServer.stop`
+reports as that known cause (docs/security.md).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ _TRITON = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ ")
 _PYTHON = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+: ")
 _SIGNAL = re.compile(r"^Signal \((\d+)\) received")
 _LEVELS = {"DEBUG": "I", "INFO": "I", "WARNING": "W", "ERROR": "E", "CRITICAL": "F"}
+_FAILED_LOAD = re.compile(r"^E\d{4} [^\]]*\] \"failed to load '([^']+)'")
 _INFO = re.compile(r"^(I\d{4} \d\d:\d\d:\d\d\.\d+ |(DEBUG|INFO) \S+: )")
 
 
@@ -78,6 +84,7 @@ class TritonOutput:
     _ready: bool = field(default=False, init=False)
     _lock: threading.Condition = field(default_factory=threading.Condition, init=False)
     _thread: threading.Thread | None = field(default=None, init=False)
+    failed_loads: list[str] = field(default_factory=list, init=False)  # Triton models
     _level: str = field(default="I", init=False)
     _triton: bool = field(default=True, init=False)
     _traceback: bool = field(default=False, init=False)
@@ -120,6 +127,9 @@ class TritonOutput:
                 print(line, file=self.err, flush=True)
             if not self._ready:
                 self._note_warm(line)
+            failed = _FAILED_LOAD.match(line)
+            if failed and failed.group(1) not in self.failed_loads:
+                self.failed_loads.append(failed.group(1))
 
     def _classify(self, line: str) -> str:
         """The severity of a line: its own, or that of the message it continues."""

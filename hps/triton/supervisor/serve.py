@@ -32,6 +32,7 @@ from hps.triton.repository import (
     served_models,
 )
 from hps.triton.serving import prepare_tables, serving_config
+from hps.triton.supervisor.address import resolve_host
 from hps.triton.supervisor.gate import BodyLimit, find_nginx
 from hps.triton.supervisor.lifecycle import check_ports, clean_stale
 from hps.triton.supervisor.output import TritonOutput
@@ -46,6 +47,7 @@ def serve(args: argparse.Namespace) -> int:
     if not verbose:  # a quiet start: what goes wrong, and the steps printed below
         logging.getLogger().setLevel(logging.WARNING)
     ports = {"HTTP": args.http_port, "gRPC": args.grpc_port, "metrics": args.metrics_port}
+    args.host = resolve_host(args.host)  # once: the address Triton, nginx and clients get
     check_ports(args.host, ports)  # before anything is written or printed
     if args.config is None:
         from hps.ctr.demo import create_demo

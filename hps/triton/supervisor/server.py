@@ -24,6 +24,7 @@ from hps.redact import redact_args, register
 from hps.tempdirs import owned_tempdir
 from hps.triton.admin_key import restricted_args
 from hps.triton.client import ModelControl
+from hps.triton.supervisor.address import client_host, host_port, resolve_host, triton_addresses
 from hps.triton.supervisor.gate import BodyLimit, RequestGate
 from hps.triton.supervisor.install import TritonInstall, find_triton, prepare_backends, server_env
 from hps.triton.supervisor.lifecycle import (
@@ -54,8 +55,10 @@ class TritonServer:
 
     With a ``body_limit``, the request-size gate (hps.triton.supervisor.gate) listens on
     ``host`` at the HTTP and gRPC ports and Triton behind it on loopback ports of its own;
-    the URLs below are the gate's. The gate starts once Triton answers (before, nginx would log a
-    refused connection for every probe). Metrics are served by Triton directly.
+    the URLs below are the gate's. The gate starts once Triton answers (before, nginx would
+    log a refused connection for every probe). Metrics are served by Triton directly.
+    ``host`` is resolved once to a numeric ``address``, which every listener and URL takes
+    (hps.triton.supervisor.address: brackets for IPv6, ``::`` reached at ::1).
 
     Triton's output goes to ``log_file``, else through ``output``
     (hps.triton.supervisor.output: what ``hps serve`` shows of it), else to this process's
@@ -80,11 +83,13 @@ class TritonServer:
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
     gate: RequestGate | None = field(default=None, init=False)
     shm_prefix: str = field(default_factory=shm_prefix, init=False)
+    address: str = field(default="", init=False)  # ``host``, numeric
     _workdir: Path | None = field(default=None, init=False)
     _guard: OrphanGuard | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.admin_key = self.admin_key or secrets.token_urlsafe(24)
+        self.address = resolve_host(self.host)
         claim(self.http_port, self.grpc_port, self.metrics_port)  # not drawn again below
         self.http_port = self.http_port or free_port()
         self.grpc_port = self.grpc_port or free_port()
@@ -96,32 +101,35 @@ class TritonServer:
     @property
     def client_host(self) -> str:
         """Where clients on this machine reach it (a wildcard address is not one)."""
-        return "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
+        return client_host(self.address)
 
     @property
     def http_url(self) -> str:
-        return f"{self.client_host}:{self.http_port}"
+        return host_port(self.client_host, self.http_port)
 
     @property
     def grpc_url(self) -> str:
-        return f"{self.client_host}:{self.grpc_port}"
+        return host_port(self.client_host, self.grpc_port)
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self.client_host}:{self.metrics_port}/metrics"
+        return f"http://{host_port(self.client_host, self.metrics_port)}/metrics"
 
     def command(self, backends: Path) -> list[str]:
         install = self.install or find_triton()
-        api_host = "127.0.0.1" if self.body_limit is not None else self.host
+        http_host, grpc_host = triton_addresses(self.address)
+        metrics_host = http_host  # Triton's metrics server is an HTTP server (libevhtp) too
+        if self.body_limit is not None:  # behind the gate, on loopback
+            http_host = grpc_host = "127.0.0.1"
         cmd = [
             str(install.binary),
             f"--model-repository={self.repository}",
             f"--backend-directory={backends}",
-            f"--http-address={api_host}",
+            f"--http-address={http_host}",
             f"--http-port={self._triton_http}",
-            f"--grpc-address={api_host}",
+            f"--grpc-address={grpc_host}",
             f"--grpc-port={self._triton_grpc}",
-            f"--metrics-address={self.host}",
+            f"--metrics-address={metrics_host}",
             f"--metrics-port={self.metrics_port}",
             "--allow-metrics=true",
             "--allow-gpu-metrics=false",
@@ -164,7 +172,7 @@ class TritonServer:
                     upstream_grpc=self._triton_grpc,
                     http_port=self.http_port,
                     grpc_port=self.grpc_port,
-                    host=self.host,
+                    host=self.address,
                     log_file=self.log_file,
                     summarize=self.output is not None and not self.output.verbose,
                 ).start()
@@ -245,11 +253,11 @@ class TritonServer:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         if proc is not None:
-            if proc.returncode != 0:
-                problems.append(f"tritonserver exited with status {proc.returncode}")
             reap_group(proc.pid)
             if self.output is not None and self.log_file is None:
                 self.output.close()  # its last lines read: the pipe's writers are gone
+            if proc.returncode != 0:
+                problems.append(self._exit_problem(proc.returncode))
             left = regions(self.shm_prefix)
             if left:
                 problems.append(f"{len(left)} shared-memory regions left behind (removed)")
@@ -263,6 +271,19 @@ class TritonServer:
         if guard is not None:
             guard.stop()  # after the groups it watched are gone
         return problems
+
+    def _exit_problem(self, status: int) -> str:
+        """Triton's exit status, with its known cause where ``output`` saw one: Triton 2.51
+        counts a model whose load failed (e.g. a reload whose new instances failed) as live
+        until it exits, waits for it for its exit timeout, then exits 1."""
+        failed = self.output.failed_loads if self.output is not None else []
+        if status != 1 or not failed:
+            return f"tritonserver exited with status {status}"
+        return (
+            f"tritonserver exited with status 1 after waiting out its exit timeout: the "
+            f"known cost of the failed load of {', '.join(failed)}, which Triton 2.51 counts "
+            "as a live model until it exits (docs/security.md)"
+        )
 
     def _stop_gate(self) -> list[str]:
         gate, self.gate = self.gate, None

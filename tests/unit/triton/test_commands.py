@@ -91,3 +91,29 @@ def test_query_passes_the_options_the_model_takes(
     monkeypatch.setattr("hps.triton.client.query.query", lambda *a, **kw: sent.append(kw) or [])
     assert hps(capsys, "query", "--model", "m", "--keys", "1,2", "--table", "C1") == (0, "")
     assert sent[0]["keys"] == "1,2" and sent[0]["table"] == "C1" and sent[0]["samples"] == 2
+
+
+@pytest.mark.parametrize("key", ["99999999999999999999", "-9223372036854775809"])
+def test_query_refuses_a_key_outside_int64_before_sending(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], key: str
+) -> None:
+    monkeypatch.setattr("hps.triton.client.Client.input_names", lambda self, m: ["KEYS", "NUMKEYS"])
+    monkeypatch.setattr("hps.triton.client.Client.served_config", lambda *a: pytest.fail("sent"))
+    code, err = hps(capsys, "query", "--model", "m", "--keys", f"1,{key}")
+    assert code == 2
+    assert f"--keys: {key} is outside the int64 range" in err
+    assert "-9223372036854775808 .. 9223372036854775807" in err
+
+
+def test_serve_help_says_where_the_repository_goes(capsys: pytest.CaptureFixture[str]) -> None:
+    """Beside L3 (hps.triton.repository.repository_dir), not a temporary folder."""
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps it
+    assert "(default: <L3 path>.hps-repository beside L3;" in text
+    assert "(default: temp)" not in text
+
+
+def test_serve_refuses_a_host_tritonserver_cannot_bind(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = hps(capsys, "serve", "--config", "ps.json", "--host", "fe80::1%lo")
+    assert code == 2 and "an IPv6 address with a zone cannot be served" in err

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from hps.errors import BackendUnavailable
+from hps.errors import BackendUnavailable, RequestError
 from hps.triton.client import ModelControl
 
 ANSWERS = {
@@ -47,3 +47,47 @@ def test_an_answer_cut_short_or_not_json_is_backend_unavailable(server: str) -> 
         control.unload("cut")
     with pytest.raises(BackendUnavailable, match="no JSON: '<html>not JSON</html>'"):
         control.states()
+
+
+FAILED = b'{"error":"load failed for model \'emb\': version 1 is at UNAVAILABLE state"}'
+
+
+class _FailedLoad(http.server.BaseHTTPRequestHandler):
+    """Triton answering a load whose new instances failed in initialize."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self._answer(200, b'{"name": "emb", "parameters": {}}')
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._answer(400, FAILED)
+
+    def _answer(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_failed_load_warns_of_what_the_next_shutdown_costs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Triton 2.51 counts a model whose load failed as live until it exits (docs/security.md)."""
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FailedLoad)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        control = ModelControl(f"127.0.0.1:{httpd.server_address[1]}", key=None, timeout=10)
+        # reload: hps reload and the control plane; load: the watchdog
+        for call in (control.reload, control.load):
+            caplog.clear()
+            with caplog.at_level("WARNING"), pytest.raises(RequestError, match="load failed"):
+                call("emb")
+            warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+            assert len(warnings) == 1
+            assert "the next shutdown of this tritonserver waits out its exit" in warnings[0]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

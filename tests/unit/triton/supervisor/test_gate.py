@@ -3,6 +3,7 @@ probed and stopped by PID (against a plain HTTP upstream; Triton behind it: test
 
 from __future__ import annotations
 
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from hps.triton.supervisor.gate import (
     BodyLimit,
     RequestGate,
     find_nginx,
+    render_config,
 )
 from tests.helpers import QuietHandler, loopback_http
 
@@ -146,3 +148,20 @@ def test_a_summarized_gate_that_cannot_start_says_why(
                        free_port(), summarize=True)  # fmt: skip
     with pytest.raises(BackendUnavailable, match='exited with status 1 at start-up\n.*"bogus"'):
         gate.start()
+
+
+def test_a_wildcard_ipv6_gate_listens_ipv6_only_and_is_probed_at_ipv6_loopback(
+    tmp_path: Path,
+) -> None:
+    """nginx's ``listen [::]:port`` is IPv6-only: a gate on ``::`` is up when ::1 answers
+    (probing 127.0.0.1 it never was)."""
+    with socket.socket(socket.AF_INET6) as listener:
+        listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        listener.bind(("::1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        gate = RequestGate(BodyLimit.of(1000), tmp_path, 1, 2, port, port, host="::")
+        assert f"listen [::]:{port};" in render_config(gate)
+        assert gate._accepts(port)
+    named = RequestGate(BodyLimit.of(1000), tmp_path, 1, 2, 3, 4, host="localhost")
+    assert "listen 127.0.0.1:3;" in render_config(named)  # resolved once, as Triton's

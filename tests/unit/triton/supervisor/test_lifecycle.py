@@ -92,3 +92,18 @@ def test_a_host_that_does_not_resolve_is_not_called_busy() -> None:
 def test_an_address_not_of_this_machine_is_not_called_busy() -> None:
     with pytest.raises(ConfigError, match=r"cannot listen on 192\.0\.2\.1 port 8000 \(HTTP\)"):
         lifecycle.check_ports("192.0.2.1", {"HTTP": 8000})  # TEST-NET-1: no one's address
+
+
+def test_an_ipv6_address_with_a_zone_is_refused_as_one_triton_cannot_bind() -> None:
+    """tritonserver's gRPC server cannot bind ``[fe80::1%eth0]`` (it exits at start-up)."""
+    with pytest.raises(ConfigError, match=r"--host fe80::1%lo: an IPv6 address with a zone"):
+        lifecycle.check_ports("fe80::1%lo", {"HTTP": 8000})
+
+
+def test_an_ipv6_port_is_checked_as_triton_binds_it() -> None:
+    with socket.socket(socket.AF_INET6) as s:
+        s.bind(("::1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"HTTP port {port} on ::1 is in use"):
+            lifecycle.check_ports("::1", {"HTTP": port})

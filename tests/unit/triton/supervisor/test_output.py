@@ -108,3 +108,16 @@ def test_a_relay_that_cannot_write_keeps_draining_the_pipe() -> None:
     assert output._thread is not None
     output._thread.join(timeout=30)
     assert not output._thread.is_alive()
+
+
+def test_the_models_triton_failed_to_load_are_noted_once_each() -> None:
+    """What ``hps serve``'s shutdown names as the cause of Triton's status 1."""
+    output, _, err = quiet({})
+    output.ready(timeout=0)
+    for _ in range(2):
+        output.feed('E1129 01:47:49.746011 15233 model_lifecycle.cc:642] "failed to load '
+                    "'emb' version 1: Internal: ConfigError: bad ps.json\"")  # fmt: skip
+    output.feed("I1129 01:47:49.746031 15233 model_lifecycle.cc:777] \"failed to load 'emb'\"")
+    output.feed("I1129 01:47:50.1 15233 model_lifecycle.cc:1 \"loaded 'ctr' version 1\"")
+    assert output.failed_loads == ["emb"]
+    assert "failed to load 'emb' version 1" in err.getvalue()  # relayed as before
