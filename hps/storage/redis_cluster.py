@@ -49,6 +49,7 @@ from hps.storage.base import LEGACY_FORMAT, AccessMode, EmbeddingStore, check_ro
 from hps.storage.breaker import CircuitBreaker
 from hps.storage.keybytes import key_bytes
 from hps.storage.redis_conn import Client, connect, translated
+from hps.storage.redis_conn import close as close_client
 from hps.storage.redis_layout import (
     Group,
     Reply,
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
 
 _HSETNX_ALL = "for i = 1, #ARGV, 2 do redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) end"
 """``insert_absent`` of one partition's fields and rows, ``EVAL``-ed (Redis caches it)."""
+CHUNKS_PER_TIMEOUT = 4  # a call's chunks per hps_socket_timeout_s of its budget (call_budget_s)
 _EVICT_ROUNDS = 4  # rounds per overflow: stale scores or concurrent writers may need more
 
 
@@ -98,7 +100,7 @@ class RedisStore(EmbeddingStore):
         self._policy = cfg.overflow_policy
         self._stamped = self._limited and self._policy != "evict_random"
         self._touch = self._limited and self._policy == "evict_least_used"
-        self._timeout_s = cfg.hps_socket_timeout_s  # also the budget of one call's chunks
+        self._timeout_s = cfg.hps_socket_timeout_s  # also a call's budget (call_budget_s)
         self._tables: dict[str, _Table] = {}
         self.breaker = CircuitBreaker(
             f"Redis L2 at {cfg.address}", cfg.hps_breaker_backoff_s, cfg.hps_breaker_max_backoff_s
@@ -263,9 +265,10 @@ class RedisStore(EmbeddingStore):
         row_bytes = fmt.row_bytes(dim)
         found = np.ones(keys.size, np.bool_)
         pieces: list[bytes] = []  # one row per key, request order; joined once at the end
-        deadline = time.monotonic() + self._timeout_s
+        budget_s = call_budget_s(self._timeout_s, -(-keys.size // self._batch))
+        deadline = time.monotonic() + budget_s
         for start, order, groups, fields in self._chunks(keys):
-            _within(deadline, self._timeout_s, f"fetch {table}")
+            _within(deadline, budget_s, f"fetch {table}")
             first = start == 0  # its pipeline reads the format record too
             with translated(f"fetch {table}"):
                 pipe = self._r.pipeline(transaction=False)
@@ -360,11 +363,12 @@ class RedisStore(EmbeddingStore):
                 pipe.execute()
 
     def size(self, table: str) -> int:
+        t = self._table(table)  # an unknown table is no answer of Redis's (nor a probe)
         with self.breaker.guard(f"size {table}"):
-            return self._size(table)
+            return self._size(t)
 
-    def _size(self, table: str) -> int:
-        t = self._table(table)
+    def _size(self, t: _Table) -> int:
+        table = t.spec.name
         with translated(f"size {table}"):
             pipe = self._r.pipeline(transaction=False)
             for h in t.hashes:
@@ -390,7 +394,7 @@ class RedisStore(EmbeddingStore):
                     break
 
     def close(self) -> None:
-        self._r.close()
+        close_client(self._r)
 
     # -- capacity ---------------------------------------------------------------------------
 
@@ -445,12 +449,21 @@ class RedisStore(EmbeddingStore):
                 return
 
 
+def call_budget_s(timeout_s: float, chunks: int) -> float:
+    """How long one call of ``chunks`` chunks may take: ``timeout_s`` (each read's own
+    timeout) per :data:`CHUNKS_PER_TIMEOUT` chunks, at least ``timeout_s``. A server that
+    answers each chunk just in time holds a call for a quarter of the timeouts it has
+    chunks, not all of them; a healthy one (a chunk in well under a second) answers a
+    refresh slice of millions of keys within it."""
+    return timeout_s * max(1.0, chunks / CHUNKS_PER_TIMEOUT)
+
+
 def _within(deadline: float, budget_s: float, what: str) -> None:
-    """BackendUnavailable once a call's chunks have taken longer than ``budget_s`` (each
-    read has that timeout, and a server answering each just in time would otherwise hold a
-    call for as many timeouts as it has chunks)."""
+    """BackendUnavailable once a call's chunks have taken longer than ``budget_s``
+    (:func:`call_budget_s`)."""
     if time.monotonic() > deadline:
         raise BackendUnavailable(
-            f"Redis: {what} took longer than hps_socket_timeout_s ({budget_s:g} s) over its "
-            "chunks: the server is too slow"
+            f"Redis: {what} took longer than {budget_s:g} s (hps_socket_timeout_s per "
+            f"{CHUNKS_PER_TIMEOUT} chunks of max_batch_size keys) over its chunks: the server "
+            "is too slow"
         )

@@ -206,7 +206,20 @@ def connect(cfg: VolatileDBConfig) -> tuple[Client, bool]:
             return RedisCluster(startup_nodes=startup, retry=retry, **common), True
         # Only the from_url path of redis-py builds node pools from ``connection_class``.
         rest = [ClusterNode(h, p) for h, p in nodes if (h, p) != (host, port)]
-        url = f"redis://{host}:{port}"
+        url = node_url(host, port)
         return RedisCluster(
             url=url, startup_nodes=rest, retry=retry, connection_class=tls, **common
         ), True
+
+
+def node_url(host: str, port: int) -> str:
+    """``redis://host:port``, an IPv6 address in brackets (``parse_addresses`` strips them)."""
+    return f"redis://[{host}]:{port}" if ":" in host else f"redis://{host}:{port}"
+
+
+def close(client: Client) -> None:
+    """Close ``client`` and every socket it opened: a single node's pool too, which
+    ``redis.Redis(connection_pool=...)`` leaves open until it is garbage collected."""
+    client.close()
+    if isinstance(client, redis.Redis):
+        client.connection_pool.disconnect()

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from hps.config import VolatileDBConfig
-from hps.errors import BackendError, BackendUnavailable, ConfigError
+from hps.errors import BackendError, BackendUnavailable, ConfigError, UnknownTableError
 from hps.net import free_port
 from hps.storage import open_store
 from hps.storage.redis_cluster import RedisStore
@@ -190,11 +190,58 @@ def test_a_call_slower_than_the_timeout_over_its_chunks_is_unavailable(
         return pipe
 
     monkeypatch.setattr(store._r, "pipeline", slow)
-    with pytest.raises(BackendUnavailable, match="longer than hps_socket_timeout_s"):
-        store.fetch(spec.name, keys)
+    with pytest.raises(BackendUnavailable, match=r"longer than 0.75 s .* over its chunks"):
+        store.fetch(spec.name, keys)  # 10 chunks may take 10 / 4 timeouts, not 10
     monkeypatch.undo()
     time.sleep(store.breaker.stats().backoff_s)  # the breaker's back-off, then a probe
     assert store.fetch(spec.name, keys)[1].all()
+
+
+def test_a_call_of_many_chunks_may_take_a_timeout_per_four(
+    redis_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """20 chunks answered in 0.06 s each (1.2 s in all) from a healthy server, with a 1 s
+    timeout: the call's budget is 5 s (a timeout per 4 chunks), so it is answered whole
+    (a refresh slice of millions of keys from an idle Redis opened the breaker)."""
+    store = make_store(redis_address, hps_socket_timeout_s=1.0, max_batch_size=10)
+    spec = new_table(store)
+    keys = np.arange(200)
+    store.insert(spec.name, keys, rows(keys, 8))
+    pipeline = store._r.pipeline
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        pipe = pipeline(*args, **kwargs)
+        execute = pipe.execute
+        pipe.execute = lambda *a, **k: (time.sleep(0.06), execute(*a, **k))[1]
+        return pipe
+
+    monkeypatch.setattr(store._r, "pipeline", slow)
+    assert store.fetch(spec.name, keys)[1].all()
+    assert store.breaker.state == "closed"
+
+
+def test_an_unknown_table_is_no_answer_of_redis(redis_address: str) -> None:
+    """Asking the size of a table not open sends nothing: not a probe that could close the
+    breaker, and an UnknownTableError even while the breaker is open."""
+    store = make_store(redis_address, hps_breaker_backoff_s=60.0, hps_breaker_max_backoff_s=60.0)
+    with contextlib.suppress(BackendUnavailable), store.breaker.guard("test"):
+        raise BackendUnavailable("down")  # the breaker opens
+    assert store.breaker.state == "open"
+    with pytest.raises(UnknownTableError):
+        store.size("nope.t")
+    assert store.breaker.state == "open"
+    store.close()
+
+
+def test_close_closes_every_socket(address: str) -> None:
+    client = redis.Redis.from_url(f"redis://{address.split(',')[0]}")
+    before = len(client.client_list())
+    for _ in range(5):
+        store = make_store(address)
+        store.size(new_table(store).name)
+        store.close()
+    assert len(client.client_list()) == before  # the stores are still referenced
+    client.close()
 
 
 def test_a_table_record_it_cannot_read_is_a_backend_error(redis_address: str) -> None:

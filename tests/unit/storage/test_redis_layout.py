@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import numpy as np
 import pytest
 from redis import exceptions as rx
 
 from hps.errors import BackendError, BackendUnavailable, ConfigError
 from hps.storage.keybytes import key_bytes
-from hps.storage.redis_conn import parse_addresses, translated
+from hps.storage.redis_conn import node_url, parse_addresses, translated
 from hps.storage.redis_layout import (
     group_by_partition,
     hash_name,
@@ -80,3 +82,13 @@ def test_driver_errors_are_translated(exc: Exception, expected: type, is_retriab
     assert type(info.value) is expected
     assert isinstance(info.value, BackendUnavailable) is is_retriable
     assert "fetch m.t" in str(info.value)
+
+
+def test_a_node_url_brackets_an_ipv6_address() -> None:
+    """A TLS cluster is reached through a URL: an IPv6 node's address needs its brackets
+    back (redis-py read ``redis://::1:6379``'s port as ``:1:6379``)."""
+    (host, port), (host6, port6) = parse_addresses("127.0.0.1:7000,[::1]:7001")
+    assert node_url(host, port) == "redis://127.0.0.1:7000"
+    assert node_url(host6, port6) == "redis://[::1]:7001"
+    url = urlsplit(node_url(host6, port6))
+    assert (url.hostname, url.port) == ("::1", 7001)
