@@ -196,6 +196,14 @@ def fraction(text: str) -> float:
     return value
 
 
+def positive_float(text: str) -> float:
+    """A rate, a duration or a size: a finite number above 0."""
+    value = _float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, not {text}")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     """A finite amount, 0 or more."""
     value = _float(text)

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hps.bench.flood import Flood, process_cpu_ms
-from hps.bench.options import listed, one_of, positive_float, zipf_exponent
-from hps.cli import positive_int
+from hps.bench.options import listed, one_of, zipf_exponent
+from hps.cli import positive_float, positive_int
 from hps.types import JSON
 
 if TYPE_CHECKING:

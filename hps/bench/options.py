@@ -1,5 +1,4 @@
-"""argparse types of the benches' own options, beside the shared ones of :mod:`hps.cli`
-(and :func:`positive_float`, which ``hps loadtest`` shares).
+"""argparse types of the benches' own options, beside the shared ones of :mod:`hps.cli`.
 
 A value out of range, or an unknown name in a list, is a usage error that names the option
 (``hps bench NAME: error: argument --x: ...``, status 2) before any work starts.
@@ -12,9 +11,7 @@ import math
 from collections.abc import Callable
 from typing import TypeVar
 
-from hps.loadtest.options import positive_float
-
-__all__ = ["cache_share", "listed", "one_of", "positive_float", "zipf_exponent"]
+__all__ = ["cache_share", "listed", "one_of", "zipf_exponent"]
 
 T = TypeVar("T")
 

@@ -25,8 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hps.bench.options import positive_float
-from hps.cli import positive_int
+from hps.cli import positive_float, positive_int
 from hps.types import JSON
 
 

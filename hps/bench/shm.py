@@ -21,8 +21,7 @@ from multiprocessing.process import BaseProcess
 
 import numpy as np
 
-from hps.bench.options import positive_float
-from hps.cli import positive_int
+from hps.cli import positive_float, positive_int
 from hps.storage.hash_map import HashMapStore
 from hps.storage.multi_process_hash_map import SharedHashMapStore
 from hps.types import JSON, TableSpec

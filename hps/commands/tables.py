@@ -248,15 +248,9 @@ def _export(args: argparse.Namespace) -> int:
     from hps.io.npy import NpyPairWriter
     from hps.io.sparse_model import SparseModelWriter
     from hps.io.table_files import TableWriter
-    from hps.topology import topology
 
     config = load_config(args.config)
-    topo = topology(config)
-    if not topo.l3 and topo.l2 not in ("node", "server"):
-        raise RequestError(
-            "nothing to export from: no L3 (persistent_db disabled) and no shared L2 (Redis "
-            "or multi_process_hash_map), so no process but a serving one holds the tables"
-        )
+    _check_offline_copy(config, "export from")
     if args.npy and Path(args.npy[0]).resolve() == Path(args.npy[1]).resolve():
         raise RequestError(f"--npy {args.npy[0]} {args.npy[1]}: name two different files")
     session = _session(config, "read_only")
@@ -281,10 +275,26 @@ def _export(args: argparse.Namespace) -> int:
         session.close()
 
 
+def _check_offline_copy(config: PSConfig, what: str) -> None:
+    """RequestError unless a tier outside the serving processes holds the tables (L3, or a
+    shared L2): an in-process L2 is each serving process's own, and this one's is empty."""
+    from hps.errors import RequestError
+    from hps.topology import topology
+
+    topo = topology(config)
+    if not topo.l3 and topo.l2 not in ("node", "server"):
+        raise RequestError(
+            f"nothing to {what}: no L3 (persistent_db disabled) and no shared L2 (Redis "
+            "or multi_process_hash_map), so no process but a serving one holds the tables"
+        )
+
+
 def _lookup(args: argparse.Namespace) -> int:
     from hps.config import load_config
 
-    session = _session(load_config(args.config), "read_only")
+    config = load_config(args.config)
+    _check_offline_copy(config, "look up in")
+    session = _session(config, "read_only")
     try:
         keys = np.asarray(args.keys, dtype=np.int64)
         vectors = session.lookup(_table(session, args.table).name, keys)

@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hps.cli import positive_int, sigterm_interrupts
-from hps.loadtest.options import positive_float
+from hps.cli import positive_float, positive_int, sigterm_interrupts
 
 if TYPE_CHECKING:
     from hps.loadtest.resources import ResourceSampler

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 
 from hps.errors import ConfigError
 
@@ -41,17 +40,6 @@ def add_locust_options(parser: argparse.ArgumentParser) -> None:
     add("--threshold", action="append", help="TYPE:limit=value[,...] (repeatable)")
     add("--hps-report-dir", default="", help="where stages.csv and verdict.json go")
     add("--hps-seed", type=int, default=0, help="seed of the key sampling")
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a rate or a duration, a finite number above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number above 0, not {text}")
-    return value
 
 
 def sample_range(text: str) -> tuple[int, int] | None:

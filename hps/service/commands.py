@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from hps.cli import port
+from hps.cli import port, positive_float, positive_int
 
 # defaults of the limits (hps.service.connections, hps.service.jobs hold the same: a test checks);
 # not imported from there: the CLI loads without the `admin` extra (uvicorn, starlette)
@@ -57,27 +57,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--max-connections",
-        type=int,
+        type=positive_int,
         default=MAX_CONNECTIONS,
         help="open connections at most (also kept below the file-descriptor limit); past it "
         "the oldest idle connection is closed (default: %(default)s)",
     )
     p.add_argument(
         "--read-timeout",
-        type=float,
+        type=positive_float,
         default=READ_TIMEOUT_S,
         help="seconds a connection may stay open without a request in progress "
         "(default: %(default)s)",
     )
     p.add_argument(
         "--max-jobs",
-        type=int,
+        type=positive_int,
         default=MAX_JOBS,
         help="import jobs queued or running at most; past it 429 (default: %(default)s)",
     )
     p.add_argument(
         "--max-staged-gb",
-        type=float,
+        type=positive_float,
         default=MAX_STAGED_BYTES / 1024**3,
         help="GiB of uploads staged for pending jobs at most; past it 429, a larger upload "
         "413 (default: %(default)s)",

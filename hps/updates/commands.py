@@ -11,6 +11,8 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from hps.cli import positive_float, positive_int
+
 if TYPE_CHECKING:
     from hps.config import PSConfig
     from hps.types import Keys, TableSpec, Vectors
@@ -49,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--max-loop-age-s",
-        type=float,
+        type=positive_float,
         default=DEFAULT_MAX_LOOP_AGE_S,
         help="/healthz on the metrics port answers 503 once the consumer loop's last pass is "
         f"older than this (default {DEFAULT_MAX_LOOP_AGE_S:g})",
@@ -69,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heartbeat-file", metavar="PATH", required=True)
     p.add_argument(
         "--max-age-s",
-        type=float,
+        type=positive_float,
         default=DEFAULT_MAX_LOOP_AGE_S,
         help=f"the oldest heartbeat that counts as alive (default {DEFAULT_MAX_LOOP_AGE_S:g})",
     )
@@ -96,11 +98,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="tag every message with model version N: applied to that version only "
         "(default: untagged, applied to the live version and the ready ones above it)",
     )
-    p.add_argument("--partitions", type=int, default=8, help="partitions of new topics")
-    p.add_argument("--chunk-rows", type=int, default=1 << 16, help="rows read per chunk")
+    p.add_argument("--partitions", type=positive_int, default=8, help="partitions of new topics")
+    p.add_argument("--chunk-rows", type=positive_int, default=1 << 16, help="rows read per chunk")
     p.add_argument(
         "--max-message-bytes",
-        type=int,
+        type=positive_int,
         default=900_000,
         help="the largest message, in bytes (default 900000: under Kafka's 1 MB default)",
     )

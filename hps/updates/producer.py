@@ -81,7 +81,10 @@ class Publisher:
         self.model_version = version  # the model version every message is tagged with
         self._header = codec.header_size(version)
         if max_message_bytes < self._header + codec.KEY_SIZE + 4:
-            raise ValueError(f"max_message_bytes {max_message_bytes} cannot hold a single row")
+            raise InvalidValueError(
+                f"max_message_bytes {max_message_bytes} cannot hold a single row (at least "
+                f"{self._header + codec.KEY_SIZE + 4} bytes)"
+            )
         self.brokers = brokers
         self.num_partitions = num_partitions
         self.max_message_bytes = max_message_bytes

@@ -20,6 +20,7 @@ from hps.cli import (
     non_negative_int,
     os_error_text,
     port,
+    positive_float,
     positive_int,
     positive_ints,
 )
@@ -108,6 +109,14 @@ def test_os_error_text_names_the_paths() -> None:
         (["lookup", "--config", "c", "--table", "m.t", "99999999999999999999"], "outside int64"),
         (["lookup", "--config", "c", "--table", "m.t", "1x"], "not an integer: '1x'"),
         (["freq", "--out", "f.npz", "--top", "-5", "log"], "--top: must be 0 or more, not -5"),
+        (["publish", "--table", "m.t", "--sparse", "d", "--chunk-rows", "-5"], "--chunk-rows"),
+        (["publish", "--table", "m.t", "--sparse", "d", "--max-message-bytes", "0"], "bytes"),
+        (["consume-check", "--heartbeat-file", "h", "--max-age-s", "nan"], "--max-age-s"),
+        (["consume", "--config", "c", "--max-loop-age-s", "inf"], "--max-loop-age-s"),
+        (["admin", "--max-jobs", "0"], "--max-jobs: must be a positive integer"),
+        (["admin", "--max-staged-gb", "-2"], "--max-staged-gb"),
+        (["admin", "--read-timeout", "nan"], "--read-timeout"),
+        (["admin", "--max-connections", "-5"], "--max-connections"),
     ],
 )
 def test_numbers_out_of_range_are_usage_errors(
@@ -123,6 +132,7 @@ def test_argument_types() -> None:
     assert int64(str(2**63 - 1)) == 2**63 - 1 and int64(str(-(2**63))) == -(2**63)
     assert positive_ints("1,8, 64") == [1, 8, 64]
     assert non_negative_float("0") == 0.0 and non_negative_float("1.5") == 1.5
+    assert positive_float("0.5") == 0.5
     for parse, bad in [
         (positive_int, "0"),
         (positive_int, "-3"),
@@ -136,6 +146,9 @@ def test_argument_types() -> None:
         (non_negative_float, "nan"),
         (non_negative_float, "inf"),
         (non_negative_float, "x"),
+        (positive_float, "0"),
+        (positive_float, "nan"),
+        (positive_float, "-inf"),
     ]:
         with pytest.raises(argparse.ArgumentTypeError):
             parse(bad)

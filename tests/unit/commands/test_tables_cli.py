@@ -155,3 +155,12 @@ def test_export_without_l3_or_a_shared_l2_is_refused(
     assert code == 2 and err.count("\n") == 1
     assert err.startswith("hps export: error: nothing to export from: no L3")
     assert not (tmp_path / "out").exists()
+
+
+def test_lookup_without_l3_or_a_shared_l2_is_refused(
+    no_l3: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It would answer every key with the default: this process's own L2 is empty."""
+    code, out, err = hps(capsys, "lookup", "--config", str(no_l3), "--table", "demo.t0", "1")
+    assert code == 2 and out == ""
+    assert err.startswith("hps lookup: error: nothing to look up in: no L3")
