@@ -78,14 +78,19 @@ def start_background_applier(
     consumer = UpdateConsumer(
         new_source(), applier, us, recorder=recorder, serving=True, router=router
     )
+    lost = False  # the client hit a fatal error: a new one is made at the next step
 
     def step(stop: threading.Event) -> None:
+        nonlocal lost
+        if lost:  # made here, not where it was lost: a broker away fails this, retried
+            consumer.source = new_source()
+            lost = False
         try:
             consumer.run_once(stop)  # a failed batch is read again (UpdateConsumer.run_once)
         except ClientLost:  # for good: a new client reads again from the start (idempotent)
             with contextlib.suppress(Exception):  # whatever a broken client says on closing
                 consumer.source.close()
-            consumer.source = new_source()
+            lost = True
             raise
         timed_pass2(recorder, refresher)
 

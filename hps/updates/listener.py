@@ -82,12 +82,16 @@ def start_l1_listener(
         )
 
     source = new_source()
+    lost = False  # the client hit a fatal error: a new one is made at the next step
     last_check = 0.0
     previous_ns: int | None = None  # when the committed offsets were last read
 
     def step(stop: threading.Event) -> None:
-        nonlocal source, last_check, previous_ns
+        nonlocal source, lost, last_check, previous_ns
         router.refresh()
+        if lost:  # made here, not where it was lost: a broker away fails this, retried
+            source = new_source()
+            lost = False
         try:
             msg = source.poll(LISTENER_POLL_S)
             msgs = [msg, *source.drain(255)] if msg is not None else []
@@ -97,7 +101,7 @@ def start_l1_listener(
             with contextlib.suppress(Exception):  # whatever a broken client says on closing
                 source.close()
             refresher.drop_all()
-            source = new_source()
+            lost = True
             raise
         try:
             refresh_from(msgs, router, refresher, us.hps_max_version_ahead_s, served)

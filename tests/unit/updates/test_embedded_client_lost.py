@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from hps.build import build_session
-from hps.errors import ClientLost
+from hps.errors import BackendUnavailable, ClientLost
 from hps.updates import embedded
 from hps.updates.embedded import start_background_applier
 from tests.helpers import make_config
@@ -62,3 +62,41 @@ def test_a_lost_client_is_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         thread.stop()
         session.close()
     assert Source.made[1].closed  # the thread closes the client it holds at its end
+
+
+class FailingOnce(Source):
+    """The first client is lost; making its replacement fails once (the broker away)."""
+
+    attempts = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        FailingOnce.attempts += 1
+        if FailingOnce.attempts == 2:
+            raise BackendUnavailable("kafka: creating topics: _TRANSPORT: broker down")
+        super().__init__(*args, **kwargs)
+
+
+def test_a_replacement_that_cannot_be_made_yet_is_made_at_a_later_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lost client is never polled again, whatever the making of the next one says."""
+    monkeypatch.setattr(embedded, "MessageSource", FailingOnce)
+    monkeypatch.setattr("hps.updates.runtime.RETRY_S", 0.01)
+    Source.made, FailingOnce.attempts = [], 0
+    config = make_config(
+        tmp_path, update_source={"type": "kafka_message_queue", "brokers": "127.0.0.1:1"}
+    )
+    session = build_session(config, with_cache=False)
+    thread = start_background_applier(session, config)
+    try:
+        for _ in range(1000):
+            if len(Source.made) == 2 and Source.made[1].polled.is_set():
+                break
+            threading.Event().wait(0.01)
+        first, second = Source.made
+        assert FailingOnce.attempts == 3
+        assert first.closed and first.polls == 1
+        assert second.polled.is_set() and not second.closed
+    finally:
+        thread.stop()
+        session.close()

@@ -14,7 +14,7 @@ import pytest
 
 from hps.build import build_session
 from hps.config import PSConfig
-from hps.errors import BackendUnavailable
+from hps.errors import BackendUnavailable, ClientLost
 from hps.lookup import LookupSession
 from hps.storage.hash_map import HashMapStore
 from hps.tiers import Tiers
@@ -142,6 +142,45 @@ def test_the_listener_drops_l1_when_a_poll_fails_to_reach_it_and_goes_on(
         thread.stop()
         session.close()
     assert source.closed
+
+
+class _LostSource(_Source):
+    """The first client is lost at its first poll; making the next fails once (broker away)."""
+
+    attempts = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        _LostSource.attempts += 1
+        if _LostSource.attempts == 2:
+            raise BackendUnavailable("kafka: creating topics: _TRANSPORT: broker down")
+        super().__init__(*args, **kwargs)
+        self.polls = 0
+
+    def poll(self, timeout_s: float) -> Msg | None:
+        self.polls += 1
+        if self is _Source.made[0]:
+            raise ClientLost("kafka: fatal consumer error: _FENCED")
+        return super().poll(timeout_s)
+
+
+def test_the_listener_makes_a_lost_client_anew_once_it_can(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runtime, "RETRY_S", 0.0)
+    monkeypatch.setattr(listener_mod, "MessageSource", _LostSource)
+    cfg, session, keys = _listened(tmp_path)
+    _Source.made.clear()
+    _LostSource.attempts = 0
+    thread = listener_mod.start_l1_listener(session, cfg)
+    try:
+        _wait(lambda: len(_Source.made) == 2, "a new client")
+        first, second = _Source.made
+        second.queue.append(upsert([2], 7.0, 0))
+        _wait(lambda: session.lookup(SPEC.name, keys[1:2])[0, 0] == 7.0, "key 2 refreshed")
+        assert first.closed and first.polls == 1 and _LostSource.attempts == 3
+    finally:
+        thread.stop()
+        session.close()
 
 
 def test_a_shared_l2_consumer_with_a_record_of_its_own_is_told() -> None:
