@@ -184,13 +184,17 @@ class JobRegistry:
 
     def grow(self, res: Reservation, nbytes: int) -> None:
         """Raise ``res`` to ``nbytes`` (what a chunked upload has sent so far); QueueFullError
-        if the staged bytes pending would pass the limit."""
+        if the staged bytes pending would pass the limit, ``res`` then released."""
         with self._lock:
             if res.taken or nbytes <= res.nbytes:
                 return
             count, staged = self._pending()
             others = staged - res.nbytes
             if others + nbytes > self.max_staged_bytes:
+                # refused: its bytes leave the budget now, not once its 429 has gone out (two
+                # uploads growing together refused each other)
+                res.taken = True
+                self._reserved.discard(res)
                 raise QueueFullError(
                     f"pending jobs stage {others} bytes; this upload's {nbytes} bytes so far "
                     f"pass the limit of {self.max_staged_bytes}; retry later",

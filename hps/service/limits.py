@@ -21,6 +21,7 @@ import re
 from typing import TYPE_CHECKING
 
 import anyio
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hps.errors import HPSError, QueueFullError
@@ -75,7 +76,8 @@ class TooLarge(Exception):
 
 
 class BodyTimeout(Exception):
-    """A body that did not advance for the read timeout; its text is the 408's detail."""
+    """A body that stopped for the read timeout, or came slower than the read timeout plus
+    1 s per :data:`MIN_BODY_RATE` bytes; its text is the 408's detail."""
 
 
 def _size(n: int) -> str:
@@ -185,23 +187,30 @@ class TokenAndBodyLimits:
         seen = 0
         started = False
         body_done = False  # then a receive waits for a disconnect: no timeout
-        since = anyio.current_time()
+        since = last = anyio.current_time()
 
         async def counted() -> Message:
-            nonlocal seen, body_done
+            nonlocal seen, body_done, last
             if body_done:
                 return await receive()
             # the body's deadline: the read timeout, and as long again as its bytes take at
-            # MIN_BODY_RATE (a trickle, each byte within the timeout, held its connection)
-            deadline = since + self.read_timeout_s + seen / MIN_BODY_RATE
+            # MIN_BODY_RATE (a trickle, each byte within the timeout, held its connection);
+            # and a body that stops: the read timeout after its last bytes (a stalled
+            # upload held its staged budget, and the shutdown, for 1 s per 64 KiB it sent)
+            rate = since + self.read_timeout_s + seen / MIN_BODY_RATE
             try:
-                with anyio.fail_at(deadline):
+                with anyio.fail_at(min(rate, last + self.read_timeout_s)):
                     message = await receive()
             except TimeoutError:
+                stalled = anyio.current_time() < rate
                 raise BodyTimeout(
-                    f"request body too slow: {seen:,} bytes in {self.read_timeout_s:g} s plus "
-                    f"1 s per {_size(MIN_BODY_RATE)} received"
+                    f"request body stopped: nothing for {self.read_timeout_s:g} s after "
+                    f"{seen:,} bytes"
+                    if stalled
+                    else f"request body too slow: {seen:,} bytes in {self.read_timeout_s:g} s "
+                    f"plus 1 s per {_size(MIN_BODY_RATE)} received"
                 ) from None
+            last = anyio.current_time()
             body_done = message["type"] != "http.request" or not message.get("more_body")
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
@@ -224,3 +233,6 @@ class TokenAndBodyLimits:
         except BodyTimeout as exc:
             if not started:
                 await _answer(send, 408, str(exc))
+        except ClientDisconnect:  # gone mid-body: no one to answer, nothing worth a log line
+            log.debug("%s %s: the client left before its body ended", scope["method"],
+                      scope["path"])  # fmt: skip

@@ -521,7 +521,7 @@ def test_a_body_that_stops_coming_is_answered_408_and_its_connection_closed() ->
                 answer = b""
                 while chunk := s.recv(4096):  # to the end: closed by the server
                     answer += chunk
-                assert answer.startswith(b"HTTP/1.1 408") and b"request body too slow" in answer
+                assert answer.startswith(b"HTTP/1.1 408") and b'detail":"request body ' in answer
             with urllib.request.urlopen(f"http://{address}/healthz", timeout=HANG_S) as r:
                 assert r.status == 200
             # a trickle, a byte every 0.1 s (each within the timeout): past it, far too slow
@@ -544,3 +544,70 @@ def test_a_body_that_stops_coming_is_answered_408_and_its_connection_closed() ->
         finally:
             for s in slow:
                 s.close()
+
+
+def _echo_app() -> FastAPI:
+    app = _health_app()
+
+    @app.post("/echo")
+    async def echo(request: Request) -> dict[str, int]:
+        return {"bytes": len(await request.body())}
+
+    @app.exception_handler(BodyTimeout)  # as create_app's
+    async def timed_out(request: Request, exc: BodyTimeout) -> JSONResponse:
+        return JSONResponse({"error": "BodyTimeout", "detail": str(exc)}, status_code=408)
+
+    return app
+
+
+def test_a_large_body_that_stops_is_answered_408_within_the_timeout_of_its_last_bytes() -> None:
+    """1 MiB sent, then nothing: the allowance of 1 s per 64 KiB is for bodies that keep
+    coming (a stalled upload held its staged budget, and the shutdown, 16 s more here)."""
+    guard = ConnectionGuard(4, read_timeout_s=0.5)
+    limited = TokenAndBodyLimits(_echo_app(), "tok", read_timeout_s=guard.read_timeout_s)
+    with _serving(limited, guard) as (address, _):  # type: ignore[arg-type]
+        host, port = address.split(":")
+        with socket.create_connection((host, int(port)), timeout=HANG_S) as s:
+            s.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok\r\n"
+                      b"Content-Length: 2000000\r\n\r\n" + b"x" * (1 << 20))  # fmt: skip
+            answer = b""
+            while chunk := s.recv(4096):
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert b"request body stopped: nothing for 0.5 s after 1,048,576 bytes" in answer
+
+
+def test_a_client_that_leaves_mid_body_costs_no_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    guard = ConnectionGuard(4, read_timeout_s=30.0)
+    limited = TokenAndBodyLimits(_echo_app(), "tok", read_timeout_s=guard.read_timeout_s)
+    caplog.set_level(logging.DEBUG, logger="hps.service.limits")
+    with _serving(limited, guard) as (address, _):  # type: ignore[arg-type]
+        host, port = address.split(":")
+        with socket.create_connection((host, int(port)), timeout=HANG_S) as s:
+            s.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok\r\n"
+                      b"Content-Length: 100000\r\n\r\n" + b"x" * 1000)  # fmt: skip
+            time.sleep(0.2)  # the route is reading the body
+        deadline = time.monotonic() + HANG_S
+        while "the client left" not in caplog.text:
+            assert time.monotonic() < deadline, caplog.text
+            time.sleep(0.02)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def test_a_refused_growth_frees_its_bytes_for_the_upload_beside_it() -> None:
+    """Two chunked uploads growing together past the budget: the one refused leaves it at
+    once, so the other goes on (both were refused while the first still counted)."""
+    jobs = JobRegistry(max_jobs=4, max_staged_bytes=10_000)
+    try:
+        a, b = jobs.reserve(0), jobs.reserve(0)
+        jobs.grow(a, 5_000)
+        jobs.grow(b, 5_000)
+        with pytest.raises(QueueFullError, match="this upload's 5500 bytes so far"):
+            jobs.grow(a, 5_500)
+        assert jobs.load() == (1, 5_000)
+        jobs.grow(b, 10_000)  # the whole budget is b's now
+        b.release()
+        a.release()  # as the request's end does: already released, nothing changes
+        assert jobs.load() == (0, 0)
+    finally:
+        jobs.close()
