@@ -192,7 +192,7 @@ class JobRegistry:
             others = staged - res.nbytes
             if others + nbytes > self.max_staged_bytes:
                 # refused: its bytes leave the budget now, not once its 429 has gone out (two
-                # uploads growing together refused each other)
+                # uploads growing together would refuse each other)
                 res.taken = True
                 self._reserved.discard(res)
                 raise QueueFullError(

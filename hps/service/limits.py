@@ -195,8 +195,8 @@ class TokenAndBodyLimits:
                 return await receive()
             # the body's deadline: the read timeout, and as long again as its bytes take at
             # MIN_BODY_RATE (a trickle, each byte within the timeout, held its connection);
-            # and a body that stops: the read timeout after its last bytes (a stalled
-            # upload held its staged budget, and the shutdown, for 1 s per 64 KiB it sent)
+            # and a body that stops: the read timeout after its last bytes (else a stalled
+            # upload would hold its staged budget, and the shutdown, 1 s per 64 KiB it sent)
             rate = since + self.read_timeout_s + seen / MIN_BODY_RATE
             try:
                 with anyio.fail_at(min(rate, last + self.read_timeout_s)):
