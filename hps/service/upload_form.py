@@ -1,8 +1,8 @@
 """An import's multipart body, parsed as it arrives: file parts written straight to disk.
 
 starlette's ``request.form()`` spools each file part to a temporary file (``/tmp``, often a
-small tmpfs in a container), which the import then had to copy into its staging folder:
-every upload written twice, and held twice while it waited. :func:`receive` writes each
+small tmpfs in a container), which an import would then copy into its staging folder:
+every upload written twice, and held twice while it waits. :func:`receive` writes each
 file part into ``folder/<field name>`` as its bytes arrive (in a worker thread, gathered
 into writes of :data:`WRITE_BYTES`: the event loop never waits on the disk) and keeps text
 fields in memory (at most :data:`MAX_TEXT_BYTES` each). A url-encoded form (text fields
