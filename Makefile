@@ -44,10 +44,11 @@ test-tools:
 
 # Load test of the demo model on this machine (docs/loadtest.md); e.g.
 # make loadtest LOADTEST_ARGS="--shape ramp --users 64 --run-time 160 --updates 10000"
+# A demo of its own: its updates change the L3 they go to, which `make serve`'s demo/ keeps.
 LOADTEST_ARGS ?= --run-time 60 --updates 1000
 loadtest: $(STAMP)
-	$(BIN)/hps demo --dir demo
-	$(BIN)/hps loadtest --config demo/ps.json $(LOADTEST_ARGS)
+	$(BIN)/hps demo --dir loadtest-demo
+	$(BIN)/hps loadtest --config loadtest-demo/ps.json $(LOADTEST_ARGS)
 
 test: $(STAMP) test-tools
 	$(BIN)/ruff check .

@@ -17,6 +17,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -98,6 +99,16 @@ class TansuBroker:
         from confluent_kafka.admin import AdminClient
 
         deadline = time.monotonic() + timeout_s
+        # a plain connect first: librdkafka writes every refused connection to stderr
+        host, _, port = self.bootstrap.rpartition(":")
+        while self._proc is not None and self._proc.poll() is None:
+            try:
+                socket.create_connection((host, int(port)), timeout=1.0).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    break  # reported below, with the broker's log
+                time.sleep(0.05)
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
         while True:
             if self._proc is not None and self._proc.poll() is not None:
