@@ -12,7 +12,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "plan",
         help="print what runs where and the memory each tier takes per table, before loading",
-        description="Table rows come from the sizes of the sparse-model files (nothing is "
+        description="Each model is planned at its live version (the entry recorded for it: "
+        "files, dims, row formats; the ps.json's own where no other version was activated). "
+        "Table rows come from the sizes of the sparse-model files (nothing is "
         "read) or from --rows. Each table's rows are sized in its row format (hps_row_dtype: "
         "'row B' is one stored row), with totals per format. L1 is exact; L2/L3 use each "
         "backend's per-row cost (docs/cache.md). A model whose L1 is or may be on a GPU "
@@ -60,8 +62,9 @@ def _plan(args: argparse.Namespace) -> int:
     from hps.config import load_config
     from hps.plan import format_text, gpu_lines, l1_gpu, l3_memory, plan, to_json, version_costs
     from hps.topology import describe, topology
+    from hps.versions import VersionRegistry
 
-    config = load_config(args.config)
+    config = VersionRegistry(load_config(args.config)).live_config()
     plans, topo = plan(config, parse_rows(args.rows)), topology(config)
     versions = version_costs(config, plans)
     gpus = l1_gpu(config, plans)

@@ -108,12 +108,8 @@ def _session(config: PSConfig, l3_mode: AccessMode = "read_write") -> LookupSess
     from hps.build import build_session
     from hps.versions import VersionRegistry
 
-    registry = VersionRegistry(config)
-    models = [
-        m if n == 1 else registry.model_at(m.model, n)
-        for m, n in zip(config.models, _live_versions(config).values(), strict=True)
-    ]
-    live = config.model_copy(update={"models": models})
+    _live_versions(config)  # a model with none: a RequestError
+    live = VersionRegistry(config).live_config()
     return build_session(live, with_cache=False, l3_mode=l3_mode)
 
 

@@ -219,13 +219,7 @@ class AdminState:
     def live_config(self) -> PSConfig:
         """``config`` with each model's entry at its live version (as recorded now); a
         model that has none (removed at runtime) is left out."""
-        models = []
-        for m in self.config.models:
-            try:
-                models.append(self.live_model(m.model))
-            except UnknownTableError:
-                continue
-        return self.config.model_copy(update={"models": models})
+        return VersionRegistry(self.config).live_config()
 
     def spec(self, model: str, table: str) -> TableSpec:
         """The table of ``model``'s live version."""

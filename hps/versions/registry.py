@@ -228,6 +228,20 @@ class VersionRegistry:
             raise ConfigError(f"model {model!r} version {version} is {info.state}")
         return info.model_config()
 
+    def live_config(self) -> PSConfig:
+        """``config`` with each model's entry at its live version, as recorded now (the
+        ps.json's own where nothing else was activated); a model that has none (removed at
+        runtime) is left out."""
+        if self.path is None:
+            return self.config  # no record: every model at version 1, the ps.json's entry
+        models = []
+        for m in self.config.models:
+            try:
+                models.append(self.model_at(m.model, self.live(m.model)))
+            except UnknownTableError:
+                continue
+        return self.config.model_copy(update={"models": models})
+
     def config_at(self, model: str, version: int) -> PSConfig:
         """``config`` with ``model``'s entry replaced by that of ``version``."""
         entry = self.model_at(model, version)

@@ -181,3 +181,26 @@ def test_plan_says_what_a_further_version_costs(tmp_path: Path) -> None:
     assert line.startswith("model demo: each further version +")
     assert "L2 (per served version)" in line and "L3 (per kept version)" in line
     assert "hps_keep_versions = 2" in line
+
+
+def test_plan_sizes_each_model_at_its_live_version(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A version 2 in other dims activated: its tables are planned, not the ps.json's."""
+    from hps.config import load_config
+    from hps.versions import VersionRegistry
+    from hps.versions.rollout import version_entry
+
+    path = ps_json(tmp_path)
+    config = load_config(path)
+    v2 = tmp_path / "v2"
+    for t in ("t0", "t1"):
+        write_sparse_model(v2 / t, np.arange(500, dtype=np.int64), np.zeros((500, 8), np.float32))
+    entry = version_entry(config, "m", dims=[8], sparse_files=[str(v2 / "t0"), str(v2 / "t1")])
+    registry = VersionRegistry(config)
+    registry.begin(entry, 2)
+    registry.set_state("m", 2, "ready")
+    registry.set_live("m", 2)
+    assert main(["plan", "--config", str(path), "--json"]) == 0
+    tables = json.loads(capsys.readouterr().out)["tables"]
+    assert [(t["dim"], t["rows"]) for t in tables] == [(8, 500), (8, 500)]
