@@ -38,9 +38,10 @@ COMMAND_MODULES = [
 ]
 
 
-SERVICES = {"serve", "consume", "admin", "loadtest"}
+SERVICES = {"serve", "consume", "admin"}
 """Commands that run until stopped, whose log (INFO and above) says what they do; the
-others log warnings and errors only (``--verbose``: everything)."""
+others (``hps loadtest`` too: its progress is printed) log warnings and errors only
+(``--verbose``: everything)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
