@@ -497,17 +497,7 @@ def test_a_body_that_stops_coming_is_answered_408_and_its_connection_closed() ->
     """A client that sends part of a body and then nothing held its connection (and a slot
     of --max-connections) for ever: past the read timeout it gets a 408 and is closed."""
     guard = ConnectionGuard(4, read_timeout_s=0.5)
-    app = _health_app()
-
-    @app.post("/echo")
-    async def echo(request: Request) -> dict[str, int]:
-        return {"bytes": len(await request.body())}
-
-    @app.exception_handler(BodyTimeout)  # as create_app's
-    async def timed_out(request: Request, exc: BodyTimeout) -> JSONResponse:
-        return JSONResponse({"error": "BodyTimeout", "detail": str(exc)}, status_code=408)
-
-    limited = TokenAndBodyLimits(app, "tok", read_timeout_s=guard.read_timeout_s)
+    limited = TokenAndBodyLimits(_echo_app(), "tok", read_timeout_s=guard.read_timeout_s)
     with _serving(limited, guard) as (address, _):  # type: ignore[arg-type]
         host, port = address.split(":")
         slow = []
