@@ -39,10 +39,12 @@ def _verify(args: argparse.Namespace) -> int:
     for c in checks:
         if args.json:
             print(json.dumps({"table": c.name, "ok": c.ok, "rows": c.rows, "problem": c.problem}))
-        elif c.ok:
-            print(f"ok       {c.name}: {c.rows:,} rows")
+            continue
+        label = f"{c.name} (the tables' recorded formats)" if c.name == "default" else c.name
+        if c.ok:
+            print(f"ok       {label}: {c.rows:,} rows")
         else:
-            print(f"DAMAGED  {c.name}: {c.problem} (after {c.rows:,} rows)")
+            print(f"DAMAGED  {label}: {c.problem} (after {c.rows:,} rows)")
     damaged = [c.name for c in checks if not c.ok]
     if not args.json:
         path = config.persistent_db.path

@@ -154,6 +154,7 @@ def test_hps_verify_names_the_damaged_table(tmp_path: Path) -> None:
     ok = _hps("verify", "--config", str(ps))
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "ok       m.t: 20,000 rows" in ok.stdout and "intact" in ok.stdout
+    assert "ok       default (the tables' recorded formats): " in ok.stdout
     damage(path, SPEC, ROWS)
     out = _hps("verify", "--config", str(ps))
     assert out.returncode == 1, out.stdout + out.stderr
