@@ -21,6 +21,11 @@ from hps.storage._shm_layout import EntryView, EntryWord, NoSpace
 from hps.storage._shm_segment import Segment
 from hps.storage.overflow import choose_victims
 
+SPARSE_BUCKETS = 4
+"""A table whose buckets hold under 1/SPARSE_BUCKETS of the keys they could (rows removed
+or evicted) rebuilds its index in fewer: the buckets go back to the segment, and the table
+no longer counts as large when a full segment picks the table to evict from."""
+
 
 def rows_per_extent(extent: int, row_bytes: int) -> int:
     """Stored rows of ``row_bytes`` bytes one row extent holds (worst-case alignment padding)."""
@@ -124,14 +129,32 @@ class ShmTable:
             self.meta[EntryWord.N_ROW_EXT] = need
 
     def _trim(self) -> None:
-        """Give back row extents past the last row (and the buckets of an empty table)."""
+        """Give back row extents past the last row, and buckets the rows no longer need:
+        all of an empty table's; a sparse index (see :data:`SPARSE_BUCKETS`) is rebuilt."""
         keep = -(-self.rows // self.rpe)
         have = int(self.meta[EntryWord.N_ROW_EXT])
         if have > keep:
             self.seg.extents.free(self.entry.row_ext[keep:have].astype(np.int64))
             self.meta[EntryWord.N_ROW_EXT] = keep
-        if self.rows == 0 and self.meta[EntryWord.N_BUCKETS]:
+        buckets = int(self.meta[EntryWord.N_BUCKETS])
+        if self.rows == 0 and buckets:
             self.index.release()
+        elif buckets > 1 and self.rows * SPARSE_BUCKETS < buckets * self.index.capacity:
+            self._reindex()
+
+    def _reindex(self) -> None:
+        """Rebuild the index in as few buckets as the rows need. It needs fewer than it
+        frees; should it still run out of extents, the table is emptied rather than left
+        with rows its index cannot find (L2 is a cache)."""
+        g = np.arange(self.rows, dtype=np.int64)
+        keys = self.seg.i64[self._where(g)[0]]
+        self.index.release()
+        try:
+            self.index.insert(keys, g)
+        except NoSpace:
+            self.index.release()
+            self.meta[EntryWord.ROWS] = 0
+            self._trim()
 
     def remove(self, keys: np.ndarray) -> int:
         """Remove unique keys (absent ones are ignored); returns how many were present."""

@@ -19,7 +19,7 @@ from hps.errors import BackendError, ConfigError, InvalidValueError
 from hps.index import EMPTY, TOMBSTONE, TOMBSTONE_ROOM
 from hps.storage import open_store
 from hps.storage._shm_index import MAX_LOAD, BucketIndex, bucket_slots
-from hps.storage._shm_layout import MAX_TABLES, EntryWord, HeaderWord
+from hps.storage._shm_layout import MAX_TABLES, EntryWord, HeaderWord, NoSpace
 from hps.storage.multi_process_hash_map import SharedHashMapStore
 from hps.types import TableSpec
 from hps.validate import as_rows
@@ -141,6 +141,65 @@ def test_a_near_full_bucket_under_churn_is_not_rebuilt_on_every_insert(
     got, found = store.fetch(spec.name, np.arange(10**9, 10**9 + 200, dtype=np.int64))
     assert found.all()
     _extents_accounted(store)
+
+
+def test_a_shrunk_table_gives_back_its_buckets_and_keeps_its_rows(opener: Opener) -> None:
+    store = opener(16 * MiB)
+    spec = TableSpec("m", "t", 2)
+    store.open_table(spec)
+    keys = np.arange(200_000, dtype=np.int64)
+    store.insert(spec.name, keys, rows(keys, 2))
+    buckets = store._table(spec.name).meta[EntryWord.N_BUCKETS]
+    store.remove(spec.name, keys[: keys.size - 5000])
+    left = keys[-5000:]
+    assert store._table(spec.name).meta[EntryWord.N_BUCKETS] * 10 < buckets
+    got, found = store.fetch(spec.name, keys)
+    assert found.sum() == left.size and found[-5000:].all()
+    np.testing.assert_array_equal(got[found], rows(left, 2))
+    _extents_accounted(store)
+    more = np.arange(10**9, 10**9 + 50_000, dtype=np.int64)  # it grows again as before
+    store.insert(spec.name, more, rows(more, 2))
+    got, found = store.fetch(spec.name, np.concatenate([left, more]))
+    assert found.all() and store.size(spec.name) == left.size + more.size
+    _extents_accounted(store)
+
+
+def test_a_shrunk_table_is_not_the_one_a_full_segment_evicts_from(opener: Opener) -> None:
+    store = opener(4 * MiB, overflow_policy="evict_oldest")
+    a, b = TableSpec("m", "a", 2), TableSpec("m", "b", 2)
+    store.open_table(a)
+    store.open_table(b)
+    keys = np.arange(70_000, dtype=np.int64)  # more of the segment in buckets than in rows
+    for part in np.split(keys, 7):
+        store.insert(a.name, part, rows(part, 2))
+    kept = keys[:2000]
+    store.remove(a.name, keys[2000:])
+    for i in range(40):  # b fills the segment: its own oldest rows make room
+        more = np.arange(10**9 + i * 10_000, 10**9 + (i + 1) * 10_000, dtype=np.int64)
+        store.insert(b.name, more, rows(more, 2))
+    got, found = store.fetch(a.name, kept)
+    assert found.all()
+    np.testing.assert_array_equal(got, rows(kept, 2))
+    _extents_accounted(store)
+
+
+def test_a_rebuild_that_runs_out_of_extents_empties_the_table(
+    opener: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = opener(16 * MiB)
+    spec = TableSpec("m", "t", 2)
+    store.open_table(spec)
+    keys = np.arange(100_000, dtype=np.int64)
+    store.insert(spec.name, keys, rows(keys, 2))
+
+    def no_room(self: BucketIndex, keys: np.ndarray, rows: np.ndarray) -> None:
+        raise NoSpace("no extent free")
+
+    monkeypatch.setattr(BucketIndex, "insert", no_room)
+    store.remove(spec.name, keys[5000:])
+    assert store.size(spec.name) == 0
+    assert not store.fetch(spec.name, keys[:5000])[1].any()
+    assert store.stats()["free_extents"] == store.stats()["extents"]
 
 
 def test_reserved_keys(opener: Opener) -> None:
