@@ -24,6 +24,10 @@ ArrayModule: TypeAlias = ModuleType
 JSON: TypeAlias = dict[str, object]
 """A JSON object as we build or read it (a ps.json section, an API answer, a bench row)."""
 
+MAX_VERSION = 2**31 - 1
+"""The highest model version (Triton's are int64, Kafka's version tags uint32: this fits
+both, and is plenty)."""
+
 RESERVED_KEYS = (int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).min) + 1)
 """Key values the hash indexes use as slot markers; no table may hold them."""
 

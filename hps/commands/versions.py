@@ -75,13 +75,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def positive(text: str) -> int:
-    """A model version on the command line: a positive integer."""
+    """A model version on the command line: an integer in ``[1, MAX_VERSION]``."""
+    from hps.types import MAX_VERSION
+
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a model version: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"model versions are positive integers, not {value}")
+    if not 1 <= value <= MAX_VERSION:
+        raise argparse.ArgumentTypeError(
+            f"model versions are integers from 1 to {MAX_VERSION:,}, not {value}"
+        )
     return value
 
 

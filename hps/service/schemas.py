@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
@@ -11,8 +11,7 @@ from hps.config.common import NAME_RE
 from hps.config.model import MAX_DIM
 from hps.rowformat import RowDtype
 from hps.service.paths import MAX_PATH_CHARS
-
-T = TypeVar("T")
+from hps.types import MAX_VERSION
 
 
 # The document states the bounds +-(2**63 - 1024): JSON-schema tools read bounds as doubles,
@@ -92,7 +91,6 @@ Dim = Annotated[
     Field(ge=1, le=MAX_DIM, json_schema_extra={"minimum": 1, "maximum": MAX_DIM}),
 ]
 PerTable = Field(min_length=1, max_length=1024)  # one for every table, or one per table
-MAX_VERSION = 2**31 - 1  # Triton's model versions are int64; this is plenty
 Version = Annotated[
     int,
     BeforeValidator(_json_integer),
@@ -114,13 +112,13 @@ class VersionImportBody(_Body):
         description="the version's dense weights (default: the ps.json entry's dense_file)"
         + _UNDER_ROOTS,
     )
-    row_dtype: RowDtype | Annotated[list[RowDtype], PerTable] | None = Field(
+    row_dtype: Annotated[list[RowDtype], BeforeValidator(_one_or_list), PerTable] | None = Field(
         default=None,
         description="how every tier stores the version's rows: one format for every table, "
         "or a list of one for every table or one per table (default: the ps.json entry's "
         "hps_row_dtype, which describes version 1); another count of tables: 400",
     )
-    dims: Dim | Annotated[list[Dim], PerTable] | None = Field(
+    dims: Annotated[list[Dim], BeforeValidator(_one_or_list), PerTable] | None = Field(
         default=None,
         description="the version's vector sizes: one for every table, or a list of one for "
         "every table or one per table (default: the ps.json entry's "
@@ -129,12 +127,14 @@ class VersionImportBody(_Body):
     )
 
     def listed(self) -> tuple[list[RowDtype] | None, list[int] | None]:
-        """``row_dtype`` and ``dims`` as lists (None: not given)."""
-        return _listed(self.row_dtype), _listed(self.dims)
+        """``row_dtype`` and ``dims`` (None: not given)."""
+        return self.row_dtype, self.dims
 
 
-def _listed(value: T | list[T] | None) -> list[T] | None:
-    return value if value is None or isinstance(value, list) else [value]
+def _one_or_list(value: object) -> object:
+    """One value for every table: a list of one (its errors then name one type, not a
+    union's arms)."""
+    return value if isinstance(value, list) else [value]
 
 
 def _entry_schema(schema: dict[str, Any]) -> None:

@@ -12,9 +12,9 @@ from fastapi import APIRouter, Path, Query, Request
 
 from hps.service import versions
 from hps.service.mutations import Auth
-from hps.service.schemas import EXACT_BUSY, MAX_VERSION, READ, VERSION_WRITE, VersionImportBody
+from hps.service.schemas import EXACT_BUSY, READ, VERSION_WRITE, VersionImportBody
 from hps.service.state import AdminState
-from hps.types import JSON
+from hps.types import JSON, MAX_VERSION
 
 router = APIRouter(tags=["versions"])
 VersionParam = Annotated[int, Path(ge=1, le=MAX_VERSION, description="the model version")]

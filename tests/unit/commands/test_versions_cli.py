@@ -49,7 +49,7 @@ def test_import_version_arguments_that_mean_nothing_are_refused(
     assert not (ps_json.parent / "rocksdb").exists()  # nothing was written
 
 
-@pytest.mark.parametrize("bad", ["0", "-1", "two"])
+@pytest.mark.parametrize("bad", ["0", "-1", "two", str(2**31), "9" * 30])
 def test_a_version_is_a_positive_integer(
     ps_json: Path, capsys: pytest.CaptureFixture[str], bad: str
 ) -> None:
