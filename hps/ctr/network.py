@@ -1,9 +1,12 @@
 """The example CTR model: sum-pooled embeddings + dense features through a small MLP.
 
 Weights live in one ``.npz`` file (the model's ``dense_file`` in ps.json) holding
-``num_dense`` (a scalar) and ``w0, b0, w1, b1, ...``: ReLU between layers, a sigmoid on the
-last one, which has one output (the click probability). The same code runs on NumPy or
-CuPy (``xp``); the network is tiny next to the embedding lookup.
+``num_dense`` (a scalar) and ``w0, b0, w1, b1, ...``: weight ``w<i>`` of shape ``(inputs,
+outputs)``, its inputs the outputs of ``w<i-1>``, bias ``b<i>`` of shape ``(outputs,)``;
+ReLU between layers, a sigmoid on the last one, which has one output (the click
+probability). Weights that do not chain so are a ConfigError when they are loaded
+(:func:`read_weights`). The same code runs on NumPy or CuPy (``xp``); the network is tiny
+next to the embedding lookup.
 
 On CuPy the network runs on the GPU the pooled rows are on (L1's GPU, which need not be the
 current one: a ``KIND_CPU`` instance keeps L1 on its ``deployed_device_list[0]`` without
@@ -12,6 +15,7 @@ making it current), under that GPU's scope, with its weights copied there on fir
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -48,19 +52,58 @@ def xp_f32(xp: ArrayModule, a: np.ndarray) -> Array:
     return xp.asarray(a, dtype=xp.float32)
 
 
-def check_dense_inputs(model: ModelConfig) -> None:
-    """ConfigError unless ``model``'s CTR weights take ``maxnum_des_feature_per_sample``
-    dense features (the request-size gate sizes ``DES`` by that key, the network by its own)
-    and, beside them, the tables' pooled rows: ``embedding_vecsize_per_table`` summed."""
+Layers = list[tuple[np.ndarray, np.ndarray]]
+
+
+def read_weights(path: str | Path) -> tuple[int, Layers]:
+    """``num_dense`` and the layers ``(w<i>, b<i>)`` of the ``.npz`` at ``path``; a
+    ConfigError naming the file (and the layer) unless they make a network: each weight a
+    matrix ``(inputs, outputs)`` taking what the layer before gives, each bias of its
+    weight's outputs, the last layer with one output (:func:`check_layers`)."""
     try:
-        with np.load(model.dense_file) as f:
-            n = int(f["num_dense"])
-            inputs = int(f["w0"].shape[0])
-    except (OSError, KeyError, ValueError, IndexError) as exc:
-        raise ConfigError(
-            f"model {model.model}: dense_file {model.dense_file}: not CTR weights of hps demo "
-            f"({exc})"
-        ) from None
+        with np.load(path) as f:
+            num_dense = int(f["num_dense"])
+            n = sum(1 for k in f.files if re.fullmatch(r"w\d+", k))
+            layers = [(f[f"w{i}"], f[f"b{i}"]) for i in range(n)]
+    except (OSError, KeyError, ValueError, IndexError, TypeError) as exc:
+        raise ConfigError(f"dense_file {path}: not CTR weights of hps demo ({exc})") from None
+    check_layers(path, layers)
+    return num_dense, layers
+
+
+def check_layers(path: str | Path, layers: Layers) -> None:
+    """ConfigError unless ``layers`` chain (see :func:`read_weights`): caught when the
+    weights are loaded, not by every request failing in a matrix product."""
+    for i, (w, b) in enumerate(layers):
+        if w.ndim != 2:
+            raise ConfigError(
+                f"dense_file {path}: layer {i}: w{i} has shape {w.shape}, not (inputs, outputs)"
+            )
+        if i and w.shape[0] != layers[i - 1][0].shape[1]:
+            prev = layers[i - 1][0].shape
+            raise ConfigError(
+                f"dense_file {path}: layer {i}: w{i} {w.shape} takes {w.shape[0]} inputs, but "
+                f"layer {i - 1} (w{i - 1} {prev}) gives {prev[1]}"
+            )
+        if b.shape != (w.shape[1],):
+            raise ConfigError(
+                f"dense_file {path}: layer {i}: b{i} has shape {b.shape}, not ({w.shape[1]},) "
+                f"(the outputs of w{i} {w.shape})"
+            )
+    if not layers or layers[-1][0].shape[1] != 1:
+        raise ConfigError(f"dense_file {path}: the last layer must have one output")
+
+
+def check_dense_inputs(model: ModelConfig) -> None:
+    """ConfigError unless ``model``'s CTR weights make a network (:func:`read_weights`)
+    that takes ``maxnum_des_feature_per_sample`` dense features (the request-size gate
+    sizes ``DES`` by that key, the network by its own) and, beside them, the tables'
+    pooled rows: ``embedding_vecsize_per_table`` summed."""
+    try:
+        n, layers = read_weights(model.dense_file)
+    except ConfigError as exc:
+        raise ConfigError(f"model {model.model}: {exc}") from None
+    inputs = int(layers[0][0].shape[0])
     if n != model.maxnum_des_feature_per_sample:
         raise ConfigError(
             f"model {model.model}: dense_file {model.dense_file} takes {n} dense features but "
@@ -80,15 +123,7 @@ class DenseNetwork:
     """The MLP of the example CTR model, loaded from its ``.npz`` weights."""
 
     def __init__(self, path: str | Path, device: str = "auto") -> None:
-        try:
-            with np.load(path) as f:
-                self.num_dense = int(f["num_dense"])
-                n = sum(1 for k in f.files if k.startswith("w"))
-                host = [(f[f"w{i}"], f[f"b{i}"]) for i in range(n)]
-        except (OSError, KeyError, ValueError) as exc:
-            raise ConfigError(f"dense_file {path}: not CTR weights of hps demo ({exc})") from None
-        if not host or host[-1][0].shape[1] != 1:
-            raise ConfigError(f"dense_file {path}: the last layer must have one output")
+        self.num_dense, host = read_weights(path)
         self.xp = select_xp(device)
         self._host = host
         self._layers: dict[int | None, list[tuple[Array, Array]]] = {}  # per GPU (None: NumPy)

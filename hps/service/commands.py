@@ -42,7 +42,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, help="ps.json (the one `hps serve` serves)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
     p.add_argument("--port", type=port, default=8081)
-    p.add_argument("--triton-url", default="127.0.0.1:8000", help="Triton's HTTP address")
+    p.add_argument(
+        "--triton-url",
+        default="127.0.0.1:8000",
+        help="Triton's HTTP address (host:port; http:// optional)",
+    )
     p.add_argument("--token-file", help="file holding the bearer token of mutating routes")
     p.add_argument(
         "--repository",

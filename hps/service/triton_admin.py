@@ -29,6 +29,7 @@ import numpy as np
 
 from hps.errors import BackendUnavailable, HPSError
 from hps.triton.client import Client, ModelControl, parse_hits
+from hps.triton.client.address import triton_address
 from hps.updates.metrics import Buckets, histograms
 
 TIMEOUT_S = 5.0
@@ -129,9 +130,9 @@ class TritonAdmin:
         metrics_url: str | None = None,
         admin_key: str | Callable[[], str | None] | None = None,
     ) -> None:
-        self.url = url
+        self.url = triton_address(url)  # host:port, a scheme given stripped
         self._admin_key = admin_key
-        host = url.rsplit(":", 1)[0]
+        host = self.url.rsplit(":", 1)[0]
         self.metrics_url = metrics_url or f"http://{host}:8002/metrics"
         self.control = ModelControl(url, None, timeout=TIMEOUT_S)  # health needs no key
         self.reloads = ReloadQueue(self._load)

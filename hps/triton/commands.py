@@ -77,9 +77,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-request-mb",
         type=non_negative_float,
-        help="largest gRPC request the request-size gate (nginx) lets through; HTTP 3x that "
-        "(default: the largest the models' key limits allow; 0: no gate, Triton listens "
-        "itself; docs/security.md)",
+        help="largest gRPC request the request-size gate (nginx) lets through; HTTP 6.25x "
+        "that, as JSON (default: the largest the models' key limits allow; 0: no gate, "
+        "Triton listens itself; docs/security.md)",
     )
     p.add_argument(
         "-v",
@@ -180,8 +180,10 @@ def _repository(args: argparse.Namespace) -> int:
 
 
 def _query(args: argparse.Namespace) -> int:
-    from hps.triton.client.query import query
+    from hps.triton.client.query import parse_keys, query
 
+    if args.keys is not None:
+        parse_keys(args.keys)  # a RequestError before any connection
     _refuse_options_of_the_other_kind(args)
     for line in query(
         args.url,

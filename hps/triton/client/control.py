@@ -18,6 +18,7 @@ from typing import Any
 
 from hps.errors import BackendUnavailable, RequestError
 from hps.triton.admin_key import http_headers
+from hps.triton.client.address import triton_address
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +31,12 @@ FAILED_LOAD_COST = (
 
 
 class ModelControl:
-    """Load, unload and list the models of one Triton server (HTTP ``host:port``), and
-    ask whether it and its models are ready."""
+    """Load, unload and list the models of one Triton server (HTTP ``host:port``, with or
+    without ``http://``: :func:`hps.triton.client.address.triton_address`), and ask
+    whether it and its models are ready."""
 
     def __init__(self, http_url: str, key: str | None, timeout: float = 60.0) -> None:
-        self.base = f"http://{http_url}"
+        self.base = f"http://{triton_address(http_url)}"
         self.key = key
         self.timeout = timeout
 

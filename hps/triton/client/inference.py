@@ -18,6 +18,7 @@ import numpy as np
 from hps.config import ModelConfig, PSConfig
 from hps.errors import BackendUnavailable, ConfigError, RequestError, UnknownTableError
 from hps.triton.client import _hub
+from hps.triton.client.address import triton_address
 
 if TYPE_CHECKING:  # tritonclient has no type hints: these names document what is meant
     import tritonclient.grpc
@@ -26,9 +27,12 @@ if TYPE_CHECKING:  # tritonclient has no type hints: these names document what i
 
 
 class Client:
-    """One tritonclient connection (HTTP or gRPC) to a Triton server."""
+    """One tritonclient connection (HTTP or gRPC) to a Triton server at ``url``
+    (:func:`hps.triton.client.address.triton_address`: ``host:port``, with or without the
+    protocol's scheme)."""
 
     def __init__(self, url: str, *, grpc: bool = False, **kw: object) -> None:
+        url = triton_address(url, grpc=grpc)  # before tritonclient, which raises noisily
         if grpc:
             import tritonclient.grpc as module
         else:

@@ -14,11 +14,14 @@ INT64 = np.iinfo(np.int64)
 
 
 def parse_keys(keys: str) -> np.ndarray:
-    """``--keys``: comma-separated int64 keys; a RequestError (status 2) otherwise."""
+    """``--keys``: comma-separated int64 keys, at least one; a RequestError (status 2)
+    otherwise."""
     try:
         parsed = [int(k) for k in keys.split(",") if k.strip()]
     except ValueError:
         raise RequestError(f"--keys must be comma-separated integers, got {keys!r}") from None
+    if not parsed:
+        raise RequestError(f"--keys names no key ({keys!r}): give at least one, e.g. --keys 1,2,3")
     if outside := [k for k in parsed if not INT64.min <= k <= INT64.max]:
         raise RequestError(
             f"--keys: {outside[0]} is outside the int64 range of keys ({INT64.min} .. {INT64.max})"

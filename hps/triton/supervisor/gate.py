@@ -8,8 +8,9 @@ other client. The gate refuses a body over :class:`BodyLimit` before Triton sees
 an HTTP/2 body), so a refused request costs Triton nothing.
 
 - The limit is derived from the served models (:meth:`BodyLimit.for_config`): the largest
-  request their key limits allow, in binary, plus 64 KiB; JSON bodies (HTTP without
-  binary tensors) may take three times that. ``hps serve --max-request-mb`` overrides it.
+  request their key limits allow, in binary, plus 64 KiB; over HTTP, that request's largest
+  JSON body (tensors as JSON text: each element as long as its dtype prints, plus 64 KiB).
+  ``hps serve --max-request-mb`` overrides it (:meth:`BodyLimit.of`).
 - A gRPC request over the limit gets status RESOURCE_EXHAUSTED with a message naming the
   limit; an HTTP one gets 413 with Triton's JSON error body, so clients show the reason.
 - Triton then listens on loopback ports of its own; the gate listens where Triton would.
@@ -22,6 +23,7 @@ an HTTP/2 body), so a refused request costs Triton nothing.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import shutil
@@ -39,10 +41,18 @@ from hps.triton.supervisor.gate_log import GateLog
 from hps.triton.supervisor.lifecycle import check_ports, spawn_child
 
 if TYPE_CHECKING:
-    from hps.config import PSConfig
+    from hps.config import ModelConfig, PSConfig
 
 HEADROOM = 64 * 1024  # protocol framing, tensor names and shapes, the JSON header of HTTP
-JSON_FACTOR = 3  # an int64 as JSON text takes up to 21 bytes against 8
+# Bytes of one tensor element in binary, and at most as JSON text with its ", " separator:
+# -9223372036854775808, -2147483648, and a float32 printed as the float64 it is, 17
+# significant digits (-1.2345678901234567e-38; tritonclient's, Python's and Go's JSON alike).
+BINARY_BYTES = {"INT64": 8, "INT32": 4, "FP32": 4}
+JSON_CHARS = {"INT64": 20 + 2, "INT32": 11 + 2, "FP32": 23 + 2}
+# The most JSON text per binary byte of any request tensor (FP32's: 6.25), for a limit
+# given in binary bytes alone.
+JSON_PER_BYTE = max(JSON_CHARS[t] / BINARY_BYTES[t] for t in BINARY_BYTES)
+JSON_ROW_CHARS = 4  # "[", "]" and ", " of each row of a tensor sent as nested arrays
 UNLIMITED_MODEL_BYTES = 64 * 1024**2  # a model without per-table key limits
 NGINX_PATHS = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
 STOP_TIMEOUT_S = 10.0
@@ -61,26 +71,44 @@ class BodyLimit:
 
     @classmethod
     def of(cls, binary: int) -> BodyLimit:
-        return cls(grpc=binary, http=binary * JSON_FACTOR)
+        """``binary`` bytes over gRPC; over HTTP, the largest JSON body of a request of that
+        many bytes: every byte JSON text at FP32's rate, :data:`JSON_PER_BYTE`."""
+        return cls(grpc=binary, http=math.ceil(binary * JSON_PER_BYTE))
 
     @classmethod
     def for_config(cls, config: PSConfig) -> BodyLimit:
-        """The largest request the models' limits allow (docs/security.md), in binary,
-        plus :data:`HEADROOM`: keys (int64), per-table counts or row offsets (int32) for
-        ``max_batch_size + 1`` rows and the dense features of a CTR request (fp32)."""
-        largest = 0
+        """The largest request the models' limits allow (docs/security.md), in binary and as
+        JSON, plus :data:`HEADROOM`: keys (int64), per-table counts or row offsets (int32)
+        for ``max_batch_size + 1`` rows and the dense features of a CTR request (fp32), as
+        many elements of each as :func:`largest_request` says."""
+        grpc = http = 0
         for m in config.models:
-            limits = [t.max_keys_per_request for t in m.tables]
-            if not all(limits):
-                largest = max(largest, UNLIMITED_MODEL_BYTES)
-                continue
-            counts = (m.max_batch_size + 1) * len(limits) * 4
-            dense = m.max_batch_size * m.maxnum_des_feature_per_sample * 4
-            largest = max(largest, sum(limits) * 8 + counts + dense)
-        return cls.of(largest + HEADROOM)
+            elements = largest_request(m)
+            grpc = max(grpc, sum(n * BINARY_BYTES[t] for t, n in elements.items()))
+            # Tensors are [rows, n]: as nested JSON arrays, each row adds its brackets.
+            rows = (m.max_batch_size + 1) * len(elements) * JSON_ROW_CHARS
+            http = max(http, sum(n * JSON_CHARS[t] for t, n in elements.items()) + rows)
+        return cls(grpc=grpc + HEADROOM, http=http + HEADROOM)
 
     def describe(self) -> str:
         return f"gRPC {self.grpc / 2**20:.2f} MiB, HTTP {self.http / 2**20:.2f} MiB"
+
+
+def largest_request(m: ModelConfig) -> dict[str, int]:
+    """Elements per dtype of the largest request ``m``'s limits allow: its tables' key
+    limits in int64 keys, ``(max_batch_size + 1) x tables`` int32 counts (NUMKEYS) or row
+    offsets (ROWINDEX), ``max_batch_size x maxnum_des_feature_per_sample`` fp32 dense
+    features (DES). A model without per-table key limits: keys up to
+    :data:`UNLIMITED_MODEL_BYTES` of the whole request."""
+    limits = [t.max_keys_per_request for t in m.tables]
+    counts = (m.max_batch_size + 1) * len(limits)
+    dense = m.max_batch_size * m.maxnum_des_feature_per_sample
+    if all(limits):
+        keys = sum(limits)
+    else:
+        rest = UNLIMITED_MODEL_BYTES - counts * BINARY_BYTES["INT32"] - dense * BINARY_BYTES["FP32"]
+        keys = -(-max(0, rest) // BINARY_BYTES["INT64"])
+    return {"INT64": keys, "INT32": counts, "FP32": dense}
 
 
 def find_nginx() -> Path:

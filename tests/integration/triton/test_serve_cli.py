@@ -82,7 +82,7 @@ def test_demo_serve_query_and_sigterm(tmp_path: Path) -> None:
         assert re.search(r"^ready: serving demo, demo_ctr from demo/ps\.json", banner, re.M)
         assert lines[-2].strip().endswith(f"query --url 127.0.0.1:{http} --model demo --keys 1,2,3")
         assert f" -m hps.cli query --url 127.0.0.1:{http} --model demo --keys 1,2,3" in banner
-        assert "request bodies up to gRPC 0.22 MiB, HTTP 0.66 MiB (the request-size gate)" in banner
+        assert "request bodies up to gRPC 0.22 MiB, HTTP 0.69 MiB (the request-size gate)" in banner
         lines = run_hps(
             "query",
             "--url",

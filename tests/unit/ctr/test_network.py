@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hps.cache.xp import available_xps, to_host
-from hps.ctr.network import DenseNetwork, make_weights, pool_embeddings
+from hps.config import ModelConfig
+from hps.ctr.network import DenseNetwork, check_dense_inputs, make_weights, pool_embeddings
 from hps.errors import ConfigError, InvalidValueError, ShapeError
 from hps.types import ArrayModule
 
@@ -112,6 +114,68 @@ def test_bad_weight_files(tmp_path: Path) -> None:
     np.savez(tmp_path / "two.npz", num_dense=np.array(1), w0=np.ones((2, 2)), b0=np.ones(2))
     with pytest.raises(ConfigError, match="one output"):
         DenseNetwork(tmp_path / "two.npz")
+
+
+def weights(path: Path, w1: tuple[int, int] = (64, 1), b0: tuple[int, ...] = (64,)) -> Path:
+    """CTR weights for 3 dense features and 5 embedding inputs; ``w1`` and ``b0`` as given."""
+    arrays = {"w0": np.ones((8, 64)), "b0": np.ones(b0), "w1": np.ones(w1), "b1": np.ones(1)}
+    np.savez(path, num_dense=np.array(3), **{k: v.astype(np.float32) for k, v in arrays.items()})
+    return path
+
+
+def ctr_model(path: Path) -> ModelConfig:
+    return ModelConfig.model_validate(
+        {
+            "model": "m",
+            "embedding_vecsize_per_table": [5],
+            "dense_file": str(path),
+            "maxnum_des_feature_per_sample": 3,
+        }  # fmt: skip
+    )
+
+
+@pytest.mark.parametrize(
+    ("w1", "b0", "message"),
+    [
+        (
+            (50, 1),
+            (64,),
+            r"layer 1: w1 \(50, 1\) takes 50 inputs, but layer 0 \(w0 \(8, 64\)\) gives 64",
+        ),
+        (
+            (64, 1),
+            (63,),
+            r"layer 0: b0 has shape \(63,\), not \(64,\) \(the outputs of w0 \(8, 64\)\)",
+        ),
+        ((64, 1), (1, 64), r"layer 0: b0 has shape \(1, 64\), not \(64,\)"),
+        ((64,), (64,), r"layer 1: w1 has shape \(64,\), not \(inputs, outputs\)"),
+    ],
+)
+def test_layers_that_do_not_chain_are_refused_when_the_weights_are_loaded(
+    tmp_path: Path, w1: tuple[int, int], b0: tuple[int, ...], message: str
+) -> None:
+    """Weights whose layers do not chain would load and fail every request in a matrix
+    product: the server's start (check_dense_inputs), a version's import (the same) and
+    the model's load (DenseNetwork) refuse them, naming the file and the layer."""
+    path = weights(tmp_path / "bad.npz", w1, b0)
+    with pytest.raises(ConfigError, match=f"^dense_file {path}: {message}"):
+        DenseNetwork(path, "numpy")
+    with pytest.raises(ConfigError, match=f"^model m: dense_file {path}: {message}"):
+        check_dense_inputs(ctr_model(path))
+    good = weights(tmp_path / "good.npz")
+    check_dense_inputs(ctr_model(good))
+    assert DenseNetwork(good, "numpy").input_width == 8
+
+
+def test_hps_serve_refuses_a_ps_json_whose_ctr_weights_do_not_chain(tmp_path: Path) -> None:
+    from hps.triton.serving import serving_config
+
+    doc = {"models": [{"model": "m", "embedding_vecsize_per_table": [5], "dense_file": "w.npz",
+                       "maxnum_des_feature_per_sample": 3}]}  # fmt: skip
+    (tmp_path / "ps.json").write_text(json.dumps(doc))
+    weights(tmp_path / "w.npz", w1=(50, 1))
+    with pytest.raises(ConfigError, match=r"model m: dense_file .*w\.npz: layer 1: w1 \(50, 1\)"):
+        serving_config(tmp_path / "ps.json", tmp_path)
 
 
 def test_the_network_runs_on_the_gpu_of_the_pooled_rows(

@@ -59,3 +59,15 @@ def test_the_cli_defaults_are_those_of_the_limits() -> None:
         connections.READ_TIMEOUT_S,
     )
     assert (commands.MAX_JOBS, commands.MAX_STAGED_BYTES) == (jobs.MAX_JOBS, jobs.MAX_STAGED_BYTES)
+
+
+def test_the_triton_url_may_carry_its_scheme_and_nothing_else() -> None:
+    from hps.errors import RequestError
+    from hps.service.triton_admin import TritonAdmin
+
+    admin = TritonAdmin("http://127.0.0.1:8000/")
+    assert admin.url == "127.0.0.1:8000"
+    assert admin.control.base == "http://127.0.0.1:8000"
+    assert admin.metrics_url == "http://127.0.0.1:8002/metrics"
+    with pytest.raises(RequestError, match="Triton address 'ftp://h:1'"):
+        TritonAdmin("ftp://h:1")

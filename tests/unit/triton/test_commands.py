@@ -105,6 +105,17 @@ def test_query_refuses_a_key_outside_int64_before_sending(
     assert "-9223372036854775808 .. 9223372036854775807" in err
 
 
+@pytest.mark.parametrize("keys", ["", ",", " , "])
+def test_query_refuses_an_empty_key_list_before_connecting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], keys: str
+) -> None:
+    monkeypatch.setattr("hps.triton.client.Client.input_names", lambda *a: pytest.fail("sent"))
+    code, err = hps(capsys, "query", "--model", "m", "--keys", keys)
+    assert code == 2
+    assert err == f"hps query: error: --keys names no key ({keys!r}): give at least one, " \
+                  "e.g. --keys 1,2,3\n"  # fmt: skip
+
+
 def test_serve_help_says_where_the_repository_goes(capsys: pytest.CaptureFixture[str]) -> None:
     """Beside L3 (hps.triton.repository.repository_dir), not a temporary folder."""
     with pytest.raises(SystemExit):

@@ -3,12 +3,14 @@ probed and stopped by PID (against a plain HTTP upstream; Triton behind it: test
 
 from __future__ import annotations
 
+import json
 import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hps.config import PSConfig
@@ -34,15 +36,65 @@ def test_the_limit_is_the_largest_request_the_key_limits_allow() -> None:
     limit = BodyLimit.for_config(
         config(maxnum_catfeature_query_per_table_per_sample=[3, 1], maxnum_des_feature_per_sample=5)
     )
-    keys = 100 * (3 + 1) * 8
-    counts = 101 * 2 * 4  # NUMKEYS, or ROWINDEX of a CTR request: max_batch_size + 1 rows
-    dense = 100 * 5 * 4
-    assert limit.grpc == keys + counts + dense + HEADROOM
-    assert limit.http == 3 * limit.grpc  # JSON text of int64 keys
+    keys = 100 * (3 + 1)
+    counts = 101 * 2  # NUMKEYS, or ROWINDEX of a CTR request: max_batch_size + 1 rows
+    dense = 100 * 5
+    assert limit.grpc == keys * 8 + counts * 4 + dense * 4 + HEADROOM
+    # JSON text with ", ": -9223372036854775808, -2147483648, -1.2345677691440574e-38
+    rows = 101 * 3 * 4  # "[", "]", ", " of each row of each tensor as nested arrays
+    assert limit.http == keys * 22 + counts * 13 + dense * 25 + rows + HEADROOM
+
+
+def largest_json_body(rows: int, des: int, tables: int) -> bytes:
+    """The JSON body (Python's separators, the longer ones) of a CTR request of ``rows``
+    samples with ``des`` dense features each and one key per table and sample, every
+    number as long as its dtype prints and every tensor as nested arrays of ``rows`` rows."""
+    f32 = np.float32(-1.2345678e-38).item()  # -1.2345677691440574e-38: 23 characters
+    inputs = [
+        ("DES", "FP32", [[f32] * des] * rows),
+        ("CATCOLUMN", "INT64", [[-(2**63)] * tables] * rows),
+        ("ROWINDEX", "INT32", [[-(2**31)] * (rows + 1)] * tables),
+    ]
+    return json.dumps(
+        {
+            "inputs": [
+                {"name": n, "shape": [len(d), len(d[0])], "datatype": t, "data": d}
+                for n, t, d in inputs
+            ],
+            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": False}}],
+        }
+    ).encode()
+
+
+def many_dense_features() -> PSConfig:
+    return config(
+        embedding_vecsize_per_table=[8, 8],
+        maxnum_catfeature_query_per_table_per_sample=[1, 1],
+        maxnum_des_feature_per_sample=256,
+        max_batch_size=1024,
+    )
+
+
+def test_the_http_limit_holds_the_json_body_of_a_request_of_many_dense_features() -> None:
+    """An fp32 takes 4 bytes in binary but up to 25 characters as JSON: a valid JSON
+    request of 256 dense features per sample is more than three times its binary size."""
+    limit = BodyLimit.for_config(many_dense_features())
+    body = largest_json_body(1024, 256, 2)
+    assert len(body) > 3 * limit.grpc  # what a factor of three let through
+    assert len(body) <= limit.http
+    assert limit.http - len(body) < HEADROOM + 1024 * 3 * 4  # and not much more
+
+
+def test_a_limit_given_in_bytes_allows_their_json_at_fp32_s_rate() -> None:
+    assert BodyLimit.of(1000) == BodyLimit(grpc=1000, http=6250)
 
 
 def test_a_model_without_key_limits_gets_the_fallback() -> None:
-    assert BodyLimit.for_config(config()).grpc == UNLIMITED_MODEL_BYTES + HEADROOM
+    limit = BodyLimit.for_config(config())
+    assert limit.grpc == UNLIMITED_MODEL_BYTES + HEADROOM
+    counts, dense = 101 * 2, 100 * 26  # keys fill the rest: int64 at 22 characters
+    keys = (UNLIMITED_MODEL_BYTES - 4 * counts - 4 * dense) // 8
+    assert limit.http == keys * 22 + counts * 13 + dense * 25 + 101 * 3 * 4 + HEADROOM
 
 
 def test_without_nginx_the_error_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,14 +130,24 @@ def test_nginx_forwards_refuses_and_stops(tmp_path: Path, upstream: int) -> None
     )
     with gate:
         assert gate.proc is not None and gate.proc.poll() is None
-        assert post(gate.http_port, b"x" * 2000) == b"x" * 2000  # HTTP: 3 x 1000 bytes
+        assert post(gate.http_port, b"x" * 6250) == b"x" * 6250  # HTTP: 6.25 x 1000 bytes
         with pytest.raises(urllib.error.HTTPError) as err:
-            post(gate.http_port, b"x" * 3001)
+            post(gate.http_port, b"x" * 6251)
         assert err.value.code == 413
-        assert b"more than 3,000 bytes refused by the request-size gate" in err.value.read()
+        assert b"more than 6,250 bytes refused by the request-size gate" in err.value.read()
         pid = gate.proc.pid
     assert gate.proc is None
     assert not Path(f"/proc/{pid}").exists()
+
+
+def test_nginx_lets_the_largest_json_request_of_a_model_through(
+    tmp_path: Path, upstream: int
+) -> None:
+    """The JSON body of a request within the model's limits reaches Triton whole."""
+    limit = BodyLimit.for_config(many_dense_features())
+    with RequestGate(limit, tmp_path, upstream, free_port(), free_port(), free_port()) as gate:
+        body = largest_json_body(1024, 256, 2)
+        assert post(gate.http_port, body) == body
 
 
 def test_a_port_in_use_is_a_clear_start_up_error(tmp_path: Path, upstream: int) -> None:
@@ -131,7 +193,7 @@ def test_summarized_no_client_writes_a_line_to_the_console(
     with gate:
         for _ in range(3):
             with pytest.raises(urllib.error.HTTPError):
-                post(gate.http_port, b"x" * 3001)
+                post(gate.http_port, b"x" * 6251)
         assert capfd.readouterr().err == ""
         assert "too large body" in (tmp_path / "error.log").read_text()
     err = capfd.readouterr().err
