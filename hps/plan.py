@@ -371,7 +371,8 @@ def version_costs(config: PSConfig, plans: list[TablePlan]) -> list[str]:
             f"model {m.model}: each further version +{human(mine['cache_bytes_per_device'])} "
             f"L1 per device (per served version), +{human(mine['l2_bytes'])} L2 (per {l2_per} "
             f"version), +{human(mine['l3_bytes'])} L3 (per kept version); hps_keep_versions "
-            f"= {keep}: up to {keep} kept and served after an activation"
+            f"= {keep}: up to {keep} kept and served after an activation (versions imported "
+            "above the live one kept besides, not served)"
         )
     return lines
 

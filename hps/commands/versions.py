@@ -23,7 +23,9 @@ model version: `hps import --version N` imports one beside the live one; `activa
 it live (Triton loads it, warm, then sends unversioned requests to it; older kept versions
 stay served for clients that pin one); activating a kept older version is a rollback, with
 no import; `retire N` drops a version's rows in every tier. hps_keep_versions (ps.json,
-default 2) versions are kept, the live one included; activating retires the others.
+default 2) versions up to the live one are kept and served: the live one, the one live
+before it, then the newest others; versions imported above the live one are kept too, not
+served; activating retires the rest.
 """
 
 

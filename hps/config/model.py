@@ -82,7 +82,10 @@ class ModelConfig(Frozen):
     hps_cache: CacheConfig = CacheConfig()
     hps_instances: int = Field(default=1, ge=1, description="Triton instances of the model")
     hps_keep_versions: int = Field(
-        default=2, ge=1, description="model versions kept for rollback, the live one included"
+        default=2,
+        ge=1,
+        description="model versions kept and served for rollback: the live one, the one live "
+        "before it, the newest others (versions imported above the live one: kept besides)",
     )
     hps_max_queue_size: int = Field(
         default=0,

@@ -13,11 +13,12 @@ with the control plane's checks first, so that what the state of a version forbi
   written. A job that fails leaves nothing of the version.
 - activate: unknown version -> 404; loading or retired -> 409; no model repository of
   ``hps serve`` to write the version folders into -> 409.
-- retire: unknown -> 404; live, served (kept for rollback below the live one) or loading
-  while an import holds it -> 409; loading but abandoned (its import died: no import holds
-  its marker) -> retired, its rows dropped, as ``hps versions retire`` does; retired
-  already -> 200, nothing to do, unless its rows were left (a drop that failed): they are
-  dropped now.
+- retire: unknown -> 404; live, served (kept for rollback below the live one, or named by
+  the version policy an activation that did not finish wrote into the model repository)
+  or loading while an import holds it -> 409; loading but abandoned (its import died: no
+  import holds its marker) -> retired, its rows dropped, as ``hps versions retire`` does;
+  retired already -> 200, nothing to do, unless its rows were left (a drop that failed):
+  they are dropped now.
 
 The checks run before the node's lock of version changes is taken; the core checks again
 under it, and what it refuses then (another activation or retire, of this process or
@@ -190,7 +191,7 @@ def activate(state: AdminState, model: str, version: int) -> JSON:
     with state.versions_lock:
         state.wait_loaded(model)  # not while a reload of it runs
         control = ModelControl(state.triton.url, state.triton.admin_key, timeout=LOAD_TIMEOUT_S)
-        # versions beyond hps_keep_versions are retired (their rows dropped) once it is live
+        # versions no longer kept are retired (their rows dropped) once it is live
         kept = registry.kept(model, live=version)
         retiring = any(
             (v.state in ("ready", "live") and v.version not in kept) or v.rows_left
@@ -210,7 +211,7 @@ def activate(state: AdminState, model: str, version: int) -> JSON:
 
 def retire(state: AdminState, model: str, version: int) -> JSON:
     """Drop ``version``'s rows in every tier and record it retired."""
-    from hps.versions.rollout import _abandoned
+    from hps.versions.rollout import _abandoned, check_unserved
     from hps.versions.rollout import retire as retire_version
 
     state.config.model(model)
@@ -223,14 +224,14 @@ def retire(state: AdminState, model: str, version: int) -> JSON:
         raise ConflictError(f"model {model!r} version {version} is live: activate another first")
     if info.state == "loading" and not _abandoned(state.config, model, version):
         raise ConflictError(f"model {model!r} version {version} is loading (an import writes it)")
-    if info.state != "retired" and version in registry.served(model):
-        raise ConflictError(
-            f"model {model!r} version {version} is served (kept for rollback below the live "
-            "one): activate a version below it first"
-        )
+    if info.state != "retired":
+        try:  # served by the record, or named by the policy Triton was last given
+            check_unserved(state.config, registry, model, version, state.repository)
+        except ConfigError as exc:
+            raise ConflictError(str(exc)) from None
     with state.versions_lock, state.writes:
         try:
-            retire_version(state.config, model, version)
+            retire_version(state.config, model, version, state.repository)
         except ConfigError as exc:  # e.g. made live meanwhile (the core's check, locked)
             raise ConflictError(str(exc)) from None
     state.reset_reader()

@@ -9,7 +9,8 @@ the ps.json names it; its rows stay until it is purged (``?purge=true``: every v
 dropped in every tier, the versions recorded retired). A removed model's name can be added
 again once it is purged; its version numbers go on from the highest it had. An add whose
 Triton load fails is undone that way (recorded removed, purged, its version's files on this
-node deleted: :func:`drop_version_files`), so that it can be submitted again.
+node deleted: :func:`hps.versions.rollout.drop_version_files`), so that it can be submitted
+again.
 
 Triton's part (writing the model's folder and loading it, unloading it) is
 :mod:`hps.triton.models`.
@@ -17,18 +18,16 @@ Triton's part (writing the model's folder and loading it, unloading it) is
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import shutil
 from dataclasses import asdict
 from typing import cast
 
 from hps.config import ModelConfig, PSConfig
 from hps.errors import ConfigError, UnknownTableError
-from hps.topology import topology
 from hps.types import JSON
 from hps.versions.registry import VersionRegistry
-from hps.versions.rollout import _abandoned, _marker, drop_versions, import_version
+from hps.versions.rollout import _abandoned, drop_files_logged, drop_versions, import_version
+from hps.versions.rollout import drop_version_files as drop_version_files  # hps.triton.models
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +73,8 @@ def _clear_a_died_add(config: PSConfig, registry: VersionRegistry, name: str) ->
         for v in pending:
             registry.set_state(name, v.version, "retired",
                                shared_rows_left=(name, v.version) in kept)  # fmt: skip
+            if (name, v.version) not in kept:
+                drop_files_logged(config, name, v.version)
         log.warning(
             "model %s: dropped the rows of an add that died (version %s)",
             name, ", ".join(str(v.version) for v in pending),
@@ -158,19 +159,7 @@ def purge(config: PSConfig, model: str) -> list[int]:
             if int(n) in dropped:  # one retired before keeps its shared rows' flag
                 cast(JSON, v)["shared_rows_left"] = (model, int(n)) in kept
         doc[model] = rec
-    return [v.version for v in infos]
-
-
-def drop_version_files(config: PSConfig, model: str, version: int) -> None:
-    """Delete what ``version`` of ``model`` left on this node beside its rows (the marker of
-    its import, its copied dense and network files), and the model's folder there once
-    empty: for a version recorded removed whose add failed (it is never served again)."""
-    state = topology(config).state_dir
-    if state is None:
-        return
-    marker = _marker(config, model, version)
-    marker.unlink(missing_ok=True)
-    folder = marker.parent  # <node>.hps-versions/<model>
-    shutil.rmtree(folder / str(version), ignore_errors=True)
-    with contextlib.suppress(OSError):  # another version's files there: kept
-        folder.rmdir()
+    for info in infos:
+        if (model, info.version) not in kept:
+            drop_files_logged(config, model, info.version)
+    return [info.version for info in infos]

@@ -40,10 +40,20 @@ from typing import Literal, cast
 from hps.config import ModelConfig, PSConfig
 from hps.errors import ConfigError, UnknownTableError
 from hps.io.durable import replace_durably
-from hps.types import JSON
+from hps.types import JSON, MAX_VERSION
 
 VersionState = Literal["loading", "ready", "live", "retired"]
 SUFFIX = ".hps-versions.json"
+
+
+def check_number(version: int) -> None:
+    """ConfigError unless ``version`` is a model version number: 1 to
+    :data:`hps.types.MAX_VERSION`."""
+    if not 1 <= version <= MAX_VERSION:
+        raise ConfigError(
+            f"model versions are positive integers up to {MAX_VERSION}, not {version}: "
+            "import under a number in that range"
+        )
 
 
 @dataclass(frozen=True)
@@ -171,15 +181,38 @@ class VersionRegistry:
         raise UnknownTableError(f"model {model!r} has no live version")
 
     def kept(self, model: str, live: int | None = None) -> list[int]:
-        """The versions kept for rollback: the live one (``live``, or the recorded one) and
-        the highest-numbered other ready ones, ``hps_keep_versions`` in all."""
-        live = self.live(model) if live is None else live
+        """The versions kept for rollback when ``live`` (default: the recorded live one) is
+        live: the live one, the one live before it (what a rollback returns to: known good;
+        not with ``hps_keep_versions`` 1), then the highest-numbered other ready ones below
+        the live one, ``hps_keep_versions`` in all; and besides them every ready version
+        above the live one (imported for a later activation, or rolled back from), which
+        an activation never retires."""
+        recorded: int | None
+        try:
+            recorded = self.live(model)
+        except UnknownTableError:  # a removed model: only a given live one
+            if live is None:
+                raise
+            recorded = None
+        at = live if live is not None else cast(int, recorded)
         keep = self._keep(model)
-        others = [
-            v.version for v in self.versions(model)
-            if v.state in ("ready", "live") and v.version != live
-        ]  # fmt: skip
-        return sorted([live, *sorted(others)[max(0, len(others) - (keep - 1)) :]])
+        ready = {v.version for v in self.versions(model) if v.state in ("ready", "live")}
+        previous = recorded if recorded != at else self._previous(model)
+        kept = {at}
+        if keep >= 2 and previous is not None and previous in ready:
+            kept.add(previous)
+        below = sorted((v for v in ready if v < at and v not in kept), reverse=True)
+        counted = sum(1 for v in kept if v <= at)
+        kept.update(below[: max(0, keep - counted)])
+        kept.update(v for v in ready if v > at)
+        return sorted(kept)
+
+    def _previous(self, model: str) -> int | None:
+        """The version live before the recorded live one (recorded by :meth:`set_live`;
+        None where it never changed)."""
+        rec = self._record(model)
+        previous = rec.get("previous") if rec is not None else None
+        return previous if isinstance(previous, int) else None
 
     def _keep(self, model: str) -> int:
         """``hps_keep_versions`` of the ps.json's entry, else of the live version's."""
@@ -291,14 +324,17 @@ class VersionRegistry:
         with self.editing() as doc:
             self.check_unrecorded(model)
             current = {v.version: v for v in self.versions(model)}
+            old_live = [n for n, v in current.items() if v.state == "live"]
             new_live = change(current)
+            rec = cast(JSON, doc.get(model) or {})
             if new_live is not None:
+                if old_live and old_live[0] != new_live:
+                    rec["previous"] = old_live[0]  # what a rollback returns to: kept
                 for n, v in list(current.items()):
                     if n == new_live:
                         current[n] = replace(v, state="live")
                     elif v.state == "live":
                         current[n] = replace(v, state="ready")
-            rec = cast(JSON, doc.get(model) or {})
             rec["versions"] = {str(n): asdict(v) for n, v in sorted(current.items())}
             if served is not None:
                 rec["served"] = cast(JSON, sorted(served))
@@ -316,9 +352,9 @@ class VersionRegistry:
 
     def begin(self, model: ModelConfig, version: int) -> None:
         """Record ``version`` of ``model`` as ``loading`` from its entry; a number already
-        used (even retired) is a ConfigError."""
-        if version < 1:
-            raise ConfigError(f"model versions are positive integers, not {version}")
+        used (even retired), or not one of 1 to :data:`hps.types.MAX_VERSION`, is a
+        ConfigError."""
+        check_number(version)
 
         def change(current: dict[int, VersionInfo]) -> None:
             if version in current:
@@ -357,7 +393,8 @@ class VersionRegistry:
 
     def set_live(self, model: str, version: int, served: list[int] | None = None) -> None:
         """Record ``version`` (ready or live) as the live one; the previous live one becomes
-        ``ready``. ``served``: the versions Triton was told to serve (default: computed)."""
+        ``ready``, recorded as the one a rollback returns to (:meth:`kept` keeps it).
+        ``served``: the versions Triton was told to serve (default: computed)."""
 
         def change(current: dict[int, VersionInfo]) -> int:
             v = self._known(model, current, version)

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import re
 import shutil
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import TypeVar
 
 from hps.config import ModelConfig, PSConfig
-from hps.config.model import MAX_DIM
+from hps.config.model import CTR_SUFFIX, MAX_DIM
 from hps.ctr.network import check_dense_inputs
 from hps.errors import BackendError, ConfigError
 from hps.loading.imports import (
@@ -39,7 +40,7 @@ from hps.rowformat import ROW_DTYPES
 from hps.tiers import Tiers
 from hps.topology import topology
 from hps.versions.node_record import HOLDING, IMPORTED
-from hps.versions.registry import VersionRegistry, VersionState
+from hps.versions.registry import VersionRegistry, VersionState, check_number
 from hps.versions.shared_rows import holding, not_as_here
 
 log = logging.getLogger(__name__)
@@ -145,6 +146,7 @@ def import_version(
     """Import ``entry`` (see :func:`version_entry`) as ``version`` of its model, beside the
     versions there are; rows imported per table. On failure nothing of it is left recorded
     and its partial rows are dropped."""
+    check_number(version)  # before its marker is made
     registry = VersionRegistry(config)
     model = entry.model
     if len(entry.sparse_files) != len(entry.tables):
@@ -256,16 +258,17 @@ def drop_versions(
     return set(held)
 
 
-def retire(config: PSConfig, model: str, version: int) -> None:
+def retire(config: PSConfig, model: str, version: int, repository: Path | None = None) -> None:
     """Record ``version`` retired and drop its rows in every tier (not the live one, nor
-    one Triton serves), under the node's lock of version changes. A version retired
+    one Triton serves: :func:`check_unserved`, with the model repository ``repository``,
+    default ``hps serve``'s), under the node's lock of version changes. A version retired
     before whose rows are left (a drop that failed) has them dropped now."""
     registry = VersionRegistry(config)
     with registry.changing():
-        retire_held(config, model, version)
+        retire_held(config, model, version, repository)
 
 
-def retire_held(config: PSConfig, model: str, version: int) -> None:
+def retire_held(config: PSConfig, model: str, version: int, repository: Path | None = None) -> None:
     """:func:`retire` for a caller that holds ``VersionRegistry.changing`` (an activation).
 
     The version is recorded retired (nothing starts serving it or routes updates to it)
@@ -273,7 +276,10 @@ def retire_held(config: PSConfig, model: str, version: int) -> None:
     (L3 held by ``hps consume``: BackendError) or the process dies before it ends, the
     record says so and the next retire of it, activation of the model or purge drops
     them (dropping is idempotent). A failed drop is a BackendError saying the version is
-    retired and what to run."""
+    retired and what to run. Its rows dropped, its files on this node go too (its copied
+    dense and network files, its import's marker: :func:`drop_version_files`), unless its
+    rows in a shared L2 are kept for another node: then they go with those rows
+    (:func:`hps.versions.shared_rows.release`)."""
     registry = VersionRegistry(config)
     info = registry.get(model, version)
     if info.state == "live":
@@ -282,11 +288,8 @@ def retire_held(config: PSConfig, model: str, version: int) -> None:
         return
     if info.state == "loading" and not _abandoned(config, model, version):
         raise ConfigError(f"model {model!r} version {version} is being imported")
-    if info.state != "retired" and version in registry.served(model):
-        raise ConfigError(
-            f"model {model!r} version {version} is served (kept for rollback below the live "
-            "one): activate a version below it first"
-        )
+    if info.state != "retired":
+        check_unserved(config, registry, model, version, repository)
     registry.set_state(model, version, "retired", rows_left=True)  # first: nothing serves it
     try:
         kept = drop_versions(config, [info.model_config()])
@@ -297,5 +300,95 @@ def retire_held(config: PSConfig, model: str, version: int) -> None:
             "activation of the model or purge"
         ) from exc
     registry.set_state(model, version, "retired", shared_rows_left=bool(kept))
+    if not kept:
+        drop_files_logged(config, model, version)
     log.info("model %s: version %d retired, its rows dropped%s", model, version,
              " (in the shared L2 once no other node holds it)" if kept else "")  # fmt: skip
+
+
+def check_unserved(
+    config: PSConfig,
+    registry: VersionRegistry,
+    model: str,
+    version: int,
+    repository: Path | None = None,
+) -> None:
+    """ConfigError where Triton may serve ``version`` of ``model``: the record serves it
+    (:meth:`VersionRegistry.served`), or the version policy last written into the model
+    repository ``repository`` (default ``hps serve``'s: :func:`written_policy`) names it,
+    which the record does not know of after an activation that did not finish (its
+    process killed after Triton loaded the version, or a failed load it could not undo)."""
+    if version in registry.served(model):
+        raise ConfigError(
+            f"model {model!r} version {version} is served (kept for rollback below the live "
+            "one): activate a version below it first"
+        )
+    named = sorted(name for name, given in written_policy(config, model, repository).items()
+                   if version in given)  # fmt: skip
+    if named:
+        live = registry.live(model)
+        raise ConfigError(
+            f"model {model!r} version {version} may be served by Triton: the version policy "
+            f"written for {', '.join(named)} names it, though the record does not (an "
+            f"activation that did not finish); activate version {live} (the recorded live "
+            f"one) to put Triton back on the record, or {version} to finish that "
+            "activation, before retiring it"
+        )
+
+
+_POLICY = re.compile(r"^version_policy:\s*\{\s*specific:\s*\{\s*versions:\s*\[([^\]]*)\]", re.M)
+
+
+def written_policy(
+    config: PSConfig, model: str, repository: Path | None = None
+) -> dict[str, list[int]]:
+    """Per Triton model of ``model`` (``<model>``, ``<model>_ctr``) in the model repository
+    ``repository`` (default: the one ``hps serve`` writes beside L3), the versions its
+    version policy names as an activation last wrote it (what Triton was told to load); a
+    model without a folder there (no repository, a removed model) is left out. Local files
+    only: cheap."""
+    from hps.triton.repository import get_parameter, repository_dir
+
+    repository = repository or repository_dir(config)
+    if repository is None:
+        return {}
+    out: dict[str, list[int]] = {}
+    for name in (model, model + CTR_SUFFIX):
+        path = repository / name / "config.pbtxt"
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path}: {exc}") from None
+        if get_parameter(text, "hps_model") not in (None, model):
+            continue  # another model's Triton model (a model named <model>_ctr)
+        found = _POLICY.search(text)
+        if found is not None:
+            out[name] = [int(v) for v in re.findall(r"\d+", found.group(1))]
+    return out
+
+
+def drop_version_files(config: PSConfig, model: str, version: int) -> None:
+    """Delete what ``version`` of ``model`` left on this node beside its rows (the marker of
+    its import, its copied dense and network files), and the model's folder there once
+    empty: for a version whose rows are dropped (retired, purged, a failed add's)."""
+    state = topology(config).state_dir
+    if state is None:
+        return
+    marker = _marker(config, model, version)
+    marker.unlink(missing_ok=True)
+    folder = marker.parent  # <node>.hps-versions/<model>
+    shutil.rmtree(folder / str(version), ignore_errors=True)
+    with suppress(OSError):  # another version's files there: kept
+        folder.rmdir()
+
+
+def drop_files_logged(config: PSConfig, model: str, version: int) -> None:
+    """:func:`drop_version_files`, a failure logged: the version's rows are dropped and
+    recorded so, and files left behind serve nothing."""
+    try:
+        drop_version_files(config, model, version)
+    except Exception as exc:  # noqa: BLE001 - what matters (its rows) is done
+        log.warning("model %s version %d: its files on this node were not deleted (%s)",
+                    model, version, exc)  # fmt: skip

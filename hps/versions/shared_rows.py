@@ -71,9 +71,11 @@ def not_as_here(tiers: Tiers, spec: TableSpec) -> bool:
 def release(config: PSConfig) -> list[tuple[str, int]]:
     """Drop the shared L2's rows of the versions recorded ``shared_rows_left`` that no other
     node holds any more (their tables another node imported in another format left as they
-    are), and record them dropped; the ``(model, version)`` released. A version that cannot
-    be (its recorded entry unreadable, a drop refused) is logged once and left for the next
-    call; the others go on. Redis unreachable: :class:`hps.errors.BackendError`."""
+    are), and record them dropped, its files on this node deleted with them
+    (:func:`hps.versions.rollout.drop_version_files`); the ``(model, version)`` released. A
+    version that cannot be (its recorded entry unreadable, a drop refused) is logged once
+    and left for the next call; the others go on. Redis unreachable:
+    :class:`hps.errors.BackendError`."""
     registry = VersionRegistry(config)
     left = registry.shared_rows_left()
     if not left:
@@ -98,6 +100,10 @@ def release(config: PSConfig) -> list[tuple[str, int]]:
                     _FAILED.add((model, info.version))
                 continue
             _FAILED.discard((model, info.version))
+            if not info.rows_left:  # its last rows gone: its files on this node go too
+                from hps.versions.rollout import drop_files_logged
+
+                drop_files_logged(config, model, info.version)
             released.append((model, info.version))
             log.info("model %s version %d: no other node holds it any more; its rows in the "
                      "shared L2 dropped", model, info.version)  # fmt: skip

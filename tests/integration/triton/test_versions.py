@@ -220,3 +220,34 @@ def test_bench_rollout_reports_the_cutover_of_both_steps() -> None:
         assert row["failures"] == 0 and row["reads"] > 0
         assert row["first_new_s"] >= 0 and row["p99_cutover_ms"] > 0
         assert row["max_cutover_ms"] >= row["p99_cutover_ms"]
+
+
+def test_a_failed_load_of_the_ctr_model_leaves_both_models_on_the_old_version(
+    site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Version 2's dense weights gone (its CTR instances cannot start): demo loads version
+    2, demo_ctr fails to; the activation reloads demo with its old policy, so unversioned
+    requests of both models still get version 1, as the record says, and version 2 can be
+    retired."""
+    from hps.errors import RequestError
+    from hps.versions.rollout import retire
+
+    monkeypatch.chdir(site)
+    config = serving_config("demo/ps.json")
+    import_version(config, version_entry(config, "demo", sparse_files=write_version(
+        site / "v2", 2)), 2)  # fmt: skip
+    dense = Path(VersionRegistry(config).model_at("demo", 2).dense_file)
+    dense.write_bytes(b"not weights")  # the version's own copy
+    proc, url = started(site)
+    try:
+        with pytest.raises(RequestError, match="load failed for model 'demo_ctr'"):
+            activate(config, "demo", 2, control(site, url), repository_dir(config))
+        assert served_version(url) == "1"
+        triton = control(site, url)
+        assert triton.version_states("demo").get(2) != "READY"
+        assert {v for v, s in triton.version_states("demo").items() if s == "READY"} == {1}
+        assert VersionRegistry(config).live("demo") == 1
+        retire(config, "demo", 2)
+        assert VersionRegistry(config).get("demo", 2).state == "retired"
+    finally:
+        stop(proc)

@@ -34,7 +34,7 @@ from hps.updates import Publisher
 from hps.updates.shared_record import RecordFollower, RecordPublisher
 from hps.versions import VersionRegistry
 from hps.versions.node_record import FORGET_S, NodeRecord, node_name
-from hps.versions.rollout import import_version, retire, version_entry
+from hps.versions.rollout import _marker, import_version, retire, version_entry
 from hps.versions.shared_rows import release
 from tests.fixtures.kafka import update_doc, wait_for
 from tests.helpers import rows
@@ -293,6 +293,9 @@ def test_a_retire_keeps_the_shared_rows_of_a_version_another_node_holds(
         store.open_table(spec)
         return bool(store.fetch(spec.name, keys)[1].all())
 
+    def files(node: PSConfig) -> bool:  # the version's files on the node (its import's marker)
+        return _marker(node, model, 2).exists()
+
     try:
         pub_a.publish()
         pub_b.publish()
@@ -301,16 +304,18 @@ def test_a_retire_keeps_the_shared_rows_of_a_version_another_node_holds(
         assert (info.state, info.shared_rows_left) == ("retired", True)
         assert not in_l3(a) and in_l3(b)  # a's own copy dropped
         assert in_redis()  # b's lookups of version 2 still hit Redis
+        assert files(a)  # kept with the rows kept for b
         pub_a.publish()  # b still holds it: nothing released
-        assert in_redis() and VersionRegistry(a).get(model, 2).shared_rows_left
+        assert in_redis() and VersionRegistry(a).get(model, 2).shared_rows_left and files(a)
 
         retire(b, model, 2)  # a's record says retired: b is the last, Redis's rows go
         assert not VersionRegistry(b).get(model, 2).shared_rows_left and not in_l3(b)
-        assert not in_redis()
+        assert not in_redis() and not files(b)
         store.insert(spec.name, keys[:1], rows(keys[:1], 4, seed=5))  # (dropped again below)
         pub_b.publish()
         pub_a.publish()  # nobody holds it: a drops what is left and clears its flag
         assert not in_redis() and not VersionRegistry(a).get(model, 2).shared_rows_left
+        assert not files(a)  # its files went with its last rows
     finally:
         for part in (pub_a, pub_b):
             part.close()

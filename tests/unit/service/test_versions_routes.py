@@ -341,3 +341,25 @@ def test_a_ps_json_edited_for_the_retrain_is_a_409_at_the_first_versioned_import
     assert not (tmp_path / "rocksdb.hps-versions.json").exists()  # nothing recorded
     cfs = rd.Rdict.list_cf(str(tmp_path / "rocksdb"), rd.Options(raw_mode=True))
     assert [c for c in cfs if "@" in c] == []  # nothing written
+
+
+def test_a_version_the_written_version_policy_names_is_not_retired(
+    admin: tuple[TestClient, AdminState], tmp_path: Path
+) -> None:
+    """An activation of version 2 that did not finish (its process killed after Triton was
+    given the policy [1, 2]): the record does not serve 2, the repository's policy does;
+    DELETE is a 409 saying what to run, and goes through once the policy is settled."""
+    client, state = admin
+    assert import_v(client, {"version": 2, "sparse_files": write_tables(tmp_path / "v2", 5)})
+    assert state.repository is not None
+    policy = state.repository / "demo" / "config.pbtxt"
+    policy.parent.mkdir(parents=True, exist_ok=True)
+    policy.write_text('name: "demo"\nversion_policy: { specific: { versions: [ 1, 2 ] } }\n')
+    r = client.delete("/v1/models/demo/versions/2")
+    assert r.status_code == 409, r.text
+    assert "version 2 may be served by Triton" in r.json()["detail"]
+    assert "activate version 1 (the recorded live one)" in r.json()["detail"]
+    assert VersionRegistry(state.config).get("demo", 2).state == "ready"
+    policy.write_text('name: "demo"\nversion_policy: { specific: { versions: [ 1 ] } }\n')
+    r = client.delete("/v1/models/demo/versions/2")
+    assert r.status_code == 200 and r.json()["changed"] is True, r.text

@@ -8,7 +8,7 @@ import pytest
 
 from hps.config import PSConfig
 from hps.errors import ConfigError, UnknownTableError
-from hps.types import TableSpec
+from hps.types import MAX_VERSION, TableSpec
 from hps.versions import VersionRegistry
 from tests.helpers import make_config
 
@@ -62,43 +62,85 @@ def test_import_activate_and_rollback_states(config: PSConfig) -> None:
     assert states == {1: "live", 2: "ready"}  # recorded, read back by another reader
 
 
+def keeping(tmp_path: Path, keep: int) -> VersionRegistry:
+    """A registry of model demo with ``hps_keep_versions`` = ``keep``."""
+    entry = make_config(tmp_path).model("demo").model_dump(mode="json")
+    return VersionRegistry(make_config(tmp_path, models=[{**entry, "hps_keep_versions": keep}]))
+
+
+def test_the_version_live_before_is_kept_for_rollback(config: PSConfig) -> None:
+    """Activating 2 while 3 is imported already keeps 1, live a moment ago (what a
+    rollback returns to), and 3 (imported for a later activation): nothing is retired."""
+    registry = VersionRegistry(config)
+    for n in (2, 3):
+        add(registry, n)
+    assert registry.kept("demo", live=2) == [1, 2, 3]
+    assert registry.served("demo", live=2) == [1, 2]
+    registry.set_live("demo", 2)
+    assert registry.beyond_kept("demo") == [] and registry.served("demo") == [1, 2]
+    registry.set_live("demo", 3)  # 2 live before it: kept and served, 1 beyond
+    assert registry.kept("demo") == [2, 3] and registry.beyond_kept("demo") == [1]
+    assert VersionRegistry(config).served("demo") == [2, 3]  # read back by another reader
+
+
 def test_keep_versions_bounds_what_is_kept(config: PSConfig) -> None:
     registry = VersionRegistry(config)
     for n in (2, 3, 4):
         add(registry, n)
+    registry.set_live("demo", 2)
     registry.set_live("demo", 4)
-    assert registry.kept("demo") == [3, 4]  # hps_keep_versions = 2, the live one included
-    assert registry.beyond_kept("demo") == [1, 2]
-    assert registry.served("demo") == [3, 4]
+    assert registry.kept("demo") == [2, 4]  # hps_keep_versions = 2: live, and live before
+    assert registry.beyond_kept("demo") == [1, 3]
+    assert registry.served("demo") == [2, 4]
+    for n in (1, 3):
+        registry.set_state("demo", n, "retired")  # what the activation of 4 retires
+    registry.set_live("demo", 2)  # a rollback: 4, above the live one, kept but not served
+    assert registry.kept("demo") == [2, 4] and registry.served("demo") == [2]
 
 
-@pytest.mark.parametrize("keep", [1, 2, 3, 4, 5, 6, 7])
-def test_every_keep_count_keeps_that_many_versions(tmp_path: Path, keep: int) -> None:
-    """The live one and the highest others, ``hps_keep_versions`` in all (or all there are)."""
-    entry = make_config(tmp_path).model("demo").model_dump(mode="json")
-    registry = VersionRegistry(make_config(tmp_path, models=[{**entry, "hps_keep_versions": keep}]))
-    for n in (2, 3, 4):
+@pytest.mark.parametrize(
+    ("keep", "kept"),
+    [
+        (1, [4, 5]),  # the live one, and 5 above it (imported for a later activation)
+        (2, [2, 4, 5]),  # and 2, live before 4
+        (3, [2, 3, 4, 5]),  # and the highest other below the live one
+        (4, [1, 2, 3, 4, 5]),
+        (7, [1, 2, 3, 4, 5]),
+    ],
+)
+def test_every_keep_count_keeps_that_many_versions(
+    tmp_path: Path, keep: int, kept: list[int]
+) -> None:
+    """The live one, the one live before it, the highest others below the live one,
+    ``hps_keep_versions`` in all (or all there are); those above the live one besides."""
+    registry = keeping(tmp_path, keep)
+    for n in (2, 3, 4, 5):
         add(registry, n)
-    assert registry.kept("demo", live=3) == sorted({3, *[4, 2, 1][: keep - 1]})
-    registry.set_live("demo", 3)
-    assert registry.beyond_kept("demo") == [v for v in (1, 2, 4) if v not in registry.kept("demo")]
+    registry.set_live("demo", 2)
+    assert registry.kept("demo", live=4) == kept
+    assert registry.served("demo", live=4) == [v for v in kept if v <= 4]
+    registry.set_live("demo", 4)
+    assert registry.kept("demo") == kept
+    assert registry.beyond_kept("demo") == [v for v in (1, 2, 3, 5) if v not in kept]
 
 
 def test_what_triton_serves_stays_recorded_when_a_later_import_changes_what_is_kept(
-    config: PSConfig,
+    tmp_path: Path,
 ) -> None:
-    registry = VersionRegistry(config)
-    add(registry, 2)
-    registry.set_live("demo", 2, served=[1, 2])  # what an activation gave Triton
-    add(registry, 3)  # imported since: kept is now [2, 3]
-    assert registry.kept("demo") == [2, 3] and registry.served("demo") == [1, 2]
-    assert registry.served("demo", live=2) == [2]  # what the next activation would give
+    registry = keeping(tmp_path, 3)
+    for n in (4, 5):
+        add(registry, n)
+    registry.set_live("demo", 4)
+    registry.set_live("demo", 5, served=[1, 4, 5])  # what an activation gave Triton
+    add(registry, 3)  # imported since, below the live one: kept is now [3, 4, 5]
+    assert registry.kept("demo") == [3, 4, 5] and registry.served("demo") == [1, 4, 5]
+    assert registry.served("demo", live=5) == [3, 4, 5]  # what the next activation would give
     from hps.versions.rollout import retire
 
     with pytest.raises(ConfigError, match="version 1 is served"):
-        retire(config, "demo", 1)  # Triton still routes version-1 requests to its rows
-    registry.set_live("demo", 3)  # recorded with what it computes: [2, 3]
-    assert registry.served("demo") == [2, 3]
+        retire(registry.config, "demo", 1)  # Triton still routes version-1 requests to its rows
+    registry.set_live("demo", 5)  # recorded with what it computes
+    assert registry.served("demo") == [3, 4, 5]
 
 
 def test_numbers_are_never_reused_and_the_live_one_cannot_retire(config: PSConfig) -> None:
@@ -113,6 +155,17 @@ def test_numbers_are_never_reused_and_the_live_one_cannot_retire(config: PSConfi
         registry.set_live("demo", 7)
     with pytest.raises(ConfigError, match="positive"):
         registry.begin(config.model("demo"), 0)
+
+
+def test_a_version_number_above_max_version_is_refused(config: PSConfig) -> None:
+    """The control plane's and the command line's bound, 2**31 - 1: the record refuses a
+    number above it too (a caller in Python), recording nothing."""
+    registry = VersionRegistry(config)
+    with pytest.raises(ConfigError, match=f"positive integers up to {MAX_VERSION}, not 2147483648"):
+        registry.begin(config.model("demo"), MAX_VERSION + 1)
+    assert [v.version for v in registry.versions("demo")] == [1]
+    add(registry, MAX_VERSION)
+    assert registry.get("demo", MAX_VERSION).state == "ready"
 
 
 def test_a_failed_import_leaves_no_record(config: PSConfig) -> None:

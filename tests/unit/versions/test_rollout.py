@@ -411,3 +411,103 @@ def test_the_sparse_files_and_dense_weights_must_take_the_version_s_dims(
         version_entry(config, "demo", dense_file=str(tmp_path / "ctr12.npz"), dims=[8])
     with pytest.raises(ConfigError, match="not CTR weights"):
         version_entry(config, "demo", dims=[8])  # the ps.json's dense_file, for dims 4 and 8
+
+
+def version_files(config: PSConfig, version: int) -> list[str]:
+    """What the node's versions folder holds of ``version`` of demo (its copies, its
+    import's marker)."""
+    from hps.loading.imports import node_file
+    from hps.versions.rollout import VERSIONS_DIR
+
+    folder = node_file(Path(config.persistent_db.path), VERSIONS_DIR) / "demo"
+    return sorted(
+        str(p.relative_to(folder)) for p in folder.glob(f"{version}*") if p.is_file()
+    ) + sorted(str(p.relative_to(folder)) for p in folder.glob(f"{version}/*"))
+
+
+def test_a_retire_deletes_the_version_s_files_once_its_rows_are_dropped(
+    config: PSConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its copied dense file and its import's marker go with its rows; a retire whose drop
+    failed leaves them until the drop is done; rows kept in a shared L2 for another node
+    keep them until those are dropped too."""
+    from hps.storage.rocks_db import RocksDBStore
+    from hps.versions import rollout
+
+    for v in (2, 3):
+        import_version(
+            config, version_entry(config, "demo", sparse_files=tables(tmp_path / f"v{v}", v)), v
+        )
+    assert version_files(config, 2) == ["2.importing", "2/dense.npz"]
+    holder = RocksDBStore(config.persistent_db.path)  # hps consume holds L3's writer lock
+    try:
+        with pytest.raises(BackendError, match="its rows could not be dropped"):
+            retire(config, "demo", 2)
+    finally:
+        holder.close()
+    assert version_files(config, 2) == ["2.importing", "2/dense.npz"]  # rows left: kept
+    retire(config, "demo", 2)
+    assert version_files(config, 2) == []
+    assert version_files(config, 3) == ["3.importing", "3/dense.npz"]  # another version's
+
+    drop = rollout.drop_versions
+    monkeypatch.setattr(rollout, "drop_versions",
+                        lambda *a: drop(*a) or {("demo", 3)})  # fmt: skip
+    retire(config, "demo", 3)  # another node holds its rows in the shared L2
+    assert VersionRegistry(config).get("demo", 3).shared_rows_left
+    assert version_files(config, 3) == ["3.importing", "3/dense.npz"]
+
+
+def test_a_retire_refuses_a_version_the_written_version_policy_names(
+    config: PSConfig, tmp_path: Path
+) -> None:
+    """The activator of version 2 killed after it gave Triton the policy [1, 2] (Triton
+    serves 2) and before it recorded 2 live: the record does not serve 2, the policy in
+    hps serve's model repository does; the retire is refused, saying what to run."""
+    from hps.triton.repository import repository_dir
+
+    import_version(
+        config, version_entry(config, "demo", sparse_files=tables(tmp_path / "v2", 7)), 2
+    )
+    repo = repository_dir(config)
+    assert repo is not None
+    for name, versions in (("demo", "1, 2"), ("demo_ctr", "1")):
+        (repo / name).mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nparameters: [\n  {{ key: "hps_model", value: {{ string_value: '
+            f'"demo" }} }}\n]\nversion_policy: {{ specific: {{ versions: [ {versions} ] }} }}\n'
+        )
+    assert VersionRegistry(config).served("demo") == [1]
+    with pytest.raises(ConfigError) as exc:
+        retire(config, "demo", 2)
+    assert str(exc.value) == (
+        "model 'demo' version 2 may be served by Triton: the version policy written for demo "
+        "names it, though the record does not (an activation that did not finish); activate "
+        "version 1 (the recorded live one) to put Triton back on the record, or 2 to finish "
+        "that activation, before retiring it"
+    )
+    assert VersionRegistry(config).get("demo", 2).state == "ready"
+    other = tmp_path / "other"  # another repository (hps admin --repository) names it not
+    (other / "demo").mkdir(parents=True)
+    (other / "demo" / "config.pbtxt").write_text(
+        "version_policy: { specific: { versions: [ 1 ] } }\n"
+    )
+    from hps.versions.rollout import written_policy
+
+    assert written_policy(config, "demo") == {"demo": [1, 2], "demo_ctr": [1]}
+    assert written_policy(config, "demo", other) == {"demo": [1]}
+    retire(config, "demo", 2, other)
+    assert VersionRegistry(config).get("demo", 2).state == "retired"
+
+
+def test_a_version_number_above_max_version_is_refused_before_anything_is_written(
+    config: PSConfig, tmp_path: Path
+) -> None:
+    from hps.types import MAX_VERSION
+
+    entry = version_entry(config, "demo", sparse_files=tables(tmp_path / "v2", 7))
+    with pytest.raises(ConfigError, match="positive integers up to 2147483647, not 2147483648"):
+        import_version(config, entry, MAX_VERSION + 1)
+    assert [v.version for v in VersionRegistry(config).versions("demo")] == [1]
+    assert version_files(config, MAX_VERSION + 1) == []
+    assert not Path(config.persistent_db.path).exists()  # no L3 written
