@@ -359,8 +359,14 @@ class VersionRegistry:
         def change(current: dict[int, VersionInfo]) -> None:
             if version in current:
                 state = current[version].state
+                unfinished = (
+                    " (an import of it runs, or died: `hps versions retire` it to drop what "
+                    "it wrote)"
+                    if state == "loading"
+                    else ""
+                )
                 raise ConfigError(
-                    f"model {model.model!r} version {version} exists ({state}); "
+                    f"model {model.model!r} version {version} exists ({state}){unfinished}; "
                     "import under a new number"
                 )
             entry = model.model_dump(mode="json")

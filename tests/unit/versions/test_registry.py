@@ -147,8 +147,11 @@ def test_numbers_are_never_reused_and_the_live_one_cannot_retire(config: PSConfi
     registry = VersionRegistry(config)
     add(registry, 2)
     registry.set_state("demo", 2, "retired")
-    with pytest.raises(ConfigError, match="version 2 exists \\(retired\\)"):
+    with pytest.raises(ConfigError, match="version 2 exists \\(retired\\); import under"):
         add(registry, 2)
+    registry.begin(config.model("demo"), 3)  # an import that died: retiring it frees its rows
+    with pytest.raises(ConfigError, match="exists \\(loading\\) \\(an import of it runs, or died"):
+        add(registry, 3)
     with pytest.raises(ConfigError, match="is live"):
         registry.set_state("demo", 1, "retired")
     with pytest.raises(UnknownTableError, match="no version 7"):
