@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from hps.config.common import Frozen, from_env
 
 MAX_VERSION_AHEAD_S = 30 * 86_400.0  # a month: the bound keeps the ns arithmetic finite
+UPDATE_TOPIC_RE = re.compile(r"hps_et\.[A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]+")
+"""An update topic's name, ``hps_et.<model>.<table>`` (:func:`hps.updates.codec.topic_name`)."""
 
 
 class UpdateSourceConfig(Frozen):
@@ -40,6 +43,18 @@ class UpdateSourceConfig(Frozen):
         default={},
         description="librdkafka setting -> env variable NAME holding it, or NAME_FILE a file",
     )
+
+    @field_validator("hps_dead_letter_topic")
+    @classmethod
+    def _dead_letters_apart(cls, v: str) -> str:
+        # a consumer of that topic would read its own dead letters back, refuse them again
+        # and send them there again: for ever
+        if UPDATE_TOPIC_RE.fullmatch(v):
+            raise ValueError(
+                f"{v!r} has the name of an update topic (hps_et.<model>.<table>); dead letters "
+                "must go to a topic that is not consumed, e.g. hps_et.dead_letter"
+            )
+        return v
 
     @model_validator(mode="before")
     @classmethod

@@ -125,6 +125,7 @@ class UpdateConsumer:
         self.failures = 0
         self._uncommitted = 0
         self._last_lag = 0.0
+        self._lag_series: set[tuple[str, int]] = set()  # the lag series this loop exports
         self._decode_s = 0.0  # decode time of the batch being assembled
 
     def run(self, stop: threading.Event) -> None:
@@ -277,7 +278,7 @@ class UpdateConsumer:
                     if applied.stale:
                         metrics.STALE_ROWS.labels(applied.table).inc(applied.stale)
                     self.rows_applied += applied.keys.size + applied.deleted.size
-                metrics.BATCH_SECONDS.observe(time.perf_counter() - start)
+                metrics.observe_batch(self.recorder, time.perf_counter() - start)
                 self._retired_meanwhile(updates)
                 return True
             except BackendError as exc:
@@ -336,7 +337,7 @@ class UpdateConsumer:
             metrics.DEAD_LETTERS.labels(reason.split(":", 1)[0]).inc()
             if self.dead_letters is None:
                 log.error(
-                    "dropping undecodable message %s[%d]@%d: %s",
+                    "dropping invalid message %s[%d]@%d (no dead-letter topic): %s",
                     msg.topic(),
                     msg.partition(),
                     msg.offset(),
@@ -367,7 +368,8 @@ class UpdateConsumer:
 
     def _export_lag(self, inflight: Sequence[Message] = ()) -> None:
         """Messages behind each partition's end, from the first of ``inflight`` (a batch not
-        applied yet) where it has one, else from the consumer's position."""
+        applied yet) where it has one, else from the consumer's position. The series of
+        partitions this consumer no longer holds (revoked, lost, their topic left) go."""
         now = time.monotonic()
         if now - self._last_lag < LAG_INTERVAL_S:
             return
@@ -376,5 +378,13 @@ class UpdateConsumer:
         for m in inflight:
             key = (m.topic() or "", m.partition() or 0)
             first[key] = min(first.get(key, m.offset() or 0), m.offset() or 0)
-        for (topic, partition), lag in self.source.lag(first).items():
-            metrics.CONSUMER_LAG.labels(topic, str(partition)).set(lag)
+        try:
+            lag = self.source.lag(first)
+        except BackendError as exc:  # the series stay as they were until the next read
+            log.debug("lag unavailable: %s", exc)
+            return
+        for topic, partition in self._lag_series - lag.keys():
+            metrics.CONSUMER_LAG.remove(topic, str(partition))
+        for (topic, partition), behind in lag.items():
+            metrics.CONSUMER_LAG.labels(topic, str(partition)).set(behind)
+        self._lag_series = set(lag)

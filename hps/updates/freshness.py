@@ -100,15 +100,19 @@ class L1Refresher:
 
     def now(self, table: str, keys: Keys, rows: Stored | None) -> None:
         """Pass 1: ``rows`` (stored rows of the table's format) for upserts, ``None`` for
-        deletes."""
+        deletes. Only resident keys change (an upsert never inserts); they are counted in
+        ``hps_updates_l1_refreshed_keys_total``, each distinct key once."""
         cache = self.session.caches.get(table)
         if cache is None or keys.size == 0:
             return
         if rows is None:
+            keys = np.unique(keys)
+            held = int(np.count_nonzero(cache.resident(keys)))
             cache.evict(keys)
-        else:
-            self.session.update_rows(table, keys, rows)
-        metrics.L1_REFRESHED.labels(table).inc(keys.size)
+        else:  # the cache checks the rows' format and says which keys it held
+            held = int(np.count_nonzero(cache.update(keys, rows)))
+        if held:
+            metrics.L1_REFRESHED.labels(table).inc(held)
 
     def resident(self, table: str, keys: Keys) -> Mask:
         """Which keys are in L1 (after pass 1: they are served from there)."""

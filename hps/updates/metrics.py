@@ -10,7 +10,9 @@ it did with it through a :class:`Recorder`:
   ``hps_update_stage_seconds{stage}``;
 - every serving process: ``hps_update_freshness_seconds{table}``, from the publish timestamp
   to the moment the process serves the update (:class:`BufferedRecorder`, flushed into
-  Triton's /metrics by :mod:`hps.triton.model.metrics`).
+  Triton's /metrics by :mod:`hps.triton.model.metrics`, which also sends on the
+  ``hps_updates_*`` counters and lag of the process's update thread:
+  :data:`FORWARDED_COUNTERS`).
 
 Ages measured against a timestamp from another machine's clock (:func:`age_s`) are clamped
 at 0 when negative (that clock runs ahead of ours) and counted in
@@ -46,10 +48,13 @@ DEAD_LETTERS = Counter(
 FAILURES = Counter(
     "hps_updates_apply_failures_total", "Batch applications that failed and were retried"
 )
+BATCH_BUCKETS: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+)  # fmt: skip
 BATCH_SECONDS = Histogram(
     "hps_updates_batch_seconds",
     "Time to apply one batch to L2 and L3 (durably)",
-    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+    buckets=BATCH_BUCKETS,
 )
 RECORD_NODES = Gauge(
     "hps_updates_version_record_nodes",
@@ -57,8 +62,22 @@ RECORD_NODES = Gauge(
     "(hps consume --versions-from-l2)",
 )
 L1_REFRESHED = Counter(
-    "hps_updates_l1_refreshed_keys_total", "Keys whose L1 rows an update refreshed", ["table"]
+    "hps_updates_l1_refreshed_keys_total",
+    "Keys resident in L1 that an update gave a new row or evicted (serving processes)",
+    ["table"],
 )
+
+FORWARDED_COUNTERS: dict[str, Counter] = {
+    "applied_rows": APPLIED_ROWS,
+    "stale_rows": STALE_ROWS,
+    "messages": MESSAGES,
+    "dead_letters": DEAD_LETTERS,
+    "apply_failures": FAILURES,
+    "l1_refreshed": L1_REFRESHED,
+}
+"""The counters a serving process's update thread keeps in this process's registry, which
+nothing serves there: :mod:`hps.triton.model.metrics` sends them on to Triton's /metrics
+(with :data:`CONSUMER_LAG`, and :data:`BATCH_SECONDS` through a :class:`BufferedRecorder`)."""
 
 # -- per-stage timing -------------------------------------------------------------------------
 
@@ -100,6 +119,14 @@ CLOCK_AHEAD = Gauge(
     "hps_update_clock_ahead_seconds",
     "Largest lead of a publishing clock over this process's seen (the clock-skew estimate)",
 )
+
+
+def observe_batch(recorder: Recorder, seconds: float) -> None:
+    """One batch's durable apply took ``seconds``: into this process's registry, and where
+    the recorder is a serving process's, to be sent on to Triton's /metrics too."""
+    BATCH_SECONDS.observe(seconds)
+    if isinstance(recorder, BufferedRecorder):
+        recorder.batch(seconds)
 
 
 def age_s(since_ns: int, now_ns: int | None = None) -> tuple[float, bool]:
@@ -158,6 +185,7 @@ class Drained:
 
     stages: list[tuple[str, float]] = field(default_factory=list)
     fresh: list[tuple[str, float]] = field(default_factory=list)
+    batches: list[float] = field(default_factory=list)  # hps_updates_batch_seconds
     skew: dict[str, int] = field(default_factory=dict)
     dropped: int = 0
 
@@ -183,6 +211,14 @@ class BufferedRecorder:
         if clamped:
             self._count_skew(name)
         self.stage(name, seconds)
+
+    def batch(self, seconds: float) -> None:
+        """The durable apply of one batch took ``seconds`` (``hps_updates_batch_seconds``)."""
+        with self._lock:
+            self._data.batches.append(seconds)
+            if len(self._data.batches) > self.limit:
+                del self._data.batches[0]
+                self._data.dropped += 1
 
     def fresh(self, table: str, since_ns: int, now_ns: int | None = None) -> None:
         seconds, clamped = age_s(since_ns, now_ns)

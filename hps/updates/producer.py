@@ -116,6 +116,7 @@ class Publisher:
 
         Duplicate keys in one call: the last row wins. Call :meth:`flush` to wait for delivery.
         """
+        self._check_open()
         k = _keys(keys, f"{model}.{table}")
         v = _vectors(vectors, k.size)
         ver = self._version(version)
@@ -130,6 +131,7 @@ class Publisher:
 
     def delete(self, model: str, table: str, keys: Keys, version: int | None = None) -> int:
         """Queue deletes of ``keys`` from every level of ``<model>.<table>``; return the version."""
+        self._check_open()
         k = _keys(keys, f"{model}.{table}")
         ver = self._version(version)
         topic = codec.topic_name(model, table)
@@ -150,6 +152,7 @@ class Publisher:
         the topic (librdkafka's first fetch of it: about 1 s). This does all of it now, for
         every table at once.
         """
+        self._check_open()
         topics = [codec.topic_name(model, t) for t in tables]
         self._learn_partitions(topics, timeout_s)
         with translated(f"metadata of {len(topics)} topics"):
@@ -252,9 +255,14 @@ class Publisher:
             raise BackendError("publisher is closed")
         return self._producer
 
-    def _produce(self, topic: str, payload: bytes, partition: int | None) -> None:
+    def _check_open(self) -> None:
+        """Refuse work on a closed publisher before anything else is done (a closed one
+        creates no topic and asks the broker nothing)."""
         if self._closed:
             raise BackendError("publisher is closed")
+
+    def _produce(self, topic: str, payload: bytes, partition: int | None) -> None:
+        self._check_open()
         producer = self._driver
         # -1: librdkafka's "unassigned", its partitioner chooses
         where = -1 if partition is None else partition

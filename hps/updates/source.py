@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from hps.errors import BackendError, ClientLost, ConfigError
+from hps.updates import metrics
 from hps.updates.kafka import (
     CONSUMER_DEFAULTS,
     Setting,
@@ -72,6 +73,9 @@ class MessageSource:
         refresh_ms = int(conf.get("topic.metadata.refresh.interval.ms", 300_000))
         self._partitions_every_s = refresh_ms / 1000 if refresh_ms > 0 else math.inf
         self.commit_failed = False  # the last asynchronous commit's answer (group mode)
+        # where reading starts, per held partition nothing was read of yet (the lag's base)
+        self._starts: dict[TopicPartitionKey, int] = {}
+        self._reset = conf.get("auto.offset.reset", "largest")
         driver: dict[str, object] = {**with_driver_log(conf)}
         if mode == "group":
             driver["on_commit"] = self._on_commit
@@ -161,10 +165,13 @@ class MessageSource:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("assigned %s", _describe(partitions))
+        for tp in partitions:  # a committed offset read before may have moved since
+            self._starts.pop((tp.topic, tp.partition), None)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Every message handed out before this poll is applied and stored: commit it now.
         log.info("revoked %s", _describe(partitions))
+        self._released(partitions)
         try:
             self.commit(asynchronous=False)
         except BackendError as exc:
@@ -175,6 +182,14 @@ class MessageSource:
         # The group moved on without us (a poll came too late): a commit would fail.
         log.warning("lost %s to the group: offsets stored since the last commit are read "
                     "again by their new owner", _describe(partitions))  # fmt: skip
+        self._released(partitions)
+
+    def _released(self, partitions: list[TopicPartition]) -> None:
+        """Forget what is known of ``partitions`` (revoked or lost): their lag series go
+        (their new owner exports them) and so do their starts."""
+        for tp in partitions:
+            self._starts.pop((tp.topic, tp.partition), None)
+            metrics.CONSUMER_LAG.remove(tp.topic, str(tp.partition))
 
     def _held(self) -> list[TopicPartition]:
         """The partitions this source reads now: the group's assignment as the driver holds
@@ -312,25 +327,50 @@ class MessageSource:
     def lag(
         self, unapplied: Mapping[TopicPartitionKey, int] | None = None
     ) -> dict[TopicPartitionKey, int]:
-        """Messages behind the high watermark, per assigned partition (cached watermarks),
-        from the position, or from ``unapplied``'s offset where it gives one below it (a
-        batch read but not applied yet)."""
+        """Messages behind the high watermark (cached) of each partition this source holds,
+        from its position, or from ``unapplied``'s offset where it gives one below it (a
+        batch read but not applied yet). A partition nothing was read of yet (no position)
+        counts from where reading it starts (:meth:`_start`). A partition whose high
+        watermark is not known yet is left out. Raises BackendError when the client cannot
+        say."""
+        held = self._held()
+        if not held:
+            return {}
         out: dict[TopicPartitionKey, int] = {}
-        try:
-            held = self._held()
-            if not held:
-                return out
-            with translated("reading the lag"):
-                positions = self._consumer.position(held)
-                for tp in positions:
-                    _, high = self._consumer.get_watermark_offsets(tp, cached=True)
-                    key = (tp.topic, tp.partition)
-                    at = min(tp.offset, (unapplied or {}).get(key, tp.offset))
-                    if high >= 0 and at >= 0:
-                        out[key] = max(0, high - at)
-        except BackendError as exc:
-            log.debug("lag unavailable: %s", exc)
+        with translated("reading the lag"):
+            positions = self._consumer.position(held)
+            starts = self._start([tp for tp in positions if tp.offset < 0])
+            for tp in positions:
+                key = (tp.topic, tp.partition)
+                _, high = self._consumer.get_watermark_offsets(tp, cached=True)
+                at = tp.offset if tp.offset >= 0 else starts.get(key, -1)
+                if unapplied and key in unapplied:
+                    at = unapplied[key] if at < 0 else min(at, unapplied[key])
+                if high >= 0 and at >= 0:
+                    out[key] = max(0, high - at)
         return out
+
+    def _start(self, unread: list[TopicPartition]) -> dict[TopicPartitionKey, int]:
+        """Where reading each of ``unread`` (held, nothing read yet) starts: the group's
+        committed offset (group and tail modes), else the offset it was assigned at, else
+        its low watermark. Asked of the broker once per partition and assignment."""
+        from confluent_kafka import TopicPartition
+
+        missing = [tp for tp in unread if (tp.topic, tp.partition) not in self._starts]
+        if missing:
+            found = self._committed_of(missing) if self.mode != "replay" else {}
+            fixed = {(tp.topic, tp.partition): tp.offset for tp in self._fixed}
+            for tp in missing:
+                key = (tp.topic, tp.partition)
+                at = found.get(key, fixed.get(key, -1))
+                if at < 0:  # from the beginning (or the end, for lack of anything better)
+                    low, high = self._consumer.get_watermark_offsets(
+                        TopicPartition(tp.topic, tp.partition), timeout=5.0
+                    )
+                    reset = str(self._reset)
+                    at = int(high) if reset in ("latest", "largest", "end") else int(low)
+                self._starts[key] = at
+        return {(tp.topic, tp.partition): self._starts[(tp.topic, tp.partition)] for tp in unread}
 
     def positions(self) -> dict[TopicPartitionKey, int]:
         """The next offset this consumer reads of each partition it holds (the group's

@@ -28,8 +28,17 @@ crashed the server. Sum over ``process`` for a model's totals. Families:
   from its publish timestamp to the moment this process serves it (docs/updates.md,
   "Freshness in production"); ``hps_update_stage_seconds{stage}``: the stages of an embedded
   applier; ``hps_update_clock_skew_total{where}``: ages clamped to 0 (the publishing clock
-  ran ahead). Observed by the update thread into a
+  ran ahead); ``hps_updates_batch_seconds``: the embedded applier's durable apply of each
+  batch. Observed by the update thread into a
   :class:`hps.updates.metrics.BufferedRecorder` and sent from here.
+- The update thread's counters, as ``hps consume`` serves them (docs/updates.md,
+  "Metrics"), read from this process's own registry (which nothing else serves) and sent
+  as deltas: ``hps_updates_applied_rows_total{table,kind}``,
+  ``hps_updates_stale_rows_total{table}``, ``hps_updates_messages_total{format}``,
+  ``hps_updates_dead_letters_total{reason}``, ``hps_updates_apply_failures_total``,
+  ``hps_updates_l1_refreshed_keys_total{table}``; and the gauge
+  ``hps_updates_consumer_lag{topic,partition}`` (a series the update thread removed goes
+  here too). ``table`` without the model's name, as in the freshness histogram.
 - ``hps_l1_device{device,reason}``: 1 for the array module this process's L1 caches run on
   (``numpy`` or ``cupy``) and why (``configured``, ``no_gpu``, ``calibrated``,
   ``gpu_failed``: :mod:`hps.cache.auto`); ``hps_l1_calibration_seconds{path}``: the medians that
@@ -50,7 +59,8 @@ from typing import TYPE_CHECKING, Any
 
 from hps.cache.device import Staging, held_staging
 from hps.lookup import LEVELS
-from hps.updates.metrics import BUCKETS, MAX_BUFFERED, BufferedRecorder
+from hps.updates import metrics as update_metrics
+from hps.updates.metrics import BATCH_BUCKETS, BUCKETS, MAX_BUFFERED, BufferedRecorder
 
 if TYPE_CHECKING:
     from hps.cache.auto import L1Device
@@ -108,8 +118,50 @@ FAMILIES = {
         "GAUGE",
         "Bytes of the L1 GPU host path's staging buffers held by this process",
     ),
+    # the update thread's own metrics (hps.updates.metrics), as hps consume serves them
+    "applied_rows": (
+        "hps_updates_applied_rows_total",
+        "COUNTER",
+        "Rows this process's embedded applier applied to L2/L3",
+    ),
+    "stale_rows": (
+        "hps_updates_stale_rows_total",
+        "COUNTER",
+        "Rows the embedded applier skipped because a newer version was applied",
+    ),
+    "messages": ("hps_updates_messages_total", "COUNTER", "Update messages decoded"),
+    "dead_letters": (
+        "hps_updates_dead_letters_total",
+        "COUNTER",
+        "Update messages refused (logged and dropped by the embedded applier)",
+    ),
+    "apply_failures": (
+        "hps_updates_apply_failures_total",
+        "COUNTER",
+        "Batch applications that failed and were retried (embedded applier)",
+    ),
+    "l1_refreshed": (
+        "hps_updates_l1_refreshed_keys_total",
+        "COUNTER",
+        "Keys resident in L1 that an update gave a new row or evicted",
+    ),
+    "lag": (
+        "hps_updates_consumer_lag",
+        "GAUGE",
+        "Messages published but not yet applied by the embedded applier, per partition",
+    ),
+    "batch": (
+        "hps_updates_batch_seconds",
+        "HISTOGRAM",
+        "Time the embedded applier took to apply one batch (durably)",
+    ),
 }
-BUCKETS_OF = {"latency": LATENCY_BUCKETS_US, "fresh": list(BUCKETS), "stage": list(BUCKETS)}
+BUCKETS_OF = {
+    "latency": LATENCY_BUCKETS_US,
+    "fresh": list(BUCKETS),
+    "stage": list(BUCKETS),
+    "batch": list(BATCH_BUCKETS),
+}
 
 
 class MetricsExporter:
@@ -143,6 +195,9 @@ class MetricsExporter:
         self._errors: dict[str, int] = {}
         self._staging = Staging(0, 0)
         self._next = 0.0
+        # the update thread's counters as last sent, by (family, its registry labels)
+        self._sent: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self._lag: set[tuple[str, ...]] = set()  # the lag series sent (keys of _metrics)
 
     def _metric(self, family: str, **labels: str) -> Any:
         key = (family, *labels.values())
@@ -232,10 +287,53 @@ class MetricsExporter:
         for table, seconds in data.fresh:
             queue.append(("fresh", (("table", table.split(".", 1)[-1]),), seconds))
         queue.extend(("stage", (("stage", stage),), seconds) for stage, seconds in data.stages)
+        queue.extend(("batch", (), seconds) for seconds in data.batches)
         for where, n in data.skew.items():
             self._metric("skew", where=where).increment(n)
+        self._forward_counters()
+        self._forward_lag()
+
+    def _forward_counters(self) -> None:
+        """What the update thread counted since the last flush (this process's registry)."""
+        for family, counter in update_metrics.FORWARDED_COUNTERS.items():
+            for sample in _samples(counter, "_total"):
+                ident = (family, tuple(sorted(sample.labels.items())))
+                delta = sample.value - self._sent.get(ident, 0.0)
+                if delta > 0:
+                    self._metric(family, **_short(sample.labels)).increment(delta)
+                    self._sent[ident] = sample.value
+
+    def _forward_lag(self) -> None:
+        """The lag gauge as the update thread left it: its series set, the ones it removed
+        (partitions no longer held) removed here too."""
+        now: set[tuple[str, ...]] = set()
+        for sample in _samples(update_metrics.CONSUMER_LAG, ""):
+            labels = _short(sample.labels)
+            self._metric("lag", **labels).set(sample.value)
+            now.add(("lag", *labels.values()))
+        for key in self._lag - now:
+            self._metrics.pop(key, None)  # released: Triton drops the series
+        self._lag = now
 
     def close(self) -> None:
         # Metrics must go before their families (the stub refuses the other order).
         self._metrics.clear()
         self._families.clear()
+
+
+def _samples(metric: Any, suffix: str) -> list[Any]:
+    """The samples of a prometheus_client metric named as the metric plus ``suffix`` (a
+    counter's ``_total``, not its ``_created``)."""
+    out: list[Any] = []
+    for family in metric.collect():
+        name = family.name + suffix
+        out.extend(sample for sample in family.samples if sample.name == name)
+    return out
+
+
+def _short(labels: dict[str, str]) -> dict[str, str]:
+    """Labels for Triton, in a fixed order; ``table`` without the model's name."""
+    out = {k: labels[k] for k in sorted(labels)}
+    if "table" in out:
+        out["table"] = out["table"].split(".", 1)[-1]
+    return out

@@ -32,7 +32,7 @@ from hps.triton.client import Client
 from hps.triton.repository import prepare_repository
 from hps.triton.serving import prepare_tables, serving_config
 from hps.triton.supervisor.server import TritonServer
-from hps.updates import Publisher, metrics
+from hps.updates import Publisher, codec, metrics
 from hps.updates.journal import Journal, journal_dir
 from hps.updates.runtime import build_service
 from tests.fixtures.kafka import running, update_source_doc, wait_for
@@ -44,6 +44,11 @@ ROWS, DIM = 300, 8
 EMBEDDED_STAGES = (
     "delivery", "batch", "decode", "l3_write", "l2_write", "sync", "l1_refresh", "l1_reread",
     "applied",
+)  # fmt: skip
+EMBEDDED_UPDATE_METRICS = (  # the embedded applier's own counters, sent on by the stub
+    "hps_updates_applied_rows_total{", "hps_updates_messages_total{",
+    'hps_updates_dead_letters_total{', 'reason="DecodeError"', "hps_updates_consumer_lag{",
+    "hps_updates_batch_seconds_count{", "hps_updates_l1_refreshed_keys_total{",
 )  # fmt: skip
 
 
@@ -138,6 +143,9 @@ def test_freshness_is_exported_and_reported(
                 new = rng.standard_normal((changed.size, DIM), dtype=np.float32)
                 pub.publish(model, "u", changed, new)
                 pub.flush()
+            if not shared:  # a bad message: the embedded applier logs and counts it
+                pub.produce_raw(codec.topic_name(model, "u"), b"garbage!", 0)
+                pub.flush()
 
             def served() -> bool:
                 got = client.lookup(model, changed[:8], [8]).reshape(8, DIM)
@@ -158,9 +166,11 @@ def test_freshness_is_exported_and_reported(
                 def staged() -> bool:
                     client.lookup(model, keys[:8], [8])
                     text = _metrics_text(server.metrics_url)
-                    return all(f'stage="{stage}"' in text for stage in EMBEDDED_STAGES)
+                    return all(f'stage="{stage}"' in text for stage in EMBEDDED_STAGES) and all(
+                        name in text for name in EMBEDDED_UPDATE_METRICS
+                    )
 
-                wait_for(staged, 30, "every stage of the embedded applier in /metrics")
+                wait_for(staged, 30, "every stage and counter of the embedded applier in /metrics")
             if layout == "journal":  # the followers took hps consume's entries, no listener
 
                 def followed() -> bool:

@@ -205,3 +205,47 @@ def test_a_dead_letter_too_large_to_send_whole_goes_without_its_payload(
         np.testing.assert_array_equal(session.lookup(f"{model}.t0", good), rows(good, 4, seed=3))
     finally:
         session.close()
+
+
+@pytest.mark.parametrize(
+    ("key_bytes", "payload_bytes", "carried"),
+    [
+        (600_000, 399_900, "key"),  # the letter keeps the key, leaves the payload out
+        (999_700, 200, "neither"),  # the key alone fills the producer's limit
+    ],
+)
+def test_a_dead_letter_with_a_large_key_stays_within_the_producers_limit(
+    tmp_path: Path, kafka_broker: TansuBroker, key_bytes: int, payload_bytes: int, carried: str
+) -> None:
+    """A bad message whose key and payload together fill the producer's message.max.bytes
+    (the broker took it): its dead letter, with its headers, went over that limit, the
+    producer refused it, and the batch was retried for ever, nothing after it applied."""
+    from confluent_kafka import Producer
+
+    cfg = update_config(tmp_path, kafka_broker.bootstrap)
+    model = cfg.models[0].model
+    session = build_session(cfg, with_cache=False)
+    key, bad = b"k" * key_bytes, b"garbage!" + b"X" * (payload_bytes - 8)
+    good = np.arange(5, dtype=np.int64)
+    try:
+        with running(build_service(cfg, session)) as svc:
+            raw = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+            raw.produce(codec.topic_name(model, "t0"), bad, key, partition=0)
+            assert raw.flush(30) == 0
+            with Publisher(kafka_broker.bootstrap) as pub:
+                pub.publish(model, "t0", good, rows(good, 4, seed=3))
+            wait_for(lambda: svc.rows_applied >= good.size, 30, "the message after it applied")
+            (letter,) = _read_topic(
+                kafka_broker.bootstrap, cfg.update_source.hps_dead_letter_topic, 1
+            )
+        headers = dict(letter.headers())
+        assert letter.value() is None
+        assert headers["hps_payload_bytes"] == str(payload_bytes).encode()
+        assert headers["hps_reason"].decode().startswith("DecodeError")
+        if carried == "key":
+            assert letter.key() == key and "hps_key_bytes" not in headers
+        else:
+            assert letter.key() is None and headers["hps_key_bytes"] == str(key_bytes).encode()
+        np.testing.assert_array_equal(session.lookup(f"{model}.t0", good), rows(good, 4, seed=3))
+    finally:
+        session.close()

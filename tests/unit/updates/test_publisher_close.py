@@ -65,3 +65,21 @@ def test_a_closed_publisher_has_released_its_driver_and_refuses_to_publish(
         publisher.produce_raw("hps_et.m.t", b"", 0)
     with pytest.raises(BackendError, match="publisher is closed"):
         publisher.flush(1.0)
+
+
+def test_a_closed_publisher_creates_no_topic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """publish() and delete() learned the topic's partitions (creating it) before they saw
+    that the publisher was closed."""
+    from hps.updates import producer
+
+    created: list[list[str]] = []
+    monkeypatch.setattr(producer, "ensure_topics", lambda b, topics, **kw: created.append(topics))
+    pub = Publisher(f"127.0.0.1:{free_port()}", reconnect_backoff_ms=10)  # creates topics
+    pub.close(timeout_s=1.0)
+    with pytest.raises(BackendError, match="publisher is closed"):
+        pub.publish("m", "t", np.array([1]), np.ones((1, 2), np.float32))
+    with pytest.raises(BackendError, match="publisher is closed"):
+        pub.delete("m", "t", np.array([1]))
+    with pytest.raises(BackendError, match="publisher is closed"):
+        pub.prepare("m", ["t"])
+    assert created == []

@@ -280,6 +280,87 @@ def test_the_lag_counts_the_batch_a_failing_tier_holds_up(monkeypatch: pytest.Mo
     assert seen[:2] == [3, 3] and seen[-1] == 1  # the batch counted till it is applied
 
 
+class HeldSource(FakeSource):
+    """A source whose partitions and lag the test sets (``None``: the read fails)."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.lags: dict[tuple[str, int], int] | None = {}
+
+    def lag(
+        self, unapplied: dict[tuple[str, int], int] | None = None
+    ) -> dict[tuple[str, int], int]:
+        if self.lags is None:
+            raise BackendUnavailable("kafka: the broker is away")
+        return dict(self.lags)
+
+
+def test_lag_series_of_partitions_no_longer_held_are_removed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A partition revoked by a rebalance (or lost) kept its last lag for ever: the sum of
+    the lag stayed high though the new owner had caught up."""
+    import uuid
+
+    from prometheus_client import REGISTRY
+
+    monkeypatch.setattr("hps.updates.consumer.LAG_INTERVAL_S", 0.0)
+    topic = codec.topic_name(f"m{uuid.uuid4().hex[:8]}", "t")
+    source = HeldSource()
+    applier = Applier({SPEC.name: SPEC}, Tiers(HashMapStore(), None))
+    consumer = UpdateConsumer(source, applier, settings())  # type: ignore[arg-type]
+
+    def exported() -> dict[str, float]:
+        out = {}
+        for p in ("0", "1", "2"):
+            v = REGISTRY.get_sample_value(
+                "hps_updates_consumer_lag", {"topic": topic, "partition": p}
+            )
+            if v is not None:
+                out[p] = v
+        return out
+
+    source.lags = {(topic, 0): 5, (topic, 1): 3}
+    consumer.run_once(threading.Event())  # idle: exports
+    assert exported() == {"0": 5, "1": 3}
+    source.lags = {(topic, 0): 4}  # partition 1 went to another member
+    consumer.run_once(threading.Event())
+    assert exported() == {"0": 4}
+    source.lags = None  # the client cannot say: the series stay as they were
+    consumer.run_once(threading.Event())
+    assert exported() == {"0": 4}
+    source.lags = {(topic, 2): 1}
+    consumer.run_once(threading.Event())
+    assert exported() == {"2": 1}
+
+
+def test_a_serving_process_loop_hands_its_batch_times_to_its_recorder() -> None:
+    """The embedded applier's recorder is drained into Triton's /metrics: the durable apply
+    of each batch (hps_updates_batch_seconds) goes there too."""
+    from hps.updates.metrics import BufferedRecorder
+
+    rec = BufferedRecorder()
+    applier = Applier({SPEC.name: SPEC}, Tiers(HashMapStore(), HashMapStore()))
+    source = FakeSource([upsert([1], 1, 0), upsert([2], 1, 1)])
+    consumer = UpdateConsumer(source, applier, settings(max_batch_size=1), recorder=rec)  # type: ignore[arg-type]
+    consumer.run_once(threading.Event())
+    consumer.run_once(threading.Event())
+    assert len(rec.drain().batches) == 2
+
+
+def test_without_a_dead_letter_topic_a_refused_message_is_logged_as_invalid(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    k = np.array([1])
+    wrong_dim = Msg(codec.encode(k, np.ones((1, 3), np.float32), 1), 0)  # decodes; dim 3 != 2
+    consumer, *_ = make([wrong_dim])
+    consumer.dead_letters = None  # the embedded applier's case
+    with caplog.at_level("ERROR", logger="hps.updates.consumer"):
+        consumer.run_once(threading.Event())
+    (line,) = [r.getMessage() for r in caplog.records if "ShapeError" in r.getMessage()]
+    assert line.startswith("dropping invalid message ") and "undecodable" not in line
+
+
 def test_stop_during_backoff_stores_nothing() -> None:
     consumer, source, _, l2, _ = make(
         [upsert([1], 1, 0)], l2=FlakyStore(failures=10**6), failure_backoff_ms=10
@@ -307,25 +388,30 @@ def test_commits_every_max_commit_interval_batches_and_when_idle() -> None:
 
 
 class FakeCache:
-    def __init__(self) -> None:
+    def __init__(self, calls: list[tuple[list[int], Any]]) -> None:
         self.rows: dict[int, np.ndarray] = {}
+        self.calls = calls
 
     def evict(self, keys: np.ndarray) -> None:
         for k in keys.tolist():
             self.rows.pop(k, None)
 
+    def resident(self, keys: np.ndarray) -> np.ndarray:
+        return np.array([k in self.rows for k in keys.tolist()], dtype=bool)
+
+    def update(self, keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        self.calls.append((keys.tolist(), rows.tolist()))
+        return self.resident(keys)
+
 
 class FakeSession:
     def __init__(self) -> None:
-        self.caches = {SPEC.name: FakeCache()}
-        self.tiers = Tiers(None, None)
         self.calls: list[tuple[list[int], Any]] = []
+        self.caches = {SPEC.name: FakeCache(self.calls)}
+        self.tiers = Tiers(None, None)
 
     def refresh(self, table: str, keys: np.ndarray, values: Any = None, **_: Any) -> None:
         self.calls.append((keys.tolist(), None if values is None else values.tolist()))
-
-    def update_rows(self, table: str, keys: np.ndarray, rows: np.ndarray) -> None:
-        self.calls.append((keys.tolist(), rows.tolist()))
 
 
 def test_refresher_passes() -> None:
@@ -356,6 +442,27 @@ def test_pass_two_rereads_each_table_once_for_all_its_due_messages(
     assert session.calls == [([0, 1, 2, 3, 100], None)]  # one merged re-read
     assert r.run_due(applied_by_group({("t", 0): 6})) == 2 and r.pending == 0
     assert session.calls[-1] == ([4, 5, 100], None)
+
+
+def test_only_keys_resident_in_l1_count_as_refreshed(tmp_path: Path) -> None:
+    """hps_updates_l1_refreshed_keys_total counts the keys L1 held (each once), not every
+    key of the update: an upsert changes resident rows only, a delete evicts them."""
+    from hps.build import build_session
+    from hps.updates import metrics
+
+    session = build_session(_one_table_config(tmp_path), tiers=Tiers(HashMapStore(), None))
+    cache = session.caches[SPEC.name]
+    cache.insert(np.array([1, 2, 3]), np.ones((3, 2), np.float32))
+    counted = metrics.L1_REFRESHED.labels(SPEC.name)
+    before = counted._value.get()
+    r = L1Refresher(session, grace_s=60.0)
+    r.now(SPEC.name, np.array([1, 2, 2, 50, 51]), np.full((5, 2), 4, np.float32))
+    assert counted._value.get() - before == 2  # keys 1 and 2; 50 and 51 are not in L1
+    assert not cache.resident(np.array([50, 51])).any()  # an upsert inserts nothing
+    r.now(SPEC.name, np.array([3, 3, 60]), None)
+    assert counted._value.get() - before == 3  # key 3 evicted; 60 was not there
+    assert not cache.resident(np.array([3])).any()
+    session.close()
 
 
 def _one_table_config(tmp_path: Path) -> PSConfig:

@@ -197,3 +197,63 @@ def test_the_gpu_staging_held_is_exported_when_it_changes(monkeypatch: pytest.Mo
     held = {dict(k)["memory"]: m.value for k, m in values("hps_l1_staging_bytes").items()}
     assert held == {"pinned": 8192, "device": 16384}
     exporter.close()
+
+
+def test_the_update_threads_own_metrics_reach_triton() -> None:
+    """In a serving process the update thread's hps_updates_* metrics live in the process's
+    own registry, which nothing serves: they are sent on to Triton's /metrics (counters as
+    deltas, the lag gauge as it stands, series it removed removed; the batch histogram
+    through the recorder)."""
+    import uuid
+
+    from hps.updates import metrics as um
+    from hps.updates.metrics import BATCH_BUCKETS, BufferedRecorder
+
+    rec = BufferedRecorder()
+    exporter = MetricsExporter(FakePbUtils, "emb", "emb_0_6", FakeSession(), 0.0, updates=rec)
+    base = (("model", "emb"), ("process", f"emb_0_6:{os.getpid()}"))
+    model, table = f"emb{uuid.uuid4().hex[:8]}", f"t{uuid.uuid4().hex[:8]}"
+    topic = f"hps_et.{model}.{table}"
+    um.APPLIED_ROWS.labels(f"{model}.{table}", "upsert").inc(7)
+    um.DEAD_LETTERS.labels("ShapeError").inc()
+    um.FAILURES.inc()
+    um.CONSUMER_LAG.labels(topic, "0").set(5)
+    um.CONSUMER_LAG.labels(topic, "1").set(3)
+    rec.batch(0.02)
+    exporter.flush()
+    applied = values("hps_updates_applied_rows_total")
+    rows = applied[tuple(sorted((*base, ("table", table), ("kind", "upsert"))))]
+    assert rows.value == 7  # the table without the model's name, as for freshness
+    dead = values("hps_updates_dead_letters_total")
+    shape = dead[tuple(sorted((*base, ("reason", "ShapeError"))))]
+    assert shape.value == um.DEAD_LETTERS.labels("ShapeError")._value.get()
+    (failures,) = values("hps_updates_apply_failures_total").values()
+    assert failures.value == um.FAILURES._value.get()
+    lag = values("hps_updates_consumer_lag")
+    key = tuple(sorted((*base, ("topic", topic), ("partition", "1"))))
+    assert lag[key].value == 3
+    (batch,) = values("hps_updates_batch_seconds").values()
+    assert batch.observed == [0.02] and batch.kw["buckets"] == list(BATCH_BUCKETS)
+
+    um.APPLIED_ROWS.labels(f"{model}.{table}", "upsert").inc(2)
+    um.DEAD_LETTERS.labels("ShapeError").inc()
+    um.CONSUMER_LAG.remove(topic, "1")  # a partition the update thread no longer holds
+    um.CONSUMER_LAG.labels(topic, "0").set(0)
+    exporter.flush()
+    exporter.flush()  # nothing new: nothing sent twice
+    assert rows.value == 9
+    assert shape.value == um.DEAD_LETTERS.labels("ShapeError")._value.get()
+    # what the exporter still holds for Triton: (family, partition, topic) -> metric
+    held = {k[1]: m.value for k, m in exporter._metrics.items() if k[0] == "lag" and k[2] == topic}
+    assert held == {"0": 0}  # the removed series is released: Triton drops it
+    exporter.close()
+
+
+def test_a_process_without_kafka_sends_no_update_metrics() -> None:
+    from hps.updates import metrics as um
+
+    um.APPLIED_ROWS.labels("other.t", "upsert").inc()
+    exporter = MetricsExporter(FakePbUtils, "emb", "emb_0_7", FakeSession(), interval=0.0)
+    exporter.flush()
+    assert values("hps_updates_applied_rows_total") == {}
+    exporter.close()

@@ -1,0 +1,28 @@
+"""``update_source`` settings refused at config load."""
+
+from __future__ import annotations
+
+import pytest
+
+from hps.config import parse_config
+from hps.errors import ConfigError
+
+MODELS = [{"model": "m", "embedding_table_names": ["t"], "embedding_vecsize_per_table": [2]}]
+
+
+def _load(**update_source: object) -> object:
+    doc = {"models": MODELS, "update_source": {"type": "kafka", **update_source}}
+    return parse_config(doc, "ps.json")
+
+
+@pytest.mark.parametrize("topic", ["hps_et.m.t", "hps_et.other.t0", "hps_et.dead.letters"])
+def test_a_dead_letter_topic_named_like_an_update_topic_is_refused(topic: str) -> None:
+    """A consumer of that topic would read its dead letters back and send them there
+    again, for ever."""
+    with pytest.raises(ConfigError, match=r"update_source\.hps_dead_letter_topic: .*update topic"):
+        _load(hps_dead_letter_topic=topic)
+
+
+@pytest.mark.parametrize("topic", ["hps_et.dead_letter", "dead.m", "hps_dead_letter", ""])
+def test_other_dead_letter_topics_are_taken(topic: str) -> None:
+    assert _load(hps_dead_letter_topic=topic).update_source.hps_dead_letter_topic == topic  # type: ignore[attr-defined]
