@@ -12,7 +12,9 @@ TEST_APT := podman runc mmdebstrap g++
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	@# setuptools' editable install warns (a UserWarning) that a folder named hps in the
+	@# working directory would shadow the package: true of every editable install, noise here
+	PYTHONWARNINGS=ignore::UserWarning $(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/hps install-triton --force -- -q  # nvidia-pytriton, --no-deps (docs/deploy.md)
 	@missing=$$(command -v redis-server >/dev/null || echo redis-server; \
 	  [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || echo nginx-light); \

@@ -19,7 +19,8 @@ DESCRIPTION = """\
 Roll a model version out over several pods, one after another. Each pod (its control
 plane's URL, --admin, in order) imports the version into its own tiers if it lacks it (a
 job followed to its end), then activates it and is checked (the version live). One JSON
-line per pod. The first pod that fails stops the rollout: the pods after it keep serving
+line per pod (the versions the activation retired, and those whose rows it could not drop:
+also said on stderr). The first pod that fails stops the rollout: the pods after it keep serving
 the version they served, and the command exits 1. A rollback is the same command with the
 older version (kept on every pod: no import).
 """
@@ -123,6 +124,9 @@ def roll_out(pod: ControlPlane, model: str, version: int, body: JSON, timeout: f
         "activate_s": round(time.monotonic() - mid, 3),
         "previous": done.get("previous"),
         "served": done.get("served"),
+        "retired": done.get("retired"),
+        "rows_left": done.get("rows_left"),  # retired, their rows not dropped yet
+        "problem": done.get("problem"),  # why the first of them was not
         "ok": True,
     }
 
@@ -170,5 +174,13 @@ def _rollout(args: argparse.Namespace) -> int:
                               "ok": False, "error": str(exc), "not_started": left}))  # fmt: skip
             return 1
         print(json.dumps(row), flush=True)
+        if row["rows_left"]:
+            print(
+                f"hps versions rollout: {url}: versions {row['rows_left']} of {args.model} "
+                f"are retired but their rows are left ({row['problem']}); retire them again "
+                "there (DELETE /v1/models/{model}/versions/{n}) once that is resolved",
+                file=sys.stderr,
+                flush=True,
+            )
     sys.stdout.flush()
     return 0

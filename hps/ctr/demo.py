@@ -77,14 +77,20 @@ def table_vectors(keys: np.ndarray, dim: int, table_index: int, seed: int = 0) -
     return rng.standard_normal((keys.size, dim), dtype=np.float32) * np.float32(0.05)
 
 
+OPTIONS_FILE = "demo-options.json"
+"""What a demo folder was made with: :data:`DEFAULTS`' keys."""
+DEFAULTS = {"tables": 26, "rows": 100_000, "dim": 16, "instances": 1, "seed": 0}
+"""``hps demo``'s options (tables, rows of the largest table, dim, Triton instances, seed)."""
+
+
 def create_demo(
     directory: str | Path,
     *,
-    num_tables: int = 26,
-    max_rows: int = 100_000,
-    dim: int = 16,
-    instances: int = 1,
-    seed: int = 0,
+    num_tables: int = DEFAULTS["tables"],
+    max_rows: int = DEFAULTS["rows"],
+    dim: int = DEFAULTS["dim"],
+    instances: int = DEFAULTS["instances"],
+    seed: int = DEFAULTS["seed"],
     force: bool = False,
 ) -> Path:
     """Write a demo model into ``directory`` unless its ps.json exists; the ps.json path."""
@@ -98,5 +104,20 @@ def create_demo(
         keys = np.arange(rows, dtype=np.int64)
         write_sparse_model(path, keys, table_vectors(keys, dim, i, seed))
     make_weights(directory / "dense.npz", NUM_DENSE, dim * num_tables, seed=seed)
+    made = {"tables": num_tables, "rows": max_rows, "dim": dim, "instances": instances,
+            "seed": seed}  # fmt: skip
+    (directory / OPTIONS_FILE).write_text(json.dumps(made) + "\n")
     ps_path.write_text(json.dumps(config, indent=2) + "\n")
     return ps_path
+
+
+def made_with(directory: str | Path) -> dict[str, int]:
+    """The options an existing demo folder was made with, as far as they are known (none
+    for a folder without its record: a ps.json written by hand)."""
+    try:
+        made = json.loads((Path(directory) / OPTIONS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(made, dict):
+        return {}
+    return {k: v for k, v in made.items() if isinstance(v, int) and not isinstance(v, bool)}

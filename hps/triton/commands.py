@@ -16,30 +16,26 @@ DEFAULT_SAMPLES = 2
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="create a small synthetic CTR model to serve (if absent)")
     p.add_argument("--dir", default="demo", help="folder of the demo model (default: demo)")
-    p.add_argument("--tables", type=positive_int, default=26, help="embedding tables (default: 26)")
+    # No argparse defaults: an option given for an existing demo must match what it was
+    # made with (hps.ctr.demo.DEFAULTS fill the others in for a new one).
+    p.add_argument("--tables", type=positive_int, help="embedding tables (default: 26)")
+    p.add_argument("--rows", type=positive_int, help="rows of the largest table (default: 100000)")
+    p.add_argument("--dim", type=positive_int, help="embedding vector size (default: 16)")
     p.add_argument(
-        "--rows",
-        type=positive_int,
-        default=100_000,
-        help="rows of the largest table (default: 100000)",
-    )
-    p.add_argument(
-        "--dim", type=positive_int, default=16, help="embedding vector size (default: 16)"
-    )
-    p.add_argument(
-        "--instances",
-        type=positive_int,
-        default=1,
-        help="Triton instances of the model (default: 1)",
+        "--instances", type=positive_int, help="Triton instances of the model (default: 1)"
     )
     p.add_argument(
         "--seed",
         type=int,
-        default=0,
         help="of the vectors and dense weights (default: 0); another seed gives a stand-in "
         "for a retrain of the same keys, e.g. a model version to import (docs/versions.md)",
     )
-    p.add_argument("--force", action="store_true", help="overwrite an existing demo")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="overwrite an existing demo (without it, an existing demo is used as it is; "
+        "options that differ from what it was made with are refused)",
+    )
     p.set_defaults(func=_demo)
 
     p = sub.add_parser(
@@ -49,10 +45,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "prepare a model repository and run tritonserver until Ctrl-C or SIGTERM.",
     )
     p.add_argument("--config", help="ps.json (default: create and serve demo/ps.json)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
-    p.add_argument("--http-port", type=port, default=8000)
-    p.add_argument("--grpc-port", type=port, default=8001)
-    p.add_argument("--metrics-port", type=port, default=8002)
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default: 127.0.0.1; 0.0.0.0: all)",
+    )
+    p.add_argument("--http-port", type=port, default=8000, help="HTTP port (default: 8000)")
+    p.add_argument("--grpc-port", type=port, default=8001, help="gRPC port (default: 8001)")
+    p.add_argument(
+        "--metrics-port", type=port, default=8002, help="Prometheus metrics port (default: 8002)"
+    )
     p.add_argument(
         "--repository",
         help="where to write the model repository (default: <L3 path>.hps-repository beside "
@@ -108,14 +110,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_repository)
 
     p = sub.add_parser("reload", help="reload a served model (picks up retrained tables)")
-    p.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP address")
+    p.add_argument(
+        "--url", default="127.0.0.1:8000", help="Triton HTTP address (default: 127.0.0.1:8000)"
+    )
     p.add_argument("--model", default="demo", help="Triton model name (default: demo)")
     p.add_argument("--config", help="ps.json it is served from (finds the admin key file)")
     p.add_argument("--state-dir", help="folder of the admin key file, if not the ps.json's")
     p.set_defaults(func=_reload)
 
     p = sub.add_parser("query", help="send one request to a served model and print the answer")
-    p.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP (or gRPC) address")
+    p.add_argument(
+        "--url",
+        default="127.0.0.1:8000",
+        help="Triton HTTP (or gRPC) address (default: 127.0.0.1:8000)",
+    )
     p.add_argument("--grpc", action="store_true", help="use gRPC instead of HTTP")
     p.add_argument("--model", default="demo", help="Triton model name (default: demo)")
     p.add_argument("--config", help="ps.json of the model (default: the one it is served from)")
@@ -142,16 +150,30 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from hps.ctr.demo import create_demo
+    from hps.ctr.demo import DEFAULTS, create_demo, made_with
+    from hps.errors import RequestError
 
     existed = (Path(args.dir) / "ps.json").exists() and not args.force
+    given = {"tables": args.tables, "rows": args.rows, "dim": args.dim,
+             "instances": args.instances, "seed": args.seed}  # fmt: skip
+    if existed:
+        made = made_with(args.dir)
+        other = [
+            f"--{k} {made[k]}" for k, v in given.items() if v is not None and made.get(k, v) != v
+        ]
+        if other:
+            raise RequestError(
+                f"{args.dir} holds a demo made with {', '.join(other)}, not what is asked: "
+                "give another --dir, or --force to write it again"
+            )
+    asked = {k: DEFAULTS[k] if v is None else v for k, v in given.items()}
     path = create_demo(
         args.dir,
-        num_tables=args.tables,
-        max_rows=args.rows,
-        dim=args.dim,
-        instances=args.instances,
-        seed=args.seed,
+        num_tables=asked["tables"],
+        max_rows=asked["rows"],
+        dim=asked["dim"],
+        instances=asked["instances"],
+        seed=asked["seed"],
         force=args.force,
     )
     print(f"{'using existing' if existed else 'created'} demo model: {path}")

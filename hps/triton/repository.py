@@ -287,6 +287,7 @@ def prepare_repository(
     metrics_interval_s: float = 1.0,
     relative: bool = False,
     models: list[str] | None = None,
+    recorded: bool = True,
 ) -> list[str]:
     """Write the Triton models of ``config`` (of its ``models`` only, if given) under
     ``dest``; their names, in order.
@@ -294,6 +295,8 @@ def prepare_repository(
     ``relative``: name the ps.json relative to each model's folder and leave ``base_dir``
     empty (relative paths in the ps.json then start at its own folder), so that the
     repository moves with its ps.json; otherwise both are absolute (``hps serve``).
+    ``recorded``: serve the versions the node's record names; without it, version 1 (the
+    record of whatever node the paths lead to is not read).
     """
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -321,7 +324,8 @@ def prepare_repository(
             served.gpus,
             served.queue,
         )
-        write_versions(model_dir, registry.served(served.hps_model), precompile=not relative)
+        versions = registry.served(served.hps_model) if recorded else [1]
+        write_versions(model_dir, versions, precompile=not relative)
         names.append(served.triton_name)
     return names
 
@@ -332,8 +336,9 @@ def write_demo_repository(dest: str | Path = DEMO_REPOSITORY) -> list[str]:
     It is what ``hps serve`` writes for the demo ``make serve`` serves (``hps demo --dir
     demo`` with its defaults, ``demo/ps.json`` beside ``dest``), with the ps.json named
     relative to each model's folder (``../../demo/ps.json``) and ``base_dir`` empty, so
-    that the files read the same on every machine. Model folders of ``dest`` that the demo
-    no longer serves are removed; other files (its README.md) stay.
+    that the files read the same on every machine, at version 1 whatever the local demo's
+    version record says. Model folders of ``dest`` that the demo no longer serves, and
+    version folders other than ``1``, are removed; other files (its README.md) stay.
     """
     from hps.ctr.demo import demo_config, table_sizes
 
@@ -342,8 +347,12 @@ def write_demo_repository(dest: str | Path = DEMO_REPOSITORY) -> list[str]:
     # hps demo's defaults; only the model's name, instances, max_batch_size and queue policy
     # reach the files
     config = parse_config(demo_config(ps_path.parent, table_sizes(26, 100_000), 16), str(ps_path))
-    names = prepare_repository(config, dest, relative=True)
+    names = prepare_repository(config, dest, relative=True, recorded=False)
     for stale in dest.iterdir():
+        if stale.name in names:  # version folders a record once named
+            for extra in stale.iterdir():
+                if extra.is_dir() and extra.name.isdigit() and extra.name != "1":
+                    shutil.rmtree(extra)
         if stale.name not in names and (stale / "config.pbtxt").is_file():
             shutil.rmtree(stale)
     return names

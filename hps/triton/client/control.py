@@ -56,7 +56,9 @@ class ModelControl:
             raise RequestError(f"Triton answered {exc.code} to {path}: {detail}") from None
         except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
             # HTTPException: an answer cut short or malformed (a server going down)
-            raise BackendUnavailable(f"cannot reach Triton at {self.base}: {exc!r}") from None
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            why = str(reason) or type(reason).__name__  # some carry no message
+            raise BackendUnavailable(f"cannot reach Triton at {self.base}: {why}") from None
         try:
             return json.loads(text)
         except ValueError:

@@ -110,8 +110,8 @@ def test_a_version_rolled_out_and_back_pod_by_pod(tmp_path: Path) -> None:
             code, rows = rollout(tmp_path, *admins, "2", "--sparse-files", *v2)
         assert code == 0, rows
         assert problems == []
-        assert [(r["pod"], r["imported"], r["served"]) for r in rows] == [
-            (p.admin, True, [1, 2]) for p in pods
+        assert [(r["pod"], r["imported"], r["served"], r["rows_left"]) for r in rows] == [
+            (p.admin, True, [1, 2], []) for p in pods
         ]
         for p in pods:
             version, vectors = p.infer()

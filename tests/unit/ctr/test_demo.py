@@ -42,6 +42,25 @@ def test_demo_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert "using existing" in capsys.readouterr().out
     doc = json.loads((tmp_path / "d" / "ps.json").read_text())
     assert len(doc["models"][0]["sparse_files"]) == 2
+    assert main(["demo", "--dir", str(tmp_path / "d")]) == 0  # nothing asked: used as it is
+    assert "using existing" in capsys.readouterr().out
+
+
+def test_options_an_existing_demo_was_not_made_with_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = str(tmp_path / "d")
+    assert main(["demo", "--dir", d, "--tables", "2", "--rows", "1000"]) == 0
+    vectors = (tmp_path / "d" / "tables" / "C1" / "emb_vector").read_bytes()
+    capsys.readouterr()
+    assert main(["demo", "--dir", d, "--tables", "2", "--seed", "1", "--dim", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a demo made with --dim 16, --seed 0, not what is asked" in err
+    assert "--force" in err
+    assert (tmp_path / "d" / "tables" / "C1" / "emb_vector").read_bytes() == vectors
+    assert main(["demo", "--dir", d, "--tables", "2", "--rows", "1000", "--seed", "1",
+                 "--force"]) == 0  # fmt: skip
+    assert (tmp_path / "d" / "tables" / "C1" / "emb_vector").read_bytes() != vectors
 
 
 @pytest.mark.parametrize(("instances", "l2"), [(1, "hash_map"), (2, "multi_process_hash_map")])

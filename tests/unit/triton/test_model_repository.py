@@ -51,3 +51,23 @@ def test_hps_serve_writes_the_same_but_for_where_the_ps_json_is(tmp_path: Path) 
             assert params["ps_config"] == str(ps_path) and params["base_dir"] == "/srv"
             text = text.replace(str(ps_path), "../../demo/ps.json").replace('"/srv"', '""')
         assert checked_in[name] == text, name
+
+
+def test_the_local_demo_s_version_record_does_not_reach_the_checked_in_files(
+    tmp_path: Path,
+) -> None:
+    """`make model-repository` in a checkout whose demo went through versions/."""
+    from hps.ctr.demo import table_sizes
+    from hps.versions import VersionRegistry
+
+    ps_path = tmp_path / DEMO_CONFIG
+    config = parse_config(demo_config(ps_path.parent, table_sizes(26, 100_000), 16), str(ps_path))
+    registry = VersionRegistry(config)
+    registry.begin(config.model("demo"), 2)
+    registry.set_state("demo", 2, "ready")
+    registry.set_live("demo", 2)
+    assert registry.served("demo") != [1]
+    dest = tmp_path / "model_repository"
+    (dest / "demo" / "2").mkdir(parents=True)  # written by an earlier run
+    write_demo_repository(dest)
+    assert model_files(dest) == model_files(CHECKED_IN)

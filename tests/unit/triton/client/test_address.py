@@ -79,7 +79,8 @@ def hps(*args: str) -> subprocess.CompletedProcess[str]:
         (["query", "--grpc", "--url", "http://127.0.0.1:{port}", "--keys", "1"],
          "hps query: error: Triton address 'http://127.0.0.1:{port}': a gRPC client takes"),
         (["reload", "--url", "http://127.0.0.1:{port}"],
-         "hps reload: error: cannot reach Triton at http://127.0.0.1:{port}: "),
+         "hps reload: error: cannot reach Triton at http://127.0.0.1:{port}: "
+         "[Errno 111] Connection refused\n"),
     ],
 )  # fmt: skip
 def test_a_url_with_a_scheme_is_one_error_line_at_most(args: list[str], message: str) -> None:
