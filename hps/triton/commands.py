@@ -79,7 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-request-mb",
         type=non_negative_float,
-        help="largest gRPC request the request-size gate (nginx) lets through; HTTP 6.25x "
+        help="largest gRPC request the request-size gate (nginx) lets through; HTTP 7.25x "
         "that, as JSON (default: the largest the models' key limits allow; 0: no gate, "
         "Triton listens itself; docs/security.md)",
     )

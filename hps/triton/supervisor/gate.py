@@ -49,10 +49,10 @@ HEADROOM = 64 * 1024  # protocol framing, tensor names and shapes, the JSON head
 # significant digits (-1.2345678901234567e-38; tritonclient's, Python's and Go's JSON alike).
 BINARY_BYTES = {"INT64": 8, "INT32": 4, "FP32": 4}
 JSON_CHARS = {"INT64": 20 + 2, "INT32": 11 + 2, "FP32": 23 + 2}
-# The most JSON text per binary byte of any request tensor (FP32's: 6.25), for a limit
-# given in binary bytes alone.
-JSON_PER_BYTE = max(JSON_CHARS[t] / BINARY_BYTES[t] for t in BINARY_BYTES)
 JSON_ROW_CHARS = 4  # "[", "]" and ", " of each row of a tensor sent as nested arrays
+# The most JSON text per binary byte of any request tensor, for a limit given in binary
+# bytes alone: FP32's in rows of one element (a dense feature per sample), 7.25.
+JSON_PER_BYTE = max((JSON_CHARS[t] + JSON_ROW_CHARS) / BINARY_BYTES[t] for t in BINARY_BYTES)
 UNLIMITED_MODEL_BYTES = 64 * 1024**2  # a model without per-table key limits
 NGINX_PATHS = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
 STOP_TIMEOUT_S = 10.0

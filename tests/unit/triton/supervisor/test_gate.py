@@ -86,7 +86,7 @@ def test_the_http_limit_holds_the_json_body_of_a_request_of_many_dense_features(
 
 
 def test_a_limit_given_in_bytes_allows_their_json_at_fp32_s_rate() -> None:
-    assert BodyLimit.of(1000) == BodyLimit(grpc=1000, http=6250)
+    assert BodyLimit.of(1000) == BodyLimit(grpc=1000, http=7250)  # one fp32 per row
 
 
 def test_a_model_without_key_limits_gets_the_fallback() -> None:
@@ -130,11 +130,11 @@ def test_nginx_forwards_refuses_and_stops(tmp_path: Path, upstream: int) -> None
     )
     with gate:
         assert gate.proc is not None and gate.proc.poll() is None
-        assert post(gate.http_port, b"x" * 6250) == b"x" * 6250  # HTTP: 6.25 x 1000 bytes
+        assert post(gate.http_port, b"x" * 7250) == b"x" * 7250  # HTTP: 7.25 x 1000 bytes
         with pytest.raises(urllib.error.HTTPError) as err:
-            post(gate.http_port, b"x" * 6251)
+            post(gate.http_port, b"x" * 7251)
         assert err.value.code == 413
-        assert b"more than 6,250 bytes refused by the request-size gate" in err.value.read()
+        assert b"more than 7,250 bytes refused by the request-size gate" in err.value.read()
         pid = gate.proc.pid
     assert gate.proc is None
     assert not Path(f"/proc/{pid}").exists()
@@ -193,7 +193,7 @@ def test_summarized_no_client_writes_a_line_to_the_console(
     with gate:
         for _ in range(3):
             with pytest.raises(urllib.error.HTTPError):
-                post(gate.http_port, b"x" * 6251)
+                post(gate.http_port, b"x" * 7251)
         assert capfd.readouterr().err == ""
         assert "too large body" in (tmp_path / "error.log").read_text()
     err = capfd.readouterr().err
