@@ -22,7 +22,9 @@ int8 ``dim + 8``) plus each tier's per-row overhead, which each backend declares
   GPU for ``cupy``'s ``KIND_GPU`` ones (which answer there) and for CTR instances.
 - L2: the in-process ``hash_map``'s own ``bytes_per_row``; the shared
   ``multi_process_hash_map``'s whole extents of its segment (``table_bytes``: at least one
-  of rows and one bucket a table, 16 MiB each with the default segment); for Redis an
+  of rows and one bucket a table, 16 MiB each with the default segment), and once per node
+  the segment's fixed bytes before its extents (header, free-extent stack, table entries:
+  :func:`l2_segment_bytes`, from the geometry the segment lays itself out by); for Redis an
   estimate of its hash encoding (field, value and dict entry, rounded to jemalloc size
   classes; a sorted-set entry more when ``overflow_margin`` is set). ``hash_map`` lives in
   each instance process, so it counts once per instance.
@@ -44,6 +46,7 @@ from hps.cache import cache_capacity, cache_nbytes
 from hps.cache.calibrate import request_keys
 from hps.cache.gpu_request import request_staging
 from hps.config import ModelConfig, PersistentDBConfig, PSConfig, VolatileDBConfig
+from hps.config.segment import MAX_TABLES, segment_geometry
 from hps.errors import ConfigError
 from hps.rowformat import FLOAT32, ROW_DTYPES, RowFormat
 from hps.tiers import bytes_per_row, table_bytes
@@ -79,6 +82,17 @@ def l2_bytes_per_row(cfg: VolatileDBConfig, dim: int, fmt: RowFormat = FLOAT32) 
     if cfg.type == "disabled":
         return 0.0
     return bytes_per_row(cfg.type, dim, fmt, bounded=cfg.bounded)
+
+
+def l2_segment_bytes(config: PSConfig) -> int:
+    """The fixed bytes of the node's ``multi_process_hash_map`` segment, once per node
+    whatever its tables: the header, the free-extent stack and the table entries before its
+    first extent (``data_off`` of :func:`hps.config.segment.segment_geometry`, the layout
+    the segment itself uses; committed when the segment is created). 0 for another L2."""
+    vdb = config.volatile_db
+    if vdb.type != "multi_process_hash_map":
+        return 0
+    return segment_geometry(vdb.shared_memory_size, vdb.allocation_rate).data_off
 
 
 def l3_bytes_per_row(cfg: PersistentDBConfig, dim: int, fmt: RowFormat = FLOAT32) -> float:
@@ -250,11 +264,12 @@ def plan(config: PSConfig, rows: dict[str, int] | None = None) -> list[TablePlan
     return out
 
 
-def totals(plans: list[TablePlan]) -> dict[str, int]:
-    """Sums over tables (cache per device: every table's caches on one device)."""
+def totals(plans: list[TablePlan], l2_segment: int = 0) -> dict[str, int]:
+    """Sums over tables (cache per device: every table's caches on one device), L2 with
+    ``l2_segment`` (:func:`l2_segment_bytes`) once."""
     return {
         "cache_bytes_per_device": sum(p.cache_bytes_per_device for p in plans),
-        "l2_bytes": sum(p.l2_bytes for p in plans),
+        "l2_bytes": l2_segment + sum(p.l2_bytes for p in plans),
         "l3_bytes": sum(p.l3_bytes for p in plans),
         "raw_bytes": sum(p.raw_bytes for p in plans),
     }
@@ -295,7 +310,9 @@ def _total_line(label: str, t: dict[str, int]) -> tuple[str, ...]:
     )
 
 
-def format_text(plans: list[TablePlan]) -> str:
+def format_text(plans: list[TablePlan], l2_segment: int = 0) -> str:
+    """The table of ``hps plan``; ``l2_segment``: the shared L2 segment's fixed bytes
+    (:func:`l2_segment_bytes`), a row of its own, in the total."""
     header = (
         "table",
         "dim",
@@ -337,7 +354,12 @@ def format_text(plans: list[TablePlan]) -> str:
     by_format = totals_by_format(plans)
     if len(by_format) > 1:
         lines += [_total_line(f"total {name}", t) for name, t in by_format.items()]
-    lines.append(_total_line("total", totals(plans)))
+    if l2_segment:
+        segment = [""] * len(header)
+        segment[0] = "L2 segment"
+        segment[9] = f"{human(l2_segment)} (header, {MAX_TABLES} entries)"
+        lines.append(tuple(segment))
+    lines.append(_total_line("total", totals(plans, l2_segment)))
     widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
     text = "\n".join("  ".join(_cells(row, widths)) for row in lines)
     if unknown := [p.table for p in plans if p.rows_from == "unknown"]:
@@ -395,13 +417,15 @@ def to_json(
     topo: Topology,
     versions: list[str] | None = None,
     gpus: list[L1GpuPlan] | None = None,
+    l2_segment: int = 0,
 ) -> str:
     doc: JSON = {
         "versions": versions or [],
         "topology": topo.as_dict(),
         "tables": [asdict(p) for p in plans],
         "l1_gpu": [asdict(g) for g in gpus or []],
-        "totals": totals(plans),
+        "l2_segment_bytes": l2_segment,  # once per node, in totals' l2_bytes
+        "totals": totals(plans, l2_segment),
         "totals_by_format": totals_by_format(plans),
     }
     return json.dumps(doc, indent=2)

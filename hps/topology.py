@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Literal
 
 from hps.config import ModelConfig, PSConfig
+from hps.config.segment import MAX_TABLES
+from hps.errors import ConfigError
 from hps.tiers import AccessMode, Placement, placement_of
 
 UpdateApplier = Literal["none", "embedded", "consumer"]
@@ -23,9 +25,6 @@ L1Refresh = Literal["none", "applier", "listener", "journal"]
 """How serving L1s learn of updates: no updates, their own applier (``embedded``), their own
 listener of the topics, or ``hps consume`` through the node's change journal (one update
 stream per node: ``update_source.hps_l1_refresh``; needs a node state folder)."""
-
-SHARED_L2_DEFAULT = "multi_process_hash_map"
-"""The L2 of a multi-instance model whose ps.json names no volatile_db type."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +92,62 @@ def topology(config: PSConfig) -> Topology:
         l1_refresh=_l1_refresh(config, updates, state),
         state_dir=state,
         models=tuple(_model(m, l3, updates) for m in config.models),
+    )
+
+
+def shared_l2_tables(config: PSConfig, versions: int = 1) -> dict[str, int]:
+    """Table entries each model takes in the node's ``multi_process_hash_map`` segment with
+    ``versions`` of its versions held (at most its ``hps_keep_versions``): one per table and
+    version, three where the tables' update versions are kept in L2 beside them (Kafka
+    updates and no L3: :mod:`hps.tiers.versions`). Empty for another L2."""
+    if config.volatile_db.type != "multi_process_hash_map":
+        return {}
+    per_table = 3 if config.update_source.enabled and config.persistent_db.type == "disabled" else 1
+    return {
+        m.model: len(m.tables) * min(versions, m.hps_keep_versions) * per_table
+        for m in config.models
+    }
+
+
+def check_shared_l2_tables(config: PSConfig) -> None:
+    """A :class:`ConfigError` when the models' tables cannot all have an entry in the node's
+    ``multi_process_hash_map`` segment (:data:`hps.config.segment.MAX_TABLES`): said
+    before anything is imported or started (``hps plan``, ``hps import``, ``hps serve``),
+    not by the segment once a process opens the table that does not fit. One version of
+    each model is counted: further versions that do not fit beside it fail when they load
+    (an activation leaves Triton on the old one); ``hps plan`` says how many fit
+    (:func:`shared_l2_versions_note`)."""
+    need = shared_l2_tables(config)
+    if sum(need.values()) <= MAX_TABLES:
+        return
+    side = " x 3 (each with its 2 update-version side tables: Kafka and no L3)"
+    parts = ", ".join(
+        f"{m.model}: {len(m.tables)} tables" + (side if need[m.model] > len(m.tables) else "")
+        for m in config.models
+    )
+    default = (
+        ", the default when a model runs several instances and no volatile_db.type is named"
+        if config.volatile_db.type_defaulted
+        else ""
+    )
+    raise ConfigError(
+        f"{config.source}: the node's shared L2 (volatile_db multi_process_hash_map{default}) "
+        f"holds at most {MAX_TABLES} tables; the models need {sum(need.values())} ({parts}): "
+        "serve fewer tables, or name another volatile_db.type (hash_map: one L2 per "
+        "process; redis_cluster)"
+    )
+
+
+def shared_l2_versions_note(config: PSConfig) -> str | None:
+    """What ``hps plan`` says when the models' kept versions (``hps_keep_versions``) would
+    not all fit the segment's table entries (None: they fit, or another L2)."""
+    kept = sum(shared_l2_tables(config, versions=1 << 30).values())
+    if kept <= MAX_TABLES:
+        return None
+    return (
+        f"the shared L2 holds {MAX_TABLES} tables: the models' kept versions need {kept}; "
+        "a version activated beyond what fits fails to load (Triton stays on the version it "
+        "served): lower hps_keep_versions or retire versions first"
     )
 
 

@@ -17,7 +17,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Table rows come from the sizes of the sparse-model files (nothing is "
         "read) or from --rows. Each table's rows are sized in its row format (hps_row_dtype: "
         "'row B' is one stored row), with totals per format. L1 is exact; L2/L3 use each "
-        "backend's per-row cost (docs/cache.md). A model whose L1 is or may be on a GPU "
+        "backend's per-row cost (docs/cache.md); the L2 is the one hps serve opens "
+        "(multi_process_hash_map where a model has several instances and volatile_db names "
+        "no type), whose segment's fixed bytes (header, table entries) count once, and "
+        "models needing more of its table entries than it has are refused. "
+        "A model whose L1 is or may be on a GPU "
         "(hps_cache.device cupy or auto) gets a line of its GPU memory per instance: the "
         "caches and the staging buffers of the host path for a request of the configured "
         "size, device memory apart from pinned host memory.",
@@ -60,19 +64,34 @@ def parse_rows(items: list[str]) -> dict[str, int]:
 
 def _plan(args: argparse.Namespace) -> int:
     from hps.config import load_config
-    from hps.plan import format_text, gpu_lines, l1_gpu, l3_memory, plan, to_json, version_costs
-    from hps.topology import describe, topology
+    from hps.plan import (
+        format_text,
+        gpu_lines,
+        l1_gpu,
+        l2_segment_bytes,
+        l3_memory,
+        plan,
+        to_json,
+        version_costs,
+    )
+    from hps.topology import check_shared_l2_tables, describe, shared_l2_versions_note, topology
     from hps.versions import VersionRegistry
 
+    # read as hps serve reads it (the L2 of several instances: hps.config), and refused
+    # where serving would be
     config = VersionRegistry(load_config(args.config)).live_config()
+    check_shared_l2_tables(config)
     plans, topo = plan(config, parse_rows(args.rows)), topology(config)
     versions = version_costs(config, plans)
+    if crowded := shared_l2_versions_note(config):
+        versions.append(crowded)
     gpus = l1_gpu(config, plans)
+    segment = l2_segment_bytes(config)
     if args.json:
-        print(to_json(plans, topo, versions, gpus))
+        print(to_json(plans, topo, versions, gpus, segment))
     else:
         note = [n] if (n := l3_memory(config)) else []
-        table = format_text(plans)
+        table = format_text(plans, segment)
         print("\n".join([*describe(topo), "", table, *gpu_lines(gpus), *note, *versions]))
     return 0
 

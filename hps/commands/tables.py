@@ -168,10 +168,11 @@ def _import(args: argparse.Namespace) -> int:
         return import_version(args)
     from hps.loading.imports import import_tables, sparse_sources
     from hps.loading.loader import TableSource, npy_source, sparse_source
-    from hps.topology import topology
+    from hps.topology import check_shared_l2_tables, topology
     from hps.validate import table_or_raise
 
-    config = load_config(args.config)
+    config = load_config(args.config)  # its L2 as hps serve opens it (hps.config)
+    check_shared_l2_tables(config)  # refused before anything is written, as by hps serve
     live = _live_versions(config)
     sources: list[TableSource]
     if args.table is None:

@@ -6,7 +6,9 @@ Two deployments on one host (their own ps.json, their own L3) must not meet ther
 ps.json that names no segment gets one of its deployment's own: named after its L3's
 resolved path (:func:`shared_memory_name_for`, the one place that decides it;
 :meth:`VolatileDBConfig.for_deployment`, applied when a ps.json is read and again by
-``hps.triton.serving.serving_config`` once it resolved relative paths). That path is also
+``hps.triton.serving.serving_config`` once it resolved relative paths). A ps.json that names
+no ``type`` and runs a model in several Triton instances gets that shared L2 too
+(:meth:`VolatileDBConfig.for_instances`, applied when it is read). That path is also
 the deployment's identity (:attr:`VolatileDBConfig.deployment`), which the segment records:
 a process of another deployment that opens it (the same name given by hand) is refused.
 """
@@ -47,6 +49,9 @@ def shared_memory_name_for(l3_path: str) -> str:
 
 DEFAULT_SHM_NAME = shared_memory_name_for(DEFAULT_L3_PATH)
 """The segment of a ``volatile_db`` read on its own (no ``persistent_db`` beside it)."""
+SHARED_L2_DEFAULT = "multi_process_hash_map"
+"""The L2 of a deployment whose ps.json names no ``volatile_db.type`` and one of whose models
+runs several Triton instances (:meth:`VolatileDBConfig.for_instances`)."""
 
 
 def shm_name_problem(name: str) -> str | None:
@@ -145,6 +150,7 @@ class VolatileDBConfig(_DatabaseConfig):
 
     _deployment: str = PrivateAttr(default="")
     _name_derived: bool = PrivateAttr(default=False)
+    _type_defaulted: bool = PrivateAttr(default=False)
 
     @field_validator("shared_memory_name")
     @classmethod
@@ -168,6 +174,25 @@ class VolatileDBConfig(_DatabaseConfig):
         bound._deployment = path
         bound._name_derived = derived
         return bound
+
+    def for_instances(self, instances: int) -> VolatileDBConfig:
+        """This section as served when a model runs ``instances`` Triton instances (the most
+        of any model): one L2 per node, :data:`SHARED_L2_DEFAULT`, rather than one per Triton
+        process, when there are several and the ps.json names no ``type``. The one place
+        this is decided: applied when a ps.json is read (:class:`hps.config.PSConfig`), so
+        every command (``hps serve``, ``plan``, ``import``, ``consume``, ...) sees the L2 that
+        serving opens. A named type is kept."""
+        if instances > 1 and "type" not in self.model_fields_set:
+            shared = self.model_copy(update={"type": SHARED_L2_DEFAULT})
+            shared._type_defaulted = True
+            return shared
+        return self
+
+    @property
+    def type_defaulted(self) -> bool:
+        """Whether ``type`` is :data:`SHARED_L2_DEFAULT` because the ps.json named none and
+        a model runs several instances (:meth:`for_instances`), for messages."""
+        return self._type_defaulted
 
     @property
     def deployment(self) -> str:

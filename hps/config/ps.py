@@ -56,8 +56,10 @@ class PSConfig(Frozen):
     @model_validator(mode="after")
     def _l2_of_this_deployment(self) -> PSConfig:
         # volatile_db as this deployment (its L3 path) opens it: its own segment name unless
-        # the file names one (hps.config.databases). Frozen: set once, here, as validation.
-        bound = self.volatile_db.for_deployment(self.persistent_db.path)
+        # the file names one, the shared L2 when a model runs several instances and the file
+        # names no type (hps.config.databases). Frozen: set once, here, as validation.
+        instances = max(m.hps_instances for m in self.models)
+        bound = self.volatile_db.for_deployment(self.persistent_db.path).for_instances(instances)
         object.__setattr__(self, "volatile_db", bound)
         return self
 

@@ -8,6 +8,10 @@ Bytes of a segment::
     [TABLES_OFF, ...)      MAX_TABLES table entries of ENTRY_BYTES each (see ``EntryView``)
     [DATA_OFF, SIZE)       N_EXT extents of EXTENT bytes: index buckets and row extents
 
+The geometry (where each part starts, the extent size, ``MAX_TABLES``) is
+:func:`hps.config.segment.segment_geometry` (``plan`` here), which ``hps plan`` and the
+start-up checks read too.
+
 A table entry holds int64 fields (``EntryWord``), the table's name (at byte 64), the ids of its row
 extents (int32[ROW_EXT_CAP], at byte ENTRY_META) and its bucket directory (int32[DIR_LEN]).
 The ``DIM`` word also records the table's row format (:mod:`hps.rowformat`): the dimension in
@@ -20,12 +24,19 @@ from __future__ import annotations
 import os
 import secrets
 import tempfile
-from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+# the geometry, decided below the storage layer (re-exported: the segment's modules use it)
+from hps.config.segment import ENTRY_META as ENTRY_META
+from hps.config.segment import MAX_EXTENT as MAX_EXTENT
+from hps.config.segment import MAX_TABLES as MAX_TABLES
+from hps.config.segment import MIN_EXTENT as MIN_EXTENT
+from hps.config.segment import PAGE as PAGE
+from hps.config.segment import Geometry as Geometry
+from hps.config.segment import segment_geometry
 from hps.errors import ConfigError
 from hps.rowformat import FORMATS, RowFormat
 
@@ -34,16 +45,14 @@ if TYPE_CHECKING:
 
 MAGIC = 0x31504D5348535048  # b"HPSHSMP1", little-endian
 VERSION = 1
-PAGE = 4096
-MIN_EXTENT = 64 * 1024
-MAX_EXTENT = 16 * 1024 * 1024
-MAX_TABLES = 256  # tables of every model version a node holds: 26 tables x 3 versions = 78
-ENTRY_META = 192  # bytes of int64 fields and the name at the start of a table entry
 NAME_BYTES = 128
 DEPLOYMENT_TEXT = 1024  # byte of the header where the deployment's L3 path is kept
 FORMAT_CODES = {"float32": 0, "float16": 1, "int8": 2}  # stored in DIM's high 32 bits
 _FORMAT_SHIFT = 32
 _DIM_MASK = (1 << _FORMAT_SHIFT) - 1
+
+plan = segment_geometry
+"""Lay out a segment of ``size`` bytes (:func:`hps.config.segment.segment_geometry`)."""
 
 
 class HeaderWord(IntEnum):
@@ -93,45 +102,6 @@ class NoSpace(Exception):
 
 class NoMemory(NoSpace):
     """A free extent, but the folder of the segment (``/dev/shm``) cannot back it."""
-
-
-@dataclass(frozen=True)
-class Geometry:
-    size: int
-    extent: int
-    n_ext: int
-    row_ext_cap: int
-    dir_len: int
-    free_off: int
-    tables_off: int
-    entry_bytes: int
-    data_off: int
-
-
-def _pow2_floor(x: int) -> int:
-    return 1 << (max(1, x).bit_length() - 1)
-
-
-def _round_up(x: int, to: int) -> int:
-    return -(-x // to) * to
-
-
-def plan(size: int, allocation_rate: int) -> Geometry:
-    """Lay out a segment of ``size`` bytes: ~1024 extents of 64 KiB .. 16 MiB each."""
-    cap = max(MIN_EXTENT, min(MAX_EXTENT, _pow2_floor(allocation_rate)))
-    extent = min(cap, max(MIN_EXTENT, _pow2_floor(size // 1024)))
-    n0 = size // extent
-    dir_len = max(64, 4 << (max(1, n0) - 1).bit_length())
-    entry = _round_up(ENTRY_META + 4 * n0 + 4 * dir_len, 64)
-    tables_off = _round_up(PAGE + 4 * n0, 64)
-    data_off = _round_up(tables_off + MAX_TABLES * entry, PAGE)
-    n_ext = (size - data_off) // extent if size > data_off else 0
-    if n_ext < 4:
-        raise ConfigError(
-            f"volatile_db.shared_memory_size: {size} bytes is too small for the shared hash "
-            f"map; need at least {data_off + 4 * extent} bytes"
-        )
-    return Geometry(size, extent, n_ext, n0, dir_len, PAGE, tables_off, entry, data_off)
 
 
 def default_directory() -> str:

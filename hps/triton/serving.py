@@ -1,11 +1,13 @@
 """What a serving process does with a ps.json before it answers requests.
 
 - :func:`serving_config` reads the ps.json as served: relative paths resolved against the
-  directory ``hps serve`` started in, ``multi_process_hash_map`` as the L2 when a model
-  runs several instances and the file names no volatile_db type (one L2 per node, not one
-  per Triton process) in a segment named after the deployment's L3 path unless the file
-  names one (:meth:`hps.config.VolatileDBConfig.for_deployment`), and the models added or
-  removed at runtime (:mod:`hps.versions.models`).
+  directory ``hps serve`` started in, the L2 as the file was read (``multi_process_hash_map``
+  when a model runs several instances and the file names no volatile_db type: one L2 per
+  node, not one per Triton process; :meth:`hps.config.VolatileDBConfig.for_instances`) in a
+  segment named after the deployment's L3 path unless the file names one
+  (:meth:`hps.config.VolatileDBConfig.for_deployment`), and the models added or removed at
+  runtime (:mod:`hps.versions.models`); a shared L2 with too few table entries for them is
+  refused (:func:`hps.topology.check_shared_l2_tables`).
 - :func:`prepare_tables` brings L3 (and a shared L2) up to date with the tables named by
   ``sparse_files`` (:func:`hps.loading.imports.import_tables`), which is also how a reload through
   Triton's model-control API picks up retrained tables.
@@ -27,7 +29,7 @@ from hps.loading.imports import ImportRecord, import_lock, import_tables, sparse
 from hps.loading.loader import Loader
 from hps.lookup import LookupSession
 from hps.startup import fill_table_from_l3
-from hps.topology import SHARED_L2_DEFAULT, l2_placement, topology
+from hps.topology import check_shared_l2_tables, l2_placement, topology
 from hps.types import JSON
 from hps.versions import VersionRegistry
 from hps.versions.models import served_config
@@ -66,18 +68,19 @@ def serving_config(path: str | Path, base_dir: str | Path | None = None) -> PSCo
         update["persistent_db"] = config.persistent_db.model_copy(update={"path": l3_path})
     # this deployment's shared L2 segment: named after the L3 path as resolved here, which
     # every process of the deployment resolves alike (hps.config.databases)
+    # (its type was decided when the file was read: VolatileDBConfig.for_instances)
     vdb = config.volatile_db.for_deployment(l3_path)
     several = any(m.hps_instances > 1 for m in config.models)
-    if several and "type" not in vdb.model_fields_set:
-        vdb = vdb.model_copy(update={"type": SHARED_L2_DEFAULT})
-    elif several and l2_placement(config) == "process":
+    if several and l2_placement(config) == "process":
         log.warning("volatile_db %s is per process: each instance holds its own L2", vdb.type)
     update["volatile_db"] = vdb
     for m in models:
         if m.serves_ctr:
             check_dense_inputs(m)
     # the models added or removed at runtime (hps.versions.models)
-    return served_config(config.model_copy(update=update))
+    served = served_config(config.model_copy(update=update))
+    check_shared_l2_tables(served)  # before anything is imported or started
+    return served
 
 
 def only_model(config: PSConfig, model: str) -> PSConfig:

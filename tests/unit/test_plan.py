@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,11 +14,12 @@ from hps.cli import main
 from hps.config import parse_config
 from hps.errors import ConfigError
 from hps.io.sparse_model import write_sparse_model
-from hps.plan import l3_bytes_per_row, plan, version_costs
+from hps.plan import l2_segment_bytes, l3_bytes_per_row, plan, totals, version_costs
 from hps.storage.hash_map import HashMapStore
+from hps.storage.multi_process_hash_map import SharedHashMapStore
 from hps.storage.redis_layout import _jemalloc, redis_bytes_per_row
 from hps.types import TableSpec
-from tests.helpers import make_config
+from tests.helpers import make_config, rows, unique_name
 
 
 def ps_json(tmp_path: Path, **volatile: object) -> Path:
@@ -204,3 +206,100 @@ def test_plan_sizes_each_model_at_its_live_version(
     assert main(["plan", "--config", str(path), "--json"]) == 0
     tables = json.loads(capsys.readouterr().out)["tables"]
     assert [(t["dim"], t["rows"]) for t in tables] == [(8, 500), (8, 500)]
+
+
+def test_several_instances_are_planned_on_the_l2_serving_opens(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A ps.json naming no L2 type whose model runs 4 instances is served on the node's
+    multi_process_hash_map (one copy), and planned on it: not as 4 in-process hash_maps."""
+    from hps.tiers import table_bytes
+    from hps.triton.serving import serving_config
+
+    path = ps_json(tmp_path)
+    doc = json.loads(path.read_text())
+    del doc["volatile_db"]["type"]
+    path.write_text(json.dumps(doc))
+    served = serving_config(path).volatile_db
+    assert served.type == "multi_process_hash_map"
+    assert main(["plan", "--config", str(path), "--rows", "m.t1=5000", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["topology"]["l2"] == "node"
+    t1 = out["tables"][1]
+    assert t1["l2_type"] == served.type
+    assert t1["l2_bytes"] == table_bytes(served, 5000, 32)  # one copy per node
+    assert out["l2_segment_bytes"] == l2_segment_bytes(parse_config(doc)) > 0
+    assert main(["plan", "--config", str(path), "--rows", "m.t1=5000"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("L2: shared memory, one per node")
+    assert "L2 segment" in text and "(header, 256 entries)" in text
+
+
+def test_the_shared_segments_fixed_bytes_are_planned_once(tmp_path: Path) -> None:
+    """Before its first extent a multi_process_hash_map segment commits its header, free-extent
+    stack and 256 table entries (5.05 MiB whatever its size): the plan counts them once per
+    node. A segment just created holds exactly that; with two tables of 5,000 rows (float32
+    and int8) in a 64 MiB segment the plan is within 6 % of what /dev/shm holds (without
+    them it said a sixth of it)."""
+    name = unique_name("hps_test_plan")
+    cfg = make_config(
+        tmp_path,
+        models=[
+            {
+                "model": "m",
+                "embedding_table_names": ["a", "b"],
+                "embedding_vecsize_per_table": [16, 16],
+                "hps_row_dtype": ["float32", "int8"],
+                "gpucache": False,
+            }
+        ],
+        volatile_db={
+            "type": "multi_process_hash_map",
+            "shared_memory_size": 64 << 20,
+            "shared_memory_name": name,
+        },
+    )
+    n = 5000
+    plans = plan(cfg, {"m.a": n, "m.b": n})
+    segment = l2_segment_bytes(cfg)
+    assert l2_segment_bytes(make_config(tmp_path)) == 0  # hash_map: no segment
+    vdb = cfg.volatile_db
+    store = SharedHashMapStore(name, vdb.shared_memory_size, allocation_rate=vdb.allocation_rate)
+    try:
+        assert os.stat(store.path).st_blocks * 512 == segment
+        for spec in cfg.tables:
+            store.open_table(spec)
+            keys = np.arange(n, dtype=np.int64) * 13 + 1
+            store.insert(spec.name, keys, spec.fmt.encode(rows(keys, spec.dim)))
+        held = os.stat(store.path).st_blocks * 512
+    finally:
+        store.close()
+    planned = totals(plans, segment)["l2_bytes"]
+    assert planned == segment + sum(p.l2_bytes for p in plans)
+    assert abs(held / planned - 1) < 0.06, (held, planned)
+
+
+@pytest.mark.parametrize("volatile", [{}, {"type": "multi_process_hash_map"}])
+def test_a_shared_l2_without_an_entry_for_each_table_is_refused_up_front(
+    tmp_path: Path, capsys: pytest.CaptureFixture, volatile: dict[str, str]
+) -> None:
+    """257 tables do not fit the segment's 256 table entries: hps plan says so in one line
+    (as hps import and hps serve do), whether the file names the shared L2 or it is the L2
+    of several instances; 256 fit, with a note that their 2 kept versions do not."""
+    for tables, code in ((257, 2), (256, 0)):
+        doc = {
+            "models": [
+                {"model": "many", "embedding_vecsize_per_table": [4] * tables, "hps_instances": 2}
+            ],
+            "volatile_db": volatile,
+        }
+        path = tmp_path / "ps.json"
+        path.write_text(json.dumps(doc))
+        assert main(["plan", "--config", str(path)]) == code
+        out, err = capsys.readouterr()
+        if code:
+            assert err.count("\n") == 1, err
+            assert "holds at most 256 tables; the models need 257 (many: 257 tables)" in err
+            assert ("the default when a model runs several instances" in err) == (not volatile)
+        else:
+            assert "the models' kept versions need 512; a version activated beyond" in out

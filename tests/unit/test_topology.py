@@ -1,5 +1,5 @@
 """How serving L1s learn of updates (``Topology.l1_refresh``), decided once from the ps.json,
-and what the serving side starts for each."""
+and what the serving side starts for each; the table entries a shared L2 needs."""
 
 from __future__ import annotations
 
@@ -8,8 +8,15 @@ from pathlib import Path
 import pytest
 
 from hps.config import PSConfig
+from hps.config.segment import MAX_TABLES
 from hps.errors import ConfigError
-from hps.topology import describe, topology
+from hps.topology import (
+    check_shared_l2_tables,
+    describe,
+    shared_l2_tables,
+    shared_l2_versions_note,
+    topology,
+)
 from hps.triton.model.session import open_journal
 from hps.updates.journal import journal_dir
 from tests.helpers import make_config
@@ -98,3 +105,36 @@ def test_journal_mode_refuses_a_journal_it_cannot_open(tmp_path: Path) -> None:
         open_journal(config, "demo", args)
     listener = _config(tmp_path, {"type": "disabled"})
     assert open_journal(listener, "demo", args) is None  # writes reach it by reloads
+
+
+def _tables(tmp_path: Path, counts: dict[str, int], keep: int = 2, **top: object) -> PSConfig:
+    models = [
+        {"model": m, "embedding_vecsize_per_table": [4] * n, "hps_keep_versions": keep}
+        for m, n in counts.items()
+    ]
+    return make_config(tmp_path, models=models, volatile_db=SHARED_L2, **top)
+
+
+def test_a_shared_l2_needs_an_entry_per_table(tmp_path: Path) -> None:
+    """Every table takes one of the segment's MAX_TABLES entries, and three where its update
+    versions are kept in L2 (Kafka and no L3); kept versions beyond those are a note of the
+    plan, not a refusal (they fail to load, and Triton stays on the version it served)."""
+    assert MAX_TABLES == 256
+    fits = _tables(tmp_path, {"a": 200, "b": 56})
+    assert shared_l2_tables(fits) == {"a": 200, "b": 56}
+    assert shared_l2_tables(fits, versions=2) == {"a": 400, "b": 112}
+    check_shared_l2_tables(fits)
+    assert "the models' kept versions need 512" in str(shared_l2_versions_note(fits))
+    assert shared_l2_versions_note(_tables(tmp_path, {"a": 128})) is None
+    with pytest.raises(ConfigError) as err:
+        check_shared_l2_tables(_tables(tmp_path, {"a": 200, "b": 57}))
+    assert "holds at most 256 tables; the models need 257 (a: 200 tables, b: 57" in str(err.value)
+    no_l3 = {"persistent_db": {"type": "disabled"}, "update_source": KAFKA}
+    assert shared_l2_tables(_tables(tmp_path, {"a": 85}, **no_l3)) == {"a": 255}
+    with pytest.raises(ConfigError, match=r"x 3 \(each with its 2 update-version side tables"):
+        check_shared_l2_tables(_tables(tmp_path, {"a": 86}, **no_l3))
+    hash_map = make_config(
+        tmp_path, models=[{"model": "a", "embedding_vecsize_per_table": [4] * 300}]
+    )
+    assert shared_l2_tables(hash_map) == {}  # one per process, no bound of entries
+    check_shared_l2_tables(hash_map)

@@ -16,7 +16,7 @@ from hps.cli import main
 from hps.errors import BackendError
 from hps.io.sparse_model import read_sparse_model
 from hps.tiers import Tiers
-from tests.helpers import rows
+from tests.helpers import rows, unique_name
 from tests.unit.commands.conftest import KEYS
 
 
@@ -164,3 +164,37 @@ def test_lookup_without_l3_or_a_shared_l2_is_refused(
     code, out, err = hps(capsys, "lookup", "--config", str(no_l3), "--table", "demo.t0", "1")
     assert code == 2 and out == ""
     assert err.startswith("hps lookup: error: nothing to look up in: no L3")
+
+
+def test_import_of_several_instances_fills_the_l2_serving_opens(
+    no_l3: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model of 2 instances whose ps.json names no L2 type is served on the node's shared
+    L2, so hps import fills that one (here the only tier): not 'nothing to import'."""
+    doc = json.loads(no_l3.read_text())
+    doc["models"][0]["hps_instances"] = 2
+    doc["volatile_db"] = {"shared_memory_name": unique_name("hps_test_import"),
+                          "shared_memory_size": 64 * 1024**2}  # fmt: skip
+    no_l3.write_text(json.dumps(doc))
+    code, out, err = hps(capsys, "import", "--config", str(no_l3), "--quiet")
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [f"demo.{t}: {KEYS.size} rows" for t in ("t0", "t1")]
+
+
+def test_import_refuses_a_shared_l2_without_an_entry_for_each_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """257 tables in the 256 entries of the L2 that 2 instances share: one line, before
+    anything is written (hps serve would fail in Triton's start-up)."""
+    doc = {
+        "models": [{"model": "many", "embedding_vecsize_per_table": [4] * 257,
+                    "sparse_files": [str(tmp_path / f"t{i}") for i in range(257)],
+                    "hps_instances": 2}],
+        "persistent_db": {"type": "rocks_db", "path": str(tmp_path / "many_l3")},
+    }  # fmt: skip
+    path = tmp_path / "many.json"
+    path.write_text(json.dumps(doc))
+    code, out, err = hps(capsys, "import", "--config", str(path))
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "holds at most 256 tables; the models need 257" in err
+    assert not (tmp_path / "many_l3").exists()

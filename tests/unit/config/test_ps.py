@@ -337,3 +337,27 @@ def test_an_l3_path_naming_no_folder_of_its_own_is_refused(path: str) -> None:
     with pytest.raises(ConfigError, match=f"persistent_db: .*path {path!r} names no folder"):
         parse_config({"models": [model], "persistent_db": {"type": "rocks_db", "path": path}})
     parse_config({"models": [model], "persistent_db": {"type": "disabled", "path": path}})
+
+
+@pytest.mark.parametrize(
+    ("instances", "volatile", "l2"),
+    [
+        ([2], {}, "multi_process_hash_map"),  # one L2 per node, not one per Triton process
+        ([1, 3], {"initial_cache_rate": 0.5}, "multi_process_hash_map"),  # any model's
+        ([2], {"type": "hash_map"}, "hash_map"),  # a named type is kept
+        ([1], {}, "hash_map"),
+    ],
+)
+def test_the_l2_of_several_instances_is_decided_when_the_file_is_read(
+    instances: list[int], volatile: dict, l2: str
+) -> None:
+    """Every command that reads the ps.json (hps serve, plan, import, consume, ...) sees the
+    L2 serving opens."""
+    models = [
+        {"model": f"m{i}", "embedding_vecsize_per_table": [4], "hps_instances": n}
+        for i, n in enumerate(instances)
+    ]
+    vdb = parse_config({"models": models, "volatile_db": volatile}).volatile_db
+    assert vdb.type == l2
+    assert vdb.type_defaulted == (l2 != volatile.get("type", "hash_map"))
+    assert vdb.initial_cache_rate == volatile.get("initial_cache_rate", 1.0)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from hps.build import build_session
+from hps.config import load_config
 from hps.errors import ConfigError
 from hps.io.sparse_model import write_sparse_model
 from hps.loading.imports import sparse_sources
@@ -63,6 +64,7 @@ def test_relative_paths_resolve_against_the_base_dir(tmp_path: Path) -> None:
 def test_several_instances_default_to_the_shared_hash_map(tmp_path: Path, caplog) -> None:
     path = write_ps(tmp_path, instances=2, volatile={"initial_cache_rate": 1.0})
     assert serving_config(path, tmp_path).volatile_db.type == "multi_process_hash_map"
+    assert load_config(path).volatile_db.type == "multi_process_hash_map"  # hps plan, import
     path = write_ps(tmp_path, instances=2, volatile={"type": "hash_map"})
     with caplog.at_level(logging.WARNING):
         assert serving_config(path, tmp_path).volatile_db.type == "hash_map"
@@ -206,3 +208,27 @@ def test_a_version_without_l3_is_not_refilled_from_files_changed_since_its_impor
     finally:
         for p in Path("/dev/shm").glob(name + "*"):
             p.unlink()
+
+
+@pytest.mark.parametrize(
+    "volatile", [{"initial_cache_rate": 1.0}, {"type": "multi_process_hash_map"}]
+)
+def test_a_shared_l2_without_an_entry_for_each_table_is_not_served(
+    tmp_path: Path, volatile: dict
+) -> None:
+    """257 tables exceed the segment's 256 table entries: refused as the ps.json is read
+    for serving (hps serve, before Triton starts), naming what each model needs, rather
+    than by the segment in a Triton instance's start-up. Kept versions are not counted."""
+    path = write_ps(tmp_path, instances=2, volatile=volatile)
+    doc = json.loads(path.read_text())
+    entry = dict(doc["models"][0])
+    doc["models"][0].update(embedding_vecsize_per_table=[4] * 257,
+                            embedding_table_names=[f"t{i}" for i in range(257)],
+                            sparse_files=[f"tables/t{i}" for i in range(257)])  # fmt: skip
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match=r"the models need 257 \(m: 257 tables\)"):
+        serving_config(path, tmp_path)
+    doc["models"][0] = entry
+    doc["models"][0]["hps_keep_versions"] = 200  # versions beyond the entries fail to load
+    path.write_text(json.dumps(doc))
+    assert serving_config(path, tmp_path).volatile_db.type == "multi_process_hash_map"
