@@ -144,11 +144,11 @@ def _step(reads: Reads, name: str, old: str, new: str, t0: float, t1: float, set
 def run(args: argparse.Namespace) -> Iterator[JSON]:
     from hps.ctr.demo import create_demo
     from hps.io.sparse_model import read_sparse_model, write_sparse_model
+    from hps.loading.imports import repository_dir
     from hps.net import free_port
     from hps.triton.activation import activate
     from hps.triton.admin_key import resolve_key
     from hps.triton.client import ModelControl
-    from hps.triton.repository import repository_dir
     from hps.triton.serving import serving_config
     from hps.versions.rollout import import_version, version_entry
 

@@ -161,10 +161,10 @@ def _size(nbytes: int) -> str:
 
 def _activate(args: argparse.Namespace) -> int:
     from hps.errors import ConfigError
+    from hps.loading.imports import repository_dir
     from hps.triton.activation import activate
     from hps.triton.admin_key import resolve_key
     from hps.triton.client import ModelControl
-    from hps.triton.repository import repository_dir
 
     config = _config(args.config)
     config.model(args.model)

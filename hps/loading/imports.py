@@ -53,7 +53,7 @@ from hps.errors import ConfigError, FormatError
 from hps.io.durable import replace_durably
 from hps.loading.loader import Loader, TableSource, l2_action, l3_holds, sparse_source
 from hps.tiers import Tiers
-from hps.topology import Topology
+from hps.topology import Topology, topology
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,14 @@ def node_file(state: Path, suffix: str, *, writable: bool = True) -> Path:
         return beside
     digest = hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:16]
     return Path(tempfile.gettempdir()) / f"hps-{digest}{suffix}"
+
+
+def repository_dir(config: PSConfig) -> Path | None:
+    """Where ``hps serve`` writes the Triton model repository of a node that has a state
+    folder (the control plane, the CLI and a retire's check of the written version policy
+    find it there); None: a temporary one."""
+    state = topology(config).state_dir
+    return None if state is None else node_file(state, ".hps-repository")
 
 
 def l3_read_only(config: PSConfig) -> bool:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from hps.config import ModelConfig, PSConfig
 from hps.errors import BackendError, UnknownTableError
-from hps.loading.imports import import_lock
+from hps.loading.imports import import_lock, repository_dir
 from hps.service.job_records import Job, Work
 from hps.service.jobs import JobRegistry
 from hps.service.recent import Recent
@@ -47,7 +47,7 @@ from hps.service.served import ServedConfig
 from hps.service.triton_admin import TritonAdmin
 from hps.tiers import Tiers
 from hps.topology import Topology, topology
-from hps.triton.repository import repository_dir, served_models
+from hps.triton.repository import served_models
 from hps.types import JSON, TableSpec
 from hps.versions import VersionRegistry
 

@@ -1,7 +1,7 @@
 """Models added and removed while ``hps serve`` runs (the control plane's ``POST /v1/models``
 and ``DELETE /v1/models/{model}``): the record is :mod:`hps.versions.models`; this is
 Triton's part, over the repository ``hps serve`` keeps beside L3
-(:func:`hps.triton.repository.repository_dir`).
+(:func:`hps.loading.imports.repository_dir`).
 
 - :func:`add_and_serve`: import the model's tables as its first version, write its Triton
   models' folders (the embedding model, and ``<model>_ctr`` for a CTR model) with the

@@ -33,8 +33,6 @@ from pathlib import Path
 
 from hps.config import ModelConfig, PSConfig, parse_config
 from hps.errors import ConfigError
-from hps.loading.imports import node_file
-from hps.topology import topology
 from hps.versions.registry import VersionRegistry
 
 TEMPLATES_ENV = "HPS_MODEL_REPOSITORY"
@@ -230,13 +228,6 @@ def _precompiled(module: Path) -> None:
     ``PYTHONDONTWRITEBYTECODE``; with the bytecode there first, the import writes nothing."""
     if not Path(importlib.util.cache_from_source(str(module))).exists():
         py_compile.compile(str(module), doraise=True)
-
-
-def repository_dir(config: PSConfig) -> Path | None:
-    """Where ``hps serve`` writes the Triton model repository of a node that has a state
-    folder (the control plane and the CLI find it there); None: a temporary one."""
-    state = topology(config).state_dir
-    return None if state is None else node_file(state, ".hps-repository")
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from hps.loading.imports import (
     import_lock,
     import_tables,
     node_file,
+    repository_dir,
     sparse_sources,
 )
 from hps.rowformat import ROW_DTYPES
@@ -347,13 +348,14 @@ def written_policy(
     version policy names as an activation last wrote it (what Triton was told to load); a
     model without a folder there (no repository, a removed model) is left out. Local files
     only: cheap."""
-    from hps.triton.repository import get_parameter, repository_dir
-
     repository = repository or repository_dir(config)
     if repository is None:
         return {}
     out: dict[str, list[int]] = {}
+    others = {m.model for m in config.models} - {model}
     for name in (model, model + CTR_SUFFIX):
+        if name in others:  # another model's Triton model (a model named <model>_ctr)
+            continue
         path = repository / name / "config.pbtxt"
         try:
             text = path.read_text()
@@ -361,8 +363,6 @@ def written_policy(
             continue
         except OSError as exc:
             raise ConfigError(f"cannot read {path}: {exc}") from None
-        if get_parameter(text, "hps_model") not in (None, model):
-            continue  # another model's Triton model (a model named <model>_ctr)
         found = _POLICY.search(text)
         if found is not None:
             out[name] = [int(v) for v in re.findall(r"\d+", found.group(1))]

@@ -23,14 +23,10 @@ from pathlib import Path
 
 from hps.config import PSConfig
 from hps.errors import HPSError
+from hps.loading.imports import repository_dir
 from hps.tempdirs import owned_tempdir
 from hps.triton.admin_key import ensure_key
-from hps.triton.repository import (
-    check_gpu_instances,
-    prepare_repository,
-    repository_dir,
-    served_models,
-)
+from hps.triton.repository import check_gpu_instances, prepare_repository, served_models
 from hps.triton.serving import prepare_tables, serving_config
 from hps.triton.supervisor.address import resolve_host
 from hps.triton.supervisor.gate import BodyLimit, find_nginx

@@ -12,9 +12,9 @@ import pytest
 from hps.config import ModelConfig
 from hps.errors import ConfigError
 from hps.io.sparse_model import write_sparse_model
+from hps.loading.imports import repository_dir
 from hps.triton.client import Client
 from hps.triton.models import add_and_serve, remove
-from hps.triton.repository import repository_dir
 from hps.triton.serving import serving_config
 from tests.integration.triton.test_serve_cli import run_hps
 from tests.integration.triton.test_serve_lifecycle import stop

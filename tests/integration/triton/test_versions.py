@@ -24,11 +24,11 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from hps.loading.imports import repository_dir
 from hps.net import free_port
 from hps.triton.activation import activate
 from hps.triton.admin_key import resolve_key
 from hps.triton.client import ModelControl
-from hps.triton.repository import repository_dir
 from hps.triton.serving import serving_config
 from hps.versions import VersionRegistry
 from hps.versions.rollout import import_version, version_entry

@@ -29,13 +29,13 @@ import tritonclient.http as httpclient
 
 from hps.config import ModelConfig
 from hps.io.sparse_model import write_sparse_model
+from hps.loading.imports import repository_dir
 from hps.net import free_port
 from hps.testing.kafka import TansuBroker
 from hps.tiers import Tiers
 from hps.triton.activation import activate
 from hps.triton.client import Client
 from hps.triton.models import add_and_serve, remove
-from hps.triton.repository import repository_dir
 from hps.triton.serving import serving_config
 from hps.types import TableSpec
 from hps.updates import Publisher

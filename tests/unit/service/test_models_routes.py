@@ -18,10 +18,10 @@ from fastapi.testclient import TestClient
 
 from hps.config import ModelConfig
 from hps.io.sparse_model import write_sparse_model
+from hps.loading.imports import repository_dir
 from hps.service.app import create_app
 from hps.service.state import AdminState
 from hps.service.triton_admin import TritonAdmin
-from hps.triton.repository import repository_dir
 from hps.triton.serving import prepare_tables, serving_config
 from hps.versions import VersionRegistry
 from hps.versions.models import add_model, mark_removed

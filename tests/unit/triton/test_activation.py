@@ -14,9 +14,9 @@ import rocksdict as rd
 from hps.config import PSConfig
 from hps.errors import BackendError, ConfigError, RequestError
 from hps.io.sparse_model import write_sparse_model
+from hps.loading.imports import repository_dir
 from hps.storage.rocks_db import RocksDBStore
 from hps.triton.activation import activate
-from hps.triton.repository import repository_dir
 from hps.triton.serving import prepare_tables
 from hps.versions import VersionRegistry
 from hps.versions.rollout import import_version, retire, version_entry

@@ -117,7 +117,7 @@ def test_query_refuses_an_empty_key_list_before_connecting(
 
 
 def test_serve_help_says_where_the_repository_goes(capsys: pytest.CaptureFixture[str]) -> None:
-    """Beside L3 (hps.triton.repository.repository_dir), not a temporary folder."""
+    """Beside L3 (hps.loading.imports.repository_dir), not a temporary folder."""
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps it

@@ -464,7 +464,7 @@ def test_a_retire_refuses_a_version_the_written_version_policy_names(
     """The activator of version 2 killed after it gave Triton the policy [1, 2] (Triton
     serves 2) and before it recorded 2 live: the record does not serve 2, the policy in
     hps serve's model repository does; the retire is refused, saying what to run."""
-    from hps.triton.repository import repository_dir
+    from hps.loading.imports import repository_dir
 
     import_version(
         config, version_entry(config, "demo", sparse_files=tables(tmp_path / "v2", 7)), 2
