@@ -202,11 +202,19 @@ class Publisher:
     # -- internals --------------------------------------------------------------------------
 
     def _version(self, version: int | None) -> int:
+        """The update version of a call: ``version``, or the next of the default sequence,
+        ``max(clock, last + 1)``. An explicit version ahead of this publisher's clock does
+        not move that sequence: consumers refuse versions beyond their clock plus an
+        allowance, and a sequence that followed one would have every later default version
+        refused with it."""
         with self._lock:
+            now = time.time_ns()
             if version is None:
-                version = max(time.time_ns(), self._last_version + 1)
+                version = max(now, self._last_version + 1)
             elif not 0 <= int(version) <= codec.UINT64_MAX:
                 raise InvalidValueError(f"version {version} does not fit in uint64")
+            elif int(version) > now:
+                return int(version)
             self._last_version = max(self._last_version, int(version))
             return int(version)
 

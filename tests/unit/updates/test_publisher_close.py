@@ -83,3 +83,20 @@ def test_a_closed_publisher_creates_no_topic(monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(BackendError, match="publisher is closed"):
         pub.prepare("m", ["t"])
     assert created == []
+
+
+def test_a_version_ahead_of_the_clock_does_not_drag_the_default_ones_with_it(
+    publisher: Publisher,
+) -> None:
+    """Consumers refuse versions beyond their clock plus an allowance: default versions
+    that followed an explicit one from the future would all be refused with it."""
+    import time
+
+    future = time.time_ns() + 10**9 * 86_400 * 365  # a year ahead
+    assert publisher._version(future) == future
+    after = publisher._version(None)
+    assert after < future and abs(after - time.time_ns()) < 60 * 10**9
+    assert publisher._version(None) > after  # the default sequence still rises
+    assert publisher._version(5) == 5  # an explicit version from the past: kept as given
+    assert publisher._version(None) > after
+    publisher.close(timeout_s=1.0)
