@@ -1,5 +1,6 @@
 """The L1 listener's pass 1 over one poll's messages (hps.updates.listener.refresh_from):
-the same L1 as one message at a time, with one update, one eviction, one hold per table."""
+each key's newest row, with one update, one eviction, one hold per table; an older update
+never overwrites a newer row pass 1 took, in one poll or a later one."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from pathlib import Path
 import numpy as np
 
 from hps.build import build_session
+from hps.lookup import LookupSession
 from hps.storage.hash_map import HashMapStore
 from hps.tiers import Tiers
 from hps.updates import codec
 from hps.updates.freshness import L1Refresher, Served
-from hps.updates.listener import refresh_from
+from hps.updates.listener import NewestTaken, refresh_from
 from hps.updates.routing import Router
 from tests.unit.updates.test_update_consumer_loop import SPEC, Msg, _one_table_config
 from tests.unit.updates.test_update_timing import ListRecorder
@@ -27,7 +29,27 @@ def delete(keys: list[int], offset: int) -> Msg:
     return Msg(codec.encode(np.array(keys, dtype=np.int64), None, offset + 1, delete=True), offset)
 
 
-def test_a_poll_leaves_l1_as_its_messages_one_by_one_would(tmp_path: Path) -> None:
+class PartMsg(Msg):
+    """A message of another partition."""
+
+    def __init__(self, value: bytes, offset: int, partition: int) -> None:
+        super().__init__(value, offset)
+        self._p = partition
+
+    def partition(self) -> int:
+        return self._p
+
+
+def versioned(
+    keys: list[int], value: float | None, version: int, offset: int, partition: int = 0
+) -> Msg:
+    """An upsert (a delete for ``value`` None) of update version ``version``."""
+    k = np.array(keys, dtype=np.int64)
+    rows = None if value is None else np.full((k.size, 2), value, np.float32)
+    return PartMsg(codec.encode(k, rows, version, delete=value is None), offset, partition)
+
+
+def test_a_poll_leaves_each_key_with_its_newest_row(tmp_path: Path) -> None:
     session = build_session(_one_table_config(tmp_path), tiers=Tiers(HashMapStore(), None))
     cache = session.caches[SPEC.name]
     resident = np.arange(1, 7, dtype=np.int64)
@@ -37,22 +59,23 @@ def test_a_poll_leaves_l1_as_its_messages_one_by_one_would(tmp_path: Path) -> No
     refresher, rec = L1Refresher(session, grace_s=60.0), ListRecorder()
     msgs = [
         upsert([1, 2], 10.0, 0),
-        delete([2], 1),  # deleted after an upsert: out of L1
+        delete([2], 1),  # deleted after an upsert (version 2)
         upsert([1, 3], 20.0, 2),  # a later row of key 1 wins
-        upsert([2], 30.0, 3),  # not resident any more: pass 1 leaves it out
+        upsert([2], 30.0, 3),  # version 4: newer than the delete, key 2 stays with it
         Msg(b"not a message", 4),  # skipped, the others stand
         delete([9], 5),  # not resident: nothing to evict
+        delete([4], 6),  # out of L1
     ]
     refresh_from(msgs, Router.fixed({SPEC.name: SPEC}), refresher, 300.0, Served(rec))
-    assert cache.resident(np.array([1, 2, 3, 4], dtype=np.int64)).tolist() == [
-        True, False, True, True,
+    assert cache.resident(np.array([1, 2, 3, 4, 5], dtype=np.int64)).tolist() == [
+        True, True, True, False, True,
     ]  # fmt: skip
-    got = session.lookup(SPEC.name, np.array([1, 3, 4], dtype=np.int64))
-    np.testing.assert_array_equal(got, [[20, 20], [20, 20], [1, 1]])
+    got = session.lookup(SPEC.name, np.array([1, 2, 3, 5], dtype=np.int64))
+    np.testing.assert_array_equal(got, [[20, 20], [30, 30], [20, 20], [1, 1]])
     # One hold and one pass 2 for the poll's keys of this partition, up to its last offset.
-    assert refresher.pending == 1 and cache.held == 7
-    # Served at once: only the message whose keys are all in L1 with its rows (offset 2).
-    assert [ns // 10**6 % 1000 for _, ns in rec.fresh_seen] == [2]  # its broker timestamp
+    assert refresher.pending == 1 and cache.held == 8
+    # Served at once: the messages whose keys are all in L1 after pass 1, with rows.
+    assert [ns // 10**6 % 1000 for _, ns in rec.fresh_seen] == [0, 2, 3]  # broker timestamps
     session.close()
 
 
@@ -78,3 +101,64 @@ def test_a_fill_racing_pass_one_does_not_cache_the_older_row(tmp_path: Path) -> 
     session.tiers.volatile.insert(SPEC.name, key, np.full((1, 2), 5.0, np.float32))  # L2: now
     np.testing.assert_array_equal(session.lookup(SPEC.name, key), [[5, 5]])
     session.close()
+
+
+def _resident_session(tmp_path: Path, keys: list[int]) -> tuple[LookupSession, L1Refresher]:
+    session = build_session(_one_table_config(tmp_path), tiers=Tiers(HashMapStore(), None))
+    k = np.array(keys, dtype=np.int64)
+    assert session.tiers.volatile is not None
+    session.tiers.volatile.insert(SPEC.name, k, np.ones((k.size, 2), np.float32))
+    session.lookup(SPEC.name, k)  # resident in L1
+    return session, L1Refresher(session, grace_s=60.0)
+
+
+def test_an_older_update_in_the_same_poll_does_not_overwrite_a_newer_one(
+    tmp_path: Path,
+) -> None:
+    session, refresher = _resident_session(tmp_path, [1, 2, 3])
+    msgs = [
+        versioned([1], 104.0, 12, 0, partition=1),
+        versioned([1], 99.0, 11, 0, partition=0),  # arrives later, older
+        versioned([2], 50.0, 20, 1, partition=1),
+        versioned([2], None, 19, 1, partition=0),  # an older delete loses
+        versioned([3], 7.0, 30, 2, partition=1),
+        versioned([3], 8.0, 30, 2, partition=0),  # equal versions: the later one
+    ]
+    refresh_from(msgs, Router.fixed({SPEC.name: SPEC}), refresher, 300.0, None)
+    keys = np.array([1, 2, 3], dtype=np.int64)
+    assert session.caches[SPEC.name].resident(keys).all()
+    np.testing.assert_array_equal(session.lookup(SPEC.name, keys), [[104] * 2, [50] * 2, [8] * 2])
+    session.close()
+
+
+def test_an_older_update_in_a_later_poll_does_not_overwrite_a_newer_one(tmp_path: Path) -> None:
+    session, refresher = _resident_session(tmp_path, [1, 2, 3])
+    router, newest = Router.fixed({SPEC.name: SPEC}), NewestTaken()
+    keys = np.array([1, 2, 3], dtype=np.int64)
+
+    def poll(*msgs: Msg) -> np.ndarray:
+        refresh_from(list(msgs), router, refresher, 300.0, None, newest)
+        return session.lookup(SPEC.name, keys)[:, 0]
+
+    assert poll(versioned([1, 2], 104.0, 12, 0, partition=1)).tolist() == [104, 104, 1]
+    # Late, from another partition: older than what L1 took (an upsert, a delete).
+    assert poll(versioned([1], 99.0, 11, 0), versioned([2], None, 10, 1)).tolist() == [
+        104, 104, 1,
+    ]  # fmt: skip
+    assert session.caches[SPEC.name].resident(keys).all()
+    # Newer ones still go through; a key never updated takes any version.
+    assert poll(versioned([1, 3], 105.0, 13, 2), versioned([2], None, 12, 3)).tolist() == [
+        105, 1, 105,
+    ]  # fmt: skip
+    assert session.caches[SPEC.name].resident(keys).tolist() == [True, False, True]
+    session.close()
+
+
+def test_newest_taken_is_bounded_and_forgets_keys_whose_slot_was_taken() -> None:
+    newest = NewestTaken(slots=4)
+    keys = np.arange(1, 1001, dtype=np.int64)
+    assert newest.take("t", keys, np.full(keys.size, 10, np.uint64)).all()
+    older = newest.take("t", keys, np.full(keys.size, 9, np.uint64))
+    # At most one key a slot is remembered (refused: older); the others are taken.
+    assert 1 <= np.count_nonzero(~older) <= 4
+    assert newest.take("u", keys[:1], np.array([0], np.uint64)).all()  # per table

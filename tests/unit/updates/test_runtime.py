@@ -22,7 +22,7 @@ from hps.updates import listener as listener_mod
 from hps.updates import runtime
 from hps.updates.runtime import UpdateThread
 from tests.helpers import make_config
-from tests.unit.updates.test_listener import upsert
+from tests.unit.updates.test_listener import upsert, versioned
 from tests.unit.updates.test_update_consumer_loop import SPEC, Msg
 
 HANG_S = 30.0  # hang guards only
@@ -142,6 +142,29 @@ def test_the_listener_drops_l1_when_a_poll_fails_to_reach_it_and_goes_on(
         thread.stop()
         session.close()
     assert source.closed
+
+
+def test_the_listener_keeps_a_newer_row_from_a_later_older_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Across polls: a message older than the row pass 1 gave L1 (another partition, a
+    retry) leaves that row, where ``hps consume`` refuses it in L2 too."""
+    monkeypatch.setattr(listener_mod, "MessageSource", _Source)
+    cfg, session, keys = _listened(tmp_path)
+    _Source.made.clear()
+    thread = listener_mod.start_l1_listener(session, cfg)
+    try:
+        [source] = _Source.made
+        source.queue.append(versioned([1], 104.0, 1_000_002, 0, partition=1))
+        _wait(lambda: session.lookup(SPEC.name, keys[:1])[0, 0] == 104.0, "the newer row")
+        source.queue.append(versioned([1], 99.0, 1_000_001, 0, partition=0))  # older, later
+        source.queue.append(versioned([2], 7.0, 1_000_003, 1, partition=0))
+        _wait(lambda: session.lookup(SPEC.name, keys[1:2])[0, 0] == 7.0, "the poll after")
+        assert session.lookup(SPEC.name, keys[:1])[0, 0] == 104.0
+        assert session.caches[SPEC.name].resident(keys[:1]).all()
+    finally:
+        thread.stop()
+        session.close()
 
 
 class _LostSource(_Source):
