@@ -161,6 +161,7 @@ def _run(server: TritonServer, config: PSConfig, args: argparse.Namespace, key: 
                 probes,
                 interval=args.watchdog_interval,
                 server_pid=server.proc.pid,
+                instances={m.triton_name: m.instances for m in served_models(config)},
             )
             watchdog.start()
         _print_banner(server, config, args.config, key)

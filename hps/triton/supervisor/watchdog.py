@@ -14,8 +14,14 @@ model an operator unloaded on purpose, say) are left alone. A probe waits in the
 queue like any request, so a model that is merely overloaded fails probes too; but it
 keeps executing requests, which Triton counts (:func:`executions`), and is left to serve.
 Given the server's PID, the watchdog also looks at its stub processes every
-:data:`STUB_POLL_S` seconds and probes a model at once when one of its stubs disappears,
-so detection takes a fraction of a second rather than up to ``interval``.
+:data:`STUB_POLL_S` seconds. A stub that disappears while its model version stays READY
+in Triton and fewer stubs than the model's instances are left of that version (no
+replacement: :meth:`Watchdog.lost`) died: the model is reloaded at once, without a probe.
+A probe is no proof of health with several instances: Triton routes it to any of them,
+so it may well land on a healthy one. Stubs that disappear otherwise (a reload, ours or
+another's, starts the new stubs first; an unload marks the version UNLOADING first) only
+get the model probed at once, so detection takes a fraction of a second rather than up to
+``interval``.
 
 Triton 2.51 never finishes unloading the old version once a request has failed on the
 dead stub (it stays UNLOADING), so the watchdog does not wait for that: the load starts
@@ -54,8 +60,9 @@ class Recovery:
     seconds: float
 
 
-def stub_pids(server_pid: int) -> dict[str, set[int]]:
-    """Model name -> PIDs of its Python stubs, the children of ``server_pid`` (Linux /proc).
+def stub_pids(server_pid: int) -> dict[str, dict[int, str]]:
+    """Model name -> PID -> model version of its Python stubs, the children of
+    ``server_pid`` (Linux /proc).
 
     A stub's command line is ``triton_python_backend_stub <repo>/<model>/<version>/model.py
     ...``. Reads ``/proc/<pid>/task/*/children``: a few small files, not every process.
@@ -66,15 +73,15 @@ def stub_pids(server_pid: int) -> dict[str, set[int]]:
             children.update(int(pid) for pid in task.read_text().split())
         except (OSError, ValueError):
             continue
-    stubs: dict[str, set[int]] = {}
+    stubs: dict[str, dict[int, str]] = {}
     for pid in children:
         try:
             args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
         if len(args) > 1 and args[0].endswith(b"triton_python_backend_stub"):
-            model = Path(args[1].decode(errors="replace")).parent.parent.name
-            stubs.setdefault(model, set()).add(pid)
+            version = Path(args[1].decode(errors="replace")).parent
+            stubs.setdefault(version.parent.name, {})[pid] = version.name
     return stubs
 
 
@@ -149,7 +156,8 @@ class Watchdog:
     """Probes ``probes`` on a Triton server every ``interval`` s in a daemon thread; reloads
     a model whose stub is dead, or which is stuck (:class:`Stall`: ``max_timeouts`` probes
     in a row failing, each waiting at most ``timeout``, over ``max_timeouts x timeout``
-    seconds in which nothing executed)."""
+    seconds in which nothing executed). ``instances``: each model's instances (stubs of a
+    version; 1 when not named), to tell a dead stub from a replaced one."""
 
     def __init__(
         self,
@@ -161,6 +169,7 @@ class Watchdog:
         timeout: float = 10.0,
         max_timeouts: int = 3,
         server_pid: int | None = None,
+        instances: dict[str, int] | None = None,
     ) -> None:
         self.http_url = http_url
         self.control = ModelControl(http_url, admin_key, timeout=120.0)
@@ -169,8 +178,10 @@ class Watchdog:
         self.timeout = timeout
         self.max_timeouts = max_timeouts
         self.server_pid = server_pid
+        self.instances = dict(instances or {})
         self.recoveries: list[Recovery] = []
         self._stalls = {model: Stall(timeout * max_timeouts, max_timeouts) for model in probes}
+        self._suspect: set[str] = set()  # a stub died, the reload failed: reload again
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hps-watchdog", daemon=True)
 
@@ -190,21 +201,64 @@ class Watchdog:
             next_probe = time.monotonic() + self.interval
             while not self._stop.wait(tick):
                 try:
-                    now = self._stubs()
-                    gone = {m for m, pids in known.items() if pids - now.get(m, set())}
-                    known = now
                     due = time.monotonic() >= next_probe
                     if due:
                         next_probe = time.monotonic() + self.interval
-                    for model in [m for m in self.probes if due or m in gone]:
-                        if self._stop.is_set():
-                            return
-                        if self.check(client, model) is not None:
-                            known = self._stubs()
+                    known = self.round(client, known, due)
                 except Exception:  # noqa: BLE001 - the watchdog outlives any one round
                     log.exception("watchdog: a round of probes failed; probing again later")
 
-    def _stubs(self) -> dict[str, set[int]]:
+    def round(
+        self, client: Client, known: dict[str, dict[int, str]], due: bool
+    ) -> dict[str, dict[int, str]]:
+        """One look at the stubs (``known`` at the last look): reload a model whose stub
+        died, probe the others that lost a stub and, when ``due``, every model. The stubs
+        now, after any reload of ours (its own new stubs are no loss)."""
+        now = self._stubs()
+        gone = {m for m, pids in known.items() if pids.keys() - now.get(m, {}).keys()}
+        dead = self.lost(known, now)
+        known = now
+        for model in [m for m in self.probes if due or m in gone]:
+            if self._stop.is_set():
+                break
+            if model in dead or model in self._suspect:  # a failed reload: again when due
+                recovery = self.reload(model, "a stub process disappeared")
+                if recovery is None:
+                    self._suspect.add(model)
+            else:
+                recovery = self.check(client, model)
+            if recovery is not None:
+                self._suspect.discard(model)
+                known = self._stubs()
+        return known
+
+    def lost(self, before: dict[str, dict[int, str]], now: dict[str, dict[int, str]]) -> set[str]:
+        """The models a stub of which died between two looks at the stubs (PID -> version
+        of each model's stubs, ``before`` and ``now``): one disappeared, fewer than the
+        model's instances are left of its version, and Triton still calls that version
+        READY. A reload starts all its new stubs before the old ones go (they are then
+        replaced, whoever reloads); an unload marks the version UNLOADING first."""
+        dead = set()
+        for model, pids in before.items():
+            if model not in self.probes:
+                continue
+            left = now.get(model, {})
+            for version in {pids[pid] for pid in pids.keys() - left.keys()}:
+                remaining = sum(1 for v in left.values() if v == version)
+                if remaining < self.instances.get(model, 1) and self._ready(model, version):
+                    dead.add(model)
+        return dead
+
+    def _ready(self, model: str, version: str) -> bool:
+        if not version.isdigit():
+            return False
+        try:
+            return self.control.version_states(model).get(int(version)) == "READY"
+        except HPSError as exc:  # Triton did not say: the probe decides, as for any loss
+            log.debug("watchdog: no state of %s version %s: %s", model, version, exc)
+            return False
+
+    def _stubs(self) -> dict[str, dict[int, str]]:
         return stub_pids(self.server_pid) if self.server_pid else {}
 
     def check(self, client: Client, model: str) -> Recovery | None:

@@ -4,6 +4,7 @@ while its instances keep executing)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -143,3 +144,131 @@ def test_executions_sums_the_versions_and_is_none_when_triton_does_not_say() -> 
     triton = FakeTriton()
     triton.count = None
     assert watchdog.executions(triton, "m") is None  # type: ignore[arg-type]
+
+
+class Stubs:
+    """Triton's stub processes as the watchdog sees them (PID -> version, per model), and
+    the versions' states in its repository index."""
+
+    def __init__(self, stubs: dict[int, str], states: dict[int, str] | None = None) -> None:
+        self.stubs = {"m": stubs}
+        self.states = states if states is not None else {1: "READY"}
+
+    def pids(self, server_pid: int) -> dict[str, dict[int, str]]:
+        return {m: dict(pids) for m, pids in self.stubs.items() if pids}
+
+    def version_states(self, model: str) -> dict[int, str]:
+        return dict(self.states)
+
+
+@pytest.fixture
+def stubbed(monkeypatch: pytest.MonkeyPatch) -> tuple[Watchdog, Stubs, list[str]]:
+    """A watchdog of model ``m`` with 2 instances, its stubs and states faked; reloading
+    it (recorded) starts 2 new stubs."""
+    stubs = Stubs({101: "1", 102: "1"})
+    monkeypatch.setattr(watchdog, "stub_pids", stubs.pids)
+    dog = Watchdog("127.0.0.1:1", "key", {"m": {}}, server_pid=1, instances={"m": 2})
+    monkeypatch.setattr(dog.control, "version_states", stubs.version_states)
+    reasons: list[str] = []
+
+    def reload(model: str, reason: str) -> Recovery:
+        reasons.append(reason)
+        stubs.stubs["m"] = {pid + 100: v for pid, v in stubs.stubs["m"].items()} | {203: "1"}
+        return Recovery(model, reason, 0.0)
+
+    monkeypatch.setattr(dog, "reload", reload)
+    return dog, stubs, reasons
+
+
+def test_a_killed_stub_of_two_instances_reloads_the_model_though_probes_succeed(
+    stubbed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Triton routes a probe to any instance: after one of two stubs died, probes land on
+    the healthy one and succeed. The stub's disappearance alone reloads the model, at once
+    (the next look at the stubs), not after a probe happens to reach the dead instance."""
+    dog, stubs, reasons = stubbed
+    triton = FakeTriton()
+    triton.error = None  # every probe answered: the healthy instance took it
+    probed: list[str] = []
+
+    class Connect:
+        def __init__(self, url: str, network_timeout: float) -> None: ...
+        def __enter__(self) -> FakeTriton:
+            return triton
+
+        def __exit__(self, *exc: object) -> None: ...
+
+    def infer(model: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        probed.append(model)
+        return np.zeros((1, 4), np.float32)
+
+    triton.infer = infer  # type: ignore[method-assign]
+    monkeypatch.setattr(watchdog, "Client", Connect)
+    monkeypatch.setattr(watchdog, "STUB_POLL_S", 0.01)
+    dog.interval = 3600.0  # no periodic probe: only the disappearance can tell
+    dog.start()
+    try:
+        time.sleep(0.05)
+        del stubs.stubs["m"][101]  # kill -9 of one stub; Triton still calls the model READY
+        deadline = time.monotonic() + 5.0
+        while not reasons and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)  # the new stubs: no further reload
+    finally:
+        dog.stop()
+    assert reasons == ["a stub process disappeared"]
+
+
+def test_stubs_replaced_by_a_reload_or_gone_with_an_unload_are_no_death(stubbed) -> None:
+    dog, stubs, reasons = stubbed
+    triton = FakeTriton()
+    triton.error = None
+    known = dog.round(triton, stubs.pids(1), due=False)
+    stubs.stubs["m"] |= {301: "1"}  # a reload (hps reload, the control plane): new stubs
+    known = dog.round(triton, known, due=False)
+    stubs.stubs["m"] |= {302: "1"}
+    known = dog.round(triton, known, due=False)
+    del stubs.stubs["m"][101]  # then the old ones go, one look apart
+    known = dog.round(triton, known, due=False)
+    del stubs.stubs["m"][102]
+    known = dog.round(triton, known, due=False)
+    assert reasons == [] and known == {"m": {301: "1", 302: "1"}}
+    stubs.states = {1: "UNLOADING"}  # an operator's unload: the stubs go one by one
+    del stubs.stubs["m"][301]
+    known = dog.round(triton, known, due=False)
+    stubs.states = {}  # unloaded long ago: absent from the index
+    del stubs.stubs["m"][302]
+    known = dog.round(triton, known, due=False)
+    assert reasons == [] and known == {}
+    stubs.stubs["m"] = {401: "2", 402: "2"}  # version 2 loads, then version 1 retires
+    stubs.states = {2: "READY"}
+    known = dog.round(triton, {"m": {101: "1", 102: "1"}}, due=False)
+    assert reasons == []
+
+
+def test_a_dead_stub_is_reloaded_once_and_again_when_the_reload_failed(stubbed) -> None:
+    dog, stubs, reasons = stubbed
+    triton = FakeTriton()
+    triton.error = None
+    del stubs.stubs["m"][102]
+    known = dog.round(triton, {"m": {101: "1", 102: "1"}}, due=False)
+    assert reasons == ["a stub process disappeared"]
+    assert known == {"m": {201: "1", 203: "1"}}, "the reload's own stubs are known at once"
+    # the old healthy stub going only after our reload (Triton kept the old version)
+    known = dog.round(triton, {"m": {101: "1", 201: "1", 203: "1"}}, due=True)
+    assert len(reasons) == 1, "a stub replaced by our own reload is no death"
+    # a reload Triton refused: the model stays suspect, reloaded again at the next round
+    dog.reload = lambda model, reason: reasons.append(reason)
+    del stubs.stubs["m"][203]
+    known = dog.round(triton, known, due=False)
+    known = dog.round(triton, known, due=False)
+    known = dog.round(triton, known, due=True)
+    assert len(reasons) == 3
+
+
+def test_a_single_instance_stub_killed_is_reloaded_without_a_probe(stubbed) -> None:
+    dog, stubs, reasons = stubbed
+    dog.instances = {}  # not named: one instance
+    stubs.stubs["m"] = {}
+    dog.round(FakeTriton(), {"m": {101: "1"}}, due=False)
+    assert reasons == ["a stub process disappeared"]
