@@ -115,9 +115,10 @@ def npy_rows(keys_path: str | Path, vectors_path: str | Path, dim: int) -> int:
 
 
 def read_npy_pair(
-    keys_path: str | Path, vectors_path: str | Path, dim: int, chunk_rows: int = 1 << 18
+    keys_path: str | Path, vectors_path: str | Path, dim: int, chunk_rows: int | None = None
 ) -> Iterator[tuple[Keys, Vectors]]:
-    """Yield ``(keys as int64, vectors as float32)`` chunks; a file that ends early
+    """Yield ``(keys as int64, vectors as float32)`` chunks (of ``chunk_rows`` rows, by
+    default sized by bytes: :func:`hps.io.chunks.rows_per_chunk`); a file that ends early
     (truncated meanwhile) is a FormatError naming it and the row."""
     with open_npy_pair(keys_path, vectors_path, dim) as files:
         yield from files.chunks(chunk_rows)

@@ -76,9 +76,10 @@ def open_sparse_model(path: str | Path, dim: int) -> TableFiles:
 
 
 def read_sparse_model(
-    path: str | Path, dim: int, chunk_rows: int = 1 << 18
+    path: str | Path, dim: int, chunk_rows: int | None = None
 ) -> Iterator[tuple[Keys, Vectors]]:
-    """Yield ``(keys, vectors)`` chunks; the whole folder's sizes are checked before the
+    """Yield ``(keys, vectors)`` chunks (of ``chunk_rows`` rows, by default sized by bytes:
+    :func:`hps.io.chunks.rows_per_chunk`); the whole folder's sizes are checked before the
     first, and a file that ends early (truncated meanwhile) is a SparseModelError naming it
     and the row."""
     with open_sparse_model(path, dim) as files:

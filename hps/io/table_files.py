@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hps.errors import FormatError
+from hps.io.chunks import rows_per_chunk
 from hps.io.durable import replacing
 from hps.types import Keys, Vectors
 
@@ -139,8 +140,16 @@ class TableFiles:
                 )
         return vectors.astype(np.float32, copy=False)
 
-    def chunks(self, chunk_rows: int) -> Iterator[tuple[Keys, Vectors]]:
-        """``(keys, vectors)`` chunks of ``chunk_rows`` rows, in file order."""
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one vector as a chunk holds it: as read, or as float32 when that is wider."""
+        return self.vectors.width * max(self.vectors.dtype.itemsize, 4)
+
+    def chunks(self, chunk_rows: int | None = None) -> Iterator[tuple[Keys, Vectors]]:
+        """``(keys, vectors)`` chunks of ``chunk_rows`` rows, in file order (default: as
+        many as :func:`hps.io.chunks.rows_per_chunk` gives vectors of :attr:`row_bytes`)."""
+        if chunk_rows is None:
+            chunk_rows = rows_per_chunk(self.row_bytes)
         for lo in range(0, self.rows, chunk_rows):
             n = min(chunk_rows, self.rows - lo)
             yield self.key_chunk(lo, n), self.vector_chunk(lo, n)

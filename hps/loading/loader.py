@@ -10,9 +10,10 @@ table's row format (``hps_row_dtype``, :mod:`hps.rowformat`) as it streams. An i
 the files open from before its validation to the end of its load
 (:meth:`TableSource.opened`), so the rows it writes are those it validated and stamped.
 
-Memory: the load holds a chunk; the validation also a sorted copy of every key (8 bytes per
-row) to count duplicates; :func:`l3_holds` a chunk (and the keys of differing rows awaiting
-a later occurrence: at most ``AWAITED_KEYS``).
+Memory: the load holds a chunk (32 MiB of vectors at most, whatever the dimension; 256k
+rows up to dimension 32: :mod:`hps.io.chunks`) and its encoded copy; the validation also a
+sorted copy of every key (8 bytes per row) to count duplicates; :func:`l3_holds` a chunk
+(and the keys of differing rows awaiting a later occurrence: at most ``AWAITED_KEYS``).
 
 What happens to L2 (:data:`L2Action`) depends on whose L2 it is, which
 :func:`l2_action` reads from the :class:`hps.topology.Topology`.
@@ -96,10 +97,13 @@ class TableSource:
             return open_sparse_model(self.files[0].parent, self.spec.dim)
         return open_npy_pair(self.files[0], self.files[1], self.spec.dim)
 
-    def chunks(self, chunk_rows: int = 1 << 18) -> Chunks:
+    def chunks(self, chunk_rows: int = 0) -> Chunks:
+        """``(keys, float32 vectors)`` chunks in file order, of ``chunk_rows`` rows; 0 (the
+        default): sized by bytes (:func:`hps.io.chunks.rows_per_chunk`: 32 MiB of vectors,
+        at most 256k rows), so a pass holds as much whatever the table's dimension."""
         with self.opened() as src:
             assert src.handles is not None
-            yield from src.handles.chunks(chunk_rows)
+            yield from src.handles.chunks(chunk_rows or None)
 
     def stamp(self) -> list[str | int]:
         """What identifies this version of the files: paths, sizes, modification times (of

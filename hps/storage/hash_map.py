@@ -18,6 +18,7 @@ import numpy as np
 from hps.config import NO_LIMIT, PersistentDBConfig, VolatileDBConfig
 from hps.dedup import last_occurrence
 from hps.index import EMPTY, KeyIndex
+from hps.io.chunks import rows_per_chunk
 from hps.rowformat import Stored
 from hps.storage.base import AccessMode, EmbeddingStore, check_rows, refused
 from hps.storage.overflow import TICK_MASK, choose_victims, rows_to_keep
@@ -233,9 +234,12 @@ class HashMapStore(EmbeddingStore):
         """Bytes the table's arrays hold (index, arena, bookkeeping)."""
         return self._table(table).nbytes()
 
-    def dump(self, table: str, chunk_rows: int = 1 << 18) -> Iterator[tuple[Keys, Stored]]:
-        """Yield (keys, stored rows) chunks of the whole table."""
+    def dump(self, table: str, chunk_rows: int | None = None) -> Iterator[tuple[Keys, Stored]]:
+        """Yield (keys, stored rows) chunks of the whole table, of at most ``chunk_rows``
+        rows (default: sized by bytes, :func:`hps.io.chunks.rows_per_chunk`)."""
         t = self._table(table)
+        if chunk_rows is None:
+            chunk_rows = rows_per_chunk(t.spec.fmt.row_bytes(t.spec.dim))
         for lo in range(0, t.top, chunk_rows):
             with t.lock:
                 rows = lo + np.flatnonzero(t.row_keys[lo : lo + chunk_rows] != EMPTY)

@@ -342,12 +342,18 @@ class SharedHashMapStore(EmbeddingStore):
     def size(self, table: str) -> int:
         return self._with(table, False, lambda t: t.rows)
 
-    def dump(self, table: str, chunk_rows: int = 1 << 18) -> Iterator[tuple[Keys, Stored]]:
-        """Yield (keys, stored rows) chunks of the whole table (rows may move between chunks;
-        a segment replaced meanwhile is a ``BackendUnavailable``: dump again)."""
+    def dump(self, table: str, chunk_rows: int | None = None) -> Iterator[tuple[Keys, Stored]]:
+        """Yield (keys, stored rows) chunks of the whole table, of at most ``chunk_rows``
+        rows (default: sized by bytes, :func:`hps.io.chunks.rows_per_chunk`); rows may move
+        between chunks; a segment replaced meanwhile is a ``BackendUnavailable``: dump
+        again."""
+        from hps.io.chunks import rows_per_chunk
+
         self._with(table, False, lambda t: None)  # opened again if another process dropped it
         held = self._held_now()
         t = table_or_raise(held.tables, table)
+        if chunk_rows is None:
+            chunk_rows = rows_per_chunk(t.row_bytes)
         lo = 0
         while True:
             try:

@@ -48,6 +48,7 @@ import rocksdict as rd
 from hps.config import PersistentDBConfig, VolatileDBConfig
 from hps.dedup import in_stored_order, stored_order
 from hps.errors import BackendError
+from hps.io.chunks import rows_per_chunk
 from hps.rowformat import RowFormat, Stored
 from hps.storage import rocks_rows
 from hps.storage.base import AccessMode, EmbeddingStore, check_rows, refused
@@ -433,12 +434,15 @@ class RocksDBStore(EmbeddingStore):
         cf = self._cf(table)
         return 0 if cf is None else int(cf.property_int_value("rocksdb.estimate-num-keys") or 0)
 
-    def dump(self, table: str, chunk_rows: int = 1 << 18) -> Iterator[tuple[Keys, Stored]]:
-        """Yield (keys, stored rows) chunks of the whole table."""
+    def dump(self, table: str, chunk_rows: int | None = None) -> Iterator[tuple[Keys, Stored]]:
+        """Yield (keys, stored rows) chunks of the whole table, of at most ``chunk_rows``
+        rows (default: sized by bytes, :func:`hps.io.chunks.rows_per_chunk`)."""
         spec = self._unchanged(table, "dump")
         cf = self._cf(table)
         if cf is None:
             return
+        if chunk_rows is None:
+            chunk_rows = rows_per_chunk(spec.fmt.row_bytes(spec.dim))
         keys: list[RdictKey] = []  # bytes in raw mode
         vals: list[bytes] = []
         n, last = 0, None
