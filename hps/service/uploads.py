@@ -40,7 +40,7 @@ class ChunkedSource(TableSource):
     """A TableSource read in chunks of :data:`CHUNK_BYTES` of vectors (bounds memory)."""
 
     def chunks(self, chunk_rows: int = 0) -> Chunks:
-        return super().chunks(chunk_rows or max(1024, CHUNK_BYTES // (4 * self.spec.dim)))
+        return super().chunks(chunk_rows or max(1, CHUNK_BYTES // (4 * self.spec.dim)))
 
 
 def source(folder: Path, fmt: Format, spec: TableSpec) -> TableSource:

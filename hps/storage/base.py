@@ -149,8 +149,9 @@ class EmbeddingStore(ABC):
         return self.size(table)
 
     @abstractmethod
-    def dump(self, table: str, chunk_rows: int = 1 << 16) -> Iterator[tuple[Keys, Stored]]:
-        """Every (key, stored row) of the table, in chunks of at most ``chunk_rows``."""
+    def dump(self, table: str, chunk_rows: int | None = None) -> Iterator[tuple[Keys, Stored]]:
+        """Every (key, stored row) of the table, in chunks of at most ``chunk_rows`` (default:
+        sized by bytes, :func:`hps.io.chunks.rows_per_chunk` of the stored rows)."""
 
     @classmethod
     @abstractmethod

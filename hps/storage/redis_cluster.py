@@ -44,6 +44,7 @@ import numpy as np
 from hps.config import PersistentDBConfig, VolatileDBConfig
 from hps.dedup import last_occurrence
 from hps.errors import BackendError, BackendUnavailable, UnknownTableError
+from hps.io.chunks import rows_per_chunk
 from hps.rowformat import FORMATS, RowFormat, Stored
 from hps.storage.base import LEGACY_FORMAT, AccessMode, EmbeddingStore, check_rows, refused
 from hps.storage.breaker import CircuitBreaker
@@ -375,11 +376,15 @@ class RedisStore(EmbeddingStore):
                 pipe.execute_command("HLEN", h)
             return sum(int(n) for n in pipe.execute())
 
-    def dump(self, table: str, chunk_rows: int = 1 << 16) -> Iterator[tuple[Keys, Stored]]:
-        """Yield (keys, stored rows) chunks of the whole table (HSCAN of each partition)."""
+    def dump(self, table: str, chunk_rows: int | None = None) -> Iterator[tuple[Keys, Stored]]:
+        """Yield (keys, stored rows) chunks of the whole table (HSCAN of each partition, of
+        about ``chunk_rows`` fields a page; default: sized by bytes,
+        :func:`hps.io.chunks.rows_per_chunk`)."""
         t = self._table(table)
         self._check_now(t, f"dump {table}")
         fmt = t.spec.fmt
+        if chunk_rows is None:
+            chunk_rows = rows_per_chunk(fmt.row_bytes(t.spec.dim) + 8)
         for h in t.hashes:
             cursor = 0
             while True:

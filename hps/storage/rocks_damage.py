@@ -24,6 +24,7 @@ import numpy as np
 import rocksdict as rd
 
 from hps.errors import BackendError, DamagedRowsError
+from hps.io.chunks import rows_per_chunk
 from hps.rowformat import Stored
 from hps.storage import rocks_rows
 from hps.types import Keys, Mask, TableSpec
@@ -159,11 +160,12 @@ def verify_cf(cf: rd.Rdict, spec: TableSpec | None) -> tuple[int, str | None]:
     it = cf.iter(_scan_options())
     it.seek_to_first()
     rows, vals = 0, []
+    chunk = 0 if spec is None else rows_per_chunk(spec.fmt.row_bytes(spec.dim))
     try:
         while it.valid():
             if spec is not None:
                 vals.append(it.value())
-                if len(vals) == 1 << 16:
+                if len(vals) == chunk:
                     rocks_rows.decode(vals, spec.fmt, spec.dim)
                     vals.clear()
             rows += 1

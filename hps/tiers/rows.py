@@ -140,8 +140,6 @@ class RowStore:
     def dump(self, table: str, chunk_rows: int | None = None) -> Iterator[tuple[Keys, Stored]]:
         """Every (key, stored row) of the table, in chunks of at most ``chunk_rows`` (the
         backend's default)."""
-        if chunk_rows is None:
-            return self._store.dump(table)
         return self._store.dump(table, chunk_rows)
 
     def insert_versioned(

@@ -99,7 +99,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(default: untagged, applied to the live version and the ready ones above it)",
     )
     p.add_argument("--partitions", type=positive_int, default=8, help="partitions of new topics")
-    p.add_argument("--chunk-rows", type=positive_int, default=1 << 16, help="rows read per chunk")
+    p.add_argument(
+        "--chunk-rows",
+        type=positive_int,
+        help="rows read per chunk (default: 32 MiB of vectors, at most 262,144 rows)",
+    )
     p.add_argument(
         "--max-message-bytes",
         type=positive_int,
