@@ -80,3 +80,24 @@ def first_occurrences(keys: Keys) -> Keys:
     """The distinct keys in the order of their first occurrence (a hottest-first list)."""
     _, first = np.unique(keys, return_index=True)
     return keys[np.sort(first)]
+
+
+def greater_rows(new: np.ndarray, old: np.ndarray) -> npt.NDArray[np.bool_]:
+    """Whether each row of ``new`` is greater than the same row of ``old``, rows compared as
+    numbers whose last element is the most significant (a version's limbs, low first)."""
+    differ = new != old
+    if not differ.size:
+        return np.zeros(new.shape[0], dtype=bool)
+    top = new.shape[1] - 1 - np.argmax(differ[:, ::-1], axis=1)  # the last element differing
+    i = np.arange(new.shape[0])
+    return np.asarray(differ.any(axis=1) & (new[i, top] > old[i, top]), dtype=bool)
+
+
+def greatest_occurrence(keys: Keys, values: npt.NDArray[G]) -> tuple[Keys, npt.NDArray[G]]:
+    """Drop duplicate keys, keeping each key's greatest row (as :func:`greater_rows` orders
+    them); keys come back sorted."""
+    order = np.lexsort((*values.T, keys))  # by key, then by the last element, ...
+    k = keys[order]
+    last = np.ones(k.size, dtype=bool)
+    np.not_equal(k[1:], k[:-1], out=last[:-1])
+    return k[last], values[order][last]

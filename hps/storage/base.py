@@ -8,6 +8,7 @@ backend.
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import ClassVar, Literal
@@ -16,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hps.config import PersistentDBConfig, VolatileDBConfig
+from hps.dedup import greater_rows, greatest_occurrence
 from hps.errors import ConfigError, DTypeError, ShapeError
 from hps.rowformat import FLOAT32, RowFormat, Stored
 from hps.types import Keys, Mask, TableSpec
@@ -29,6 +31,13 @@ Placement = Literal["process", "node", "server", "disk"]
 - ``server``: a server every node shares (Redis): filled once, updated once.
 - ``disk``: files on this node (RocksDB): one writer process, any number of readers.
 """
+
+_INSERT_MAX_LOCK = threading.Lock()  # the default insert_max's, rare enough for one
+
+WriteMode = Literal["upsert", "absent", "max"]
+"""What a backend's one write path does with a key the table holds: ``upsert`` replaces its
+row (``insert``), ``absent`` keeps it (``insert_absent``), ``max`` keeps the greater of the two
+(``insert_max``)."""
 
 AccessMode = Literal["read_write", "read_only", "secondary"]
 """How this process opens a store. Only ``disk`` stores honour anything but ``read_write``:
@@ -137,6 +146,32 @@ class EmbeddingStore(ABC):
         if not found.all():
             self.insert(table, keys[~found], values[~found])  # checks the rows' form
 
+    def insert_max(self, table: str, keys: Keys, values: Stored) -> None:
+        """Store each row greater than the key's stored row, or whose key the table lacks;
+        rows compare as numbers whose last element is the most significant (float32 tables:
+        the side tables' version limbs, :mod:`hps.tiers.side_tables`). A key repeated in the
+        batch takes its greatest row. A row so stored is never lowered by another writer's.
+
+        Every L2 backend does it atomically against other writers of the table (in other
+        processes too); this default (a fetch, then an insert, under one lock of this
+        process) only against this process's, and serves L3, whose one writer process holds
+        its lock."""
+        check_max_rows(table, keys, values)
+        keys, values = greatest_occurrence(keys, values)
+        with _INSERT_MAX_LOCK:
+            self._insert_max_locked(table, keys, values)
+
+    def _insert_max_locked(self, table: str, keys: Keys, values: Stored) -> None:
+        held, found = self.fetch(table, keys)
+        if held.dtype != values.dtype or held.shape != values.shape:
+            raise ShapeError(
+                f"{table}: stored rows are {held.dtype} of shape "
+                f"{held.shape[1:]}, got {values.dtype} rows of {values.shape[1:]}"
+            )
+        take = ~found | greater_rows(values, held)
+        if take.any():
+            self.insert(table, keys[take], values[take])
+
     @abstractmethod
     def remove(self, table: str, keys: Keys, *, durable: bool = False) -> None: ...
 
@@ -208,6 +243,15 @@ def check_rows(spec: TableSpec, keys: Keys, values: Stored) -> None:
         )
     if values.shape[0] != keys.size:
         raise ShapeError(f"{spec.name}: {keys.size} keys but {values.shape[0]} rows")
+
+
+def check_max_rows(table: str, keys: Keys, values: Stored) -> None:
+    """Refuse an ``insert_max`` batch that is not float32 rows, one per key (a backend
+    checks the rest with :func:`check_rows`)."""
+    if values.dtype != np.float32:
+        raise DTypeError(f"{table}: insert_max compares float32 rows, got {values.dtype}")
+    if values.ndim != 2 or values.shape[0] != keys.size:
+        raise ShapeError(f"{table}: {keys.size} keys but rows of shape {values.shape}")
 
 
 def refused(spec: TableSpec, where: str, fmt: RowFormat, dim: int) -> ConfigError:

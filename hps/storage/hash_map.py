@@ -16,11 +16,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hps.config import NO_LIMIT, PersistentDBConfig, VolatileDBConfig
-from hps.dedup import last_occurrence
+from hps.dedup import greater_rows, greatest_occurrence, last_occurrence
 from hps.index import EMPTY, KeyIndex
 from hps.io.chunks import rows_per_chunk
 from hps.rowformat import Stored
-from hps.storage.base import AccessMode, EmbeddingStore, check_rows, refused
+from hps.storage.base import (
+    AccessMode,
+    EmbeddingStore,
+    WriteMode,
+    check_max_rows,
+    check_rows,
+    refused,
+)
 from hps.storage.overflow import TICK_MASK, choose_victims, rows_to_keep
 from hps.types import Keys, Mask, TableSpec
 from hps.validate import table_or_raise
@@ -128,18 +135,22 @@ class HashMapStore(EmbeddingStore):
         return values, found
 
     def insert(self, table: str, keys: Keys, values: Stored, *, durable: bool = False) -> None:
-        self._write(table, keys, values, absent_only=False)
+        self._write(table, keys, values, how="upsert")
 
     def insert_absent(self, table: str, keys: Keys, values: Stored) -> None:
-        self._write(table, keys, values, absent_only=True)
+        self._write(table, keys, values, how="absent")
 
-    def _write(self, table: str, keys: Keys, values: Stored, *, absent_only: bool) -> None:
+    def insert_max(self, table: str, keys: Keys, values: Stored) -> None:
+        check_max_rows(table, keys, values)
+        self._write(table, keys, values, how="max")
+
+    def _write(self, table: str, keys: Keys, values: Stored, *, how: WriteMode) -> None:
         t = self._table(table)
         check_rows(t.spec, keys, values)
-        keys, values = last_occurrence(keys, values)
+        keys, values = (greatest_occurrence if how == "max" else last_occurrence)(keys, values)
         step = self._insert_slice()
         for lo in range(0, keys.size, step):  # bounded: the overflow resolved per slice
-            self._insert(t, keys[lo : lo + step], values[lo : lo + step], absent_only)
+            self._insert(t, keys[lo : lo + step], values[lo : lo + step], how)
 
     def _insert_slice(self) -> int:
         """Keys placed before an overflow resolution: with an ``overflow_margin``, a
@@ -150,13 +161,16 @@ class HashMapStore(EmbeddingStore):
             return 1 << 62
         return max(MIN_INSERT_SLICE, self.overflow_margin // 16)
 
-    def _insert(self, t: _Table, keys: Keys, values: Stored, absent_only: bool) -> None:
+    def _insert(self, t: _Table, keys: Keys, values: Stored, how: WriteMode) -> None:
         with t.lock:
             rows = t.index.lookup(keys)
             new = rows < 0
-            if absent_only:
-                keys, values, rows = keys[new], values[new], rows[new]
-                new = new[new]
+            if how != "upsert":
+                take = new.copy()
+                if how == "max":
+                    old = ~new
+                    take[old] = greater_rows(values[old], t.values[rows[old]])
+                keys, values, rows, new = keys[take], values[take], rows[take], new[take]
             n_new = int(new.sum())
             if n_new:
                 new_rows = self._allocate(t, n_new)

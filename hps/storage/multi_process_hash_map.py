@@ -49,7 +49,7 @@ import numpy as np
 
 from hps.config import NO_LIMIT, PersistentDBConfig, VolatileDBConfig
 from hps.config.databases import DEFAULT_SHM_NAME
-from hps.dedup import last_occurrence
+from hps.dedup import greater_rows, greatest_occurrence, last_occurrence
 from hps.errors import BackendError, BackendUnavailable, ConfigError
 from hps.rowformat import Stored
 from hps.storage._shm_index import MAX_LOAD
@@ -62,7 +62,7 @@ from hps.storage._shm_layout import (
 )
 from hps.storage._shm_segment import Identity, Segment, SegmentClosed, Untouched
 from hps.storage._shm_table import ShmTable, rows_per_extent
-from hps.storage.base import AccessMode, EmbeddingStore, check_rows
+from hps.storage.base import AccessMode, EmbeddingStore, WriteMode, check_max_rows, check_rows
 from hps.storage.overflow import rows_to_keep
 from hps.types import JSON, Keys, Mask, TableSpec
 from hps.validate import table_or_raise
@@ -376,23 +376,31 @@ class SharedHashMapStore(EmbeddingStore):
     # -- writes ------------------------------------------------------------------------
 
     def insert(self, table: str, keys: Keys, values: Stored, *, durable: bool = False) -> None:
-        self._write(table, keys, values, absent_only=False)
+        self._write(table, keys, values, how="upsert")
 
     def insert_absent(self, table: str, keys: Keys, values: Stored) -> None:
-        self._write(table, keys, values, absent_only=True)
+        self._write(table, keys, values, how="absent")
 
-    def _write(self, table: str, keys: Keys, values: Stored, *, absent_only: bool) -> None:
+    def insert_max(self, table: str, keys: Keys, values: Stored) -> None:
+        check_max_rows(table, keys, values)
+        self._write(table, keys, values, how="max")
+
+    def _write(self, table: str, keys: Keys, values: Stored, *, how: WriteMode) -> None:
         check_rows(table_or_raise(self._specs, table), keys, values)
-        keys, values = last_occurrence(keys, values)
+        keys, values = (greatest_occurrence if how == "max" else last_occurrence)(keys, values)
         for part in self._chunks(keys.size):
-            chunk = partial(self._insert_chunk, keys=keys[part], values=values[part],
-                            absent_only=absent_only)  # fmt: skip
+            chunk = partial(self._insert_chunk, keys=keys[part], values=values[part], how=how)
             self._with(table, True, chunk)
 
-    def _insert_chunk(self, t: ShmTable, keys: Keys, values: Stored, absent_only: bool) -> None:
-        if absent_only:  # under the writer's lock: no write lands between the look and ours
-            new = t.index.lookup(keys) < 0
-            keys, values = keys[new], values[new]
+    def _insert_chunk(self, t: ShmTable, keys: Keys, values: Stored, how: WriteMode) -> None:
+        # Under the writer's lock: no write lands between the look and ours.
+        if how != "upsert":
+            if how == "absent":
+                take = t.index.lookup(keys) < 0
+            else:
+                held, found = t.fetch(keys, None)
+                take = ~found | greater_rows(values, held)
+            keys, values = keys[take], values[take]
             if not keys.size:
                 return
         self._upsert(t, keys, values)

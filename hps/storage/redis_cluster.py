@@ -42,11 +42,19 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from hps.config import PersistentDBConfig, VolatileDBConfig
-from hps.dedup import last_occurrence
+from hps.dedup import greatest_occurrence, last_occurrence
 from hps.errors import BackendError, BackendUnavailable, UnknownTableError
 from hps.io.chunks import rows_per_chunk
 from hps.rowformat import FORMATS, RowFormat, Stored
-from hps.storage.base import LEGACY_FORMAT, AccessMode, EmbeddingStore, check_rows, refused
+from hps.storage.base import (
+    LEGACY_FORMAT,
+    AccessMode,
+    EmbeddingStore,
+    WriteMode,
+    check_max_rows,
+    check_rows,
+    refused,
+)
 from hps.storage.breaker import CircuitBreaker
 from hps.storage.keybytes import key_bytes
 from hps.storage.redis_conn import Client, connect, translated
@@ -69,8 +77,27 @@ if TYPE_CHECKING:
     from redis.client import Pipeline
     from redis.cluster import ClusterPipeline
 
-_HSETNX_ALL = "for i = 1, #ARGV, 2 do redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) end"
-"""``insert_absent`` of one partition's fields and rows, ``EVAL``-ed (Redis caches it)."""
+_HSET_GREATER = """
+local function greater(new, old)
+  if #new ~= #old then return true end
+  for pos = #new - 3, 1, -4 do
+    local a, b = struct.unpack('<f', new, pos), struct.unpack('<f', old, pos)
+    if a ~= b then return a > b end
+  end
+  return false
+end
+for i = 1, #ARGV, 2 do
+  local old = redis.call('HGET', KEYS[1], ARGV[i])
+  if not old or greater(ARGV[i + 1], old) then redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+end
+"""
+_SCRIPTS: dict[WriteMode, str] = {
+    "absent": "for i = 1, #ARGV, 2 do redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) end",
+    "max": _HSET_GREATER,
+}
+"""One partition's fields and rows, ``EVAL``-ed (Redis caches them): ``insert_absent``'s
+HSETNX of each; ``insert_max``'s compare (float32 elements, the last most significant) and
+set."""
 CHUNKS_PER_TIMEOUT = 4  # a call's chunks per hps_socket_timeout_s of its budget (call_budget_s)
 _EVICT_ROUNDS = 4  # rounds per overflow: stale scores or concurrent writers may need more
 
@@ -305,21 +332,29 @@ class RedisStore(EmbeddingStore):
         return np.frombuffer(blob, fmt.dtype).reshape(keys.size, fmt.width(dim)), found
 
     def insert(self, table: str, keys: Keys, values: Stored, *, durable: bool = False) -> None:
-        self._write(table, keys, values, absent_only=False)
+        self._write(table, keys, values, how="upsert")
 
     def insert_absent(self, table: str, keys: Keys, values: Stored) -> None:
         """One script per partition and chunk (``HSETNX`` of each pair, atomic in Redis); a
         key repeated in the batch takes its last row, as in ``insert``."""
-        self._write(table, *last_occurrence(keys, values), absent_only=True)
+        self._write(table, keys, values, how="absent")
 
-    def _write(self, table: str, keys: Keys, values: Stored, *, absent_only: bool) -> None:
+    def insert_max(self, table: str, keys: Keys, values: Stored) -> None:
+        """One script per partition and chunk (compare and set of each pair, atomic in
+        Redis)."""
+        check_max_rows(table, keys, values)
+        self._write(table, keys, values, how="max")
+
+    def _write(self, table: str, keys: Keys, values: Stored, *, how: WriteMode) -> None:
         check_rows(self._table(table).spec, keys, values)
         if keys.size == 0:
             return
+        if how != "upsert":  # HSET of a repeated field keeps the last by itself
+            keys, values = (greatest_occurrence if how == "max" else last_occurrence)(keys, values)
         with self.breaker.guard(f"insert {table}"):
-            self._insert(table, keys, np.ascontiguousarray(values), absent_only)
+            self._insert(table, keys, np.ascontiguousarray(values), how)
 
-    def _insert(self, table: str, keys: Keys, values: Stored, absent_only: bool) -> None:
+    def _insert(self, table: str, keys: Keys, values: Stored, how: WriteMode) -> None:
         t = self._table(table)
         self._check_now(t, f"insert {table}")
         row = f"V{t.spec.fmt.row_bytes(t.spec.dim)}"
@@ -329,12 +364,12 @@ class RedisStore(EmbeddingStore):
                 pipe = self._r.pipeline(transaction=False)
                 for p, lo, hi in groups:
                     pairs = interleave(fields[lo:hi], rows[lo:hi])
-                    if absent_only:
-                        pipe.execute_command("EVAL", _HSETNX_ALL, 1, t.hashes[p], *pairs)
-                    else:
+                    if how == "upsert":
                         pipe.execute_command("HSET", t.hashes[p], *pairs)
+                    else:
+                        pipe.execute_command("EVAL", _SCRIPTS[how], 1, t.hashes[p], *pairs)
                 if self._stamped:  # a held row keeps the time of its own write
-                    self._stamp(pipe, t, groups, fields, *((b"NX",) if absent_only else ()))
+                    self._stamp(pipe, t, groups, fields, *((b"NX",) if how == "absent" else ()))
                 if self._limited:
                     for p, _, _ in groups:
                         pipe.execute_command("HLEN", t.hashes[p])

@@ -123,6 +123,12 @@ class RowStore:
         every L2 backend)."""
         self._store.insert_absent(table, keys, values)
 
+    def insert_max(self, table: str, keys: Keys, values: Stored) -> None:
+        """Store each row greater than the key's stored row (or whose key is absent), the
+        last element most significant: a version's limbs never lowered by another writer
+        (atomic in every L2 backend, :meth:`hps.storage.base.EmbeddingStore.insert_max`)."""
+        self._store.insert_max(table, keys, values)
+
     def remove(self, table: str, keys: Keys, *, durable: bool = False) -> None:
         if durable:
             self._store.remove(table, keys, durable=True)

@@ -52,6 +52,11 @@ class SideTable:
         versions[found] = from_limbs(limbs[found])
         return versions
 
+    def raise_to(self, keys: Keys, versions: Versions) -> None:
+        """Raise stored versions to ``versions`` where lower (or absent), atomically against
+        other writers of the tier; never lowers one (not synced)."""
+        self.store.insert_max(self.spec.name, keys, to_limbs(versions))
+
     def put(self, keys: Keys, versions: Versions, *, durable: bool) -> None:
         """Store versions; ``durable`` syncs this write and every write before it."""
         limbs = to_limbs(versions)

@@ -59,10 +59,14 @@ neither unkeyed messages nor a change of partition count matter. The invariant h
    after a rebalance) is seen: its W write preceded its data, whose offsets were committed
    before the partition moved.
 
-Several writers of one tier *at once* (several ``hps consume`` in one group over a Redis-only
-tier, with unkeyed messages spreading a key over their partitions) race between a read and
-the write that follows, whether that read is the per-key one or W's: neither is atomic
-across processes. Keyed messages (``Publisher``) do not race: each key has one writer.
+W is raised by a compare and set in the tier (:meth:`hps.tiers.rows.RowStore.insert_max`,
+atomic in every L2 backend), so a writer whose reading of W is older than another writer's
+raise never lowers it: the invariant holds with any number of writers. The rows are not
+written so: several writers of one tier *at once* (several ``hps consume`` in one group over
+a Redis-only tier, with unkeyed messages spreading a key over their partitions; or a
+consumer still applying a batch of a partition it lost) race between a key's check and its
+write, and the older row may win that one write. Keyed messages (``Publisher``) do not race
+while each partition has one consumer.
 
 Durability: :meth:`Watermarks.advance` ends each applied batch with a synced write of W,
 which syncs every write before it; "durably applied" (and so the commit of its offsets)

@@ -106,7 +106,9 @@ class Watermarks(SideTable):
 
     def cover(self, keys: Keys, versions: Versions) -> None:
         """Raise the watermarks of the keys' buckets to the highest of their ``versions``
-        (not synced): called before those versions are stored."""
+        (not synced): called before those versions are stored. The raise is a compare and
+        set in the tier: another writer's higher watermark, written since this one read
+        them, stays."""
         if not keys.size:
             return
         top = top_per_bucket(keys, versions)
@@ -116,8 +118,8 @@ class Watermarks(SideTable):
             self._w[unknown], self._known[unknown] = self.read(unknown)[0], True
         raised = touched[top[touched] > self._w[touched]]
         if raised.size:
-            self.put(mark_key(raised), top[raised], durable=False)
-            self._w[raised] = top[raised]
+            self.raise_to(mark_key(raised), top[raised])
+            self._w[raised] = top[raised]  # or higher: stored W is never below what we read
 
     def advance(self, keys: Keys, versions: Versions, *, durable: bool) -> None:
         """After a batch stored ``versions`` of ``keys``: the watermarks cover them, and

@@ -130,6 +130,78 @@ def test_insert_absent_keeps_the_rows_held(store: EmbeddingStore, spec: TableSpe
     assert store.size(spec.name) == KEYS.size + new.size
 
 
+def _limbs(versions: list[int]) -> np.ndarray:
+    """Rows of four float32 16-bit limbs, low first: how the side tables store versions."""
+    v = np.array(versions, dtype=np.uint64)
+    return (
+        (v[:, None] >> (np.arange(4, dtype=np.uint64) * np.uint64(16))) & np.uint64(0xFFFF)
+    ).astype(np.float32)
+
+
+def test_insert_max_keeps_the_greater_row(store: EmbeddingStore) -> None:
+    """Rows compare as numbers whose last element is the most significant: a greater row
+    replaces, a smaller or equal one does not, an absent key takes it, a key repeated in
+    the batch takes its greatest row; in chunks like any batch."""
+    side = TableSpec(model=unique_name(), table="t__hps_version", dim=4)
+    store.open_table(side)
+    held = [5, 2**20, 2**40 + 7, 2**48, 9]
+    keys = np.arange(10, 10 + len(held), dtype=np.int64)
+    store.insert(side.name, keys, _limbs(held))
+    # 5 -> 6 (low limb), 2^20 stays over 2^16 + 2^15 (its low limbs are greater), 2^40 + 7
+    # -> 2^41 (high limb), 2^48 stays (equal), 9 stays over 3; absent keys, repeated ones
+    new_keys = np.arange(100, 100 + 2 * CHUNK, dtype=np.int64)
+    batch = np.concatenate([keys, new_keys, keys[:1], new_keys[:1]])
+    versions = [6, 2**16 + 2**15, 2**41, 2**48, 3, *range(1, 2 * CHUNK + 1), 4, 999]
+    store.insert_max(side.name, batch, _limbs(versions))
+    got, found = store.fetch(side.name, np.concatenate([keys, new_keys]))
+    assert found.all()
+    want = [6, 2**20, 2**41, 2**48, 9, 999, *range(2, 2 * CHUNK + 1)]
+    np.testing.assert_array_equal(got, _limbs(want))
+    store.insert_max(side.name, keys[:0], _limbs([])[:0])  # empty: nothing
+    assert store.size(side.name) == keys.size + new_keys.size
+
+
+def test_insert_max_refuses_rows_it_cannot_compare(store: EmbeddingStore, spec: TableSpec) -> None:
+    """Only float32 rows of the table's width compare; anything else stores nothing."""
+    store.insert(spec.name, KEYS, stored(spec, KEYS))
+    good = rows(KEYS, spec.dim, 3)
+    bad = [good.astype(np.float64), good[:, :-1], good[:3]]
+    if spec.row_dtype != "float32":
+        bad.append(good)  # float32 rows of a quantized table
+    for values in bad:
+        with pytest.raises((DTypeError, ShapeError), match=spec.name):
+            store.insert_max(spec.name, KEYS, values)
+    got, found = store.fetch(spec.name, KEYS)
+    assert found.all()
+    assert_rows(spec, got, KEYS)
+
+
+def test_concurrent_insert_max_keeps_the_greatest(store: EmbeddingStore) -> None:
+    """Writers raising the same keys at once (each with its own handle where the store is
+    shared) end with every key's greatest row: no raise is lost to a stale read."""
+    import threading
+
+    side = TableSpec(model=unique_name(), table="t__hps_watermark", dim=4)
+    store.open_table(side)
+    keys = np.arange(-8, 0, dtype=np.int64)
+    rng = np.random.default_rng(0)
+    rounds = [rng.integers(1, 2**40, size=(50, keys.size)).astype(np.uint64) for _ in range(4)]
+
+    def raise_all(versions: np.ndarray) -> None:
+        for v in versions:
+            store.insert_max(side.name, keys, _limbs(v.tolist()))
+
+    workers = [threading.Thread(target=raise_all, args=(r,)) for r in rounds]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    got, found = store.fetch(side.name, keys)
+    assert found.all()
+    top = np.max([r.max(axis=0) for r in rounds], axis=0)
+    np.testing.assert_array_equal(got, _limbs(top.tolist()))
+
+
 def test_remove(store: EmbeddingStore, spec: TableSpec) -> None:
     store.insert(spec.name, KEYS, stored(spec, KEYS))
     store.remove(spec.name, np.array([0, 42, 31337], dtype=np.int64))

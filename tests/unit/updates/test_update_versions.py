@@ -155,6 +155,23 @@ def test_the_watermark_is_raised_before_the_data_so_a_failed_write_keeps_the_inv
     assert (route.stored(keys) <= route.watermarks.of(keys)).all()
 
 
+def test_a_writer_that_read_the_watermarks_earlier_never_lowers_them() -> None:
+    """Two consumers of one shared tier: the second raises W after the first read it; the
+    first's later, lower raise keeps the second's, so an older row still gets its key's
+    check (the second's row at 20 is not replaced by a 17)."""
+    shared = HashMapStore()
+    first, second = (VersionedRows(SPEC, [RowStore(shared, "L2")]) for _ in range(2))
+    candidates = np.arange(1000, 5000, dtype=np.int64)
+    key, other = candidates[bucket_of(candidates) == bucket_of(candidates[:1])[0]][:2, None]
+    first.fast(key, np.array([1], np.uint64))  # reads W (none yet: 0) for its batch
+    second.write((key, np.full((1, 2), 2.0, np.float32), np.array([20], np.uint64)),
+                 (key[:0], np.zeros(0, np.uint64)), durable=False)  # fmt: skip
+    first.watermarks.cover(other, np.array([15], np.uint64))  # it read W = 0: 15 raises it
+    assert first.watermarks.of(key).tolist() == [20]
+    assert not first.fast(key, np.array([17], np.uint64)).any()  # 17 < W: read key by key
+    assert first.stored(key).tolist() == [20]
+
+
 def old_database(tmp_path: Path, pinned_version: int) -> RocksDBStore:
     """An L3 as a consumer before the bucket watermarks left it: rows carrying versions
     (keys 0-49: KEYS[:25] pinned far in the future), a tombstone, no watermark."""
