@@ -18,7 +18,9 @@ CHUNK_BYTES = 32 << 20  # bytes of rows one chunk of a whole-table pass holds (a
 MAX_CHUNK_ROWS = 1 << 18  # rows one chunk holds, however narrow
 
 
-def rows_per_chunk(row_bytes: int) -> int:
+def rows_per_chunk(row_bytes: int, budget: int | None = None) -> int:
     """Rows of ``row_bytes`` bytes each (a stored row, or a vector as read) one chunk holds:
-    ``CHUNK_BYTES // row_bytes``, at least 1 and at most ``MAX_CHUNK_ROWS``."""
-    return max(1, min(MAX_CHUNK_ROWS, CHUNK_BYTES // max(1, row_bytes)))
+    ``budget // row_bytes`` (default :data:`CHUNK_BYTES`; a pass beside other work passes a
+    smaller one), at least 1 and at most ``MAX_CHUNK_ROWS``."""
+    limit = CHUNK_BYTES if budget is None else budget
+    return max(1, min(MAX_CHUNK_ROWS, limit // max(1, row_bytes)))

@@ -145,11 +145,14 @@ class TableFiles:
         """Bytes of one vector as a chunk holds it: as read, or as float32 when that is wider."""
         return self.vectors.width * max(self.vectors.dtype.itemsize, 4)
 
-    def chunks(self, chunk_rows: int | None = None) -> Iterator[tuple[Keys, Vectors]]:
+    def chunks(
+        self, chunk_rows: int | None = None, budget: int | None = None
+    ) -> Iterator[tuple[Keys, Vectors]]:
         """``(keys, vectors)`` chunks of ``chunk_rows`` rows, in file order (default: as
-        many as :func:`hps.io.chunks.rows_per_chunk` gives vectors of :attr:`row_bytes`)."""
+        many as :func:`hps.io.chunks.rows_per_chunk` gives vectors of :attr:`row_bytes`
+        within ``budget`` bytes)."""
         if chunk_rows is None:
-            chunk_rows = rows_per_chunk(self.row_bytes)
+            chunk_rows = rows_per_chunk(self.row_bytes, budget)
         for lo in range(0, self.rows, chunk_rows):
             n = min(chunk_rows, self.rows - lo)
             yield self.key_chunk(lo, n), self.vector_chunk(lo, n)

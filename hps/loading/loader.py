@@ -70,6 +70,8 @@ class TableSource:
     rows: int
     kind: Literal["sparse", "npy"]
     handles: TableFiles | None = field(default=None, compare=False, repr=False)
+    chunk_bytes: int | None = None
+    """Bytes of vectors one chunk of a pass holds (None: :data:`hps.io.chunks.CHUNK_BYTES`)."""
 
     @contextmanager
     def opened(self) -> Iterator[TableSource]:
@@ -99,11 +101,12 @@ class TableSource:
 
     def chunks(self, chunk_rows: int = 0) -> Chunks:
         """``(keys, float32 vectors)`` chunks in file order, of ``chunk_rows`` rows; 0 (the
-        default): sized by bytes (:func:`hps.io.chunks.rows_per_chunk`: 32 MiB of vectors,
-        at most 256k rows), so a pass holds as much whatever the table's dimension."""
+        default): sized by bytes (:func:`hps.io.chunks.rows_per_chunk`: :attr:`chunk_bytes`
+        of vectors, at most 256k rows), so a pass holds as much whatever the table's
+        dimension."""
         with self.opened() as src:
             assert src.handles is not None
-            yield from src.handles.chunks(chunk_rows or None)
+            yield from src.handles.chunks(chunk_rows or None, self.chunk_bytes)
 
     def stamp(self) -> list[str | int]:
         """What identifies this version of the files: paths, sizes, modification times (of

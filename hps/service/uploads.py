@@ -9,18 +9,20 @@ anything is written. The loader encodes the rows into the table's format as it w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
 from hps.errors import RequestError
 from hps.io.sparse_model import KEY_FILE, VECTOR_FILE
-from hps.loading.loader import Chunks, TableSource, npy_source, sparse_source
+from hps.loading.loader import TableSource, npy_source, sparse_source
 from hps.types import TableSpec
 
 Format = Literal["sparse", "npy"]
 NPY_FILES = ("keys.npy", "vectors.npy")
-CHUNK_BYTES = 8 << 20  # vector bytes per write: bounds the memory of an import of any size
+UPLOAD_CHUNK_BYTES = 8 << 20
+"""Vector bytes per write of a control-plane import: a quarter of a command-line import's
+(:data:`hps.io.chunks.CHUNK_BYTES`), since the server holds it beside its serving work."""
 
 
 def names(fmt: Format) -> tuple[str, str]:
@@ -35,21 +37,14 @@ def place(folder: Path, fmt: Format) -> Path:
     return folder
 
 
-@dataclass(frozen=True)
-class ChunkedSource(TableSource):
-    """A TableSource read in chunks of :data:`CHUNK_BYTES` of vectors (bounds memory)."""
-
-    def chunks(self, chunk_rows: int = 0) -> Chunks:
-        return super().chunks(chunk_rows or max(1, CHUNK_BYTES // (4 * self.spec.dim)))
-
-
 def source(folder: Path, fmt: Format, spec: TableSpec) -> TableSource:
-    """The folder's files as a source of ``spec``; sizes and dtypes checked."""
+    """The folder's files as a source of ``spec``, read in chunks of
+    :data:`UPLOAD_CHUNK_BYTES`; sizes and dtypes checked."""
     if fmt == "sparse":
         base = sparse_source(spec, folder)
     else:
         base = npy_source(spec, folder / NPY_FILES[0], folder / NPY_FILES[1])
-    return ChunkedSource(base.spec, base.files, base.rows, base.kind)
+    return replace(base, chunk_bytes=UPLOAD_CHUNK_BYTES)
 
 
 def validate(src: TableSource) -> int:

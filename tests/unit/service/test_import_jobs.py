@@ -19,6 +19,7 @@ from hps.service.app import create_app
 from hps.service.job_records import Job
 from hps.service.state import AdminState
 from hps.service.triton_admin import TritonAdmin
+from hps.types import TableSpec
 from hps.versions import VersionRegistry
 from tests.helpers import make_config, rows
 
@@ -122,3 +123,20 @@ def test_a_job_loads_the_files_it_validated(
         got = client.post("/v1/models/demo/tables/t0/lookup", headers=AUTH,
                           json={"keys": keys[:2].tolist()}).json()  # fmt: skip
     assert [r["vector"] for r in got["results"]] == rows(keys[:2], 4).tolist()
+
+
+@pytest.mark.parametrize(("dim", "rows_per_chunk"), [(1, 1 << 18), (4096, 512)])
+def test_an_upload_is_read_in_chunks_of_bounded_bytes_and_rows(
+    tmp_path: Path, dim: int, rows_per_chunk: int
+) -> None:
+    """Vectors of a control-plane import come a quarter of a command-line import's bytes at a
+    time, and narrow ones no more rows at a time than any whole-table pass takes."""
+    n = rows_per_chunk + 3
+    keys = np.arange(n, dtype=np.int64)
+    np.save(tmp_path / "keys.npy", keys)
+    np.save(tmp_path / "vectors.npy", np.zeros((n, dim), np.float32))
+    spec = TableSpec(model="m", table="t", dim=dim)
+    src = uploads.source(tmp_path, "npy", spec)
+    sizes = [k.size for k, _ in src.chunks()]
+    assert sizes == [rows_per_chunk, 3]
+    assert rows_per_chunk * dim * 4 <= uploads.UPLOAD_CHUNK_BYTES
