@@ -126,7 +126,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--grpc", action="store_true", help="use gRPC instead of HTTP")
     p.add_argument("--model", default="demo", help="Triton model name (default: demo)")
-    p.add_argument("--config", help="ps.json of the model (default: the one it is served from)")
+    p.add_argument("--config", help="ps.json of the model (default: its served parameters)")
     p.add_argument("--table", help="table of the keys (default: the model's first)")
     p.add_argument("--keys", help="comma-separated int64 keys (embedding models)")
     p.add_argument(

@@ -304,6 +304,7 @@ def prepare_repository(
             "hps_model": served.hps_model,
             "base_dir": base,
             "metrics_interval_s": str(metrics_interval_s),
+            **request_parameters(config.model(served.hps_model), served.template),
         }
         copy_template(
             served.template,
@@ -319,6 +320,16 @@ def prepare_repository(
         write_versions(model_dir, versions, precompile=not relative)
         names.append(served.triton_name)
     return names
+
+
+def request_parameters(model: ModelConfig, template: str) -> dict[str, str]:
+    """What a client needs to build a request of ``model`` without its ps.json (``hps
+    query`` from another machine): its tables in request order, and a CTR model's dense
+    features per sample."""
+    params = {"hps_tables": ",".join(t.table for t in model.tables)}
+    if template == "hps_ctr":
+        params["hps_num_dense"] = str(model.maxnum_des_feature_per_sample)
+    return params
 
 
 def write_demo_repository(dest: str | Path = DEMO_REPOSITORY) -> list[str]:

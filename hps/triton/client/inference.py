@@ -161,11 +161,12 @@ def translate(exc: InferenceServerException) -> Exception:
 
 
 def ctr_request(
-    samples: int, dims: list[int], num_dense: int, rows: list[int], rng: np.random.Generator
+    samples: int, num_dense: int, rows: list[int], rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Random CTR inputs: one key per table per sample, keys below each table's ``rows``."""
+    """Random CTR inputs: one key per table (one per entry of ``rows``) per sample, keys
+    below each table's ``rows``."""
     keys = np.concatenate([rng.integers(0, max(r, 1), samples) for r in rows])
     per_table = np.arange(samples + 1, dtype=np.int32)
-    rowindex = np.tile(per_table, len(dims))
+    rowindex = np.tile(per_table, len(rows))
     dense = rng.standard_normal(samples * num_dense).astype(np.float32)
     return dense, keys, rowindex

@@ -83,6 +83,9 @@ def test_demo_serve_query_and_sigterm(tmp_path: Path) -> None:
         assert lines[-2].strip().endswith(f"query --url 127.0.0.1:{http} --model demo --keys 1,2,3")
         assert f" -m hps.cli query --url 127.0.0.1:{http} --model demo --keys 1,2,3" in banner
         assert "request bodies up to gRPC 0.22 MiB, HTTP 0.69 MiB (the request-size gate)" in banner
+        # hps query needs no ps.json (a client off the serving machine has none)
+        ps_json = tmp_path / "demo" / "ps.json"
+        ps_json.rename(ps_json.with_suffix(".away"))
         lines = run_hps(
             "query",
             "--url",
@@ -111,6 +114,7 @@ def test_demo_serve_query_and_sigterm(tmp_path: Path) -> None:
             )
         ]
         assert len(scores) == 3 and all(0.0 < s < 1.0 for s in scores)
+        ps_json.with_suffix(".away").rename(ps_json)
         # a second hps serve of this ps.json stops before it touches the first one's key
         key = (tmp_path / "demo" / "hps-admin-key").read_bytes()
         second = subprocess.run(

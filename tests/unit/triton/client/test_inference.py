@@ -10,7 +10,7 @@ from hps.triton.client import ctr_request, translate
 
 
 def test_ctr_request_shapes() -> None:
-    dense, keys, rowindex = ctr_request(4, [8, 8, 4], 13, [10, 20, 30], np.random.default_rng(0))
+    dense, keys, rowindex = ctr_request(4, 13, [10, 20, 30], np.random.default_rng(0))
     assert dense.shape == (4 * 13,) and keys.shape == (12,)
     assert rowindex.tolist() == [0, 1, 2, 3, 4] * 3
     assert (keys[:4] < 10).all() and (keys[8:] < 30).all()
