@@ -80,6 +80,55 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         ["/modelSource/pvc/existingClaim"],
     ),
     ("bad memory quantity", {"triton": {"shmSize": "lots"}}, ["/triton/shmSize"]),
+    # Kubernetes reads the suffix m as milli (256m: 0.256 bytes), not Docker's MiB
+    ("Docker's 256m for /dev/shm", {"triton": {"shmSize": "256m"}}, ["/triton/shmSize"]),
+    (
+        "milli-bytes for the Python backend",
+        {"triton": {"pythonBackendShm": "256m"}},
+        ["/triton/pythonBackendShm"],
+    ),
+    (
+        "milli-bytes for the L3 claim",
+        {"persistence": {"enabled": True, "size": "10m"}},
+        ["/persistence/size"],
+    ),
+    (
+        "typo in a model key",
+        {"models": [{"model": "m", "embedding_vecsize_per_table": [4], "hps_instance": 2}]},
+        ["/models/0", "'hps_instance' not allowed"],
+    ),
+    (
+        "typo in a model's hps_cache",
+        {
+            "models": [
+                {"model": "m", "embedding_vecsize_per_table": [4], "hps_cache": {"polcy": "lfu"}}
+            ]
+        },
+        ["/models/0/hps_cache", "'polcy' not allowed"],
+    ),
+    ("typo in l2.extra", {"l2": {"extra": {"num_partition": 64}}}, ["'num_partition' not allowed"]),
+    ("typo in l3.extra", {"l3": {"extra": {"num_thread": 8}}}, ["'num_thread' not allowed"]),
+    (
+        "typo in kafka.extra",
+        {"kafka": {"extra": {"poll_timeout": 100}}},
+        ["'poll_timeout' not allowed"],
+    ),
+    # keys the chart sets itself: its value would win the merge and drop the user's silently
+    (
+        "dead-letter topic through kafka.extra",
+        {"kafka": {"extra": {"hps_dead_letter_topic": "dlq"}}},
+        ["/kafka/extra/hps_dead_letter_topic"],
+    ),
+    *[
+        (f"Redis TLS through l2.extra.{key}", {"l2": {"extra": {key: value}}}, [f"/l2/extra/{key}"])
+        for key, value in [
+            ("enable_tls", False),
+            ("tls_ca_certificate", "/ca.crt"),
+            ("tls_client_certificate", "/tls.crt"),
+            ("tls_client_key", "/tls.key"),
+            ("tls_server_name_identification", "redis"),
+        ]
+    ],
     (
         "HPA above 100%",
         {"autoscaling": {"targetCPUUtilizationPercentage": 150}},
@@ -208,6 +257,24 @@ BAD_RENDER: list[tuple[str, dict[str, Any], list[str]]] = [
         ["l2.extra.shared_memory_size (1073741824 bytes)", "triton.shmSize (1Gi)"],
     ),
     (
+        "ServiceMonitor that the NetworkPolicy keeps out",
+        {"serviceMonitor": {"enabled": True}},
+        ["serviceMonitor.enabled=true", "networkPolicy.monitoring", "networkPolicy.enabled"],
+    ),
+    (
+        "dead letters sent to an update topic",
+        {"kafka": {"enabled": True, "brokers": "k:9092", "deadLetterTopic": "hps_et.demo.C1"}},
+        ['kafka.deadLetterTopic "hps_et.demo.C1"', "name of an update topic"],
+    ),
+    (
+        "consumer loop age below two polls",
+        {
+            "l2": {"mode": "redis", "redis": {"address": "r:6379"}},
+            "kafka": {"enabled": True, "brokers": "k:9092", "extra": {"poll_timeout_ms": 30000}},
+        },
+        ["kafka.maxLoopAgeSeconds (60)", "kafka.extra.poll_timeout_ms 30 s"],
+    ),
+    (
         "control plane on Triton's HTTP port",
         {"controlPlane": {"port": 8000}},
         ["controlPlane.port (8000)", "triton.httpPort"],
@@ -307,3 +374,142 @@ def test_at_least_ten_refusals() -> None:
 @pytest.mark.parametrize("profile", PROFILES)
 def test_profiles_accepted(profile: str) -> None:
     chart().validate_schema(profile_values(profile))
+
+
+def test_service_monitor_with_monitoring_allowed() -> None:
+    """Scraping passes the NetworkPolicy once monitoring names who scrapes, or without it."""
+    monitoring = [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
+    render({"serviceMonitor": {"enabled": True}, "networkPolicy": {"monitoring": monitoring}})
+    render({"serviceMonitor": {"enabled": True}, "networkPolicy": {"enabled": False}})
+
+
+@pytest.mark.parametrize(
+    "topic",
+    [
+        "hps_et.demo.C1",
+        "hps_et.m-1.t_2",
+        "hps_et.dead_letter",
+        "hps_et.a.b.c",
+        "dlq",
+        "x.hps_et.a.b",
+    ],
+)
+def test_dead_letter_topic_refused_as_hps_config_refuses_it(topic: str) -> None:
+    """The chart's check is hps.config's: UPDATE_TOPIC_RE, the whole name."""
+    import helm_python as helm
+
+    from hps.config.update_source import UPDATE_TOPIC_RE
+
+    values = {"kafka": {"enabled": True, "brokers": "k:9092", "deadLetterTopic": topic}}
+    if UPDATE_TOPIC_RE.fullmatch(topic):
+        with pytest.raises(helm.HelmError, match="name of an update topic"):
+            render(values)
+    else:
+        render(values)
+
+
+@pytest.mark.parametrize(
+    ("max_age", "poll_ms"),
+    [(11, 500), (11, 5000), (11, 5001), (12, 5500), (11, 5500), (60, 29999), (60, 30000)],
+)
+def test_loop_age_refused_as_hps_consume_refuses_it(max_age: int, poll_ms: int) -> None:
+    """hps consume refuses --max-loop-age-s not above 2 x max(poll_timeout_ms, the back-off):
+    the chart refuses the same values, before the pods would crash-loop on them."""
+    import helm_python as helm
+
+    from hps.updates.consumer import MAX_BACKOFF_S
+
+    values = {
+        "l2": {"mode": "redis", "redis": {"address": "r:6379"}},
+        "kafka": {
+            "enabled": True,
+            "brokers": "k:9092",
+            "maxLoopAgeSeconds": max_age,
+            "extra": {"poll_timeout_ms": poll_ms},
+        },
+    }
+    if max_age <= 2 * max(poll_ms / 1000, MAX_BACKOFF_S):
+        with pytest.raises(helm.HelmError, match="kafka.maxLoopAgeSeconds"):
+            render(values)
+    else:
+        render(values)
+
+
+def _schema() -> dict[str, Any]:
+    import json
+
+    from tests.helm.chart import CHART
+
+    schema: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
+    return schema
+
+
+def test_ps_json_keys_are_hps_configs() -> None:
+    """models[] and *.extra take exactly the keys hps.config takes (others are refused):
+    the schema's lists follow the pydantic models."""
+    from hps.config.databases import PersistentDBConfig, VolatileDBConfig
+    from hps.config.model import CacheConfig, ModelConfig
+    from hps.config.update_source import UpdateSourceConfig
+
+    props = _schema()["properties"]
+    deprecated = {"max_get_batch_size", "max_set_batch_size"}  # renamed by hps.config
+    model = props["models"]["items"]
+    extra = {name: props[name]["properties"]["extra"] for name in ("l2", "l3", "kafka")}
+    sections = {
+        # version: set by `hps versions`, which a ps.json may not (hps.config.ps._set_by_hps)
+        "models[]": (model, set(ModelConfig.model_fields) - {"version"}),
+        "models[].hps_cache": (model["properties"]["hps_cache"], set(CacheConfig.model_fields)),
+        "l2.extra": (extra["l2"], {*VolatileDBConfig.model_fields, *deprecated}),
+        "l3.extra": (extra["l3"], {*PersistentDBConfig.model_fields, *deprecated}),
+        "kafka.extra": (extra["kafka"], set(UpdateSourceConfig.model_fields)),
+    }
+    for name, (section, fields) in sections.items():
+        assert section["additionalProperties"] is False, name
+        assert set(section["properties"]) == fields, name
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        old = out.get(key)
+        out[key] = (
+            _merged(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+        )
+    return out
+
+
+@pytest.mark.parametrize(
+    ("profile", "over"),
+    [
+        ("everything", {"l2": {"redis": {"tls": {"clientCertificate": True}}}}),
+        ("single-pod", {"l2": {"mode": "pod"}, "triton": {"shmSize": "1Gi"}}),
+    ],
+)
+def test_extra_cannot_set_what_the_chart_sets(profile: str, over: dict[str, Any]) -> None:
+    """Every key the chart writes into volatile_db, persistent_db and update_source is refused
+    in l2.extra, l3.extra and kafka.extra (the chart's value would win the merge), except
+    shared_memory_size, which the chart takes from l2.extra (hps.l2SegmentBytes)."""
+    import json
+
+    from tests.helm.chart import config_files, manifests
+
+    values = _merged(profile_values(profile), over)
+    props = _schema()["properties"]
+    extras = {
+        "volatile_db": ("l2", props["l2"]["properties"]["extra"]["properties"]),
+        "persistent_db": ("l3", props["l3"]["properties"]["extra"]["properties"]),
+        "update_source": ("kafka", props["kafka"]["properties"]["extra"]["properties"]),
+    }
+    chart_keys: set[tuple[str, str]] = set()
+    for text in config_files(manifests(values)).values():
+        ps = json.loads(text)
+        for section, (name, _) in extras.items():
+            given = values.get(name, {}).get("extra") or {}
+            chart_keys |= {(section, k) for k in ps[section] if k not in given}
+    if profile == "everything":  # Redis with TLS and a client certificate, Kafka
+        assert {("volatile_db", "tls_client_key"), ("update_source", "hps_dead_letter_topic")} <= (
+            chart_keys
+        )
+    for section, key in sorted(chart_keys - {("volatile_db", "shared_memory_size")}):
+        schema = extras[section][1]
+        assert schema[key].get("not") == {}, f"{section}.{key} is set by the chart"

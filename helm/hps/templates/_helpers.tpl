@@ -17,6 +17,25 @@
 {{- end }}
 {{- end }}
 
+{{/* The name of an object with a suffix, "<fullname>-<suffix>": fullname shortened (and
+trimmed of a trailing "-") so that the whole stays within 63 characters, the limit of a
+Service's name (a DNS label) that every object's name keeps to. Call with (list . "suffix"). */}}
+{{- define "hps.suffixedName" -}}
+{{- $suffix := index . 1 -}}
+{{- printf "%s-%s" (include "hps.fullname" (index . 0) | trunc (int (sub 62 (len $suffix))) | trimSuffix "-") $suffix -}}
+{{- end }}
+
+{{/* The serving workload's name: fullname, within 52 characters for a StatefulSet (its pods'
+controller-revision-hash label, "<name>-<hash of up to 10 characters>", is a label value:
+at most 63). */}}
+{{- define "hps.servingName" -}}
+{{- if include "hps.stateful" . -}}
+{{- include "hps.fullname" . | trunc 52 | trimSuffix "-" -}}
+{{- else -}}
+{{- include "hps.fullname" . -}}
+{{- end -}}
+{{- end }}
+
 {{- define "hps.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}

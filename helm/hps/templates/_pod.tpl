@@ -1,7 +1,6 @@
 {{/* The serving pod: init (model source, import), triton, control plane, updater sidecar. */}}
 {{- define "hps.servingPod" -}}
 {{- $v := .Values -}}
-{{- $fullname := include "hps.fullname" . -}}
 {{- $hpsImage := include "hps.image" (dict "image" $v.images.hps "root" .) -}}
 metadata:
   labels:
@@ -250,7 +249,7 @@ spec:
     {{- end }}
   volumes:
     - name: config
-      configMap: {name: {{ $fullname }}-config}
+      configMap: {name: {{ include "hps.suffixedName" (list $ "config") }}}
     - name: admin-key
       {{- if $v.admin.pinAdminKey }}
       secret:

@@ -40,10 +40,35 @@
 {{- fail (printf "l2.mode=embedded with kafka.enabled=true cannot serve model %q with hps_instances=%v: each Triton process applies updates to its own L2, and with more than one instance none of them writes the pod's L3 (all follow it read-only), so L3 would never receive updates; use hps_instances: 1, or l2.mode=redis (an updater sidecar writes each pod's L3)" .model .hps_instances) -}}
 {{- end -}}
 {{- end -}}
+{{- if and $v.serviceMonitor.enabled $v.networkPolicy.enabled (not $v.networkPolicy.monitoring) -}}
+{{- fail "serviceMonitor.enabled=true with networkPolicy.enabled=true and an empty networkPolicy.monitoring: the NetworkPolicy would let no one reach the metrics ports, so every scrape would fail; list Prometheus' pods or namespace in networkPolicy.monitoring (or set networkPolicy.enabled=false)" -}}
+{{- end -}}
+{{- include "hps.validateKafka" . -}}
 {{- include "hps.validateStaged" . -}}
 {{- include "hps.validateShm" . -}}
 {{- include "hps.validatePorts" . -}}
 {{- include "hps.validatePaths" . -}}
+{{- end }}
+
+{{/* What hps consume would refuse at start (the pods would crash-loop): a dead-letter topic
+named like an update topic (hps.config.update_source.UPDATE_TOPIC_RE), and a
+--max-loop-age-s (kafka.maxLoopAgeSeconds) not above twice the longest wait of a healthy
+loop, update_source.poll_timeout_ms (kafka.extra, default 500) or a retry's back-off
+(hps.updates.consumer.MAX_BACKOFF_S, 5 s). */}}
+{{- define "hps.validateKafka" -}}
+{{- $k := .Values.kafka -}}
+{{- if $k.enabled -}}
+{{- if regexMatch "^hps_et\\.[A-Za-z0-9_\\-]+\\.[A-Za-z0-9_\\-]+$" (toString $k.deadLetterTopic) -}}
+{{- fail (printf "kafka.deadLetterTopic %q has the name of an update topic (hps_et.<model>.<table>): hps consume would read its own dead letters back; use a topic that is not consumed, e.g. hps_et.dead_letter" $k.deadLetterTopic) -}}
+{{- end -}}
+{{- if include "hps.sharedUpdates" . -}}
+{{- $poll := divf (dig "poll_timeout_ms" 500 ($k.extra | default dict)) 1000 -}}
+{{- $wait := maxf $poll 5.0 -}}
+{{- if le (float64 $k.maxLoopAgeSeconds) (mulf 2 $wait) -}}
+{{- fail (printf "kafka.maxLoopAgeSeconds (%v) must exceed twice the longest wait of a healthy hps consume loop, %v s (kafka.extra.poll_timeout_ms %v s, or a retry's back-off of 5 s): an idle poll or a retry is not a stall, and hps consume refuses to start; raise kafka.maxLoopAgeSeconds above %v or lower kafka.extra.poll_timeout_ms" $k.maxLoopAgeSeconds $wait $poll (mulf 2 $wait)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end }}
 
 {{/* l2.mode=pod: the L2 segment and Triton's Python backend share /dev/shm (triton.shmSize). */}}
