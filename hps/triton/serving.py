@@ -43,6 +43,25 @@ def _absolute(path: str, base: Path) -> str:
 
 def serving_config(path: str | Path, base_dir: str | Path | None = None) -> PSConfig:
     """The ps.json at ``path`` as a serving process uses it (see the module docstring)."""
+    return served_now(deployment_config(path, base_dir))
+
+
+def served_now(config: PSConfig) -> PSConfig:
+    """A :func:`deployment_config` with the models served now (those added or removed at
+    runtime: :func:`hps.versions.models.served_config`), checked to fit a shared L2."""
+    several = any(m.hps_instances > 1 for m in config.models)
+    if several and l2_placement(config) == "process":
+        log.warning("volatile_db %s is per process: each instance holds its own L2",
+                    config.volatile_db.type)  # fmt: skip
+    served = served_config(config)
+    check_shared_l2_tables(served)  # before anything is imported or started
+    return served
+
+
+def deployment_config(path: str | Path, base_dir: str | Path | None = None) -> PSConfig:
+    """The ps.json at ``path`` with its paths resolved and this deployment's L2 segment, its
+    own models only (:func:`hps.versions.models.served_config` of it: the models served now,
+    with those added or removed at runtime)."""
     config = load_config(path)
     base = Path(base_dir or os.getcwd())
     models = [
@@ -70,17 +89,11 @@ def serving_config(path: str | Path, base_dir: str | Path | None = None) -> PSCo
     # every process of the deployment resolves alike (hps.config.databases)
     # (its type was decided when the file was read: VolatileDBConfig.for_instances)
     vdb = config.volatile_db.for_deployment(l3_path)
-    several = any(m.hps_instances > 1 for m in config.models)
-    if several and l2_placement(config) == "process":
-        log.warning("volatile_db %s is per process: each instance holds its own L2", vdb.type)
     update["volatile_db"] = vdb
     for m in models:
         if m.serves_ctr:
             check_dense_inputs(m)
-    # the models added or removed at runtime (hps.versions.models)
-    served = served_config(config.model_copy(update=update))
-    check_shared_l2_tables(served)  # before anything is imported or started
-    return served
+    return config.model_copy(update=update)
 
 
 def only_model(config: PSConfig, model: str) -> PSConfig:

@@ -5,15 +5,18 @@ while its instances keep executing)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
+from hps.config import ModelConfig
 from hps.errors import BackendUnavailable, RequestError
 from hps.triton.supervisor import watchdog
-from hps.triton.supervisor.watchdog import Recovery, Stall, Watchdog
+from hps.triton.supervisor.watchdog import Recovery, Stall, Watchdog, watched
+from tests.helpers import make_config
 
 WINDOW = 30.0  # the default: 3 probes of 10 s
 
@@ -272,3 +275,65 @@ def test_a_single_instance_stub_killed_is_reloaded_without_a_probe(stubbed) -> N
     stubs.stubs["m"] = {}
     dog.round(FakeTriton(), {"m": {101: "1"}}, due=False)
     assert reasons == ["a stub process disappeared"]
+
+
+def test_models_added_or_removed_at_runtime_are_watched_or_left(
+    stubbed, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The models served now are read at every probe interval: one added at runtime is
+    probed and its dead stub reloaded; one removed is probed no more; a record that cannot
+    be read keeps those known watched, with one warning."""
+    dog, stubs, reasons = stubbed
+    served: list[object] = [({"m": {}, "added": {}}, {"m": 2, "added": 1})]
+
+    def now() -> tuple[dict[str, dict[str, np.ndarray]], dict[str, int]]:
+        if isinstance(served[0], Exception):
+            raise served[0]
+        return served[0]  # type: ignore[return-value]
+
+    dog.served = now
+    probed: list[str] = []
+    triton = FakeTriton()
+    triton.infer = lambda model, inputs: probed.append(model)  # type: ignore[method-assign,assignment,return-value]
+    known = dog.round(triton, stubs.pids(1), due=True)
+    assert sorted(probed) == ["added", "m"]
+    stubs.stubs["added"] = {501: "1"}
+    known = dog.round(triton, stubs.pids(1), due=False)
+    del stubs.stubs["added"][501]  # its one stub killed, its version READY
+    known = dog.round(triton, known, due=False)
+    assert reasons == ["a stub process disappeared"]
+    served[0] = ({"added": {}}, {"added": 1})  # m removed at runtime
+    probed.clear()
+    dog.round(triton, known, due=True)
+    assert probed == ["added"]
+    served[0] = ValueError("the version record is not JSON")
+    for _ in range(3):
+        probed.clear()
+        dog.round(triton, {}, due=True)
+        assert probed == ["added"]
+    assert [r.getMessage() for r in caplog.records].count(
+        "watchdog: cannot read the models served now (the version record is not JSON); "
+        "watching those known"
+    ) == 1
+
+
+def test_what_hps_serve_watches_follows_the_node_record(tmp_path: Path) -> None:
+    """``hps serve``'s ``served``: the ps.json's models and those the node's record adds
+    at runtime (with their instances), without those it removes."""
+    from hps.io.sparse_model import write_sparse_model
+    from hps.versions.models import add_model, mark_removed, served_config
+
+    config = make_config(tmp_path)
+    probes, instances = watched(served_config(config))
+    assert set(probes) == {"demo"} and instances == {"demo": 1}
+    keys = np.arange(10, dtype=np.int64)
+    write_sparse_model(tmp_path / "t", keys, np.ones((keys.size, 2), np.float32))
+    add_model(config, ModelConfig.model_validate({
+        "model": "extra", "sparse_files": [str(tmp_path / "t")], "hps_instances": 2,
+        "embedding_table_names": ["t"], "embedding_vecsize_per_table": [2],
+    }))  # fmt: skip
+    probes, instances = watched(served_config(config))
+    assert instances == {"demo": 1, "extra": 2}
+    assert probes["extra"]["NUMKEYS"].tolist() == [[1]]
+    mark_removed(config, "extra")
+    assert set(watched(served_config(config))[0]) == {"demo"}
