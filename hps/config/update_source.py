@@ -11,6 +11,7 @@ from hps.config.common import Frozen, from_env
 
 MAX_VERSION_AHEAD_S = 30 * 86_400.0  # a month: the bound keeps the ns arithmetic finite
 UPDATE_TOPIC_RE = re.compile(r"hps_et\.[A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]+")
+KAFKA_TOPIC_RE = re.compile(r"[A-Za-z0-9._\-]{1,249}")  # what a broker accepts as a topic name
 """An update topic's name, ``hps_et.<model>.<table>`` (:func:`hps.updates.codec.topic_name`)."""
 
 
@@ -47,6 +48,11 @@ class UpdateSourceConfig(Frozen):
     @field_validator("hps_dead_letter_topic")
     @classmethod
     def _dead_letters_apart(cls, v: str) -> str:
+        if v and (not KAFKA_TOPIC_RE.fullmatch(v) or v in (".", "..")):
+            raise ValueError(
+                f"{v!r} is no Kafka topic name: 1 to 249 of the letters, digits, '.', '_' "
+                "and '-' (not '.' or '..'); \"\" drops dead letters instead"
+            )
         # a consumer of that topic would read its own dead letters back, refuse them again
         # and send them there again: for ever
         if UPDATE_TOPIC_RE.fullmatch(v):

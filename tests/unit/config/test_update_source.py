@@ -26,3 +26,10 @@ def test_a_dead_letter_topic_named_like_an_update_topic_is_refused(topic: str) -
 @pytest.mark.parametrize("topic", ["hps_et.dead_letter", "dead.m", "hps_dead_letter", ""])
 def test_other_dead_letter_topics_are_taken(topic: str) -> None:
     assert _load(hps_dead_letter_topic=topic).update_source.hps_dead_letter_topic == topic  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("topic", ["bad topic", "dead/letters", ".", "..", "x" * 250, "dlq\n"])
+def test_a_dead_letter_topic_no_broker_takes_is_refused(topic: str) -> None:
+    """Refused at load, not by the broker on the first bad message."""
+    with pytest.raises(ConfigError, match=r"hps_dead_letter_topic: .*is no Kafka topic name"):
+        _load(hps_dead_letter_topic=topic)
