@@ -8,6 +8,7 @@ boundary, so callers never see them::
     ├── ConfigError               ps.json is malformed: names the key and the file
     ├── RequestError              a bad lookup / insert; nothing stored changed
     │   ├── UnknownTableError     model or table not configured
+    │   ├── UnknownJobError       no control-plane job of that id
     │   ├── ConflictError         the state of what it names forbids it (a live model version)
     │   ├── DTypeError            keys not int64 / vectors not float32-compatible
     │   ├── ShapeError            counts do not add up, wrong vector dimension, negative counts
@@ -34,6 +35,7 @@ error                  HTTP  Triton
 =====================  ====  ===========
 RequestError           400   INVALID_ARG
 UnknownTableError      404   NOT_FOUND
+UnknownJobError        404   NOT_FOUND
 ConflictError          409   INVALID_ARG
 BatchTooLargeError     413   INVALID_ARG
 FormatError            422   INTERNAL
@@ -74,6 +76,13 @@ class RequestError(HPSError):
 
 
 class UnknownTableError(RequestError):
+    status = 404
+    code = "NOT_FOUND"
+
+
+class UnknownJobError(RequestError):
+    """No job of the control plane has that id (none submitted, or no longer kept)."""
+
     status = 404
     code = "NOT_FOUND"
 

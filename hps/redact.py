@@ -133,9 +133,12 @@ def protect(config: object = None, *values: str | None) -> None:
         register_config(config)
 
 
-def scrub(text: str, extra: Iterable[str] = ()) -> str:
-    """``text`` with every registered secret value (and ``extra``) replaced by REDACTED."""
+def scrub(text: str, extra: Iterable[str] = (), keep: Iterable[str] = ()) -> str:
+    """``text`` with every registered secret value (and ``extra``) replaced by REDACTED,
+    but those of ``keep`` (values the reader of ``text`` sent itself: see
+    :func:`redact_mapping`)."""
     values = registered() | {v for v in extra if v and len(v) >= MIN_SCRUB_LENGTH}
+    values -= set(keep)
     # Longest first: a secret containing another is replaced whole.
     for value in sorted(values, key=len, reverse=True):
         if value in text:
@@ -143,18 +146,23 @@ def scrub(text: str, extra: Iterable[str] = ()) -> str:
     return text
 
 
-def redact_mapping(doc: T) -> T:
+def redact_mapping(doc: T, keep: Iterable[str] = ()) -> T:
     """A copy of a JSON-like document with the value of every secret-named key redacted,
     at any depth (mappings in lists included), and registered values scrubbed from the
     other strings (a password inside a URL).
 
+    ``keep``: registered values not scrubbed from those strings, because the document
+    answers a request that carried them (an error echoing a name the client sent): were
+    they replaced, where ``<redacted>`` appears would tell a client which of its guesses is
+    a secret. Values of secret-named keys are redacted whatever ``keep`` holds.
+
     Secret values found in a document are registered, so later log lines scrub them too.
     Empty values stay empty (an unset password is not a secret worth hiding).
     """
-    return cast(T, _redact(doc))  # the same shape, values redacted
+    return cast(T, _redact(doc, frozenset(keep)))  # the same shape, values redacted
 
 
-def _redact(doc: object) -> object:
+def _redact(doc: object, keep: frozenset[str] = frozenset()) -> object:
     if isinstance(doc, Mapping):
         out: dict[object, object] = {}
         for key, value in doc.items():
@@ -164,12 +172,12 @@ def _redact(doc: object) -> object:
             elif isinstance(key, str) and is_reference_name(key):
                 out[key] = _copy(value)
             else:
-                out[key] = _redact(value)
+                out[key] = _redact(value, keep)
         return out
     if isinstance(doc, list | tuple):
-        return [_redact(v) for v in doc]
+        return [_redact(v, keep) for v in doc]
     if isinstance(doc, str):
-        return scrub(doc)
+        return scrub(doc, keep=keep)
     return doc
 
 

@@ -9,21 +9,24 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import unquote_plus
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hps.errors import HPSError, QueueFullError, http_status
-from hps.redact import redact_mapping
+from hps.redact import redact_mapping, registered
 from hps.service.connections import READ_TIMEOUT_S, ConnectionGuard
 from hps.service.limits import BodyTimeout, TokenAndBodyLimits, TooLarge
 from hps.service.state import AdminState
+from hps.service.upload_form import CLIENT_TEXT
 
 log = logging.getLogger(__name__)
 MAX_VALIDATION_ERRORS = 20  # the most a 422 lists; past them it says how many more
@@ -84,11 +87,58 @@ HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTI
 
 
 def _error(
-    status: int, kind: str, detail: object, headers: dict[str, str] | None = None
+    request: Request,
+    status: int,
+    kind: str,
+    detail: object,
+    headers: dict[str, str] | None = None,
 ) -> JSONResponse:
-    """An error body; registered secrets (hps.redact) are scrubbed from what it says."""
-    body = redact_mapping({"error": kind, "detail": detail})
-    return JSONResponse(body, status_code=status, headers=headers)
+    """An error body; registered secrets (hps.redact) are scrubbed from what it says, but
+    those the request carried itself (:func:`client_sent`): an error that echoes a name
+    the client sent answers the same whether or not that name is a secret, so that no
+    guess of a client is told apart by a ``<redacted>``."""
+    body: dict[str, object] = {"error": kind, "detail": detail}
+    scrubbed = redact_mapping(body)
+    if scrubbed != body:  # a registered secret in what it says: did the client send it?
+        scrubbed = redact_mapping(body, keep=client_sent(request, registered()))
+    return JSONResponse(scrubbed, status_code=status, headers=headers)
+
+
+def client_sent(request: Request, secrets: Iterable[str]) -> set[str]:
+    """Those of ``secrets`` the request carried: in its path or query string (as sent and
+    decoded), its JSON body as read by the route (its strings, keys included, as decoded,
+    or the bytes of a body that did not parse) or its form's text (:data:`CLIENT_TEXT`)."""
+    scope = request.scope
+    query = scope.get("query_string", b"").decode("latin-1")
+    texts = [
+        scope.get("path", ""),
+        scope.get("raw_path", b"").decode("latin-1"),
+        query,
+        unquote_plus(query),
+        *scope.get(CLIENT_TEXT, ()),
+    ]
+    # what the route read of the body: Starlette's Request keeps both, and the exception
+    # handlers get the route's Request
+    parsed = getattr(request, "_json", None)
+    if parsed is not None:
+        texts.extend(_strings(parsed))
+    elif isinstance(body := getattr(request, "_body", None), bytes):
+        texts.append(body.decode("utf-8", "replace"))
+    return {s for s in secrets if any(s in text for text in texts)}
+
+
+def _strings(doc: object) -> Iterator[str]:
+    """Every string of a JSON document, its objects' keys included."""
+    stack = [doc]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def _allowed(app: FastAPI, request: Request) -> list[str]:
@@ -107,6 +157,41 @@ def _allowed(app: FastAPI, request: Request) -> list[str]:
         if match is not Match.NONE:
             methods |= set(getattr(route, "methods", None) or ())
     return sorted(methods)
+
+
+class Counting:
+    """Counts every request answered, by route, method and status, and its time (ASGI
+    middleware: a request left unanswered, its client gone mid-body, is counted with status
+    ``499`` and costs no log line)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 499  # no answer: the client left before one was sent
+
+        async def watched(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except BaseException:
+            status = 500 if status == 499 else status
+            raise
+        finally:
+            route = scope.get("route")  # the router sets it in the request's scope
+            name = getattr(route, "path", "refused_or_unmatched")
+            method = scope["method"] if scope["method"] in HTTP_METHODS else "other"
+            self.metrics.requests.labels(name, method, str(status)).inc()
+            self.metrics.latency.labels(name).observe(time.perf_counter() - start)
 
 
 def create_app(state: AdminState, guard: ConnectionGuard | None = None) -> FastAPI:
@@ -150,7 +235,7 @@ def create_app(state: AdminState, guard: ConnectionGuard | None = None) -> FastA
         headers = None
         if isinstance(exc, QueueFullError):
             headers = {"Retry-After": str(exc.retry_after_s)}
-        return _error(status, type(exc).__name__, str(exc), headers)
+        return _error(request, status, type(exc).__name__, str(exc), headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -162,41 +247,29 @@ def create_app(state: AdminState, guard: ConnectionGuard | None = None) -> FastA
         if len(errors) > MAX_VALIDATION_ERRORS:  # a list of a million bad items: not echoed
             more = len(errors) - MAX_VALIDATION_ERRORS
             detail.append({"loc": [], "msg": f"and {more:,} more errors"})
-        return _error(422, "ValidationError", detail)
+        return _error(request, 422, "ValidationError", detail)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         headers = dict(exc.headers or {})
         if exc.status_code == 405:  # Starlette names the first route's methods only
             headers["Allow"] = ", ".join(_allowed(app, request))
-        return _error(exc.status_code, "HTTPError", exc.detail, headers)
+        return _error(request, exc.status_code, "HTTPError", exc.detail, headers)
 
     @app.exception_handler(TooLarge)
     async def too_large(request: Request, exc: TooLarge) -> JSONResponse:
-        return _error(413, "TooLarge", str(exc) or "request body too large")
+        return _error(request, 413, "TooLarge", exc.detail)
 
     @app.exception_handler(BodyTimeout)
     async def body_timeout(request: Request, exc: BodyTimeout) -> JSONResponse:
-        return _error(408, "BodyTimeout", str(exc))
+        return _error(request, 408, "BodyTimeout", exc.detail)
 
-    # inside `count`: refusals are counted too
     read_timeout_s = guard.read_timeout_s if guard is not None else READ_TIMEOUT_S
     app.add_middleware(
         TokenAndBodyLimits, token=state.token, jobs=state.jobs, read_timeout_s=read_timeout_s
     )
 
-    @app.middleware("http")
-    async def count(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        start = time.perf_counter()
-        response: Response = await call_next(request)
-        route = request.scope.get("route")
-        name = getattr(route, "path", "refused_or_unmatched")
-        method = request.method if request.method in HTTP_METHODS else "other"
-        metrics.requests.labels(name, method, str(response.status_code)).inc()
-        metrics.latency.labels(name).observe(time.perf_counter() - start)
-        return response
+    app.add_middleware(Counting, metrics=metrics)  # outermost: refusals are counted too
 
     @app.get("/metrics", response_class=Response, tags=["health"])
     def prometheus() -> Response:

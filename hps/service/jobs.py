@@ -32,7 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from hps.errors import BackendUnavailable, HPSError, QueueFullError, UnknownTableError
+from hps.errors import BackendUnavailable, HPSError, QueueFullError, UnknownJobError
 from hps.redact import scrub
 from hps.service.job_records import Job, JobInterrupted, JobRecords, Resumer, State, Work
 from hps.types import JSON
@@ -306,8 +306,13 @@ class JobRegistry:
         with self._lock:
             job = self._jobs.get(job_id)
         if job is None:
-            raise UnknownTableError(f"no job {job_id!r}")
+            raise UnknownJobError(f"no job {job_id!r}")
         return job
+
+    def pending_targets(self, kind: str) -> set[str]:
+        """The targets of the jobs of ``kind`` queued or running."""
+        with self._lock:
+            return {j.target for j in self._jobs.values() if j.kind == kind and j.state in PENDING}
 
     def load(self) -> tuple[int, int]:
         """(jobs pending or reserved, their staged bytes)."""

@@ -21,6 +21,7 @@ import re
 from typing import TYPE_CHECKING
 
 import anyio
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -42,16 +43,21 @@ KEY_JSON_BYTES = 32
 LOOKUP_JSON_BYTES = 1024**2  # MAX_LOOKUP_KEYS (10,000) keys take at most 320,000 bytes
 WRITE_KEYS_JSON_BYTES = 32 * 1024**2  # MAX_WRITE_KEYS (1,000,000) take at most 32,000,000
 MODEL_JSON_BYTES = 1024**2  # a model entry: MAX_TABLES tables' paths and sizes fit
+# A version import: MAX_PER_TABLE (1,024) sparse folders of MAX_PATH_CHARS (4,096) each,
+# with quotes, separator and indentation (4.2 MB), a dense file, one row format and one
+# size per table (32 bytes each, 66 KB)
+VERSION_JSON_BYTES = 5 * 1024**2
 MIN_BODY_RATE = 64 * 1024  # bytes/s a body must come at, past the read timeout
 _MODEL = r"/v1/models/[^/]+"
 _TABLE = _MODEL + r"/tables/[^/]+"
 # (method, path, limit, what a 413 says of it): the routes whose bodies are lists of keys,
-# and the model entry of a model added at runtime
+# the model entry of a model added at runtime and a version import
 ROUTE_JSON_LIMITS: tuple[tuple[str, re.Pattern[str], int, str], ...] = (
     ("POST", re.compile(_TABLE + "/lookup"), LOOKUP_JSON_BYTES, f"{MAX_LOOKUP_KEYS:,} keys"),
     ("DELETE", re.compile(_TABLE + "/keys"), WRITE_KEYS_JSON_BYTES, f"{MAX_WRITE_KEYS:,} keys"),
     ("POST", re.compile(_MODEL + "/warmup"), WRITE_KEYS_JSON_BYTES, f"{MAX_WRITE_KEYS:,} keys"),
     ("POST", re.compile(r"/v1/models"), MODEL_JSON_BYTES, "one model entry"),
+    ("POST", re.compile(_MODEL + "/versions"), VERSION_JSON_BYTES, "one version import"),
 )
 MUTATING_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -71,13 +77,22 @@ KINDS = {
 }
 
 
-class TooLarge(Exception):
-    """A body crossed its limit while read; its text is the 413's detail."""
+class TooLarge(HTTPException):
+    """A body crossed its limit while read: a 413, ``detail`` naming the limit.
+
+    HTTP exceptions, so that a route's body parsing (FastAPI's, which makes any other
+    exception of a body read a 400) lets them through to their answer."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(413, detail)
 
 
-class BodyTimeout(Exception):
+class BodyTimeout(HTTPException):
     """A body that stopped for the read timeout, or came slower than the read timeout plus
-    1 s per :data:`MIN_BODY_RATE` bytes; its text is the 408's detail."""
+    1 s per :data:`MIN_BODY_RATE` bytes: a 408, ``detail`` saying which."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(408, detail)
 
 
 def _size(n: int) -> str:
@@ -232,7 +247,7 @@ class TokenAndBodyLimits:
                 await _answer(send, 413, refusal)
         except BodyTimeout as exc:
             if not started:
-                await _answer(send, 408, str(exc))
+                await _answer(send, 408, exc.detail)
         except ClientDisconnect:  # gone mid-body: no one to answer, nothing worth a log line
             log.debug("%s %s: the client left before its body ended", scope["method"],
                       scope["path"])  # fmt: skip

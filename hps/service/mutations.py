@@ -137,12 +137,15 @@ async def import_table(model: str, table: str, request: Request, _: Auth) -> JSO
     spec = state.spec(model, table)
     staged = state.uploads_dir / uuid.uuid4().hex
     form = await upload_form.receive(request, staged, TEXT_FIELDS, FILE_FIELDS)
+    format: uploads.Format | None = None
     try:
         format, folder = _source(state, form, staged)
         src = uploads.source(folder, format, spec)
         total = await run_in_threadpool(uploads.validate, src)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(staged, ignore_errors=True)
+        if form.files and format is not None:
+            uploads.by_field(exc, staged, format, spec.name)  # not the staging path
         raise
     # recorded in the state dir (resumed after a restart); the staged folder goes when it ends
     job = state.submit_import(src, format, folder, staged if form.files else None, total)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from hps.config import ModelConfig
 from hps.config.common import NAME_RE
@@ -17,7 +18,8 @@ from hps.types import MAX_VERSION
 # The document states the bounds +-(2**63 - 1024): JSON-schema tools read bounds as doubles,
 # where 2**63 - 1 becomes 2**63, and generators then send keys the server must refuse.
 def _json_integer(value: object) -> object:
-    """JSON integers only (1.0 is one, per JSON Schema); no strings, no booleans."""
+    """JSON integers only (1.0 is one, per JSON Schema, and JSON-schema tools send such);
+    no strings, no booleans."""
     if isinstance(value, (str, bytes, bool)):
         raise ValueError("must be a JSON integer")
     return value
@@ -90,7 +92,8 @@ Dim = Annotated[
     BeforeValidator(_json_integer),
     Field(ge=1, le=MAX_DIM, json_schema_extra={"minimum": 1, "maximum": MAX_DIM}),
 ]
-PerTable = Field(min_length=1, max_length=1024)  # one for every table, or one per table
+MAX_PER_TABLE = 1024
+PerTable = Field(min_length=1, max_length=MAX_PER_TABLE)  # one for every table, or one per table
 Version = Annotated[
     int,
     BeforeValidator(_json_integer),
@@ -103,7 +106,7 @@ class VersionImportBody(_Body):
     sparse_files: list[ServerPath] | None = Field(
         default=None,
         min_length=1,
-        max_length=1024,
+        max_length=MAX_PER_TABLE,
         description="one HugeCTR sparse-model folder (key + emb_vector) per table, in the "
         "model's table order (default: the ps.json entry's sparse_files)" + _UNDER_ROOTS,
     )
@@ -133,8 +136,17 @@ class VersionImportBody(_Body):
 
 def _one_or_list(value: object) -> object:
     """One value for every table: a list of one (its errors then name one type, not a
-    union's arms)."""
-    return value if isinstance(value, list) else [value]
+    union's arms). A list of more than :data:`MAX_PER_TABLE` items is refused before any
+    item is validated (a body of millions would hold the event loop for seconds)."""
+    if not isinstance(value, list):
+        return [value]
+    if len(value) > MAX_PER_TABLE:
+        raise PydanticCustomError(
+            "too_long",
+            "List should have at most {max_length} items, not {actual_length}",
+            {"max_length": MAX_PER_TABLE, "actual_length": len(value)},
+        )
+    return value
 
 
 def _entry_schema(schema: dict[str, Any]) -> None:

@@ -36,6 +36,9 @@ from hps.errors import BackendUnavailable, FormatError
 logging.getLogger("python_multipart").setLevel(logging.ERROR)
 
 MAX_TEXT_BYTES = 64 * 1024
+CLIENT_TEXT = "hps.client_text"
+"""The scope's list of the form's field names and text values, as received: what an error
+answer may echo of them is the client's own (:func:`hps.service.app.client_sent`)."""
 WRITE_BYTES = 1 << 20  # a file part's bytes gathered before one write
 
 
@@ -72,6 +75,7 @@ class _Receiver:
         self.queued: list[tuple[str, bytes]] = []
         self.queued_bytes = 0
         self.ended = False
+        self.sent: list[str] = []  # field names and text values received (CLIENT_TEXT)
 
     def callbacks(self) -> dict[str, object]:
         return {
@@ -104,6 +108,7 @@ class _Receiver:
         if disposition != b"form-data" or b"name" not in options:
             raise FormatError("a multipart part lacks `Content-Disposition: form-data; name=...`")
         name = options[b"name"].decode("utf-8", "replace")
+        self.sent.append(name)
         expected = self.text_fields | self.file_fields
         if name not in expected:
             raise FormatError(f"unknown form field {name[:64]!r}: expected {sorted(expected)}")
@@ -131,6 +136,7 @@ class _Receiver:
         if not self.part.is_file:
             try:
                 self.text[self.part.name] = self.part.text.decode()
+                self.sent.append(self.text[self.part.name])
             except UnicodeDecodeError:
                 raise FormatError(f"form field `{self.part.name}` is not UTF-8 text") from None
 
@@ -167,6 +173,7 @@ async def receive(
             "(or a url-encoded form of text fields)"
         )
     got = _Receiver(folder, text_fields, file_fields)
+    got.sent = request.scope.setdefault(CLIENT_TEXT, [])
     try:
         try:
             parser = MultipartParser(params[b"boundary"], got.callbacks())  # type: ignore[arg-type]
@@ -210,6 +217,7 @@ async def _url_encoded(
     except (UnicodeDecodeError, ValueError):
         raise FormatError("the url-encoded form is not valid") from None
     text: dict[str, str] = {}
+    request.scope.setdefault(CLIENT_TEXT, []).extend(t for pair in pairs for t in pair)
     for name, value in pairs:
         if name in file_fields:
             raise FormatError(f"form field `{name}` must be a file part (multipart/form-data)")

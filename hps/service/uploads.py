@@ -37,6 +37,19 @@ def place(folder: Path, fmt: Format) -> Path:
     return folder
 
 
+def by_field(exc: BaseException, folder: Path, fmt: Format, table: str) -> None:
+    """Name the uploaded files in ``exc``'s message by their form fields (``keys``,
+    ``vectors``), as :func:`place` named them in ``folder``, and the ``table`` they were
+    for: the client sent fields, and where the server staged them is none of its business."""
+    if not exc.args or not isinstance(exc.args[0], str):
+        return
+    text = exc.args[0]
+    for field, name in zip(("keys", "vectors"), names(fmt), strict=True):
+        text = text.replace(str(folder / name), f"`{field}`")
+    text = text.replace(str(folder), "the upload")
+    exc.args = (text if table in text else f"{table}: {text}", *exc.args[1:])
+
+
 def source(folder: Path, fmt: Format, spec: TableSpec) -> TableSource:
     """The folder's files as a source of ``spec``, read in chunks of
     :data:`UPLOAD_CHUNK_BYTES`; sizes and dtypes checked."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from dataclasses import asdict
 from pathlib import Path
 
@@ -49,6 +50,7 @@ from hps.types import JSON
 from hps.versions import VersionRegistry
 
 IMPORT_JOB = "import_version"
+_submitting = threading.Lock()  # version imports are checked and queued one at a time
 
 
 def listing(state: AdminState, model: str, exact: bool) -> JSON:
@@ -111,21 +113,31 @@ def submit_import(state: AdminState, model: str, body: VersionImportBody) -> Job
     state.config.model(model)
     registry = _registry(state)
     version = body.version
-    taken = {v.version: v.state for v in registry.versions(model)}
-    if version in taken:
-        raise ConflictError(
-            f"model {model!r} version {version} exists ({taken[version]}): "
-            "import under a new number"
-        )
-    try:
-        registry.check_unrecorded(model)
-    except ConfigError as exc:
-        raise ConflictError(str(exc)) from None
-    entry = _entry(state, model, body)
-    sources = _sources(entry, version)
-    job = Job(IMPORT_JOB, f"{model}@{version}", sum(s.rows for s in sources),
-              params=_params(model, body))  # fmt: skip
-    return state.jobs.submit(job, _import_work(state, entry, version, sources))
+    target = f"{model}@{version}"
+    # the number is checked and taken in one step: of concurrent imports of one number,
+    # one is queued and the others are a 409 (its record is written when its job starts)
+    with _submitting:
+        if target in state.jobs.pending_targets(IMPORT_JOB):  # before the record: see below
+            raise ConflictError(
+                f"model {model!r} version {version} is being imported (a job queued or "
+                "running): import under a new number"
+            )
+        # a job that ended after the look above has recorded its version (or failed,
+        # leaving nothing of it)
+        taken = {v.version: v.state for v in registry.versions(model)}
+        if version in taken:
+            raise ConflictError(
+                f"model {model!r} version {version} exists ({taken[version]}): "
+                "import under a new number"
+            )
+        try:
+            registry.check_unrecorded(model)
+        except ConfigError as exc:
+            raise ConflictError(str(exc)) from None
+        entry = _entry(state, model, body)
+        sources = _sources(entry, version)
+        job = Job(IMPORT_JOB, target, sum(s.rows for s in sources), params=_params(model, body))
+        return state.jobs.submit(job, _import_work(state, entry, version, sources))
 
 
 def _params(model: str, body: VersionImportBody) -> dict[str, str]:
@@ -230,6 +242,11 @@ def retire(state: AdminState, model: str, version: int) -> JSON:
         except ConfigError as exc:
             raise ConflictError(str(exc)) from None
     with state.versions_lock, state.writes:
+        # read again under the lock: of concurrent retires of one version, the first
+        # changes it, the others find it retired (nothing left to drop) and say so
+        again = VersionRegistry(state.config).get(model, version)
+        if again.state == "retired" and not again.rows_left:
+            return {**answer, "changed": False}
         try:
             retire_version(state.config, model, version, state.repository)
         except ConfigError as exc:  # e.g. made live meanwhile (the core's check, locked)

@@ -144,8 +144,14 @@ def test_the_key_list_routes_limit_their_json_bodies_to_what_their_keys_take() -
     route takes, written by a pretty-printer, fit."""
     import json
 
-    from hps.service.limits import LOOKUP_JSON_BYTES, MAX_JSON_BYTES, WRITE_KEYS_JSON_BYTES
-    from hps.service.schemas import MAX_LOOKUP_KEYS, MAX_WRITE_KEYS
+    from hps.service.limits import (
+        LOOKUP_JSON_BYTES,
+        MAX_JSON_BYTES,
+        VERSION_JSON_BYTES,
+        WRITE_KEYS_JSON_BYTES,
+    )
+    from hps.service.paths import MAX_PATH_CHARS
+    from hps.service.schemas import MAX_LOOKUP_KEYS, MAX_PER_TABLE, MAX_WRITE_KEYS
 
     inner = FastAPI()
     seen: list[int] = []
@@ -161,7 +167,7 @@ def test_the_key_list_routes_limit_their_json_bodies_to_what_their_keys_take() -
 
     @inner.exception_handler(TooLarge)
     async def too_large(request: Request, exc: TooLarge) -> object:
-        return JSONResponse({"error": "TooLarge", "detail": str(exc)}, status_code=413)
+        return JSONResponse({"error": "TooLarge", "detail": exc.detail}, status_code=413)
 
     client = TestClient(TokenAndBodyLimits(inner, token="tok"))
     auth = {"Authorization": "Bearer tok", "Content-Type": "application/json"}
@@ -194,9 +200,19 @@ def test_the_key_list_routes_limit_their_json_bodies_to_what_their_keys_take() -
     big = {**auth, "Content-Length": str(1024**2 + 1)}
     r = client.post("/v1/models", content=b"", headers=big)
     assert r.status_code == 413 and "at most one model entry" in r.json()["detail"]
+    # a version import: 5 MiB, its largest valid body fits (1,024 tables' longest paths)
+    most = json.dumps({
+        "version": 2**31 - 1, "sparse_files": ["/" * MAX_PATH_CHARS] * MAX_PER_TABLE,
+        "dense_file": "/" * MAX_PATH_CHARS, "row_dtype": ["float32"] * MAX_PER_TABLE,
+        "dims": [65536] * MAX_PER_TABLE,
+    }, indent=4).encode()  # fmt: skip
+    assert len(most) < VERSION_JSON_BYTES
+    big = {**auth, "Content-Length": str(VERSION_JSON_BYTES + 1)}
+    r = client.post("/v1/models/m/versions", content=b"", headers=big)
+    assert r.status_code == 413 and "at most one version import" in r.json()["detail"]
     # other JSON bodies: the general limit
     big = {**auth, "Content-Length": str(MAX_JSON_BYTES + 1)}
-    r = client.post("/v1/models/m/versions", content=b"", headers=big)
+    r = client.post("/v1/models/m/reload", content=b"", headers=big)
     assert r.json()["detail"] == "request body too large: a JSON body takes at most 64 MiB"
     # a control character in the path: the limits above follow the path, Starlette's route
     # patterns match before a final newline (/lookup%0A reached the lookup route, at 64 MiB)

@@ -545,7 +545,7 @@ def _echo_app() -> FastAPI:
 
     @app.exception_handler(BodyTimeout)  # as create_app's
     async def timed_out(request: Request, exc: BodyTimeout) -> JSONResponse:
-        return JSONResponse({"error": "BodyTimeout", "detail": str(exc)}, status_code=408)
+        return JSONResponse({"error": "BodyTimeout", "detail": exc.detail}, status_code=408)
 
     return app
 

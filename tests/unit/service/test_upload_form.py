@@ -135,7 +135,7 @@ def test_bad_forms_are_refused_and_leave_nothing_staged(tmp_path: Path) -> None:
         (_body("b", [("format", None, b"sparse"), ("path", None, b"/x"), *files]), 400,
          "not both"),
         (_body("b", [("format", None, b"sparse"), ("keys", "key", key),
-                     ("vectors", "emb_vector", vectors[:-3])]), 422, "emb_vector"),
+                     ("vectors", "emb_vector", vectors[:-3])]), 422, "`vectors`: "),
         (b"--b\r\nContent-Disposition: form-data\r\n\r\nx\r\n--b--\r\n", 422, "name="),
         (b"garbage", 422, "invalid multipart body"),
     ]  # fmt: skip

@@ -78,6 +78,7 @@ def test_import_list_and_errors(admin: tuple[TestClient, AdminState], tmp_path: 
         ({**body, "dense_file": "/etc/passwd"}, 400, "path not allowed or not found"),
         ({**body, "version": 0}, 422, "greater than or equal to 1"),
         ({**body, "version": True}, 422, "must be a JSON integer"),
+        ({**body, "version": 2.5}, 422, "fractional part"),
         ({**body, "version": 1}, 409, "version 1 exists (live)"),
     ]:
         r = client.post("/v1/models/demo/versions", json=bad)
@@ -363,3 +364,89 @@ def test_a_version_the_written_version_policy_names_is_not_retired(
     policy.write_text('name: "demo"\nversion_policy: { specific: { versions: [ 1 ] } }\n')
     r = client.delete("/v1/models/demo/versions/2")
     assert r.status_code == 200 and r.json()["changed"] is True, r.text
+
+
+def test_concurrent_imports_of_one_number_queue_one_and_refuse_the_others(
+    admin: tuple[TestClient, AdminState], tmp_path: Path
+) -> None:
+    """The number is checked and taken at submit time: while the first import of version 2
+    waits in the queue (a job ahead holds the worker), the others are a 409, not jobs that
+    fail later."""
+    from hps.service.job_records import Job
+
+    client, state = admin
+    v2 = write_tables(tmp_path / "v2", seed=5)
+    gate, ahead = threading.Event(), threading.Event()
+
+    def hold(job: Job) -> dict[str, Any]:
+        ahead.set()
+        gate.wait(60)
+        return {}
+
+    state.jobs.submit(Job("hold", "x", 0), hold)
+    assert ahead.wait(60)
+    answers: list[Any] = [None] * 6
+
+    def post(i: int) -> None:
+        body = {"version": 2, "sparse_files": v2}
+        answers[i] = client.post("/v1/models/demo/versions", json=body)
+
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(6)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        gate.set()
+    statuses = sorted(r.status_code for r in answers)
+    assert statuses == [202, 409, 409, 409, 409, 409], [r.text for r in answers]
+    refused = [r.json()["detail"] for r in answers if r.status_code == 409]
+    assert all("version 2 is being imported" in d for d in refused), refused
+    (accepted,) = [r.json()["job"] for r in answers if r.status_code == 202]
+    assert wait_job(client, accepted)["state"] == "done"
+    r = client.post("/v1/models/demo/versions", json={"version": 2, "sparse_files": v2})
+    assert r.status_code == 409 and "version 2 exists (ready)" in r.json()["detail"]
+
+
+class _CountingLock:
+    """A lock that counts the threads that asked for it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.asked = 0
+
+    def __enter__(self) -> None:
+        self.asked += 1  # under the GIL; read once every thread has asked
+        self.lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+def test_of_concurrent_retires_of_one_version_one_says_changed(
+    admin: tuple[TestClient, AdminState], tmp_path: Path
+) -> None:
+    """Four retires that all passed the checks before the lock: one retires, the others
+    find it retired under the lock."""
+    client, state = admin
+    assert import_v(client, {"version": 2, "sparse_files": write_tables(tmp_path / "v2", 5)})
+    lock = _CountingLock()
+    state.versions_lock = lock  # type: ignore[assignment]
+    answers: list[Any] = [None] * 4
+
+    def retire(i: int) -> None:
+        answers[i] = client.delete("/v1/models/demo/versions/2")
+
+    threads = [threading.Thread(target=retire, args=(i,)) for i in range(4)]
+    with lock.lock:  # every retire checks the version, then waits here
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while lock.asked < 4:
+            assert time.monotonic() < deadline, lock.asked
+            time.sleep(0.01)
+    for t in threads:
+        t.join(60)
+    assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+    assert sorted(r.json()["changed"] for r in answers) == [False, False, False, True]
