@@ -22,6 +22,7 @@ boundary, so callers never see them::
         ├── ClientLost            a Kafka client hit a fatal error: only a new one goes on
         ├── DamagedRowsError      some keys' rows sit in damaged blocks (the rest were read)
         ├── FillError             a fill of L2 from L3 stopped part-way
+        ├── AccessRefused         the tier refused this client (credentials, permissions)
         └── BackendUnavailable    the tier cannot be reached right now (retriable)
             ├── CircuitOpenError  skipped without trying: the tier failed moments ago
             └── QueueFullError    the control plane's job queue is full (429, Retry-After)
@@ -155,6 +156,12 @@ class DamagedRowsError(BackendError):
         self.values = values
         self.found = found
         self.damaged = damaged
+
+
+class AccessRefused(BackendError):
+    """The tier answered, but refused this client: its credentials (a rotated password, a
+    disabled user) or its permissions. Retrying as is will not help; a lookup with an L3
+    reads L3 instead (:meth:`hps.tiers.Tiers.fetch`)."""
 
 
 class FillError(BackendError):

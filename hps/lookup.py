@@ -38,7 +38,8 @@ __all__ = ["LEVELS", "L1Cache", "LookupSession"]
 class Stats(TypedDict):
     """:meth:`LookupSession.stats`: requests, their time, per table the counters
     ``lookups``, ``keys`` and the distinct keys found per level (:data:`LEVELS`), the
-    keys L3 could not read (damaged blocks; answered from L2 or the default), and the
+    keys L3 could not read (damaged blocks; answered from L2 or the default), the L2 reads
+    refused (answered from L3), and the
     background fills dropped because the worker was behind
     (:data:`hps.pipeline.MAX_BACKGROUND_BYTES`)."""
 
@@ -46,6 +47,7 @@ class Stats(TypedDict):
     latency_s_total: float
     tables: dict[str, dict[str, int]]
     l3_damaged_keys: int
+    l2_read_errors: int
     background_dropped: int
 
 
@@ -122,19 +124,26 @@ class LookupSession:
         spec = table_or_raise(self.tables, table)
         keys, values = as_rows(spec, keys, values)
         rows = encode_rows(spec, values)
-        self.tiers.write(table, keys, rows, durable=durable)
         cache = self.caches.get(table)
+        try:
+            self.tiers.write(table, keys, rows, durable=durable)
+        except BaseException:
+            if cache is not None:  # whatever a tier took, L1 keeps no older row
+                cache.evict(keys)
+            raise
         if cache is not None:
             cache.update(keys, rows)
 
     def remove(self, table: str, keys: npt.ArrayLike) -> None:
-        """Delete keys from every level."""
+        """Delete keys from every level (from L1 even when a tier fails)."""
         table_or_raise(self.tables, table)
         keys = as_keys(keys)
-        self.tiers.remove(table, keys)
         cache = self.caches.get(table)
-        if cache is not None:
-            cache.evict(keys)
+        try:
+            self.tiers.remove(table, keys)
+        finally:
+            if cache is not None:
+                cache.evict(keys)
 
     def refresh(
         self,
@@ -216,6 +225,7 @@ class LookupSession:
                 "latency_s_total": self._latency_s,
                 "tables": {name: dict(c) for name, c in self.pipeline.counts.items()},
                 "l3_damaged_keys": self.tiers.damaged_keys,
+                "l2_read_errors": self.tiers.l2_read_errors,
                 "background_dropped": self.pipeline.dropped,
             }
 

@@ -49,6 +49,7 @@ from hps.config import ModelConfig
 from hps.dedup import unique_inverse
 from hps.errors import CircuitOpenError
 from hps.rowformat import Stored
+from hps.throttle import Throttled
 from hps.tiers import IN_L2, IN_L3, Tiers
 from hps.types import Array, Keys, Mask, TableSpec, Vectors
 
@@ -138,6 +139,7 @@ class LookupPipeline:
         self._queue_lock = threading.Lock()
         self._queued_bytes = 0
         self.dropped = 0  # background fills dropped: the worker was behind
+        self._failures = Throttled(log, logging.WARNING)  # each request may repeat one
 
     def run(
         self, specs: Sequence[TableSpec], keys: Keys, counts: Sequence[int], *, on_gpu: bool = False
@@ -214,14 +216,14 @@ class LookupPipeline:
         above = n_hit / (n_hit + missed.size) >= threshold
         if above and default_on_async:
             self.counts[spec.name]["default"] += missed.size
-            self.background(self.prefetch, spec, missed)
+            self.background("L1 prefetch", self.prefetch, spec, missed)
             return spec.default_vectors(missed.size)
         since = cache.version  # a write to L1 after this (a Kafka update) wins over our rows
         stored, found = self.fetch_rows(spec, missed)
         if found.any():
             rows_in, rows = missed[found], stored[found]  # copies: safe to hand over
             if above:
-                self.background(partial(cache.insert, since=since), rows_in, rows)
+                self.background("L1 fill", partial(cache.insert, since=since), rows_in, rows)
             else:
                 cache.insert(rows_in, rows, since=since)
         return self.decode(spec, stored, found)
@@ -253,7 +255,9 @@ class LookupPipeline:
             tally["l3"] += int(np.count_nonzero(in_l3))
             tally["default"] += int(keys.size - np.count_nonzero(found))
         if self.backfill_l2 and in_l3.any():
-            self.background(self.tiers.backfill, spec.name, keys[in_l3], stored[in_l3])
+            self.background(
+                "L2 backfill", self.tiers.backfill, spec.name, keys[in_l3], stored[in_l3]
+            )
         return stored, found
 
     @staticmethod
@@ -290,9 +294,12 @@ class LookupPipeline:
         cache.insert(keys[found], stored[found], since=since, force=True)
         return int(found.sum())
 
-    def background(self, fn: Callable[..., object], *args: object) -> Future[object] | None:
-        """Run ``fn(*args)`` on the one background worker (L1 inserts, backfills), unless
-        the fills already waiting hold ``MAX_BACKGROUND_BYTES`` (then None: dropped)."""
+    def background(
+        self, what: str, fn: Callable[..., object], *args: object
+    ) -> Future[object] | None:
+        """Run ``fn(*args)`` (``what``: its name in a failure's warning) on the one
+        background worker (L1 inserts, backfills), unless the fills already waiting hold
+        ``MAX_BACKGROUND_BYTES`` (then None: dropped)."""
         size = sum(a.nbytes for a in args if isinstance(a, np.ndarray))
         with self._queue_lock:
             if self._queued_bytes and self._queued_bytes + size > MAX_BACKGROUND_BYTES:
@@ -300,13 +307,15 @@ class LookupPipeline:
                 return None
             self._queued_bytes += size
         future = self._worker.submit(fn, *args)
-        future.add_done_callback(partial(self._done, size))
+        future.add_done_callback(partial(self._done, what, size))
         return future
 
-    def _done(self, size: int, future: Future[object]) -> None:
+    def _done(self, what: str, size: int, future: Future[object]) -> None:
         with self._queue_lock:
             self._queued_bytes -= size
-        _log_failure(future)
+        exc = future.exception()
+        if exc is not None and not isinstance(exc, CircuitOpenError):
+            self._failures(what, "background %s failed: %s", what, exc)
 
     def drain(self) -> None:
         """Wait for the background work submitted so far."""
@@ -314,9 +323,3 @@ class LookupPipeline:
 
     def close(self) -> None:
         self._worker.shutdown(wait=True)
-
-
-def _log_failure(future: Future[object]) -> None:
-    exc = future.exception()
-    if exc is not None and not isinstance(exc, CircuitOpenError):
-        log.warning("background L1 work failed: %s", exc)

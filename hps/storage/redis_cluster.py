@@ -7,7 +7,10 @@ its nodes) and one partition's commands form one pipeline. A field is the key as
 int64 little-endian, its value the stored row's raw bytes (the table's row format,
 :mod:`hps.rowformat`: 4 x dim for float32). The string ``hps_tm{<model>.<table>}`` records
 the table's row format and dimension (JSON); ``open_table`` refuses a table stored with
-another (``ConfigError``), and rows written before it was recorded are float32.
+another (``ConfigError``), and rows written before it was recorded are float32. Every write
+sets it again where it is missing (``SET NX`` in the pipeline of each chunk, before the
+rows), so rows written after Redis lost everything (a restart, a flush, a failover to an
+empty node) come back with their record.
 
 A handle keeps the record it opened a table with, and every call checks that Redis still
 holds it (:meth:`RedisStore._check_record`): a fetch reads ``hps_tm`` in the pipeline of its
@@ -31,6 +34,7 @@ pipelined HMGET.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -43,7 +47,13 @@ import numpy as np
 
 from hps.config import PersistentDBConfig, VolatileDBConfig
 from hps.dedup import greatest_occurrence, last_occurrence
-from hps.errors import BackendError, BackendUnavailable, UnknownTableError
+from hps.errors import (
+    BackendError,
+    BackendUnavailable,
+    ConfigError,
+    RequestError,
+    UnknownTableError,
+)
 from hps.io.chunks import rows_per_chunk
 from hps.rowformat import FORMATS, RowFormat, Stored
 from hps.storage.base import (
@@ -57,7 +67,14 @@ from hps.storage.base import (
 )
 from hps.storage.breaker import CircuitBreaker
 from hps.storage.keybytes import key_bytes
-from hps.storage.redis_conn import Client, connect, translated
+from hps.storage.redis_conn import (
+    DEFAULT_MAX_BULK_BYTES,
+    Client,
+    connect,
+    max_bulk_bytes,
+    one_timeout_per_node,
+    translated,
+)
 from hps.storage.redis_conn import close as close_client
 from hps.storage.redis_layout import (
     Group,
@@ -117,9 +134,17 @@ class RedisStore(EmbeddingStore):
     name = "redis_cluster"
     placement = "server"
 
-    def __init__(self, client: Client, cfg: VolatileDBConfig, *, cluster: bool) -> None:
+    def __init__(
+        self,
+        client: Client,
+        cfg: VolatileDBConfig,
+        *,
+        cluster: bool,
+        max_bulk_bytes: int = DEFAULT_MAX_BULK_BYTES,
+    ) -> None:
         self._r = client
         self.cluster = cluster
+        self._max_bulk = max_bulk_bytes  # the server's proto-max-bulk-len: the longest row
         self._partitions = cfg.num_partitions
         self._batch = cfg.max_batch_size
         self._limited = cfg.bounded
@@ -140,11 +165,18 @@ class RedisStore(EmbeddingStore):
     ) -> RedisStore:
         assert isinstance(cfg, VolatileDBConfig)
         client, cluster = connect(cfg)
-        return cls(client, cfg, cluster=cluster)
+        return cls(client, cfg, cluster=cluster, max_bulk_bytes=max_bulk_bytes(client))
 
     @classmethod
     def bytes_per_row(cls, row_bytes: int, *, bounded: bool = False) -> float:
         return redis_bytes_per_row(row_bytes, bounded)
+
+    @contextlib.contextmanager
+    def _guard(self, where: str) -> Iterator[None]:
+        """One call: behind the circuit breaker, and waiting on a node that does not answer
+        at most once (:func:`hps.storage.redis_conn.one_timeout_per_node`)."""
+        with self.breaker.guard(where), one_timeout_per_node():
+            yield
 
     @property
     def client(self) -> Client:
@@ -165,13 +197,15 @@ class RedisStore(EmbeddingStore):
             meta,
             record,
         )
-        with translated(f"open_table {spec.name}"):
+        with one_timeout_per_node(), translated(f"open_table {spec.name}"):
             recorded, stored = self._read_format(spec, t.hashes)
             fresh = not recorded and self._same(spec, stored)  # new, or from before records
             if fresh and not self._r.execute_command("SET", meta, record, "NX"):  # another won
                 stored = self._recorded(spec, self._r.execute_command("GET", meta), [])
         if not self._same(spec, stored):
             assert stored is not None
+            if not recorded:
+                raise _unrecorded(spec, *stored)
             raise refused(spec, "Redis", *stored)
         self._tables[spec.name] = t
 
@@ -179,7 +213,7 @@ class RedisStore(EmbeddingStore):
         """The table's ``hps_tm`` record, else the float32 width of a sampled row (rows
         from before records), else None."""
         hashes = [hash_name(spec.name, p) for p in range(self._partitions)]
-        with translated(f"stored_format {spec.name}"):
+        with one_timeout_per_node(), translated(f"stored_format {spec.name}"):
             return self._read_format(spec, hashes)[1]
 
     def _read_format(
@@ -255,7 +289,7 @@ class RedisStore(EmbeddingStore):
         names = [meta_name(table)]
         for p in range(self._partitions):
             names += [hash_name(table, p), stamp_name(table, p)]
-        with self.breaker.guard(f"drop {table}"), translated(f"drop {table}"):
+        with self._guard(f"drop {table}"), translated(f"drop {table}"):
             pipe = self._r.pipeline(transaction=False)
             for name in names:  # one key per command: each in its own cluster slot
                 pipe.execute_command("UNLINK", name)
@@ -284,7 +318,7 @@ class RedisStore(EmbeddingStore):
         t = self._table(table)  # an unknown table is no answer of Redis's (nor a probe)
         if keys.size == 0:
             return t.spec.fmt.empty(0, t.spec.dim), np.zeros(0, np.bool_)
-        with self.breaker.guard(f"fetch {table}"):
+        with self._guard(f"fetch {table}"):
             return self._fetch(t, keys)
 
     def _fetch(self, t: _Table, keys: Keys) -> tuple[Stored, Mask]:
@@ -346,12 +380,20 @@ class RedisStore(EmbeddingStore):
         self._write(table, keys, values, how="max")
 
     def _write(self, table: str, keys: Keys, values: Stored, *, how: WriteMode) -> None:
-        check_rows(self._table(table).spec, keys, values)
+        spec = self._table(table).spec
+        check_rows(spec, keys, values)
         if keys.size == 0:
             return
+        row_bytes = spec.fmt.row_bytes(spec.dim)
+        if row_bytes > self._max_bulk:  # Redis would drop the connection: no retry helps
+            raise RequestError(
+                f"insert {table}: a row of {spec.row_dtype} of dimension {spec.dim} is "
+                f"{row_bytes} bytes, more than the Redis server's proto-max-bulk-len "
+                f"({self._max_bulk} bytes), the longest value it accepts; nothing was stored"
+            )
         if how != "upsert":  # HSET of a repeated field keeps the last by itself
             keys, values = (greatest_occurrence if how == "max" else last_occurrence)(keys, values)
-        with self.breaker.guard(f"insert {table}"):
+        with self._guard(f"insert {table}"):
             self._insert(table, keys, np.ascontiguousarray(values), how)
 
     def _insert(self, table: str, keys: Keys, values: Stored, how: WriteMode) -> None:
@@ -362,6 +404,9 @@ class RedisStore(EmbeddingStore):
             rows = values[start : start + self._batch].view(row).ravel()[order].tolist()
             with translated(f"insert {table}"):
                 pipe = self._r.pipeline(transaction=False)
+                # rows never outlive their record: a Redis restarted, flushed or failed
+                # over to an empty node since open_table gets it back with the rows
+                pipe.execute_command("SET", t.meta, t.record, "NX")
                 for p, lo, hi in groups:
                     pairs = interleave(fields[lo:hi], rows[lo:hi])
                     if how == "upsert":
@@ -383,7 +428,7 @@ class RedisStore(EmbeddingStore):
         self._table(table)
         if keys.size == 0:
             return  # nothing to send: no probe of the breaker either
-        with self.breaker.guard(f"remove {table}"):
+        with self._guard(f"remove {table}"):
             self._remove(table, keys)
 
     def _remove(self, table: str, keys: Keys) -> None:
@@ -400,7 +445,7 @@ class RedisStore(EmbeddingStore):
 
     def size(self, table: str) -> int:
         t = self._table(table)  # an unknown table is no answer of Redis's (nor a probe)
-        with self.breaker.guard(f"size {table}"):
+        with self._guard(f"size {table}"):
             return self._size(t)
 
     def _size(self, t: _Table) -> int:
@@ -416,14 +461,15 @@ class RedisStore(EmbeddingStore):
         about ``chunk_rows`` fields a page; default: sized by bytes,
         :func:`hps.io.chunks.rows_per_chunk`)."""
         t = self._table(table)
-        self._check_now(t, f"dump {table}")
+        with self._guard(f"dump {table}"):
+            self._check_now(t, f"dump {table}")
         fmt = t.spec.fmt
         if chunk_rows is None:
             chunk_rows = rows_per_chunk(fmt.row_bytes(t.spec.dim) + 8)
         for h in t.hashes:
             cursor = 0
-            while True:
-                with translated(f"dump {table}"):
+            while True:  # each page a call of its own: the consumer's work is not timed
+                with self._guard(f"dump {table}"), translated(f"dump {table}"):
                     cursor, reply = self._r.hscan(h, cursor, count=chunk_rows)
                 page = cast("dict[bytes, bytes]", reply)  # fields and values, undecoded
                 if page:
@@ -487,6 +533,23 @@ class RedisStore(EmbeddingStore):
                 self._r.execute_command("ZADD", t.stamps[p], "NX", *interleave(zero, fields))
             if int(cursor) == 0:
                 return
+
+
+def _unrecorded(spec: TableSpec, fmt: RowFormat, dim: int) -> ConfigError:
+    """The error for a table whose rows Redis holds without their format record: read as
+    rows of the days before records (float32), they do not fit ``spec``."""
+    name = spec.name
+    return ConfigError(
+        f"table {name}: Redis holds rows of it but no record of their format "
+        f"({meta_name(name).decode()} is missing), so their format was inferred from the rows "
+        f"as for tables written before formats were recorded: {fmt.name} rows of dimension "
+        f"{dim}, but the table is configured as {spec.row_dtype} rows of dimension "
+        f"{spec.dim}. The record is lost when Redis restarts, is flushed or fails over to an "
+        "empty node while a client keeps writing rows. Empty the L2 to go on (lookups read "
+        "L3 and refill it): FLUSHDB, or delete the table's keys "
+        f"(hps_et{{{name}/p*}}, hps_ts{{{name}/p*}}); `hps import --force` is not needed "
+        "for it (it drops the L3 rows too)"
+    )
 
 
 def call_budget_s(timeout_s: float, chunks: int) -> float:

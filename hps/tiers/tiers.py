@@ -1,7 +1,8 @@
 """Tiers: the L2 and L3 of one process, the one way below L1.
 
 The session, the applier, the loader, the control plane and the load test all reach rows
-below L1 through a :class:`Tiers`: the order of writes (L3 first, then L2), the L2-to-L3
+below L1 through a :class:`Tiers`: the order of writes (L2's copies dropped, L3, then L2:
+:meth:`Tiers.write`), the L2-to-L3
 fallback, the backfill of L3 hits into L2 (only keys L2 lacks: ``insert_absent``), where
 update versions live and how rows move from L3 to L2 are decided here once. A secondary L3
 is caught up before a read when its last catch-up is older than :data:`SECONDARY_LAG_S`.
@@ -9,8 +10,11 @@ Each tier is a :class:`hps.tiers.rows.RowStore`.
 
 L3 rows in damaged blocks (:class:`hps.errors.DamagedRowsError`) are answered as not found
 (L2's copy if it has one, else the table's default vector), logged at most every
-:data:`DAMAGE_LOG_INTERVAL_S` per table and counted in :attr:`Tiers.damaged_keys`; the
-other keys of the batch are served. A fill of L2 from L3 that fails raises
+:data:`hps.throttle.INTERVAL_S` per table and counted in :attr:`Tiers.damaged_keys`; the
+other keys of the batch are served. An L2 that cannot be reached counts as a miss; so does
+one that refuses a read (credentials rotated, a permission taken away) while there is an L3
+holding every row: logged at most every :data:`hps.throttle.INTERVAL_S` per table, counted
+in :attr:`Tiers.l2_read_errors`. A fill of L2 from L3 that fails raises
 :class:`hps.errors.FillError`, saying how many rows it had copied.
 
 Every row here is a table's stored row (``spec.fmt``'s form, :mod:`hps.rowformat`): reads
@@ -32,6 +36,8 @@ import numpy.typing as npt
 
 from hps.config import PSConfig
 from hps.errors import (
+    AccessRefused,
+    BackendError,
     BackendUnavailable,
     CircuitOpenError,
     ConfigError,
@@ -42,6 +48,7 @@ from hps.errors import (
 )
 from hps.rowformat import Stored
 from hps.storage import AccessMode, EmbeddingStore
+from hps.throttle import Throttled
 from hps.tiers.rows import Level, RowStore
 from hps.tiers.side_tables import Versions, side_table
 from hps.tiers.versions import VERSION_SUFFIX, VersionedRows, key_versions, last_version
@@ -57,9 +64,6 @@ SECONDARY_LAG_S = 0.05
 """A read that falls through to a secondary L3 first lets it catch up with its writer when
 its last catch-up is older than this: how stale an L3 row can be when an update's key has
 left L2 (evicted) and the serving process reads it below."""
-
-DAMAGE_LOG_INTERVAL_S = 10.0
-"""At most one warning per table this often about keys read from damaged L3 blocks."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +135,10 @@ class Tiers:
         self.volatile = _tier(volatile, "L2")
         self.persistent = _tier(persistent, "L3")
         self.damaged_keys = 0  # keys L3 could not read (damaged blocks), answered not found
-        self._damage_logged: dict[str, tuple[float, int]] = {}  # table: (when, keys since)
+        self.l2_read_errors = 0  # L2 reads refused (not unreachable), answered from L3
+        self._damage_logged = Throttled(log, logging.ERROR)
+        self._refused = Throttled(log, logging.ERROR)
+        self._l2_behind = Throttled(log, logging.WARNING)
         self._caught_up_at = -math.inf
         self._catching_up = threading.Lock()
 
@@ -190,7 +197,8 @@ class Tiers:
     def fetch(
         self, spec: TableSpec, keys: Keys, *, before_l3: Callable[[], None] | None = None
     ) -> Fetched:
-        """L2, then L3 for what L2 missed. An L2 that cannot be reached counts as a miss.
+        """L2, then L3 for what L2 missed. An L2 that cannot be reached counts as a miss, and
+        so does one that refuses the read where there is an L3 (else the error is raised).
 
         ``before_l3`` runs just before L3 is read, and only when some key has to be read
         there (e.g. :meth:`catch_up_once`: a secondary L3 catches up only when needed);
@@ -212,6 +220,12 @@ class Tiers:
                 pass  # L2 failed moments ago and is skipped for a while (hps.storage.breaker)
             except BackendUnavailable as exc:
                 log.warning("L2 unavailable, reading L3: %s", exc)
+            except AccessRefused as exc:  # credentials rotated, a permission taken away
+                if self.persistent is None:
+                    raise
+                self.l2_read_errors += 1
+                self._refused(spec.name, "L2 refused a read of %s, reading L3: %s",
+                              spec.name, exc)  # fmt: skip
         if values is None:
             values = spec.fmt.empty(keys.size, spec.dim)
         rest = np.flatnonzero(level == NOWHERE)
@@ -234,15 +248,9 @@ class Tiers:
         return Fetched(values, level, unread)
 
     def _damaged(self, table: str, count: int, exc: DamagedRowsError) -> None:
-        """Count keys L3 could not read and warn, at most every DAMAGE_LOG_INTERVAL_S."""
+        """Count keys L3 could not read and log them (throttled per table)."""
         self.damaged_keys += count
-        now = time.monotonic()
-        when, since = self._damage_logged.get(table, (-DAMAGE_LOG_INTERVAL_S, 0))
-        if now - when < DAMAGE_LOG_INTERVAL_S:
-            self._damage_logged[table] = (when, since + count)
-            return
-        self._damage_logged[table] = (now, 0)
-        log.error("%s; answered as not found (%d more since the last report)", exc, since)
+        self._damage_logged(table, "%s; answered as not found", exc, count=count)
 
     def verify_l3(self) -> list[TableCheck]:
         """Every column family of L3 read with checksums verified (``hps verify``); none
@@ -271,22 +279,49 @@ class Tiers:
 
     # -- writes -------------------------------------------------------------------------------
 
-    def write(
-        self, table: str, keys: Keys, values: Stored, *, durable: bool = False, l2: bool = True
-    ) -> None:
-        """Upsert stored rows into L3 (synced when ``durable``), then into L2 unless ``l2`` is
-        false."""
+    def write(self, table: str, keys: Keys, values: Stored, *, durable: bool = False) -> None:
+        """Upsert stored rows into L3 (synced when ``durable``) and L2.
+
+        With both tiers, L2 drops its copies of the keys first: an L2 that fails then has
+        nothing written anywhere (the error is raised), and one that fails after L3 took
+        the rows lacks them, so reads find them in L3 (a warning, no error: the write
+        happened). L3 first, then L2, as without the drop, would leave L2's older rows served
+        after a failure between the two."""
+        self._drop_l2_copies(table, keys)
         if self.persistent is not None:
             self.persistent.insert(table, keys, values, durable=durable)
-        if l2 and self.volatile is not None:
-            self.volatile.insert(table, keys, values)
+        if self.volatile is not None:
+            self._l2_after_l3(self.volatile.insert, table, keys, values)
 
     def remove(self, table: str, keys: Keys, *, durable: bool = False) -> None:
-        """Delete from L3 and L2."""
+        """Delete from L2 and L3, L2 dropping its copies first as in :meth:`write`, and
+        again after L3 (a read between the two may have copied L3's row back into it)."""
+        self._drop_l2_copies(table, keys)
         if self.persistent is not None:
             self.persistent.remove(table, keys, durable=durable)
         if self.volatile is not None:
+            self._l2_after_l3(self.volatile.remove, table, keys)
+
+    def _drop_l2_copies(self, table: str, keys: Keys) -> None:
+        """Before a write to L3 where there is an L2 too: remove the keys from L2 (its error
+        raised, nothing written yet)."""
+        if self.volatile is not None and self.persistent is not None:
             self.volatile.remove(table, keys)
+
+    def _l2_after_l3(
+        self, op: Callable[..., None], table: str, *args: npt.NDArray[np.generic]
+    ) -> None:
+        """L2's part of a write after L3 took it: with an L3, L2 holds no copy of the keys
+        any more (:meth:`_drop_l2_copies`), so its failure loses nothing (warned, throttled);
+        L2 alone raises."""
+        if self.persistent is None:
+            op(table, *args)
+            return
+        try:
+            op(table, *args)
+        except BackendError as exc:
+            self._l2_behind(table, "L2 missed a write of %s that L3 took (it is read from L3): %s",
+                            table, exc)  # fmt: skip
 
     def backfill(self, table: str, keys: Keys, values: Stored) -> None:
         """Stored rows L3 answered, into L2 where it does not hold the key

@@ -11,6 +11,7 @@ import pytest
 
 from hps.build import build_session
 from hps.errors import (
+    AccessRefused,
     BackendUnavailable,
     BatchTooLargeError,
     DTypeError,
@@ -98,7 +99,7 @@ def test_a_backfill_queued_before_an_update_does_not_overwrite_it(tmp_path: Path
     assert s.tiers.persistent is not None and s.tiers.volatile is not None
     s.tiers.persistent.insert("demo.t0", keys, rows(keys, 4))
     gate = threading.Event()
-    s.pipeline.background(gate.wait)  # the one background worker is busy
+    s.pipeline.background("test", gate.wait)  # the one background worker is busy
     np.testing.assert_array_equal(s.lookup("demo.t0", keys), rows(keys, 4))  # queues the copy
     newer = rows(keys[:2], 4) + 1
     s.tiers.write("demo.t0", keys[:2], newer)  # an update, as the applier writes it
@@ -169,3 +170,109 @@ def test_l2_down_falls_through_to_l3(session: LookupSession) -> None:
         np.testing.assert_array_equal(session.lookup("demo.t0", keys), rows(keys, 4))
     finally:
         session.tiers.volatile = real
+
+
+def test_an_l2_refusing_reads_falls_through_to_l3(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Credentials rotated or a permission taken away: L3 holds every row, so lookups are
+    answered from it, the refusal logged once per interval and counted; an L2 alone has
+    nothing to fall back to and raises."""
+    session = build_session(make_config(tmp_path))
+    keys = np.array([3, 4], np.int64)
+    session.insert("demo.t0", keys, rows(keys, 4))
+
+    class Refusing:
+        def fetch(self, *_: object) -> None:
+            raise AccessRefused("fetch demo.t0: Redis refused the credentials")
+
+        def insert_absent(self, *_: object) -> None:
+            raise AccessRefused("insert demo.t0: Redis refused the credentials")
+
+    real, session.tiers.volatile = session.tiers.volatile, Refusing()  # type: ignore[assignment]
+    try:
+        for _ in range(5):
+            np.testing.assert_array_equal(session.lookup("demo.t0", keys), rows(keys, 4))
+        session.drain()
+        assert session.tiers.l2_read_errors == 5
+        logged = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+        assert logged == [
+            "L2 refused a read of demo.t0, reading L3: fetch demo.t0: Redis refused the "
+            "credentials",
+        ]
+        for _ in range(3):  # a backfill of every request failing: one line, named so
+            session.pipeline.background("L2 backfill", session.tiers.backfill, "demo.t0",
+                                        keys, rows(keys, 4))  # fmt: skip
+        session.drain()
+        logged = [r.getMessage() for r in caplog.records if "backfill" in r.getMessage()]
+        assert logged == [
+            "background L2 backfill failed: insert demo.t0: Redis refused the credentials"
+        ]
+        persistent, session.tiers.persistent = session.tiers.persistent, None
+        try:
+            with pytest.raises(AccessRefused, match="refused the credentials"):
+                session.lookup("demo.t0", keys)
+        finally:
+            session.tiers.persistent = persistent
+    finally:
+        session.tiers.volatile = real
+        session.close()
+
+
+class FailingL2:
+    """An L2 whose calls fail from the ``fail_at``-th on (0: never), counting them."""
+
+    def __init__(self, real: object, fail_at: int) -> None:
+        self.real, self.fail_at, self.calls = real, fail_at, 0
+
+    def __getattr__(self, name: str) -> object:
+        attr = getattr(self.real, name)
+        if name not in ("insert", "remove", "fetch", "insert_absent"):
+            return attr
+
+        def call(*args: object, **kw: object) -> object:
+            self.calls += 1
+            if self.fail_at and self.calls >= self.fail_at:
+                raise BackendUnavailable(f"{name}: Redis unavailable")
+            return attr(*args, **kw)
+
+        return call
+
+
+@pytest.mark.parametrize("op", ["insert", "remove"])
+def test_a_write_l2_fails_partway_never_leaves_l2_serving_the_old_row(
+    tmp_path: Path, op: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """L2 failing before L3 is written: an error, nothing written anywhere; failing after:
+    L3 took the write, L2 has no copy left to serve (read from L3), a warning and no error;
+    L1 never keeps the older row either way."""
+    for fail_at, raised in ((1, True), (2, False)):
+        session = build_session(make_config(tmp_path / f"{op}{fail_at}"))
+        keys = np.array([5, 6], np.int64)
+        session.insert("demo.t0", keys, rows(keys, 4))
+        session.lookup("demo.t0", keys)  # L1 and L2 hold the old rows
+        real = session.tiers.volatile
+        session.tiers.volatile = FailingL2(real, fail_at)  # type: ignore[assignment]
+        new = rows(keys, 4, seed=9)
+        try:
+            if raised:
+                with pytest.raises(BackendUnavailable):
+                    getattr(session, op)("demo.t0", keys, *([new] if op == "insert" else []))
+            else:
+                getattr(session, op)("demo.t0", keys, *([new] if op == "insert" else []))
+        finally:
+            session.tiers.volatile = real
+        want_l3 = rows(keys, 4) if raised else (new if op == "insert" else None)
+        assert session.tiers.persistent is not None
+        got, found = session.tiers.persistent.fetch("demo.t0", keys)
+        if want_l3 is None:
+            assert not found.any()
+        else:
+            np.testing.assert_array_equal(got, want_l3)
+        in_l2 = session.tiers.volatile.fetch("demo.t0", keys)[1]  # type: ignore[union-attr]
+        assert not in_l2.any() if not raised else True
+        expected = want_l3 if want_l3 is not None else np.full((2, 4), 0.5, np.float32)
+        np.testing.assert_array_equal(session.lookup("demo.t0", keys), expected)
+        session.close()
+    assert any("L2 missed a write of demo.t0 that L3 took" in r.getMessage()
+               for r in caplog.records)  # fmt: skip

@@ -310,7 +310,7 @@ def test_fills_wait_within_a_byte_budget_and_past_it_are_dropped(
     monkeypatch.setattr(pipeline, "MAX_BACKGROUND_BYTES", 2000)
     gate = threading.Event()
     try:
-        session.pipeline.background(gate.wait)  # the worker is busy: fills wait
+        session.pipeline.background("test", gate.wait)  # the worker is busy: fills wait
         q = np.arange(0, 20, dtype=np.int64)  # 20 keys of dim 8: 160 + 640 bytes a fill
         for _ in range(3):
             got = session.lookup("demo.t1", q)  # answered from L2 all the same

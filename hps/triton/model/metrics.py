@@ -22,6 +22,8 @@ crashed the server. Sum over ``process`` for a model's totals. Families:
 - ``hps_lookup_latency_us``: a histogram of the time a request spends in HPS.
 - ``hps_l3_damaged_keys_total``: keys L3 could not read (damaged blocks, docs/storage.md),
   answered from L2 or the table's default.
+- ``hps_l2_read_errors_total``: L2 reads refused (credentials, permissions: not an L2 that
+  cannot be reached), answered from L3.
 - ``hps_background_dropped_total``: L1 fills and L2 backfills dropped because the
   background worker was behind (what waited held ``MAX_BACKGROUND_BYTES``).
 - ``hps_update_freshness_seconds{table}``: a histogram, per Kafka update message, of the time
@@ -92,6 +94,11 @@ FAMILIES = {
         "hps_l3_damaged_keys_total",
         "COUNTER",
         "Keys L3 could not read (damaged blocks), answered from L2 or the table's default",
+    ),
+    "l2_refused": (
+        "hps_l2_read_errors_total",
+        "COUNTER",
+        "L2 reads refused (credentials, permissions), answered from L3",
     ),
     "dropped": (
         "hps_background_dropped_total",
@@ -188,6 +195,7 @@ class MetricsExporter:
         self._metrics: dict[tuple[str, ...], Any] = {}
         self._last: dict[str, dict[str, int]] = {}
         self._damaged = 0
+        self._l2_refused = 0
         self._dropped = 0
         # (family, its labels, value) to observe; the oldest go past MAX_BUFFERED
         self._observations: deque[tuple[str, Labels, float]] = deque(maxlen=MAX_BUFFERED)
@@ -262,6 +270,10 @@ class MetricsExporter:
         if damaged > self._damaged:
             self._metric("damaged").increment(damaged - self._damaged)
             self._damaged = damaged
+        refused = int(stats.get("l2_read_errors", 0))
+        if refused > self._l2_refused:
+            self._metric("l2_refused").increment(refused - self._l2_refused)
+            self._l2_refused = refused
         dropped = int(stats.get("background_dropped", 0))
         if dropped > self._dropped:
             self._metric("dropped").increment(dropped - self._dropped)

@@ -298,6 +298,46 @@ def test_bad_credentials_are_not_retriable(secured: RedisServer, user: str, pass
     assert "Redis" in str(info.value)
 
 
+@pytest.mark.parametrize("change", ["password rotated", "permission taken away"])
+def test_lookups_read_l3_when_redis_refuses_the_client(tmp_path: Path, change: str) -> None:
+    """Redis answers but refuses the client (its ACL user's password rotated, or its read
+    permission taken away): L3 holds every row, so lookups are answered from it, and the
+    refusal is an AccessRefused, not an outage."""
+    from hps.errors import AccessRefused
+    from hps.storage.rocks_db import RocksDBStore
+    from hps.tiers import Tiers
+
+    acl = ["--user", "bob", "on", ">bob-pw", "~*", "&*", "+@all", "--requirepass", "secret"]
+    server = RedisServer(tmp_path / "redis", extra_args=acl)
+    server.node.password = "secret"
+    server.start()
+    tiers = None
+    try:
+        store = make_store(server.address, user_name="bob", password="bob-pw")
+        l3 = RocksDBStore(str(tmp_path / "l3"))
+        tiers = Tiers(store, l3)
+        spec = TableSpec(model=unique_name(), table="t", dim=4)
+        tiers.open_tables([spec])
+        keys = np.arange(10, dtype=np.int64)
+        tiers.write(spec.name, keys, rows(keys, 4))
+        admin = redis.Redis(host="127.0.0.1", port=server.node.port, password="secret")
+        if change == "password rotated":
+            admin.execute_command("ACL", "SETUSER", "bob", "resetpass", ">rotated")
+            admin.execute_command("CLIENT", "KILL", "USER", "bob")
+        else:
+            admin.execute_command("ACL", "SETUSER", "bob", "-@read")
+        admin.close()
+        with pytest.raises(AccessRefused):
+            store.fetch(spec.name, keys)
+        got = tiers.fetch(spec, keys)
+        np.testing.assert_array_equal(got.values, rows(keys, 4))
+        assert got.found.all() and tiers.l2_read_errors == 1
+    finally:
+        if tiers is not None:
+            tiers.close()
+        server.stop()
+
+
 def test_hash_name_matches_what_the_store_writes(redis_address: str) -> None:
     store = make_store(redis_address, num_partitions=1)
     spec = new_table(store, dim=2)
@@ -327,7 +367,8 @@ def test_rows_from_before_formats_are_float32(address: str) -> None:
     store.insert(spec.name, np.arange(10), rows(np.arange(10), 4))
     store.client.delete(meta_name(spec.name))  # as an older HPS left it
     again = make_store(address, num_partitions=2)
-    with pytest.raises(ConfigError, match="holds float32 rows of dimension 4.*--force"):
+    with pytest.raises(ConfigError, match="no record of their format.* inferred from the rows"
+                       ".* float32 rows of dimension 4.* FLUSHDB"):  # fmt: skip
         again.open_table(TableSpec(model=spec.model, table=spec.table, dim=4, row_dtype="int8"))
     again.open_table(spec)  # accepted, and recorded
     assert json.loads(store.client.get(meta_name(spec.name))) == {"row_dtype": "float32", "dim": 4}

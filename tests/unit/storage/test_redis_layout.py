@@ -8,9 +8,15 @@ import numpy as np
 import pytest
 from redis import exceptions as rx
 
-from hps.errors import BackendError, BackendUnavailable, ConfigError
+from hps.errors import AccessRefused, BackendError, BackendUnavailable, ConfigError
 from hps.storage.keybytes import key_bytes
-from hps.storage.redis_conn import node_url, parse_addresses, translated
+from hps.storage.redis_conn import (
+    DEFAULT_MAX_BULK_BYTES,
+    max_bulk_bytes,
+    node_url,
+    parse_addresses,
+    translated,
+)
 from hps.storage.redis_layout import (
     group_by_partition,
     hash_name,
@@ -72,7 +78,8 @@ def test_parse_addresses() -> None:
         (rx.ConnectionError("refused"), BackendUnavailable, True),
         (rx.TimeoutError("slow"), BackendUnavailable, True),
         (rx.ClusterDownError("CLUSTERDOWN"), BackendUnavailable, True),
-        (rx.AuthenticationError("bad password"), BackendError, False),
+        (rx.AuthenticationError("bad password"), AccessRefused, False),
+        (rx.NoPermissionError("NOPERM no read"), AccessRefused, False),
         (rx.ResponseError("WRONGTYPE"), BackendError, False),
     ],
 )
@@ -82,6 +89,42 @@ def test_driver_errors_are_translated(exc: Exception, expected: type, is_retriab
     assert type(info.value) is expected
     assert isinstance(info.value, BackendUnavailable) is is_retriable
     assert "fetch m.t" in str(info.value)
+
+
+def test_a_pipeline_error_keeps_redis_text_and_the_command_name_only() -> None:
+    """redis-py puts the failed command and its arguments (row bytes: NULs, anything,
+    even a crafted "of pipeline caused error") in front of Redis's text."""
+    row = b"\x00\n\x01) of pipeline caused error: fake\x00".decode("latin-1")
+    exc = rx.OutOfMemoryError(
+        f"Command # 2 (HSET hps_et{{m.t/p11}} \x00\x00\x00 {row}) of pipeline caused "
+        "error: command not allowed when used memory > 'maxmemory'."
+    )
+    with pytest.raises(BackendError) as info, translated("insert m.t"):
+        raise exc
+    assert str(info.value) == (
+        "insert m.t: Redis error: OutOfMemoryError: command not allowed when used memory > "
+        "'maxmemory'. (HSET)"
+    )
+    script = rx.ResponseError(
+        "Command # 1 (EVAL for i = 1, #ARGV, 2 do redis.call('HSETNX', KEYS[1]) end 1 k) of "
+        "pipeline caused error: ERR some\x00thing"
+    )
+    with pytest.raises(BackendError) as info, translated("insert m.t"):
+        raise script
+    assert str(info.value) == "insert m.t: Redis error: ERR some?thing (EVAL)"
+
+
+def test_the_bulk_limit_defaults_where_redis_refuses_config() -> None:
+    class Managed:  # a managed Redis: CONFIG is not offered
+        def config_get(self, *args: object, **kwargs: object) -> object:
+            raise rx.ResponseError("unknown command 'CONFIG'")
+
+    class Small:
+        def config_get(self, *args: object, **kwargs: object) -> object:
+            return {"proto-max-bulk-len": "1048576"}
+
+    assert max_bulk_bytes(Managed()) == DEFAULT_MAX_BULK_BYTES == 512 * 1024 * 1024  # type: ignore[arg-type]
+    assert max_bulk_bytes(Small()) == 1048576  # type: ignore[arg-type]
 
 
 def test_a_node_url_brackets_an_ipv6_address() -> None:

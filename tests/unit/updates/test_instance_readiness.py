@@ -54,7 +54,12 @@ def _tiers(store: SharedHashMapStore, *, l2: bool = True) -> Tiers:
     """The store over an L3 of its own holding KEYS (written to the store too if ``l2``)."""
     tiers = Tiers(store, HashMapStore())
     tiers.open_tables([SPEC])
-    tiers.write(SPEC.name, KEYS, np.full((KEYS.size, SPEC.dim), 3.0, np.float32), l2=l2)
+    rows = np.full((KEYS.size, SPEC.dim), 3.0, np.float32)
+    if l2:
+        tiers.write(SPEC.name, KEYS, rows)
+    else:
+        assert tiers.persistent is not None
+        tiers.persistent.insert(SPEC.name, KEYS, rows)
     return tiers
 
 

@@ -51,12 +51,14 @@ class FakeSession:
     def __init__(self) -> None:
         self.counts = {"lookups": 0, "keys": 0, "l1": 0, "l2": 0, "l3": 0, "default": 0}
         self.damaged = 0
+        self.refused = 0
         self.dropped = 0
 
     def stats(self) -> dict[str, Any]:
         return {
             "tables": {"m.t": dict(self.counts)},
             "l3_damaged_keys": self.damaged,
+            "l2_read_errors": self.refused,
             "background_dropped": self.dropped,
         }
 
@@ -135,9 +137,15 @@ def test_interval_batches_the_updates() -> None:
 
 @pytest.mark.parametrize(
     ("field", "family"),
-    [("damaged", "hps_l3_damaged_keys_total"), ("dropped", "hps_background_dropped_total")],
+    [
+        ("damaged", "hps_l3_damaged_keys_total"),
+        ("refused", "hps_l2_read_errors_total"),
+        ("dropped", "hps_background_dropped_total"),
+    ],
 )
-def test_damaged_l3_keys_and_dropped_fills_are_counted(field: str, family: str) -> None:
+def test_damaged_l3_keys_refused_l2_reads_and_dropped_fills_are_counted(
+    field: str, family: str
+) -> None:
     session = FakeSession()
     exporter = MetricsExporter(FakePbUtils, "emb", "emb_0_2", session, interval=0.0)
     exporter.flush()
