@@ -83,6 +83,7 @@ class L1Cache(Protocol):
     def evict(self, keys: Keys) -> None: ...
     def resident(self, keys: Keys) -> Mask: ...
     def resident_keys(self) -> Keys: ...
+    def barrier(self) -> None: ...
     def pin(self, keys: Keys, values: Stored) -> None: ...
     def hold(self, keys: Keys) -> int: ...
     def release(self, hold: int) -> None: ...
@@ -240,9 +241,12 @@ class LookupPipeline:
         """Stored rows of distinct ``keys`` from L2, then L3, and where each was found,
         counted unless ``counted`` is False (a warm-up, a prefetch, a refresh: not a request's
         keys, which the hit rates are of); keys found nowhere count as defaults, their rows
-        unspecified. L3 hits go to L2 as they are, in the background (``backfill_l2``).
+        unspecified. L3 hits go to L2 as they are, in the background (``backfill_l2``),
+        except keys this process wrote to L2 after the read (:meth:`hps.tiers.Tiers.backfill`).
         ``before_l3``: see :meth:`hps.tiers.Tiers.fetch`; ``unread_out`` marks the keys no
         tier could say anything of (:attr:`hps.tiers.Fetched.unread`)."""
+        # a write to L2 by this process after this (an update, a delete) wins over our rows
+        l2_since = self.tiers.l2_token() if self.backfill_l2 else None
         got = self.tiers.fetch(spec, keys, before_l3=before_l3)
         if unread_out is not None:
             unread_out[:] = got.unread
@@ -256,7 +260,11 @@ class LookupPipeline:
             tally["default"] += int(keys.size - np.count_nonzero(found))
         if self.backfill_l2 and in_l3.any():
             self.background(
-                "L2 backfill", self.tiers.backfill, spec.name, keys[in_l3], stored[in_l3]
+                "L2 backfill",
+                partial(self.tiers.backfill, since=l2_since),
+                spec.name,
+                keys[in_l3],
+                stored[in_l3],
             )
         return stored, found
 

@@ -148,7 +148,7 @@ def warm_up_keysets(session: LookupSession, model: str, files_json: str | None) 
     """
     import json
 
-    from hps.io.keyset import read_keyset
+    from hps.io.keyset import first_keys
 
     loaded: dict[str, int] = {}
     if not files_json:
@@ -158,7 +158,8 @@ def warm_up_keysets(session: LookupSession, model: str, files_json: str | None) 
         cache = session.caches.get(name)
         if cache is None:
             continue
-        slices = load_slices(read_keyset(path), cache.capacity, WARMUP_CHUNK)
+        keys = first_keys(path, cache.capacity, setting="hps_warmup_keysets")
+        slices = load_slices(keys, cache.capacity, WARMUP_CHUNK)
         loaded[name] = sum(session.warm_up(name, c) for c in slices)
         log.info("L1 %s: warmed up %d rows from %s", name, loaded[name], path)
     return loaded
@@ -193,10 +194,13 @@ def watch_shared_l2(
 
 
 def reread_l1(session: LookupSession) -> None:
-    """Re-read every resident L1 row from L2/L3 (L3 caught up once first)."""
+    """Re-read every resident L1 row from L2/L3 (L3 caught up once first). Each cache's
+    :meth:`~hps.cache.EmbeddingCache.barrier` comes first: a fill that read the L2 being
+    replaced and lands after the listing of its resident keys is dropped, not kept."""
     if not session.caches:
         return
     before = session.tiers.catch_up_once()
     for name, cache in session.caches.items():
+        cache.barrier()
         for keys in _chunks(cache.resident_keys(), WARMUP_CHUNK):
             session.refresh(name, keys, before_l3=before)

@@ -353,6 +353,15 @@ class EmbeddingCache:
         with self._lock, self._scope:
             self._placement.pin(self._insert(keys, values, since=None, force=True))
 
+    def barrier(self) -> None:
+        """Drop every later ``since`` write (insert or update) whose token was read before
+        this call, whatever its keys; resident rows stay. For a change that names no keys (a
+        whole table re-imported, a journal resync): call it once L2/L3 hold the change and
+        before listing the resident keys to re-read or evict, so that a fill whose read came
+        before the change, and which lands after the listing, is not kept."""
+        with self._lock, self._scope:
+            self._log.clear()
+
     def clear(self) -> None:
         with self._lock, self._scope:
             self._rows.clear()

@@ -11,7 +11,7 @@ the model and table names, so one model can name one file per table):
   :func:`hps.cache.placement.pinned_rows`).
 - ``warmup_keyset``: a keyset file (raw native-endian int64 keys, no separators, as
   HugeCTR's embedding training cache wrote them), loaded after the frequency file's keys up
-  to the capacity.
+  to the capacity: its first distinct keys, read in chunks and no further than that needs.
 - neither: with ``init_ec`` (HugeCTR's switch) the first ``capacity`` keys of the table's
   sparse file (or of L3) when the whole table fits in L1, or when
   ``cache_refresh_percentage_per_iteration`` > 0 (HugeCTR's rule for initialising the cache
@@ -31,8 +31,9 @@ import numpy as np
 from hps.cache.placement import pinned_rows
 from hps.config import ModelConfig
 from hps.dedup import first_occurrences
+from hps.errors import FormatError
 from hps.io.frequency import read_frequency_file
-from hps.io.keyset import read_keyset
+from hps.io.keyset import first_keys
 from hps.types import Keys
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,8 @@ class WarmUpPlan:
         return int(self.pinned.size + self.rest.size)
 
 
-def _path(template: str, model: str, table: str) -> str:
+def warmup_path(template: str, model: str, table: str) -> str:
+    """A warm-up file setting with ``{model}`` and ``{table}`` replaced."""
     return template.replace("{model}", model).replace("{table}", table)
 
 
@@ -87,15 +89,22 @@ def plan_warm_up(
     empty = np.empty(0, dtype=np.int64)
     pinned, rest = empty, empty
     if cfg.frequency_file:
-        keys, counts = read_frequency_file(_path(cfg.frequency_file, model.model, spec.table))
+        path = warmup_path(cfg.frequency_file, model.model, spec.table)
+        try:
+            keys, counts = read_frequency_file(path)
+        except FormatError as exc:  # the message starts with the path
+            raise FormatError(f"hps_cache.frequency_file {exc}") from None
         top = hottest(keys, counts, capacity)
         n_pin = pinned_rows(cfg.static_fraction, capacity) if cfg.policy == "frequency" else 0
         pinned, rest = top[:n_pin], top[n_pin:]
-    if cfg.warmup_keyset:
-        keys = read_keyset(_path(cfg.warmup_keyset, model.model, spec.table))
-        keys = keys[~np.isin(keys, np.concatenate([pinned, rest]))]
-        room = capacity - pinned.size - rest.size
-        rest = np.concatenate([rest, first_occurrences(keys)[: max(0, room)]])
+    if cfg.warmup_keyset:  # read no further than the room left needs
+        more = first_keys(
+            warmup_path(cfg.warmup_keyset, model.model, spec.table),
+            capacity - pinned.size - rest.size,
+            exclude=np.concatenate([pinned, rest]),
+            setting="hps_cache.warmup_keyset",
+        )
+        rest = np.concatenate([rest, more])
     if cfg.frequency_file or cfg.warmup_keyset or table_keys is None or not model.init_ec:
         return WarmUpPlan(pinned, rest)
     return WarmUpPlan(empty, np.unique(table_keys)[:capacity])

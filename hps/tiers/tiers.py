@@ -2,10 +2,11 @@
 
 The session, the applier, the loader, the control plane and the load test all reach rows
 below L1 through a :class:`Tiers`: the order of writes (L2's copies dropped, L3, then L2:
-:meth:`Tiers.write`), the L2-to-L3
-fallback, the backfill of L3 hits into L2 (only keys L2 lacks: ``insert_absent``), where
-update versions live and how rows move from L3 to L2 are decided here once. A secondary L3
-is caught up before a read when its last catch-up is older than :data:`SECONDARY_LAG_S`.
+:meth:`Tiers.write`), the L2-to-L3 fallback, the backfill of L3 hits into L2 (only keys L2
+lacks: ``insert_absent``, and none this process wrote to or removed from L2 since the
+lookup's read: :mod:`hps.tiers.l2_writes`), where update versions live and how rows move
+from L3 to L2 are decided here once. A secondary L3 is caught up before a read when its
+last catch-up is older than :data:`SECONDARY_LAG_S`.
 Each tier is a :class:`hps.tiers.rows.RowStore`.
 
 L3 rows in damaged blocks (:class:`hps.errors.DamagedRowsError`) are answered as not found
@@ -29,6 +30,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +51,7 @@ from hps.errors import (
 from hps.rowformat import Stored
 from hps.storage import AccessMode, EmbeddingStore
 from hps.throttle import Throttled
+from hps.tiers.l2_writes import GuardedRows, L2Writes, writes_of
 from hps.tiers.rows import Level, RowStore
 from hps.tiers.side_tables import Versions, side_table
 from hps.tiers.versions import VERSION_SUFFIX, VersionedRows, key_versions, last_version
@@ -286,21 +289,24 @@ class Tiers:
         nothing written anywhere (the error is raised), and one that fails after L3 took
         the rows lacks them, so reads find them in L3 (a warning, no error: the write
         happened). L3 first, then L2, as without the drop, would leave L2's older rows served
-        after a failure between the two."""
-        self._drop_l2_copies(table, keys)
-        if self.persistent is not None:
-            self.persistent.insert(table, keys, values, durable=durable)
-        if self.volatile is not None:
-            self._l2_after_l3(self.volatile.insert, table, keys, values)
+        after a failure between the two. The keys are held in :attr:`l2_writes` throughout."""
+        with self._l2_writing(table, keys):
+            self._drop_l2_copies(table, keys)
+            if self.persistent is not None:
+                self.persistent.insert(table, keys, values, durable=durable)
+            if self.volatile is not None:
+                self._l2_after_l3(self.volatile.insert, table, keys, values)
 
     def remove(self, table: str, keys: Keys, *, durable: bool = False) -> None:
         """Delete from L2 and L3, L2 dropping its copies first as in :meth:`write`, and
-        again after L3 (a read between the two may have copied L3's row back into it)."""
-        self._drop_l2_copies(table, keys)
-        if self.persistent is not None:
-            self.persistent.remove(table, keys, durable=durable)
-        if self.volatile is not None:
-            self._l2_after_l3(self.volatile.remove, table, keys)
+        again after L3 (a read between the two may have copied L3's row back into it). The
+        keys are held in :attr:`l2_writes` throughout."""
+        with self._l2_writing(table, keys):
+            self._drop_l2_copies(table, keys)
+            if self.persistent is not None:
+                self.persistent.remove(table, keys, durable=durable)
+            if self.volatile is not None:
+                self._l2_after_l3(self.volatile.remove, table, keys)
 
     def _drop_l2_copies(self, table: str, keys: Keys) -> None:
         """Before a write to L3 where there is an L2 too: remove the keys from L2 (its error
@@ -323,12 +329,40 @@ class Tiers:
             self._l2_behind(table, "L2 missed a write of %s that L3 took (it is read from L3): %s",
                             table, exc)  # fmt: skip
 
-    def backfill(self, table: str, keys: Keys, values: Stored) -> None:
+    @property
+    def l2_writes(self) -> L2Writes | None:
+        """The log of this process's writes to L2 (None without L2): take
+        ``l2_writes.token()`` before reading rows to backfill, hold keys around any other
+        write to L2 (``l2_writes.writing``)."""
+        return None if self.volatile is None else writes_of(self.volatile)
+
+    def l2_token(self) -> int | None:
+        """What to pass :meth:`backfill` as ``since`` for rows read after this call."""
+        writes = self.l2_writes
+        return None if writes is None else writes.token()
+
+    @contextmanager
+    def _l2_writing(self, table: str, keys: Keys | None) -> Iterator[None]:
+        writes = self.l2_writes
+        if writes is None:
+            yield
+            return
+        with writes.writing(table, keys):
+            yield
+
+    def backfill(self, table: str, keys: Keys, values: Stored, since: int | None = None) -> None:
         """Stored rows L3 answered, into L2 where it does not hold the key
         (``cache_missed_embeddings``); a no-op without L2. Only absent keys: an update may
-        have written a newer row into L2 (and L3) since L3 was read."""
-        if self.volatile is not None:
+        have written a newer row into L2 (and L3) since L3 was read. With ``since`` (the
+        :meth:`l2_token` taken before the read), neither the keys this process wrote to or
+        removed from L2 after it (an update, a delete, a journal follower's drop): their
+        rows read then may be older than L3's now (:class:`L2Writes`)."""
+        if self.volatile is None:
+            return
+        if since is None:
             self.volatile.insert_absent(table, keys, values)
+        else:
+            writes_of(self.volatile).insert_absent(self.volatile, table, keys, values, since)
 
     def fill_l2_from_l3(self, table: str, share: float = 1.0) -> int:
         """Copy the first ``share`` of a table's L3 rows into L2 (rows as stored); how many."""
@@ -357,7 +391,11 @@ class Tiers:
         what the Kafka applier writes through; ``None`` when neither tier takes them."""
         tiers = [t for t, wanted in ((self.persistent, l3), (self.volatile, l2)) if wanted]
         open_ = [t for t in tiers if t is not None]
-        return VersionedRows(spec, open_) if open_ else None
+        if not open_:
+            return None
+        if l2 and self.volatile is not None:  # its L2 writes hold their keys (backfills)
+            return GuardedRows(spec, open_, writes_of(self.volatile))
+        return VersionedRows(spec, open_)
 
     # -- the handles ----------------------------------------------------------------------------
 

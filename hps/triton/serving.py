@@ -7,7 +7,8 @@
   segment named after the deployment's L3 path unless the file names one
   (:meth:`hps.config.VolatileDBConfig.for_deployment`), and the models added or removed at
   runtime (:mod:`hps.versions.models`); a shared L2 with too few table entries for them is
-  refused (:func:`hps.topology.check_shared_l2_tables`).
+  refused (:func:`hps.topology.check_shared_l2_tables`), and so is a warm-up file
+  (``hps_cache.frequency_file``, ``warmup_keyset``) that is not there.
 - :func:`prepare_tables` brings L3 (and a shared L2) up to date with the tables named by
   ``sparse_files`` (:func:`hps.loading.imports.import_tables`), which is also how a reload through
   Triton's model-control API picks up retrained tables.
@@ -22,6 +23,7 @@ import logging
 import os
 from pathlib import Path
 
+from hps.cache.warmup import warmup_path
 from hps.config import ModelConfig, PSConfig, load_config
 from hps.ctr.network import check_dense_inputs
 from hps.errors import ConfigError, UnknownTableError
@@ -93,7 +95,26 @@ def deployment_config(path: str | Path, base_dir: str | Path | None = None) -> P
     for m in models:
         if m.serves_ctr:
             check_dense_inputs(m)
+        _check_warmup_files(config.source, m)
     return config.model_copy(update=update)
+
+
+def _check_warmup_files(source: str, model: ModelConfig) -> None:
+    """Each table's ``hps_cache.frequency_file`` and ``warmup_keyset`` (``{model}`` and
+    ``{table}`` replaced, as the warm-up reads them) must be a file, where the model has an
+    L1 to warm: a ConfigError before anything starts, not a failed load per instance."""
+    cfg = model.hps_cache
+    if not model.gpucache or cfg.capacity == 0:
+        return
+    for key in ("frequency_file", "warmup_keyset"):
+        template = getattr(cfg, key)
+        if not template:
+            continue
+        for spec in model.tables:
+            path = Path(warmup_path(template, model.model, spec.table))
+            if not path.is_file():
+                what = "is a folder, not a file" if path.is_dir() else "no such file"
+                raise ConfigError(f"{source}: model {model.model}: hps_cache.{key} {path}: {what}")
 
 
 def only_model(config: PSConfig, model: str) -> PSConfig:

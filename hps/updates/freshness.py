@@ -150,8 +150,12 @@ class L1Refresher:
 
     def drop_all(self) -> None:
         """Evict every row of every L1, a slice per lock hold: what is left when updates
-        may have been missed and nothing says which keys they touched."""
+        may have been missed and nothing says which keys they touched. Each cache's
+        ``barrier`` comes first, so a fill whose read came before this call is dropped
+        even where it lands after the listing of the resident keys (call this once L2/L3
+        hold the updates: after a catch-up, a refill)."""
         for cache in self.session.caches.values():
+            cache.barrier()
             keys = cache.resident_keys()
             for lo in range(0, keys.size, MAX_SLICE):
                 cache.evict(keys[lo : lo + MAX_SLICE])

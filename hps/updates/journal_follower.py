@@ -183,12 +183,17 @@ class JournalFollower:
             if self._own_l2:
                 self._refill_l2(session, change.table)
             cache = session.caches.get(change.table)
-            keys = cache.resident_keys() if cache is not None else np.empty(0, np.int64)
+            keys = np.empty(0, np.int64)
+            if cache is not None:  # a fill that read before the change is dropped, not listed
+                cache.barrier()
+                keys = cache.resident_keys()
         else:
             keys = change.keys
             if self._clear_l2 and change.kind != "warmup":
-                assert session.tiers.volatile is not None
-                session.tiers.volatile.remove(change.table, keys)
+                l2, writes = session.tiers.volatile, session.tiers.l2_writes
+                assert l2 is not None and writes is not None
+                with writes.writing(change.table, keys):  # a backfill read before it skips them
+                    l2.remove(change.table, keys)
         if change.kind == "warmup":
             cache = session.caches.get(change.table)
             capacity = cache.capacity if cache is not None else 0
@@ -219,11 +224,12 @@ class JournalFollower:
             self._recorder.fresh(change.table, published, served_ns)
 
     def _refill_l2(self, session: LookupSession, table: str) -> None:
-        l2 = session.tiers.volatile
-        assert l2 is not None
-        l2.drop_table(table)
-        l2.open_table(session.tables[table])
-        session.tiers.fill_l2_from_l3(table, self._l2_share)
+        l2, writes = session.tiers.volatile, session.tiers.l2_writes
+        assert l2 is not None and writes is not None
+        with writes.writing(table, None):  # backfills of rows read before it are dropped
+            l2.drop_table(table)
+            l2.open_table(session.tables[table])
+            session.tiers.fill_l2_from_l3(table, self._l2_share)
 
     def _resync(self, session: LookupSession) -> None:
         """Fell behind: catch L3 up, refill an L2 of our own, drop every L1 row."""

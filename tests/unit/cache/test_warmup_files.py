@@ -93,3 +93,55 @@ def test_prefill_follows_init_ec_and_the_table_size() -> None:
     keys = np.array([5, 3, 9], dtype=np.int64)
     assert plan_warm_up(model(), 0, 2, keys).rest.tolist() == [3, 5]
     assert plan_warm_up(model(init_ec=False), 0, 2, keys).size == 0
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 1000])
+def test_the_keyset_read_in_chunks_plans_what_the_whole_file_did(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """The first distinct keys of the file, hottest-first keys of the frequency file left
+    out, as ``first_occurrences`` of the whole file gave them, whatever the chunks."""
+    from hps.dedup import first_occurrences
+    from hps.io import keyset
+
+    monkeypatch.setattr(keyset, "CHUNK_KEYS", chunk)
+    rng = np.random.default_rng(chunk)
+    keys = rng.integers(0, 40, 300).astype(np.int64)  # many repeats
+    write_keyset(tmp_path / "k", keys)
+    write_frequency_file(tmp_path / "f.npz", np.array([5, 6, 7]), np.array([3, 2, 1]))
+    cfg = {"frequency_file": str(tmp_path / "f.npz"), "warmup_keyset": str(tmp_path / "k")}
+    for capacity in (0, 2, 3, 10, 25, 40, 100):
+        top = np.array([5, 6, 7], dtype=np.int64)[:capacity]
+        whole = first_occurrences(keys[~np.isin(keys, top)])[: max(0, capacity - top.size)]
+        plan = plan_warm_up(model(hps_cache=cfg), 0, capacity=capacity)
+        assert plan.rest.tolist() == top.tolist() + whole.tolist()
+
+
+def test_a_keyset_far_larger_than_the_cache_is_read_no_further_than_needed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hps.io import keyset
+
+    monkeypatch.setattr(keyset, "CHUNK_KEYS", 1000)
+    write_keyset(tmp_path / "k", np.arange(100_000, dtype=np.int64) % 50_000)  # 800 kB
+    read: list[int] = []
+    real = keyset._read_chunk
+
+    def counted(f, n):  # type: ignore[no-untyped-def]
+        chunk = real(f, n)
+        read.append(chunk.nbytes)
+        return chunk
+
+    monkeypatch.setattr(keyset, "_read_chunk", counted)
+    plan = plan_warm_up(model(hps_cache={"warmup_keyset": str(tmp_path / "k")}), 0, 2500)
+    assert plan.rest.tolist() == list(range(2500))
+    assert read == [8000, 8000, 8000]  # three chunks of 1,000 keys, of 100 chunks
+
+
+@pytest.mark.parametrize("setting", ["warmup_keyset", "frequency_file"])
+def test_a_missing_or_folder_warm_up_file_is_a_format_error_naming_it(
+    tmp_path: Path, setting: str
+) -> None:
+    for path, why in ((tmp_path / "missing", "No such file"), (tmp_path, "Is a directory")):
+        with pytest.raises(FormatError, match=f"^hps_cache.{setting} {path}: .*{why}"):
+            plan_warm_up(model(hps_cache={setting: str(path)}), 0, capacity=4)

@@ -115,3 +115,15 @@ def test_a_sparse_model_written_over_replaces_it_only_once_complete(tmp_path: Pa
     assert sorted(p.name for p in folder.iterdir()) == ["emb_vector", "key"]
     ((got_keys, got),) = read_sparse_model(folder, 4)
     np.testing.assert_array_equal(got, rows(keys[:10], 4, seed=1))
+
+
+def test_an_unreadable_keyset_names_the_setting_that_named_it(tmp_path: Path) -> None:
+    from hps.io.keyset import first_keys
+
+    for path, why in ((tmp_path / "missing", "No such file"), (tmp_path, "Is a directory")):
+        for read in (read_keyset, lambda p, **kw: first_keys(p, 4, **kw)):
+            said = f"^hps_cache.warmup_keyset {path}: cannot read: {why}"
+            with pytest.raises(FormatError, match=said):
+                read(path, setting="hps_cache.warmup_keyset")
+            with pytest.raises(OSError):  # the caller says it, without the path
+                read(path)

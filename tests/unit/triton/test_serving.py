@@ -232,3 +232,26 @@ def test_a_shared_l2_without_an_entry_for_each_table_is_not_served(
     doc["models"][0]["hps_keep_versions"] = 200  # versions beyond the entries fail to load
     path.write_text(json.dumps(doc))
     assert serving_config(path, tmp_path).volatile_db.type == "multi_process_hash_map"
+
+
+@pytest.mark.parametrize("setting", ["warmup_keyset", "frequency_file"])
+def test_a_warm_up_file_that_is_not_there_stops_the_start(tmp_path: Path, setting: str) -> None:
+    """Checked per table after ``{table}`` is replaced, before any instance loads it; a
+    model without L1 never reads it."""
+    path = write_ps(tmp_path)
+    doc = json.loads(path.read_text())
+    doc["models"][0]["hps_cache"] = {setting: "warm/{model}.{table}"}
+    path.write_text(json.dumps(doc))
+    serving_config(path, base_dir=tmp_path)  # gpucache: false
+    doc["models"][0]["gpucache"] = True
+    path.write_text(json.dumps(doc))
+    (tmp_path / "warm").mkdir()
+    (tmp_path / "warm" / "m.t0").write_bytes(b"")
+    with pytest.raises(ConfigError, match=rf"model m: hps_cache.{setting} .*warm/m.t1: no such"):
+        serving_config(path, base_dir=tmp_path)
+    (tmp_path / "warm" / "m.t1").mkdir()
+    with pytest.raises(ConfigError, match=r"warm/m.t1: is a folder, not a file"):
+        serving_config(path, base_dir=tmp_path)
+    (tmp_path / "warm" / "m.t1").rmdir()
+    (tmp_path / "warm" / "m.t1").write_bytes(b"")
+    assert serving_config(path, base_dir=tmp_path).models[0].hps_cache.model_dump()[setting]
