@@ -16,7 +16,9 @@ Back-ends, picked once per process (:func:`cpu_kernel`):
   per start; loading the cached kernel and numba takes
   about 1-1.5 s. An image can compile it at build time with
   ``python -c "from hps.cache.kernels import warm_up; warm_up()"``. ``nogil`` lets the
-  instances' request threads and the background L1 work run side by side.
+  instances' request threads and the background L1 work run side by side. Where numba
+  cannot load or compile it (no folder this user may cache it in, say), the NumPy path
+  runs, after one warning (:func:`hps.jit.not_compiled`).
 - warp-cooperative CUDA kernels (:mod:`hps.cache.kernels_cupy`) for caches on a GPU: the
   probe+gather of one table or of every table of a request in one launch, and the index
   lookups and row writes of inserts and updates (:mod:`hps.cache.gpu_rows`).
@@ -45,7 +47,7 @@ import numpy as np
 
 from hps.cache.device import address
 from hps.index import EMPTY
-from hps.jit import compiled_allowed
+from hps.jit import compiled_allowed, not_compiled
 from hps.rowformat import FORMATS
 from hps.types import Array, ArrayModule
 
@@ -80,10 +82,10 @@ def cpu_kernel() -> ProbeGather | None:
     """The compiled CPU kernel, or ``None`` (no numba, or ``HPS_KERNELS=numpy``)."""
     if not compiled_allowed():
         return None
-    try:
+    try:  # any failure (no numba; no folder to cache the kernel in): the NumPy path
         from hps.cache._numba_kernel import probe_gather
-    except ImportError:
-        log.info("numba not installed: the L1 cache uses its NumPy path")
+    except Exception as exc:
+        not_compiled("the L1 cache", exc)
         return None
     kernel: ProbeGather = probe_gather
     return kernel

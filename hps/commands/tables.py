@@ -185,6 +185,8 @@ def _import(args: argparse.Namespace) -> int:
                 "as imported; import a retrained model as a new version (--model M "
                 "--version N), or one table into the live version (--table)"
             )
+        if args.force:
+            _check_recorded_format(config)
         sources = sparse_sources(config)
     else:
         from hps.versions import VersionRegistry
@@ -223,6 +225,38 @@ def _import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_recorded_format(config: PSConfig) -> None:
+    """RequestError (before anything is dropped) when a model's version record keeps version
+    1 in another row format or dims than its ps.json entry now gives: every reader takes the
+    recorded entry, so a forced re-import in the ps.json's format would make it unreadable."""
+    from hps.config import ModelConfig
+    from hps.errors import RequestError
+    from hps.versions import VersionRegistry
+
+    registry = VersionRegistry(config)
+    recorded = set(registry.recorded_models())
+    for model in config.models:
+        if model.model not in recorded:
+            continue
+        first = [v for v in registry.versions(model.model) if v.version == 1]
+        if not first:
+            continue
+        kept = ModelConfig.model_validate(first[0].entry)
+
+        def shape(entry: ModelConfig) -> list[str]:
+            return [f"{t.table} {t.row_dtype} x {t.dim}" for t in entry.tables]
+
+        if shape(kept) != shape(model):
+            raise RequestError(
+                f"model {model.model!r}: version 1 is recorded ({registry.path}) with tables "
+                f"{', '.join(shape(kept))}, the ps.json's entry now gives "
+                f"{', '.join(shape(model))}: --force re-imports only in version 1's recorded "
+                "format; import the new files as a new version (hps import --model "
+                f"{model.model} --version N, then hps versions activate; see docs/versions.md), "
+                "or restore the ps.json's row format and dims"
+            )
+
+
 def _live_versions(config: PSConfig) -> dict[str, int]:
     """Each ps.json model's live version (1 where nothing else was activated); a model with
     none (its record broken by hand) is a RequestError."""
@@ -250,6 +284,8 @@ def _export(args: argparse.Namespace) -> int:
     _check_offline_copy(config, "export from")
     if args.npy and Path(args.npy[0]).resolve() == Path(args.npy[1]).resolve():
         raise RequestError(f"--npy {args.npy[0]} {args.npy[1]}: name two different files")
+    for dst in [args.sparse] if args.sparse else args.npy:
+        _check_outside_state(config, dst)
     session = _session(config, "read_only")
     try:
         spec = _table(session, args.table)
@@ -270,6 +306,29 @@ def _export(args: argparse.Namespace) -> int:
         return 0
     finally:
         session.close()
+
+
+def _check_outside_state(config: PSConfig, dst: str) -> None:
+    """RequestError when an export destination is inside L3's folder or one of the files and
+    folders the node keeps beside it (``<L3 path>.hps-*``): writing there would damage them."""
+    from hps.errors import RequestError
+    from hps.topology import topology
+
+    topo = topology(config)
+    if topo.state_dir is None:
+        return
+    state = topo.state_dir.resolve()
+    target = Path(dst).resolve()
+    kept = [state] if topo.l3 else []
+    kept += [p for p in [target, *target.parents] if p.parent == state.parent
+             and p.name.startswith(f"{state.name}.hps-")]  # fmt: skip
+    for folder in kept:
+        if target == folder or folder in target.parents:
+            what = "L3's database" if folder == state else "the node's state beside L3"
+            raise RequestError(
+                f"{dst}: inside {folder} ({what}): export to a path outside {state} and "
+                f"{state}.hps-*"
+            )
 
 
 def _check_offline_copy(config: PSConfig, what: str) -> None:

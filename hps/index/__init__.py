@@ -36,7 +36,7 @@ from types import ModuleType
 import numpy as np
 import numpy.typing as npt
 
-from hps.jit import compiled_allowed
+from hps.jit import compiled_allowed, not_compiled
 from hps.types import RESERVED_KEYS, Array, ArrayModule
 
 EMPTY = np.int64(RESERVED_KEYS[0])
@@ -101,15 +101,18 @@ def compiled() -> ModuleType | None:
     """The compiled loops for host indexes, or ``None`` (no numba, or ``HPS_KERNELS=numpy``)."""
     if not compiled_allowed():
         return None
-    try:
+    try:  # any failure (no numba; no folder to cache the loops in): the NumPy loops
         from hps.index import _numba as _index_numba
-    except ImportError:
+
+        # Load (or compile) both loops now, not inside the first write (about 0.2 s).
+        slot_keys = np.full(16, EMPTY, dtype=np.int64)
+        slot_rows = np.full(16, -1, dtype=np.int32)
+        one = np.ones(1, dtype=np.int64)
+        _index_numba.insert(slot_keys, slot_rows, np.uint64(1), one, np.zeros(1, np.int32))
+        _index_numba.find(slot_keys, slot_rows, np.uint64(1), one, True)
+    except Exception as exc:
+        not_compiled("the key index", exc)
         return None
-    # Load (or compile) both loops now, not inside the first write (about 0.2 s).
-    slot_keys, slot_rows = np.full(16, EMPTY, dtype=np.int64), np.full(16, -1, dtype=np.int32)
-    one = np.ones(1, dtype=np.int64)
-    _index_numba.insert(slot_keys, slot_rows, np.uint64(1), one, np.zeros(1, dtype=np.int32))
-    _index_numba.find(slot_keys, slot_rows, np.uint64(1), one, True)
     return _index_numba
 
 

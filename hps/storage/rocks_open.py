@@ -17,9 +17,12 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
+import stat
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import cast
@@ -127,6 +130,7 @@ class Opened:
 def open_db(path: str, opts: rd.Options, cache: rd.Cache, mode: str) -> Opened:
     """Open the database at ``path`` in ``mode`` (``read_write``, ``read_only`` or
     ``secondary``) with every column family it has; BackendError when it cannot be."""
+    check_folder(path)
     held = os.path.exists(os.path.join(path, "CURRENT"))  # an empty folder holds none yet
     if mode != "read_write" and not held:
         where = (
@@ -156,9 +160,76 @@ def open_db(path: str, opts: rd.Options, cache: rd.Cache, mode: str) -> Opened:
         )
     except Exception as exc:
         opened.remove_folders()
-        raise BackendError(f"rocks_db: cannot open {path!r} ({mode}): {exc}") from exc
+        why = _explained(path, mode, str(exc))
+        raise BackendError(f"rocks_db: cannot open {path!r} ({mode}): {why}") from exc
     opened.existing = set(existing)
     return opened
+
+
+def check_folder(path: str) -> None:
+    """BackendError when ``path`` exists but is not a folder this user may list and read (a
+    missing one is for the caller: no database yet, or one a writer makes)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        raise BackendError(f"rocks_db: {path!r} is not a folder: a part of it is a file") from None
+    except PermissionError:
+        raise BackendError(
+            f"rocks_db: {path!r}: permission denied (reading {path} as uid {os.getuid()})"
+        ) from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise BackendError(f"rocks_db: {path!r} is not a folder (persistent_db.path names L3's)")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise BackendError(
+            f"rocks_db: {path!r}: permission denied (reading {path} as uid {os.getuid()}, "
+            f"the folder owned by uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o})"
+        )
+
+
+def _explained(path: str, mode: str, error: str) -> str:
+    """RocksDB's error ``error`` with what it leaves out: the process holding the LOCK, the
+    file this user may not open."""
+    if "lock" in error.lower() and ("unavailable" in error or "os error 11" in error):
+        pid = lock_holder(os.path.join(path, "LOCK"))
+        who = f"process {pid}" if pid else "another process"
+        return (
+            f"the L3 is held by another writer ({who}: an hps serve, hps consume or hps "
+            f"import of this persistent_db.path); stop it or wait for it to finish ({error})"
+        )
+    if "Permission denied" in error or "os error 13" in error:
+        want = os.R_OK if mode != "read_write" else os.R_OK | os.W_OK
+        for name in sorted(os.listdir(path)):
+            file = os.path.join(path, name)
+            if name != "LOCK" and not os.access(file, want):
+                owner = os.stat(file).st_uid
+                access = "reading" if mode != "read_write" else "writing"
+                return (
+                    f"permission denied ({access} {file}, owned by uid {owner}, as uid "
+                    f"{os.getuid()}) ({error})"
+                )
+        if mode == "read_write" and not os.access(path, os.W_OK):
+            return f"permission denied (writing {path} as uid {os.getuid()}) ({error})"
+    return error
+
+
+def lock_holder(lock: str) -> int | None:
+    """The PID of the process holding RocksDB's ``LOCK`` file (fcntl F_GETLK), or ``None``."""
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return None
+    layout = "hhqqi"  # struct flock: l_type, l_whence, l_start, l_len, l_pid
+    try:
+        asked = struct.pack(layout, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0) + bytes(32)
+        got = fcntl.fcntl(fd, fcntl.F_GETLK, asked)
+        kind, _, _, _, pid = struct.unpack_from(layout, got)
+    except (OSError, struct.error):
+        return None
+    finally:
+        os.close(fd)
+    return int(pid) if kind != fcntl.F_UNLCK and pid > 0 else None
 
 
 def may_write(path: str) -> bool:

@@ -128,11 +128,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--above",
-        type=int,
+        type=_uint64,
         help="reset versions above this one (nanoseconds since the epoch, like Publisher's "
         "versions; default: now + update_source.hps_max_version_ahead_s, the consumer's bound)",
     )
     p.set_defaults(func=_repair_versions)
+
+
+def _uint64(text: str) -> int:
+    """A stored update version: an integer from 0 to 2**64 - 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 0 <= value < 1 << 64:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 2**64 - 1, not {value}")
+    return value
 
 
 def _consume(args: argparse.Namespace) -> int:

@@ -198,3 +198,36 @@ def test_import_refuses_a_shared_l2_without_an_entry_for_each_table(
     assert code == 2 and out == "" and err.count("\n") == 1, err
     assert "holds at most 256 tables; the models need 257" in err
     assert not (tmp_path / "many_l3").exists()
+
+
+@pytest.mark.parametrize(
+    "dst",
+    [
+        ["--npy", "rocksdb/CURRENT", "v.npy"],
+        ["--npy", "k.npy", "rocksdb/new.npy"],
+        ["--sparse", "rocksdb"],
+        ["--sparse", "rocksdb/sub/dir"],
+        ["--sparse", "rocksdb.hps-versions/demo"],
+        ["--npy", "rocksdb.hps-versions.json", "v.npy"],
+    ],
+)
+def test_an_export_into_l3_or_the_state_beside_it_is_refused(
+    dst: list[str], imported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    l3 = tmp_path / "rocksdb"
+    before = {p.name: p.read_bytes() for p in l3.iterdir() if p.is_file()}
+    monkeypatch.chdir(tmp_path)
+    code, err = exported(capsys, imported, *dst)
+    assert code == 2, err
+    assert "inside" in err and "export to a path outside" in err
+    assert {p.name: p.read_bytes() for p in l3.iterdir() if p.is_file()} == before
+    assert hps(capsys, "lookup", "--config", str(imported), "--table", "demo.t0", "1")[0] == 0
+
+
+def test_an_export_beside_l3_is_written(
+    imported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = exported(capsys, imported, "--sparse", str(tmp_path / "rocksdb-backup"))
+    assert code == 0, err
+    assert (tmp_path / "rocksdb-backup" / "key").is_file()

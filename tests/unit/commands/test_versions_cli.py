@@ -365,3 +365,37 @@ def test_a_rollout_refuses_a_version_a_pod_holds_in_other_dims_or_formats() -> N
         check_held_as_asked(pod, held, {"dims": [8]})
     with pytest.raises(RequestError, match="row_dtypes"):
         check_held_as_asked(pod, held, {"row_dtype": ["float16", "int8"]})
+
+
+@pytest.mark.parametrize(
+    ("edit", "now"), [({"hps_row_dtype": "float16"}, "t0 float16 x 4"),
+                      ({"embedding_vecsize_per_table": [6, 8]}, "t0 float32 x 6")]
+)  # fmt: skip
+def test_a_forced_import_in_another_format_than_version_1_s_record_is_refused(
+    edit: dict[str, object], now: str, ps_json: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """Once a model has a version record, every reader takes version 1's recorded entry: a
+    forced import of the ps.json's files in another row format or dims is refused before
+    anything is dropped, and version 1 stays readable as recorded."""
+    config = str(ps_json)
+    assert hps(capsys, "import", "--config", config, "--quiet")[0] == 0  # version 1, float32
+    assert _version_2(capsys, config, "--sparse-files", *write_tables(tmp_path / "v2", 3))[0] == 0
+    doc = json.loads(ps_json.read_text())
+    doc["models"][0].update(edit)
+    ps_json.write_text(json.dumps(doc))
+
+    code, out, err = hps(capsys, "import", "--config", config, "--force", "--quiet")
+    assert code == 2 and out == "", err
+    assert "version 1 is recorded" in err and "t0 float32 x 4, t1 float32 x 8" in err
+    assert f"the ps.json's entry now gives {now}" in err
+    assert "--model demo --version N" in err and "docs/versions.md" in err
+    code, out, err = hps(capsys, "lookup", "--config", config, "--table", "demo.t0", "1")
+    assert code == 0, err  # version 1 read as recorded
+
+    doc["models"][0]["hps_row_dtype"] = "float32"  # the recorded format, spelled out
+    doc["models"][0]["embedding_vecsize_per_table"] = [4, 8]
+    ps_json.write_text(json.dumps(doc))
+    assert _t0_rows(ps_json, 1) == rows(KEYS[:2], 4, 0)[:, 0].tolist()  # untouched
+    code, out, err = hps(capsys, "import", "--config", config, "--force", "--quiet")
+    assert code == 0, err
