@@ -14,8 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "block's checksum verified (and, for the configured tables, each row's length), "
         "through a secondary instance: it may run beside hps serve and hps consume, and on "
         "a read-only volume. Exit status 0: every table intact; 1: some table damaged "
-        "(re-import it: hps import --force); 2: L3 could not be opened. See "
-        "docs/reliability.md.",
+        "(hps import --force drops its damaged files and imports it again); 2: L3 could not "
+        "be opened. See docs/reliability.md.",
     )
     p.add_argument("--config", required=True, help="ps.json")
     p.add_argument("--json", action="store_true", help="one JSON object per table")

@@ -11,10 +11,12 @@ recorded at their import (a retrained table, same keys with new vectors, is impo
 again); a table the record holds no digest for (recorded by an older release, or the
 record lost) is unchanged only when L3 holds exactly its rows (:func:`l3_holds`: a read of
 the files and of L3). Every file of every table is validated before anything is written,
-and a table is recorded only once it is completely loaded and its rows are durable (the
-record itself is written durably). Cost: a changed table's files are read once more
-than its import reads them (the digest), and where the record holds no digest, once more
-with every key fetched from L3.
+the tables to import are removed from the record (durably) before the first write or drop
+of any of them, and a table is recorded again only once it is completely loaded and its
+rows are durable (the record itself is written durably, once per batch of tables:
+:data:`RECORD_EVERY_S`), so an interrupted import leaves them to be imported again.
+Cost: a changed table's files are read once more than its import reads them (the digest),
+and where the record holds no digest, once more with every key fetched from L3.
 
 An import opens each table's files once, before validating them, and validates, digests,
 loads and stamps those: files replaced meanwhile are imported as they were opened (and
@@ -32,7 +34,8 @@ path.
 A table's record includes its row format (``hps_row_dtype``), so a format change is seen at
 the next import or start-up: a tier that holds the table in another format or dimension
 refuses it with a ConfigError naming ``hps import --force``; with ``force`` the table is
-dropped in every tier and imported again in its new format.
+dropped in every tier and imported again in its new format. ``force`` also drops a table
+whose L3 column family is damaged (:func:`_drop_damaged`), so that the damaged files go.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from hps.io.durable import replace_durably
 from hps.loading.loader import Loader, TableSource, l2_action, l3_holds, sparse_source
 from hps.tiers import Tiers
 from hps.topology import Topology, topology
+from hps.types import TableSpec
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +153,15 @@ class ImportRecord:
         digest = self._entry(table).get("digest")
         return digest if isinstance(digest, str) else None
 
-    def mark(self, source: TableSource, digest: str) -> None:
+    def mark(self, source: TableSource, digest: str, *, save: bool = True) -> None:
+        """Record ``source`` as imported (its rows durable); ``save=False``: in memory only,
+        until the next :meth:`save` (a batch of tables is written once)."""
         self.tables[source.spec.name] = {"stamp": source.stamp(), "digest": digest}
+        if save:
+            self._save()
+
+    def save(self) -> None:
+        """Write the record durably (the marks made with ``save=False``)."""
         self._save()
 
     def forget(self, tables: Iterable[str]) -> None:
@@ -266,7 +277,9 @@ def import_tables(
             unchanged = _unchanged(config, record, todo, digests)
             for s in unchanged:
                 log.info("%s: %s unchanged: already imported", s.spec.name, s.where)
-                record.mark(s, digests[s.spec.name])
+                record.mark(s, digests[s.spec.name], save=False)
+            if unchanged:
+                record.save()
             todo = [s for s in todo if s not in unchanged]
         if not todo and not fresh:
             return {}  # L3 may have a writer of its own (hps consume): open it only to import
@@ -282,24 +295,62 @@ def import_tables(
         action = l2_action(topo, own=False)
         if keep_l2_rows and action == "fill":
             action = "absent"
+        # before the first write or drop of any of them: a crash from here on leaves them
+        # unrecorded (imported again next time), never recorded over rows of other files
+        record.forget(s.spec.name for s in todo)
         writer = Tiers.open(config, l3_mode="read_write", l2=action != "skip")
         try:
             writer.open_tables((s.spec for s in todo), replace=force)
+            if force:
+                _drop_damaged(writer, [s.spec for s in todo])
         except BaseException:
             writer.close()
             raise
         loader = Loader(writer, action, config.volatile_db.initial_cache_rate, progress=progress)
         imported: dict[str, int] = {}
+        pending = False  # marks not yet written
+        saved = time.monotonic()
         try:
             for s in todo:
                 log.info("%s: importing %s", s.spec.name, s.where)
                 imported[s.spec.name] = loader.load(s)  # durable when it returns
                 _check_loaded(s)
-                record.mark(s, digests[s.spec.name])
+                record.mark(s, digests[s.spec.name], save=False)
+                pending = True
                 FillRecord(state).forget(s.spec.name)  # L2 is filled again from here
+                if time.monotonic() - saved >= RECORD_EVERY_S:
+                    record.save()
+                    pending, saved = False, time.monotonic()
         finally:
-            writer.close()
+            try:
+                if pending:  # the tables loaded before a failure stay recorded
+                    record.save()
+            finally:
+                writer.close()
     return imported
+
+
+RECORD_EVERY_S = 1.0
+"""An import of many tables writes the record at most this often (and at its end): a crash
+loses the marks of the tables loaded since, which the next import then imports again."""
+
+
+def _drop_damaged(writer: Tiers, specs: list[TableSpec]) -> None:
+    """``hps import --force``: a table whose L3 column family is damaged (a block that fails
+    its checksum, :meth:`hps.tiers.Tiers.verify_l3`) is dropped in every tier before it is
+    imported again, so that its damaged files go (rows written over them would leave them
+    in place)."""
+    by_name = {spec.name: spec for spec in specs}
+    for check in writer.verify_l3(list(by_name)):
+        if not check.ok:
+            log.warning(
+                "%s is damaged in L3 (after %d rows: %s): dropping it in every tier to import "
+                "it again",
+                check.name,
+                check.rows,
+                check.problem,
+            )
+            writer.drop_table(by_name[check.name])
 
 
 def _unchanged(

@@ -96,6 +96,15 @@ class DamagedKeys:
                 del self._keys[table]
                 self._first.pop(table, None)
 
+    def known(self, table: str) -> bool:
+        """Whether keys of the table were found in damaged blocks."""
+        return table in self._keys
+
+    def drop(self, table: str) -> None:
+        """The table was dropped: its damaged keys are gone with it."""
+        self._keys.pop(table, None)
+        self._first.pop(table, None)
+
     def why(self, table: str) -> str:
         """The first damage reported for the table."""
         return self._first.get(table, "damaged")
@@ -114,7 +123,8 @@ def damaged_rows_error(
     damaged blocks of the database at ``path``; it carries the rows of the others."""
     return DamagedRowsError(
         f"rocks_db: {int(damaged.sum())} of {asked} keys of {table} sit in damaged blocks of "
-        f"{path} ({why}); run hps verify, then re-import the table (hps import --force)",
+        f"{path} ({why}); run hps verify, then re-import the table with hps import --force "
+        "(which drops its damaged files)",
         values,
         found,
         damaged,
@@ -138,7 +148,8 @@ def check_scan(table: str, cf: rd.Rdict, last: RdictKey | None, rows: int) -> No
     except Exception as exc:
         raise BackendError(
             f"rocks_db: {table} is damaged: a scan stopped after {rows} rows ({exc}); "
-            "run hps verify, then re-import the table (hps import --force)"
+            "run hps verify, then re-import the table with hps import --force (which drops its "
+            "damaged files)"
         ) from exc
     if it.valid():  # rows after the end: the scan stopped for another reason
         raise BackendError(f"rocks_db: a scan of {table} stopped after {rows} rows")

@@ -186,7 +186,13 @@ class RocksDBStore(EmbeddingStore):
         that dropped a column family and created one of the same name crashes in a later
         catch-up (a segmentation fault, rocksdict 0.3.29): its column family is emptied
         instead, by one range tombstone, and compacted at once so that its files go (about
-        a second per 2 million rows), and kept."""
+        a second per 2 million rows), and kept.
+
+        A version 1 table is read whole with checksums verified first (about as long as the
+        compaction): a damaged one (a block whose checksum fails) cannot be compacted away
+        (the compaction would fail and leave the database refusing writes), so its column
+        family is dropped and created again, empty, and its damaged files go (a secondary
+        following the database is then to be reloaded: ``hps reload``)."""
         if self.mode != "read_write":
             raise BackendError(f"rocks_db: {self.path} is open {self.mode}; cannot drop {table}")
         try:
@@ -195,6 +201,10 @@ class RocksDBStore(EmbeddingStore):
                 if TableSpec.parse_name(table)[2] > 1:
                     self._db.drop_column_family(table)
                     self._existing.discard(table)
+                elif (why := self._damage_of(table, cf)) is not None:
+                    log.warning("rocks_db: %s is damaged (%s): its column family is dropped "
+                                "and created again", table, why)  # fmt: skip
+                    self._recreate(table)
                 else:
                     cf.delete_range(b"", PAST_EVERY_KEY, self._sync)
                     cf.compact_range(None, None)
@@ -202,6 +212,22 @@ class RocksDBStore(EmbeddingStore):
         except Exception as exc:
             raise BackendError(f"rocks_db: cannot drop {table}: {exc}") from exc
         self._specs.pop(table, None)
+        self._damaged.drop(table)
+
+    def _damage_of(self, table: str, cf: rd.Rdict) -> str | None:
+        """The damage of a table about to be dropped (None: intact): keys a read found
+        damaged, else a read of the whole column family with checksums verified (a
+        compaction that met a damaged block would leave the database refusing writes)."""
+        if self._damaged.known(table):
+            return self._damaged.why(table)
+        return verify_cf(cf, None)[1]
+
+    def _recreate(self, table: str) -> None:
+        """Drop the column family ``table`` and create it again, empty (its files go)."""
+        self._db.drop_column_family(table)
+        self._existing.discard(table)
+        self._db.create_column_family(table, cf_options(self._cache))
+        self._existing.add(table)
 
     def _cf(self, table: str) -> rd.Rdict | None:
         table_or_raise(self._specs, table)

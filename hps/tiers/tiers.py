@@ -255,15 +255,18 @@ class Tiers:
         self.damaged_keys += count
         self._damage_logged(table, "%s; answered as not found", exc, count=count)
 
-    def verify_l3(self) -> list[TableCheck]:
-        """Every column family of L3 read with checksums verified (``hps verify``); none
-        without a RocksDB L3."""
+    def verify_l3(self, tables: list[str] | None = None) -> list[TableCheck]:
+        """Every column family of L3 (or those of ``tables`` it holds) read with checksums
+        verified (``hps verify``, ``hps import --force``); none without a RocksDB L3."""
         from hps.storage.rocks_db import RocksDBStore
 
         store = self.persistent.backend_store if self.persistent is not None else None
         if not isinstance(store, RocksDBStore):
             return []
-        return [TableCheck(name, *store.verify(name)) for name in store.column_families]
+        names = store.column_families
+        if tables is not None:
+            names = [n for n in names if n in set(tables)]
+        return [TableCheck(name, *store.verify(name)) for name in names]
 
     def dump(self, table: str) -> Iterator[tuple[Keys, Stored]]:
         """Every stored row of a table, from the tier that holds its whole copy (L3, else L2)."""

@@ -245,3 +245,98 @@ def test_a_damaged_record_is_read_as_empty_with_a_warning(
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and f"{record.path}: damaged import record" in warnings[0]
     assert record_of(config).digest("demo.t0") is not None  # written anew
+
+
+# -- an interrupted import: never recorded over rows of other files --------------------------
+
+
+class Crash(BaseException):
+    """The process dies here (nothing after it runs, the record is left as it is)."""
+
+
+def crash_after_half(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The load of a table writes half its rows to L3 (durably), then the process dies."""
+
+    def load(self: Loader, source: TableSource) -> int:
+        keys, vectors = next(iter(source.chunks()))
+        half = keys.size // 2
+        assert self.tiers.persistent is not None
+        rows_ = vectors[:half].astype(source.spec.fmt.dtype)
+        self.tiers.persistent.insert(source.spec.name, keys[:half], rows_, durable=True)
+        raise Crash
+
+    monkeypatch.setattr(imports.Loader, "load", load)
+
+
+def other_files(config: PSConfig, tmp_path: Path, seed: int, **table: object) -> PSConfig:
+    """The ps.json naming other files of demo.t0 (same keys, other vectors)."""
+    write_sparse_model(tmp_path / f"b{seed}.model", KEYS, rows(KEYS, 4, seed=seed))
+    model = {
+        "model": "demo",
+        "embedding_table_names": ["t0"],
+        "embedding_vecsize_per_table": [4],
+        "sparse_files": [str(tmp_path / f"b{seed}.model")],
+        "gpucache": False,
+        **table,
+    }
+    return make_config(tmp_path, models=[model])
+
+
+def test_an_import_interrupted_mid_table_leaves_it_to_be_imported_again(
+    config: PSConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert import_tables(config, topology(config)) == {"demo.t0": 100}  # files A
+    crash_after_half(monkeypatch)
+    with pytest.raises(Crash):  # files B: half their rows written over A's
+        import_tables(other_files(config, tmp_path, seed=7), topology(config))
+    assert "demo.t0" not in record_of(config).tables  # forgotten before the first write
+    monkeypatch.undo()
+    assert import_tables(config, topology(config)) == {"demo.t0": 100}  # A again: not unchanged
+    np.testing.assert_array_equal(l3_rows(config), rows(KEYS, 4))
+    assert import_tables(config, topology(config)) == {}
+
+
+def test_a_forced_import_interrupted_after_its_drop_is_not_recorded(
+    config: PSConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert import_tables(config, topology(config)) == {"demo.t0": 100}
+    crash_after_half(monkeypatch)
+    wide = other_files(config, tmp_path, seed=7, hps_row_dtype="float16")
+    with pytest.raises(Crash):  # dropped, half of the float16 rows written
+        import_tables(wide, topology(config), force=True)
+    assert "demo.t0" not in record_of(config).tables
+    monkeypatch.undo()
+    with pytest.raises(ConfigError, match="--force"):  # the ps.json rolled back: not unchanged
+        import_tables(config, topology(config))
+    assert import_tables(config, topology(config), force=True) == {"demo.t0": 100}
+    np.testing.assert_array_equal(l3_rows(config), rows(KEYS, 4))
+
+
+def test_a_batch_of_tables_writes_the_record_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    names = [f"t{i}" for i in range(5)]
+    for name in names:
+        write_sparse_model(tmp_path / f"{name}.model", KEYS, rows(KEYS, 4))
+    model = {
+        "model": "demo",
+        "embedding_table_names": names,
+        "embedding_vecsize_per_table": [4] * len(names),
+        "sparse_files": [str(tmp_path / f"{n}.model") for n in names],
+        "gpucache": False,
+    }
+    many = make_config(tmp_path, models=[model])
+    saves: list[int] = []
+    save = ImportRecord._save
+
+    def spy_save(self: ImportRecord) -> None:
+        saves.append(len(self.tables))
+        save(self)
+
+    monkeypatch.setattr(ImportRecord, "_save", spy_save)
+    monkeypatch.setattr(imports, "RECORD_EVERY_S", float("inf"))  # the batch: one write
+    assert len(import_tables(many, topology(many))) == len(names)
+    assert saves == [len(names)]  # all loaded and durable, then recorded at once
+    saves.clear()
+    assert len(import_tables(many, topology(many), force=True)) == len(names)
+    assert saves == [0, len(names)]  # forgotten together, recorded together
