@@ -120,6 +120,13 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
                 f"distinct rows of a full cache): lower them or raise --rows"
             )
     else:
+        if args.warmup >= 1.0:
+            parser.error("--warmup 1 leaves nothing to measure hit_rate on: use less than 1")
+        if "drift" in args.streams and args.phases < 2:
+            parser.error(
+                f"--phases {args.phases}: the drifting stream's first phase warms the cache, "
+                "so it needs 2 or more to measure hit_rate (or leave drift out of --streams)"
+            )
         for ratio in args.ratios:
             if int(ratio * args.keys) < 1:
                 parser.error(

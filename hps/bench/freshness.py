@@ -22,16 +22,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from hps.cli import non_negative_float, non_negative_int, positive_int
 from hps.errors import ConfigError, HPSError
 from hps.types import JSON
+
+L2_TYPES = ("hash_map", "multi_process_hash_map", "redis", "redis_cluster")  # hps loadtest --l2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--run-time", type=positive_int, default=60, help="seconds per run")
     parser.add_argument("--mix", default="", help="reader mix (hps loadtest --mix)")
-    parser.add_argument("--l2", default="", help="hps loadtest --l2")
+    parser.add_argument(
+        "--l2", default="", choices=("", *L2_TYPES), help="hps loadtest --l2",
+    )  # fmt: skip
     parser.add_argument(
         "--instances", type=non_negative_int, default=0, help="hps loadtest --instances"
     )
@@ -51,6 +57,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="hps loadtest --l1-refresh",
     )  # fmt: skip
     parser.add_argument("--report-dir", default="", help="folder of both runs' reports")
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A reader mix ``hps loadtest`` would refuse, refused before the first run starts."""
+    from hps.loadtest.options import reader_mix
+
+    if args.mix:
+        try:
+            reader_mix(args.mix, ctr=True)
+        except ConfigError as exc:
+            parser.error(str(exc))
 
 
 def loadtest_command(args: argparse.Namespace, updates: float, report: Path) -> list[str]:
@@ -66,6 +83,25 @@ def loadtest_command(args: argparse.Namespace, updates: float, report: Path) -> 
     if args.instances:
         cmd += ["--instances", str(args.instances)]
     return cmd
+
+
+def run_child(cmd: list[str], out: IO[bytes]) -> int:
+    """Run ``cmd`` (an ``hps loadtest``) to completion; its exit status.
+
+    Interrupted (Ctrl-C, or SIGTERM under ``sigterm_interrupts``), this sends the child
+    SIGTERM and waits until it has exited, further interrupts held back meanwhile: the load
+    test stops the stack it started (broker, servers, Locust) before it exits."""
+    from hps.loadtest.runner import interrupts_deferred
+
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        return proc.wait()
+    except BaseException:
+        with interrupts_deferred():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            proc.wait()
+        raise
 
 
 def _l1_refresh(report: Path) -> str | None:
@@ -107,9 +143,7 @@ def run(args: argparse.Namespace) -> Iterator[JSON]:
     for label, rate in (("read_only", 0.0), ("updates", float(args.updates))):
         report, output = base / f"{stamp}-{label}", base / f"{stamp}-{label}.out"
         with open(output, "wb") as out:
-            code = subprocess.run(
-                loadtest_command(args, rate, report), stdout=out, stderr=subprocess.STDOUT
-            ).returncode
+            code = run_child(loadtest_command(args, rate, report), out)
         results[label] = (code, report)
         if code != 0:
             failed.append(f"the {label} run exited with status {code} (its output: {output})")

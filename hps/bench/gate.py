@@ -75,6 +75,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
 
 
+def _flood_keys(args: argparse.Namespace) -> int:
+    """Keys (int64) of a flood request of ``--flood-mb`` MB."""
+    return int(args.flood_mb * 2**20) // 8
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A flood the gate would let through on one of the protocols it is sent on (HTTP's
+    limit, that of a JSON body, is the larger) is refused before anything starts."""
+    from hps.config import load_config
+    from hps.ctr.demo import create_demo
+    from hps.triton.supervisor.gate import BodyLimit
+
+    with tempfile.TemporaryDirectory(prefix="hps-bench-gate-") as tmp:
+        # The limits follow the models' shape (tables, batch), not the rows: a small demo.
+        ps = create_demo(Path(tmp), num_tables=args.tables, max_rows=min(args.rows, 1000),
+                         dim=args.dim, instances=args.instances, force=True)  # fmt: skip
+        limit = BodyLimit.for_config(load_config(ps))
+    body = _flood_keys(args) * 8  # binary tensors on both protocols
+    for protocol in sorted({*args.protocols, *args.flood_protocols}):
+        if body <= getattr(limit, protocol):
+            parser.error(
+                f"--flood-mb {args.flood_mb:g} is within the gate's {protocol} limit "
+                f"({limit.describe()}); the flood must exceed it on every protocol it is sent on"
+            )
+
+
 @dataclass
 class _Served:
     """The demo model behind Triton and the gate in front of it."""
@@ -113,12 +139,7 @@ def run(args: argparse.Namespace) -> Iterator[JSON]:
         prepare_repository(config, repo)
         prepare_tables(config)
         limit = BodyLimit.for_config(config)
-        flood_keys = int(args.flood_mb * 2**20) // 8
-        if flood_keys * 8 <= limit.grpc:
-            raise SystemExit(
-                f"hps bench gate: --flood-mb {args.flood_mb} is within the gate's limit "
-                f"({limit.describe()}); the flood must exceed it"
-            )
+        flood_keys = _flood_keys(args)
         server = TritonServer(repo, explicit=True, load_models=[DEMO_MODEL], log_file=root / "log")
         with server:
             gate = RequestGate(
@@ -168,6 +189,8 @@ def _neighbour_row(args: argparse.Namespace, served: _Served, path: str, flood_k
             time.sleep(0.2)
             beside.append(float(np.percentile(_latencies_ms(client, served.model, reqs), 99)))
         statuses = flood.statuses(first)
+    if path == "gate":
+        _check_refused_by_gate(statuses)
     p99_alone, p99_beside = float(np.median(alone)), float(np.median(beside))
     return {
         "measure": "neighbour_p99",
@@ -185,6 +208,21 @@ def _neighbour_row(args: argparse.Namespace, served: _Served, path: str, flood_k
         "rounds_beside_ms": [round(x, 3) for x in beside],
         "flood_answers": statuses,
     }
+
+
+GATE_REFUSALS = {"grpc": "StatusCode.RESOURCE_EXHAUSTED", "http": "413"}
+
+
+def _check_refused_by_gate(statuses: dict[str, int]) -> None:
+    """Every flood answer through the gate must be its refusal (HTTP 413, gRPC
+    RESOURCE_EXHAUSTED): any other means the flood reached Triton, and the row would not
+    measure the gate."""
+    other = {
+        answer: n for answer, n in statuses.items()
+        if answer.split(" ", 1)[1] != GATE_REFUSALS.get(answer.split(" ", 1)[0])
+    }  # fmt: skip
+    if other:
+        raise RuntimeError(f"flood answers through the gate that are not its refusal: {other}")
 
 
 def _refusal_row(args: argparse.Namespace, served: _Served, protocol: str, flood_keys: int) -> JSON:

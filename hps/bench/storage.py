@@ -24,7 +24,8 @@ options, both following the store's database.
 ``ratio_median`` is the median of the per-batch ratios, steadier on a shared machine.
 
 Without ``--address`` a throwaway redis-server (or 3-master cluster) is started and stopped;
-with it, the rows (table ``bench.t``) are removed from that server at the end.
+with it, the table ``bench.t`` (its rows and its format record) is removed from that server
+at the end.
 """
 
 from __future__ import annotations
@@ -304,8 +305,11 @@ def _redis(args: argparse.Namespace, spec: TableSpec, keys: np.ndarray, values: 
     store = open_store(cfg)
     assert isinstance(store, RedisStore)
     stack.callback(store.close)
-    # A server we did not start keeps running: take our rows back out of it.
-    stack.callback(lambda: store.remove(spec.name, keys) if args.address else None)
+    # Opened here, before the clean-up is registered: a table whose record says another
+    # format is refused with that cause, and is not dropped.
+    store.open_table(spec)
+    if args.address:  # a server we did not start keeps running: take the table back out
+        stack.callback(store.drop_table, spec.name)
     client = store.client  # the baseline uses the same connections
     before = _used_memory(store)
     loaded = _load(store, spec, keys, values, args.batch)

@@ -10,7 +10,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hps.cli import positive_float, positive_int, sigterm_interrupts
+from hps.cli import (
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    sigterm_interrupts,
+)
 
 if TYPE_CHECKING:
     from hps.loadtest.resources import ResourceSampler
@@ -38,24 +44,34 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="users started per second")  # fmt: skip
     g.add_argument("--run-time", type=positive_int, default=60, help="seconds (default: 60)")
     g.add_argument("--shape", choices=("steady", "ramp", "spike"), default="steady")
-    g.add_argument("--ramp-steps", type=int, default=8)
-    g.add_argument("--knee-p99-ms", type=float, default=500.0, help="p99 bound of the knee")
+    g.add_argument("--ramp-steps", type=positive_int, default=8)
+    g.add_argument(
+        "--knee-p99-ms", type=positive_float, default=500.0, help="p99 bound of the knee"
+    )
     g.add_argument("--mix", default="grpc=4,http=2,ctr=1,bad=1", help="reader weights")
-    g.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of the keys")
-    g.add_argument("--samples", default="", help="samples per request: N or LO-HI")
-    g.add_argument("--keys-per-sample", type=int, default=1)
-    g.add_argument("--verify-keys", type=int, default=4, help="known keys checked per table")
+    g.add_argument("--zipf", type=non_negative_float, default=1.1,
+                   help="Zipf exponent of the keys (0: uniform)")  # fmt: skip
+    g.add_argument("--samples", type=_samples, default="",
+                   help="samples per request: N or LO-HI")  # fmt: skip
+    g.add_argument("--keys-per-sample", type=positive_int, default=1)
+    g.add_argument(
+        "--verify-keys", type=non_negative_int, default=4, help="known keys checked per table"
+    )
     g.add_argument("--updates", type=float, default=None, metavar="ROWS_PER_S",
                    help="bulk update rows per second (default 1000 when Kafka is configured); "
                    "starting a stack, any --updates, 0 too, gives a ps.json without Kafka "
                    "one (0: the broker and the freshness prober, no bulk updates)")  # fmt: skip
-    g.add_argument("--update-batch-rows", type=int, default=500)
-    g.add_argument("--update-phases", type=int, default=0,
+    g.add_argument("--update-batch-rows", type=positive_int, default=500)
+    g.add_argument("--update-phases", type=non_negative_int, default=0,
                    help="N: cut the run in N phases, bulk updates in every second one, and "
                    "compare reads with and without them")  # fmt: skip
-    g.add_argument("--freshness-interval", type=float, default=1.0, help="s between probes")
-    g.add_argument("--freshness-keys", type=int, default=8, help="keys per freshness probe")
-    g.add_argument("--freshness-timeout", type=float, default=10.0,
+    g.add_argument(
+        "--freshness-interval", type=positive_float, default=1.0, help="s between probes"
+    )
+    g.add_argument(
+        "--freshness-keys", type=positive_int, default=8, help="keys per freshness probe"
+    )
+    g.add_argument("--freshness-timeout", type=positive_float, default=10.0,
                    help="s after which a probe whose update is not served fails")  # fmt: skip
     g.add_argument("--thresholds", default="", help="JSON file of limits per request type")
     g.add_argument("--threshold", action="append", default=[], help="TYPE:limit=value,...")
@@ -66,11 +82,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=("hash_map", "multi_process_hash_map", "redis", "redis_cluster"),
         help="override volatile_db.type (redis: one redis-server; redis_cluster: 3 nodes)",
     )
-    s.add_argument("--instances", type=int, help="override hps_instances of every model")
+    s.add_argument("--instances", type=positive_int, help="override hps_instances of every model")
     s.add_argument("--no-admin", action="store_true", help="do not start the control plane")
     s.add_argument(
         "--partitions",
-        type=int,
+        type=positive_int,
         default=1,
         help="partitions of each update topic on the broker the load test starts (default 1: "
         "the test broker's work per fetch grows with them, on the cores the stack shares)",
@@ -84,19 +100,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     s.add_argument(
         "--sample-interval",
-        type=float,
+        type=positive_float,
         default=5.0,
         help="s between samples of the serving processes' memory (resources.csv) and of the "
         "stack's CPU by process (cpu.json)",
     )
     s.add_argument(
         "--warmup",
-        type=float,
+        type=non_negative_float,
         help="s before memory growth, CPU count and freshness figures (default: 20%%)",
     )
     s.add_argument(
         "--max-growth-mb",
-        type=float,
+        type=non_negative_float,
         help="fail when RSS or /dev/shm grow more than this after warm-up (soak)",
     )
     r = p.add_argument_group("an existing deployment")
@@ -110,6 +126,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--ctr", action="store_true",
                    help="load <model>_ctr too (default: when Triton says it is ready)")  # fmt: skip
     p.set_defaults(func=_loadtest)
+
+
+def _samples(text: str) -> str:
+    """``--samples``: N or LO-HI with 1 <= LO <= HI (empty: the model's max_batch_size)."""
+    from hps.errors import ConfigError
+    from hps.loadtest.options import sample_range
+
+    try:
+        sample_range(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+    return text
 
 
 def _loadtest(args: argparse.Namespace) -> int:
@@ -141,6 +169,7 @@ def _run(args: argparse.Namespace) -> int:
     # Whatever Locust would refuse, refused here, before a stack starts.
     load_thresholds(args.thresholds, args.threshold)
     reader_mix(args.mix, ctr=True)
+    _check_samples(args)
     check_growth_options(args.max_growth_mb, remote=remote, run_time_s=args.run_time,
                          warmup_s=warmup, interval_s=args.sample_interval)  # fmt: skip
     report.mkdir(parents=True, exist_ok=True)
@@ -220,6 +249,24 @@ def _run(args: argparse.Namespace) -> int:
             (report / REPORT).write_text(json.dumps({"after_warmup_s": warmup, "cores": used}))
             print(f"CPU after warm-up, cores of {os.cpu_count()}: {format_cores(used)}")
     return code
+
+
+def _check_samples(args: argparse.Namespace) -> None:
+    """``--samples`` x ``--keys-per-sample`` within the model's limit of the ps.json, checked
+    before a stack starts (the Locust process checks it again against the live version)."""
+    from hps.config import load_config
+    from hps.errors import ConfigError
+    from hps.loadtest.options import sample_range
+    from hps.loadtest.workload import check_samples
+
+    if not args.samples and args.keys_per_sample == 1:
+        return  # max_batch_size samples of one key: within the limit by definition
+    config = load_config(args.config)
+    names = [m.model for m in config.models]
+    if args.model and args.model not in names:
+        raise ConfigError(f"--model {args.model}: not in {args.config} (models: {names})")
+    model = config.models[names.index(args.model) if args.model else 0]
+    check_samples(model, sample_range(args.samples), args.keys_per_sample)
 
 
 def _metrics_url(stack: Stack | None, args: argparse.Namespace) -> str:

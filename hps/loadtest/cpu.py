@@ -31,6 +31,8 @@ def role(args: list[str]) -> str:
     """A process's role from its command line (``/proc/<pid>/cmdline`` split at NULs)."""
     if not args:
         return "other"
+    if args[0].startswith("nginx:"):  # retitled: "nginx: master process ... -e X/error.log"
+        return "gate (nginx)"
     exe = Path(args[0]).name
     if exe == "triton_python_backend_stub" and len(args) > 1:
         parts = Path(args[1]).parts  # <repository>/<model>/<version>/model.py
@@ -43,7 +45,7 @@ def role(args: list[str]) -> str:
         return "broker (tansu)"
     if exe.startswith("redis-server"):
         return "redis"
-    if "locust" in args[:3]:
+    if "locust" in args[:3] or exe == "timeout":  # Locust runs under timeout(1)
         return "locust"
     if args[1:3] == ["-m", "hps.cli"] and len(args) > 3:
         return _HPS.get(args[3], f"hps {args[3]}")

@@ -134,6 +134,23 @@ def _counts(n: int, index: int, value: int, other: int | None = None) -> np.ndar
     return counts
 
 
+def check_samples(
+    mc: ModelConfig, samples: tuple[int, int] | None, keys_per_sample: int
+) -> tuple[int, int]:
+    """The samples per request (``samples``, else the model's max_batch_size); ConfigError
+    when that many samples of ``keys_per_sample`` keys exceed a table's keys per request."""
+    if keys_per_sample < 1:
+        raise ConfigError(f"--keys-per-sample {keys_per_sample}: must be 1 or more")
+    limit = min((s.max_keys_per_request or 1 << 30) for s in mc.tables) // keys_per_sample
+    lo, hi = samples or (mc.max_batch_size, mc.max_batch_size)
+    if not 1 <= lo <= hi or hi > limit:
+        raise ConfigError(
+            f"--samples {lo}-{hi} x {keys_per_sample} keys exceed {mc.model}'s limit of "
+            f"{limit} samples (max_batch_size x maxnum_catfeature_query_per_table_per_sample)"
+        )
+    return lo, hi
+
+
 def load_workload(
     config: PSConfig,
     model: str | None = None,
@@ -154,13 +171,7 @@ def load_workload(
     mc = registry.model_at(name, registry.live(name))
     rng = np.random.default_rng(seed)
     specs = mc.tables
-    limit = min((s.max_keys_per_request or 1 << 30) for s in specs) // max(1, keys_per_sample)
-    lo, hi = samples or (mc.max_batch_size, mc.max_batch_size)
-    if not 1 <= lo <= hi or hi > max(1, limit):
-        raise ConfigError(
-            f"--samples {lo}-{hi} x {keys_per_sample} keys exceed {mc.model}'s limit of "
-            f"{limit} samples (max_batch_size x maxnum_catfeature_query_per_table_per_sample)"
-        )
+    lo, hi = check_samples(mc, samples, keys_per_sample)
     have_sparse = bool(mc.sparse_files) and all(os.path.isdir(p) for p in mc.sparse_files)
     tables: list[TableKeys] = []
     if have_sparse:

@@ -52,3 +52,32 @@ def test_bench_storage_reports_both_ops(
         fixture = request.getfixturevalue(server)
         nodes = getattr(fixture, "nodes", None) or [fixture.node]
         assert all(n.client().keys("hps_et{bench.t/*") == [] for n in nodes)  # cleaned up
+
+
+def test_a_server_we_did_not_start_keeps_no_table_and_a_clash_names_its_cause(
+    redis_server: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The table's format record goes too, so a run with another --dim works; a table of
+    another format found there is refused with that cause and left alone."""
+    from hps.errors import ConfigError
+
+    address = redis_server.address
+    bench(capsys, "--backend", "redis", "--address", address)
+    client = redis_server.node.client()
+    assert client.keys("hps_*{bench.t*") == []
+    argv = ["bench", "storage", "--rows", "3000", "--dim", "16", "--batch", "512"]
+    assert main([*argv, "--repeats", "2", "--backend", "redis", "--address", address]) == 0
+    capsys.readouterr()
+    client.set("hps_tm{bench.t}", b'{"row_dtype": "float32", "dim": 4}')  # another's table
+    try:
+        with pytest.raises(ConfigError, match="dim"):
+            import argparse
+
+            from hps.bench.storage import add_arguments, run
+
+            parser = argparse.ArgumentParser()
+            add_arguments(parser)
+            list(run(parser.parse_args([*argv[2:], "--backend", "redis", "--address", address])))
+        assert client.get("hps_tm{bench.t}") == b'{"row_dtype": "float32", "dim": 4}'
+    finally:
+        client.delete("hps_tm{bench.t}")

@@ -86,6 +86,8 @@ def test_the_cache_bench_warmup_is_a_share(capsys: pytest.CaptureFixture[str]) -
         (["rollout", "--tables", "0"], "argument --tables: must be a positive integer, not 0"),
         (["rollout", "--readers", "-2"], "argument --readers: must be a positive integer"),
         (["rollout", "--settle", "0"], "argument --settle: must be a finite number above 0"),
+        (["cache", "--mode", "hitrate", "--warmup", "1"], "--warmup 1 leaves nothing to measure"),
+        (["cache", "--mode", "hitrate", "--phases", "1"], "--phases 1: the drifting stream's"),
     ],
 )  # fmt: skip
 def test_bad_options_are_refused_before_the_bench_starts(
@@ -120,3 +122,42 @@ def test_list_options_reach_the_bench_parsed(monkeypatch: pytest.MonkeyPatch) ->
     assert main(["bench", "updates", "--modes", ""]) == 0  # the apply phase only
     assert main(["bench", "updates", "--modes", "shared"]) == 0
     assert seen[1].modes == [] and seen[2].modes == ["shared"]
+
+
+@pytest.mark.parametrize(
+    ("args", "protocol"),
+    [
+        (["--flood-mb", "2", "--protocols", "grpc", "--flood-protocols", "http"], "http"),
+        (["--flood-mb", "2", "--flood-protocols", "grpc"], "http"),  # --protocols: both
+        (["--flood-mb", "0.5", "--protocols", "grpc"], "grpc"),
+    ],
+)
+def test_a_flood_within_a_protocols_gate_limit_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], args: list[str], protocol: str
+) -> None:
+    """26 tables: the gate lets through 1.03 MiB over gRPC, 2.96 MiB of HTTP."""
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "gate", *args])
+    assert exc.value.code == 2
+    assert f"--flood-mb {args[1]} is within the gate's {protocol} limit" in capsys.readouterr().err
+
+
+def test_a_flood_over_every_protocols_limit_passes_the_check() -> None:
+    import argparse
+
+    from hps.bench import gate
+
+    parser = argparse.ArgumentParser()
+    gate.add_arguments(parser)
+    gate.check_arguments(parser, parser.parse_args(["--flood-mb", "2", "--protocols", "grpc"]))
+    gate.check_arguments(parser, parser.parse_args(["--flood-mb", "3"]))
+
+
+def test_a_flood_answer_through_the_gate_other_than_its_refusal_fails_the_bench() -> None:
+    from hps.bench.gate import _check_refused_by_gate
+
+    _check_refused_by_gate({"grpc StatusCode.RESOURCE_EXHAUSTED": 5, "http 413": 3})
+    with pytest.raises(RuntimeError, match="'http 400': 2"):
+        _check_refused_by_gate({"http 413": 3, "http 400": 2})
+    with pytest.raises(RuntimeError, match="'grpc OK': 1"):
+        _check_refused_by_gate({"grpc OK": 1})

@@ -56,11 +56,9 @@ def test_cores_of_both_runs_and_what_the_updates_took(tmp_path: Path) -> None:
 def test_the_line_gives_the_probes_after_the_warm_up_and_those_of_it_apart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import subprocess
-
     from hps.bench import freshness
 
-    def fake_loadtest(cmd: list[str], **_: object) -> subprocess.CompletedProcess[bytes]:
+    def fake_loadtest(cmd: list[str], out: object) -> int:
         report = Path(cmd[cmd.index("--report-dir") + 1])
         report.mkdir(parents=True)
         stage = {"rps": 100.0, "p50_ms": 50.0, "p99_ms": 120.0, "failures": 0, "requests": 9}
@@ -72,9 +70,9 @@ def test_the_line_gives_the_probes_after_the_warm_up_and_those_of_it_apart(
                                           "p50_ms": 100.0, "p95_ms": 400.0, "p99_ms": 520.0},
         }  # fmt: skip
         (report / "stats.json").write_text(json.dumps({"types": types, "errors": []}))
-        return subprocess.CompletedProcess(cmd, 0)
+        return 0
 
-    monkeypatch.setattr(subprocess, "run", fake_loadtest)
+    monkeypatch.setattr(freshness, "run_child", fake_loadtest)
     config = tmp_path / "ps.json"  # the runs are faked: never read
     config.write_text("{}")
     (line,) = freshness.run(_args("--config", str(config), "--report-dir", str(tmp_path)))
@@ -122,3 +120,81 @@ def test_a_failed_run_fails_the_bench_after_its_line_naming_its_output(
     for label in ("read_only", "updates"):
         (out,) = tmp_path.glob(f"*-{label}.out")
         assert f"the {label} run exited with status 2 (its output: {out})" in message
+
+
+CHILD = """
+import signal, sys, time
+from pathlib import Path
+
+def stop(signum, frame):
+    time.sleep(1)  # stopping its stack takes a while
+    Path(sys.argv[2]).write_text("stack stopped")
+    sys.exit(143)
+
+signal.signal(signal.SIGTERM, stop)
+Path(sys.argv[1]).write_text("started")
+while True:
+    time.sleep(0.1)
+"""
+
+MAIN = """
+import sys
+import hps.bench.freshness as bench
+from hps.cli import main
+bench.loadtest_command = lambda args, rate, report: [sys.executable, *sys.argv[2:5]]
+sys.exit(main(["bench", "freshness", "--config", sys.argv[1], "--report-dir", sys.argv[5]]))
+"""
+
+
+def test_an_interrupted_bench_stops_its_load_test_and_waits_for_it(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "ps.json").write_text("{}")
+    (tmp_path / "child.py").write_text(CHILD)
+    started, stopped = tmp_path / "started", tmp_path / "stopped"
+    argv = [str(tmp_path / p) for p in ("ps.json", "child.py", "started", "stopped", "r")]
+    proc = subprocess.Popen([sys.executable, "-c", MAIN, *argv], stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists()
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(60) == 130
+        assert stopped.read_text() == "stack stopped"  # written before the bench exited
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--l2", "redsi"], "argument --l2: invalid choice: 'redsi'"),
+        (["--mix", "grpc=1,htp=2"], "unknown reader 'htp'"),
+        (["--mix", "grpc=0"], "leaves no reader"),
+    ],
+)
+def test_options_the_load_test_would_refuse_are_refused_first(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    from hps.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "freshness", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_load_tests_l2_types_are_the_benchs() -> None:
+    from hps.bench.freshness import L2_TYPES
+    from hps.cli import build_parser
+
+    loadtest = build_parser()._subparsers._group_actions[0].choices["loadtest"]  # type: ignore[union-attr]
+    l2 = next(a for a in loadtest._actions if a.dest == "l2")
+    assert tuple(l2.choices) == L2_TYPES

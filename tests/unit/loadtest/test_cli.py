@@ -146,6 +146,20 @@ def test_bad_options_are_refused_before_anything_starts(
         (["--spawn-rate", "0"], "argument --spawn-rate: must be a finite number above 0"),
         (["--spawn-rate", "nan"], "argument --spawn-rate: must be a finite number above 0"),
         (["--threshold", "*:max_fail_ratio=nan"], "max_fail_ratio must be a finite number"),
+        (["--keys-per-sample", "0"], "argument --keys-per-sample: must be a positive integer"),
+        (["--instances", "0"], "argument --instances: must be a positive integer, not 0"),
+        (["--ramp-steps", "0"], "argument --ramp-steps: must be a positive integer, not 0"),
+        (["--partitions", "0"], "argument --partitions: must be a positive integer, not 0"),
+        (["--update-phases", "-1"], "argument --update-phases: must be 0 or more, not -1"),
+        (["--update-batch-rows", "0"], "argument --update-batch-rows: must be a positive"),
+        (["--warmup", "-1"], "argument --warmup: must be a finite number, 0 or more"),
+        (["--sample-interval", "0"], "argument --sample-interval: must be a finite number"),
+        (["--zipf", "-0.5"], "argument --zipf: must be a finite number, 0 or more"),
+        (["--freshness-interval", "0"], "argument --freshness-interval: must be a finite"),
+        (["--freshness-keys", "0"], "argument --freshness-keys: must be a positive integer"),
+        (["--samples", "0"], "argument --samples: need 1 <= LO <= HI"),
+        (["--samples", "9-3"], "argument --samples: need 1 <= LO <= HI"),
+        (["--samples", "x"], "argument --samples: expected N or LO-HI"),
     ],
 )
 def test_load_options_out_of_range_are_refused_before_the_stack_starts(
@@ -163,6 +177,31 @@ def test_load_options_out_of_range_are_refused_before_the_stack_starts(
         code = exc.code  # type: ignore[assignment]
     assert code == 2 and calls == [] and not report.exists()  # nothing made, nothing started
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--samples", "4097"], "--samples 4097-4097 x 1 keys exceed demo's limit of 4096"),
+        (["--keys-per-sample", "5"], "x 5 keys exceed demo's limit of 819 samples"),
+        (["--samples", "8", "--model", "nope"], "--model nope: not in"),
+    ],
+)
+def test_samples_beyond_the_models_limit_are_refused_before_the_stack_starts(
+    demo: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    message: str,
+) -> None:
+    calls = _start(monkeypatch)
+    code = main(["loadtest", "--config", str(demo), "--report-dir", str(tmp_path), *argv])
+    assert code == 2 and calls == []
+    assert message in capsys.readouterr().err
+    with pytest.raises(_Started):  # within the limit: the stack starts
+        main(["loadtest", "--config", str(demo), "--report-dir", str(tmp_path),
+              "--samples", "8-1024", "--keys-per-sample", "4"])  # fmt: skip
 
 
 def test_locust_gets_the_probes_keys_and_timeout(tmp_path: Path) -> None:

@@ -28,7 +28,9 @@ from hps.loadtest.cpu import Snapshot, cores, format_cores, role, snapshot
         (["/venv/bin/python3", "-m", "hps.cli", "serve", "--config", "ps.json"], "hps serve"),
         (["/venv/bin/python3", "-m", "hps.cli", "consume", "--config", "ps.json"], "hps consume"),
         (["/venv/bin/python3", "-m", "hps.cli", "admin", "--port", "1"], "hps admin"),
-        (["/usr/bin/timeout", "-k", "20", "140"], "timeout"),
+        (["/usr/bin/timeout", "-k", "20", "140"], "locust"),  # Locust's wrapper
+        (["nginx: master process /usr/sbin/nginx -p /tmp/g -e /tmp/g/error.log"], "gate (nginx)"),
+        (["/venv/bin/python3", "-c", "print()"], "python3"),  # its program's name
         ([], "other"),
     ],
 )
