@@ -27,7 +27,7 @@ from hps.loading.imports import repository_dir
 from hps.tempdirs import owned_tempdir
 from hps.triton.admin_key import ensure_key
 from hps.triton.repository import check_gpu_instances, prepare_repository, served_models
-from hps.triton.serving import deployment_config, prepare_tables, served_now
+from hps.triton.serving import prepare_tables, serving_config
 from hps.triton.supervisor.address import resolve_host
 from hps.triton.supervisor.gate import BodyLimit, find_nginx
 from hps.triton.supervisor.lifecycle import check_ports, clean_stale
@@ -35,7 +35,6 @@ from hps.triton.supervisor.output import TritonOutput
 from hps.triton.supervisor.serve_lock import hold_state_dir
 from hps.triton.supervisor.server import TritonServer
 from hps.triton.supervisor.watchdog import Watchdog, watched
-from hps.versions.models import served_config
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -58,8 +57,7 @@ def serve(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace, state_dir: Path, verbose: bool) -> int:
     for path in clean_stale():
         print(f"removed {path}, left by an hps process that has ended", file=sys.stderr)
-    deployment = deployment_config(args.config)
-    config = served_now(deployment)
+    config = serving_config(args.config)
     from hps.redact import protect
     from hps.updates.kafka import check_update_source
 
@@ -95,7 +93,7 @@ def _serve(args: argparse.Namespace, state_dir: Path, verbose: bool) -> int:
             admin_key=key,
             output=output,
         )
-        return _run(server, deployment, config, args, key_file)
+        return _run(server, config, args, key_file)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -138,13 +136,7 @@ def _admin_key(state_dir: str | Path, fallback: Path) -> tuple[str, Path | None]
         return ensure_key(fallback)
 
 
-def _run(
-    server: TritonServer,
-    deployment: PSConfig,
-    config: PSConfig,
-    args: argparse.Namespace,
-    key: Path | None,
-) -> int:
+def _run(server: TritonServer, config: PSConfig, args: argparse.Namespace, key: Path | None) -> int:
     """Serve until Ctrl-C / SIGTERM (then drain: exit 0 if clean) or until Triton exits."""
     watchdog = None
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt
@@ -170,7 +162,6 @@ def _run(
                 interval=args.watchdog_interval,
                 server_pid=server.proc.pid,
                 instances=instances,
-                served=lambda: watched(served_config(deployment)),
             )
             watchdog.start()
         _print_banner(server, config, args.config, key)

@@ -34,7 +34,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from http.client import HTTPException
 from pathlib import Path
@@ -167,9 +166,7 @@ class Watchdog:
     a model whose stub is dead, or which is stuck (:class:`Stall`: ``max_timeouts`` probes
     in a row failing, each waiting at most ``timeout``, over ``max_timeouts x timeout``
     seconds in which nothing executed). ``instances``: each model's instances (stubs of a
-    version; 1 when not named), to tell a dead stub from a replaced one. ``served``: the
-    models served now (probes and instances, as :func:`watched` gives them), read again at
-    every probe interval, so that models added or removed at runtime are watched or left."""
+    version; 1 when not named), to tell a dead stub from a replaced one."""
 
     def __init__(
         self,
@@ -182,7 +179,6 @@ class Watchdog:
         max_timeouts: int = 3,
         server_pid: int | None = None,
         instances: dict[str, int] | None = None,
-        served: Callable[[], tuple[dict[str, Inputs], dict[str, int]]] | None = None,
     ) -> None:
         self.http_url = http_url
         self.control = ModelControl(http_url, admin_key, timeout=120.0)
@@ -192,8 +188,6 @@ class Watchdog:
         self.max_timeouts = max_timeouts
         self.server_pid = server_pid
         self.instances = dict(instances or {})
-        self.served = served
-        self._unread = ""  # why the models served now could not be read, as last logged
         self.recoveries: list[Recovery] = []
         self._stalls = {model: Stall(timeout * max_timeouts, max_timeouts) for model in probes}
         self._suspect: set[str] = set()  # a stub died, the reload failed: reload again
@@ -229,8 +223,6 @@ class Watchdog:
         """One look at the stubs (``known`` at the last look): reload a model whose stub
         died, probe the others that lost a stub and, when ``due``, every model. The stubs
         now, after any reload of ours (its own new stubs are no loss)."""
-        if due:
-            self.follow()
         now = self._stubs()
         gone = {m for m, pids in known.items() if pids.keys() - now.get(m, {}).keys()}
         dead = self.lost(known, now)
@@ -248,25 +240,6 @@ class Watchdog:
                 self._suspect.discard(model)
                 known = self._stubs()
         return known
-
-    def follow(self) -> None:
-        """Watch the models served now (``served``): a model added at runtime from here on,
-        one removed no more. When they cannot be read, those known stay watched."""
-        if self.served is None:
-            return
-        try:
-            probes, instances = self.served()
-        except Exception as exc:  # noqa: BLE001 - a bad record must not stop the watchdog
-            if str(exc) != self._unread:
-                log.warning("watchdog: cannot read the models served now (%s); "
-                            "watching those known", exc)  # fmt: skip
-            self._unread = str(exc)
-            return
-        self._unread = ""
-        window = self.timeout * self.max_timeouts
-        self._stalls = {m: self._stalls.get(m) or Stall(window, self.max_timeouts) for m in probes}
-        self._suspect &= probes.keys()
-        self.probes, self.instances = probes, instances
 
     def lost(self, before: dict[str, dict[int, str]], now: dict[str, dict[int, str]]) -> set[str]:
         """The models a stub of which died between two looks at the stubs (PID -> version

@@ -277,49 +277,9 @@ def test_a_single_instance_stub_killed_is_reloaded_without_a_probe(stubbed) -> N
     assert reasons == ["a stub process disappeared"]
 
 
-def test_models_added_or_removed_at_runtime_are_watched_or_left(
-    stubbed, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The models served now are read at every probe interval: one added at runtime is
-    probed and its dead stub reloaded; one removed is probed no more; a record that cannot
-    be read keeps those known watched, with one warning."""
-    dog, stubs, reasons = stubbed
-    served: list[object] = [({"m": {}, "added": {}}, {"m": 2, "added": 1})]
-
-    def now() -> tuple[dict[str, dict[str, np.ndarray]], dict[str, int]]:
-        if isinstance(served[0], Exception):
-            raise served[0]
-        return served[0]  # type: ignore[return-value]
-
-    dog.served = now
-    probed: list[str] = []
-    triton = FakeTriton()
-    triton.infer = lambda model, inputs: probed.append(model)  # type: ignore[method-assign,assignment,return-value]
-    known = dog.round(triton, stubs.pids(1), due=True)
-    assert sorted(probed) == ["added", "m"]
-    stubs.stubs["added"] = {501: "1"}
-    known = dog.round(triton, stubs.pids(1), due=False)
-    del stubs.stubs["added"][501]  # its one stub killed, its version READY
-    known = dog.round(triton, known, due=False)
-    assert reasons == ["a stub process disappeared"]
-    served[0] = ({"added": {}}, {"added": 1})  # m removed at runtime
-    probed.clear()
-    dog.round(triton, known, due=True)
-    assert probed == ["added"]
-    served[0] = ValueError("the version record is not JSON")
-    for _ in range(3):
-        probed.clear()
-        dog.round(triton, {}, due=True)
-        assert probed == ["added"]
-    assert [r.getMessage() for r in caplog.records].count(
-        "watchdog: cannot read the models served now (the version record is not JSON); "
-        "watching those known"
-    ) == 1
-
-
-def test_what_hps_serve_watches_follows_the_node_record(tmp_path: Path) -> None:
-    """``hps serve``'s ``served``: the ps.json's models and those the node's record adds
-    at runtime (with their instances), without those it removes."""
+def test_watched_gives_the_probes_and_instances_of_the_models_served(tmp_path: Path) -> None:
+    """What the watchdog watches of a served config: the ps.json's models and those the
+    node's record adds at runtime (with their instances), without those it removes."""
     from hps.io.sparse_model import write_sparse_model
     from hps.versions.models import add_model, mark_removed, served_config
 
