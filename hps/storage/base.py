@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -113,6 +113,13 @@ class EmbeddingStore(ABC):
 
     @abstractmethod
     def open_table(self, spec: TableSpec) -> None: ...
+
+    def open_tables(self, specs: Sequence[TableSpec]) -> None:
+        """Declare several tables: :meth:`open_table` for each, in order (a refusal stops at
+        its table; those before it are open). A store that creates tables faster together
+        overrides it."""
+        for spec in specs:
+            self.open_table(spec)
 
     def stored_format(self, spec: TableSpec) -> tuple[RowFormat, int] | None:
         """The row format and dimension this store holds ``spec``'s rows in, read without

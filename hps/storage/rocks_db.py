@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import cast
 
 import numpy as np
@@ -172,6 +172,26 @@ class RocksDBStore(EmbeddingStore):
         self._changed.pop(spec.name, None)  # opened as the database records it now
         if cf is not None:
             self._cfs[spec.name] = cf
+
+    def open_tables(self, specs: Sequence[TableSpec]) -> None:
+        new = [s.name for s in specs if s.name not in self._existing]
+        if self.mode == "read_write" and len(new) > 1 and not self._cfs:
+            self._create_together(new)
+        super().open_tables(specs)
+
+    def _create_together(self, names: list[str]) -> None:
+        """Create column families in one open of the database: created one at a time, each
+        writes and syncs the MANIFEST and a new OPTIONS file (300 tables: 9 s; together:
+        0.9 s). Only before a table is declared, so nothing holds a handle into the
+        instance this one replaces."""
+        self._db.close()
+        try:
+            self._opened = open_db(self.path, self._opts, self._cache, self.mode, create=names)
+        except BackendError:
+            self._opened = open_db(self.path, self._opts, self._cache, self.mode)
+            raise
+        finally:
+            self._db, self._existing = self._opened.db, self._opened.existing
 
     def stored_format(self, spec: TableSpec) -> tuple[RowFormat, int] | None:
         """The table's format record (:func:`hps.storage.rocks_open.recorded_format`)."""

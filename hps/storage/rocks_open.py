@@ -23,7 +23,7 @@ import os
 import shutil
 import stat
 import struct
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import cast
 
@@ -46,6 +46,7 @@ def db_options(
     ``secondary``: for an instance that follows the writer (``catch_up``)."""
     opts = rd.Options(raw_mode=True)
     opts.create_if_missing(create)
+    opts.create_missing_column_families(create)  # only those open_db is asked to create
     opts.increase_parallelism(num_threads)
     if secondary:
         # A catch-up rebuilds every column family's file list, and RocksDB loads each list's
@@ -127,9 +128,12 @@ class Opened:
                 shutil.rmtree(folder, ignore_errors=True)
 
 
-def open_db(path: str, opts: rd.Options, cache: rd.Cache, mode: str) -> Opened:
+def open_db(
+    path: str, opts: rd.Options, cache: rd.Cache, mode: str, create: Collection[str] = ()
+) -> Opened:
     """Open the database at ``path`` in ``mode`` (``read_write``, ``read_only`` or
-    ``secondary``) with every column family it has; BackendError when it cannot be."""
+    ``secondary``) with every column family it has, and ``create`` (``read_write``: column
+    families it creates, all in this one open); BackendError when it cannot be."""
     check_folder(path)
     held = os.path.exists(os.path.join(path, "CURRENT"))  # an empty folder holds none yet
     if mode != "read_write" and not held:
@@ -152,6 +156,7 @@ def open_db(path: str, opts: rd.Options, cache: rd.Cache, mode: str) -> Opened:
     opened = Opened(cast(rd.Rdict, None), set(), secondary_dir, view)
     try:
         existing = rd.Rdict.list_cf(path, opts) if held else ["default"]
+        existing += [cf for cf in create if cf not in existing]
         opened.db = rd.Rdict(
             view or path,
             opts,

@@ -15,7 +15,7 @@ the only way to a backend's class (what ``hps plan`` and the topology need of it
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Literal
 
 import numpy as np
@@ -94,6 +94,11 @@ class RowStore:
         """Declare a table; one stored here in another format or dimension is a
         :class:`hps.errors.ConfigError` (re-import it with ``hps import --force``)."""
         self._store.open_table(spec)
+
+    def open_tables(self, specs: Sequence[TableSpec]) -> None:
+        """:meth:`open_table` for each, in order; those before a refused one are open (a
+        backend may create new tables together: ``rocks_db``, one open of the database)."""
+        self._store.open_tables(specs)
 
     def stored_format(self, spec: TableSpec) -> tuple[RowFormat, int] | None:
         """The format and dimension this tier holds ``spec``'s rows in, read without

@@ -174,7 +174,15 @@ class Tiers:
         format or dimension refuses it (:class:`hps.errors.ConfigError`, naming
         ``hps import --force``); with ``replace`` the table is then dropped in every tier
         and created anew in its configured format (``hps import --force``)."""
-        for spec in specs:
+        specs = list(specs)
+        try:
+            for store in self.stores:
+                store.open_tables(specs)
+            return
+        except ConfigError:
+            if not replace:
+                raise
+        for spec in specs:  # again one by one, dropping those refused
             try:
                 for store in self.stores:
                     store.open_table(spec)

@@ -420,6 +420,37 @@ def test_a_table_stored_in_another_format_or_dim_is_refused_until_dropped(
             first.close()
 
 
+@pytest.mark.parametrize("kind", [b for b in BACKENDS if b != "hash_map"])
+def test_open_tables_declares_each_in_order_and_stops_at_a_refused_one(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Any
+) -> None:
+    first = _open(kind, request, tmp_path)
+    model = unique_name()
+    held = TableSpec(model=model, table="held", dim=4, row_dtype="int8")
+    first.open_table(held)
+    first.insert(held.name, KEYS, stored(held, KEYS))
+    other = _second_handle(first, kind, request, tmp_path)
+    try:
+        before = [TableSpec(model=model, table=f"new{i}", dim=4) for i in range(3)]
+        after = TableSpec(model=model, table="after", dim=4)
+        wrong = TableSpec(model=model, table="held", dim=4, row_dtype="float16")
+        with pytest.raises(ConfigError, match="holds int8 rows"):
+            other.open_tables([*before, wrong, after])
+        for i, spec in enumerate(before):  # declared, and separate
+            other.insert(spec.name, KEYS, stored(spec, KEYS, seed=i))
+        for i, spec in enumerate(before):
+            assert_rows(spec, other.fetch(spec.name, KEYS)[0], KEYS, seed=i)
+        with pytest.raises(UnknownTableError):
+            other.fetch(after.name, KEYS)
+        other.open_tables([held, *before, after])  # again, with what is already open
+        assert_rows(held, other.fetch(held.name, KEYS)[0], KEYS)
+        assert other.size(after.name) == 0
+    finally:
+        other.close()
+        if kind != "rocks_db":
+            first.close()
+
+
 def test_hash_map_refuses_another_format_in_the_same_process(tmp_path: Any) -> None:
     store = open_store(VolatileDBConfig(type="hash_map"))
     assert store is not None
