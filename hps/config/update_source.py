@@ -20,9 +20,9 @@ class UpdateSourceConfig(Frozen):
     brokers: str = "127.0.0.1:9092"
     metadata_refresh_interval_ms: int = Field(default=30_000, ge=1)
     receive_buffer_size: int = Field(default=256 * 1024, ge=1)
-    poll_timeout_ms: int = Field(default=500, ge=0)
+    poll_timeout_ms: int = Field(default=500, ge=1)
     max_batch_size: int = Field(default=8192, ge=1)
-    failure_backoff_ms: int = Field(default=50, ge=0)
+    failure_backoff_ms: int = Field(default=50, ge=1)
     max_commit_interval: int = Field(default=32, ge=1)
     hps_group_id: str = "hps"
     hps_dead_letter_topic: str = "hps_et.dead_letter"

@@ -33,13 +33,14 @@ No other exception escapes :func:`decode`.
 
 from __future__ import annotations
 
+import numbers
 import re
 import struct
 from dataclasses import dataclass
 
 import numpy as np
 
-from hps.errors import DecodeError, VersionError
+from hps.errors import DecodeError, InvalidValueError, VersionError
 from hps.types import Keys, Vectors
 
 TOPIC_PREFIX = "hps_et."
@@ -63,6 +64,8 @@ DTYPE_CODES: dict[int, np.dtype] = {1: np.dtype("<f4"), 2: np.dtype("<f2")}
 _CODE_OF = {dt: code for code, dt in DTYPE_CODES.items()}
 UINT64_MAX = 2**64 - 1
 
+NAME_PATTERN = "[A-Za-z0-9_-]+"  # a model's or table's name in an update topic
+_NAME_RE = re.compile(NAME_PATTERN)
 _TOPIC_RE = re.compile(r"^hps_et\.([A-Za-z0-9_\-]+)\.([A-Za-z0-9_\-]+)$")
 
 
@@ -114,7 +117,17 @@ def check_version(
 
 
 def topic_name(model: str, table: str) -> str:
-    """``hps_et.<model>.<table>``, the topic of one table."""
+    """``hps_et.<model>.<table>``, the topic of one table.
+
+    :class:`~hps.errors.InvalidValueError` for a name outside ``[A-Za-z0-9_-]+`` (a dot, a
+    space, an empty one): :func:`parse_topic` would never match that topic, so no consumer
+    would read what was sent to it."""
+    for what, name in (("model", model), ("table", table)):
+        if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+            raise InvalidValueError(
+                f"{what} {name!r} cannot name an update topic: model and table names must "
+                f"match {NAME_PATTERN}"
+            )
     return f"{TOPIC_PREFIX}{model}.{table}"
 
 
@@ -136,7 +149,10 @@ def header_size(model_version: int | None) -> int:
 
 
 def check_model_version(model_version: int) -> int:
-    """``model_version`` as an int if it is one a message can carry (1 ... 2**32 - 1)."""
+    """``model_version`` as an int if it is one a message can carry: an integer (Python's or
+    numpy's, not a bool) from 1 to 2**32 - 1; ``ValueError`` otherwise."""
+    if isinstance(model_version, bool) or not isinstance(model_version, numbers.Integral):
+        raise ValueError(f"model version {model_version!r} is not an integer")
     if not 1 <= int(model_version) <= MODEL_VERSION_MAX:
         raise ValueError(f"model version {model_version} is not in 1 ... {MODEL_VERSION_MAX}")
     return int(model_version)

@@ -81,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "publish",
         help="publish a whole table as online updates (roll out an offline-trained model)",
     )
-    p.add_argument("--table", required=True, help="<model>.<table>")
+    p.add_argument("--table", required=True, help="<model>.<table> (each name of [A-Za-z0-9_-]+)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--sparse", metavar="DIR", help="HugeCTR sparse-model folder")
     src.add_argument("--npy", nargs=2, metavar=("KEYS", "VECTORS"), help=".npy key/vector pair")
@@ -249,12 +249,14 @@ def _publish(args: argparse.Namespace) -> int:
     from hps.io.npy import npy_rows, read_npy_pair
     from hps.io.progress import Progress
     from hps.io.sparse_model import read_sparse_model, sparse_model_rows
+    from hps.updates import codec
     from hps.updates.kafka import client_settings
     from hps.updates.producer import Publisher
 
     model, sep, table = args.table.partition(".")
     if not sep or not model or not table:
         raise RequestError(f"--table must be <model>.<table>, got {args.table!r}")
+    codec.topic_name(model, table)  # refuse a name no consumer reads before any work
     brokers, dim, kafka_conf = args.brokers, args.dim, {}
     if args.config:
         from hps.config import load_config

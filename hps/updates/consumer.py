@@ -64,6 +64,15 @@ MAX_BACKOFF_S = 5.0
 LAG_INTERVAL_S = 1.0
 DRAIN_CHUNK = 256
 MAX_BATCH_BYTES = 64 << 20
+MAX_BACKOFF_DOUBLINGS = 30  # 2**30 ms already exceeds the cap; more would overflow a float
+
+
+def backoff_s(first_ms: int, attempt: int) -> float:
+    """The wait before retry ``attempt + 1`` of a failed apply: ``first_ms`` (at least 1 ms)
+    doubled ``attempt`` times, at most :data:`MAX_BACKOFF_S`, however long a tier stays
+    down."""
+    doubled = max(first_ms, 1) / 1000 * 2 ** min(attempt, MAX_BACKOFF_DOUBLINGS)
+    return min(doubled, MAX_BACKOFF_S)
 
 
 class Source(Protocol):
@@ -284,7 +293,7 @@ class UpdateConsumer:
             except BackendError as exc:
                 metrics.FAILURES.inc()
                 self.failures += 1
-                delay = min(self.settings.failure_backoff_ms / 1000 * 2**attempt, MAX_BACKOFF_S)
+                delay = backoff_s(self.settings.failure_backoff_ms, attempt)
                 log.warning(
                     "applying %d updates failed (%s); retrying in %.2fs", len(updates), exc, delay
                 )

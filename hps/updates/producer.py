@@ -13,6 +13,7 @@ messages are untagged and go to the live version (and the ready ones above it).
 from __future__ import annotations
 
 import logging
+import numbers
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -56,8 +57,10 @@ class Publisher:
     ``config`` (librdkafka names) or as keywords with underscores for dots, e.g.
     ``Publisher("b:9093", security_protocol="SASL_SSL", sasl_mechanism="PLAIN", ...)``.
     Missing topics are created with ``num_partitions`` partitions. ``version`` (a model
-    version, 1 ... 2**32 - 1) tags every message this publisher sends with it; ``None``
-    sends untagged messages.
+    version, an integer 1 ... 2**32 - 1) tags every message this publisher sends with it;
+    ``None`` sends untagged messages. Model and table names must match ``[A-Za-z0-9_-]+``
+    (the names of their topics, :func:`hps.updates.codec.topic_name`); explicit update
+    versions must be integers within uint64. Bad input raises before anything is sent.
     """
 
     def __init__(
@@ -76,7 +79,7 @@ class Publisher:
         if version is not None:
             try:
                 version = codec.check_model_version(version)
-            except (TypeError, ValueError) as exc:
+            except ValueError as exc:
                 raise InvalidValueError(f"Publisher(version=...): {exc}") from None
         self.model_version = version  # the model version every message is tagged with
         self._header = codec.header_size(version)
@@ -211,12 +214,12 @@ class Publisher:
             now = time.time_ns()
             if version is None:
                 version = max(now, self._last_version + 1)
-            elif not 0 <= int(version) <= codec.UINT64_MAX:
-                raise InvalidValueError(f"version {version} does not fit in uint64")
-            elif int(version) > now:
-                return int(version)
-            self._last_version = max(self._last_version, int(version))
-            return int(version)
+            else:
+                version = _update_version(version)
+                if version > now:
+                    return version
+            self._last_version = max(self._last_version, version)
+            return version
 
     def _rows(self, row_bytes: int) -> int:
         return max(1, (self.max_message_bytes - self._header) // row_bytes)
@@ -283,6 +286,16 @@ class Publisher:
                 producer.poll(0.05)
         producer.poll(0)
         self.messages_sent += 1
+
+
+def _update_version(version: object) -> int:
+    """An explicit update version as an int: an integer (Python's or numpy's, not a bool)
+    that fits in uint64; :class:`InvalidValueError` otherwise (1.9 is not truncated)."""
+    if isinstance(version, bool) or not isinstance(version, numbers.Integral):
+        raise InvalidValueError(f"update version {version!r} is not an integer")
+    if not 0 <= int(version) <= codec.UINT64_MAX:
+        raise InvalidValueError(f"update version {version} does not fit in uint64")
+    return int(version)
 
 
 def _keys(keys: Keys, table: str) -> np.ndarray:

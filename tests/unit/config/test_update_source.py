@@ -33,3 +33,16 @@ def test_a_dead_letter_topic_no_broker_takes_is_refused(topic: str) -> None:
     """Refused at load, not by the broker on the first bad message."""
     with pytest.raises(ConfigError, match=r"hps_dead_letter_topic: .*is no Kafka topic name"):
         _load(hps_dead_letter_topic=topic)
+
+
+@pytest.mark.parametrize("key", ["poll_timeout_ms", "failure_backoff_ms"])
+def test_a_zero_wait_is_refused(key: str) -> None:
+    """0 made an idle consumer spin on its polls, or a tier outage a hot retry loop that
+    flooded the log."""
+    with pytest.raises(ConfigError, match=rf"update_source\.{key}: .*greater than or equal to 1"):
+        _load(**{key: 0})
+
+
+@pytest.mark.parametrize("key", ["poll_timeout_ms", "failure_backoff_ms"])
+def test_a_one_millisecond_wait_is_taken(key: str) -> None:
+    assert getattr(_load(**{key: 1}).update_source, key) == 1  # type: ignore[attr-defined]

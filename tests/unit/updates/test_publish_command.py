@@ -69,3 +69,23 @@ def test_the_vectors_are_checked_against_the_dims_of_the_version_they_go_to(
     assert main(["publish", "--config", str(path), "--table", "m.t9", "--brokers", "x:1",
                  "--npy", str(tmp_path / "k.npy"), str(tmp_path / "v8.npy")]) == 2  # fmt: skip
     assert "model 'm' version 2 has no table 't9'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("table", "bad"), [("pm.x.t0", "table 'x.t0'"), ("p m.t0", "model 'p m'")])
+def test_a_table_no_consumer_reads_is_refused_before_a_producer_is_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    table: str, bad: str,
+) -> None:  # fmt: skip
+    """--table pm.x.t0 published to hps_et.pm.x.t0, a topic no consumer reads."""
+
+    def no_producer(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a producer was made")
+
+    monkeypatch.setattr("hps.updates.producer.Publisher.__init__", no_producer)
+    np.save(tmp_path / "k.npy", np.arange(3, dtype=np.int64))
+    np.save(tmp_path / "v.npy", np.ones((3, 4), np.float32))
+    code = main(["publish", "--table", table, "--brokers", "x:9", "--quiet", "--npy",
+                 str(tmp_path / "k.npy"), str(tmp_path / "v.npy")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"{bad} cannot name an update topic" in err and "[A-Za-z0-9_-]+" in err

@@ -100,3 +100,49 @@ def test_a_version_ahead_of_the_clock_does_not_drag_the_default_ones_with_it(
     assert publisher._version(5) == 5  # an explicit version from the past: kept as given
     assert publisher._version(None) > after
     publisher.close(timeout_s=1.0)
+
+
+@pytest.mark.parametrize(("model", "table"), [("pm.x", "t0"), ("p m", "t0"), ("pm", "")])
+def test_names_no_consumer_reads_are_refused_before_a_topic_is_made(
+    monkeypatch: pytest.MonkeyPatch, model: str, table: str
+) -> None:
+    """hps_et.pm.x.t0 was created and written to; no consumer ever matched its name."""
+    from hps.updates import producer
+
+    created: list[list[str]] = []
+    monkeypatch.setattr(producer, "ensure_topics", lambda b, topics, **kw: created.append(topics))
+    pub = Publisher(f"127.0.0.1:{free_port()}", reconnect_backoff_ms=10)  # creates topics
+    with pytest.raises(InvalidValueError, match=r"must match \[A-Za-z0-9_-\]\+"):
+        pub.publish(model, table, np.array([1]), np.ones((1, 2), np.float32))
+    with pytest.raises(InvalidValueError, match=r"must match \[A-Za-z0-9_-\]\+"):
+        pub.delete(model, table, np.array([1]))
+    with pytest.raises(InvalidValueError, match=r"must match \[A-Za-z0-9_-\]\+"):
+        pub.prepare(model, [table])
+    assert created == [] and pub.messages_sent == 0
+    pub.close(timeout_s=1.0)
+
+
+@pytest.mark.parametrize("version", [1.9, "abc", "5", True, 2.0])
+def test_an_update_version_that_is_no_integer_is_refused(
+    publisher: Publisher, version: object
+) -> None:
+    """1.9 was truncated to 1 without a word; "abc" raised a bare ValueError."""
+    with pytest.raises(InvalidValueError, match=r"update version .* is not an integer"):
+        publisher.publish("m", "t", np.array([1]), np.ones((1, 2), np.float32), version=version)  # type: ignore[arg-type]
+    with pytest.raises(InvalidValueError, match=r"update version .* is not an integer"):
+        publisher.delete("m", "t", np.array([1]), version=version)  # type: ignore[arg-type]
+    publisher.close(timeout_s=1.0)  # nothing was queued
+
+
+@pytest.mark.parametrize("version", [1.9, "abc", "5", True, 2.0])
+def test_a_model_version_that_is_no_integer_is_refused(version: object) -> None:
+    with pytest.raises(InvalidValueError, match=r"model version .* is not an integer"):
+        Publisher(f"127.0.0.1:{free_port()}", version=version)  # type: ignore[arg-type]
+
+
+def test_numpy_integers_are_versions(publisher: Publisher) -> None:
+    assert publisher._version(np.int64(7)) == 7 and publisher._version(np.uint64(8)) == 8
+    pub = Publisher(f"127.0.0.1:{free_port()}", create_topics=False, version=np.uint32(3))  # type: ignore[arg-type]
+    assert pub.model_version == 3 and type(pub.model_version) is int
+    pub.close(timeout_s=1.0)
+    publisher.close(timeout_s=1.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import struct
 
 import numpy as np
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from hps.errors import DecodeError
+from hps.errors import DecodeError, InvalidValueError
 from hps.updates import codec
 
 keys_st = hnp.arrays(np.int64, st.integers(0, 64), elements=st.integers(-(2**63), 2**63 - 1))
@@ -133,6 +134,16 @@ def test_topic_names() -> None:
     for bad in ("hps_et.dead_letter", "other.m.t", "hps_et.m.t.x", "hps_et..t"):
         with pytest.raises(DecodeError):
             codec.parse_topic(bad)
+
+
+@pytest.mark.parametrize(("model", "table", "bad"), [
+    ("pm.x", "t0", "model 'pm.x'"), ("p m", "t0", "model 'p m'"), ("pm", "", "table ''"),
+    ("pm", "x.t0", "table 'x.t0'"), ("", "t0", "model ''"), ("pm", "t0\n", "table 't0\\n'"),
+])  # fmt: skip
+def test_a_topic_no_consumer_reads_is_refused(model: str, table: str, bad: str) -> None:
+    """parse_topic never matches such a name: every update sent to it would be lost."""
+    with pytest.raises(InvalidValueError, match=re.escape(bad) + r" .*\[A-Za-z0-9_-\]\+"):
+        codec.topic_name(model, table)
 
 
 def test_encode_rejects_inconsistent_input() -> None:

@@ -17,7 +17,7 @@ from hps.tiers import Tiers
 from hps.types import TableSpec
 from hps.updates import codec
 from hps.updates.applier import Applier
-from hps.updates.consumer import UpdateConsumer
+from hps.updates.consumer import MAX_BACKOFF_S, UpdateConsumer, backoff_s
 from hps.updates.freshness import L1Refresher, Offset
 from hps.updates.listener import applied_by_group
 
@@ -369,6 +369,41 @@ def test_stop_during_backoff_stores_nothing() -> None:
     threading.Timer(0.1, stop.set).start()
     assert consumer.run_once(stop) == 0
     assert source.stored == []
+
+
+class SimulatedWait(threading.Event):
+    """A stop event whose backoff waits take no time: it records what was asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout or 0.0)
+        return self.is_set()
+
+
+def test_a_tier_down_for_hours_is_retried_at_the_capped_backoff() -> None:
+    """2**attempt overflowed a float after 1024 attempts (about 85 minutes of a tier down):
+    hps consume died with a traceback instead of retrying."""
+    consumer, source, _, l2, _ = make(
+        [upsert([1], 1, 0)], l2=FlakyStore(failures=1100), failure_backoff_ms=50
+    )
+    stop = SimulatedWait()
+    assert consumer.run_once(stop) == 1  # applied once the tier came back
+    assert source.stored == [0] and l2.size(SPEC.name) == 1
+    assert len(stop.waits) == 1100 and stop.waits[0] == pytest.approx(0.05)
+    assert max(stop.waits) == MAX_BACKOFF_S == stop.waits[-1]
+
+
+@pytest.mark.parametrize(("first_ms", "attempt", "expected"), [
+    (50, 0, 0.05), (50, 3, 0.4), (50, 7, MAX_BACKOFF_S), (50, 10**6, MAX_BACKOFF_S),
+    (1, 0, 0.001), (0, 0, 0.001), (0, 5000, MAX_BACKOFF_S),
+])  # fmt: skip
+def test_the_backoff_doubles_from_at_least_a_millisecond_up_to_the_cap(
+    first_ms: int, attempt: int, expected: float
+) -> None:
+    assert backoff_s(first_ms, attempt) == pytest.approx(expected)
 
 
 def test_commits_every_max_commit_interval_batches_and_when_idle() -> None:
