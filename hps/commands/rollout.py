@@ -9,7 +9,9 @@ import json
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from typing import cast
 
 from hps.commands.versions import positive
 from hps.errors import BackendUnavailable, HPSError, RequestError
@@ -40,8 +42,10 @@ def add_rollout(actions: argparse._SubParsersAction) -> None:
         "--admin",
         action="append",
         required=True,
+        type=admin_url,
         metavar="URL",
-        help="a pod's control plane, e.g. http://10.0.0.7:8081 (repeat, in order)",
+        help="a pod's control plane (http:// or https://), e.g. http://10.0.0.7:8081 (repeat, "
+        "in order)",
     )
     p.add_argument("--token-file", help="file of the admin token (else $HPS_ADMIN_TOKEN)")
     p.add_argument("--sparse-files", nargs="+", metavar="DIR",
@@ -56,6 +60,28 @@ def add_rollout(actions: argparse._SubParsersAction) -> None:
                    "(default: the ps.json's)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per pod")
     p.set_defaults(func=_rollout)
+
+
+def admin_url(text: str) -> str:
+    """A control plane's URL (argparse type): http:// or https:// with a host (and a
+    numeric port, if any)."""
+    try:
+        parts = urllib.parse.urlsplit(text)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        ok = ok and parts.port != 0  # .port: ValueError for one that is not a number
+    except ValueError:
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a control plane's URL: give http://HOST:PORT or https://HOST:PORT"
+        )
+    return text
+
+
+def model_path(model: str, rest: str = "") -> str:
+    """The route path of ``model`` (its name quoted: one path segment whatever it holds),
+    with ``rest`` after it."""
+    return f"/v1/models/{urllib.parse.quote(model, safe='')}{rest}"
 
 
 class ControlPlane:
@@ -80,13 +106,15 @@ class ControlPlane:
             raise RequestError(f"{method} {path}: {exc.code} {detail}") from None
         except (urllib.error.URLError, OSError) as exc:
             raise BackendUnavailable(f"cannot reach {self.url}: {exc}") from None
+        except ValueError as exc:  # a URL urllib refuses (http.client.InvalidURL), not JSON
+            raise RequestError(f"{method} {self.url}{path}: {exc}") from None
         return answer if isinstance(answer, dict) else {}
 
     def versions(self, model: str) -> JSON:
-        return self.call("GET", f"/v1/models/{model}/versions")
+        return self.call("GET", model_path(model, "/versions"))
 
     def import_version(self, model: str, body: JSON, deadline: float) -> None:
-        job = self.call("POST", f"/v1/models/{model}/versions", body)
+        job = self.call("POST", model_path(model, "/versions"), body)
         status = str(job.get("status_url") or f"/v1/jobs/{job.get('job')}")
         while True:
             view = self.call("GET", status)
@@ -111,7 +139,7 @@ def roll_out(pod: ControlPlane, model: str, version: int, body: JSON, timeout: f
     else:
         check_held_as_asked(pod, known[version], body)
     mid = time.monotonic()
-    done = pod.call("POST", f"/v1/models/{model}/versions/{version}/activate")
+    done = pod.call("POST", model_path(model, f"/versions/{version}/activate"))
     live = pod.versions(model).get("live")
     if live != version:
         raise RequestError(f"activated, but the pod reports version {live} live")
@@ -175,10 +203,14 @@ def _rollout(args: argparse.Namespace) -> int:
             return 1
         print(json.dumps(row), flush=True)
         if row["rows_left"]:
+            again = ", ".join(
+                f"DELETE {model_path(args.model, f'/versions/{n}')}"
+                for n in cast(list[int], row["rows_left"])
+            )
             print(
                 f"hps versions rollout: {url}: versions {row['rows_left']} of {args.model} "
                 f"are retired but their rows are left ({row['problem']}); retire them again "
-                "there (DELETE /v1/models/{model}/versions/{n}) once that is resolved",
+                f"there ({again}) once that is resolved",
                 file=sys.stderr,
                 flush=True,
             )

@@ -16,7 +16,7 @@ import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
@@ -121,6 +121,7 @@ class TableFiles:
     keys: Column
     vectors: Column
     rows: int
+    _digest: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def key_chunk(self, lo: int, n: int) -> Keys:
         return int64_keys(self.keys.read(lo, n), self.keys.path, lo)
@@ -163,11 +164,14 @@ class TableFiles:
 
     def digest(self) -> str:
         """The content of both files as opened, as a BLAKE2b digest (hex): equal digests,
-        equal bytes (a .npy file's header too). One sequential read of each file."""
-        digest = hashlib.blake2b(digest_size=32)
-        self.keys.digest_into(digest)
-        self.vectors.digest_into(digest)
-        return digest.hexdigest()
+        equal bytes (a .npy file's header too). One sequential read of each file, the first
+        time (the files as opened do not change; :meth:`written` says when they did)."""
+        if self._digest is None:
+            digest = hashlib.blake2b(digest_size=32)
+            self.keys.digest_into(digest)
+            self.vectors.digest_into(digest)
+            self._digest = digest.hexdigest()
+        return self._digest
 
     def written(self) -> list[Path]:
         """The files written since they were opened."""

@@ -92,7 +92,12 @@ def _info(v: dict[str, object]) -> VersionInfo:
         raise ValueError(f"bad import start {created!r}")
     if not isinstance(entry, dict):
         raise ValueError(f"version {version}: bad entry")
-    info = VersionInfo(version, cast(VersionState, state), float(created), entry)
+    fingerprint = v.get("fingerprint")  # absent from an older release's record: unknown
+    if fingerprint is not None and not isinstance(fingerprint, str):
+        raise ValueError(f"version {version}: bad fingerprint {fingerprint!r}")
+    info = VersionInfo(
+        version, cast(VersionState, state), float(created), entry, fingerprint=fingerprint
+    )
     info.model_config()  # pydantic's ValidationError is a ValueError
     return info
 
@@ -141,36 +146,54 @@ def holders(
     version is read: one whose entries this release would refuse (another release's) still
     says what it holds; one that is no record at all (damaged) is left out, with a
     warning."""
-    out = []
+    return sorted(fingerprints(raw, model, version, besides=besides, now=now, states=states))
+
+
+def fingerprints(
+    raw: dict[bytes, bytes],
+    model: str,
+    version: int,
+    *,
+    besides: str,
+    now: float,
+    states: frozenset[VersionState] = HOLDING,
+) -> dict[str, str | None]:
+    """:func:`holders`, each with the fingerprint of the files it imported the version from
+    (:attr:`VersionInfo.fingerprint`; None: unknown, a record of an older release)."""
+    out: dict[str, str | None] = {}
     for field, value in raw.items():
         node = field.decode(errors="replace")
         if node == besides:
             continue
         try:
-            at, held = _states(value, model, version)
+            at, held, fingerprint = _states(value, model, version)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             if node not in _UNREAD:  # once per node and process
                 log.warning("node %r: %s is not a version record; left out", node, exc)
                 _UNREAD.add(node)
             continue
         if now - at <= STALE_S and held in states:
-            out.append(node)
-    return sorted(out)
+            out[node] = fingerprint
+    return out
 
 
 _UNREAD: set[str] = set()  # nodes whose records were not ones, warned of
 
 
-def _states(raw: bytes, model: str, version: int) -> tuple[float, str | None]:
-    """A record's publish time and the state it gives ``version`` of ``model`` (None: not
-    held, or the model removed), read without validating its entries: a record of a
-    release whose entries this one would refuse still says what it holds."""
+def _states(raw: bytes, model: str, version: int) -> tuple[float, str | None, str | None]:
+    """A record's publish time, the state it gives ``version`` of ``model`` (None: not
+    held, or the model removed) and that version's fingerprint (None: unknown), read
+    without validating its entries: a record of a release whose entries this one would
+    refuse still says what it holds."""
     doc = json.loads(raw)
     at = doc["at"]
     if not isinstance(at, int | float) or not math.isfinite(at):
         raise ValueError(f"bad publish time {at!r}")
     rec = doc["models"].get(model)
     if rec is None or rec["removed"]:
-        return float(at), None
-    states = [v["state"] for v in rec["versions"] if v["version"] == version]
-    return float(at), str(states[0]) if states else None
+        return float(at), None, None
+    found = [v for v in rec["versions"] if v["version"] == version]
+    if not found:
+        return float(at), None, None
+    fingerprint = found[0].get("fingerprint")
+    return float(at), str(found[0]["state"]), fingerprint if isinstance(fingerprint, str) else None

@@ -66,6 +66,10 @@ class VersionInfo:
     entry: JSON  # the ps.json model entry it was imported from (paths absolute)
     rows_left: bool = False  # retired, its rows not dropped yet (see the module docstring)
     shared_rows_left: bool = False  # retired, its rows kept in a shared L2 another node holds
+    fingerprint: str | None = None
+    """What identifies the files it was imported from by content
+    (:func:`hps.versions.rollout.fingerprint`); None: not known (version 1 as the ps.json
+    describes it, or recorded by an older release)."""
 
     def model_config(self) -> ModelConfig:
         """The entry as a ModelConfig whose tables are in this version's namespace."""
@@ -124,6 +128,7 @@ class VersionRegistry:
                     cast(JSON, v["entry"]),
                     bool(v.get("rows_left", False)),
                     bool(v.get("shared_rows_left", False)),
+                    _fingerprint(v.get("fingerprint")),
                 )
                 for n, v in raw.items()
             ),
@@ -350,29 +355,27 @@ class VersionRegistry:
 
             check_held(self.config, self.config.model(model))
 
-    def begin(self, model: ModelConfig, version: int) -> None:
-        """Record ``version`` of ``model`` as ``loading`` from its entry; a number already
-        used (even retired), or not one of 1 to :data:`hps.types.MAX_VERSION`, is a
-        ConfigError."""
+    def begin(self, model: ModelConfig, version: int, fingerprint: str | None = None) -> None:
+        """Record ``version`` of ``model`` as ``loading`` from its entry, with the
+        ``fingerprint`` of its files; a number already used (even retired), or not one of 1
+        to :data:`hps.types.MAX_VERSION`, is a ConfigError."""
         check_number(version)
 
         def change(current: dict[int, VersionInfo]) -> None:
-            if version in current:
-                state = current[version].state
-                unfinished = (
-                    " (an import of it runs, or died: `hps versions retire` it to drop what "
-                    "it wrote)"
-                    if state == "loading"
-                    else ""
-                )
-                raise ConfigError(
-                    f"model {model.model!r} version {version} exists ({state}){unfinished}; "
-                    "import under a new number"
-                )
+            _refuse_used(model.model, version, current)
             entry = model.model_dump(mode="json")
-            current[version] = VersionInfo(version, "loading", time.time(), entry)
+            current[version] = VersionInfo(
+                version, "loading", time.time(), entry, fingerprint=fingerprint
+            )
 
         self._edit(model.model, change)
+
+    def check_new(self, model: str, version: int) -> None:
+        """The ConfigErrors :meth:`begin` raises (a number already used, a first record
+        whose version 1 is not what the node holds: :meth:`check_unrecorded`), without its
+        lock: a look before the import reads its files (``begin`` looks again)."""
+        self.check_unrecorded(model)
+        _refuse_used(model, version, {v.version: v for v in self.versions(model)})
 
     def set_state(
         self,
@@ -424,3 +427,24 @@ class VersionRegistry:
         if version not in current:
             raise UnknownTableError(f"model {model!r} has no version {version}")
         return current[version]
+
+
+def _fingerprint(value: object) -> str | None:
+    """A recorded fingerprint; anything but a string (none recorded) is unknown."""
+    return value if isinstance(value, str) else None
+
+
+def _refuse_used(model: str, version: int, current: dict[int, VersionInfo]) -> None:
+    """ConfigError when ``version`` is one of ``current`` (any state: numbers are never
+    reused)."""
+    if version not in current:
+        return
+    state = current[version].state
+    unfinished = (
+        " (an import of it runs, or died: `hps versions retire` it to drop what it wrote)"
+        if state == "loading"
+        else ""
+    )
+    raise ConfigError(
+        f"model {model!r} version {version} exists ({state}){unfinished}; import under a new number"
+    )

@@ -17,18 +17,20 @@ Activating a version is Triton's part: :mod:`hps.triton.activation`.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import logging
+import os
 import re
 import shutil
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import ExitStack, contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import TypeVar
 
 from hps.config import ModelConfig, PSConfig
 from hps.config.model import CTR_SUFFIX, MAX_DIM
 from hps.ctr.network import check_dense_inputs
-from hps.errors import BackendError, ConfigError
+from hps.errors import BackendError, ConfigError, HPSError, UnknownTableError
 from hps.loading.imports import (
     ImportRecord,
     import_lock,
@@ -37,12 +39,13 @@ from hps.loading.imports import (
     repository_dir,
     sparse_sources,
 )
+from hps.loading.loader import TableSource
 from hps.rowformat import ROW_DTYPES
 from hps.tiers import Tiers
 from hps.topology import topology
 from hps.versions.node_record import HOLDING, IMPORTED
 from hps.versions.registry import VersionRegistry, VersionState, check_number
-from hps.versions.shared_rows import holding, not_as_here
+from hps.versions.shared_rows import holding, imported_elsewhere, not_as_here
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -145,26 +148,77 @@ def import_version(
     config: PSConfig, entry: ModelConfig, version: int, *, progress: bool = False
 ) -> dict[str, int]:
     """Import ``entry`` (see :func:`version_entry`) as ``version`` of its model, beside the
-    versions there are; rows imported per table. On failure nothing of it is left recorded
-    and its partial rows are dropped."""
+    versions there are; rows imported per table. The version is recorded with the
+    :func:`fingerprint` of its files; where another node sharing the Redis L2 imported
+    that number from other files, it is refused (:func:`check_same_files`) before anything
+    is recorded or written. On failure nothing of it is left recorded, its partial rows
+    are dropped and its files on this node (its import's marker, its copied dense and
+    network files) deleted."""
     check_number(version)  # before its marker is made
     registry = VersionRegistry(config)
     model = entry.model
     if len(entry.sparse_files) != len(entry.tables):
         raise ConfigError(f"model {model!r} version {version}: no sparse files to import")
+    registry.check_new(model, version)  # before its files are read
     snapshot, copies = _snapshot(config, entry, version)
-    with _importing(config, model, version):
-        registry.begin(snapshot, version)
-        return _import(config, registry, snapshot.at_version(version), copies, progress)
+    at = snapshot.at_version(version)
+    served = config.model_copy(
+        update={"models": [at if m.model == model else m for m in config.models]}
+    )
+    with _importing(config, model, version), ExitStack() as files:
+        # opened once: the files fingerprinted are the files imported, whatever replaces them
+        sources = [files.enter_context(s.opened()) for s in sparse_sources(served, [model])]
+        print_ = fingerprint(sources)
+        whole = check_same_files(config, at, print_)
+        registry.begin(snapshot, version, print_)
+        return _import(served, registry, at, sources, copies, whole=whole, progress=progress)
+
+
+def fingerprint(sources: Sequence[TableSource]) -> str:
+    """What identifies a version's files by content: a BLAKE2b digest over each table's
+    name, dimension and content digest (:meth:`hps.loading.loader.TableSource.digest`:
+    every byte of its key and vector files, with its row format), in table order. Equal
+    fingerprints: imports that leave the same rows. One read of every file."""
+    digest = hashlib.blake2b(digest_size=32)
+    for source in sources:
+        digest.update(f"{source.spec.table}:{source.spec.dim}:{source.digest()}\n".encode())
+    return f"blake2b:{digest.hexdigest()}"
+
+
+def check_same_files(config: PSConfig, at: ModelConfig, print_: str) -> bool:
+    """Whether another node sharing the Redis L2 holds ``at`` (a model entry at its
+    version) imported whole: an import of it then keeps the rows there (they may have
+    taken updates since). A ConfigError where such a node imported it from other files
+    than those whose :func:`fingerprint` is ``print_``: a lookup would get that node's rows
+    from the shared L2 and this node's from its L3, one request answered by two models. A
+    node whose record gives no fingerprint (an older release) refuses nothing: its rows
+    are kept, as before there were fingerprints."""
+    others = imported_elsewhere(config, at)
+    differ = sorted(node for node, theirs in others.items() if theirs not in (None, print_))
+    if differ:
+        also = f" (and {len(differ) - 1} other nodes)" if len(differ) > 1 else ""
+        raise ConfigError(
+            f"model {at.model!r} version {at.version} was imported by node {differ[0]}{also} "
+            f"from other files (fingerprint {others[differ[0]]}, these: {print_}), and the "
+            "Redis L2 the nodes share holds its rows: import the same files or another "
+            "version number. Nothing was recorded or written"
+        )
+    return bool(others)
 
 
 def _import(
-    config: PSConfig,
+    served: PSConfig,
     registry: VersionRegistry,
     at: ModelConfig,
+    sources: list[TableSource],
     copies: dict[str, str],
+    *,
+    whole: bool,
     progress: bool,
 ) -> dict[str, int]:
+    """Copy the version's dense and network files and import ``sources`` (its tables) with
+    ``served`` (the ps.json with the model's entry at ``at``); ``whole``: another node holds
+    it imported, whose rows in a shared L2 are kept."""
     model, version = at.model, at.version
     try:
         for dest, src in copies.items():
@@ -173,21 +227,18 @@ def _import(
                 shutil.copyfile(src, dest)
             except OSError as exc:
                 raise ConfigError(f"model {model!r}: cannot copy {src}: {exc}") from None
-        served = config.model_copy(
-            update={"models": [at if m.model == model else m for m in config.models]}
-        )
         # Every node imports the version into a shared L2 (Redis): the rows of a node that
-        # imported it whole, and the updates they took since, are not overwritten by the
-        # next ones' snapshots; rows nobody holds whole (a failed import's) are.
-        whole = bool(holding(config, [at], IMPORTED))
-        rows = import_tables(served, topology(served), sparse_sources(served, [model]),
-                             progress=progress, keep_l2_rows=whole)  # fmt: skip
+        # imported it whole (from the same files: check_same_files), and the updates they
+        # took since, are not overwritten by the next ones' snapshots; rows nobody holds
+        # whole (a failed import's) are.
+        rows = import_tables(served, topology(served), sources, progress=progress,
+                             keep_l2_rows=whole)  # fmt: skip
     except BaseException:
         for dest in copies:
             Path(dest).unlink(missing_ok=True)
         try:
             # forgotten below, so nothing would drop rows kept for a node still importing
-            drop_versions(config, [at], IMPORTED)
+            drop_versions(served, [at], IMPORTED)
         except Exception as exc:  # noqa: BLE001 - the import's own error is the one to raise
             # Its rows stay: recorded `loading` and abandoned, it is retired by hand (which
             # drops them) rather than forgotten with rows a later import would mix with.
@@ -209,12 +260,78 @@ def _marker(config: PSConfig, model: str, version: int) -> Path:
 @contextmanager
 def _importing(config: PSConfig, model: str, version: int) -> Iterator[None]:
     """Held while ``version`` is imported: a ``loading`` version nobody holds was abandoned
-    (its importer died) and may be retired."""
+    (its importer died) and may be retired. An import that fails or is refused leaves no
+    files: :func:`_clean_up`."""
     marker = _marker(config, model, version)
+    with _locked(marker) as created:
+        try:
+            yield
+        except BaseException:
+            _clean_up(config, model, version, created)
+            raise
+
+
+@contextmanager
+def _locked(marker: Path) -> Iterator[bool]:
+    """``marker``, made if missing, locked exclusively until the block ends; whether this
+    process made it. A marker deleted while this process waited for its lock (by the
+    import that held it, which failed) is made again: the lock is on the file the path
+    names."""
     marker.parent.mkdir(parents=True, exist_ok=True)
-    with open(marker, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        yield
+    while True:
+        try:
+            fd, created = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), True
+        except FileExistsError:
+            try:
+                fd, created = os.open(marker, os.O_WRONLY), False
+            except FileNotFoundError:
+                continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _names(marker, fd):
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    try:
+        yield created
+    finally:
+        os.close(fd)
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether ``path`` names the open file ``fd``."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _clean_up(config: PSConfig, model: str, version: int, created: bool) -> None:
+    """After an import of ``version`` failed or was refused: its files go (marker, copied
+    files, their folders) once it is not recorded (forgotten, or never begun); the marker
+    alone, made by this import, where the number is another import's (refused: it
+    exists). A version left recorded ``loading`` (its rows could not be dropped) keeps
+    its files until it is retired. A failure here is logged: the import's error is the
+    one raised."""
+    try:
+        try:
+            recorded = any(v.version == version for v in VersionRegistry(config).versions(model))
+        except UnknownTableError:
+            recorded = False
+        if not recorded:
+            drop_version_files(config, model, version)
+        elif created:
+            marker = _marker(config, model, version)
+            marker.unlink(missing_ok=True)
+            with suppress(OSError):  # another version's files there: kept
+                marker.parent.rmdir()
+    except (HPSError, OSError) as exc:
+        log.warning("model %s version %d: the files of its failed import were not deleted "
+                    "(%s)", model, version, exc)  # fmt: skip
 
 
 def _abandoned(config: PSConfig, model: str, version: int) -> bool:

@@ -24,7 +24,7 @@ from hps.tiers.node_records import NodeRecords
 from hps.tiers.rows import RowStore
 from hps.topology import topology
 from hps.types import TableSpec
-from hps.versions.node_record import HOLDING, holders, node_name
+from hps.versions.node_record import HOLDING, IMPORTED, fingerprints, holders, node_name
 from hps.versions.registry import VersionRegistry, VersionState
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,17 @@ def holding(
         if nodes:
             out[(entry.model, entry.version)] = nodes
     return out
+
+
+def imported_elsewhere(config: PSConfig, entry: ModelConfig) -> dict[str, str | None]:
+    """The other nodes whose records hold ``entry`` (a model entry at its version) imported
+    whole (ready or live) in a shared Redis L2, each with the fingerprint of the files it
+    imported it from (None: unknown, an older release's record); empty without a Redis L2.
+    Redis unreachable: :class:`hps.errors.BackendError`."""
+    if topology(config).l2 != "server":
+        return {}
+    raw, me, now = _records(config), node_name(VersionRegistry(config)), time.time()
+    return fingerprints(raw, entry.model, entry.version, besides=me, now=now, states=IMPORTED)
 
 
 def _records(config: PSConfig) -> dict[bytes, bytes]:

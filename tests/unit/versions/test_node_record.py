@@ -6,7 +6,14 @@ from __future__ import annotations
 import json
 
 from hps.versions import VersionInfo, VersionState
-from hps.versions.node_record import IMPORTED, STALE_S, ModelRecord, NodeRecord, holders
+from hps.versions.node_record import (
+    IMPORTED,
+    STALE_S,
+    ModelRecord,
+    NodeRecord,
+    fingerprints,
+    holders,
+)
 
 ENTRY = {"model": "m", "embedding_table_names": ["t"], "embedding_vecsize_per_table": [4]}
 NOW = 1_000_000.0
@@ -52,3 +59,21 @@ def test_a_record_of_another_release_still_says_what_it_holds() -> None:
     assert holders(raw, "m", 2, besides="", now=NOW) == ["newer"]
     assert holders(raw, "m", 2, besides="", now=NOW, states=IMPORTED) == ["newer"]
     assert holders(raw, "m", 1, besides="", now=NOW, states=frozenset({"loading"})) == []
+
+
+def test_a_record_says_which_files_a_node_imported_a_version_from() -> None:
+    """The fingerprint published with each version; a record of an older release has none
+    (unknown), and still parses."""
+    versions = {
+        1: VersionInfo(1, "live", 1.0, ENTRY),
+        2: VersionInfo(2, "ready", 1.0, ENTRY, fingerprint="blake2b:ab"),
+    }
+    record = NodeRecord(NOW, {"m": ModelRecord(versions, False, False)}).encode()
+    assert NodeRecord.decode(record).models["m"].versions[2].fingerprint == "blake2b:ab"
+    older = json.loads(record)
+    for v in older["models"]["m"]["versions"]:
+        del v["fingerprint"]
+    assert NodeRecord.decode(json.dumps(older)).models["m"].versions[2].fingerprint is None
+    raw = {b"new": record.encode(), b"old": json.dumps(older).encode()}
+    got = fingerprints(raw, "m", 2, besides="", now=NOW, states=IMPORTED)
+    assert got == {"new": "blake2b:ab", "old": None}

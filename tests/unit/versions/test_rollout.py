@@ -511,3 +511,33 @@ def test_a_version_number_above_max_version_is_refused_before_anything_is_writte
     assert [v.version for v in VersionRegistry(config).versions("demo")] == [1]
     assert version_files(config, MAX_VERSION + 1) == []
     assert not Path(config.persistent_db.path).exists()  # no L3 written
+
+
+def leftovers(config: PSConfig, version: int) -> list[str]:
+    """The marker and the folder of ``version`` of demo in the node's versions folder, as
+    far as they exist (an empty folder too)."""
+    from hps.versions.rollout import _marker
+
+    folder = _marker(config, "demo", version).parent
+    return sorted(n for n in (f"{version}.importing", str(version)) if (folder / n).exists())
+
+
+def test_a_refused_import_leaves_no_files(config: PSConfig, tmp_path: Path) -> None:
+    prepare_tables(config)
+    paths = tables(tmp_path / "v2", seed=7)
+    import_version(config, version_entry(config, "demo", sparse_files=paths), 2)
+    retire(config, "demo", 2)
+    assert leftovers(config, 2) == []
+    with pytest.raises(ConfigError, match="version 2 exists"):
+        import_version(config, version_entry(config, "demo", sparse_files=paths), 2)
+    assert leftovers(config, 2) == []
+
+
+def test_a_failed_import_leaves_no_files(config: PSConfig, tmp_path: Path) -> None:
+    prepare_tables(config)
+    paths = tables(tmp_path / "v2", seed=7)
+    (Path(paths[0]) / "key").write_bytes(b"\0" * 3)  # not whole keys
+    with pytest.raises(SparseModelError):
+        import_version(config, version_entry(config, "demo", sparse_files=paths), 2)
+    assert leftovers(config, 2) == []
+    assert [v.version for v in VersionRegistry(config).versions("demo")] == [1]
