@@ -4,10 +4,11 @@ Each area registers its own sub-commands (``register(subparsers)`` in its ``comm
 module); handlers import their heavy dependencies lazily so ``hps --help`` stays fast.
 The argparse types every command shares are here (:func:`positive_int`, :func:`port`, ...):
 a number out of range is a usage error that names the option (status 2) before any work.
-An :class:`~hps.errors.HPSError` or an ``OSError`` (a path that cannot be read or written)
-ends a command with ``hps CMD: error: ...`` and status 2, without a traceback. Ctrl-C ends
-one with status 130; a command that starts servers, segments or folders wraps its work in
-:func:`sigterm_interrupts` so that SIGTERM does the same, after its ``finally`` clauses.
+An :class:`~hps.errors.HPSError`, an ``OSError`` (a path that cannot be read or written)
+or a ``MemoryError`` ends a command with ``hps CMD: error: ...`` and status 2, without a
+traceback. Ctrl-C ends one with status 130; a command that starts servers, segments or
+folders wraps its work in :func:`sigterm_interrupts` so that SIGTERM does the same, after
+its ``finally`` clauses.
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
         "-v",
         "--verbose",
         action="store_true",
-        help="debug logging (an OS error's traceback too); without it, commands other than "
-        "serve, consume, admin and loadtest log warnings and errors only",
+        help="debug logging (the traceback of an OS error or of running out of memory too); "
+        "without it, commands other than serve, consume, admin and loadtest log warnings and "
+        "errors only",
     )
     # Not required=True: argparse checks required arguments before unknown ones, and
     # `hps --bogus` would be told that COMMAND is missing; _dispatch asks for it instead.
@@ -93,6 +95,9 @@ def _dispatch(argv: list[str] | None) -> int:
     except OSError as exc:  # a path that cannot be written or read, an address refused
         logging.getLogger(__name__).debug("hps %s failed", args.command, exc_info=True)
         return _error(args.command, os_error_text(exc))
+    except MemoryError as exc:  # e.g. NumPy's "Unable to allocate ..."
+        logging.getLogger(__name__).debug("hps %s failed", args.command, exc_info=True)
+        return _error(args.command, f"out of memory: {exc}" if str(exc) else "out of memory")
     except KeyboardInterrupt:
         return 130
 

@@ -9,7 +9,9 @@ its lock for as long as the update of every resident row: 212 ms at 1 M rows of 
 1.3 s at dim 128, against 0.76 and 3.1 ms for a slice of 8,192 keys, with every
 request of the model waiting, since a request takes all its tables' locks together.) A key
 that no lower level holds any more leaves L1. ``refresh_interval`` 0 disables it, as in
-HugeCTR. The journal follower re-reads a whole table in slices of ``MAX_SLICE`` too.
+HugeCTR. Both times are at most ``MAX_REFRESH_S`` (a year), as the ps.json says: a wait
+past ``threading.TIMEOUT_MAX`` would end the thread. The journal follower re-reads a whole
+table in slices of ``MAX_SLICE`` too.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+from hps.config.model import MAX_REFRESH_S
 from hps.types import Keys
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,9 @@ class Refresher:
         percentage: float = 0.0,
         before_pass: Callable[[], None] | None = None,
     ) -> None:
+        for name, seconds in (("interval", interval), ("delay", delay)):
+            if not 0.0 <= seconds <= MAX_REFRESH_S:  # NaN too
+                raise ValueError(f"refresh {name} {seconds} s is not from 0 to {MAX_REFRESH_S} s")
         self.caches = caches
         self.before_pass = before_pass
         self.refresh = refresh

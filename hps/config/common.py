@@ -1,5 +1,6 @@
 """What the sections of the ps.json share: the frozen base model, names, secrets from the
-environment, regular expressions, and the keys of older HugeCTR releases."""
+environment, regular expressions, the keys of older HugeCTR releases, and the keys HugeCTR
+documents but never read."""
 
 from __future__ import annotations
 
@@ -56,6 +57,18 @@ def rename_deprecated(data: object, renames: dict[str, str], where: str) -> obje
                 stacklevel=2,
             )
             data.setdefault(new, value)
+    return data
+
+
+def drop_ignored(data: object, keys: tuple[str, ...]) -> object:
+    """Remove keys HugeCTR documents but its ps.json parser never read (nor does HPS), once
+    checked to be booleans, so that the files of its documentation load."""
+    if not isinstance(data, dict) or not any(key in data for key in keys):
+        return data
+    data = dict(data)
+    for key in keys:
+        if key in data and not isinstance(value := data.pop(key), bool):
+            raise ValueError(f"{key} must be true or false, not {value!r}")
     return data
 
 

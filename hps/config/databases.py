@@ -23,9 +23,20 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from hps.config.common import NO_LIMIT, Frozen, check_regexes, from_env, rename_deprecated
+from hps.config.common import (
+    NO_LIMIT,
+    Frozen,
+    check_regexes,
+    drop_ignored,
+    from_env,
+    rename_deprecated,
+)
 
 OverflowPolicy = Literal["evict_random", "evict_least_used", "evict_oldest"]
+IGNORED_KEYS = ("initialize_after_startup",)
+"""Keys of both databases that HugeCTR's documented samples hold but its ps.json parser never
+read (only its Python API did): accepted (a boolean) and ignored. HPS imports the
+``sparse_files`` whenever L3 does not hold them yet (docs/config.md)."""
 
 DEFAULT_L3_PATH = "/tmp/rocksdb"
 """``persistent_db.path`` when the ps.json gives none (HugeCTR's default)."""
@@ -67,7 +78,8 @@ def shm_name_problem(name: str) -> str | None:
 
 
 class _DatabaseConfig(Frozen):
-    """What both databases share: HugeCTR's old batch-size keys and ``update_filters``."""
+    """What both databases share: HugeCTR's old batch-size keys, the keys it never read
+    (:data:`IGNORED_KEYS`) and ``update_filters``."""
 
     _section: ClassVar[str]
     update_filters: list[str] = [".+"]
@@ -76,7 +88,7 @@ class _DatabaseConfig(Frozen):
     @classmethod
     def _deprecated(cls, data: object) -> object:
         return rename_deprecated(
-            data,
+            drop_ignored(data, IGNORED_KEYS),
             {"max_get_batch_size": "max_batch_size", "max_set_batch_size": "max_batch_size"},
             cls._section,
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Annotated, Literal, TypeVar
 
 from pydantic import Field, StrictInt, field_validator, model_validator
@@ -28,6 +29,11 @@ rows by it."""
 FLOAT32_MAX = 3.4028234663852886e38
 QueryCount = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]
 Float32Value = Annotated[float, Field(allow_inf_nan=False, ge=-FLOAT32_MAX, le=FLOAT32_MAX)]
+DeviceIndex = Annotated[int, Field(ge=0)]
+MAX_REFRESH_S = 365 * 24 * 3600
+"""The longest ``refresh_interval`` and ``refresh_delay``: a year (a longer wait overflowed
+the refresher thread's ``Event.wait`` beyond ``threading.TIMEOUT_MAX``, ending it)."""
+RefreshSeconds = Annotated[float, Field(ge=0.0, le=MAX_REFRESH_S, allow_inf_nan=False)]
 
 
 class CacheConfig(Frozen):
@@ -52,7 +58,7 @@ class ModelConfig(Frozen):
     sparse_files: list[str] = Field(default=[], max_length=MAX_TABLES)
     dense_file: str = ""
     network_file: str = ""
-    deployed_device_list: list[int] = Field(default=[0], max_length=MAX_TABLES)
+    deployed_device_list: list[DeviceIndex] = Field(default=[0], max_length=MAX_TABLES)
     max_batch_size: int = Field(default=64, ge=1, le=INT32_MAX)
     embedding_table_names: list[str] = Field(default=[], max_length=MAX_TABLES)
     embedding_vecsize_per_table: list[StrictInt] = Field(max_length=MAX_TABLES)  # not `true`
@@ -63,12 +69,13 @@ class ModelConfig(Frozen):
     default_value_for_each_table: list[Float32Value] = Field(default=[0.0], max_length=MAX_TABLES)
     gpucache: bool = True
     gpucacheper: float = Field(default=0.2, ge=0.0, le=1.0)
-    hit_rate_threshold: float = Field(default=0.9, ge=0.0, le=1.0)
+    # above 1 (HugeCTR's documented way to disable asynchronous insertion): always synchronous
+    hit_rate_threshold: float = Field(default=0.9, ge=0.0, allow_inf_nan=False)
     num_of_worker_buffer_in_pool: int = Field(default=1, ge=1)
     num_of_refresher_buffer_in_pool: int = Field(default=1, ge=0)
     cache_refresh_percentage_per_iteration: float = Field(default=0.0, ge=0.0, le=1.0)
-    refresh_delay: float = Field(default=0.0, ge=0.0)
-    refresh_interval: float = Field(default=0.0, ge=0.0)
+    refresh_delay: RefreshSeconds = 0.0
+    refresh_interval: RefreshSeconds = 0.0
     use_static_table: bool = False
     embedding_cache_type: Literal["dynamic", "uvm", "static", "stochastic"] = "dynamic"
     use_context_stream: bool = True
@@ -181,10 +188,16 @@ class ModelConfig(Frozen):
                 )
         if len(set(names)) != len(names):
             raise ValueError("embedding_table_names: duplicate table names")
-        for key in ("maxnum_catfeature_query_per_table_per_sample", "default_value_for_each_table"):
-            got = getattr(self, key)
-            if len(got) not in (0, 1, n):
-                raise ValueError(f"{key} has {len(got)} entries but the model has {n} tables")
+        queries = len(self.maxnum_catfeature_query_per_table_per_sample)
+        if queries not in (0, 1, n):
+            raise ValueError(
+                f"maxnum_catfeature_query_per_table_per_sample has {queries} entries but the "
+                f"model has {n} tables"
+            )
+        if (defaults := len(self.default_value_for_each_table)) > n:
+            raise ValueError(
+                f"default_value_for_each_table has {defaults} entries but the model has {n} tables"
+            )
         dtypes = self.hps_row_dtype
         if isinstance(dtypes, list) and len(dtypes) not in (1, n):
             raise ValueError(
@@ -198,6 +211,35 @@ class ModelConfig(Frozen):
         if self.sparse_files and len(self.sparse_files) != n:
             raise ValueError(f"sparse_files has {len(self.sparse_files)} entries for {n} tables")
         return self
+
+    @field_validator("deployed_device_list")
+    @classmethod
+    def _some_device(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("needs at least one device (a GPU index, e.g. [0])")
+        return v
+
+    @model_validator(mode="after")
+    def _short_defaults(self) -> ModelConfig:
+        # HugeCTR's parser gives the tables past the values 0.0, not the first value: say so
+        # where that is not what repeating the values given would have given
+        given = self.default_value_for_each_table
+        names = self.table_names
+        if len(given) < len(names) and any(v != 0.0 for v in given):
+            warnings.warn(
+                f"{self.model}: default_value_for_each_table gives {len(given)} values for "
+                f"{len(names)} tables; tables {names[len(given) :]} get 0.0 (as in HugeCTR)",
+                UserWarning,
+                stacklevel=2,
+            )
+        return self
+
+    @property
+    def default_values(self) -> list[float]:
+        """Each table's ``default_value_for_each_table``: the values given, then 0.0 for the
+        tables past them, as HugeCTR's ps.json parser read them."""
+        given = [float(v) for v in self.default_value_for_each_table]
+        return given + [0.0] * (len(self.embedding_vecsize_per_table) - len(given))
 
     @property
     def table_names(self) -> list[str]:
@@ -225,13 +267,12 @@ class ModelConfig(Frozen):
     def tables(self) -> list[TableSpec]:
         """Tables of this model in request order."""
         queries = self._per_table(self.maxnum_catfeature_query_per_table_per_sample, 0)
-        defaults = self._per_table(self.default_value_for_each_table, 0.0)
         return [
             TableSpec(
                 model=self.model,
                 table=name,
                 dim=dim,
-                default_value=float(default),
+                default_value=default,
                 max_keys_per_request=int(q) * self.max_batch_size,
                 row_dtype=dtype,
                 version=self.version,
@@ -240,7 +281,7 @@ class ModelConfig(Frozen):
                 self.table_names,
                 self.embedding_vecsize_per_table,
                 queries,
-                defaults,
+                self.default_values,
                 self._per_table_dtypes(),
                 strict=True,
             )

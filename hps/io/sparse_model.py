@@ -4,7 +4,9 @@ This is what HugeCTR's ``model.save_params_to_files`` wrote for each embedding t
 (``<name>_sparse_<i>.model/``). Both files are headerless and native-endian (little-endian
 on every platform HugeCTR ran on). Readers stream in chunks so tables larger than memory
 import in bounded memory (an import's validation also keeps every key, 8 bytes a row, to
-count duplicates: :meth:`hps.loading.loader.TableSource.validate`).
+count duplicates: :meth:`hps.loading.loader.TableSource.validate`). A model HugeCTR saved
+with 32-bit keys (``i64_input_key: false``: uint32 keys) is refused with the conversion to
+int64 keys (docs/storage.md).
 """
 
 from __future__ import annotations
@@ -47,6 +49,17 @@ def sparse_model_rows(path: str | Path, dim: int) -> int:
 
 
 def _rows(key_file: Path, key_bytes: int, vec_file: Path, vec_bytes: int, dim: int) -> int:
+    int64_keys = key_bytes % 8 == 0 and vec_bytes == key_bytes // 8 * dim * 4
+    if not int64_keys and _holds_32bit_keys(key_bytes, vec_bytes, dim):
+        # one reading of the sizes is ambiguous: int64 keys of a table twice as wide
+        other = "" if key_bytes % 8 else f"; else the vector size is {2 * dim}, not {dim}"
+        raise SparseModelError(
+            f"{key_file}: {key_bytes} bytes are {key_bytes // 4} 32-bit keys, one per row of "
+            f"{vec_file.name} at dim {dim}: a model saved with HugeCTR's i64_input_key: "
+            "false? HPS reads int64 keys: convert the file, e.g. "
+            f"numpy.fromfile('{key_file}', '<u4').astype('<i8').tofile(NEW_KEY_FILE) "
+            f"(docs/storage.md){other}"
+        )
     if key_bytes % 8:
         raise SparseModelError(f"{key_file}: {key_bytes} bytes is not a whole number of int64 keys")
     rows = key_bytes // 8
@@ -56,6 +69,11 @@ def _rows(key_file: Path, key_bytes: int, vec_file: Path, vec_bytes: int, dim: i
             f"{rows * dim * 4} (truncated file or wrong embedding_vecsize_per_table)"
         )
     return rows
+
+
+def _holds_32bit_keys(key_bytes: int, vec_bytes: int, dim: int) -> bool:
+    """Whether the key file's size is that of one uint32 key per row of the vector file."""
+    return key_bytes > 0 and key_bytes % 4 == 0 and vec_bytes == key_bytes // 4 * dim * 4
 
 
 def open_sparse_model(path: str | Path, dim: int) -> TableFiles:

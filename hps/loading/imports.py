@@ -10,11 +10,14 @@ through for a digest of their content, and are unchanged only when it equals the
 recorded at their import (a retrained table, same keys with new vectors, is imported
 again); a table the record holds no digest for (recorded by an older release, or the
 record lost) is unchanged only when L3 holds exactly its rows (:func:`l3_holds`: a read of
-the files and of L3). Every file of every table is validated before anything is written,
-the tables to import are removed from the record (durably) before the first write or drop
-of any of them, and a table is recorded again only once it is completely loaded and its
-rows are durable (the record itself is written durably, once per batch of tables:
-:data:`RECORD_EVERY_S`), so an interrupted import leaves them to be imported again.
+the files and of L3). A table whose validation needs more memory than is available is
+refused before any table is validated, and before its files are read at all where every
+table is imported (a new L3, ``force``): :meth:`TableSource.check_memory`. Every file of
+every table is validated before anything is written, the tables to import are removed
+from the record (durably) before the first write or drop of any of them, and a table is
+recorded again only once it is completely loaded and its rows are durable (the record
+itself is written durably, once per batch of tables: :data:`RECORD_EVERY_S`), so an
+interrupted import leaves them to be imported again.
 Cost: a changed table's files are read once more than its import reads them (the digest),
 and where the record holds no digest, once more with every key fetched from L3.
 
@@ -272,6 +275,9 @@ def import_tables(
         # opened once, before anything is read: every pass reads (and the record stamps)
         # the same files, whatever replaces them meanwhile
         todo = [files.enter_context(s.opened()) for s in todo]
+        if fresh or force:  # each will be validated: too big for memory is said unread
+            for s in todo:
+                s.check_memory()
         digests = {s.spec.name: s.digest() for s in todo}
         if todo and not fresh and not force:
             unchanged = _unchanged(config, record, todo, digests)
@@ -283,6 +289,8 @@ def import_tables(
             todo = [s for s in todo if s not in unchanged]
         if not todo and not fresh:
             return {}  # L3 may have a writer of its own (hps consume): open it only to import
+        for s in todo:  # every table before the first is validated
+            s.check_memory()
         for s in todo:
             duplicates = s.validate()
             if duplicates:

@@ -12,8 +12,10 @@ the files open from before its validation to the end of its load
 
 Memory: the load holds a chunk (32 MiB of vectors at most, whatever the dimension; 256k
 rows up to dimension 32: :mod:`hps.io.chunks`) and its encoded copy; the validation also a
-sorted copy of every key (8 bytes per row) to count duplicates; :func:`l3_holds` a chunk
-(and the keys of differing rows awaiting a later occurrence: at most ``AWAITED_KEYS``).
+sorted copy of every key (8 bytes per row) to count duplicates, refused before anything is
+read where the memory available (:func:`available_memory`) cannot hold it; :func:`l3_holds`
+a chunk (and the keys of differing rows awaiting a later occurrence: at most
+``AWAITED_KEYS``).
 
 What happens to L2 (:data:`L2Action`) depends on whose L2 it is, which
 :func:`l2_action` reads from the :class:`hps.topology.Topology`.
@@ -30,7 +32,8 @@ from typing import Literal
 
 import numpy as np
 
-from hps.errors import FormatError, InvalidValueError
+from hps.errors import FormatError, HPSError, InvalidValueError
+from hps.io.chunks import CHUNK_BYTES
 from hps.io.npy import npy_rows, open_npy_pair
 from hps.io.progress import Progress
 from hps.io.sparse_model import KEY_FILE, VECTOR_FILE, open_sparse_model, sparse_model_rows
@@ -54,6 +57,49 @@ may have reached since)."""
 
 KEY_SCAN_ROWS = 1 << 20  # keys per chunk of the duplicate count's comparison (8 MiB)
 AWAITED_KEYS = 1 << 20  # differing rows l3_holds lets wait for a later occurrence (8 MiB)
+MEMINFO = Path("/proc/meminfo")
+CGROUP = Path("/sys/fs/cgroup")  # cgroup v2, as a container sees its own
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still take: ``MemAvailable`` of /proc/meminfo, or less where
+    a cgroup limit applies (``memory.max`` minus ``memory.current``); None where neither is
+    known (then nothing is refused for want of memory)."""
+    figures = [f for f in (_meminfo_available(), _cgroup_available()) if f is not None]
+    return min(figures) if figures else None
+
+
+def _meminfo_available() -> int | None:
+    try:
+        for line in MEMINFO.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # in kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_available() -> int | None:
+    """The limit less the working set (``memory.current`` less ``inactive_file``, as the
+    kubelet counts it): page cache the kernel reclaims before it refuses memory is free."""
+    try:
+        limit = (CGROUP / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        used = int((CGROUP / "memory.current").read_text()) - _inactive_file()
+        return max(0, int(limit) - max(used, 0))
+    except (OSError, ValueError):
+        return None
+
+
+def _inactive_file() -> int:
+    try:
+        for line in (CGROUP / "memory.stat").read_text().splitlines():
+            if line.startswith("inactive_file "):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 @dataclass(frozen=True)
@@ -126,11 +172,32 @@ class TableSource:
             assert src.handles is not None
             return f"blake2b:{src.handles.digest()}:{self.spec.row_dtype}"
 
+    @property
+    def validation_bytes(self) -> int:
+        """Memory :meth:`validate` takes: every key (8 bytes a row) and a chunk of vectors
+        as read with its checked copy."""
+        chunk = min(self.rows * self.spec.dim * 4, self.chunk_bytes or CHUNK_BYTES)
+        return self.rows * 8 + 2 * chunk
+
+    def check_memory(self) -> None:
+        """Before anything is read: an HPSError naming the table, its files and both figures
+        when :meth:`validate` needs more memory than is available (:func:`available_memory`),
+        rather than a MemoryError after a read of the whole table."""
+        free = available_memory()
+        if free is not None and self.validation_bytes > free:
+            raise HPSError(
+                f"{self.spec.name}: validating {self.where} needs {self.validation_bytes:,} "
+                f"bytes of memory ({self.rows:,} keys of 8 bytes, and a chunk); "
+                f"{free:,} bytes available"
+            )
+
     def validate(self) -> int:
         """Read the files once; raise on bad rows (FormatError), or on values the table's
         row format cannot hold (InvalidValueError naming the table). Returns the number of
         duplicate keys, counted on a sorted copy of every key: 8 bytes per row of memory,
-        on top of a chunk."""
+        on top of a chunk (:attr:`validation_bytes`: more than is available is refused
+        unread, :meth:`check_memory`)."""
+        self.check_memory()
         keys = np.empty(self.rows, np.int64)
         lo = 0
         with self.opened() as src:

@@ -115,6 +115,26 @@ def test_above_the_threshold_inserts_in_the_background(
     assert cache_of(session).resident(stored[9:10]).all()
 
 
+@pytest.mark.parametrize("threshold", [1.0, "1.1"])
+def test_a_threshold_of_1_or_more_always_inserts_on_the_request_path(
+    tmp_path: Path, stored: np.ndarray, threshold: object
+) -> None:
+    """HugeCTR's way to disable asynchronous insertion (its ps_template.json: "1.1"): even
+    with HugeCTR's defaults for asynchronous misses, a miss is looked up and kept at once."""
+    s = open_session(
+        tmp_path, hit_rate_threshold=threshold, hps_cache={"default_on_async_miss": True}
+    )
+    try:
+        s.lookup(TABLE, stored[:9])
+        names = _insert_threads(cache_of(s))
+        got = s.lookup(TABLE, stored[:10])  # 9 of 10 hit: 0.9, below the threshold
+        np.testing.assert_array_equal(got, rows(stored[:10], 4))
+        assert names == [threading.current_thread().name]
+        assert cache_of(s).resident(stored[:10]).all()  # no drain needed
+    finally:
+        s.close()
+
+
 def test_default_on_async_miss_is_an_opt_in(tmp_path: Path, stored: np.ndarray) -> None:
     s = open_session(tmp_path, hit_rate_threshold=0.5, hps_cache={"default_on_async_miss": True})
     try:
@@ -264,6 +284,24 @@ def test_a_refresh_pass_that_fails_outside_its_slices_does_not_end_the_thread(
     with r:
         assert refreshed.wait(30)  # hang guard: the pass after the failed one ran
     assert r.passes >= 1 and not failures
+
+
+@pytest.mark.parametrize(
+    ("times", "named"),
+    [
+        ({"interval": 1e10}, "interval"),
+        ({"interval": 1.0, "delay": float("inf")}, "delay"),
+        ({"interval": float("nan")}, "interval"),
+        ({"interval": -1.0}, "interval"),
+    ],
+)
+def test_a_refresher_refuses_waits_its_thread_cannot_make(
+    session: LookupSession, times: dict[str, float], named: str
+) -> None:
+    """1e10 s overflowed ``Event.wait`` (past ``threading.TIMEOUT_MAX``) in the thread,
+    which died; the refresher is refused where it is made instead."""
+    with pytest.raises(ValueError, match=rf"refresh {named}"):
+        Refresher(session.caches, lambda t, k: None, **times)
 
 
 def test_refreshers_follow_the_config(tmp_path: Path, stored: np.ndarray) -> None:
