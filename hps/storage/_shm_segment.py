@@ -141,11 +141,7 @@ class Segment:
                     # this lock: then join the new ones (never two writers on two .lock files)
                     if locks.at_paths():
                         self._locks = locks
-                        self._map(size)
-                        self._claim(deployment)
-                        if locks.only_user():
-                            self.h[HeaderWord.ATTACHED] = 0  # left by crashed processes
-                        self.h[HeaderWord.ATTACHED] += 1
+                        self._attach(size, deployment)
                         break
             except BaseException:
                 self._drop_mapping()
@@ -163,8 +159,39 @@ class Segment:
 
     # -- lifecycle ---------------------------------------------------------------------
 
+    def _attach(self, size: int, deployment: str | None) -> None:
+        """Map the segment (made if missing) and count this store in. Call under the
+        exclusive lock; a refused or failed open removes the lock files it made."""
+        try:
+            self._map(size)
+            self._claim(deployment)
+            if self._locks.only_user():
+                self.h[HeaderWord.ATTACHED] = 0  # left by crashed processes
+            self.h[HeaderWord.ATTACHED] += 1
+        except BaseException:
+            self._locks.remove_created()
+            raise
+
+    def _open_locked(self) -> int:
+        """The segment file at the path (made if missing), its own lock held exclusively
+        (see ``_shm_locks``)."""
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError as exc:
+                raise BackendError(
+                    f"multi_process_hash_map: cannot open {self.path}: {exc}"
+                ) from exc
+            try:
+                if self._locks.lock_segment(fd):
+                    return fd
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)  # removed between the two opens: open what is there now
+
     def _map(self, size: int) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = self._open_locked()
         try:
             existing = os.fstat(fd).st_size
             if 0 < existing < PAGE:  # before reading a header word it does not hold
@@ -301,7 +328,9 @@ class Segment:
         """Whether ``path`` still names this segment, and its lock files the ones held (a
         process that followed a removed segment while its lock files were still there, then
         removed too, must join the new ones: never two writers on two ``.lock`` files).
-        Cheap: three ``stat`` calls and an 8-byte read."""
+        Cheap: three ``stat`` calls and an 8-byte read. A ``BackendError`` in a forked child
+        (its copies of the lock descriptors are closed)."""
+        self._locks.check_process()
         return path_identity(self.path) == self.identity and self._locks.at_paths()
 
     def close(self) -> None:

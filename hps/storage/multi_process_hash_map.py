@@ -95,6 +95,10 @@ class _Held:
         self.tables = tables
 
 
+def _closed_error() -> BackendError:
+    return BackendError("multi_process_hash_map: the store is closed")
+
+
 class _Box:
     """What the store's finalizer closes: the segment held at the time (not the store)."""
 
@@ -159,6 +163,11 @@ class SharedHashMapStore(EmbeddingStore):
         self._no_memory_said = -60.0  # when a full folder was last logged
         self._rng = np.random.default_rng(seed)
         self._rng_lock = threading.Lock()
+        self._closed = False  # set by close(), under _structure
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise _closed_error()
 
     @classmethod
     def from_config(
@@ -192,6 +201,7 @@ class SharedHashMapStore(EmbeddingStore):
 
     def open_table(self, spec: TableSpec) -> None:
         with self._structure:
+            self._check_open()
             held = self._box.held
             known = self._specs.get(spec.name)
             if (
@@ -221,6 +231,7 @@ class SharedHashMapStore(EmbeddingStore):
         """Free the table's rows and entry in the segment (other processes holding it open
         must open it again)."""
         with self._structure:
+            self._check_open()
             held = self._box.held
             with held.seg.writing():
                 held.seg.drop(table)
@@ -251,6 +262,7 @@ class SharedHashMapStore(EmbeddingStore):
         if self.current():
             return False
         with self._structure:
+            self._check_open()  # a closed store opens no segment (nor makes one)
             old = self._box.held
             if old.seg.current():
                 return False  # another thread of this process moved already
@@ -284,14 +296,22 @@ class SharedHashMapStore(EmbeddingStore):
 
     def _on_segment(self, write: bool, fn: Callable[[_Held], R]) -> R:
         """``fn(held)`` under the held segment's lock; again on the new segment when the
-        held one was replaced while this thread waited for it."""
+        held one was replaced while this thread waited for it. A ``BackendError`` once the
+        store is closed."""
         while True:
+            self._check_open()
             held = self._held_now()
             try:
                 with held.seg.writing() if write else held.seg.reading():
                     return fn(held)
             except SegmentClosed:
-                continue
+                self._check_replaced(held)
+
+    def _check_replaced(self, held: _Held) -> None:
+        """After ``held``'s segment was closed under a waiting thread: fine if follow
+        replaced it (retry on the new one); the store closed otherwise."""
+        if self._closed or self._box.held is held:
+            raise _closed_error() from None
 
     def _with(self, table: str, write: bool, fn: Callable[[ShmTable], R]) -> R:
         """``fn`` on the table's handle, opened again first where another process dropped
@@ -304,6 +324,7 @@ class SharedHashMapStore(EmbeddingStore):
 
     def _reopen(self, table: str) -> None:
         with self._structure:
+            self._check_open()
             held = self._box.held
             spec = table_or_raise(self._specs, table)
             held.tables[table] = self._open_on(held.seg, spec)  # a ConfigError if reshaped
@@ -322,6 +343,7 @@ class SharedHashMapStore(EmbeddingStore):
     # -- reads -------------------------------------------------------------------------
 
     def fetch(self, table: str, keys: Keys) -> tuple[Stored, Mask]:
+        self._check_open()
         if keys.size <= self.max_batch_size:
             return self._with(table, False, lambda t: self._fetch_chunk(t, keys))
         spec = table_or_raise(self._specs, table)
@@ -365,6 +387,7 @@ class SharedHashMapStore(EmbeddingStore):
                         )
                     keys, values = t.dump(lo, lo + chunk_rows)
             except SegmentClosed:
+                self._check_replaced(held)
                 raise BackendUnavailable(
                     f"multi_process_hash_map: {self.path} was replaced during a dump of {table}"
                 ) from None
@@ -386,6 +409,7 @@ class SharedHashMapStore(EmbeddingStore):
         self._write(table, keys, values, how="max")
 
     def _write(self, table: str, keys: Keys, values: Stored, *, how: WriteMode) -> None:
+        self._check_open()
         check_rows(table_or_raise(self._specs, table), keys, values)
         keys, values = (greatest_occurrence if how == "max" else last_occurrence)(keys, values)
         for part in self._chunks(keys.size):
@@ -532,7 +556,10 @@ class SharedHashMapStore(EmbeddingStore):
         return self._on_segment(False, read)
 
     def close(self) -> None:
+        """Detach (see ``_shm_segment``); every later operation raises ``BackendError``."""
         with self._structure:
-            self._specs.clear()
+            self._closed = True
+        self._finalizer()  # waits for this process's threads in the segment
+        # Only now: a thread still in the segment when close began needs its table handles
+        with self._structure:
             self._box.held.tables.clear()
-        self._finalizer()

@@ -550,9 +550,11 @@ def test_a_foreign_file_is_refused_and_left_alone() -> None:
             SharedHashMapStore(name, 8 * MiB)
         with open(path, "rb") as f:
             assert f.read(8) == b"not ours"
+        assert not any(os.path.exists(path + s) for s in (".lock", ".users", ".turn"))
     finally:
         for suffix in ("", ".lock", ".users", ".turn"):
-            os.unlink(path + suffix)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path + suffix)
 
 
 def test_a_forked_child_must_open_its_own_store(opener: Opener) -> None:

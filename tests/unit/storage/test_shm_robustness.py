@@ -195,3 +195,27 @@ def test_a_reader_that_comes_while_a_writer_waits_reads_after_it(store_at: Any) 
     read.join(10)
     assert not write.is_alive() and not read.is_alive()
     np.testing.assert_array_equal(seen[0], np.ones((1, 4), np.float32))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="reads /proc/locks")
+def test_a_store_opened_after_the_lock_file_was_removed_still_waits_for_a_writer(
+    store_at: Any,
+) -> None:
+    """A ``.lock`` removed under running stores: a store opened afterwards locks a new one
+    while the others still hold the old one. The segment's own lock keeps it out while
+    another store writes (before, both were in the one mapping at once)."""
+    writer = store_at()
+    os.unlink(writer.path + ".lock")
+    late = store_at()
+    held = os.fstat(writer._seg._locks.fd).st_ino
+    assert os.stat(writer.path + ".lock").st_ino != held  # two .lock files in use
+    key = np.array([7], dtype=np.int64)
+    seen: list[np.ndarray] = []
+    read = threading.Thread(target=lambda: seen.append(late.fetch(SPEC.name, key)[1]))
+    with writer._seg.writing():
+        read.start()
+        _wait_until("the late store waits or has read",
+                    lambda: bool(seen) or _blocked_flocks([writer.path]) == 1)  # fmt: skip
+        assert not seen, "a store read the segment while another wrote it"
+    read.join(10)
+    assert not read.is_alive() and seen
