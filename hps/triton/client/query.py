@@ -16,14 +16,20 @@ UNKNOWN_ROWS = 1000  # a CTR request's keys are drawn below a table's rows; unkn
 
 
 def parse_keys(keys: str) -> np.ndarray:
-    """``--keys``: comma-separated int64 keys, at least one; a RequestError (status 2)
-    otherwise."""
+    """``--keys``: comma-separated int64 keys, at least one, no item empty (``1,,2`` is a
+    typo, not the keys 1 and 2); a RequestError (status 2) otherwise."""
+    items = [k.strip() for k in keys.split(",")]
+    if not any(items):
+        raise RequestError(f"--keys names no key ({keys!r}): give at least one, e.g. --keys 1,2,3")
+    if "" in items:
+        raise RequestError(
+            f"--keys: item {items.index('') + 1} of {keys!r} is empty: give comma-separated "
+            "integers, e.g. --keys 1,2,3"
+        )
     try:
-        parsed = [int(k) for k in keys.split(",") if k.strip()]
+        parsed = [int(k) for k in items]
     except ValueError:
         raise RequestError(f"--keys must be comma-separated integers, got {keys!r}") from None
-    if not parsed:
-        raise RequestError(f"--keys names no key ({keys!r}): give at least one, e.g. --keys 1,2,3")
     if outside := [k for k in parsed if not INT64.min <= k <= INT64.max]:
         raise RequestError(
             f"--keys: {outside[0]} is outside the int64 range of keys ({INT64.min} .. {INT64.max})"

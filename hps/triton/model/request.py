@@ -169,9 +169,9 @@ def parse_ctr_request(
     """Validate HugeCTR's CTR inputs (``DES``, ``CATCOLUMN``, ``ROWINDEX``), batch size 1.
 
     ``ROWINDEX`` holds, table after table, the ``batch + 1`` CSR offsets of each sample's
-    keys within that table's part of ``CATCOLUMN`` (tables in the model's order). At most
-    ``max_samples`` samples (the model's ``max_batch_size``; 0: no limit); dense features
-    must be finite.
+    keys within that table's part of ``CATCOLUMN`` (tables in the model's order). At least
+    one sample, at most ``max_samples`` (the model's ``max_batch_size``; 0: no limit); dense
+    features must be finite.
     """
     _check("DES", des, "FP32")
     _check("CATCOLUMN", catcolumn, "INT64")
@@ -179,10 +179,14 @@ def parse_ctr_request(
     if not des.shape[0] == catcolumn.shape[0] == rowindex.shape[0] == 1:
         raise ShapeError("DES, CATCOLUMN and ROWINDEX must have batch dimension 1 ([1, n])")
     rows = rowindex[0].astype(np.int64)
-    if rows.size % num_tables or rows.size // num_tables < 2:
+    expected = f"tables ({num_tables}) x (samples + 1) offsets"
+    if rows.size < 2 * num_tables:
         raise ShapeError(
-            f"ROWINDEX has {rows.size} offsets; expected tables ({num_tables}) x (samples + 1)"
+            f"ROWINDEX has {rows.size} offsets, too few for a sample: a CTR request needs at "
+            f"least one sample, {expected}"
         )
+    if rows.size % num_tables:
+        raise ShapeError(f"ROWINDEX has {rows.size} offsets; expected {expected}")
     batch = rows.size // num_tables - 1
     if max_samples and batch > max_samples:
         raise BatchTooLargeError(

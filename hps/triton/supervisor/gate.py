@@ -13,6 +13,10 @@ an HTTP/2 body), so a refused request costs Triton nothing.
   ``hps serve --max-request-mb`` overrides it (:meth:`BodyLimit.of`).
 - A gRPC request over the limit gets status RESOURCE_EXHAUSTED with a message naming the
   limit; an HTTP one gets 413 with Triton's JSON error body, so clients show the reason.
+- A compressed request is refused whatever its size (:data:`COMPRESSED`): nginx measures a
+  body as sent and Triton inflates it (gRPC's ``grpc-encoding``, HTTP's
+  ``Content-Encoding``: a 194 KB gzip request made Triton inflate 200 MB). gRPC gets
+  UNIMPLEMENTED, gRPC's own status for a compression a server does not take; HTTP 415.
 - Triton then listens on loopback ports of its own; the gate listens where Triton would.
   nginx dies with the process that starts it, like Triton (hps.triton.supervisor.lifecycle).
 - nginx logs at its error level: to ``log_file`` if given, else with ``summarize`` (``hps
@@ -60,6 +64,10 @@ STOP_TIMEOUT_S = 10.0
 # spill into a temporary file (which nginx's workers, another user under root, may not write).
 SPARE = 256 * 1024
 START_FAILURE_LINES = 5
+# The request headers of a compressed body that Triton would inflate: HTTP's Content-Encoding
+# (Triton's HTTP frontend: gzip, deflate); gRPC's grpc-encoding, and Content-Encoding there
+# too (older gRPC cores inflated it as "stream compression"). Absent or identity: as sent.
+COMPRESSED = {"http": ("content_encoding",), "grpc": ("grpc_encoding", "content_encoding")}
 
 
 @dataclass(frozen=True)
@@ -145,6 +153,10 @@ def render_config(gate: RequestGate) -> str:
         f'{{"error":"request of more than {lim.http:,} bytes refused by the request-size '
         'gate (the key limits of the served models: docs/security.md)"}'
     )
+    compressed = (
+        "compressed request refused by the request-size gate: it measures a body as sent, "
+        "send it uncompressed (docs/security.md)"
+    )
     temp = " ".join(
         f"{k}_temp_path {d / k};" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
     )
@@ -166,6 +178,7 @@ http {{
     # nginx ends a client connection after 1,000 requests by default (HTTP/2: a GOAWAY that
     # failed a gRPC request in flight under load, "Stream removed"): keep connections.
     keepalive_requests 100000000;
+{_encoding_maps()}
     server {{
         listen {host_port(gate.host, gate.grpc_port)} http2;
         client_max_body_size {lim.grpc};
@@ -188,6 +201,14 @@ http {{
             add_header grpc-message "{grpc_refusal}" always;
             return 204;
         }}
+{_refuse_encoded("grpc")}
+        error_page 415 = @compressed;
+        location @compressed {{
+            default_type application/grpc;
+            add_header grpc-status 12 always;
+            add_header grpc-message "{_grpc_message(compressed)}" always;
+            return 204;
+        }}
     }}
     server {{
         listen {host_port(gate.host, gate.http_port)};
@@ -206,9 +227,30 @@ http {{
             default_type application/json;
             return 413 '{http_refusal}';
         }}
+{_refuse_encoded("http")}
+        error_page 415 = @compressed;
+        location @compressed {{
+            default_type application/json;
+            add_header Accept-Encoding identity always;
+            return 415 '{{"error":"{compressed}"}}';
+        }}
     }}
 }}
 """
+
+
+def _encoding_maps() -> str:
+    """``$hps_<header>`` is 1 when the request's header names a coding other than identity
+    (nginx matches map strings without regard to case)."""
+    headers = sorted({h for names in COMPRESSED.values() for h in names})
+    return "\n".join(
+        f'    map $http_{h} $hps_{h} {{ "" 0; identity 0; default 1; }}' for h in headers
+    )
+
+
+def _refuse_encoded(protocol: str) -> str:
+    """Server-level checks, before any location and before nginx reads the body."""
+    return "\n".join(f"        if ($hps_{h}) {{ return 415; }}" for h in COMPRESSED[protocol])
 
 
 @dataclass

@@ -13,13 +13,16 @@ and, on Ctrl-C or SIGTERM, drain and stop.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 from hps.config import PSConfig
 from hps.errors import HPSError
@@ -36,9 +39,45 @@ from hps.triton.supervisor.serve_lock import hold_state_dir
 from hps.triton.supervisor.server import TritonServer
 from hps.triton.supervisor.watchdog import Watchdog, watched
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+ALREADY_STOPPING = b"hps serve: already stopping (draining requests, then tritonserver)\n"
+
 
 def serve(args: argparse.Namespace) -> int:
     """``hps serve``: the options as :mod:`hps.triton.commands` parses them; the exit status."""
+    with _ctrl_c_interrupts():
+        return _serve_ps_json(args)
+
+
+@contextlib.contextmanager
+def _ctrl_c_interrupts() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt in all of ``hps serve``, also when it inherited SIGINT
+    ignored (``hps serve &`` from a non-interactive shell), so ``kill -INT`` stops it; the
+    caller's SIGINT and SIGTERM handlers are back afterwards."""
+    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """The first Ctrl-C or SIGTERM: a KeyboardInterrupt, and from now on the drain's
+    handler, set before anything else can run, so a second signal cannot cut the drain."""
+    for s in STOP_SIGNALS:
+        signal.signal(s, _already_stopping)
+    raise KeyboardInterrupt
+
+
+def _already_stopping(signum: int, frame: FrameType | None) -> None:
+    # os.write to fd 2: the handler may run while the main thread is inside a print to stderr
+    with contextlib.suppress(OSError):
+        os.write(2, ALREADY_STOPPING)
+
+
+def _serve_ps_json(args: argparse.Namespace) -> int:
     verbose = bool(getattr(args, "verbose", False))
     if not verbose:  # a quiet start: what goes wrong, and the steps printed below
         logging.getLogger().setLevel(logging.WARNING)
@@ -137,9 +176,11 @@ def _admin_key(state_dir: str | Path, fallback: Path) -> tuple[str, Path | None]
 
 
 def _run(server: TritonServer, config: PSConfig, args: argparse.Namespace, key: Path | None) -> int:
-    """Serve until Ctrl-C / SIGTERM (then drain: exit 0 if clean) or until Triton exits."""
+    """Serve until Ctrl-C / SIGTERM (then drain: exit 0 if clean) or until Triton exits;
+    while it stops, a further Ctrl-C or SIGTERM says it is stopping already and waits."""
     watchdog = None
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt
+    for s in STOP_SIGNALS:
+        signal.signal(s, _interrupt)
     try:
         print(f"starting Triton: {', '.join(server.load_models)}", flush=True)
         try:
@@ -171,7 +212,8 @@ def _run(server: TritonServer, config: PSConfig, args: argparse.Namespace, key: 
     except KeyboardInterrupt:
         print("stopping: draining requests, then tritonserver", file=sys.stderr, flush=True)
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the drain
+        for s in STOP_SIGNALS:  # Triton exited by itself: no signal has set them yet
+            signal.signal(s, _already_stopping)
         if watchdog is not None:
             watchdog.stop()
         problems = server.stop()

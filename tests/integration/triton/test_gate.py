@@ -38,6 +38,7 @@ HUGE = {"KEYS": np.zeros((1, 1_000_000), I64), "NUMKEYS": np.array([[1_000_000, 
 HUGE_BYTES = sum(a.nbytes for a in HUGE.values())
 # What a refusal looks like to a tritonclient, per protocol.
 GATE_STATUS = {"grpc": "StatusCode.RESOURCE_EXHAUSTED", "http": "413"}
+COMPRESSED_STATUS = {"grpc": "StatusCode.UNIMPLEMENTED", "http": "415"}
 MODEL_STATUS = {"grpc": "StatusCode.INVALID_ARGUMENT", "http": "400"}
 
 
@@ -240,6 +241,46 @@ def test_an_oversized_body_is_refused_before_triton_reads_it(
     delta = moved(triton, before, 1)
     assert delta["inference_count"] == 1
     assert delta["nv_inference_request_success"] + delta["nv_inference_request_failure"] == 1
+
+
+def infer_compressed(protocol: str, address: str, keys: np.ndarray) -> Any:
+    """``keys`` from emb's table a, the request compressed with gzip by tritonclient."""
+    module = tritonclient.grpc if protocol == "grpc" else tritonclient.http
+    inputs = []
+    for name, array in (("KEYS", keys[None]), ("NUMKEYS", np.array([[keys.size, 0, 0]], I32))):
+        tensor = module.InferInput(name, list(array.shape), "INT64" if name == "KEYS" else "INT32")
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    option = "compression_algorithm" if protocol == "grpc" else "request_compression_algorithm"
+    client = raw_client(protocol, address)
+    try:
+        return client.infer("emb", inputs, **{option: "gzip"})
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_compressed_request_is_refused_before_triton_reads_it(
+    triton, counted: Counted, protocol: str
+) -> None:
+    """nginx measures a body as sent and Triton inflates a compressed one (a 194 KB gzip
+    request made it inflate 200 MB): the gate refuses every compressed request, one within
+    the limits too, and no byte of it reaches Triton; sent plain, the same keys are answered.
+    Straight to Triton the compressed request is answered: it was Triton that inflated it."""
+    gate, relay = counted.gate, counted.relays[protocol]
+    keys, vectors = triton.data["emb.a"][0][:16], triton.data["emb.a"][1][:16]
+    before, sent = triton_counts(triton), relay.sent
+    with pytest.raises(InferenceServerException) as refused:
+        infer_compressed(protocol, url(gate, protocol), keys)
+    assert str(refused.value.status()) == COMPRESSED_STATUS[protocol]
+    assert "compressed request refused by the request-size gate" in str(refused.value.message())
+    assert relay.sent == sent, "bytes of the compressed request reached Triton's port"
+    assert triton_counts(triton) == before, "Triton counted the compressed request"
+    with Client(url(gate, protocol), grpc=protocol == "grpc") as client:
+        out = client.lookup("emb", keys, np.array([16, 0, 0], I32))
+    np.testing.assert_array_equal(out.reshape(16, 4), vectors)
+    direct = infer_compressed(protocol, f"127.0.0.1:{relay.port}", keys)
+    np.testing.assert_array_equal(direct.as_numpy("OUTPUT0").reshape(16, 4), vectors)
 
 
 def test_http_refuses_a_declared_length_before_reading_the_body(triton, counted: Counted) -> None:

@@ -1,4 +1,5 @@
-"""`hps demo`, `hps serve` and `hps query` as a newcomer runs them, stopped by SIGTERM.
+"""`hps demo`, `hps serve` and `hps query` as a newcomer runs them, stopped by SIGTERM (and
+by Ctrl-C: twice, and when started in the background).
 
 `hps serve` starts quietly: what it prints (stdout and stderr) from start to ready fits a
 screen, with no error or warning on a healthy start, one warm-up line per model, and ends
@@ -15,8 +16,10 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +44,9 @@ def run_hps(*args: str, cwd: Path) -> list[str]:
 MAX_START_LINES = 25
 
 
-def serve(cwd: Path, http: int, *flags: str) -> subprocess.Popen[str]:
+def serve(
+    cwd: Path, http: int, *flags: str, preexec_fn: Callable[[], None] | None = None
+) -> subprocess.Popen[str]:
     """`hps serve` of demo/ps.json, its stderr merged into its stdout (what a terminal shows)."""
     return subprocess.Popen(
         [
@@ -62,6 +67,7 @@ def serve(cwd: Path, http: int, *flags: str) -> subprocess.Popen[str]:
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=preexec_fn,
     )
 
 
@@ -165,6 +171,43 @@ def test_verbose_serve_brings_the_details_back(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def test_ctrl_c_stops_a_background_serve_and_a_second_one_waits(tmp_path: Path) -> None:
+    """`hps serve &` from a script inherits SIGINT ignored: kill -INT still stops it. A
+    second Ctrl-C (and a SIGTERM) while it stops is told it is stopping already: the stop
+    goes on to a clean end, Triton gone from its port."""
+    run_hps("demo", "--dir", "demo", "--tables", "2", "--rows", "1000", cwd=tmp_path)
+    http = free_port()
+    proc = serve(tmp_path, http, preexec_fn=ignore_sigint)
+    guard = threading.Timer(60, proc.kill)  # hang guard: SIGINT ignored, it would serve on
+    try:
+        wait_for_banner(proc)
+        assert proc.stdout is not None
+        guard.start()
+        proc.send_signal(signal.SIGINT)
+        seen = []
+        while not any(line.startswith("stopping: ") for line in seen):
+            line = proc.stdout.readline()
+            assert line, f"hps serve ended before it said it was stopping: {seen}"
+            seen.append(line)
+        proc.send_signal(signal.SIGINT)  # it is draining now
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        rest = "".join(seen) + proc.stdout.read()
+        assert "hps serve: already stopping (draining requests, then tritonserver)" in rest, rest
+        assert "unclean shutdown" not in rest, rest
+    finally:
+        guard.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with pytest.raises(OSError):  # tritonserver went with it
+        urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2)
 
 
 @pytest.mark.skipif(usable_cupy() is not None, reason="this node has a GPU: the model serves")

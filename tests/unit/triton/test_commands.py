@@ -116,6 +116,18 @@ def test_query_refuses_an_empty_key_list_before_connecting(
                   "e.g. --keys 1,2,3\n"  # fmt: skip
 
 
+@pytest.mark.parametrize(("keys", "item"), [("1,,2", 2), ("1,2,", 3), (",1", 1), ("1, ,2", 2)])
+def test_query_refuses_an_empty_item_in_the_key_list_before_connecting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], keys: str, item: int
+) -> None:
+    """A stray comma is a typo (a key left out?), not a key list to shorten silently."""
+    monkeypatch.setattr("hps.triton.client.Client.input_names", lambda *a: pytest.fail("sent"))
+    code, err = hps(capsys, "query", "--model", "m", "--keys", keys)
+    assert code == 2
+    assert err == f"hps query: error: --keys: item {item} of {keys!r} is empty: give " \
+                  "comma-separated integers, e.g. --keys 1,2,3\n"  # fmt: skip
+
+
 def test_serve_help_says_where_the_repository_goes(capsys: pytest.CaptureFixture[str]) -> None:
     """Beside L3 (hps.loading.imports.repository_dir), not a temporary folder."""
     with pytest.raises(SystemExit):

@@ -244,6 +244,18 @@ def test_bad_ctr_requests(rowindex, n_keys, n_dense, pattern) -> None:
         parse_ctr_request(*ctr_inputs(rowindex, n_keys, n_dense), 2, 4)
 
 
+@pytest.mark.parametrize("rowindex", [[0, 0], [0], [], [0, 0, 0]])
+def test_a_ctr_request_without_samples_is_refused_as_such(rowindex: list[int]) -> None:
+    """One offset per table (or fewer) is a request of no sample, which the model cannot
+    answer: the error says that one sample is needed, not that the offsets do not add up."""
+    with pytest.raises(ShapeError) as err:
+        parse_ctr_request(*ctr_inputs(rowindex, 0, 0), 2, 4)
+    assert str(err.value) == (
+        f"ROWINDEX has {len(rowindex)} offsets, too few for a sample: a CTR request needs "
+        "at least one sample, tables (2) x (samples + 1) offsets"
+    )
+
+
 def test_ctr_dtypes_are_checked() -> None:
     des, cat, row = ctr_inputs([0, 1, 0, 1], 2, 4)
     with pytest.raises(DTypeError, match="DES must be FP32"):

@@ -3,6 +3,7 @@ probed and stopped by PID (against a plain HTTP upstream; Triton behind it: test
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import urllib.error
@@ -10,6 +11,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
@@ -227,3 +229,60 @@ def test_a_wildcard_ipv6_gate_listens_ipv6_only_and_is_probed_at_ipv6_loopback(
         assert gate._accepts(port)
     named = RequestGate(BodyLimit.of(1000), tmp_path, 1, 2, 3, 4, host="localhost")
     assert "listen 127.0.0.1:3;" in render_config(named)  # resolved once, as Triton's
+
+
+def post_encoded(port: int, body: bytes, encoding: str) -> bytes:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v2/models/m/infer",
+        data=body,
+        headers={"Content-Encoding": encoding},
+    )
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return bytes(resp.read())
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "GZIP", "br", "identity, gzip"])
+def test_http_refuses_a_compressed_body(tmp_path: Path, upstream: int, encoding: str) -> None:
+    """nginx measures a body as sent; Triton inflates a compressed one past the limit."""
+    body = gzip.compress(b"\0" * 100_000)  # 100 KB inflated, 7,250 bytes the limit
+    with RequestGate(
+        BodyLimit.of(1000), tmp_path, upstream, free_port(), free_port(), free_port()
+    ) as gate:
+        with pytest.raises(urllib.error.HTTPError) as err:
+            post_encoded(gate.http_port, body, encoding)
+        assert err.value.code == 415
+        assert err.value.headers["Accept-Encoding"] == "identity"
+        message = json.loads(err.value.read())["error"]
+        assert "compressed request refused by the request-size gate" in message
+        assert post_encoded(gate.http_port, b"plain", "identity") == b"plain"
+        assert post_encoded(gate.http_port, b"plain", "IDENTITY") == b"plain"
+        assert post(gate.http_port, b"plain") == b"plain"
+
+
+def grpc_call(
+    port: int, compression: grpc.Compression, metadata: tuple[tuple[str, str], ...] = ()
+) -> grpc.RpcError:
+    """A 100-byte unary call through the gate's gRPC port, where no gRPC server is behind
+    it: the error it ends with."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.RpcError) as err:
+            call(b"\0" * 100, timeout=5, compression=compression, metadata=metadata)
+    assert isinstance(err.value, grpc.RpcError)
+    return err.value
+
+
+def test_grpc_refuses_a_compressed_message(tmp_path: Path, upstream: int) -> None:
+    """gRPC's own status for a compression it will not take; an uncompressed call passes
+    the gate (to an upstream that is not there: UNAVAILABLE)."""
+    with RequestGate(
+        BodyLimit.of(1000), tmp_path, upstream, free_port(), free_port(), free_port()
+    ) as gate:
+        for compression in (grpc.Compression.Gzip, grpc.Compression.Deflate):
+            refused = grpc_call(gate.grpc_port, compression)
+            assert refused.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert "compressed request refused by the request-size gate" in refused.details()
+        plain = grpc.Compression.NoCompression
+        stream = grpc_call(gate.grpc_port, plain, (("content-encoding", "gzip"),))
+        assert stream.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert grpc_call(gate.grpc_port, plain).code() == grpc.StatusCode.UNAVAILABLE

@@ -1,10 +1,15 @@
 """`hps serve`: its banner names the command that runs this very hps; a second one on the
-same ps.json stops before it touches the first one's admin key."""
+same ps.json stops before it touches the first one's admin key; Ctrl-C stops it even when
+it inherited SIGINT ignored, and a second Ctrl-C does not cut its drain short."""
 
 from __future__ import annotations
 
+import argparse
 import os
+import signal
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +17,7 @@ import pytest
 from hps.cli import main
 from hps.net import free_port
 from hps.triton.admin_key import key_file_for
+from hps.triton.supervisor import serve as serve_module
 from hps.triton.supervisor.serve import _hps_command
 from hps.triton.supervisor.serve_lock import hold_state_dir
 from tests.unit.test_plan import ps_json
@@ -42,3 +48,70 @@ def test_a_second_serve_of_a_ps_json_stops_before_it_writes_a_key(
     assert f"another hps serve (pid {os.getpid()}) serves this ps.json" in err
     assert "use --state-dir" in err
     assert not key_file_for(tmp_path).exists()
+
+
+@pytest.fixture
+def restore_signals() -> Iterator[None]:
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+class InterruptedServer:
+    """A TritonServer stand-in: Ctrl-C arrives while it serves, and again, with SIGTERM,
+    while it stops (a user pressing Ctrl-C twice, a supervisor sending SIGTERM)."""
+
+    output = None
+    load_models = ["m"]
+    stopped = False
+
+    def start(self) -> None:
+        pass
+
+    def wait(self) -> tuple[str, int]:
+        signal.raise_signal(signal.SIGINT)
+        raise AssertionError("Ctrl-C did not interrupt the wait")
+
+    def stop(self) -> list[str]:
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGTERM)
+        time.sleep(0.01)  # a handler that raises would have done so by now
+        self.stopped = True
+        return []
+
+
+def test_a_second_ctrl_c_during_the_drain_does_not_cut_it(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], restore_signals: None
+) -> None:
+    monkeypatch.setattr(serve_module, "_print_banner", lambda *a: None)
+    server = InterruptedServer()
+    args = argparse.Namespace(watchdog_interval=0, config="ps.json")
+    assert serve_module._run(server, None, args, None) == 0  # type: ignore[arg-type]
+    assert server.stopped
+    err = capfd.readouterr().err
+    assert "stopping: draining requests, then tritonserver" in err
+    assert err.count("already stopping") == 2, err
+
+
+def test_ctrl_c_stops_a_serve_that_inherited_sigint_ignored(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, restore_signals: None
+) -> None:
+    """A non-interactive shell starts `hps serve &` with SIGINT ignored; kill -INT (or
+    Ctrl-C) must still stop it. Its handlers are the caller's again afterwards."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def interrupted(*_: object) -> None:
+        signal.raise_signal(signal.SIGINT)
+        time.sleep(0.01)
+
+    monkeypatch.setattr(serve_module, "check_ports", interrupted)
+    args = argparse.Namespace(
+        http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+        host="127.0.0.1", config=str(tmp_path / "ps.json"),
+    )  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        serve_module.serve(args)
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
