@@ -104,18 +104,23 @@ def _dispatch(argv: list[str] | None) -> int:
 
 @contextlib.contextmanager
 def sigterm_interrupts() -> Iterator[None]:
-    """While the block runs, SIGTERM raises ``KeyboardInterrupt`` as Ctrl-C does: the command
-    unwinds through its ``finally`` clauses, which stop what it started (servers, shared
-    memory, temporary folders), and ends with status 130 instead of dying where it stood.
+    """While the block runs, SIGTERM and SIGHUP (unless ignored: ``nohup``) raise
+    ``KeyboardInterrupt`` as Ctrl-C does: the command unwinds through its ``finally``
+    clauses, which stop what it started (servers, shared memory, temporary folders), and
+    ends with status 130 instead of dying where it stood.
     Used by ``hps bench`` and ``hps loadtest``; a no-op outside the main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    stops = [signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:  # not under nohup
+        stops.append(signal.SIGHUP)  # the terminal closed, an SSH session gone
+    previous = {s: signal.signal(s, signal.default_int_handler) for s in stops}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
 
 
 def _error(command: str, message: str) -> int:

@@ -20,7 +20,8 @@ def replacing(*paths: Path) -> Iterator[list[BinaryIO]]:
     temps = [p.with_name(f".{p.name}.{os.getpid()}.tmp") for p in paths]
     try:
         with ExitStack() as opened:
-            files: list[BinaryIO] = [opened.enter_context(open(t, "wb")) for t in temps]
+            files: list[BinaryIO] = [opened.enter_context(_open_beside(t, p))
+                                     for t, p in zip(temps, paths, strict=True)]  # fmt: skip
             yield files
             for f in files:
                 f.flush()
@@ -33,6 +34,15 @@ def replacing(*paths: Path) -> Iterator[list[BinaryIO]]:
         raise
     for folder in dict.fromkeys(p.parent for p in paths):
         _sync_folder(folder)
+
+
+def _open_beside(temp: Path, path: Path) -> BinaryIO:
+    """``temp`` opened for writing; an error names ``path``, the file asked for (the hidden
+    temporary is ours)."""
+    try:
+        return open(temp, "wb")
+    except OSError as exc:
+        raise type(exc)(exc.errno, exc.strerror, str(path)) from None
 
 
 def replace_durably(path: Path, text: str) -> None:

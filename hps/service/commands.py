@@ -40,8 +40,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "docs/control-plane.md.",
     )
     p.add_argument("--config", required=True, help="ps.json (the one `hps serve` serves)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
-    p.add_argument("--port", type=port, default=8081)
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default: 127.0.0.1; 0.0.0.0: all)",
+    )
+    p.add_argument("--port", type=port, default=8081, help="port to listen on (default: 8081)")
     p.add_argument(
         "--triton-url",
         default="127.0.0.1:8000",

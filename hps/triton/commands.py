@@ -14,7 +14,8 @@ DEFAULT_SAMPLES = 2
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="create a small synthetic CTR model to serve (if absent)")
+    what = "create a small synthetic CTR model to serve (if absent)"
+    p = sub.add_parser("demo", help=what, description=what[0].upper() + what[1:] + ".")
     p.add_argument("--dir", default="demo", help="folder of the demo model (default: demo)")
     # No argparse defaults: an option given for an existing demo must match what it was
     # made with (hps.ctr.demo.DEFAULTS fill the others in for a new one).

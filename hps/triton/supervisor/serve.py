@@ -39,7 +39,9 @@ from hps.triton.supervisor.serve_lock import hold_state_dir
 from hps.triton.supervisor.server import TritonServer
 from hps.triton.supervisor.watchdog import Watchdog, watched
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Ctrl-C, SIGTERM, and SIGHUP (the terminal closed, an SSH session gone) unless it is
+ignored (``nohup``): each drains and stops as Ctrl-C does."""
 ALREADY_STOPPING = b"hps serve: already stopping (draining requests, then tritonserver)\n"
 
 
@@ -53,7 +55,7 @@ def serve(args: argparse.Namespace) -> int:
 def _ctrl_c_interrupts() -> Iterator[None]:
     """Ctrl-C raises KeyboardInterrupt in all of ``hps serve``, also when it inherited SIGINT
     ignored (``hps serve &`` from a non-interactive shell), so ``kill -INT`` stops it; the
-    caller's SIGINT and SIGTERM handlers are back afterwards."""
+    caller's handlers of :data:`STOP_SIGNALS` are back afterwards."""
     previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
@@ -66,9 +68,16 @@ def _ctrl_c_interrupts() -> Iterator[None]:
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     """The first Ctrl-C or SIGTERM: a KeyboardInterrupt, and from now on the drain's
     handler, set before anything else can run, so a second signal cannot cut the drain."""
-    for s in STOP_SIGNALS:
+    for s in _stop_signals():
         signal.signal(s, _already_stopping)
     raise KeyboardInterrupt
+
+
+def _stop_signals() -> list[signal.Signals]:
+    """:data:`STOP_SIGNALS`, less SIGHUP where it is ignored (``nohup hps serve``: it stays
+    ignored)."""
+    return [s for s in STOP_SIGNALS
+            if s != signal.SIGHUP or signal.getsignal(s) != signal.SIG_IGN]  # fmt: skip
 
 
 def _already_stopping(signum: int, frame: FrameType | None) -> None:
@@ -179,7 +188,7 @@ def _run(server: TritonServer, config: PSConfig, args: argparse.Namespace, key: 
     """Serve until Ctrl-C / SIGTERM (then drain: exit 0 if clean) or until Triton exits;
     while it stops, a further Ctrl-C or SIGTERM says it is stopping already and waits."""
     watchdog = None
-    for s in STOP_SIGNALS:
+    for s in _stop_signals():
         signal.signal(s, _interrupt)
     try:
         print(f"starting Triton: {', '.join(server.load_models)}", flush=True)
@@ -210,9 +219,10 @@ def _run(server: TritonServer, config: PSConfig, args: argparse.Namespace, key: 
         print(f"{name} exited by itself (status {status})", file=sys.stderr)
         return status if status > 0 else 1  # a signal's negative status is no exit code
     except KeyboardInterrupt:
-        print("stopping: draining requests, then tritonserver", file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError):  # a terminal gone (SIGHUP) takes no more lines
+            print("stopping: draining requests, then tritonserver", file=sys.stderr, flush=True)
     finally:
-        for s in STOP_SIGNALS:  # Triton exited by itself: no signal has set them yet
+        for s in _stop_signals():  # Triton exited by itself: no signal has set them yet
             signal.signal(s, _already_stopping)
         if watchdog is not None:
             watchdog.stop()

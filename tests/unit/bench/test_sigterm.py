@@ -57,3 +57,17 @@ def test_the_previous_sigterm_handler_comes_back() -> None:
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGTERM)  # its handler runs as os.kill returns
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_hangup_interrupts_too_unless_ignored() -> None:
+    before = signal.getsignal(signal.SIGHUP)
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        with sigterm_interrupts(), pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGHUP)  # the terminal closed
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup
+        with sigterm_interrupts():
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)

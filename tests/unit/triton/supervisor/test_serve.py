@@ -52,7 +52,7 @@ def test_a_second_serve_of_a_ps_json_stops_before_it_writes_a_key(
 
 @pytest.fixture
 def restore_signals() -> Iterator[None]:
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
@@ -94,6 +94,54 @@ def test_a_second_ctrl_c_during_the_drain_does_not_cut_it(
     err = capfd.readouterr().err
     assert "stopping: draining requests, then tritonserver" in err
     assert err.count("already stopping") == 2, err
+
+
+class HungUpServer(InterruptedServer):
+    """The terminal closes while it serves (SIGHUP), and again while it stops."""
+
+    def wait(self) -> tuple[str, int]:
+        signal.raise_signal(signal.SIGHUP)
+        raise AssertionError("SIGHUP did not interrupt the wait")
+
+    def stop(self) -> list[str]:
+        signal.raise_signal(signal.SIGHUP)
+        time.sleep(0.01)
+        self.stopped = True
+        return []
+
+
+def test_a_closed_terminal_drains_and_stops_as_ctrl_c_does(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], restore_signals: None
+) -> None:
+    monkeypatch.setattr(serve_module, "_print_banner", lambda *a: None)
+    server = HungUpServer()
+    args = argparse.Namespace(watchdog_interval=0, config="ps.json")
+    assert serve_module._run(server, None, args, None) == 0  # type: ignore[arg-type]
+    assert server.stopped
+    err = capfd.readouterr().err
+    assert "stopping: draining requests" in err and err.count("already stopping") == 1
+
+
+def test_under_nohup_a_hangup_stays_ignored(
+    monkeypatch: pytest.MonkeyPatch, restore_signals: None
+) -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    monkeypatch.setattr(serve_module, "_print_banner", lambda *a: None)
+
+    class Server(InterruptedServer):
+        def wait(self) -> tuple[str, int]:
+            signal.raise_signal(signal.SIGHUP)  # ignored: serving goes on
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            return "tritonserver", 0
+
+        def stop(self) -> list[str]:
+            self.stopped = True
+            return []
+
+    server = Server()
+    args = argparse.Namespace(watchdog_interval=0, config="ps.json")
+    assert serve_module._run(server, None, args, None) == 1  # Triton exited by itself
+    assert server.stopped and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
 
 
 def test_ctrl_c_stops_a_serve_that_inherited_sigint_ignored(
