@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -94,6 +94,10 @@ class L1Refresher:
         self._pending: deque[_Pending] = deque()
         self._pending_keys = 0
         self._holding: dict[tuple[str, int], deque[_Pending]] = {}  # holds, per partition
+        # Pass 2s given up (the queue full): their tables are re-read whole once every
+        # partition has passed the newest of them (owed_tokens, per partition)
+        self._owed_tables: set[str] = set()
+        self._owed_tokens: dict[tuple[str, int], Offset] = {}
 
     def tracks(self, table: str) -> bool:
         return self.session.caches.get(table) is not None
@@ -135,11 +139,19 @@ class L1Refresher:
         self._pending_keys += keys.size
         if token is not None and hold is not None:
             self._holding.setdefault((token.topic, token.partition), deque()).append(entry)
-        while self._pending_keys > MAX_PENDING_KEYS:  # L2/L3 writer gone for long: give up
+        while self._pending_keys > MAX_PENDING_KEYS:  # L2/L3 writer gone for long
             old = self._pending.popleft()
             self._pending_keys -= old.keys.size
             self._release(old)
-            log.warning("L1 re-read queue full: %d keys rely on pass 1 only", old.keys.size)
+            if not self._owed_tables:
+                log.warning(
+                    "L1 re-read queue full (L2/L3's writer away?): the resident rows of %s "
+                    "are re-read whole once it catches up",
+                    old.table,
+                )
+            self._owed_tables.add(old.table)
+            if old.token is not None:
+                self._owed_tokens[(old.token.topic, old.token.partition)] = old.token
 
     def _release(self, entry: _Pending) -> None:
         if entry.hold is not None:
@@ -159,6 +171,42 @@ class L1Refresher:
             keys = cache.resident_keys()
             for lo in range(0, keys.size, MAX_SLICE):
                 cache.evict(keys[lo : lo + MAX_SLICE])
+
+    def reread(self, tables: Iterable[str]) -> int:
+        """Re-read every resident row of ``tables`` from L2/L3, a slice per lock hold (each
+        cache's ``barrier`` first); the rows re-read. For rows L1 loaded before the
+        listener took its start (a warm-up): updates ``hps consume`` applied and committed
+        before that start are never read from the topics again, but L2/L3 hold them."""
+        before_l3 = self.session.tiers.catch_up_once()
+        done = 0
+        for table in tables:
+            cache = self.session.caches.get(table)
+            if cache is None:
+                continue
+            cache.barrier()
+            keys = cache.resident_keys()
+            for lo in range(0, keys.size, MAX_SLICE):
+                self.session.refresh(table, keys[lo : lo + MAX_SLICE], before_l3=before_l3)
+            done += int(keys.size)
+        return done
+
+    def _pay_owed(self, ready: Ready) -> None:
+        """The pass 2s given up when the queue was full: once L2/L3 hold every update they
+        were for, every resident row of their tables is re-read (a row a lookup filled from
+        L2/L3 before then, stale, is corrected)."""
+        if not self._owed_tables or not all(ready(t) for t in self._owed_tokens.values()):
+            return
+        tables = sorted(self._owed_tables)
+        rows = self.reread(tables)  # raises: owed still, tried again at the next pass
+        self._owed_tables.clear()
+        self._owed_tokens.clear()
+        log.info("L1 re-read %d resident rows of %s, whose updates overflowed the re-read "
+                 "queue", rows, ", ".join(tables))  # fmt: skip
+
+    @property
+    def owed(self) -> set[str]:
+        """Tables whose resident rows are to be re-read whole (see :meth:`run_due`)."""
+        return set(self._owed_tables)
 
     def release_all(self) -> None:
         """End every hold (the listener stops: nothing will say when L2/L3 are ready)."""
@@ -180,6 +228,7 @@ class L1Refresher:
                 self._release(queue.popleft())
             if not queue:
                 del self._holding[lane]
+        self._pay_owed(ready)
         deadline = time.monotonic() - self.grace_s
         due: list[_Pending] = []
         n_keys = 0

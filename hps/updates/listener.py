@@ -88,6 +88,11 @@ def start_l1_listener(
         )
 
     source = new_source()
+    # The source starts at the group's committed offsets as they are now: rows L1 loaded
+    # before (the warm-up) may predate updates committed since; L2/L3 hold those.
+    reread = refresher.reread(tables)
+    if reread:
+        log.info("L1 listener: %d resident rows re-read from L2/L3 at its start", reread)
     lost = False  # the client hit a fatal error: a new one is made at the next step
     last_check = 0.0
     previous_ns: int | None = None  # when the committed offsets were last read
@@ -118,7 +123,8 @@ def start_l1_listener(
             refresher.drop_all()
             raise
         now = time.monotonic()
-        if (refresher.pending or served.waiting) and now - last_check >= COMMITTED_CHECK_S:
+        waiting = refresher.pending or refresher.owed or served.waiting
+        if waiting and now - last_check >= COMMITTED_CHECK_S:
             last_check = now
             try:
                 asked_ns = time.time_ns()

@@ -7,14 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from hps.build import build_session
 from hps.lookup import LookupSession
 from hps.storage.hash_map import HashMapStore
 from hps.tiers import Tiers
 from hps.updates import codec
-from hps.updates.freshness import L1Refresher, Served
-from hps.updates.listener import NewestTaken, refresh_from
+from hps.updates.freshness import L1Refresher, Offset, Served
+from hps.updates.listener import NewestTaken, applied_by_group, refresh_from
 from hps.updates.routing import Router
 from tests.unit.updates.test_update_consumer_loop import SPEC, Msg, _one_table_config
 from tests.unit.updates.test_update_timing import ListRecorder
@@ -162,3 +163,31 @@ def test_newest_taken_is_bounded_and_forgets_keys_whose_slot_was_taken() -> None
     # At most one key a slot is remembered (refused: older); the others are taken.
     assert 1 <= np.count_nonzero(~older) <= 4
     assert newest.take("u", keys[:1], np.array([0], np.uint64)).all()  # per table
+
+
+def test_pass_twos_given_up_on_a_full_queue_reread_their_tables_once_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hps consume away for long: the re-read queue overflows and its oldest pass 2s are
+    given up. A key not in L1 at pass 1, filled from the stale L2 meanwhile, is still read
+    again once the group has committed past the updates given up."""
+    from hps.updates import freshness
+
+    monkeypatch.setattr(freshness, "MAX_PENDING_KEYS", 2)
+    session, refresher = _resident_session(tmp_path, [1])
+    refresher.grace_s = 0.0
+    key = np.array([7], dtype=np.int64)  # not resident at pass 1 of its update
+    assert session.tiers.volatile is not None
+    session.tiers.volatile.insert(SPEC.name, key, np.ones((1, 2), np.float32))  # the old row
+    refresher.later(SPEC.name, key, token=Offset("t", 0, 5), held=True)
+    refresher.later(SPEC.name, np.array([8, 9]), token=Offset("t", 0, 6), held=True)
+    assert refresher.owed == {SPEC.name} and refresher.pending == 1  # key 7's given up
+    np.testing.assert_array_equal(session.lookup(SPEC.name, key), [[1, 1]])  # stale fill
+    not_yet = applied_by_group({("t", 0): 5})
+    assert refresher.run_due(not_yet) == 0 and refresher.owed  # its update not in L2 yet
+    session.tiers.volatile.insert(SPEC.name, key, np.full((1, 2), 3.0, np.float32))
+    refresher.run_due(applied_by_group({("t", 0): 7}))
+    assert not refresher.owed
+    assert session.caches[SPEC.name].resident(key).all()
+    np.testing.assert_array_equal(session.lookup(SPEC.name, key), [[3, 3]])
+    session.close()

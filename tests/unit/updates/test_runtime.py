@@ -144,6 +144,27 @@ def test_the_listener_drops_l1_when_a_poll_fails_to_reach_it_and_goes_on(
     assert source.closed
 
 
+def test_rows_warmed_before_the_listener_started_are_read_again_from_l2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An update hps consume applied and committed after the warm-up read a row, but before
+    the listener took its start (the group's committed offsets), never comes from the
+    topics: the listener's start reads the resident rows again from L2/L3."""
+    monkeypatch.setattr(listener_mod, "MessageSource", _Source)
+    cfg, session, keys = _listened(tmp_path)  # L1 warmed with 1.0
+    assert session.tiers.volatile is not None
+    session.tiers.volatile.insert(SPEC.name, keys[:3], np.full((3, 2), 9.0, np.float32))
+    assert session.lookup(SPEC.name, keys[:1])[0, 0] == 1.0  # L1 is behind L2
+    thread = listener_mod.start_l1_listener(session, cfg)
+    try:
+        got = session.lookup(SPEC.name, keys)
+        assert (got[:3] == 9.0).all() and (got[3:] == 1.0).all()
+        assert session.caches[SPEC.name].resident(keys).all()  # re-read, not dropped
+    finally:
+        thread.stop()
+        session.close()
+
+
 def test_the_listener_keeps_a_newer_row_from_a_later_older_message(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
