@@ -118,9 +118,14 @@ def start_l1_listener(
             refresh_from(msgs, router, refresher, us.hps_max_version_ahead_s, served, newest)
         except Exception:
             # Unforeseen: some of these updates may not have reached L1, and nothing says
-            # which keys they touched. L1 is a cache: its rows come from L2/L3 again.
+            # which keys they touched. L1 is a cache: its rows come from L2/L3 again, and a
+            # new client reads on from the group's committed offsets, so those updates come
+            # again (hps consume may not have applied them: a refill would read the old rows).
             log.error("L1 listener: %d messages not applied to L1: dropping it", len(msgs))
+            with contextlib.suppress(Exception):
+                source.close()
             refresher.drop_all()
+            lost = True
             raise
         now = time.monotonic()
         waiting = refresher.pending or refresher.owed or served.waiting

@@ -129,19 +129,24 @@ def test_the_listener_drops_l1_when_a_poll_fails_to_reach_it_and_goes_on(
     _Source.made.clear()
     thread = listener_mod.start_l1_listener(session, cfg)
     try:
-        [source] = _Source.made
-        source.queue.append(upsert([1], 5.0, 0))
+        [first] = _Source.made
+        first.queue.append(upsert([1], 5.0, 0))
         _wait(lambda: thread.errors == 1, "the failed poll")
         _wait(lambda: not cache.resident(keys).any(), "L1 dropped")
+        # a new client reads on from the group's committed offsets: the failed poll's
+        # messages again (hps consume may not have applied them), then the next ones
+        _wait(lambda: len(_Source.made) == 2, "a new client")
+        assert first.closed
+        second = _Source.made[1]
         session.lookup(SPEC.name, keys[1:3])  # back from L2
-        source.queue.append(upsert([2], 7.0, 1))
+        second.queue.extend([upsert([1], 5.0, 0), upsert([2], 7.0, 1)])
         _wait(lambda: len(polls) == 2, "the next poll")
         _wait(lambda: session.lookup(SPEC.name, keys[1:2])[0, 0] == 7.0, "key 2 refreshed")
         assert thread.is_alive() and thread.errors == 1
     finally:
         thread.stop()
         session.close()
-    assert source.closed
+    assert second.closed
 
 
 def test_rows_warmed_before_the_listener_started_are_read_again_from_l2(
