@@ -66,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--metrics-interval",
         type=non_negative_float,
         default=1.0,
-        help="seconds between the models' updates of /metrics (0: every request)",
+        help="seconds between the models' updates of /metrics (default: 1; 0: every request)",
     )
     p.add_argument(
         "--state-dir", help="where a generated admin key is kept (default: the ps.json's folder)"
@@ -75,7 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--watchdog-interval",
         type=non_negative_float,
         default=2.0,
-        help="seconds between probes (0: off)",
+        help="seconds between probes (default: 2; 0: off)",
     )
     p.add_argument(
         "--max-request-mb",

@@ -98,7 +98,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="tag every message with model version N: applied to that version only "
         "(default: untagged, applied to the live version and the ready ones above it)",
     )
-    p.add_argument("--partitions", type=positive_int, default=8, help="partitions of new topics")
+    p.add_argument(
+        "--partitions", type=positive_int, default=8, help="partitions of new topics (default: 8)"
+    )
     p.add_argument(
         "--chunk-rows",
         type=positive_int,
