@@ -124,10 +124,8 @@ class Publisher:
         v = _vectors(vectors, k.size)
         ver = self._version(version)
         topic = codec.topic_name(model, table)
-        row_bytes = codec.native_row_bytes(v.shape[1])
-        for part, rows in split_by_partition(
-            k, self._partition_count(topic), self._rows(row_bytes)
-        ):
+        per_message = self._rows(codec.native_row_bytes(v.shape[1]))
+        for part, rows in split_by_partition(k, self._partition_count(topic), per_message):
             payload = codec.encode(k[rows], v[rows], ver, model_version=self.model_version)
             self._produce(topic, payload, part)
         return ver
@@ -222,7 +220,16 @@ class Publisher:
             return version
 
     def _rows(self, row_bytes: int) -> int:
-        return max(1, (self.max_message_bytes - self._header) // row_bytes)
+        """Rows of ``row_bytes`` one message of at most ``max_message_bytes`` holds; an
+        InvalidValueError where not even one fits (before anything is sent)."""
+        rows = (self.max_message_bytes - self._header) // row_bytes
+        if rows < 1:
+            raise InvalidValueError(
+                f"a row of {row_bytes:,} bytes does not fit in a message of max_message_bytes "
+                f"{self.max_message_bytes:,} (with its {self._header}-byte header): raise "
+                "max_message_bytes (and the broker's message.max.bytes)"
+            )
+        return rows
 
     def _partition_count(self, topic: str) -> int:
         if topic not in self._partitions:

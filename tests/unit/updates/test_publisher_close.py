@@ -122,6 +122,21 @@ def test_names_no_consumer_reads_are_refused_before_a_topic_is_made(
     pub.close(timeout_s=1.0)
 
 
+def test_a_row_wider_than_a_message_is_refused_before_a_topic_is_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It went out as one message over the configured max_message_bytes."""
+    from hps.updates import producer
+
+    created: list[list[str]] = []
+    monkeypatch.setattr(producer, "ensure_topics", lambda b, topics, **kw: created.append(topics))
+    pub = Publisher(f"127.0.0.1:{free_port()}", max_message_bytes=4_000, reconnect_backoff_ms=10)
+    with pytest.raises(InvalidValueError, match="does not fit in a message of max_message_bytes"):
+        pub.publish("m", "t", np.array([1]), np.ones((1, 1024), np.float32))  # 4,104 bytes
+    assert created == [] and pub.messages_sent == 0
+    pub.close(timeout_s=1.0)
+
+
 @pytest.mark.parametrize("version", [1.9, "abc", "5", True, 2.0])
 def test_an_update_version_that_is_no_integer_is_refused(
     publisher: Publisher, version: object
