@@ -27,7 +27,10 @@ int8 ``dim + 8``) plus each tier's per-row overhead, which each backend declares
   :func:`l2_segment_bytes`, from the geometry the segment lays itself out by); for Redis an
   estimate of its hash encoding (field, value and dict entry, rounded to jemalloc size
   classes; a sorted-set entry more when ``overflow_margin`` is set). ``hash_map`` lives in
-  each instance process, so it counts once per instance.
+  each instance process, so it counts once per instance. Rows: :func:`l2_rows`; with Kafka
+  updates and no L3 the update-version side tables beside each table
+  (:func:`l2_side_bytes`); a planned L2 beyond a segment's ``shared_memory_size`` is refused
+  without L3, a warning with one (:func:`check_l2_segment`).
 - L3: a RocksDB estimate: key, value and ~16 bytes of per-entry SST overhead, x 1.1 for
   leveled compaction's space amplification, on disk.
 
@@ -42,7 +45,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hps.cache import cache_capacity, cache_nbytes
+from hps.cache import MIN_CAPACITY, cache_capacity, cache_nbytes
 from hps.cache.calibrate import request_keys
 from hps.cache.gpu_request import request_staging
 from hps.config import ModelConfig, PersistentDBConfig, PSConfig, VolatileDBConfig
@@ -50,6 +53,8 @@ from hps.config.segment import MAX_TABLES, segment_geometry
 from hps.errors import ConfigError
 from hps.rowformat import FLOAT32, ROW_DTYPES, RowFormat
 from hps.tiers import bytes_per_row, table_bytes
+from hps.tiers.side_tables import LIMBS
+from hps.tiers.watermarks import BUCKETS
 from hps.topology import Topology, topology
 from hps.types import JSON
 
@@ -72,6 +77,8 @@ class TablePlan:
     l2_rows: int
     l2_bytes_per_row: float  # one row in L2, key and bookkeeping included (0: no L2)
     l2_bytes: int  # all copies (one per instance for the in-process hash_map)
+    l2_side_bytes_per_row: float  # one update-version side row in L2 (0: none kept there)
+    l2_side_bytes: int  # the update-version side tables in L2, all copies (l2_side_bytes)
     l3_bytes_per_row: float  # one row on disk in L3 (0: no L3)
     l3_bytes: int
     raw_bytes: int  # rows x dim x 4, the naive sizing rule (float32)
@@ -93,6 +100,74 @@ def l2_segment_bytes(config: PSConfig) -> int:
     if vdb.type != "multi_process_hash_map":
         return 0
     return segment_geometry(vdb.shared_memory_size, vdb.allocation_rate).data_off
+
+
+REDIS_TYPES = ("redis", "redis_cluster")
+
+
+def l2_rows(config: PSConfig, rows: int) -> int:
+    """The rows of a table of ``rows`` rows that L2 holds once filled: the loader's share
+    (``initial_cache_rate`` beside an L3, every row without one: :mod:`hps.loading.loader`;
+    every row with ``cache_missed_embeddings``), at most ``overflow_margin`` rows, which Redis
+    counts per partition (``x num_partitions``)."""
+    vdb = config.volatile_db
+    if vdb.type == "disabled":
+        return 0
+    margin = vdb.overflow_margin * (vdb.num_partitions if vdb.type in REDIS_TYPES else 1)
+    n = min(rows, margin)
+    if topology(config).l3 and not vdb.cache_missed_embeddings:
+        n = min(n, math.ceil(vdb.initial_cache_rate * rows))
+    return n
+
+
+def side_tables_in_l2(config: PSConfig) -> bool:
+    """Whether L2 keeps the update-version side tables beside each table (Kafka updates
+    written to L2 with no L3: :mod:`hps.tiers.versions`)."""
+    topo = topology(config)
+    return topo.l2 is not None and topo.updates != "none" and not topo.l3
+
+
+def l2_side_bytes(vdb: VolatileDBConfig, rows: int) -> int:
+    """The update-version side tables of one table of ``rows`` L2 rows: the version table
+    at worst a row of :data:`~hps.tiers.side_tables.LIMBS` float32 (16 bytes) per row, and
+    the watermark table's :data:`~hps.tiers.watermarks.BUCKETS` rows and its sync key."""
+    return table_bytes(vdb, rows, LIMBS) + table_bytes(vdb, BUCKETS + 1, LIMBS)
+
+
+def check_l2_segment(config: PSConfig, plans: list[TablePlan]) -> str | None:
+    """What the planned L2 (:func:`l2_segment_bytes` and the tables' extents: ``totals``'
+    ``l2_bytes``) says against the ``multi_process_hash_map`` segment's
+    ``shared_memory_size``: a :class:`ConfigError` where it does not fit and there is no L3
+    (a full segment evicts rows, which are then answered with the default vector), a
+    warning where there is one (the evicted rows come from L3), None where it fits."""
+    vdb = config.volatile_db
+    if vdb.type != "multi_process_hash_map":
+        return None
+    need = totals(plans, l2_segment_bytes(config))["l2_bytes"]
+    if need <= vdb.shared_memory_size:
+        return None
+    said = (
+        f"{config.source}: volatile_db.shared_memory_size = {vdb.shared_memory_size:,} bytes "
+        f"({human(vdb.shared_memory_size)}) but the planned L2 needs {need:,} "
+        f"({human(need)}): a full segment evicts rows"
+    )
+    if not topology(config).l3:
+        raise ConfigError(
+            f"{said}, answered with the default vector without L3: raise shared_memory_size"
+        )
+    return f"warning: {said}, read again from L3 on each miss"
+
+
+def l1_notes(plans: list[TablePlan]) -> list[str]:
+    """A note per table whose L1 capacity is over twice its rows (and above the minimum
+    capacity): the rows beyond the table's are paid for and never filled."""
+    return [
+        f"note: {p.table}: L1 capacity {p.cache_rows:,} rows for a table of {p.rows:,} rows "
+        f"({human(p.cache_bytes)} per cache): set gpucacheper (a share of each table's rows) "
+        "instead of hps_cache.capacity, or a lower hps_cache.capacity"
+        for p in plans
+        if p.rows_from != "unknown" and p.cache_rows > max(2 * p.rows, MIN_CAPACITY)
+    ]
 
 
 def l3_bytes_per_row(cfg: PersistentDBConfig, dim: int, fmt: RowFormat = FLOAT32) -> float:
@@ -220,7 +295,7 @@ def plan(config: PSConfig, rows: dict[str, int] | None = None) -> list[TablePlan
     if unknown:
         raise ConfigError(f"--rows names unknown tables {sorted(unknown)}")
     vdb, out = config.volatile_db, []
-    topo = topology(config)
+    topo, side = topology(config), side_tables_in_l2(config)
     for model in config.models:
         devices = len(model.instance_gpus) or 1  # Triton fills each GPU round robin
         per_device = math.ceil(model.hps_instances / devices) * (2 if model.serves_ctr else 1)
@@ -230,13 +305,10 @@ def plan(config: PSConfig, rows: dict[str, int] | None = None) -> list[TablePlan
             fmt = spec.fmt
             cap = cache_capacity(model, n)
             one = cache_nbytes(cap, spec.dim, model.hps_cache.policy, fmt) if cap else 0
-            l2_rows = 0
-            if vdb.type != "disabled":
-                l2_rows = min(n, vdb.overflow_margin)
-                if not vdb.cache_missed_embeddings:
-                    l2_rows = min(l2_rows, math.ceil(vdb.initial_cache_rate * n))
+            in_l2 = l2_rows(config, n)
             copies = model.processes if topo.l2 == "process" else 1
             l2_row = l2_bytes_per_row(vdb, spec.dim, fmt)
+            side_row = l2_bytes_per_row(vdb, LIMBS) if side else 0.0
             l3_row = l3_bytes_per_row(config.persistent_db, spec.dim, fmt) if topo.l3 else 0.0
             out.append(
                 TablePlan(
@@ -253,9 +325,11 @@ def plan(config: PSConfig, rows: dict[str, int] | None = None) -> list[TablePlan
                     instances_per_device=per_device,
                     cache_bytes_per_device=one * per_device,
                     l2_type=vdb.type,
-                    l2_rows=l2_rows,
+                    l2_rows=in_l2,
                     l2_bytes_per_row=round(l2_row, 1),
-                    l2_bytes=table_bytes(vdb, l2_rows, spec.dim, fmt) * copies if l2_row else 0,
+                    l2_bytes=table_bytes(vdb, in_l2, spec.dim, fmt) * copies if l2_row else 0,
+                    l2_side_bytes_per_row=round(side_row, 1),
+                    l2_side_bytes=l2_side_bytes(vdb, in_l2) * copies if side_row else 0,
                     l3_bytes_per_row=round(l3_row, 1),
                     l3_bytes=int(n * l3_row),
                     raw_bytes=n * spec.dim * 4,
@@ -266,10 +340,12 @@ def plan(config: PSConfig, rows: dict[str, int] | None = None) -> list[TablePlan
 
 def totals(plans: list[TablePlan], l2_segment: int = 0) -> dict[str, int]:
     """Sums over tables (cache per device: every table's caches on one device), L2 with
-    ``l2_segment`` (:func:`l2_segment_bytes`) once."""
+    ``l2_segment`` (:func:`l2_segment_bytes`) once and the side tables (``l2_side_bytes``,
+    also given apart)."""
     return {
         "cache_bytes_per_device": sum(p.cache_bytes_per_device for p in plans),
-        "l2_bytes": l2_segment + sum(p.l2_bytes for p in plans),
+        "l2_bytes": l2_segment + sum(p.l2_bytes + p.l2_side_bytes for p in plans),
+        "l2_side_bytes": sum(p.l2_side_bytes for p in plans),
         "l3_bytes": sum(p.l3_bytes for p in plans),
         "raw_bytes": sum(p.raw_bytes for p in plans),
     }
@@ -304,6 +380,7 @@ def _total_line(label: str, t: dict[str, int]) -> tuple[str, ...]:
         "",
         "",
         human(t["l2_bytes"]),
+        human(t["l2_side_bytes"]),
         "",
         human(t["l3_bytes"]),
         human(t["raw_bytes"]),
@@ -312,7 +389,8 @@ def _total_line(label: str, t: dict[str, int]) -> tuple[str, ...]:
 
 def format_text(plans: list[TablePlan], l2_segment: int = 0) -> str:
     """The table of ``hps plan``; ``l2_segment``: the shared L2 segment's fixed bytes
-    (:func:`l2_segment_bytes`), a row of its own, in the total."""
+    (:func:`l2_segment_bytes`), a row of its own, in the total. The column ``L2 side`` (the
+    update-version side tables, in the L2 total) only where L2 keeps them."""
     header = (
         "table",
         "dim",
@@ -324,6 +402,7 @@ def format_text(plans: list[TablePlan], l2_segment: int = 0) -> str:
         "L1 on",
         "L2 B/row",
         "L2",
+        "L2 side",
         "L3 B/row",
         "L3",
         "raw",
@@ -346,6 +425,7 @@ def format_text(plans: list[TablePlan], l2_segment: int = 0) -> str:
                 f"{p.cache_memory} x{p.devices}",
                 f"{p.l2_bytes_per_row:.0f}",
                 f"{human(p.l2_bytes)} ({p.l2_type})",
+                f"{human(p.l2_side_bytes)} ({p.l2_side_bytes_per_row:.0f} B/row)",
                 f"{p.l3_bytes_per_row:.0f}",
                 human(p.l3_bytes),
                 human(p.raw_bytes),
@@ -360,7 +440,9 @@ def format_text(plans: list[TablePlan], l2_segment: int = 0) -> str:
         segment[9] = f"{human(l2_segment)} (header, {MAX_TABLES} entries)"
         lines.append(tuple(segment))
     lines.append(_total_line("total", totals(plans, l2_segment)))
-    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
+    if not any(p.l2_side_bytes for p in plans):
+        lines = [row[:10] + row[11:] for row in lines]
+    widths = [max(len(row[i]) for row in lines) for i in range(len(lines[0]))]
     text = "\n".join("  ".join(_cells(row, widths)) for row in lines)
     if unknown := [p.table for p in plans if p.rows_from == "unknown"]:
         text += (
@@ -418,8 +500,12 @@ def to_json(
     versions: list[str] | None = None,
     gpus: list[L1GpuPlan] | None = None,
     l2_segment: int = 0,
+    notes: list[str] | None = None,
+    warnings: list[str] | None = None,
 ) -> str:
     doc: JSON = {
+        "warnings": warnings or [],  # check_l2_segment
+        "notes": notes or [],  # l1_notes
         "versions": versions or [],
         "topology": topo.as_dict(),
         "tables": [asdict(p) for p in plans],

@@ -7,6 +7,9 @@ import argparse
 from hps.cli import non_negative_int
 from hps.errors import ConfigError
 
+MAX_ROWS = 2**40
+"""The most rows ``--rows`` takes for a table (far beyond any one node's memory)."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -20,7 +23,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "backend's per-row cost (docs/cache.md); the L2 is the one hps serve opens "
         "(multi_process_hash_map where a model has several instances and volatile_db names "
         "no type), whose segment's fixed bytes (header, table entries) count once, and "
-        "models needing more of its table entries than it has are refused. "
+        "models needing more of its table entries than it has are refused, as is an L2 "
+        "planned beyond its shared_memory_size without L3 (a warning line with L3). L2 holds "
+        "initial_cache_rate x rows beside an L3 (every row without one), at most "
+        "overflow_margin (x num_partitions for Redis); with Kafka updates and no L3 the "
+        "update-version side tables are a column of their own (L2 side). A table whose L1 "
+        "capacity is over twice its rows gets a note line. "
         "A model whose L1 is or may be on a GPU "
         "(hps_cache.device cupy or auto) gets a line of its GPU memory per instance: the "
         "caches and the staging buffers of the host path for a request of the configured "
@@ -32,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="MODEL.TABLE=N",
-        help="rows of a table without sparse files (repeatable)",
+        help="rows of a table without sparse files, at most 2**40 (repeatable)",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_plan)
@@ -57,17 +65,19 @@ def parse_rows(items: list[str]) -> dict[str, int]:
             rows[name] = int(n)
         except ValueError:
             raise ConfigError(f"--rows {item!r}: expected MODEL.TABLE=N") from None
-        if rows[name] < 0:
-            raise ConfigError(f"--rows {item!r}: rows must be >= 0")
+        if not 0 <= rows[name] <= MAX_ROWS:
+            raise ConfigError(f"--rows {item!r}: rows must be >= 0 and at most 2**40")
     return rows
 
 
 def _plan(args: argparse.Namespace) -> int:
     from hps.config import load_config
     from hps.plan import (
+        check_l2_segment,
         format_text,
         gpu_lines,
         l1_gpu,
+        l1_notes,
         l2_segment_bytes,
         l3_memory,
         plan,
@@ -87,12 +97,15 @@ def _plan(args: argparse.Namespace) -> int:
         versions.append(crowded)
     gpus = l1_gpu(config, plans)
     segment = l2_segment_bytes(config)
+    warnings = [w] if (w := check_l2_segment(config, plans)) else []
+    notes = l1_notes(plans)
     if args.json:
-        print(to_json(plans, topo, versions, gpus, segment))
+        print(to_json(plans, topo, versions, gpus, segment, notes, warnings))
     else:
-        note = [n] if (n := l3_memory(config)) else []
+        l3 = [n] if (n := l3_memory(config)) else []
         table = format_text(plans, segment)
-        print("\n".join([*describe(topo), "", table, *gpu_lines(gpus), *note, *versions]))
+        lines = [*describe(topo), "", table, *gpu_lines(gpus), *l3, *notes, *versions, *warnings]
+        print("\n".join(lines))
     return 0
 
 

@@ -19,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from hps.config import parse_config
 from hps.ctr.network import make_weights
+from hps.errors import ConfigError
 from hps.io.sparse_model import write_sparse_model
 
 DEMO_MODEL = "demo"
@@ -72,6 +74,16 @@ def demo_config(
     }
 
 
+def check_demo_config(config: dict[str, Any], ps_path: Path) -> None:
+    """ConfigError (one line) unless ``config`` passes the parser every later command reads
+    the demo's ps.json with: checked before any table is written."""
+    try:
+        parse_config(config, str(ps_path))
+    except ConfigError as exc:
+        first = str(exc).splitlines()[0].removeprefix(f"{ps_path}: ")
+        raise ConfigError(f"the demo's ps.json would be refused: {first}") from None
+
+
 def table_vectors(keys: np.ndarray, dim: int, table_index: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng([seed, table_index])
     return rng.standard_normal((keys.size, dim), dtype=np.float32) * np.float32(0.05)
@@ -100,6 +112,7 @@ def create_demo(
         return ps_path
     sizes = table_sizes(num_tables, max_rows)
     config = demo_config(directory, sizes, dim, instances=instances)
+    check_demo_config(config, ps_path)
     for i, (rows, path) in enumerate(zip(sizes, config["models"][0]["sparse_files"], strict=True)):
         keys = np.arange(rows, dtype=np.int64)
         write_sparse_model(path, keys, table_vectors(keys, dim, i, seed))

@@ -1,12 +1,13 @@
 """The example CTR model: sum-pooled embeddings + dense features through a small MLP.
 
 Weights live in one ``.npz`` file (the model's ``dense_file`` in ps.json) holding
-``num_dense`` (a scalar) and ``w0, b0, w1, b1, ...``: weight ``w<i>`` of shape ``(inputs,
+``num_dense`` (an integer scalar) and ``w0, b0, w1, b1, ...``: weight ``w<i>`` of shape ``(inputs,
 outputs)``, its inputs the outputs of ``w<i-1>``, bias ``b<i>`` of shape ``(outputs,)``;
 ReLU between layers, a sigmoid on the last one, which has one output (the click
-probability). Weights that do not chain so are a ConfigError when they are loaded
-(:func:`read_weights`). The same code runs on NumPy or CuPy (``xp``); the network is tiny
-next to the embedding lookup.
+probability); every array of a real number type (integer or float), finite as float32.
+Weights that are not so are a ConfigError when they are loaded (:func:`read_weights`).
+The same code runs on NumPy or CuPy (``xp``); the network is tiny next to the embedding
+lookup.
 
 On CuPy the network runs on the GPU the pooled rows are on (L1's GPU, which need not be the
 current one: a ``KIND_CPU`` instance keeps L1 on its ``deployed_device_list[0]`` without
@@ -16,6 +17,7 @@ making it current), under that GPU's scope, with its weights copied there on fir
 from __future__ import annotations
 
 import re
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -57,18 +59,60 @@ Layers = list[tuple[np.ndarray, np.ndarray]]
 
 def read_weights(path: str | Path) -> tuple[int, Layers]:
     """``num_dense`` and the layers ``(w<i>, b<i>)`` of the ``.npz`` at ``path``; a
-    ConfigError naming the file (and the layer) unless they make a network: each weight a
+    ConfigError naming the file (and the array or layer) unless they make a network:
+    ``num_dense`` an integer scalar from 0 to the inputs of ``w0``, each weight and bias of
+    a real number type (integer or float) and finite once cast to float32, each weight a
     matrix ``(inputs, outputs)`` taking what the layer before gives, each bias of its
     weight's outputs, the last layer with one output (:func:`check_layers`)."""
     try:
-        with np.load(path) as f:
-            num_dense = int(f["num_dense"])
+        with _open_npz(path) as f:
+            num_dense = f["num_dense"]
             n = sum(1 for k in f.files if re.fullmatch(r"w\d+", k))
             layers = [(f[f"w{i}"], f[f"b{i}"]) for i in range(n)]
     except (OSError, KeyError, ValueError, IndexError, TypeError) as exc:
         raise ConfigError(f"dense_file {path}: not CTR weights of hps demo ({exc})") from None
+    for i, (w, b) in enumerate(layers):
+        _check_values(path, f"w{i}", w)
+        _check_values(path, f"b{i}", b)
     check_layers(path, layers)
-    return num_dense, layers
+    return _num_dense(path, num_dense, int(layers[0][0].shape[0])), layers
+
+
+def _open_npz(path: str | Path) -> np.lib.npyio.NpzFile:
+    """The archive at ``path``; a ConfigError for a file that is not one (rather than
+    NumPy's advice to load it with pickle)."""
+    try:
+        f = np.load(path, allow_pickle=False)
+    except (ValueError, zipfile.BadZipFile):
+        raise ConfigError(f"dense_file {path}: not an .npz archive (numpy.savez)") from None
+    if not isinstance(f, np.lib.npyio.NpzFile):  # a single array: an .npy file
+        raise ConfigError(f"dense_file {path}: not an .npz archive (numpy.savez)")
+    return f
+
+
+def _check_values(path: str | Path, name: str, a: np.ndarray) -> None:
+    """ConfigError unless ``a`` is of a real number type and finite as float32: NaN would
+    fail every request as if its dense features were, infinity answer 1.0 to all."""
+    if a.dtype.kind not in "iuf":  # not bool, complex, strings or objects
+        raise ConfigError(
+            f"dense_file {path}: {name} is of dtype {a.dtype}, not a real number type"
+        )
+    with np.errstate(over="ignore"):
+        finite = np.isfinite(a.astype(np.float32)).all()
+    if not finite:
+        raise ConfigError(f"dense_file {path}: {name} holds NaN or infinity as float32")
+
+
+def _num_dense(path: str | Path, value: np.ndarray, inputs: int) -> int:
+    """``num_dense`` as an int; ConfigError unless an integer scalar from 0 to ``inputs``."""
+    if value.ndim != 0 or value.dtype.kind not in "iu":
+        raise ConfigError(f"dense_file {path}: num_dense is {value}, not an integer scalar")
+    n = int(value)
+    if not 0 <= n <= inputs:
+        raise ConfigError(
+            f"dense_file {path}: num_dense is {n}, not 0 to the {inputs} inputs of w0"
+        )
+    return n
 
 
 def check_layers(path: str | Path, layers: Layers) -> None:

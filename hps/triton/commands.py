@@ -6,11 +6,25 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from hps.cli import non_negative_float, port, positive_int
+from hps.config.model import MAX_DIM, MAX_TABLES
 
 DEFAULT_SAMPLES = 2
+
+
+def _up_to(limit: int) -> Callable[[str], int]:
+    """An argparse type: an integer from 1 to ``limit`` (what a ps.json allows)."""
+
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"must be from 1 to {limit}, not {value}")
+        return value
+
+    return parse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,9 +33,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dir", default="demo", help="folder of the demo model (default: demo)")
     # No argparse defaults: an option given for an existing demo must match what it was
     # made with (hps.ctr.demo.DEFAULTS fill the others in for a new one).
-    p.add_argument("--tables", type=positive_int, help="embedding tables (default: 26)")
+    p.add_argument(
+        "--tables",
+        type=_up_to(MAX_TABLES),
+        help=f"embedding tables, 1 to {MAX_TABLES} (default: 26)",
+    )
     p.add_argument("--rows", type=positive_int, help="rows of the largest table (default: 100000)")
-    p.add_argument("--dim", type=positive_int, help="embedding vector size (default: 16)")
+    p.add_argument(
+        "--dim",
+        type=_up_to(MAX_DIM),
+        help=f"embedding vector size, 1 to {MAX_DIM} (default: 16)",
+    )
     p.add_argument(
         "--instances", type=positive_int, help="Triton instances of the model (default: 1)"
     )

@@ -130,14 +130,16 @@ def _snapshot(
     config: PSConfig, entry: ModelConfig, version: int
 ) -> tuple[ModelConfig, dict[str, str]]:
     """The entry with its dense and network files in the node's versions folder, and the
-    copies to make (destination: source)."""
+    copies to make (destination: source). A ``network_file`` that is not a file on this
+    node is left as given, not copied: nothing reads it (HugeCTR's network JSON, which a
+    HugeCTR ps.json may name at a path of its own nodes)."""
     state = topology(config).state_dir
     assert state is not None  # VersionRegistry.begin refuses a node without one
     update: dict[str, object] = {}
     copies: dict[str, str] = {}
     for key in ("dense_file", "network_file"):
         src = getattr(entry, key)
-        if src:
+        if src and (key == "dense_file" or Path(src).is_file()):
             dest = node_file(state, VERSIONS_DIR) / entry.model / str(version) / Path(src).name
             copies[str(dest)] = src
             update[key] = str(dest)

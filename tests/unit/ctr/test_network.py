@@ -203,3 +203,63 @@ def test_the_network_runs_on_the_gpu_of_the_pooled_rows(
     assert cp.gpus_of("array:") == {1} and cp.current == 0
     assert {w.gpu for layer in net.layers(1) for w in layer} == {1}
     np.testing.assert_allclose(got, DenseNetwork(path, "numpy")(dense, pooled), rtol=1e-6)
+
+
+def arrays(**over: np.ndarray) -> dict[str, np.ndarray]:
+    """Good CTR weights (2 dense features, 3 embedding inputs), with ``over`` replacing."""
+    good = {"num_dense": np.array(2), "w0": np.ones((5, 4), np.float32),
+            "b0": np.zeros(4, np.float32), "w1": np.ones((4, 1), np.float32),
+            "b1": np.zeros(1, np.float32)}  # fmt: skip
+    return {**good, **over}
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        ({"w1": np.full((4, 1), np.nan, np.float32)}, r"w1 holds NaN or infinity"),
+        ({"b0": np.full(4, np.inf, np.float32)}, r"b0 holds NaN or infinity"),
+        ({"w0": np.full((5, 4), 1e300)}, r"w0 holds NaN or infinity as float32"),
+        ({"w0": np.full((5, 4), "x")}, r"w0 is of dtype <U1, not a real number type"),
+        ({"w0": np.ones((5, 4), np.complex64)}, r"w0 is of dtype complex64, not a real number"),
+        ({"b1": np.ones(1, bool)}, r"b1 is of dtype bool, not a real number type"),
+        ({"num_dense": np.array(2.9)}, r"num_dense is 2\.9, not an integer scalar"),
+        ({"num_dense": np.array(True)}, r"num_dense is True, not an integer scalar"),
+        ({"num_dense": np.array([2, 2])}, r"num_dense is \[2 2\], not an integer scalar"),
+        ({"num_dense": np.array(-3)}, r"num_dense is -3, not 0 to the 5 inputs of w0"),
+        ({"num_dense": np.array(9)}, r"num_dense is 9, not 0 to the 5 inputs of w0"),
+    ],
+)
+def test_weights_that_would_fail_or_mislead_every_request_are_refused_at_load(
+    tmp_path: Path, over: dict[str, np.ndarray], message: str
+) -> None:
+    """NaN weights would fail every request blaming the client's DES, infinite ones answer
+    1.0 to all, strings fail each request, a float num_dense is truncated: refused when
+    the weights are loaded (hps serve's start, a version's import, the model's load)."""
+    path = tmp_path / "bad.npz"
+    np.savez(path, **arrays(**over))
+    with pytest.raises(ConfigError, match=f"^dense_file {path}: {message}"):
+        DenseNetwork(path, "numpy")
+    doc = {"model": "m", "dense_file": str(path), "embedding_vecsize_per_table": [3],
+           "maxnum_des_feature_per_sample": 2}  # fmt: skip
+    with pytest.raises(ConfigError, match=f"^model m: dense_file {path}: {message}"):
+        check_dense_inputs(ModelConfig.model_validate(doc))
+
+
+def test_integer_weights_are_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "int.npz"
+    np.savez(path, **arrays(w0=np.ones((5, 4), np.int64), num_dense=np.array(2, np.uint8)))
+    net = DenseNetwork(path, "numpy")
+    assert net.num_dense == 2
+    assert net(np.ones((1, 2), np.float32), np.ones((1, 3), np.float32)).shape == (1,)
+
+
+def test_a_file_that_is_not_an_npz_archive_is_named_so(tmp_path: Path) -> None:
+    """Not NumPy's advice to load it with pickle."""
+    (tmp_path / "text.npz").write_text("hello")
+    (tmp_path / "zip.npz").write_bytes(b"PK\x03\x04garbage")
+    np.save(tmp_path / "arr.npy", np.ones(3))
+    for name in ("text.npz", "zip.npz", "arr.npy"):
+        path = tmp_path / name
+        with pytest.raises(ConfigError) as raised:
+            DenseNetwork(path, "numpy")
+        assert str(raised.value) == f"dense_file {path}: not an .npz archive (numpy.savez)"

@@ -140,3 +140,27 @@ def test_serve_help_says_where_the_repository_goes(capsys: pytest.CaptureFixture
 def test_serve_refuses_a_host_tritonserver_cannot_bind(capsys: pytest.CaptureFixture[str]) -> None:
     code, err = hps(capsys, "serve", "--config", "ps.json", "--host", "fe80::1%lo")
     assert code == 2 and "an IPv6 address with a zone cannot be served" in err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [("--tables", "4097", "argument --tables: must be from 1 to 4096, not 4097"),
+     ("--dim", "70000", "argument --dim: must be from 1 to 65536, not 70000")],
+)  # fmt: skip
+def test_demo_sizes_every_later_command_would_refuse_are_usage_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, message: str
+) -> None:
+    code, err = hps(capsys, "demo", "--dir", str(tmp_path / "demo"), flag, value)
+    assert code == 2 and message in err
+    assert not (tmp_path / "demo").exists()
+
+
+def test_a_demo_whose_ps_json_would_be_refused_is_not_written(tmp_path: Path) -> None:
+    """The ps.json is checked with the parser every later command uses, before any table
+    is written."""
+    from hps.ctr.demo import create_demo
+    from hps.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^the demo's ps\.json would be refused: .*65536"):
+        create_demo(tmp_path / "demo", num_tables=2, max_rows=10, dim=70_000)
+    assert not (tmp_path / "demo").exists()

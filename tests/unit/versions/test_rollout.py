@@ -541,3 +541,20 @@ def test_a_failed_import_leaves_no_files(config: PSConfig, tmp_path: Path) -> No
         import_version(config, version_entry(config, "demo", sparse_files=paths), 2)
     assert leftovers(config, 2) == []
     assert [v.version for v in VersionRegistry(config).versions("demo")] == [1]
+
+
+def test_a_network_file_that_is_not_on_the_node_is_not_copied(
+    config: PSConfig, tmp_path: Path
+) -> None:
+    """network_file is ignored (HugeCTR's network JSON): a HugeCTR ps.json naming one that
+    is not on this node imports, its path kept as given; one that is there is copied."""
+    prepare_tables(config)
+    entry = version_entry(config, "demo", sparse_files=tables(tmp_path / "v2", seed=7))
+    missing = entry.model_copy(update={"network_file": "/models/dcn/1/dcn.json"})
+    import_version(config, missing, 2)
+    assert VersionRegistry(config).model_at("demo", 2).network_file == "/models/dcn/1/dcn.json"
+    (tmp_path / "net.json").write_text("{}")
+    there = entry.model_copy(update={"network_file": str(tmp_path / "net.json")})
+    import_version(config, there, 3)
+    copied = Path(VersionRegistry(config).model_at("demo", 3).network_file)
+    assert copied.parent.name == "3" and copied.read_text() == "{}"
