@@ -324,6 +324,15 @@ class Segment:
         self.extents.reset()
         h[HeaderWord.READY] = 1
 
+    @property
+    def forked(self) -> bool:
+        """Whether this is a forked child of the process that opened the segment."""
+        return self._locks.forked
+
+    def check_process(self) -> None:
+        """``BackendError`` in a forked child of the process that opened the segment."""
+        self._locks.check_process()
+
     def current(self) -> bool:
         """Whether ``path`` still names this segment, and its lock files the ones held (a
         process that followed a removed segment while its lock files were still there, then
@@ -364,9 +373,10 @@ class Segment:
     def _drop_mapping(self) -> None:
         for view in ("u8", "i64", "i32", "u32", "groups", "h", "extents"):
             self.__dict__.pop(view, None)
-        if hasattr(self, "_mm"):
-            with contextlib.suppress(BufferError):  # a caller still holds a view: GC unmaps
-                self._mm.close()
+        mm = self.__dict__.pop("_mm", None)  # no reference kept: unmapped with its last view
+        if mm is not None:
+            with contextlib.suppress(BufferError):  # a caller still holds a view
+                mm.close()
         if hasattr(self, "_fd"):
             os.close(self._fd)
 

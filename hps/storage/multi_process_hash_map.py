@@ -200,6 +200,7 @@ class SharedHashMapStore(EmbeddingStore):
         return table_or_raise(self._box.held.tables, name)
 
     def open_table(self, spec: TableSpec) -> None:
+        self._seg.check_process()  # before _structure: a fork may have copied it held
         with self._structure:
             self._check_open()
             held = self._box.held
@@ -230,6 +231,7 @@ class SharedHashMapStore(EmbeddingStore):
     def drop_table(self, table: str) -> None:
         """Free the table's rows and entry in the segment (other processes holding it open
         must open it again)."""
+        self._seg.check_process()
         with self._structure:
             self._check_open()
             held = self._box.held
@@ -557,6 +559,9 @@ class SharedHashMapStore(EmbeddingStore):
 
     def close(self) -> None:
         """Detach (see ``_shm_segment``); every later operation raises ``BackendError``."""
+        if self._seg.forked:  # a forked child: the parent's locks, its thread lock included
+            self._closed = True
+            return
         with self._structure:
             self._closed = True
         self._finalizer()  # waits for this process's threads in the segment

@@ -130,3 +130,46 @@ def test_a_refused_open_leaves_the_lock_files_of_attached_stores(tmp_path: Path)
     assert kept.fetch(SPEC.name, KEYS)[1].size == KEYS.size
     kept.close()
     assert os.listdir(tmp_path) == []
+
+
+def _mapped(path: Path) -> list[str]:
+    with open("/proc/self/maps") as maps:
+        return [line for line in maps if str(path) in line]
+
+
+def test_close_unmaps_the_segment_while_the_store_object_lives(tmp_path: Path) -> None:
+    """The table handles are views into the mapping: closed with them gone, the mapping
+    (up to shared_memory_size, its files already removed) must not wait for the store."""
+    store = _open(tmp_path)
+    store.insert(SPEC.name, KEYS, np.ones((KEYS.size, 4), np.float32))
+    path = tmp_path / "seg"
+    assert _mapped(path)
+    store.close()
+    assert _mapped(path) == []
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_forked_child_closes_or_uses_a_store_whose_lock_a_parent_thread_held(
+    tmp_path: Path,
+) -> None:
+    """A fork copies the store's thread lock as it was: held by a parent thread (in
+    open_table, follow) it would never be released in the child."""
+    store = _open(tmp_path)
+    with store._structure:  # as a parent thread inside open_table at the fork
+        pid = os.fork()
+        if pid == 0:  # the child: must end, not hang (the alarm kills a hang)
+            import signal
+
+            signal.alarm(10)
+            code = 0
+            try:
+                store.open_table(TableSpec("m", "u", 4))
+                code = 1
+            except BackendError as exc:
+                code = 0 if "opened by process" in str(exc) else 2
+            store.close()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    store.insert(SPEC.name, KEYS, np.ones((KEYS.size, 4), np.float32))  # the parent goes on
+    store.close()
