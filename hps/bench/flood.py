@@ -97,8 +97,8 @@ class Flood:
         for line in self.proc.stdout:
             if line.strip() == "ready":
                 self._ready.set()
-            elif line.strip():
-                protocol, status = line.split(maxsplit=1)
+            elif len(parts := line.split(maxsplit=1)) == 2:  # not a line cut by stop()'s kill
+                protocol, status = parts
                 self.answers.append((protocol, status.strip()))
 
     def pause(self) -> None:

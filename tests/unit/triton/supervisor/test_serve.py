@@ -113,6 +113,7 @@ class HungUpServer(InterruptedServer):
 def test_a_closed_terminal_drains_and_stops_as_ctrl_c_does(
     monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], restore_signals: None
 ) -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # not inherited ignored (nohup, CI)
     monkeypatch.setattr(serve_module, "_print_banner", lambda *a: None)
     server = HungUpServer()
     args = argparse.Namespace(watchdog_interval=0, config="ps.json")
